@@ -1,0 +1,43 @@
+"""Errors raised by engines and the model repository.
+
+Engines raise these; they carry no transport data. The server maps each class to a status code in one table
+(`service/status_codes.py`). Messages name the problem for the client: they must not contain stack traces or
+internal paths beyond the model's own files.
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every engine and repository error."""
+
+
+class ModelConfigError(EngineError):
+    """A model's configuration or files are invalid (bad config.pbtxt, missing model file, I/O that does not
+    match the model). Maps to INVALID_ARGUMENT for management calls."""
+
+
+class ModelLoadError(EngineError):
+    """Loading the engine or creating a slot's context failed for a reason that is not the request's fault."""
+
+
+class BackendUnavailableError(EngineError):
+    """The backend cannot run on this machine (no CUDA device, TensorRT not installed).
+    Maps to FAILED_PRECONDITION."""
+
+
+class OutOfDeviceMemoryError(ModelLoadError):
+    """An engine or context could not be allocated (for example TensorRT returned None for a context)."""
+
+
+class InvalidInputError(EngineError):
+    """A request's tensors do not fit the model (unknown or missing input, wrong datatype or shape).
+    Maps to INVALID_ARGUMENT."""
+
+
+class ExecutionError(EngineError):
+    """The backend failed while executing a request. Maps to INTERNAL with a generic message."""
+
+
+class ExecutionCancelled(EngineError):
+    """The caller gave up and the backend stopped (or skipped) the run."""

@@ -1,0 +1,256 @@
+"""The engine interface: what the server needs from a backend. Nothing here knows about gRPC.
+
+    Backend.load(spec) -> LoadedModel          the primary: weights or engine loaded once, I/O validated
+    LoadedModel.metadata                        inputs/outputs (name, datatype, shape with -1 = variable)
+    LoadedModel.max_parallel_slots              advertised capacity; 1 = no parallel factory
+    LoadedModel.create_context() -> Context     one per slot: ONNX Runtime run state, TensorRT context+stream+buffers
+    Context.execute(inputs, outputs, cancel)    -> {name: ndarray}
+    Context.execute_stream(...)                 -> iterator of partial outputs (streaming models only)
+    Context.close(); LoadedModel.close()        contexts are always closed before their LoadedModel
+
+Threading: the server guarantees that one Context is used by one thread at a time, and that `close` is never
+called while that context executes. Different contexts of one LoadedModel run concurrently. `load`,
+`create_context` and the `close` methods block for as long as the backend needs; the server never holds a lock
+across them.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+from .errors import InvalidInputError
+
+# Largest dimension and element count a request may ask for; anything above is refused as absurd before any
+# memory is allocated for it.
+MAX_DIMENSION = 1 << 40
+MAX_ELEMENTS = 1 << 34
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a model. `shape` excludes the batch dimension of a batching model."""
+
+    name: str
+    datatype: str  # KServe name, e.g. "FP32"
+    shape: tuple[int, ...]  # -1 marks a variable dimension
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What a loaded model takes and returns. `max_batch_size` follows the protocol: 0 means the model has no
+    batch dimension; N > 0 means every tensor has a leading batch dimension of at most N."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int = 0
+    platform: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_inputs_by_name", {t.name: t for t in self.inputs})
+        object.__setattr__(self, "_outputs_by_name", {t.name: t for t in self.outputs})
+
+    def input(self, name: str) -> TensorSpec | None:
+        return self._inputs_by_name.get(name)  # type: ignore[attr-defined]
+
+    def output(self, name: str) -> TensorSpec | None:
+        return self._outputs_by_name.get(name)  # type: ignore[attr-defined]
+
+    def wire_shape(self, tensor: TensorSpec) -> tuple[int, ...]:
+        """Shape as the protocol reports it: a leading -1 for the batch dimension of a batching model."""
+        return ((-1,) + tensor.shape) if self.max_batch_size > 0 else tensor.shape
+
+    def check_request(self, inputs: Mapping[str, tuple[str, tuple[int, ...]]], outputs: Sequence[str]) -> None:
+        """Check a request's inputs ({name: (datatype, shape)}) and requested output names against the model.
+
+        Raises InvalidInputError naming the first problem: unknown input, missing input, wrong datatype, wrong
+        rank or dimension, batch beyond max_batch_size, batch sizes that differ, unknown output.
+        """
+        known = self._inputs_by_name  # type: ignore[attr-defined]
+        for name, (datatype, shape) in inputs.items():
+            spec = known.get(name)
+            if spec is None:
+                raise InvalidInputError(
+                    f"unknown input '{name}' for model; expected one of {sorted(known)}")
+            if datatype != spec.datatype:
+                raise InvalidInputError(
+                    f"input '{name}' has datatype {datatype}, the model expects {spec.datatype}")
+            self._check_shape(spec, shape)
+        for spec in self.inputs:
+            if spec.name not in inputs and not spec.optional:
+                raise InvalidInputError(f"missing input '{spec.name}'")
+        if self.max_batch_size > 0:
+            batches = {shape[0] for (_, shape) in inputs.values() if shape}
+            if len(batches) > 1:
+                raise InvalidInputError(f"inputs have different batch sizes {sorted(batches)}")
+        produced = self._outputs_by_name  # type: ignore[attr-defined]
+        for name in outputs:
+            if name not in produced:
+                raise InvalidInputError(
+                    f"unknown requested output '{name}'; the model produces {sorted(produced)}")
+
+    def _check_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+        expected = spec.shape
+        if self.max_batch_size > 0:
+            if len(shape) != len(expected) + 1:
+                raise InvalidInputError(
+                    f"input '{spec.name}' has shape {list(shape)}; the model expects "
+                    f"{list(self.wire_shape(spec))} (a batch dimension, then {list(expected)})")
+            if shape[0] < 1 or shape[0] > self.max_batch_size:
+                raise InvalidInputError(
+                    f"input '{spec.name}' has batch size {shape[0]}; the model accepts 1..{self.max_batch_size}")
+            shape = shape[1:]
+        elif len(shape) != len(expected):
+            raise InvalidInputError(
+                f"input '{spec.name}' has shape {list(shape)}; the model expects {list(expected)}")
+        for got, want in zip(shape, expected):
+            if want != -1 and got != want:
+                raise InvalidInputError(
+                    f"input '{spec.name}' has shape {list(shape)}; the model expects {list(expected)}")
+
+
+def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(value or {}))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to load one model, as read from its repository directory (or a management request).
+
+    `instance_count` is the slot count the configuration asks for (None: not set). `config` is the parsed
+    inference.ModelConfig message, kept for the ModelConfig RPC; it does not take part in equality.
+    """
+
+    name: str
+    backend: str  # "onnxruntime", "tensorrt" or "fixture"
+    version: str = "1"
+    directory: Path | None = None
+    model_file: Path | None = None
+    platform: str = ""
+    max_batch_size: int = 0
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    instance_count: int | None = None
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    config: object = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parameters", _frozen_mapping(self.parameters))
+
+    def session_key(self) -> tuple:
+        """What determines the engine built from this spec (everything except slot count and admission
+        settings). Two specs with the same key can reuse each other's advertised capacity."""
+        params = tuple(sorted((k, v) for k, v in self.parameters.items() if not k.startswith("slotserve.")))
+        return (self.backend, self.model_file, self.max_batch_size, self.inputs, self.outputs, params)
+
+    def parameter(self, key: str, default: str | None = None) -> str | None:
+        return self.parameters.get(key, default)
+
+
+class CancelToken:
+    """Set when the caller of a request gave up (client cancel, deadline, disconnect, shutdown).
+
+    Backends poll `cancelled` before starting work and may register a callback to interrupt a run (ONNX
+    Runtime sets `RunOptions.terminate`). Callbacks run on the thread that cancels, once, and must not block.
+    """
+
+    __slots__ = ("_lock", "_cancelled", "_callbacks")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: _cancelled, _callbacks
+        self._cancelled = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        """Run `callback` when the token is cancelled (at once if it already is)."""
+        with self._lock:
+            if not self._cancelled:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def remove_callback(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            try:
+                self._callbacks.remove(callback)
+            except ValueError:
+                pass
+
+
+Outputs = dict[str, np.ndarray]
+
+
+class Context(ABC):
+    """One slot's execution state over a LoadedModel. Used by one thread at a time."""
+
+    @abstractmethod
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
+        """Run one request. `outputs` names the outputs to return (all of them when empty).
+
+        Blocks for the run. Raises ExecutionCancelled if `cancel` fired before or during the run (a backend
+        that cannot interrupt finishes the run first), ExecutionError on a backend failure.
+        """
+
+    def execute_stream(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
+    ) -> Iterator[Outputs]:
+        """Run one request of a streaming model, yielding partial outputs. The default yields `execute`'s."""
+        yield self.execute(inputs, outputs, cancel)
+
+    def close(self) -> None:
+        """Free the slot's resources. Never called while `execute` runs."""
+
+
+class LoadedModel(ABC):
+    """A model's shared engine (weights once), from which per-slot contexts are made."""
+
+    metadata: ModelMetadata
+    max_parallel_slots: int = 1
+    streaming: bool = False
+    interruptible: bool = False  # True when a running execute stops promptly on cancel
+
+    @abstractmethod
+    def create_context(self) -> Context:
+        """Make one slot's context. Blocks; raises ModelLoadError (OutOfDeviceMemoryError when memory ran out)."""
+
+    def memory_bytes(self, slots: int) -> int:
+        """What a pool of this engine with `slots` contexts costs: weights once plus per-slot memory.
+        0 when the backend cannot tell."""
+        return 0
+
+    def close(self) -> None:
+        """Free the engine. Called after every context of it is closed."""
+
+
+class Backend(ABC):
+    """Loads models of one kind."""
+
+    name: str
+
+    @abstractmethod
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        """Load the primary (weights/engine) for `spec` and check its I/O against the spec.
+
+        Blocks for the load. Raises ModelConfigError (the spec does not fit the model files), ModelLoadError,
+        or BackendUnavailableError (the backend cannot run here).
+        """

@@ -1,0 +1,217 @@
+"""ONNX Runtime on CPU: one shared InferenceSession per model, one run state per slot.
+
+The session (weights, graph) is loaded once. `InferenceSession.run` is thread-safe and releases the GIL, so
+several slots run concurrently on one session; each slot owns its RunOptions, which is how a running request is
+terminated when its caller gives up (`RunOptions.terminate`).
+
+Parameters read from config.pbtxt (all optional):
+    intra_op_num_threads   threads one run may use (default 1: slots, not intra-op threads, use the cores)
+    inter_op_num_threads   default 1
+    graph_optimization_level   disable | basic | extended | all (default all)
+    max_parallel_slots     cap on the advertised capacity (default 16)
+
+BYTES tensors are ONNX string tensors, which hold text: elements must be UTF-8 and come back UTF-8 encoded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from . import datatypes
+from .errors import ExecutionCancelled, ExecutionError, InvalidInputError, ModelConfigError, ModelLoadError
+from .interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
+
+_LOG = logging.getLogger(__name__)
+
+MAX_SLOTS = 16
+_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+
+
+def _ort():
+    import onnxruntime
+
+    return onnxruntime
+
+
+def session_options(spec: ModelSpec):
+    """The SessionOptions slotserve uses for `spec` (public so tests can build an identical session)."""
+    ort = _ort()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = _int_parameter(spec, "intra_op_num_threads", 1, minimum=0)
+    options.inter_op_num_threads = _int_parameter(spec, "inter_op_num_threads", 1, minimum=0)
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    level = spec.parameter("graph_optimization_level", "all")
+    if level not in _OPTIMIZATION_LEVELS:
+        raise ModelConfigError(
+            f"model '{spec.name}': graph_optimization_level must be one of {', '.join(_OPTIMIZATION_LEVELS)}")
+    options.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    options.log_severity_level = 3
+    return options
+
+
+def _int_parameter(spec: ModelSpec, key: str, default: int, minimum: int) -> int:
+    raw = spec.parameter(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ModelConfigError(f"model '{spec.name}': parameter {key} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ModelConfigError(f"model '{spec.name}': parameter {key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _model_tensor(node, origin: str) -> TensorSpec:
+    datatype = datatypes.ORT_TYPE_STRING.get(node.type)
+    if datatype is None:
+        raise ModelConfigError(f"{origin}: tensor '{node.name}' has unsupported type {node.type}")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (node.shape or ()))
+    return TensorSpec(node.name, datatype, shape)
+
+
+def _reconcile(declared: tuple[TensorSpec, ...], actual: list[TensorSpec], max_batch_size: int, kind: str,
+               origin: str) -> tuple[TensorSpec, ...]:
+    """The model's tensors as served: the declared ones checked against the model, or the model's own
+    (auto-completed) when the configuration declares none."""
+    by_name = {t.name: t for t in actual}
+    batch = max_batch_size > 0
+
+    def served_shape(tensor: TensorSpec) -> tuple[int, ...]:
+        if not batch:
+            return tensor.shape
+        if not tensor.shape:
+            raise ModelConfigError(
+                f"{origin}: {kind} '{tensor.name}' has no batch dimension but max_batch_size is {max_batch_size}")
+        return tensor.shape[1:]
+
+    if not declared:
+        return tuple(TensorSpec(t.name, t.datatype, served_shape(t)) for t in actual)
+    for spec in declared:
+        model = by_name.get(spec.name)
+        if model is None:
+            raise ModelConfigError(
+                f"{origin}: {kind} '{spec.name}' is not in the model; it has {sorted(by_name)}")
+        if model.datatype != spec.datatype:
+            raise ModelConfigError(
+                f"{origin}: {kind} '{spec.name}' is {model.datatype} in the model, {spec.datatype} in the config")
+        model_dims = served_shape(model)
+        if len(model_dims) != len(spec.shape) or any(
+                m != -1 and d != -1 and m != d for m, d in zip(model_dims, spec.shape)):
+            raise ModelConfigError(
+                f"{origin}: {kind} '{spec.name}' has dims {list(model_dims)} in the model "
+                f"({'after the batch dimension' if batch else 'no batching'}), {list(spec.shape)} in the config")
+    if kind == "input":
+        missing = sorted(set(by_name) - {s.name for s in declared})
+        if missing:
+            raise ModelConfigError(f"{origin}: the model's inputs {missing} are not in the config")
+    return declared
+
+
+def _to_ort_input(name: str, array: np.ndarray) -> np.ndarray:
+    if array.dtype != object:
+        return array
+    try:
+        return np.array([element.decode("utf-8") for element in array.reshape(-1)], dtype=object).reshape(
+            array.shape)
+    except UnicodeDecodeError:
+        raise InvalidInputError(
+            f"input '{name}': ONNX string tensors hold text and an element is not valid UTF-8") from None
+
+
+def _from_ort_output(array: np.ndarray) -> np.ndarray:
+    if array.dtype != object:
+        return array
+    flat = [e.encode("utf-8") if isinstance(e, str) else bytes(e) for e in array.reshape(-1)]
+    result = np.empty(len(flat), dtype=object)
+    result[:] = flat
+    return result.reshape(array.shape)
+
+
+class OnnxRuntimeContext(Context):
+    """One slot: its own RunOptions over the shared session."""
+
+    def __init__(self, model: OnnxRuntimeModel) -> None:
+        self._model = model
+        self._run_options = _ort().RunOptions()
+        self._run_options.log_severity_level = 3
+
+    def _terminate(self) -> None:
+        self._run_options.terminate = True
+
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
+        names = list(outputs) if outputs else self._model.output_names
+        feed = {name: _to_ort_input(name, array) for name, array in inputs.items()}
+        if cancel.cancelled:
+            raise ExecutionCancelled("the caller gave up before the run started")
+        self._run_options.terminate = False
+        cancel.add_callback(self._terminate)
+        try:
+            results = self._model.session.run(names, feed, self._run_options)
+        except Exception as error:  # onnxruntime raises its own exception types, all Exception subclasses
+            if cancel.cancelled:
+                raise ExecutionCancelled("the run was terminated because the caller gave up") from None
+            _LOG.error("model '%s': onnxruntime run failed: %s", self._model.name, error)
+            raise ExecutionError(f"model '{self._model.name}' failed to execute") from error
+        finally:
+            cancel.remove_callback(self._terminate)
+        return {name: _from_ort_output(array) for name, array in zip(names, results)}
+
+
+class OnnxRuntimeModel(LoadedModel):
+    """The shared session of one model."""
+
+    interruptible = True
+
+    def __init__(self, spec: ModelSpec, session, metadata: ModelMetadata, weights_bytes: int) -> None:
+        self.name = spec.name
+        self.session = session
+        self.metadata = metadata
+        self.output_names = [t.name for t in metadata.outputs]
+        self.max_parallel_slots = min(MAX_SLOTS, _int_parameter(spec, "max_parallel_slots", MAX_SLOTS, minimum=1))
+        self._weights_bytes = weights_bytes
+
+    def create_context(self) -> Context:
+        return OnnxRuntimeContext(self)
+
+    def memory_bytes(self, slots: int) -> int:
+        # Slots share the session's weights and arena; a slot itself is a RunOptions object.
+        return self._weights_bytes
+
+    def close(self) -> None:
+        self.session = None
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        ort = _ort()
+        origin = f"model '{spec.name}'"
+        if spec.model_file is None or not spec.model_file.exists():
+            raise ModelConfigError(f"{origin}: model file not found")
+        options = session_options(spec)
+        try:
+            session = ort.InferenceSession(str(spec.model_file), options, providers=["CPUExecutionProvider"])
+        except Exception as error:
+            _LOG.error("%s: onnxruntime could not load %s: %s", origin, spec.model_file, error)
+            raise ModelConfigError(f"{origin}: onnxruntime could not load {spec.model_file.name}: "
+                                   f"{str(error).splitlines()[0][:300]}") from None
+        inputs = [_model_tensor(node, origin) for node in session.get_inputs()]
+        outputs = [_model_tensor(node, origin) for node in session.get_outputs()]
+        metadata = ModelMetadata(
+            inputs=_reconcile(spec.inputs, inputs, spec.max_batch_size, "input", origin),
+            outputs=_reconcile(spec.outputs, outputs, spec.max_batch_size, "output", origin),
+            max_batch_size=spec.max_batch_size,
+            platform=spec.platform or "onnxruntime_onnx",
+        )
+        return OnnxRuntimeModel(spec, session, metadata, os.path.getsize(spec.model_file))

@@ -1,0 +1,216 @@
+"""The model repository: `<root>/<model>/config.pbtxt` plus `<root>/<model>/<version>/model.onnx|model.plan`.
+
+Reads a model directory into a ModelSpec. config.pbtxt is the protobuf text format of inference.ModelConfig
+(the subset in proto/model_config.proto); fields of Triton's full message that slotserve does not know are
+skipped with a warning, so configurations written for Triton load. A JSON override (RepositoryModelLoad's
+`config` parameter) replaces config.pbtxt as a whole, as in Triton.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from google.protobuf import json_format, text_format
+
+from generated import model_config_pb2
+
+from . import datatypes
+from .errors import ModelConfigError
+from .interface import ModelSpec, TensorSpec
+
+_LOG = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.pbtxt"
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+# platform strings of Triton and the backend each one selects
+_PLATFORM_BACKEND = {
+    "onnxruntime_onnx": "onnxruntime",
+    "tensorrt_plan": "tensorrt",
+}
+_BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "fixture": "fixture"}
+_DEFAULT_FILE = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
+KNOWN_BACKENDS = ("onnxruntime", "tensorrt", "fixture")
+
+
+def check_model_name(name: str) -> None:
+    """Raise ModelConfigError unless `name` is a usable model id (letters, digits, `_.-`; no path parts)."""
+    if not _MODEL_NAME.match(name or ""):
+        raise ModelConfigError(
+            f"invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter "
+            "or digit")
+
+
+def parse_config_text(text: str, origin: str) -> model_config_pb2.ModelConfig:
+    """Parse config.pbtxt text. Unknown fields are skipped with a warning; other errors raise ModelConfigError."""
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+        return config
+    except text_format.ParseError as strict_error:
+        if "has no field named" not in str(strict_error):
+            raise ModelConfigError(f"{origin}: {strict_error}") from None
+        unknown = str(strict_error)
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config, allow_unknown_field=True)
+    except text_format.ParseError as error:
+        raise ModelConfigError(f"{origin}: {error}") from None
+    _LOG.warning("%s: settings slotserve does not support were ignored (first: %s)", origin, unknown)
+    return config
+
+
+def parse_config_json(text: str, origin: str) -> model_config_pb2.ModelConfig:
+    """Parse a JSON ModelConfig override. Unknown fields and bad values raise ModelConfigError."""
+    config = model_config_pb2.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except (json_format.ParseError, ValueError) as error:
+        raise ModelConfigError(f"{origin}: invalid JSON model configuration: {error}") from None
+    return config
+
+
+def _tensor_specs(entries, kind: str, origin: str) -> tuple[TensorSpec, ...]:
+    enum = model_config_pb2.DataType
+    specs = []
+    for entry in entries:
+        if not entry.name:
+            raise ModelConfigError(f"{origin}: an {kind} has no name")
+        config_name = enum.Name(entry.data_type)
+        datatype = datatypes.BY_CONFIG_NAME.get(config_name)
+        if datatype is None:
+            raise ModelConfigError(f"{origin}: {kind} '{entry.name}' has no valid data_type ({config_name})")
+        dims = tuple(int(d) for d in entry.dims)
+        if any(d < -1 or d == 0 for d in dims):
+            raise ModelConfigError(f"{origin}: {kind} '{entry.name}' has invalid dims {list(dims)}")
+        specs.append(TensorSpec(entry.name, datatype.name, dims, bool(getattr(entry, "optional", False))))
+    return tuple(specs)
+
+
+def _select_backend(config: model_config_pb2.ModelConfig, version_dir: Path | None, origin: str) -> str:
+    if config.backend:
+        if config.backend not in KNOWN_BACKENDS:
+            raise ModelConfigError(
+                f"{origin}: unknown backend '{config.backend}'; slotserve has {', '.join(KNOWN_BACKENDS)}")
+        return config.backend
+    if config.platform:
+        backend = _PLATFORM_BACKEND.get(config.platform)
+        if backend is None:
+            raise ModelConfigError(
+                f"{origin}: unsupported platform '{config.platform}'; use one of {sorted(_PLATFORM_BACKEND)}")
+        return backend
+    if version_dir is not None:
+        if (version_dir / "model.onnx").exists():
+            return "onnxruntime"
+        if (version_dir / "model.plan").exists():
+            return "tensorrt"
+    raise ModelConfigError(f"{origin}: no backend or platform set and no model.onnx or model.plan found")
+
+
+def _latest_version(directory: Path) -> tuple[str, Path | None]:
+    versions = sorted((int(p.name), p) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+    if not versions:
+        return "1", None
+    number, path = versions[-1]
+    return str(number), path
+
+
+def spec_from_config(
+    name: str, directory: Path | None, config: model_config_pb2.ModelConfig, backend: str | None = None
+) -> ModelSpec:
+    """Build a ModelSpec from a parsed config. `backend` (a management request's choice) overrides the
+    config's. Raises ModelConfigError naming the problem."""
+    origin = f"model '{name}'"
+    check_model_name(name)
+    if config.name and config.name != name:
+        raise ModelConfigError(f"{origin}: config.pbtxt names the model '{config.name}'")
+    if config.max_batch_size < 0:
+        raise ModelConfigError(f"{origin}: max_batch_size must be >= 0, got {config.max_batch_size}")
+    version, version_dir = _latest_version(directory) if directory is not None else ("1", None)
+    if backend:
+        if backend not in KNOWN_BACKENDS:
+            raise ModelConfigError(f"{origin}: unknown backend '{backend}'; slotserve has {', '.join(KNOWN_BACKENDS)}")
+    else:
+        backend = _select_backend(config, version_dir, origin)
+    model_file = None
+    if backend in _DEFAULT_FILE:
+        if version_dir is None:
+            raise ModelConfigError(f"{origin}: no numeric version directory (e.g. 1/) with a model file")
+        filename = config.default_model_filename or _DEFAULT_FILE[backend]
+        model_file = version_dir / filename
+        if backend == "tensorrt" and not model_file.exists() and not config.default_model_filename:
+            model_file = version_dir / "model.onnx"  # TensorRT builds (and caches) an engine from ONNX
+        if not model_file.exists():
+            raise ModelConfigError(f"{origin}: model file {version}/{model_file.name} not found")
+    instance_count = None
+    if config.instance_group:
+        count = config.instance_group[0].count
+        if count < 0:
+            raise ModelConfigError(f"{origin}: instance_group count must be positive, got {count}")
+        instance_count = count or None
+    final = model_config_pb2.ModelConfig()
+    final.CopyFrom(config)
+    final.name = name
+    final.backend = backend
+    final.platform = config.platform or _BACKEND_PLATFORM[backend]
+    return ModelSpec(
+        name=name,
+        backend=backend,
+        version=version,
+        directory=directory,
+        model_file=model_file,
+        platform=final.platform,
+        max_batch_size=int(config.max_batch_size),
+        inputs=_tensor_specs(config.input, "input", origin),
+        outputs=_tensor_specs(config.output, "output", origin),
+        instance_count=instance_count,
+        parameters={key: value.string_value for key, value in config.parameters.items()},
+        config=final,
+    )
+
+
+class ModelRepository:
+    """A folder of model directories. Reading is stateless: every call looks at the files again."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).resolve()
+
+    def names(self) -> list[str]:
+        """Model directory names, sorted. A directory counts if it holds config.pbtxt or a version folder."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in sorted(self.root.iterdir()):
+            if not path.is_dir() or not _MODEL_NAME.match(path.name):
+                continue
+            if (path / CONFIG_FILE).exists() or any(p.is_dir() and p.name.isdigit() for p in path.iterdir()):
+                found.append(path.name)
+        return found
+
+    def resolve_source(self, source: str) -> Path:
+        """A management request's `source`: absolute, or relative to the repository root."""
+        path = Path(source)
+        return path if path.is_absolute() else self.root / path
+
+    def read(self, name: str, *, source: str = "", config_json: str = "", backend: str = "") -> ModelSpec:
+        """Read model `name` from `source` (default: its directory in the repository).
+
+        `config_json` replaces config.pbtxt. Raises ModelConfigError when the directory, the configuration or
+        the model file is missing or invalid.
+        """
+        check_model_name(name)
+        directory = self.resolve_source(source) if source else self.root / name
+        origin = f"model '{name}'"
+        if not directory.is_dir():
+            raise ModelConfigError(f"{origin}: no model directory at {directory}")
+        if config_json:
+            config = parse_config_json(config_json, origin)
+        else:
+            config_path = directory / CONFIG_FILE
+            if config_path.exists():
+                config = parse_config_text(config_path.read_text(), f"{origin} ({CONFIG_FILE})")
+            else:
+                config = model_config_pb2.ModelConfig()
+        return spec_from_config(name, directory, config, backend or None)
