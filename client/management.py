@@ -1,0 +1,155 @@
+"""ManagementClient: a blocking client for `slotserve.management.v1.ModelManagement`.
+
+Register, reconfigure and unload models and read their status. Statuses come back as the frozen dataclass
+ModelStatus, whose `max_parallel_slots` and `memory_bytes` are None when the server left them unset (the model
+is not loaded). Every method blocks until the server answers or the deadline passes and raises ClientError:
+PERMISSION_DENIED without the server's --allow-management, UNAUTHENTICATED for a missing or wrong token,
+NOT_FOUND for an unknown id, UNAVAILABLE with reason `server_busy`, `residency_limit` or `memory_limit`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from generated import management_pb2 as pb
+from generated import management_pb2_grpc as pb_grpc
+
+from ._connection import Connection, Metadata
+
+TOKEN_ENV = "SLOTSERVE_MANAGEMENT_TOKEN"
+_STATE_PREFIX = "MODEL_STATE_"
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One observation of a model (the ModelStatus message as plain data).
+
+    `state` is the ModelState name without its prefix: "UNLOADED", "LOADING", "READY", "RECONFIGURING",
+    "UNLOADING" (or "UNSPECIFIED"). `admission_timeout_seconds` 0 waits without limit.
+    """
+
+    model_id: str
+    loaded: bool
+    state: str
+    slots: int
+    active_slots: int
+    queued_requests: int
+    max_parallel_slots: int | None
+    backend: str
+    last_error: str
+    source: str
+    admission_timeout_seconds: float
+    version: str
+    memory_bytes: int | None
+
+    @classmethod
+    def from_proto(cls, message: pb.ModelStatus) -> "ModelStatus":
+        """The dataclass for a ModelStatus message; unset optional fields become None."""
+        return cls(
+            model_id=message.model_id,
+            loaded=message.loaded,
+            state=_state_name(message.state),
+            slots=message.slots,
+            active_slots=message.active_slots,
+            queued_requests=message.queued_requests,
+            max_parallel_slots=message.max_parallel_slots if message.HasField("max_parallel_slots") else None,
+            backend=message.backend,
+            last_error=message.last_error,
+            source=message.source,
+            admission_timeout_seconds=message.admission_timeout_seconds,
+            version=message.version,
+            memory_bytes=message.memory_bytes if message.HasField("memory_bytes") else None,
+        )
+
+
+def _state_name(value: int) -> str:
+    try:
+        name = pb.ModelState.Name(value)
+    except ValueError:
+        # A newer server may add states; show the number rather than fail the whole call.
+        return str(value)
+    return name.removeprefix(_STATE_PREFIX)
+
+
+class ManagementClient:
+    """A client of one server's management service. Use it as a context manager, or call `close()`.
+
+    Args:
+        address: "host:port"; ignored when `channel` is given (share InferenceClient.channel this way).
+        timeout: default deadline in seconds for every call; None waits without limit (RegisterModel waits in
+            the model's queue, UnloadModels waits for in-flight work to drain).
+        channel: an open channel to use; it is not closed by `close()`.
+        token: sent as `authorization: Bearer <token>`; None reads SLOTSERVE_MANAGEMENT_TOKEN, "" sends none.
+        metadata: further (key, value) pairs sent with every call.
+    """
+
+    def __init__(self, address: str = "127.0.0.1:8001", *, timeout: float | None = None,
+                 channel: grpc.Channel | None = None, token: str | None = None, metadata: Metadata = ()) -> None:
+        if token is None:
+            token = os.environ.get(TOKEN_ENV, "")
+        metadata = tuple(metadata) + ((("authorization", f"Bearer {token}"),) if token else ())
+        self._connection = Connection(address, channel=channel, timeout=timeout, metadata=metadata)
+        self._stub = pb_grpc.ModelManagementStub(self._connection.channel)
+
+    def close(self) -> None:
+        """Close the channel if this client opened it. Idempotent."""
+        self._connection.close()
+
+    def __enter__(self) -> "ManagementClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def register(self, model_id: str, *, source: str = "", backend: str = "",
+                 options: Mapping[str, str] | None = None, slots: int | None = None,
+                 admission_timeout: float | None = None, config_json: str | Mapping[str, Any] = "",
+                 timeout: float | None = None) -> ModelStatus:
+        """RegisterModel: register a new id or reconfigure an existing one, then load it; the model's status.
+
+        Blocks while the server waits for an exclusive lease and loads. `slots`/`admission_timeout` None leave
+        the server's choice; `config_json` (JSON text or a dict) replaces config.pbtxt. Raises ClientError.
+        """
+        request = pb.RegisterModelRequest(model_id=model_id, source=source, backend=backend,
+                                          options={key: str(value) for key, value in (options or {}).items()},
+                                          config_json=_json_text(config_json))
+        if slots is not None:
+            request.slots = slots
+        if admission_timeout is not None:
+            request.admission_timeout_seconds = admission_timeout
+        return ModelStatus.from_proto(self._connection.unary(self._stub.RegisterModel, request, timeout))
+
+    def unload(self, model_id: str, *, timeout: float | None = None) -> ModelStatus:
+        """UnloadModel: unload one model after its admitted work drains (idempotent). Raises ClientError."""
+        request = pb.UnloadModelRequest(model_id=model_id)
+        return ModelStatus.from_proto(self._connection.unary(self._stub.UnloadModel, request, timeout))
+
+    def unload_many(self, model_ids: Iterable[str] = (), *, all: bool = False,  # noqa: A002 - the proto's name
+                    timeout: float | None = None) -> tuple[list[str], list[str]]:
+        """UnloadModels: (unloaded ids, ids not registered). `all` selects every registered model.
+
+        Blocks until every selected model drained, without a server-side limit. Raises ClientError.
+        """
+        request = pb.UnloadModelsRequest(model_ids=list(model_ids), all=all)
+        response = self._connection.unary(self._stub.UnloadModels, request, timeout)
+        return list(response.unloaded), list(response.not_found)
+
+    def list(self, *, timeout: float | None = None) -> list[ModelStatus]:
+        """ListModels: the status of every registered model. Needs no token. Raises ClientError."""
+        response = self._connection.unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
+        return [ModelStatus.from_proto(model) for model in response.models]
+
+    def get(self, model_id: str, *, timeout: float | None = None) -> ModelStatus:
+        """GetModel: one model's status. Raises ClientError (NOT_FOUND for an unknown id)."""
+        request = pb.GetModelRequest(model_id=model_id)
+        return ModelStatus.from_proto(self._connection.unary(self._stub.GetModel, request, timeout))
+
+
+def _json_text(config: str | Mapping[str, Any]) -> str:
+    return config if isinstance(config, str) else json.dumps(config)

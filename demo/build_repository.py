@@ -1,0 +1,320 @@
+"""Build the demo model repository: `python -m demo.build_repository --output DIR [--cache DIR] [--measure]`.
+
+Layout (DESIGN.md §4.4): `DIR/<name>/config.pbtxt` (text format of inference.ModelConfig) and
+`DIR/<name>/1/model.onnx`. Four models are made here with the onnx helper API; the fifth is the published Silero
+VAD checkpoint, taken from its wheel. No config sets instance_group: the server decides slot counts.
+
+    simple           INT32 INPUT0, INPUT1 [16], max_batch_size 8 -> OUTPUT0 = sum, OUTPUT1 = difference
+                     (Triton's classic example model, which stock tritonclient examples call)
+    simple_identity  BYTES INPUT0 [-1] -> OUTPUT0, max_batch_size 8 (ONNX Identity on a string tensor)
+    identity_fp32    FP32 INPUT0 [-1] -> OUTPUT0, max_batch_size 8 (large payloads, e.g. [1, 4194304] = 16 MiB)
+    matmul_chain     FP32 INPUT0 [384, 512] -> OUTPUT0 [384, 512], max_batch_size 0: eight 512x512 MatMuls, a
+                     Tanh after each. Measured with onnxruntime 1.32, intra_op_num_threads=1, on one core of an
+                     AVX-512 Xeon (the 2-core build machine): median 10.1-10.6 ms per call over several runs
+                     (1.61 GFLOP per call, 8.4 MB of weights). `--measure` prints the figure for the machine at hand.
+    silero_vad       silero-vad 6.2.3's silero_vad.onnx, unchanged (sha256 pinned below): input FP32 [-1, -1],
+                     state FP32 [2, -1, 128], sr INT64 scalar -> output FP32 [-1, 1], stateN FP32 [2, -1, 128]
+
+The build is deterministic (fixed seeds, deterministic serialization) and idempotent: every file is written
+atomically, so rebuilding over an existing repository, or while a server reads it, is safe. The silero wheel is
+downloaded once with pip (without installing it or its dependencies) into the cache folder, by default `.cache`
+beside the output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf import text_format
+from onnx import TensorProto, helper, numpy_helper
+
+from generated import model_config_pb2
+
+OPSET = 17
+# The lowest IR version that can carry opset 17 (8): every onnxruntime release since 1.12 reads it.
+IR_VERSION = helper.find_min_ir_version_for([helper.make_opsetid("", OPSET)])
+PRODUCER = "slotserve-demo"
+
+MATMUL_ROWS = 384  # rows of the input: the "batch" of one call
+MATMUL_WIDTH = 512  # every weight matrix is WIDTH x WIDTH
+MATMUL_LAYERS = 8
+MATMUL_SEED = 20261129
+
+SILERO_VERSION = "6.2.3"
+SILERO_WHEEL = f"silero_vad-{SILERO_VERSION}-py3-none-any.whl"
+SILERO_MEMBER = "silero_vad/data/silero_vad.onnx"
+# sha256 of SILERO_MEMBER in the 6.2.3 wheel (it matches the wheel's own RECORD entry).
+SILERO_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
+
+MODEL_NAMES = ("simple", "simple_identity", "identity_fp32", "matmul_chain", "silero_vad")
+
+_CONFIG_HEADER = "# Written by demo/build_repository.py (make models); edits are lost on the next build.\n"
+_CONFIG_TYPE = {
+    TensorProto.INT32: model_config_pb2.TYPE_INT32,
+    TensorProto.INT64: model_config_pb2.TYPE_INT64,
+    TensorProto.FLOAT: model_config_pb2.TYPE_FP32,
+    TensorProto.STRING: model_config_pb2.TYPE_STRING,
+}
+
+
+class BuildError(Exception):
+    """The repository could not be built (download failed, checkpoint differs from the pinned one)."""
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input or output as config.pbtxt states it: dims exclude the batch dimension of a batching model."""
+
+    name: str
+    elem_type: int  # onnx TensorProto data type
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """What goes into one model directory."""
+
+    name: str
+    max_batch_size: int
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    onnx_bytes: bytes
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _value_info(tensor: Tensor, max_batch_size: int) -> onnx.ValueInfoProto:
+    """The graph's view of a tensor: a symbolic leading "batch" dimension for batching models, and a symbolic
+    dimension for each -1, so onnxruntime reports them as variable."""
+    dims: list[int | str] = ["batch"] if max_batch_size > 0 else []
+    dims += [f"{tensor.name}_dim{i}" if d == -1 else d for i, d in enumerate(tensor.dims)]
+    return helper.make_tensor_value_info(tensor.name, tensor.elem_type, dims)
+
+
+def _serialize(graph: onnx.GraphProto) -> bytes:
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION, producer_name=PRODUCER)
+    onnx.checker.check_model(model, full_check=True)
+    # deterministic=True keeps rebuilds byte-identical.
+    return model.SerializeToString(deterministic=True)
+
+
+def _graph(name: str, nodes, inputs, outputs, max_batch_size: int, initializers=()) -> onnx.GraphProto:
+    return helper.make_graph(
+        nodes, name,
+        [_value_info(t, max_batch_size) for t in inputs],
+        [_value_info(t, max_batch_size) for t in outputs],
+        list(initializers))
+
+
+def config_text(model: BuiltModel) -> str:
+    """config.pbtxt for `model`. The tensors are printed from a ModelConfig message so that every field name is
+    checked; a zero-dimension (scalar) tensor simply has no `dims` lines. The header fields are written by hand
+    because text format leaves out proto3 defaults, and `max_batch_size: 0` should be stated, not implied."""
+    tensors = model_config_pb2.ModelConfig()
+    for tensor in model.inputs:
+        tensors.input.add(name=tensor.name, data_type=_CONFIG_TYPE[tensor.elem_type], dims=tensor.dims)
+    for tensor in model.outputs:
+        tensors.output.add(name=tensor.name, data_type=_CONFIG_TYPE[tensor.elem_type], dims=tensor.dims)
+    header = f'name: "{model.name}"\nbackend: "onnxruntime"\nmax_batch_size: {model.max_batch_size}\n'
+    return _CONFIG_HEADER + header + text_format.MessageToString(tensors)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` in one step: a reader (or a concurrent build) never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+        handle.write(data)
+    # NamedTemporaryFile creates the file 0600; a server running as another user must be able to read it.
+    os.chmod(handle.name, 0o644)
+    os.replace(handle.name, path)
+
+
+def write_model(root: Path, model: BuiltModel) -> Path:
+    """Write `model` into `root/<name>/` and return that directory."""
+    directory = root / model.name
+    _write_atomic(directory / "1" / "model.onnx", model.onnx_bytes)
+    _write_atomic(directory / "config.pbtxt", config_text(model).encode("utf-8"))
+    return directory
+
+
+# ----------------------------------------------------------------------------------------------- the models
+
+
+def build_simple() -> BuiltModel:
+    inputs = (Tensor("INPUT0", TensorProto.INT32, (16,)), Tensor("INPUT1", TensorProto.INT32, (16,)))
+    outputs = (Tensor("OUTPUT0", TensorProto.INT32, (16,)), Tensor("OUTPUT1", TensorProto.INT32, (16,)))
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+    ]
+    graph = _graph("simple", nodes, inputs, outputs, max_batch_size=8)
+    return BuiltModel("simple", 8, inputs, outputs, _serialize(graph))
+
+
+def _build_identity(name: str, elem_type: int) -> BuiltModel:
+    inputs = (Tensor("INPUT0", elem_type, (-1,)),)
+    outputs = (Tensor("OUTPUT0", elem_type, (-1,)),)
+    nodes = [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])]
+    graph = _graph(name, nodes, inputs, outputs, max_batch_size=8)
+    return BuiltModel(name, 8, inputs, outputs, _serialize(graph))
+
+
+def build_simple_identity() -> BuiltModel:
+    return _build_identity("simple_identity", TensorProto.STRING)
+
+
+def build_identity_fp32() -> BuiltModel:
+    return _build_identity("identity_fp32", TensorProto.FLOAT)
+
+
+def matmul_chain_weights() -> list[np.ndarray]:
+    """The chain's weight matrices. Scaled by 1/sqrt(width) so activations keep unit-order magnitude through
+    the Tanh layers (neither saturating nor vanishing), which keeps the output a meaningful check."""
+    rng = np.random.default_rng(MATMUL_SEED)
+    scale = 1.0 / np.sqrt(MATMUL_WIDTH)
+    return [(rng.standard_normal((MATMUL_WIDTH, MATMUL_WIDTH)) * scale).astype(np.float32)
+            for _ in range(MATMUL_LAYERS)]
+
+
+def build_matmul_chain() -> BuiltModel:
+    shape = (MATMUL_ROWS, MATMUL_WIDTH)
+    inputs = (Tensor("INPUT0", TensorProto.FLOAT, shape),)
+    outputs = (Tensor("OUTPUT0", TensorProto.FLOAT, shape),)
+    nodes, initializers, current = [], [], "INPUT0"
+    for layer, weight in enumerate(matmul_chain_weights()):
+        initializers.append(numpy_helper.from_array(weight, f"weight{layer}"))
+        result = "OUTPUT0" if layer == MATMUL_LAYERS - 1 else f"activation{layer}"
+        # Tanh between the MatMuls stops any optimizer from multiplying the weights together ahead of time.
+        nodes.append(helper.make_node("MatMul", [current, f"weight{layer}"], [f"product{layer}"]))
+        nodes.append(helper.make_node("Tanh", [f"product{layer}"], [result]))
+        current = result
+    graph = _graph("matmul_chain", nodes, inputs, outputs, max_batch_size=0, initializers=initializers)
+    return BuiltModel("matmul_chain", 0, inputs, outputs, _serialize(graph))
+
+
+# Declared rather than auto-completed: the model reports stateN as fully dynamic, but it is the next `state`,
+# [2, batch, 128]; `sr` (the sample rate, 16000 or 8000) is a scalar, hence no dims.
+SILERO_INPUTS = (
+    Tensor("input", TensorProto.FLOAT, (-1, -1)),
+    Tensor("state", TensorProto.FLOAT, (2, -1, 128)),
+    Tensor("sr", TensorProto.INT64, ()),
+)
+SILERO_OUTPUTS = (
+    Tensor("output", TensorProto.FLOAT, (-1, 1)),
+    Tensor("stateN", TensorProto.FLOAT, (2, -1, 128)),
+)
+
+
+def download_silero_wheel(cache: Path) -> Path:
+    """The silero-vad wheel in `cache`, downloaded with pip on first use (no install, no dependencies)."""
+    wheel = cache / SILERO_WHEEL
+    if wheel.is_file():
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    # Download into a private folder, then move: concurrent builds sharing the cache never see a partial wheel.
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as scratch:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+                   f"silero-vad=={SILERO_VERSION}", "-d", scratch]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        downloaded = Path(scratch) / SILERO_WHEEL
+        if result.returncode != 0 or not downloaded.is_file():
+            detail = (result.stderr or result.stdout).strip()[-2000:]
+            raise BuildError(f"could not download silero-vad=={SILERO_VERSION} with pip "
+                             f"(exit {result.returncode}):\n{detail}")
+        os.replace(downloaded, wheel)
+    return wheel
+
+
+def extract_silero(wheel: Path) -> bytes:
+    """silero_vad.onnx from the wheel, checked against the pinned sha256."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            data = archive.read(SILERO_MEMBER)
+    except (zipfile.BadZipFile, KeyError) as error:
+        raise BuildError(f"{wheel} is not a usable silero-vad wheel ({error}); delete it to download again") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SILERO_SHA256:
+        raise BuildError(f"{SILERO_MEMBER} in {wheel} has sha256 {digest}, expected {SILERO_SHA256}: this is not "
+                         f"the published silero-vad {SILERO_VERSION} checkpoint (delete the wheel to download again)")
+    return data
+
+
+def build_silero_vad(cache: Path) -> BuiltModel:
+    data = extract_silero(download_silero_wheel(cache))
+    return BuiltModel("silero_vad", 0, SILERO_INPUTS, SILERO_OUTPUTS, data)
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+
+
+def default_cache(output: Path) -> Path:
+    """`.cache` beside the output folder: outside the repository, so the server never sees it."""
+    return Path(output).resolve().parent / ".cache"
+
+
+def build_repository(output: Path | str, cache: Path | str | None = None) -> list[Path]:
+    """Build every demo model into `output` and return the model directories, in MODEL_NAMES order."""
+    output = Path(output)
+    cache = Path(cache) if cache is not None else default_cache(output)
+    output.mkdir(parents=True, exist_ok=True)
+    builders = (build_simple, build_simple_identity, build_identity_fp32, build_matmul_chain,
+                lambda: build_silero_vad(cache))
+    return [write_model(output, build()) for build in builders]
+
+
+def measure_matmul_chain(model_file: Path, runs: int = 50) -> float:
+    """Median milliseconds per matmul_chain call on one thread (how the docstring's figure was taken)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+    feed = {"INPUT0": np.random.default_rng(0).standard_normal((MATMUL_ROWS, MATMUL_WIDTH)).astype(np.float32)}
+    for _ in range(5):  # warm-up: first runs allocate the arena
+        session.run(None, feed)
+    timings = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, feed)
+        timings.append(time.perf_counter() - start)
+    return 1000.0 * float(np.median(timings))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo.build_repository", description=__doc__.splitlines()[0])
+    parser.add_argument("--output", required=True, type=Path, help="repository folder to (re)build")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="where the silero-vad wheel is kept (default: .cache beside --output)")
+    parser.add_argument("--measure", action="store_true",
+                        help="also print matmul_chain's median ms per call with one onnxruntime thread")
+    args = parser.parse_args(argv)
+    try:
+        directories = build_repository(args.output, args.cache)
+    except BuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for directory in directories:
+        size = (directory / "1" / "model.onnx").stat().st_size
+        print(f"{directory}: model.onnx {size / 1e6:.1f} MB")
+    if args.measure:
+        median = measure_matmul_chain(args.output / "matmul_chain" / "1" / "model.onnx")
+        print(f"matmul_chain: median {median:.2f} ms per call (intra_op_num_threads=1)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""Per-model admission: slots, one strict FIFO queue, and exclusive management leases.
+
+Two layers, so the rules can be tested without threads:
+
+* `AdmissionCore` is the state machine. It has no lock, no clock and no threads: every method takes the time it
+  needs and returns the tickets whose state it changed, so the caller can wake them. The caller must hold the
+  model's lock around every call.
+* `AdmissionController` is the thread-safe shell over it. One lock (shared with the model's lifecycle, see
+  lifecycle.py) guards the core; a queued caller blocks on its own binary lock (its "waker") until it is
+  granted, expires, is cancelled or is refused.
+
+Rules (contract ORDER.01-03, TIME.01-03):
+
+* A request holds one slot; a manager holds the whole model, and is granted only once every earlier lease has
+  drained.
+* Grants follow arrival order. A queued manager stops every later request, even while slots are free.
+* A newcomer takes a free slot at once only if nobody is queued (no barging). A freed slot is *handed* to the
+  oldest waiter under the lock, at the moment it frees, so nobody can take it in between.
+* A request that would have to wait is refused at once when the queue is full (`max_queue`), or when every
+  occupied inference slot has been busy longer than the overdue threshold (the model's admission timeout): then
+  the wait could not end in time however short it was.
+* A waiter expires at its deadline, whatever the slots are doing.
+
+Ticket states:
+
+    QUEUED  -> GRANTED -> RELEASED
+    QUEUED  -> EXPIRED | CANCELLED | REFUSED        (never held anything)
+    arrival -> GRANTED | REFUSED                    (without queueing)
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
+
+
+class TicketKind(enum.Enum):
+    REQUEST = "request"  # an inference call: one slot, shared model
+    MANAGER = "manager"  # a management operation: exclusive, after every earlier lease
+
+
+class TicketState(enum.Enum):
+    QUEUED = "queued"
+    GRANTED = "granted"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+
+
+class Refusal(enum.Enum):
+    QUEUE_FULL = "queue_full"
+    OVERDUE = "overdue"  # every occupied inference slot is past the admission timeout
+    CLOSED = "closed"  # the controller was closed (shutdown)
+
+
+_FINAL = frozenset({TicketState.RELEASED, TicketState.EXPIRED, TicketState.CANCELLED, TicketState.REFUSED})
+
+
+class Ticket:
+    """One caller's place: first a waiter in the queue, then (if granted) a lease until released.
+
+    `waker` is a locked binary lock the waiting thread blocks on; whoever changes a QUEUED ticket releases it.
+    `on_change`, when set, is called (under the model lock, must not block) instead, for callers that wait on
+    several tickets at once (bulk unload).
+    """
+
+    __slots__ = ("kind", "state", "deadline", "arrived_at", "granted_at", "refusal", "waker", "on_change", "seq")
+
+    def __init__(self, kind: TicketKind, arrived_at: float, deadline: float | None, seq: int) -> None:
+        self.kind = kind
+        self.state = TicketState.QUEUED
+        self.deadline = deadline
+        self.arrived_at = arrived_at
+        self.granted_at: float | None = None
+        self.refusal: Refusal | None = None
+        self.waker: threading.Lock | None = None
+        self.on_change: Callable[[Ticket], None] | None = None
+        self.seq = seq
+
+    def __repr__(self) -> str:
+        return f"Ticket(#{self.seq} {self.kind.value} {self.state.value})"
+
+    def notify(self) -> None:
+        """Wake whoever waits on this ticket. Caller holds the model lock."""
+        if self.on_change is not None:
+            self.on_change(self)
+        elif self.waker is not None:
+            self.waker.release()
+
+
+@dataclass(frozen=True)
+class AdmissionStatistics:
+    capacity: int
+    active_slots: int  # request leases held
+    manager_active: bool
+    queued: int  # tickets waiting, requests and managers
+    queued_requests: int
+    queued_managers: int
+    closed: bool
+    granted_total: int
+    expired_total: int
+    cancelled_total: int
+    refused_total: int
+
+
+class AdmissionCore:
+    """The admission state machine of one model. Not thread-safe: the caller holds the model lock."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        # A dict is an insertion-ordered set with O(1) removal: the head is the oldest waiter.
+        self._queue: dict[Ticket, None] = {}
+        self._slots: dict[Ticket, None] = {}  # granted request tickets, in grant order
+        self._manager: Ticket | None = None
+        self._queued_requests = 0
+        self._closed = False
+        self._seq = 0
+        self._granted_total = 0
+        self._expired_total = 0
+        self._cancelled_total = 0
+        self._refused_total = 0
+
+    # ---- arrivals -------------------------------------------------------------------------------------------
+
+    def arrive(self, kind: TicketKind, now: float, deadline: float | None, *, overdue_after: float = 0.0,
+               max_queue: int = 0) -> Ticket:
+        """Admit, queue or refuse a new caller. Returns its ticket (GRANTED, QUEUED or REFUSED).
+
+        `overdue_after` > 0 enables the overdue-blocker rule; `max_queue` > 0 bounds queued requests.
+        """
+        self._seq += 1
+        ticket = Ticket(kind, now, deadline, self._seq)
+        if self._closed:
+            return self._refuse(ticket, Refusal.CLOSED)
+        if not self._queue and self._can_grant(ticket):
+            self._grant(ticket, now)
+            return ticket
+        if overdue_after > 0 and self._all_slots_overdue(now, overdue_after):
+            return self._refuse(ticket, Refusal.OVERDUE)
+        if kind is TicketKind.REQUEST and max_queue > 0 and self._queued_requests >= max_queue:
+            return self._refuse(ticket, Refusal.QUEUE_FULL)
+        self._queue[ticket] = None
+        if kind is TicketKind.REQUEST:
+            self._queued_requests += 1
+        return ticket
+
+    def _can_grant(self, ticket: Ticket) -> bool:
+        if self._manager is not None:
+            return False
+        if ticket.kind is TicketKind.MANAGER:
+            return not self._slots
+        return len(self._slots) < self.capacity
+
+    def _all_slots_overdue(self, now: float, overdue_after: float) -> bool:
+        if not self._slots:
+            return False
+        return all(now - held.granted_at > overdue_after for held in self._slots)  # type: ignore[operator]
+
+    def _grant(self, ticket: Ticket, now: float) -> None:
+        ticket.state = TicketState.GRANTED
+        ticket.granted_at = now
+        self._granted_total += 1
+        if ticket.kind is TicketKind.MANAGER:
+            self._manager = ticket
+        else:
+            self._slots[ticket] = None
+
+    def _refuse(self, ticket: Ticket, refusal: Refusal) -> Ticket:
+        ticket.state = TicketState.REFUSED
+        ticket.refusal = refusal
+        self._refused_total += 1
+        return ticket
+
+    # ---- departures -----------------------------------------------------------------------------------------
+
+    def release(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """End a granted lease. Returns the tickets granted in consequence (to be notified).
+
+        Raises RuntimeError for a ticket that holds nothing (double or foreign release).
+        """
+        if ticket.state is not TicketState.GRANTED:
+            raise RuntimeError(f"release of {ticket!r}, which holds no lease")
+        if ticket.kind is TicketKind.MANAGER:
+            if self._manager is not ticket:
+                raise RuntimeError(f"release of {ticket!r}, which is not the active manager")
+            self._manager = None
+        else:
+            del self._slots[ticket]
+        ticket.state = TicketState.RELEASED
+        return self.dispatch(now)
+
+    def withdraw(self, ticket: Ticket, outcome: TicketState, now: float) -> list[Ticket]:
+        """A queued caller leaves (EXPIRED or CANCELLED): remove it and let the queue move up.
+
+        A ticket that was granted in the meantime is released instead (a granted-but-abandoned slot is passed
+        on); a ticket already final is left alone. Returns the tickets granted in consequence.
+        """
+        if outcome not in (TicketState.EXPIRED, TicketState.CANCELLED):
+            raise ValueError(f"withdraw outcome must be EXPIRED or CANCELLED, got {outcome}")
+        if ticket.state is TicketState.GRANTED:
+            return self.release(ticket, now)
+        if ticket.state is not TicketState.QUEUED:
+            return []
+        self._remove_queued(ticket)
+        ticket.state = outcome
+        if outcome is TicketState.EXPIRED:
+            self._expired_total += 1
+        else:
+            self._cancelled_total += 1
+        # The departed ticket may have been the head that blocked others (a manager waiting to drain).
+        return self.dispatch(now)
+
+    def _remove_queued(self, ticket: Ticket) -> None:
+        del self._queue[ticket]
+        if ticket.kind is TicketKind.REQUEST:
+            self._queued_requests -= 1
+
+    def dispatch(self, now: float) -> list[Ticket]:
+        """Grant from the head of the queue while the head can be granted. Returns the granted tickets."""
+        granted = []
+        while self._queue:
+            head = next(iter(self._queue))
+            if not self._can_grant(head):
+                break
+            self._remove_queued(head)
+            self._grant(head, now)
+            granted.append(head)
+        return granted
+
+    # ---- capacity and shutdown ------------------------------------------------------------------------------
+
+    def set_capacity(self, capacity: int, now: float) -> list[Ticket]:
+        """Change the slot count. Growing grants waiters at once; shrinking lets current holders finish."""
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        return self.dispatch(now)
+
+    def close(self) -> list[Ticket]:
+        """Refuse every queued ticket and every later arrival (shutdown). Leases already granted stay valid."""
+        self._closed = True
+        refused = list(self._queue)
+        self._queue.clear()
+        self._queued_requests = 0
+        for ticket in refused:
+            self._refuse(ticket, Refusal.CLOSED)
+        return refused
+
+    # ---- observation ----------------------------------------------------------------------------------------
+
+    def queued_tickets(self) -> list[Ticket]:
+        return list(self._queue)
+
+    def held_request_tickets(self) -> list[Ticket]:
+        return list(self._slots)
+
+    @property
+    def manager(self) -> Ticket | None:
+        return self._manager
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held and nothing queued."""
+        return not self._slots and self._manager is None and not self._queue
+
+    def statistics(self) -> AdmissionStatistics:
+        queued = len(self._queue)
+        return AdmissionStatistics(
+            capacity=self.capacity,
+            active_slots=len(self._slots),
+            manager_active=self._manager is not None,
+            queued=queued,
+            queued_requests=self._queued_requests,
+            queued_managers=queued - self._queued_requests,
+            closed=self._closed,
+            granted_total=self._granted_total,
+            expired_total=self._expired_total,
+            cancelled_total=self._cancelled_total,
+            refused_total=self._refused_total,
+        )
+
+
+def refusal_error(ticket: Ticket, model: str) -> Exception:
+    """The exception a refused ticket's caller raises."""
+    if ticket.refusal is Refusal.QUEUE_FULL:
+        return QueueFull(f"server_busy: the queue of model '{model}' is full")
+    if ticket.refusal is Refusal.OVERDUE:
+        return OverdueBlockers(
+            f"server_busy: every busy slot of model '{model}' has run past the admission timeout")
+    return ShuttingDown(f"model '{model}' is not admitting work: the server is shutting down")
+
+
+class AdmissionController:
+    """Thread-safe admission for one model. See the module docstring for the rules.
+
+    `lock` is the model's lock (shared with its lifecycle state); the controller never holds it across a wait.
+    `clock` is monotonic seconds; deadlines passed in are on the same clock.
+    """
+
+    def __init__(self, model: str, capacity: int, lock: threading.Lock | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self._lock = lock or threading.Lock()  # guards: _core (and the model state that shares it)
+        self._core = AdmissionCore(capacity)
+        self._clock = clock
+
+    @property
+    def core(self) -> AdmissionCore:
+        """The state machine. Caller must hold the model lock."""
+        return self._core
+
+    def acquire(self, kind: TicketKind, deadline: float | None, *, overdue_after: float = 0.0,
+                max_queue: int = 0, cancel=None) -> Ticket:
+        """Wait for a lease of `kind`, in FIFO order, until `deadline` (None: no limit).
+
+        Blocks without holding the model lock. Returns the GRANTED ticket; the caller must `release` it.
+        Raises AdmissionTimeout at the deadline, RequestCancelled when `cancel` (an engine.interface.CancelToken)
+        fires while queued, QueueFull / OverdueBlockers / ShuttingDown when refused. On any of these the caller
+        holds nothing.
+        """
+        with self._lock:
+            ticket = self._core.arrive(kind, self._clock(), deadline, overdue_after=overdue_after,
+                                       max_queue=max_queue)
+            if ticket.state is TicketState.QUEUED:
+                ticket.waker = threading.Lock()
+                ticket.waker.acquire()
+        if ticket.state is TicketState.GRANTED:
+            return ticket
+        if ticket.state is TicketState.REFUSED:
+            raise refusal_error(ticket, self.model)
+        return self._wait(ticket, cancel)
+
+    def arrive_locked(self, kind: TicketKind, deadline: float | None,
+                      on_change: Callable[[Ticket], None] | None = None) -> Ticket:
+        """Enqueue without waiting (for callers that wait on several tickets, such as bulk unload).
+
+        Caller holds the model lock. `on_change` is called under the lock when the ticket is granted, expired,
+        cancelled or refused later; it must not block. Returns the ticket, possibly already GRANTED.
+        """
+        ticket = self._core.arrive(kind, self._clock(), deadline)
+        ticket.on_change = on_change
+        return ticket
+
+    def _wait(self, ticket: Ticket, cancel) -> Ticket:
+        on_cancel = None
+        if cancel is not None:
+            def on_cancel() -> None:
+                self.cancel_queued(ticket)
+            cancel.add_callback(on_cancel)
+        try:
+            while True:
+                if ticket.deadline is None:
+                    ticket.waker.acquire()  # type: ignore[union-attr]
+                else:
+                    remaining = ticket.deadline - self._clock()
+                    if remaining > 0:
+                        ticket.waker.acquire(timeout=remaining)  # type: ignore[union-attr]
+                    else:
+                        self._expire(ticket)
+                # Every change of a QUEUED ticket happens under the lock, so reading the state decides: a grant
+                # that won the race against the deadline stands.
+                state = ticket.state
+                if state is TicketState.QUEUED:
+                    continue
+                if state is TicketState.GRANTED:
+                    if cancel is not None and cancel.cancelled:
+                        # Cancelled as the slot arrived: pass the slot on rather than start work nobody awaits.
+                        self.release(ticket)
+                        raise RequestCancelled(f"the caller gave up while queued for model '{self.model}'")
+                    return ticket
+                raise self._departure_error(ticket)
+        except BaseException:
+            # Whatever interrupted this thread's wait, never keep a place or a granted slot nobody will use.
+            self.abandon(ticket)
+            raise
+        finally:
+            if on_cancel is not None:
+                cancel.remove_callback(on_cancel)
+
+    def _departure_error(self, ticket: Ticket) -> Exception:
+        if ticket.state is TicketState.EXPIRED:
+            return AdmissionTimeout(
+                f"server_busy: model '{self.model}' had no free slot before the admission deadline")
+        if ticket.state is TicketState.CANCELLED:
+            return RequestCancelled(f"the caller gave up while queued for model '{self.model}'")
+        return refusal_error(ticket, self.model)
+
+    def release(self, ticket: Ticket) -> None:
+        """End a granted lease and hand the freed capacity to the oldest waiters. Never blocks.
+        Raises RuntimeError if the ticket holds no lease."""
+        with self._lock:
+            for waiter in self._core.release(ticket, self._clock()):
+                waiter.notify()
+
+    def _withdraw_locked(self, ticket: Ticket, outcome: TicketState) -> None:
+        was_queued = ticket.state is TicketState.QUEUED
+        granted = self._core.withdraw(ticket, outcome, self._clock())
+        if was_queued:
+            ticket.notify()
+        for waiter in granted:
+            waiter.notify()
+
+    def _expire(self, ticket: Ticket) -> None:
+        with self._lock:
+            if ticket.state is TicketState.QUEUED:
+                self._withdraw_locked(ticket, TicketState.EXPIRED)
+
+    def cancel_queued(self, ticket: Ticket) -> None:
+        """Take `ticket` out of the queue if it is still queued (safe from any thread, e.g. a cancellation
+        callback). A ticket already granted is left to its owner, who checks its cancel token."""
+        with self._lock:
+            if ticket.state is TicketState.QUEUED:
+                self._withdraw_locked(ticket, TicketState.CANCELLED)
+
+    def abandon(self, ticket: Ticket) -> None:
+        """The owner gives up its ticket whatever its state: queued leaves, granted is released. Idempotent.
+        Only the owning thread may call this (another thread could release a slot that is in use)."""
+        with self._lock:
+            if ticket.state in (TicketState.QUEUED, TicketState.GRANTED):
+                self._withdraw_locked(ticket, TicketState.CANCELLED)
+
+    def set_capacity(self, capacity: int) -> None:
+        with self._lock:
+            self.set_capacity_locked(capacity)
+
+    def set_capacity_locked(self, capacity: int) -> None:
+        """As set_capacity; caller holds the model lock."""
+        for waiter in self._core.set_capacity(capacity, self._clock()):
+            waiter.notify()
+
+    def close(self) -> None:
+        """Refuse every queued and later caller (shutdown). Granted leases stay valid until released."""
+        with self._lock:
+            for waiter in self._core.close():
+                waiter.notify()
+
+    def statistics(self) -> AdmissionStatistics:
+        with self._lock:
+            return self._core.statistics()

@@ -1,0 +1,73 @@
+"""Domain errors of the server core. They carry no transport data; `service/status_codes.py` maps each class
+to a gRPC status code and error reason in one table.
+
+Messages are written for the client: they name the model and the problem, never internal details.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of the server core's errors."""
+
+
+class ModelNotFound(ServiceError):
+    def __init__(self, name: str) -> None:
+        # Triton's wording: stock clients and examples look for "Request for unknown model".
+        super().__init__(f"Request for unknown model: '{name}' is not found")
+        self.model = name
+
+
+class InvalidRequest(ServiceError):
+    """The request is malformed or asks for something the model or server cannot do (INVALID_ARGUMENT,
+    reason invalid_request_error)."""
+
+
+class UnsupportedSlotCount(InvalidRequest):
+    """A slot count outside 1..16, above the model's capacity, or given without --parallel-jobs."""
+
+
+class ManagementDisabled(ServiceError):
+    def __init__(self, operation: str) -> None:
+        super().__init__(f"{operation} needs management enabled: start the server with --allow-management")
+
+
+class ServerBusy(ServiceError):
+    """Admission refused or timed out (UNAVAILABLE, reason server_busy)."""
+
+
+class AdmissionTimeout(ServerBusy):
+    pass
+
+
+class QueueFull(ServerBusy):
+    pass
+
+
+class OverdueBlockers(ServerBusy):
+    pass
+
+
+class ResidencyLimit(ServiceError):
+    """No resident model could be retired to make room (UNAVAILABLE, reason residency_limit)."""
+
+
+class MemoryLimit(ServiceError):
+    """The pool would exceed --memory-budget (UNAVAILABLE, reason memory_limit)."""
+
+
+class ShuttingDown(ServiceError):
+    """The server is stopping and no longer admits this work (UNAVAILABLE, reason shutting_down)."""
+
+
+class RequestCancelled(ServiceError):
+    """The caller gave up (client cancellation, deadline or disconnect)."""
+
+
+class ModelLoadFailed(ServiceError):
+    """A request needed the model loaded and the load failed. Wraps the engine error's message."""
+
+    def __init__(self, name: str, cause: Exception) -> None:
+        super().__init__(f"model '{name}' failed to load: {cause}")
+        self.model = name
+        self.cause = cause

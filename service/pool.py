@@ -1,0 +1,122 @@
+"""A model's pool: one shared engine (the primary) and one execution context per slot.
+
+Only a complete pool is ever published: `build_pool` either returns a pool with every context built, or frees
+what it built (contexts first, then the engine) and raises. Nothing here takes a model lock; building and
+closing block for as long as the backend needs, so callers run them outside every lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+
+from engine.interface import Backend, Context, LoadedModel, ModelSpec
+
+from .errors import UnsupportedSlotCount
+
+_LOG = logging.getLogger(__name__)
+
+
+class SlotPool:
+    """A published engine with `capacity` contexts. Contexts are lent to leases and given back.
+
+    `take` normally finds a free context at once, because admission never grants more leases than the pool's
+    capacity. The one exception is the first load of a model whose default slot count the engine could not
+    fully support: leases admitted before the load then wait here, in FIFO order, for a context.
+    """
+
+    def __init__(self, spec: ModelSpec, primary: LoadedModel, contexts: list[Context]) -> None:
+        self.spec = spec
+        self.primary = primary
+        self.metadata = primary.metadata
+        self.max_parallel_slots = primary.max_parallel_slots
+        self._contexts = list(contexts)
+        self._free: queue.SimpleQueue[Context] = queue.SimpleQueue()
+        for context in contexts:
+            self._free.put(context)
+
+    @property
+    def capacity(self) -> int:
+        return len(self._contexts)
+
+    def memory_bytes(self) -> int:
+        return self.primary.memory_bytes(self.capacity)
+
+    def take(self) -> Context:
+        """A free context (blocks only in the transient described in the class docstring)."""
+        return self._free.get()
+
+    def give_back(self, context: Context) -> None:
+        self._free.put(context)
+
+    def grown(self, slots: int) -> "SlotPool":
+        """A pool over the same engine with `slots` contexts: existing contexts are kept, new ones built,
+        surplus ones closed. Only valid while no context is lent (the caller holds the exclusive lease).
+        Raises what create_context raises, after closing the contexts it built."""
+        kept = self._contexts[:slots]
+        built = []
+        try:
+            while len(kept) + len(built) < slots:
+                built.append(self.primary.create_context())
+        except BaseException:
+            close_contexts(built, self.spec.name)
+            raise
+        return SlotPool(self.spec, self.primary, kept + built)
+
+    def close_surplus(self, successor: "SlotPool") -> None:
+        """Close the contexts of this pool that `successor` (made by `grown`) did not keep."""
+        kept = {id(c) for c in successor._contexts}
+        close_contexts([c for c in self._contexts if id(c) not in kept], self.spec.name)
+
+    def close(self) -> None:
+        """Free every context, then the engine. Errors are logged, never raised: teardown must complete."""
+        close_contexts(self._contexts, self.spec.name)
+        self._contexts = []
+        close_primary(self.primary, self.spec.name)
+
+
+def close_contexts(contexts: list[Context], model: str) -> None:
+    for context in reversed(contexts):
+        try:
+            context.close()
+        except Exception:
+            _LOG.exception("model '%s': closing a slot context failed", model)
+
+
+def close_primary(primary: LoadedModel, model: str) -> None:
+    try:
+        primary.close()
+    except Exception:
+        _LOG.exception("model '%s': closing the engine failed", model)
+
+
+def check_slot_count(spec: ModelSpec, slots: int, explicit: bool, capacity: int) -> int:
+    """The slot count to build: `slots` if the engine supports it; a default count is lowered to the
+    capacity, an explicit one raises UnsupportedSlotCount."""
+    if slots <= capacity:
+        return slots
+    if explicit:
+        raise UnsupportedSlotCount(
+            f"model '{spec.name}' supports at most {capacity} slot{'s' if capacity != 1 else ''} "
+            f"on the {spec.backend} backend; {slots} were requested")
+    return capacity
+
+
+def build_pool(backend: Backend, spec: ModelSpec, slots: int, explicit: bool,
+               primary: LoadedModel | None = None) -> SlotPool:
+    """Load (or take over `primary`) and build `slots` contexts. Blocks for the whole build.
+
+    Raises the backend's errors or UnsupportedSlotCount; on any failure everything built is freed, contexts
+    before the engine, including a `primary` that was handed in.
+    """
+    primary = primary if primary is not None else backend.load(spec)
+    contexts: list[Context] = []
+    try:
+        count = check_slot_count(spec, slots, explicit, primary.max_parallel_slots)
+        for _ in range(count):
+            contexts.append(primary.create_context())
+    except BaseException:
+        close_contexts(contexts, spec.name)
+        close_primary(primary, spec.name)
+        raise
+    return SlotPool(spec, primary, contexts)

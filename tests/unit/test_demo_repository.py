@@ -1,0 +1,195 @@
+"""The demo model repository: built by demo.build_repository, read by engine.repository, served by the ONNX
+Runtime backend. Every model's metadata is checked and one real inference per model is compared with an
+independent computation (numpy, or a direct onnxruntime session for the Silero checkpoint).
+
+The silero-vad wheel is downloaded once into demo/.cache and reused by later runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import numpy_helper
+
+from demo import build_repository as builder
+from engine.interface import CancelToken
+from engine.onnxruntime_backend import OnnxRuntimeBackend, session_options
+from engine.repository import ModelRepository
+
+PROJECT = Path(__file__).resolve().parents[2]
+CACHE = PROJECT / "demo" / ".cache"
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo") / "model_repository"
+    assert builder.main(["--output", str(root), "--cache", str(CACHE)]) == 0
+    return root
+
+
+@pytest.fixture
+def load(repository):
+    """load(name) -> (spec, loaded model, context); everything is closed after the test."""
+    opened = []
+
+    def _load(name: str):
+        spec = ModelRepository(repository).read(name)
+        loaded = OnnxRuntimeBackend().load(spec)
+        context = loaded.create_context()
+        opened.append((loaded, context))
+        return spec, loaded, context
+
+    yield _load
+    for loaded, context in opened:
+        context.close()
+        loaded.close()
+
+
+def _signature(tensors) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(t.name, t.datatype, t.shape) for t in tensors]
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_layout_and_configs(repository):
+    assert ModelRepository(repository).names() == sorted(builder.MODEL_NAMES)
+    for name in builder.MODEL_NAMES:
+        text = (repository / name / "config.pbtxt").read_text()
+        assert (repository / name / "1" / "model.onnx").is_file()
+        # name, backend and max_batch_size are always stated; slot counts are the server's to decide.
+        assert f'name: "{name}"' in text and 'backend: "onnxruntime"' in text and "max_batch_size:" in text
+        assert "instance_group" not in text
+        spec = ModelRepository(repository).read(name)
+        assert (spec.backend, spec.version, spec.instance_count) == ("onnxruntime", "1", None)
+
+
+def test_rebuild_over_existing_repository_is_byte_identical(repository):
+    before = _digests(repository)
+    builder.build_repository(repository, CACHE)
+    assert _digests(repository) == before
+
+
+def test_simple_adds_and_subtracts(load):
+    _, loaded, context = load("simple")
+    metadata = loaded.metadata
+    assert metadata.max_batch_size == 8
+    assert _signature(metadata.inputs) == [("INPUT0", "INT32", (16,)), ("INPUT1", "INT32", (16,))]
+    assert _signature(metadata.outputs) == [("OUTPUT0", "INT32", (16,)), ("OUTPUT1", "INT32", (16,))]
+    assert metadata.wire_shape(metadata.inputs[0]) == (-1, 16)
+    rng = np.random.default_rng(1)
+    a = rng.integers(-1000, 1000, size=(3, 16), dtype=np.int32)
+    b = rng.integers(-1000, 1000, size=(3, 16), dtype=np.int32)
+    result = context.execute({"INPUT0": a, "INPUT1": b}, [], CancelToken())
+    np.testing.assert_array_equal(result["OUTPUT0"], a + b)
+    np.testing.assert_array_equal(result["OUTPUT1"], a - b)
+    assert result["OUTPUT0"].dtype == np.int32
+
+
+def test_simple_identity_round_trips_bytes(load):
+    _, loaded, context = load("simple_identity")
+    metadata = loaded.metadata
+    assert metadata.max_batch_size == 8
+    assert _signature(metadata.inputs) == [("INPUT0", "BYTES", (-1,))]
+    assert _signature(metadata.outputs) == [("OUTPUT0", "BYTES", (-1,))]
+    assert metadata.wire_shape(metadata.outputs[0]) == (-1, -1)
+    data = np.array([[b"hello", b"", "gr\u00fc\u00dfe".encode()], [b"a", b"bb", b"ccc"]], dtype=object)
+    result = context.execute({"INPUT0": data}, ["OUTPUT0"], CancelToken())
+    assert result["OUTPUT0"].shape == (2, 3)
+    assert result["OUTPUT0"].tolist() == data.tolist()
+
+
+def test_identity_fp32_round_trips_16_mib(load):
+    _, loaded, context = load("identity_fp32")
+    metadata = loaded.metadata
+    assert metadata.max_batch_size == 8
+    assert _signature(metadata.inputs) == [("INPUT0", "FP32", (-1,))]
+    assert _signature(metadata.outputs) == [("OUTPUT0", "FP32", (-1,))]
+    data = np.random.default_rng(2).standard_normal((1, 4194304)).astype(np.float32)
+    metadata.check_request({"INPUT0": ("FP32", data.shape)}, [])
+    result = context.execute({"INPUT0": data}, [], CancelToken())
+    np.testing.assert_array_equal(result["OUTPUT0"], data)
+
+
+def test_matmul_chain_matches_numpy(load):
+    spec, loaded, context = load("matmul_chain")
+    metadata = loaded.metadata
+    shape = (builder.MATMUL_ROWS, builder.MATMUL_WIDTH)
+    assert metadata.max_batch_size == 0
+    assert _signature(metadata.inputs) == [("INPUT0", "FP32", shape)]
+    assert _signature(metadata.outputs) == [("OUTPUT0", "FP32", shape)]
+    model = onnx.load(str(spec.model_file))
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Tanh"] * builder.MATMUL_LAYERS
+    weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    assert sum(w.nbytes for w in weights.values()) < 20 * 1024 * 1024
+    data = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    result = context.execute({"INPUT0": data}, [], CancelToken())
+    expected = data.astype(np.float64)
+    for node in model.graph.node:
+        if node.op_type == "MatMul":
+            expected = expected @ weights[node.input[1]].astype(np.float64)
+        else:
+            expected = np.tanh(expected)
+    # The scaled weights keep activations away from Tanh saturation, so this compares real numbers.
+    assert 0.1 < float(np.std(expected)) < 0.99
+    np.testing.assert_allclose(result["OUTPUT0"], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_silero_vad_matches_direct_onnxruntime(load):
+    spec, loaded, context = load("silero_vad")
+    metadata = loaded.metadata
+    assert metadata.max_batch_size == 0
+    assert _signature(metadata.inputs) == [
+        ("input", "FP32", (-1, -1)), ("state", "FP32", (2, -1, 128)), ("sr", "INT64", ())]
+    assert _signature(metadata.outputs) == [("output", "FP32", (-1, 1)), ("stateN", "FP32", (2, -1, 128))]
+    assert hashlib.sha256(spec.model_file.read_bytes()).hexdigest() == builder.SILERO_SHA256
+    # 512 samples at 16 kHz plus the 64-sample context the silero wrapper prepends.
+    inputs = {
+        "input": np.random.default_rng(4).uniform(-0.5, 0.5, size=(1, 576)).astype(np.float32),
+        "state": np.zeros((2, 1, 128), dtype=np.float32),
+        "sr": np.array(16000, dtype=np.int64),
+    }
+    # The scalar `sr` passes the server's request check with shape [].
+    metadata.check_request({"input": ("FP32", (1, 576)), "state": ("FP32", (2, 1, 128)), "sr": ("INT64", ())}, [])
+    result = context.execute(inputs, [], CancelToken())
+    session = onnxruntime.InferenceSession(str(spec.model_file), session_options(spec),
+                                           providers=["CPUExecutionProvider"])
+    probability, state = session.run(["output", "stateN"], inputs)
+    np.testing.assert_allclose(result["output"], probability, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(result["stateN"], state, rtol=1e-6, atol=1e-7)
+    assert result["output"].shape == (1, 1) and result["stateN"].shape == (2, 1, 128)
+    assert 0.0 <= float(result["output"][0, 0]) <= 1.0
+
+
+def test_cached_wheel_is_used_without_pip(tmp_path, monkeypatch):
+    wheel = tmp_path / builder.SILERO_WHEEL
+    wheel.write_bytes(b"placeholder")
+
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pip must not run when the wheel is cached")
+
+    monkeypatch.setattr(builder.subprocess, "run", no_pip)
+    assert builder.download_silero_wheel(tmp_path) == wheel
+
+
+def test_checkpoint_with_wrong_sha256_is_refused(tmp_path):
+    wheel = tmp_path / builder.SILERO_WHEEL
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(builder.SILERO_MEMBER, b"not the published checkpoint")
+    with pytest.raises(builder.BuildError, match="sha256"):
+        builder.extract_silero(wheel)
+
+
+def test_broken_wheel_is_reported(tmp_path):
+    wheel = tmp_path / builder.SILERO_WHEEL
+    wheel.write_bytes(b"not a zip")
+    with pytest.raises(builder.BuildError, match="delete it to download again"):
+        builder.extract_silero(wheel)
