@@ -43,9 +43,16 @@ def _scalar(value: Any) -> str:
     return str(value)
 
 
-def to_json(data: Any) -> str:
-    """Indented JSON; numpy scalars become plain numbers."""
-    return json.dumps(data, indent=2, default=_json_default)
+def to_json(data: Any, indent: str = "") -> str:
+    """Indented JSON, except that a list holding no objects stays on one line (tensor data and shapes read
+    better that way); numpy scalars become plain numbers."""
+    inner = indent + "  "
+    if isinstance(data, dict) and data:
+        items = [f"{inner}{json.dumps(str(key))}: {to_json(value, inner)}" for key, value in data.items()]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if isinstance(data, list) and any(isinstance(item, dict) for item in data):
+        return "[\n" + ",\n".join(f"{inner}{to_json(item, inner)}" for item in data) + f"\n{indent}]"
+    return json.dumps(data, default=_json_default)
 
 
 def _json_default(value: Any) -> Any:

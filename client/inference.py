@@ -87,7 +87,8 @@ class InferenceClient:
         compression: grpc.Compression or "gzip"/"deflate"/"none" for a channel this client opens.
         metadata: (key, value) pairs sent with every call.
 
-    Thread-safe: calls from several threads share the channel.
+    Opening does no I/O (a missing server shows up as UNAVAILABLE on the first call); an unknown compression
+    name raises ValueError. Thread-safe: calls from several threads share the channel.
     """
 
     def __init__(self, address: str = "127.0.0.1:8001", *, timeout: float | None = None,

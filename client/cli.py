@@ -1,0 +1,400 @@
+"""The ops command line: `python -m client [--address HOST:PORT] [--timeout S] [--token T] COMMAND ...`.
+
+    health                                   live, ready and gRPC health (exit 1 unless all are good)
+    models                                   repository index joined with management status
+    metadata MODEL | config MODEL            model metadata, model configuration (text format)
+    stats [MODEL]                            inference statistics
+    infer MODEL --input NAME=PATH.npy|NAME=JSON [--datatype NAME=TYPE] [--output-dir DIR]
+    load MODEL [--config JSON] [--slots N]   RepositoryModelLoad, or RegisterModel with --slots
+    unload MODEL... | unload --all           UnloadModel for one id, UnloadModels for several
+    register MODEL [--source DIR] [--backend B] [--slots N] [--option k=v]
+
+`--json` (before or after the command) prints JSON instead of text. A failure prints one line on stderr,
+`error: UNAVAILABLE (server_busy): ...`, and exits 1; a command line that cannot be carried out exits 2.
+Every call waits for the server without limit unless --timeout is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any, NoReturn
+
+import numpy as np
+from google.protobuf import text_format
+
+from . import _render as render
+from ._cli_inputs import UsageError, load_inputs, parse_datatypes, parse_options, parse_parameters
+from .errors import ClientError
+from .inference import InferenceClient
+from .management import TOKEN_ENV, ManagementClient
+
+ADDRESS_ENV = "SLOTSERVE_ADDRESS"
+DEFAULT_ADDRESS = "127.0.0.1:8001"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that a bad command line raises UsageError instead of printing usage and exiting, so
+    main() reports it as one line like every other failure."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+class _Session:
+    """The clients of one command; the management client shares the inference client's channel and is
+    created only when a command needs it."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.inference = InferenceClient(args.address, timeout=args.timeout)
+        self._management: ManagementClient | None = None
+
+    @property
+    def management(self) -> ManagementClient:
+        if self._management is None:
+            self._management = ManagementClient(channel=self.inference.channel, timeout=self.args.timeout,
+                                                token=self.args.token)
+        return self._management
+
+    def close(self) -> None:
+        self.inference.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (0 ok, 1 failure, 2 usage, 130 interrupted). Never raises."""
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as error:
+        return _fail(str(error), 2)
+    except SystemExit as done:  # --help
+        return done.code if isinstance(done.code, int) else 0
+    session = _Session(args)
+    try:
+        return args.handler(session)
+    except UsageError as error:
+        return _fail(str(error), 2)
+    except ClientError as error:
+        return _fail(str(error), 1)
+    except OSError as error:
+        return _fail(f"{error.strerror or error}: {error.filename}" if error.filename else str(error), 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as error:  # noqa: BLE001 - the promise is one line, never a traceback
+        return _fail(f"{type(error).__name__}: {error}", 1)
+    finally:
+        session.close()
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+def _out(text: str) -> None:
+    print(text, file=sys.stdout)
+
+
+# ---- the parser ------------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line. Each subcommand sets `handler(session) -> exit status`."""
+    parser = _Parser(prog="python -m client", description="Operate a slotserve (or any KServe v2 gRPC) server.")
+    parser.add_argument("--address", default=os.environ.get(ADDRESS_ENV, DEFAULT_ADDRESS),
+                        help=f"server HOST:PORT (default: ${ADDRESS_ENV} or {DEFAULT_ADDRESS})")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="deadline of each call in seconds (default: none)")
+    parser.add_argument("--token", default=None,
+                        help=f"management bearer token (default: ${TOKEN_ENV})")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    # SUPPRESS keeps a subcommand's unset --json from overwriting a global --json.
+    json_flag = _Parser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                           help="print JSON instead of text")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_health, _add_models, _add_metadata, _add_config, _add_stats, _add_infer, _add_load,
+                _add_unload, _add_register):
+        add(commands, json_flag)
+    return parser
+
+
+def _command(commands, name: str, json_flag, handler: Callable[[_Session], int], help_text: str):
+    command = commands.add_parser(name, parents=[json_flag], help=help_text, description=help_text)
+    command.set_defaults(handler=handler)
+    return command
+
+
+def _add_health(commands, json_flag) -> None:
+    _command(commands, "health", json_flag, _health, "server liveness, readiness and gRPC health")
+
+
+def _add_models(commands, json_flag) -> None:
+    command = _command(commands, "models", json_flag, _models, "models in the repository and their status")
+    command.add_argument("--ready", action="store_true", help="list only ready models")
+
+
+def _add_metadata(commands, json_flag) -> None:
+    command = _command(commands, "metadata", json_flag, _metadata, "a model's inputs and outputs")
+    command.add_argument("model")
+    command.add_argument("--version", default="")
+
+
+def _add_config(commands, json_flag) -> None:
+    command = _command(commands, "config", json_flag, _config, "a model's configuration")
+    command.add_argument("model")
+    command.add_argument("--version", default="")
+
+
+def _add_stats(commands, json_flag) -> None:
+    command = _command(commands, "stats", json_flag, _stats, "inference statistics (every model by default)")
+    command.add_argument("model", nargs="?", default="")
+    command.add_argument("--version", default="")
+
+
+def _add_infer(commands, json_flag) -> None:
+    command = _command(commands, "infer", json_flag, _infer, "run one inference")
+    command.add_argument("model")
+    command.add_argument("--input", action="append", required=True, metavar="NAME=PATH.npy|NAME=JSON",
+                         help="an input tensor: a .npy file, or JSON such as '[[1,2,3]]' (repeat per input)")
+    command.add_argument("--datatype", action="append", default=[], metavar="NAME=TYPE",
+                         help="datatype of a JSON input (default: the model's, from its metadata), or a "
+                              ".npy input's conversion (default: the file's dtype)")
+    command.add_argument("--output", action="append", default=[], metavar="NAME",
+                         help="request only this output (repeat; default: every output)")
+    command.add_argument("--output-dir", metavar="DIR", help="write each output to DIR/NAME.npy")
+    command.add_argument("--parameter", action="append", default=[], metavar="KEY=VALUE",
+                         help="a request parameter, e.g. timeout=500000 (microseconds)")
+    command.add_argument("--version", default="")
+    command.add_argument("--id", default="", help="request id")
+
+
+def _add_load(commands, json_flag) -> None:
+    command = _command(commands, "load", json_flag, _load,
+                       "load a model (RepositoryModelLoad; with --slots, management RegisterModel)")
+    command.add_argument("model")
+    command.add_argument("--config", metavar="JSON", help="a JSON ModelConfig replacing config.pbtxt")
+    command.add_argument("--slots", type=int, metavar="N", help="slot count (needs management)")
+
+
+def _add_unload(commands, json_flag) -> None:
+    command = _command(commands, "unload", json_flag, _unload, "unload models (management)")
+    command.add_argument("models", nargs="*", metavar="MODEL")
+    command.add_argument("--all", action="store_true", help="unload every registered model")
+
+
+def _add_register(commands, json_flag) -> None:
+    command = _command(commands, "register", json_flag, _register,
+                       "register or reconfigure a model, then load it (management)")
+    command.add_argument("model")
+    command.add_argument("--source", default="", metavar="DIR", help="model directory (default: the repository's)")
+    command.add_argument("--backend", default="", help="onnxruntime, tensorrt or fixture (default: config.pbtxt's)")
+    command.add_argument("--slots", type=int, metavar="N")
+    command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="backend option")
+    command.add_argument("--admission-timeout", type=float, metavar="S", help="seconds; 0 waits without limit")
+    command.add_argument("--config", default="", metavar="JSON", help="a JSON ModelConfig replacing config.pbtxt")
+
+
+# ---- the commands ----------------------------------------------------------------------------------------------
+
+def _health(session: _Session) -> int:
+    client = session.inference
+    live, ready = client.live(), client.ready()
+    try:
+        health = client.health()
+    except ClientError as error:
+        # A server without the health service is still worth reporting on.
+        health = error.code
+    if session.args.json:
+        _out(render.to_json({"live": live, "ready": ready, "health": health}))
+    else:
+        _out(render.key_values([("live", live), ("ready", ready), ("health", health)]))
+    return 0 if live and ready and health == "SERVING" else 1
+
+
+def _models(session: _Session) -> int:
+    index = session.inference.repository_index(ready_only=session.args.ready)
+    statuses = _management_statuses(session)
+    rows = _model_rows(index, statuses, ready_only=session.args.ready)
+    if session.args.json:
+        _out(render.to_json(rows))
+        return 0
+    headers = ["NAME", "STATE", "SLOTS", "ACTIVE", "QUEUED", "MAX_PARALLEL_SLOTS"]
+    keys = ["name", "state", "slots", "active_slots", "queued_requests", "max_parallel_slots"]
+    if any(row.get("reason") for row in rows):
+        headers.append("REASON")
+        keys.append("reason")
+    _out(render.table(headers, [[row.get(key) for key in keys] for row in rows]))
+    return 0
+
+
+def _management_statuses(session: _Session) -> dict[str, Any] | None:
+    """Management status by model id, or None when the server has no management service."""
+    try:
+        return {status.model_id: status for status in session.management.list()}
+    except ClientError as error:
+        if error.code == "UNIMPLEMENTED":
+            return None
+        raise
+
+
+def _model_rows(index, statuses, *, ready_only: bool) -> list[dict[str, Any]]:
+    """One row per model: the index entry, overlaid with the management status when there is one (its state
+    is the finer one, e.g. RECONFIGURING). Registered models outside the index are added."""
+    rows: dict[str, dict[str, Any]] = {}
+    for entry in index:
+        rows[entry.name] = {"name": entry.name, "version": entry.version, "state": entry.state,
+                            "reason": entry.reason}
+    for model_id, status in (statuses or {}).items():
+        if ready_only and status.state != "READY":
+            continue
+        row = rows.setdefault(model_id, {"name": model_id, "version": status.version, "reason": ""})
+        row.update(render.status_data(status))
+        row.pop("model_id")
+        row["reason"] = row["reason"] or status.last_error
+    return sorted(rows.values(), key=lambda row: row["name"])
+
+
+def _metadata(session: _Session) -> int:
+    metadata = session.inference.model_metadata(session.args.model, session.args.version)
+    if session.args.json:
+        _out(render.to_json(_metadata_data(metadata)))
+        return 0
+    _out(render.key_values([("model", metadata.name), ("platform", metadata.platform or None),
+                            ("versions", ", ".join(metadata.versions) or None)]))
+    for title, tensors in (("inputs", metadata.inputs), ("outputs", metadata.outputs)):
+        _out(f"{title}:")
+        _out(_indent(render.table(["NAME", "DATATYPE", "SHAPE"],
+                                  [[t.name, t.datatype, list(t.shape)] for t in tensors])))
+    return 0
+
+
+def _metadata_data(metadata) -> dict[str, Any]:
+    data = asdict(metadata)
+    for key in ("inputs", "outputs"):
+        data[key] = [{**tensor, "shape": list(tensor["shape"])} for tensor in data[key]]
+    data["versions"] = list(data["versions"])
+    return data
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def _config(session: _Session) -> int:
+    config = session.inference.model_config(session.args.model, session.args.version)
+    if session.args.json:
+        _out(render.to_json(render.message_data(config)))
+    else:
+        _out(text_format.MessageToString(config).rstrip())
+    return 0
+
+
+def _stats(session: _Session) -> int:
+    stats = session.inference.statistics(session.args.model, session.args.version)
+    if session.args.json:
+        _out(render.to_json([render.message_data(item) for item in stats]))
+    else:
+        _out(render.table(render.STATS_HEADERS, [render.stats_row(item) for item in stats]))
+    return 0
+
+
+def _infer(session: _Session) -> int:
+    args = session.args
+    inputs = load_inputs(args.input, parse_datatypes(args.datatype), lambda: _input_datatypes(session))
+    outputs = session.inference.infer(args.model, inputs, args.output or None, version=args.version,
+                                      request_id=args.id, parameters=parse_parameters(args.parameter))
+    saved = _save_outputs(outputs, args.output_dir) if args.output_dir else {}
+    if args.json:
+        data = {name: render.tensor_data(array) for name, array in outputs.items()}
+        for name, path in saved.items():
+            data[name] = {"datatype": data[name]["datatype"], "shape": data[name]["shape"], "path": path}
+        _out(render.to_json(data))
+        return 0
+    for name, array in outputs.items():
+        _out(render.tensor_heading(name, array))
+        _out(f"saved to {saved[name]}" if name in saved else render.tensor_text(array))
+    return 0
+
+
+def _input_datatypes(session: _Session) -> dict[str, str]:
+    """The model's input datatypes by name (one ModelMetadata call); empty when the server cannot say.
+
+    A metadata failure is not the command's failure: a registered model that is not loaded may have no
+    metadata yet while the inference itself would load it. The inference reports any real problem.
+    """
+    try:
+        metadata = session.inference.model_metadata(session.args.model, session.args.version)
+    except ClientError:
+        return {}
+    return {tensor.name: tensor.datatype for tensor in metadata.inputs}
+
+
+def _save_outputs(outputs: dict[str, np.ndarray], directory: str) -> dict[str, str]:
+    """Write NAME.npy per output into `directory` (created if missing); the paths by output name."""
+    os.makedirs(directory, exist_ok=True)
+    paths = {}
+    for name, array in outputs.items():
+        # Tensor names may hold '/' (TensorFlow-style scopes); keep every file inside the directory.
+        path = os.path.join(directory, name.replace("/", "_").replace(os.sep, "_") + ".npy")
+        np.save(path, render.saveable(array))
+        paths[name] = path
+    return paths
+
+
+def _load(session: _Session) -> int:
+    args = session.args
+    if args.slots is None:
+        session.inference.load(args.model, _checked_json(args.config))
+        _out(render.to_json({"model": args.model, "loaded": True}) if args.json else f"loaded {args.model}")
+        return 0
+    status = session.management.register(args.model, slots=args.slots, config_json=_checked_json(args.config) or "")
+    _print_status(session, status)
+    return 0
+
+
+def _checked_json(text: str | None) -> str | None:
+    """--config text, refused here when it is not JSON (the server would only say INVALID_ARGUMENT)."""
+    if not text:
+        return None
+    try:
+        json.loads(text)
+    except ValueError as error:
+        raise UsageError(f"--config is not JSON: {error}") from None
+    return text
+
+
+def _unload(session: _Session) -> int:
+    args = session.args
+    if args.all and args.models:
+        raise UsageError("unload: give model ids or --all, not both")
+    if not args.all and not args.models:
+        raise UsageError("unload: give at least one model id, or --all")
+    if len(args.models) == 1:
+        _print_status(session, session.management.unload(args.models[0]))
+        return 0
+    unloaded, not_found = session.management.unload_many(args.models, all=args.all)
+    if args.json:
+        _out(render.to_json({"unloaded": unloaded, "not_found": not_found}))
+    else:
+        _out("\n".join(f"unloaded {model_id}" for model_id in unloaded) or "nothing to unload")
+    if not_found:
+        return _fail(f"NOT_FOUND: not registered: {', '.join(not_found)}", 1)
+    return 0
+
+
+def _register(session: _Session) -> int:
+    args = session.args
+    status = session.management.register(args.model, source=args.source, backend=args.backend,
+                                         options=parse_options(args.option), slots=args.slots,
+                                         admission_timeout=args.admission_timeout,
+                                         config_json=_checked_json(args.config) or "")
+    _print_status(session, status)
+    return 0
+
+
+def _print_status(session: _Session, status) -> None:
+    _out(render.to_json(render.status_data(status)) if session.args.json else render.status_block(status))

@@ -1,0 +1,150 @@
+"""The CUDA runtime calls of the TensorRT backend, over cuda-python's `cuda.bindings.runtime`.
+
+Why cuda-python and not pycuda: cuda-python ships binary wheels and talks to the device's *primary* context,
+the one TensorRT uses; pycuda is source-only on PyPI, needs the CUDA toolkit to build, and `pycuda.autoinit`
+makes a context that is current on the importing thread only (DESIGN.md §8).
+
+Every function of `cuda.bindings.runtime` returns `(cudaError_t, *values)` and never raises on a CUDA error;
+`CudaRuntime` turns a non-success code into `CudaError`. All calls block the calling thread for as long as CUDA
+does (allocation, synchronization); cuda-python releases the GIL around them, so a slot thread waiting in
+`stream_synchronize` does not stall other Python threads.
+
+The current device is per host thread: `use_device` must run in every thread before its first CUDA call. It is
+cached per thread, so calling it at the top of every entry point costs one attribute lookup.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import numpy as np
+
+from .protocols import CudaRuntimeModule
+
+
+class CudaError(Exception):
+    """A CUDA runtime call failed. `out_of_memory` is True for cudaErrorMemoryAllocation."""
+
+    def __init__(self, call: str, code_name: str, out_of_memory: bool) -> None:
+        super().__init__(f"{call} failed: {code_name}")
+        self.call = call
+        self.code_name = code_name
+        self.out_of_memory = out_of_memory
+
+
+# The device made current on this thread, and by which runtime module. The module itself (not its id) is kept,
+# so a new module object at a reused address (a fresh test double) is never mistaken for the old one.
+_THREAD = threading.local()
+
+
+class CudaRuntime:
+    """Checked wrappers over one `cuda.bindings.runtime` module (or the test double's). Stateless apart from
+    the per-thread current-device cache; safe to share between threads."""
+
+    def __init__(self, module: CudaRuntimeModule) -> None:
+        self.module = module
+        self._success = module.cudaError_t.cudaSuccess
+        self._out_of_memory = module.cudaError_t.cudaErrorMemoryAllocation
+
+    # -- errors
+
+    def error_name(self, code: Any) -> str:
+        try:
+            err, name = self.module.cudaGetErrorName(code)
+            if err == self._success:
+                return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:  # a name lookup must never hide the original error
+            pass
+        return str(code)
+
+    def _check(self, result: tuple, call: str) -> tuple:
+        err = result[0]
+        if err != self._success:
+            raise CudaError(call, self.error_name(err), err == self._out_of_memory)
+        return result[1:]
+
+    # -- devices
+
+    def device_count(self) -> tuple[int, str]:
+        """(number of usable devices, reason when 0). Never raises: this is the probe that must run before a
+        TensorRT Runtime is created (one made without a device segfaults on first use)."""
+        err, count = self.module.cudaGetDeviceCount()
+        if err != self._success:
+            return 0, self.error_name(err)
+        if not count:
+            return 0, "no CUDA device found"
+        return int(count), ""
+
+    def use_device(self, device: int) -> None:
+        """Make `device` current on the calling thread (once per thread and device)."""
+        if getattr(_THREAD, "module", None) is self.module and getattr(_THREAD, "device", None) == device:
+            return
+        self._check(self.module.cudaSetDevice(device), "cudaSetDevice")
+        _THREAD.module = self.module
+        _THREAD.device = device
+
+    def device_name(self, device: int) -> str:
+        (props,) = self._check(self.module.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+        name = props.name
+        if isinstance(name, bytes):
+            name = name.split(b"\0", 1)[0].decode(errors="replace")
+        return str(name).strip()
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the current device. Device-wide: other processes and models count too."""
+        free, total = self._check(self.module.cudaMemGetInfo(), "cudaMemGetInfo")
+        return int(free), int(total)
+
+    # -- memory
+
+    def malloc(self, nbytes: int) -> int:
+        (pointer,) = self._check(self.module.cudaMalloc(max(1, nbytes)), "cudaMalloc")
+        return int(pointer)
+
+    def free(self, pointer: int) -> None:
+        self._check(self.module.cudaFree(pointer), "cudaFree")
+
+    def host_alloc(self, nbytes: int) -> int:
+        """Pinned (page-locked) host memory: asynchronous copies need it (from pageable memory they are
+        staged and synchronous)."""
+        (pointer,) = self._check(
+            self.module.cudaHostAlloc(max(1, nbytes), self.module.cudaHostAllocDefault), "cudaHostAlloc")
+        return int(pointer)
+
+    def free_host(self, pointer: int) -> None:
+        self._check(self.module.cudaFreeHost(pointer), "cudaFreeHost")
+
+    def copy_to_device_async(self, device_pointer: int, host_pointer: int, nbytes: int, stream: Any) -> None:
+        kind = self.module.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self._check(self.module.cudaMemcpyAsync(device_pointer, host_pointer, nbytes, kind, stream),
+                    "cudaMemcpyAsync(host to device)")
+
+    def copy_to_host_async(self, host_pointer: int, device_pointer: int, nbytes: int, stream: Any) -> None:
+        kind = self.module.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self._check(self.module.cudaMemcpyAsync(host_pointer, device_pointer, nbytes, kind, stream),
+                    "cudaMemcpyAsync(device to host)")
+
+    # -- streams
+
+    def stream_create(self) -> Any:
+        """A non-blocking stream: it never implicitly synchronizes with the legacy default stream, so one slot's
+        work never waits for another's."""
+        (stream,) = self._check(self.module.cudaStreamCreateWithFlags(self.module.cudaStreamNonBlocking),
+                                "cudaStreamCreateWithFlags")
+        return stream
+
+    def stream_synchronize(self, stream: Any) -> None:
+        """Block until all work queued on `stream` finished. Errors of asynchronous work surface here."""
+        self._check(self.module.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+
+    def stream_destroy(self, stream: Any) -> None:
+        self._check(self.module.cudaStreamDestroy(stream), "cudaStreamDestroy")
+
+
+def host_view(pointer: int, nbytes: int) -> np.ndarray:
+    """A writable uint8 numpy view over `nbytes` of host memory at `pointer` (pinned memory from
+    `CudaRuntime.host_alloc`). The view must be dropped before the memory is freed."""
+    array_type = ctypes.c_ubyte * max(1, nbytes)
+    return np.ctypeslib.as_array(array_type.from_address(pointer))[:nbytes]

@@ -1,0 +1,517 @@
+"""A registered model: its lifecycle state, its published pool and its admission, under one lock.
+
+States (contract "States and ownership") and their transitions:
+
+    UNLOADED      -> LOADING        first request (the one initializer) or an explicit load
+    LOADING       -> READY          the complete pool is published
+    LOADING       -> UNLOADED       the load failed; a later request or load may retry
+    READY         -> RECONFIGURING  a manager's exclusive lease, after every earlier lease drained
+    READY         -> UNLOADING      likewise, for an unload, eviction or idle retirement
+    RECONFIGURING -> READY          replacement published, or a pre-commit failure kept the old pool
+    RECONFIGURING -> UNLOADED       the replacement failed after the old pool was retired
+    UNLOADING     -> UNLOADED       teardown finished
+
+Locking: `ModelEntry._lock` guards the state, the committed spec and settings, the published pool, the pending
+initialization and the admission core. Order: the registry lock before a model lock, never the reverse. No
+lock is held across loading, inference, teardown or any wait; those run with only a lease held.
+
+Ownership: a request holds one slot (a REQUEST ticket) from admission until its `Lease` is released; a manager
+holds the whole model (a MANAGER ticket). Only a holder of a lease changes the pool, so the pool a request
+runs on can never be torn down under it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from engine.errors import EngineError
+from engine.interface import Backend, CancelToken, Context, ModelMetadata, ModelSpec
+
+from .admission import AdmissionController, Ticket, TicketKind, TicketState
+from .errors import ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount
+from .pool import SlotPool, build_pool, check_slot_count, close_primary
+from .statistics import InferenceStatistics
+
+_LOG = logging.getLogger(__name__)
+
+
+class ModelState(enum.Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    READY = "ready"
+    RECONFIGURING = "reconfiguring"
+    UNLOADING = "unloading"
+
+
+_TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
+    ModelState.UNLOADED: frozenset({ModelState.LOADING}),
+    ModelState.LOADING: frozenset({ModelState.READY, ModelState.UNLOADED}),
+    ModelState.READY: frozenset({ModelState.RECONFIGURING, ModelState.UNLOADING}),
+    ModelState.RECONFIGURING: frozenset({ModelState.READY, ModelState.UNLOADED}),
+    ModelState.UNLOADING: frozenset({ModelState.UNLOADED}),
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What a registration fixes besides the spec."""
+
+    slots: int  # configured slot count
+    explicit_slots: bool  # asked for by the operator (must be honoured) rather than the server default
+    admission_timeout: float  # effective seconds, capped by the server ceiling; 0 = unbounded
+    source: str = ""
+
+
+@dataclass
+class SharedRuntime:
+    """What every model entry shares: backends, the cold-load guard, residency policy, limits and clock."""
+
+    backends: Mapping[str, Backend]
+    max_queue: int = 0
+    clock: Callable[[], float] = time.monotonic
+    cold_loads: object = None  # service.residency.ColdLoadGuard; None: loads are not limited
+    residency: object = None  # service.residency.Residency; None: no resident-model limit or budget
+
+    def backend(self, spec: ModelSpec) -> Backend:
+        try:
+            return self.backends[spec.backend]
+        except KeyError:
+            raise UnsupportedSlotCount(f"model '{spec.name}': backend '{spec.backend}' is not available") from None
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """An observation of one model (GET /v1/models). Reserves nothing; never mixes old and new settings."""
+
+    name: str
+    state: ModelState
+    loaded: bool
+    slots: int
+    active_slots: int
+    queued_requests: int
+    max_parallel_slots: int | None
+    backend: str
+    last_error: str
+    source: str
+    admission_timeout: float
+    version: str
+    memory_bytes: int | None
+    manager_active: bool = False
+    queued_managers: int = 0
+
+
+class _InitAttempt:
+    """One initialization by the one initializer; admitted requests wait for its outcome."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: _done, _waiters, pool, error
+        self._done = False
+        self._waiters: list[threading.Event] = []
+        self.pool: SlotPool | None = None
+        self.error: BaseException | None = None
+
+    def finish(self, pool: SlotPool | None, error: BaseException | None) -> None:
+        with self._lock:
+            self.pool, self.error, self._done = pool, error, True
+            waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.set()
+
+    def wait(self, cancel: CancelToken | None) -> SlotPool:
+        """Block until the initializer finishes (no time limit: a load is not bounded by admission).
+        Raises the load's error, or RequestCancelled if `cancel` fires first."""
+        woken = threading.Event()
+        with self._lock:
+            if self._done:
+                woken.set()
+            else:
+                self._waiters.append(woken)
+        if cancel is not None:
+            cancel.add_callback(woken.set)
+        try:
+            woken.wait()
+        finally:
+            if cancel is not None:
+                cancel.remove_callback(woken.set)
+        with self._lock:
+            if not self._done:
+                self._waiters.remove(woken)
+                raise RequestCancelled("the caller gave up while the model was loading")
+        if self.error is not None:
+            raise self.error
+        return self.pool  # type: ignore[return-value]
+
+
+class Lease:
+    """A granted request slot, bound to the published pool and one context of it.
+
+    Release it exactly once (`release` is idempotent); until then the pool cannot be torn down.
+    """
+
+    __slots__ = ("entry", "ticket", "pool", "context", "queue_ns", "_released")
+
+    def __init__(self, entry: ModelEntry, ticket: Ticket, pool: SlotPool, context: Context, queue_ns: int) -> None:
+        self.entry = entry
+        self.ticket = ticket
+        self.pool = pool
+        self.context = context
+        self.queue_ns = queue_ns
+        self._released = False
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self.pool.metadata
+
+    @property
+    def version(self) -> str:
+        return self.pool.spec.version
+
+    def execute(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> dict:
+        return self.context.execute(inputs, outputs, cancel)
+
+    def execute_stream(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> Iterator[dict]:
+        return self.context.execute_stream(inputs, outputs, cancel)
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self.pool.give_back(self.context)
+        self.entry._end_request(self.ticket)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@dataclass
+class _Committed:
+    """The committed configuration: replaced as a whole, so readers never see a mix."""
+
+    spec: ModelSpec
+    settings: ModelSettings
+    metadata: ModelMetadata | None = None  # last published metadata (kept after unload for ModelMetadata RPCs)
+
+
+class ModelEntry:
+    """One registered model. Entries are never removed from the registry: workers may hold them."""
+
+    def __init__(self, spec: ModelSpec, settings: ModelSettings, runtime: SharedRuntime) -> None:
+        self.name = spec.name
+        self._runtime = runtime
+        self._clock = runtime.clock
+        self._lock = threading.Lock()  # guards: _state, _committed, _pool, _init, _last_error, admission core
+        self._state = ModelState.UNLOADED
+        self._committed = _Committed(spec, settings)
+        self._pool: SlotPool | None = None
+        self._init: _InitAttempt | None = None
+        self._last_error = ""
+        self.last_used = self._clock()  # for LRU eviction; written without the lock (a float store)
+        self.admission = AdmissionController(spec.name, settings.slots, self._lock, self._clock)
+        self.statistics = InferenceStatistics()
+
+    # ---- observation ----------------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ModelState:
+        return self._state
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._committed.spec
+
+    @property
+    def settings(self) -> ModelSettings:
+        return self._committed.settings
+
+    def known_metadata(self) -> ModelMetadata | None:
+        """The published metadata, else the last published one, else None."""
+        with self._lock:
+            if self._pool is not None:
+                return self._pool.metadata
+            return self._committed.metadata
+
+    def status(self) -> ModelStatus:
+        with self._lock:
+            committed, pool = self._committed, self._pool
+            admission = self.admission.core.statistics()
+            return ModelStatus(
+                name=self.name,
+                state=self._state,
+                loaded=pool is not None,
+                slots=committed.settings.slots,
+                active_slots=admission.active_slots,
+                queued_requests=admission.queued,
+                max_parallel_slots=pool.max_parallel_slots if pool is not None else None,
+                backend=committed.spec.backend,
+                last_error=self._last_error,
+                source=committed.settings.source,
+                admission_timeout=committed.settings.admission_timeout,
+                version=committed.spec.version,
+                memory_bytes=pool.memory_bytes() if pool is not None else None,
+                manager_active=admission.manager_active,
+                queued_managers=admission.queued_managers,
+            )
+
+    def is_ready(self) -> bool:
+        return self._state is ModelState.READY
+
+    def _transition_locked(self, new: ModelState) -> None:
+        if new not in _TRANSITIONS[self._state]:
+            raise InvalidTransition(f"model '{self.name}': {self._state.value} -> {new.value} is not allowed")
+        self._state = new
+
+    # ---- requests -------------------------------------------------------------------------------------------
+
+    def acquire_lease(self, deadline: float | None, cancel: CancelToken | None = None) -> Lease:
+        """Admit a request (FIFO, until `deadline`), make sure the pool exists, and lend it a context.
+
+        Blocks while queued (bounded by `deadline`) and while the model loads (unbounded; cancellable).
+        Raises ServerBusy subclasses, RequestCancelled, ModelLoadFailed, ResidencyLimit or MemoryLimit; on
+        every error the caller holds nothing.
+        """
+        arrived = time.perf_counter_ns()
+        settings = self._committed.settings
+        ticket = self.admission.acquire(
+            TicketKind.REQUEST, deadline, overdue_after=settings.admission_timeout,
+            max_queue=self._runtime.max_queue, cancel=cancel)
+        try:
+            pool = self._ensure_pool(cancel)
+            context = pool.take()
+        except BaseException:
+            self._end_request(ticket)
+            raise
+        return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
+
+    def _end_request(self, ticket: Ticket) -> None:
+        self.last_used = self._clock()
+        self.admission.release(ticket)
+        residency = self._runtime.residency
+        if residency is not None:
+            residency.on_request_end(self)
+
+    def _ensure_pool(self, cancel: CancelToken | None) -> SlotPool:
+        """The published pool; the first admitted request of an unloaded model builds it (the one
+        initializer) while later admitted requests wait for that outcome."""
+        with self._lock:
+            if self._pool is not None:
+                return self._pool
+            attempt = self._init
+            if attempt is None:
+                attempt = self._init = _InitAttempt()
+                self._transition_locked(ModelState.LOADING)
+                committed = self._committed
+                initializer = True
+            else:
+                initializer = False
+        if not initializer:
+            return attempt.wait(cancel)
+        try:
+            pool = self._load(committed.spec, committed.settings)
+        except BaseException as error:
+            failure = _as_request_error(self.name, error)
+            with self._lock:
+                self._init = None
+                self._fail_load_locked(error)
+            attempt.finish(None, failure)
+            if failure is error:
+                raise
+            raise failure from error
+        with self._lock:
+            self._init = None
+            self._publish_locked(pool)
+        attempt.finish(pool, None)
+        return pool
+
+    # ---- loading and publication (callers hold a lease; no lock held while building) ------------------------
+
+    def _load(self, spec: ModelSpec, settings: ModelSettings, primary=None) -> SlotPool:
+        """Build a complete pool under the cold-load guard and residency admission."""
+        guard = self._runtime.cold_loads
+        residency = self._runtime.residency
+        if guard is not None:
+            guard.acquire()
+        try:
+            if residency is not None:
+                residency.make_room(self)
+            started = time.perf_counter()
+            pool = build_pool(self._runtime.backend(spec), spec, settings.slots, settings.explicit_slots, primary)
+            if residency is not None:
+                try:
+                    residency.check_budget(self, pool)
+                except BaseException:
+                    pool.close()
+                    raise
+            _LOG.info("model '%s': loaded %d slot(s) on %s in %.3f s", self.name, pool.capacity, spec.backend,
+                      time.perf_counter() - started)
+            return pool
+        finally:
+            if guard is not None:
+                guard.release()
+
+    def _publish_locked(self, pool: SlotPool) -> None:
+        self._pool = pool
+        self._committed = _Committed(self._committed.spec, self._committed.settings, pool.metadata)
+        self._last_error = ""
+        self._transition_locked(ModelState.READY)
+        self.admission.set_capacity_locked(pool.capacity)
+        if self._runtime.residency is not None:
+            self._runtime.residency.on_published(self)
+
+    def _fail_load_locked(self, error: BaseException) -> None:
+        self._last_error = str(error)
+        self._transition_locked(ModelState.UNLOADED)
+        self.admission.set_capacity_locked(self._committed.settings.slots)
+        _LOG.warning("model '%s': load failed: %s", self.name, error)
+
+    def _retire_locked(self, next_state: ModelState) -> SlotPool | None:
+        """Clear logical residency first (status shows unloaded at once); the caller tears the pool down
+        outside the lock."""
+        pool = self._pool
+        self._pool = None
+        if next_state is not self._state:
+            self._transition_locked(next_state)
+        if pool is not None and self._runtime.residency is not None:
+            self._runtime.residency.on_retired(self)
+        return pool
+
+    # ---- management (exclusive leases) ----------------------------------------------------------------------
+
+    def acquire_exclusive(self, deadline: float | None, cancel: CancelToken | None = None) -> Ticket:
+        """A manager's exclusive lease, after every earlier lease (FIFO). Raises like acquire_lease's
+        admission step."""
+        settings = self._committed.settings
+        return self.admission.acquire(TicketKind.MANAGER, deadline,
+                                      overdue_after=settings.admission_timeout if deadline is not None else 0.0,
+                                      cancel=cancel)
+
+    def release_exclusive(self, ticket: Ticket) -> None:
+        self.admission.release(ticket)
+
+    def load_leased(self) -> None:
+        """Load the committed configuration if unloaded (caller holds the exclusive lease).
+        Raises the load's error; the model then stays unloaded."""
+        with self._lock:
+            if self._pool is not None:
+                return
+            self._transition_locked(ModelState.LOADING)
+            committed = self._committed
+        try:
+            pool = self._load(committed.spec, committed.settings)
+        except BaseException as error:
+            with self._lock:
+                self._fail_load_locked(error)
+            raise
+        with self._lock:
+            self._publish_locked(pool)
+
+    def reconfigure_leased(self, spec: ModelSpec, settings: ModelSettings) -> None:
+        """Replace the configuration and (re)load (caller holds the exclusive lease).
+
+        Validates before anything is torn down: the slot count against the live capacity when the engine is
+        unchanged, else against a privately loaded primary when more than one slot is asked for. A failure
+        before the commit keeps the old pool, settings, metadata and residency and raises. After the commit the
+        old pool is retired first; a failure then leaves the new configuration registered and unloaded.
+        """
+        with self._lock:
+            old_pool, old_state = self._pool, self._state
+            self._transition_locked(ModelState.RECONFIGURING if old_pool is not None else ModelState.LOADING)
+        same_engine = old_pool is not None and old_pool.spec.session_key() == spec.session_key()
+        try:
+            replacement, probe = self._validate_replacement(spec, settings, old_pool, same_engine)
+        except BaseException as error:
+            with self._lock:
+                self._transition_locked(old_state)  # pre-commit failure: back to where it was
+            _LOG.warning("model '%s': reconfiguration refused before commit: %s", self.name, error)
+            raise
+        if replacement is not None:
+            self._commit_resized(spec, settings, old_pool, replacement)
+            return
+        self._commit_replacement(spec, settings, old_pool, probe)
+
+    def _validate_replacement(self, spec, settings, old_pool, same_engine):
+        """Returns (resized pool over the live engine, None) or (None, probed primary or None)."""
+        if same_engine:
+            check_slot_count(spec, settings.slots, settings.explicit_slots, old_pool.max_parallel_slots)
+            return old_pool.grown(min(settings.slots, old_pool.max_parallel_slots)), None
+        if not (settings.explicit_slots and settings.slots > 1):
+            return None, None
+        # A changed multi-slot replacement: probe its capacity with a private primary (no eviction for it).
+        primary = self._runtime.backend(spec).load(spec)
+        try:
+            check_slot_count(spec, settings.slots, True, primary.max_parallel_slots)
+        except BaseException:
+            close_primary(primary, self.name)
+            raise
+        return None, primary
+
+    def _commit_resized(self, spec, settings, old_pool: SlotPool, resized: SlotPool) -> None:
+        with self._lock:
+            self._committed = _Committed(spec, settings, self._committed.metadata)
+            self._pool = None
+            self._publish_locked(resized)
+        old_pool.close_surplus(resized)
+        _LOG.info("model '%s': reconfigured in place (%d slot(s))", self.name, resized.capacity)
+
+    def _commit_replacement(self, spec, settings, old_pool: SlotPool | None, probe) -> None:
+        with self._lock:
+            retired = self._retire_locked(ModelState.RECONFIGURING) if old_pool is not None else None
+            self._committed = _Committed(spec, settings, None)
+            self.admission.set_capacity_locked(settings.slots)
+        if retired is not None:
+            retired.close()
+        try:
+            pool = self._load(spec, settings, primary=probe)
+        except BaseException as error:
+            with self._lock:
+                self._fail_load_locked(error)
+            raise
+        with self._lock:
+            self._publish_locked(pool)
+
+    def unload_leased(self) -> bool:
+        """Retire and tear down the pool (caller holds the exclusive lease). Idempotent: returns False when
+        there was nothing to unload. Teardown runs outside the lock and may be slow; the model counts as
+        unloaded from its first step."""
+        with self._lock:
+            if self._pool is None:
+                return False
+            pool = self._retire_locked(ModelState.UNLOADING)
+        try:
+            pool.close()  # type: ignore[union-attr]
+        finally:
+            with self._lock:
+                self._transition_locked(ModelState.UNLOADED)
+        _LOG.info("model '%s': unloaded", self.name)
+        return True
+
+    def try_acquire_idle_exclusive(self) -> Ticket | None:
+        """For eviction and idle retirement: an exclusive lease only if the model is ready, idle and
+        queue-free right now; never queues. Returns None otherwise."""
+        with self._lock:
+            if self._state is not ModelState.READY or not self.admission.core.idle:
+                return None
+            ticket = self.admission.core.arrive(TicketKind.MANAGER, self._clock(), None)
+            assert ticket.state is TicketState.GRANTED
+            return ticket
+
+
+def _as_request_error(name: str, error: BaseException) -> BaseException:
+    """How a load failure reaches a request that needed the model: engine problems and unsupported slot
+    counts become ModelLoadFailed; residency and memory refusals keep their own reason."""
+    if isinstance(error, (EngineError, UnsupportedSlotCount)):
+        return ModelLoadFailed(name, error)
+    if isinstance(error, ServiceError):
+        return error
+    return error

@@ -1,0 +1,287 @@
+"""The registry: model ids to entries, and the management operations over them (register, reconfigure,
+unload, bulk unload). Management calls and Triton's repository load/unload RPCs both come here, so they share
+one lifecycle code path.
+
+Locking: `_lock` guards `_entries` only and is held for dictionary work, never across a wait; it is taken before
+any model lock, never after. `_bulk_lock` serializes the publication of bulk-unload barriers (a few
+non-blocking enqueues), so two bulk operations over overlapping models order their barriers the same way on
+every shared model and cannot wait on each other in a cycle. Ordinary requests never touch it.
+
+Entries are never removed: a worker may hold one at any time. An unloaded entry costs a few objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from engine.errors import ModelConfigError
+from engine.interface import CancelToken, ModelSpec
+from engine.repository import ModelRepository, check_model_name
+
+from .admission import Ticket, TicketKind, TicketState
+from .errors import InvalidRequest, ModelNotFound, RequestCancelled, UnsupportedSlotCount
+from .lifecycle import ModelEntry, ModelSettings, ModelStatus, SharedRuntime
+
+_LOG = logging.getLogger(__name__)
+
+MAX_SLOTS = 16
+
+
+@dataclass(frozen=True)
+class RegistryPolicy:
+    """Server-wide settings the registry applies to every registration."""
+
+    parallel_jobs: int | None = None  # None: legacy mode, one slot per model, explicit counts refused
+    admission_timeout: float = 0.0  # server ceiling and default, seconds; 0 = unbounded
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A request to register or reconfigure a model. It declares the whole configuration: what it leaves out
+    comes from the model's files and the server defaults, except `source`, which defaults to the current one."""
+
+    name: str
+    source: str = ""
+    backend: str = ""
+    options: Mapping[str, str] = field(default_factory=dict)
+    slots: int | None = None  # explicit slot count from the request
+    admission_timeout: float | None = None
+    config_json: str = ""
+
+
+class ModelRegistry:
+    def __init__(self, repository: ModelRepository, runtime: SharedRuntime,
+                 policy: RegistryPolicy | None = None) -> None:
+        self.repository = repository
+        self.runtime = runtime
+        self.policy = policy or RegistryPolicy()
+        self._lock = threading.Lock()  # guards: _entries
+        self._entries: dict[str, ModelEntry] = {}
+        self._bulk_lock = threading.Lock()  # serializes bulk barrier publication only
+
+    # ---- lookup ---------------------------------------------------------------------------------------------
+
+    def get(self, name: str) -> ModelEntry:
+        """The entry of `name`. Raises ModelNotFound."""
+        entry = self._entries.get(name)  # a dict read is atomic; entries are never removed
+        if entry is None:
+            raise ModelNotFound(name)
+        return entry
+
+    def entries(self) -> list[ModelEntry]:
+        with self._lock:
+            return [self._entries[name] for name in sorted(self._entries)]
+
+    def statuses(self) -> list[ModelStatus]:
+        return [entry.status() for entry in self.entries()]
+
+    # ---- settings -------------------------------------------------------------------------------------------
+
+    def _read_spec(self, registration: Registration, current: ModelEntry | None) -> ModelSpec:
+        source = registration.source or (current.settings.source if current is not None else "")
+        spec = self.repository.read(registration.name, source=source, config_json=registration.config_json,
+                                    backend=registration.backend)
+        if registration.options:
+            spec = _with_options(spec, registration.options)
+        return spec
+
+    def settings_for(self, spec: ModelSpec, registration: Registration) -> ModelSettings:
+        """Slot count and admission timeout of a registration. Raises UnsupportedSlotCount or
+        InvalidRequest naming the problem."""
+        requested = registration.slots
+        if requested is None and registration.config_json and spec.instance_count is not None:
+            requested = spec.instance_count  # a count in a request's config override is the request's
+        slots, explicit = self._slot_count(spec, requested)
+        return ModelSettings(slots=slots, explicit_slots=explicit,
+                             admission_timeout=self.effective_timeout(registration.admission_timeout),
+                             source=registration.source)
+
+    def _slot_count(self, spec: ModelSpec, requested: int | None) -> tuple[int, bool]:
+        jobs = self.policy.parallel_jobs
+        if jobs is None:
+            if requested is not None:
+                raise UnsupportedSlotCount(
+                    f"model '{spec.name}': an explicit slot count ({requested}) needs the parallel runtime; "
+                    "start the server with --parallel-jobs N")
+            if spec.instance_count not in (None, 1):
+                _LOG.warning("model '%s': instance_group count %s ignored: without --parallel-jobs every model "
+                             "has one slot", spec.name, spec.instance_count)
+            return 1, False
+        count = requested if requested is not None else spec.instance_count
+        if count is None:
+            return jobs, False
+        if not 1 <= count <= MAX_SLOTS:
+            raise UnsupportedSlotCount(f"model '{spec.name}': slot count must be 1..{MAX_SLOTS}, got {count}")
+        return count, True
+
+    def effective_timeout(self, requested: float | None) -> float:
+        """The model's admission timeout: its own value capped by the server ceiling (0 = unbounded)."""
+        ceiling = self.policy.admission_timeout
+        if requested is None:
+            return ceiling
+        if requested < 0:
+            raise InvalidRequest(f"admission timeout must be >= 0 seconds, got {requested}")
+        if ceiling > 0:
+            return ceiling if requested == 0 else min(requested, ceiling)
+        return requested
+
+    def manager_deadline(self, entry: ModelEntry) -> float | None:
+        timeout = entry.settings.admission_timeout
+        return self.runtime.clock() + timeout if timeout > 0 else None
+
+    # ---- register / reconfigure -----------------------------------------------------------------------------
+
+    def register(self, registration: Registration, *, load: bool = True,
+                 cancel: CancelToken | None = None) -> ModelStatus:
+        """Register a new id or reconfigure an existing one, then load it (unless `load` is False for a new id).
+
+        Validation (files, configuration, slot count against the mode) happens before anything is published or
+        changed. A new id publishes one stable entry holding an exclusive lease, then loads; if that load fails
+        the entry stays registered and unloaded, and the error is raised. An existing id waits for an exclusive
+        lease in its FIFO queue (bounded by its admission timeout), then reconfigures (see
+        ModelEntry.reconfigure_leased). Raises ModelConfigError, UnsupportedSlotCount, InvalidRequest,
+        ServerBusy, or the load's error.
+        """
+        check_model_name(registration.name)
+        current = self._entries.get(registration.name)
+        spec = self._read_spec(registration, current)
+        settings = self.settings_for(spec, registration)
+        settings = dataclasses.replace(settings, source=registration.source or (
+            current.settings.source if current is not None else ""))
+        entry, ticket = self._publish_or_find(spec, settings)
+        if ticket is not None:
+            try:
+                if load:
+                    entry.load_leased()
+            finally:
+                entry.release_exclusive(ticket)
+            _LOG.info("model '%s': registered", entry.name)
+            return entry.status()
+        ticket = entry.acquire_exclusive(self.manager_deadline(entry), cancel)
+        try:
+            entry.reconfigure_leased(spec, settings)
+        finally:
+            entry.release_exclusive(ticket)
+        _LOG.info("model '%s': reconfigured", entry.name)
+        return entry.status()
+
+    def _publish_or_find(self, spec: ModelSpec, settings: ModelSettings) -> tuple[ModelEntry, Ticket | None]:
+        """Publish a new entry already holding an exclusive lease (so concurrent registrations of the same id
+        queue behind it), or return the existing entry and None."""
+        with self._lock:
+            existing = self._entries.get(spec.name)
+            if existing is not None:
+                return existing, None
+            entry = ModelEntry(spec, settings, self.runtime)
+            with entry._lock:  # registry lock -> model lock: the stated order
+                ticket = entry.admission.arrive_locked(TicketKind.MANAGER, None)
+            assert ticket.state is TicketState.GRANTED
+            self._entries[spec.name] = entry
+            return entry, ticket
+
+    def load(self, name: str, *, config_json: str = "", cancel: CancelToken | None = None) -> ModelStatus:
+        """Triton's RepositoryModelLoad: (re)read the model from the repository, with an optional JSON config
+        override, and load it through the same path as register."""
+        return self.register(Registration(name=name, config_json=config_json), cancel=cancel)
+
+    # ---- unload ---------------------------------------------------------------------------------------------
+
+    def unload(self, name: str, cancel: CancelToken | None = None) -> ModelStatus:
+        """Unload one model after every earlier lease drains (bounded by its admission timeout). Idempotent.
+        Raises ModelNotFound or ServerBusy."""
+        entry = self.get(name)
+        ticket = entry.acquire_exclusive(self.manager_deadline(entry), cancel)
+        try:
+            entry.unload_leased()
+        finally:
+            entry.release_exclusive(ticket)
+        return entry.status()
+
+    def unload_many(self, names: Iterable[str] = (), *, all_models: bool = False,
+                    cancel: CancelToken | None = None) -> tuple[list[str], list[str]]:
+        """Bulk unload. Returns (unloaded ids, each once, in selection order; unknown ids).
+
+        Takes a snapshot of the selection, publishes an exclusive barrier on every selected model in one short
+        step, then unloads models as their barriers are granted: idle ones first, busy ones once their earlier
+        work drains. Waits without limit (bulk ignores admission timeouts). If `cancel` fires, barriers not yet
+        granted are withdrawn and granted ones released; models already unloaded stay unloaded.
+        """
+        selected, not_found = self._select(names, all_models)
+        granted: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+        pending: dict[Ticket, ModelEntry] = {}
+        with self._bulk_lock:
+            for entry in selected:
+                with entry._lock:
+                    ticket = entry.admission.arrive_locked(TicketKind.MANAGER, None, on_change=granted.put)
+                    if ticket.state is TicketState.GRANTED:
+                        granted.put(ticket)
+                pending[ticket] = entry
+        if cancel is not None:
+            cancel.add_callback(lambda: granted.put(None))
+        unloaded: set[str] = set()
+        try:
+            while pending:
+                ticket = granted.get()
+                if ticket is None:
+                    raise RequestCancelled("the bulk unload was cancelled")
+                entry = pending.pop(ticket)
+                if ticket.state is TicketState.GRANTED:
+                    try:
+                        entry.unload_leased()
+                    finally:
+                        entry.release_exclusive(ticket)
+                    unloaded.add(entry.name)
+        finally:
+            for ticket, entry in pending.items():
+                entry.admission.cancel_queued(ticket)
+                if ticket.state is TicketState.GRANTED:
+                    entry.release_exclusive(ticket)
+        return [entry.name for entry in selected if entry.name in unloaded], not_found
+
+    def _select(self, names: Iterable[str], all_models: bool) -> tuple[list[ModelEntry], list[str]]:
+        with self._lock:
+            if all_models:
+                return [self._entries[name] for name in sorted(self._entries)], []
+            selected, not_found, seen = [], [], set()
+            for name in names:
+                if name in seen:
+                    continue
+                seen.add(name)
+                entry = self._entries.get(name)
+                if entry is None:
+                    not_found.append(name)
+                else:
+                    selected.append(entry)
+            return selected, not_found
+
+    # ---- repository -----------------------------------------------------------------------------------------
+
+    def register_repository(self, *, load: bool) -> None:
+        """Register every model directory of the repository (and load each when `load`). A model that fails
+        is logged and stays registered unloaded (or unregistered if its configuration is unreadable)."""
+        for name in self.repository.names():
+            try:
+                self.register(Registration(name=name), load=load)
+            except Exception as error:  # one broken model must not stop the others
+                _LOG.error("model '%s': not loaded at startup: %s", name, error)
+
+
+def _with_options(spec: ModelSpec, options: Mapping[str, str]) -> ModelSpec:
+    """`spec` with backend options laid over its config parameters (the ModelConfig message too)."""
+    parameters = dict(spec.parameters)
+    parameters.update(options)
+    config = spec.config
+    if config is not None:
+        config = type(config)()
+        config.CopyFrom(spec.config)
+        for key, value in options.items():
+            config.parameters[key].string_value = value
+    return dataclasses.replace(spec, parameters=parameters, config=config)
+
+
+__all__ = ["ModelRegistry", "Registration", "RegistryPolicy", "MAX_SLOTS", "ModelConfigError"]
