@@ -12,9 +12,10 @@ class ServiceError(Exception):
 
 
 class ModelNotFound(ServiceError):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, version: str = "") -> None:
         # Triton's wording: stock clients and examples look for "Request for unknown model".
-        super().__init__(f"Request for unknown model: '{name}' is not found")
+        what = f"'{name}' version {version}" if version else f"'{name}'"
+        super().__init__(f"Request for unknown model: {what} is not found")
         self.model = name
 
 
@@ -62,6 +63,10 @@ class ShuttingDown(ServiceError):
 
 class RequestCancelled(ServiceError):
     """The caller gave up (client cancellation, deadline or disconnect)."""
+
+
+class ModelNotLoadedYet(ServiceError):
+    """Metadata was asked of a model whose inputs are only known once it has loaded (UNAVAILABLE)."""
 
 
 class ModelLoadFailed(ServiceError):

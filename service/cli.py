@@ -1,0 +1,109 @@
+"""`python -m service` / `slotserve`: parse flags, configure logging, run the server until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from .options import ServerOptions
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slotserve", description="Serve a model repository over the KServe v2 gRPC protocol.")
+    add = parser.add_argument
+    add("--model-repository", type=Path, default=Path("demo/model_repository"),
+        help="folder of <model>/config.pbtxt + <model>/<version>/model.* (default: %(default)s)")
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=int, default=8001, help="port to listen on; 0 picks a free one (default: %(default)s)")
+    add("--parallel-jobs", type=int, metavar="N",
+        help="select the parallel runtime: models get N slots by default (1..16) and management requests may "
+             "set a slot count; without it every model has one slot")
+    add("--allow-management", action="store_true",
+        help="allow Management mutations and repository load/unload (status calls are always allowed)")
+    add("--admission-timeout", type=float, default=0.0, metavar="SECONDS",
+        help="server ceiling and default of every model's admission timeout; 0 waits without limit")
+    add("--max-queue", type=int, default=0, metavar="N", help="queued requests per model; 0 = no limit")
+    add("--max-concurrent-loads", type=int, default=1, metavar="N", help="simultaneous cold loads (default 1)")
+    add("--no-load-at-startup", dest="load_at_startup", action="store_false",
+        help="register the repository's models without loading them; the first request loads each")
+    add("--max-workers", type=int, default=64, help="gRPC handler threads (default: %(default)s)")
+    add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes,
+        help="largest request or response message (default: 1 GiB)")
+    add("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long running calls may finish (default: %(default)s)")
+    add("--log-format", choices=("text", "json"), default="text")
+    add("--log-level", default="INFO")
+    return parser
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                           "message": record.getMessage()})
+
+
+def configure_logging(log_format: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter() if log_format == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def scope_lines(options: ServerOptions) -> list[str]:
+    """What the startup banner says about the runtime mode and its validated scope."""
+    if options.parallel_jobs is None:
+        return ["one slot per model (start with --parallel-jobs N for the parallel runtime)"]
+    return [
+        f"parallel runtime: {options.parallel_jobs} slot(s) per model by default (1..16 per model)",
+        "backends admitting more than one slot: onnxruntime (up to 16, one shared session), fixture "
+        "(its declared capacity), tensorrt (contexts that fit in device memory, up to 16)",
+        "not validated: TensorRT on a GPU (checked here only through a test double)",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_format, args.log_level)
+    try:
+        options = ServerOptions(
+            model_repository=args.model_repository, host=args.host, port=args.port,
+            parallel_jobs=args.parallel_jobs, allow_management=args.allow_management,
+            admission_timeout=args.admission_timeout, max_queue=args.max_queue,
+            max_concurrent_loads=args.max_concurrent_loads, load_at_startup=args.load_at_startup,
+            max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
+            shutdown_grace=args.shutdown_grace, log_format=args.log_format)
+    except ValueError as error:
+        print(f"slotserve: {error}", file=sys.stderr)
+        return 2
+    if not options.model_repository.is_dir():
+        print(f"slotserve: model repository {options.model_repository} is not a folder", file=sys.stderr)
+        return 2
+    from .server import Server
+
+    log = logging.getLogger("slotserve")
+    for line in scope_lines(options):
+        log.info("%s", line)
+    server = Server(options)
+    try:
+        server.start()
+    except RuntimeError as error:
+        print(f"slotserve: {error}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        log.info("received %s: shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"slotserve listening on {server.address}", flush=True)
+    stop.wait()
+    server.stop()
+    return 0

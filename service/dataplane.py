@@ -1,0 +1,132 @@
+"""The inference path, independent of the transport: find the model, decode, admit, run, encode, count.
+
+The gRPC servicer calls `infer` / `infer_stream` with the request message, the client's deadline and a cancel
+token; everything else (FIFO admission, lazy loading, statistics) happens here and below. Nothing here
+imports grpc.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from engine.interface import CancelToken
+from generated import grpc_service_pb2 as pb
+
+from .errors import InvalidRequest, ModelNotFound
+from .lifecycle import Lease, ModelEntry
+from .registry import ModelRegistry
+from .tensors import DecodedRequest, decode_request, encode_response
+
+
+def check_version(entry: ModelEntry, version: str) -> None:
+    """Raise unless `version` is empty or the model's version. Non-numeric versions are malformed."""
+    if not version or version == entry.spec.version:
+        return
+    if not version.isdigit():
+        raise InvalidRequest(f"model version must be a number, got '{version}'")
+    raise ModelNotFound(entry.name, version)
+
+
+class Dataplane:
+    def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry
+        self._clock = clock
+
+    def resolve(self, name: str, version: str) -> ModelEntry:
+        entry = self.registry.get(name)
+        check_version(entry, version)
+        return entry
+
+    def admission_deadline(self, entry: ModelEntry, timeout_us: int, client_deadline: float | None) -> float | None:
+        """The earliest of: the model's admission timeout, the request's `timeout` parameter (which can only
+        shorten it), and the client's own deadline. None: wait without limit."""
+        now = self._clock()
+        deadline = client_deadline
+        model_timeout = entry.settings.admission_timeout
+        if model_timeout > 0:
+            deadline = _earliest(deadline, now + model_timeout)
+        if timeout_us > 0:
+            deadline = _earliest(deadline, now + timeout_us / 1e6)
+        return deadline
+
+    def infer(self, request: pb.ModelInferRequest, *, client_deadline: float | None = None,
+              cancel: CancelToken | None = None) -> pb.ModelInferResponse:
+        """Run one request to completion. Blocks while queued (until the admission deadline), while the model
+        loads, and for the run. Raises the core's errors (see status_codes.py for how they map)."""
+        started = time.perf_counter_ns()
+        entry = self.resolve(request.model_name, request.model_version)
+        try:
+            decoded = decode_request(request)
+            cancel = cancel or CancelToken()
+            lease = entry.acquire_lease(
+                self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
+            try:
+                if lease.pool.primary.streaming:
+                    raise InvalidRequest(
+                        f"model '{entry.name}' streams its responses; call ModelStreamInfer")
+                checked = time.perf_counter_ns()
+                lease.metadata.check_request(decoded.signature, decoded.outputs)
+                ran = time.perf_counter_ns()
+                outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
+                executed = time.perf_counter_ns()
+            finally:
+                lease.release()
+            response = self._response(request, lease, outputs)
+        except BaseException:
+            entry.statistics.record_failure(time.perf_counter_ns() - started)
+            raise
+        finished = time.perf_counter_ns()
+        entry.statistics.record_success(
+            queue_ns=lease.queue_ns, input_ns=ran - checked, infer_ns=executed - ran, output_ns=finished - executed,
+            total_ns=finished - started, batch_size=decoded.batch_size(lease.metadata))
+        return response
+
+    def infer_stream(self, request: pb.ModelInferRequest, *, client_deadline: float | None = None,
+                     cancel: CancelToken | None = None) -> Iterator[pb.ModelInferResponse]:
+        """Responses for one request on a stream: one for an ordinary model, several for a streaming model.
+
+        The lease is held until the last response is taken from this generator, the generator is closed, or
+        it raises; closing it (as a cancelled stream does) releases the slot.
+        """
+        started = time.perf_counter_ns()
+        entry = self.resolve(request.model_name, request.model_version)
+        lease = None
+        try:
+            decoded = decode_request(request)
+            cancel = cancel or CancelToken()
+            lease = entry.acquire_lease(
+                self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
+            lease.metadata.check_request(decoded.signature, decoded.outputs)
+            ran = time.perf_counter_ns()
+            if lease.pool.primary.streaming:
+                for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
+                    yield self._response(request, lease, outputs)
+                executed = time.perf_counter_ns()
+            else:
+                outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
+                executed = time.perf_counter_ns()
+                lease.release()
+                yield self._response(request, lease, outputs)
+        except BaseException:
+            entry.statistics.record_failure(time.perf_counter_ns() - started)
+            raise
+        finally:
+            if lease is not None:
+                lease.release()
+        finished = time.perf_counter_ns()
+        entry.statistics.record_success(
+            queue_ns=lease.queue_ns, input_ns=0, infer_ns=executed - ran, output_ns=finished - executed,
+            total_ns=finished - started, batch_size=decoded.batch_size(lease.metadata))
+
+    @staticmethod
+    def _response(request: pb.ModelInferRequest, lease: Lease, outputs: dict) -> pb.ModelInferResponse:
+        response = pb.ModelInferResponse(model_name=request.model_name, model_version=lease.version, id=request.id)
+        return encode_response(response, outputs, lease.metadata)
+
+
+def _earliest(a: float | None, b: float) -> float:
+    return b if a is None or b < a else a
+
+
+__all__ = ["Dataplane", "DecodedRequest", "check_version"]

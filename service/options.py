@@ -1,0 +1,59 @@
+"""Server options: one frozen record, validated once at startup and passed down explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_SLOTS = 16
+DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhead fits with room to spare
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model_repository: Path = Path("demo/model_repository")
+    host: str = "127.0.0.1"
+    port: int = 8001  # 0: any free port
+    parallel_jobs: int | None = None  # None: one slot per model, explicit counts refused; N: parallel runtime
+    allow_management: bool = False  # Management mutations and repository load/unload
+    admission_timeout: float = 0.0  # server ceiling and default for every model, seconds; 0 = unbounded
+    max_queue: int = 0  # per-model limit of queued requests; 0 = none
+    load_at_startup: bool = True  # load every repository model before reporting ready
+    max_concurrent_loads: int = 1  # simultaneous cold loads across models
+    max_workers: int = 64  # gRPC handler threads
+    control_threads: int = 8  # of max_workers, kept free for health, status and management calls
+    max_message_bytes: int = DEFAULT_MESSAGE_BYTES
+    reflection: bool = True
+    max_resident_models: int = 0
+    idle_unload: float = 0.0
+    memory_budget: int = 0
+    drain_seconds: float = 0.0
+    shutdown_grace: float = 30.0
+    metrics_port: int | None = None
+    log_format: str = "text"
+    extra_backends: dict = field(default_factory=dict, compare=False)  # name -> Backend, for tests and plugins
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.parallel_jobs is not None and not 1 <= self.parallel_jobs <= MAX_SLOTS:
+            problems.append(f"--parallel-jobs must be 1..{MAX_SLOTS}, got {self.parallel_jobs}")
+        if self.admission_timeout < 0:
+            problems.append(f"--admission-timeout must be >= 0, got {self.admission_timeout}")
+        if self.max_queue < 0:
+            problems.append(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.max_concurrent_loads < 1:
+            problems.append(f"--max-concurrent-loads must be >= 1, got {self.max_concurrent_loads}")
+        if self.control_threads < 1 or self.max_workers <= self.control_threads:
+            problems.append(f"--max-workers ({self.max_workers}) must exceed the {self.control_threads} threads "
+                            "kept for control calls")
+        if not 0 <= self.port <= 65535:
+            problems.append(f"--port must be 0..65535, got {self.port}")
+        if self.log_format not in ("text", "json"):
+            problems.append(f"--log-format must be text or json, got {self.log_format}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def inference_handlers(self) -> int:
+        """How many inference calls may occupy handler threads at once; the rest are refused as busy."""
+        return self.max_workers - self.control_threads

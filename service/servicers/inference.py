@@ -1,0 +1,263 @@
+"""`inference.GRPCInferenceService`: the KServe v2 / Open Inference Protocol with Triton's extensions."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from generated import grpc_service_pb2 as pb
+from generated import grpc_service_pb2_grpc as pb_grpc
+from generated import model_config_pb2
+
+from .. import status_codes
+from ..dataplane import Dataplane, check_version
+from engine.errors import EngineError, ModelConfigError
+
+from ..errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceError
+from ..lifecycle import ModelEntry, ModelState
+from ..registry import ModelRegistry
+from .common import HandlerBudget, ManagementGate, cancel_token, client_deadline, rpc
+
+_LOG = logging.getLogger(__name__)
+
+SERVER_NAME = "slotserve"
+EXTENSIONS = ("model_repository", "model_configuration", "statistics", "parameters", "slotserve_management")
+
+# RepositoryIndex speaks the protocol users' state names.
+_INDEX_STATE = {
+    ModelState.READY: "READY",
+    ModelState.LOADING: "LOADING",
+    ModelState.RECONFIGURING: "LOADING",
+    ModelState.UNLOADING: "UNLOADING",
+    ModelState.UNLOADED: "UNAVAILABLE",
+}
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, registry: ModelRegistry, dataplane: Dataplane, budget: HandlerBudget,
+                 management: ManagementGate, server_state, version: str) -> None:
+        self._registry = registry
+        self._dataplane = dataplane
+        self._budget = budget
+        self._management = management
+        self._server_state = server_state
+        self._version = version
+
+    # ---- health and metadata --------------------------------------------------------------------------------
+
+    @rpc
+    def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    @rpc
+    def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self._server_state.ready)
+
+    @rpc
+    def ModelReady(self, request, context):
+        try:
+            entry = self._registry.get(request.name)
+            check_version(entry, request.version)
+        except ModelNotFound:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=entry.is_ready())
+
+    @rpc
+    def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=self._version, extensions=EXTENSIONS)
+
+    @rpc
+    def ModelMetadata(self, request, context):
+        entry = self._dataplane.resolve(request.name, request.version)
+        metadata = entry.known_metadata()
+        spec = entry.spec
+        if metadata is None and not spec.inputs:
+            raise ModelNotLoadedYet(
+                f"model '{entry.name}' has not been loaded yet and its configuration declares no inputs")
+        response = pb.ModelMetadataResponse(name=entry.name, versions=[spec.version],
+                                            platform=spec.platform)
+        if metadata is not None:
+            inputs, outputs, batch = metadata.inputs, metadata.outputs, metadata.max_batch_size
+        else:
+            inputs, outputs, batch = spec.inputs, spec.outputs, spec.max_batch_size
+        for tensors, target in ((inputs, response.inputs), (outputs, response.outputs)):
+            for tensor in tensors:
+                shape = ((-1,) + tensor.shape) if batch > 0 else tensor.shape
+                target.add(name=tensor.name, datatype=tensor.datatype, shape=shape)
+        return response
+
+    @rpc
+    def ModelConfig(self, request, context):
+        entry = self._dataplane.resolve(request.name, request.version)
+        return pb.ModelConfigResponse(config=_model_config(entry))
+
+    @rpc
+    def ModelStatistics(self, request, context):
+        if request.name:
+            entries = [self._dataplane.resolve(request.name, request.version)]
+        else:
+            entries = self._registry.entries()
+        response = pb.ModelStatisticsResponse()
+        for entry in entries:
+            _add_statistics(response.model_stats.add(), entry)
+        return response
+
+    # ---- inference ------------------------------------------------------------------------------------------
+
+    @rpc
+    def ModelInfer(self, request, context):
+        self._budget.enter()
+        try:
+            return self._dataplane.infer(request, client_deadline=client_deadline(context),
+                                         cancel=cancel_token(context))
+        finally:
+            self._budget.exit()
+
+    def ModelStreamInfer(self, request_iterator, context):
+        """Each request is answered on the stream; a failed one gets `error_message` and the stream goes on.
+        A streaming model's lease is held until its last response is written (the server resumes this
+        generator only after the previous message was sent) or the stream ends."""
+        try:
+            self._budget.enter()
+        except ServiceError as error:
+            status_codes.abort(context, error)
+        try:
+            deadline = client_deadline(context)
+            cancel = cancel_token(context)
+            for request in request_iterator:
+                yield from self._stream_one(request, deadline, cancel)
+        finally:
+            self._budget.exit()
+
+    def _stream_one(self, request, deadline, cancel):
+        responses = self._dataplane.infer_stream(request, client_deadline=deadline, cancel=cancel)
+        try:
+            for response in responses:
+                yield pb.ModelStreamInferResponse(infer_response=response)
+        except Exception as error:  # a failed request must not end the stream
+            _code, message, _reason = status_codes.describe(error)
+            yield pb.ModelStreamInferResponse(
+                error_message=message,
+                infer_response=pb.ModelInferResponse(model_name=request.model_name,
+                                                     model_version=request.model_version, id=request.id))
+        finally:
+            responses.close()
+
+    # ---- repository control ---------------------------------------------------------------------------------
+
+    @rpc
+    def RepositoryIndex(self, request, context):
+        response = pb.RepositoryIndexResponse()
+        registered = set()
+        for entry in self._registry.entries():
+            registered.add(entry.name)
+            status = entry.status()
+            if request.ready and status.state is not ModelState.READY:
+                continue
+            reason = ""
+            if status.state is ModelState.UNLOADED:
+                reason = status.last_error or "unloaded"
+            response.models.add(name=entry.name, version=status.version,
+                                 state=_INDEX_STATE[status.state], reason=reason)
+        if not request.ready:
+            for name in self._registry.repository.names():
+                if name not in registered:
+                    response.models.add(name=name, state="UNAVAILABLE", reason="not registered")
+        return response
+
+    @rpc
+    def RepositoryModelLoad(self, request, context):
+        self._management.check("RepositoryModelLoad", context)
+        config_json = ""
+        for key, value in request.parameters.items():
+            if key == "config":
+                config_json = value.string_param
+            elif key.startswith("file:"):
+                raise _load_failed(request.model_name, "file overrides are not supported by slotserve")
+        try:
+            self._registry.load(request.model_name, config_json=config_json, cancel=cancel_token(context))
+        except (EngineError, InvalidRequest) as error:
+            # Triton's clients recognise a failed load by this wording.
+            error.args = (f"failed to load '{request.model_name}': {error}",)
+            raise
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc
+    def RepositoryModelUnload(self, request, context):
+        self._management.check("RepositoryModelUnload", context)
+        self._registry.unload(request.model_name, cancel=cancel_token(context))
+        return pb.RepositoryModelUnloadResponse()
+
+    # ---- not supported: shared memory, trace, log settings --------------------------------------------------
+
+    @rpc
+    def SystemSharedMemoryUnregister(self, request, context):
+        # Nothing is ever registered, so unregistering (what clients do first, to start clean) succeeds.
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc
+    def CudaSharedMemoryUnregister(self, request, context):
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    def _unsupported(self, request, context, what="shared memory"):
+        context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                      f"slotserve does not support {what}; send tensors in the request")
+
+    SystemSharedMemoryStatus = _unsupported
+    SystemSharedMemoryRegister = _unsupported
+    CudaSharedMemoryStatus = _unsupported
+    CudaSharedMemoryRegister = _unsupported
+
+    def TraceSetting(self, request, context):
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support trace settings")
+
+    def LogSettings(self, request, context):
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; "
+                                                     "use --log-format")
+
+
+def _load_failed(name: str, why: str) -> Exception:
+    return ModelConfigError(f"failed to load '{name}': {why}")
+
+
+def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
+    """The committed configuration, completed with what the engine reported and the slot count."""
+    status = entry.status()
+    config = model_config_pb2.ModelConfig()
+    if entry.spec.config is not None:
+        config.CopyFrom(entry.spec.config)
+    config.name = entry.name
+    metadata = entry.known_metadata()
+    if metadata is not None:
+        if not config.input:
+            for tensor in metadata.inputs:
+                config.input.add(name=tensor.name, data_type=_config_type(tensor.datatype), dims=tensor.shape)
+        if not config.output:
+            for tensor in metadata.outputs:
+                config.output.add(name=tensor.name, data_type=_config_type(tensor.datatype), dims=tensor.shape)
+    del config.instance_group[:]
+    kind = (model_config_pb2.ModelInstanceGroup.KIND_GPU if entry.spec.backend == "tensorrt"
+            else model_config_pb2.ModelInstanceGroup.KIND_CPU)
+    config.instance_group.add(count=status.slots, kind=kind)
+    return config
+
+
+def _config_type(datatype: str) -> int:
+    from engine import datatypes
+
+    return model_config_pb2.DataType.Value(datatypes.BY_NAME[datatype].config_name)
+
+
+def _add_statistics(target, entry: ModelEntry) -> None:
+    snapshot = entry.statistics.snapshot()
+    target.name = entry.name
+    target.version = entry.spec.version
+    target.last_inference = snapshot.last_inference_ms
+    target.inference_count = snapshot.inference_count
+    target.execution_count = snapshot.execution_count
+    stats = target.inference_stats
+    for field in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+        duration = getattr(snapshot, field)
+        getattr(stats, field).count = duration.count
+        getattr(stats, field).ns = duration.ns

@@ -1,0 +1,80 @@
+"""`slotserve.management.v1.ModelManagement`: register, reconfigure, unload, bulk unload, status."""
+
+from __future__ import annotations
+
+from generated import management_pb2 as pb
+from generated import management_pb2_grpc as pb_grpc
+
+from ..lifecycle import ModelState, ModelStatus
+from ..registry import ModelRegistry, Registration
+from .common import ManagementGate, cancel_token, rpc
+
+_STATE = {
+    ModelState.UNLOADED: pb.MODEL_STATE_UNLOADED,
+    ModelState.LOADING: pb.MODEL_STATE_LOADING,
+    ModelState.READY: pb.MODEL_STATE_READY,
+    ModelState.RECONFIGURING: pb.MODEL_STATE_RECONFIGURING,
+    ModelState.UNLOADING: pb.MODEL_STATE_UNLOADING,
+}
+
+
+def status_message(status: ModelStatus) -> pb.ModelStatus:
+    message = pb.ModelStatus(
+        model_id=status.name,
+        loaded=status.loaded,
+        state=_STATE[status.state],
+        slots=status.slots,
+        active_slots=status.active_slots,
+        queued_requests=status.queued_requests,
+        backend=status.backend,
+        last_error=status.last_error,
+        source=status.source,
+        admission_timeout_seconds=status.admission_timeout,
+        version=status.version,
+    )
+    if status.max_parallel_slots is not None:
+        message.max_parallel_slots = status.max_parallel_slots
+    if status.memory_bytes is not None:
+        message.memory_bytes = status.memory_bytes
+    return message
+
+
+class ManagementServicer(pb_grpc.ModelManagementServicer):
+    def __init__(self, registry: ModelRegistry, management: ManagementGate) -> None:
+        self._registry = registry
+        self._management = management
+
+    @rpc
+    def RegisterModel(self, request, context):
+        self._management.check("RegisterModel", context)
+        registration = Registration(
+            name=request.model_id,
+            source=request.source,
+            backend=request.backend,
+            options=dict(request.options),
+            slots=request.slots if request.HasField("slots") else None,
+            admission_timeout=(request.admission_timeout_seconds
+                               if request.HasField("admission_timeout_seconds") else None),
+            config_json=request.config_json,
+        )
+        return status_message(self._registry.register(registration, cancel=cancel_token(context)))
+
+    @rpc
+    def UnloadModel(self, request, context):
+        self._management.check("UnloadModel", context)
+        return status_message(self._registry.unload(request.model_id, cancel=cancel_token(context)))
+
+    @rpc
+    def UnloadModels(self, request, context):
+        self._management.check("UnloadModels", context)
+        unloaded, not_found = self._registry.unload_many(request.model_ids, all_models=request.all,
+                                                         cancel=cancel_token(context))
+        return pb.UnloadModelsResponse(unloaded=unloaded, not_found=not_found)
+
+    @rpc
+    def ListModels(self, request, context):
+        return pb.ListModelsResponse(models=[status_message(s) for s in self._registry.statuses()])
+
+    @rpc
+    def GetModel(self, request, context):
+        return status_message(self._registry.get(request.model_id).status())
