@@ -1,0 +1,180 @@
+"""A laboratory for contract tests: fixture models in a real registry (no gRPC), operations started on their
+own threads, and waits on the models' own statistics instead of sleeps.
+
+    lab = Lab(tmp_path, models={"a": {"capacity": 2}, "b": {}})
+    gate = lab.gate("a", "execute").hold()
+    first = lab.infer("a")
+    gate.wait_blocked(1)                      # the request is now executing on a slot
+    manager = lab.unload("a")
+    lab.wait_status("a", lambda s: s.queued_requests == 1)
+    ...
+    gate.release()
+    assert first.result()["OUTPUT0"] ...
+
+Every operation returns an `Op`; `Op.result()` returns its value or raises its exception (bounded by a
+timeout so a broken test fails instead of hanging). `lab.finished` lists operation names in completion order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from engine.fixture import FixtureBackend, FixtureControls, Gate
+from engine.interface import CancelToken
+from engine.repository import ModelRepository
+from service.lifecycle import ModelState, ModelStatus, SharedRuntime
+from service.registry import ModelRegistry, Registration, RegistryPolicy
+from service.residency import ColdLoadGuard
+
+WAIT = 10.0  # seconds any wait may take before the test fails
+
+
+class Op:
+    """An operation running on its own thread."""
+
+    def __init__(self, name: str, target: Callable[[], object], lab: "Lab") -> None:
+        self.name = name
+        self._lab = lab
+        self._value = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(target,), name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self, target) -> None:
+        try:
+            self._value = target()
+        except BaseException as error:  # reported to the test through result()
+            self._error = error
+        finally:
+            self._lab._finished(self)
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float = WAIT) -> "Op":
+        if not self._done.wait(timeout):
+            raise AssertionError(f"operation {self.name} did not finish within {timeout} s")
+        return self
+
+    def result(self, timeout: float = WAIT):
+        self.wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def error(self, timeout: float = WAIT) -> BaseException | None:
+        self.wait(timeout)
+        return self._error
+
+
+def write_fixture_model(root: Path, name: str, parameters: dict | None = None, max_batch_size: int = 0) -> None:
+    directory = root / name
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [f'name: "{name}"', 'backend: "fixture"', f"max_batch_size: {max_batch_size}"]
+    for key, value in (parameters or {}).items():
+        lines.append(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}')
+    (directory / "config.pbtxt").write_text("\n".join(lines) + "\n")
+
+
+class Lab:
+    def __init__(self, root: Path, models: dict[str, dict] | None = None, *, parallel_jobs: int | None = 2,
+                 admission_timeout: float = 0.0, max_queue: int = 0, max_concurrent_loads: int = 1,
+                 load: bool = True) -> None:
+        self.root = Path(root)
+        for name, parameters in (models or {"a": {}, "b": {}}).items():
+            write_fixture_model(self.root, name, parameters)
+        self.controls = FixtureControls()
+        self.runtime = SharedRuntime(backends={"fixture": FixtureBackend(self.controls)}, max_queue=max_queue,
+                                     cold_loads=ColdLoadGuard(max_concurrent_loads))
+        self.registry = ModelRegistry(ModelRepository(self.root), self.runtime,
+                                      RegistryPolicy(parallel_jobs=parallel_jobs,
+                                                     admission_timeout=admission_timeout))
+        self.registry.register_repository(load=load)
+        self._lock = threading.Lock()  # guards: finished, _ops
+        self.finished: list[str] = []
+        self._ops: list[Op] = []
+        self._counter = 0
+
+    # ---- operations -----------------------------------------------------------------------------------------
+
+    def start(self, name: str, target: Callable[[], object]) -> Op:
+        with self._lock:
+            self._counter += 1
+            op = Op(f"{name}#{self._counter}", target, self)
+            self._ops.append(op)
+        return op
+
+    def _finished(self, op: Op) -> None:
+        with self._lock:
+            self.finished.append(op.name)
+
+    def infer(self, model: str, value: float = 1.0, *, timeout: float | None = None,
+              cancel: CancelToken | None = None, name: str | None = None) -> Op:
+        """A request: admission (with the model's timeout, or `timeout` seconds), load if needed, execute."""
+        def run():
+            entry = self.registry.get(model)
+            deadline = None
+            if timeout is not None:
+                deadline = time.monotonic() + timeout
+            elif entry.settings.admission_timeout > 0:
+                deadline = time.monotonic() + entry.settings.admission_timeout
+            token = cancel or CancelToken()
+            with entry.acquire_lease(deadline, token) as lease:
+                return lease.execute({"INPUT0": np.full(2, value, np.float32)}, [], token)
+        return self.start(name or f"infer:{model}", run)
+
+    def register(self, model: str, name: str | None = None, **registration) -> Op:
+        return self.start(name or f"register:{model}",
+                          lambda: self.registry.register(Registration(name=model, **registration)))
+
+    def unload(self, model: str, name: str | None = None) -> Op:
+        return self.start(name or f"unload:{model}", lambda: self.registry.unload(model))
+
+    def unload_many(self, models: list[str], name: str | None = None, cancel: CancelToken | None = None) -> Op:
+        return self.start(name or "bulk:" + ",".join(models),
+                          lambda: self.registry.unload_many(models, cancel=cancel))
+
+    # ---- observation ----------------------------------------------------------------------------------------
+
+    def gate(self, model: str, point: str) -> Gate:
+        return self.controls.gate(model, point)
+
+    def status(self, model: str) -> ModelStatus:
+        return self.registry.get(model).status()
+
+    def wait_until(self, predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+        """Poll a state predicate until it holds. The order of events comes from the predicate (the models'
+        statistics), never from the delay."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            time.sleep(0.0005)  # ordering-free: re-checks a state predicate
+
+    def wait_status(self, model: str, predicate: Callable[[ModelStatus], bool], what: str = "") -> ModelStatus:
+        self.wait_until(lambda: predicate(self.status(model)), what or f"status of {model}")
+        return self.status(model)
+
+    def wait_queued(self, model: str, count: int) -> None:
+        self.wait_status(model, lambda s: s.queued_requests == count, f"{count} queued on {model}")
+
+    def wait_active(self, model: str, count: int) -> None:
+        self.wait_status(model, lambda s: s.active_slots == count, f"{count} active slots on {model}")
+
+    def wait_state(self, model: str, state: ModelState) -> None:
+        self.wait_status(model, lambda s: s.state is state, f"{model} {state.value}")
+
+    def close(self) -> None:
+        """Release every gate and wait for every operation (a test that leaves work behind fails here)."""
+        self.controls.release_all()
+        with self._lock:
+            ops = list(self._ops)
+        for op in ops:
+            op.wait()
