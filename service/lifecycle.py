@@ -370,7 +370,7 @@ class ModelEntry:
             self._runtime.residency.on_published(self)
 
     def _fail_load_locked(self, error: BaseException) -> None:
-        self._last_error = str(error)
+        self._last_error = str(error) or type(error).__name__
         self._transition_locked(ModelState.UNLOADED)
         self.admission.set_capacity_locked(self._committed.settings.slots)
         _LOG.warning("model '%s': load failed: %s", self.name, error)

@@ -86,13 +86,14 @@ def write_fixture_model(root: Path, name: str, parameters: dict | None = None, m
 class Lab:
     def __init__(self, root: Path, models: dict[str, dict] | None = None, *, parallel_jobs: int | None = 2,
                  admission_timeout: float = 0.0, max_queue: int = 0, max_concurrent_loads: int = 1,
-                 load: bool = True) -> None:
+                 load: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.root = Path(root)
         for name, parameters in (models or {"a": {}, "b": {}}).items():
             write_fixture_model(self.root, name, parameters)
         self.controls = FixtureControls()
+        self.clock = clock
         self.runtime = SharedRuntime(backends={"fixture": FixtureBackend(self.controls)}, max_queue=max_queue,
-                                     cold_loads=ColdLoadGuard(max_concurrent_loads))
+                                     cold_loads=ColdLoadGuard(max_concurrent_loads), clock=clock)
         self.registry = ModelRegistry(ModelRepository(self.root), self.runtime,
                                       RegistryPolicy(parallel_jobs=parallel_jobs,
                                                      admission_timeout=admission_timeout))
@@ -122,9 +123,9 @@ class Lab:
             entry = self.registry.get(model)
             deadline = None
             if timeout is not None:
-                deadline = time.monotonic() + timeout
+                deadline = self.clock() + timeout
             elif entry.settings.admission_timeout > 0:
-                deadline = time.monotonic() + entry.settings.admission_timeout
+                deadline = self.clock() + entry.settings.admission_timeout
             token = cancel or CancelToken()
             with entry.acquire_lease(deadline, token) as lease:
                 return lease.execute({"INPUT0": np.full(2, value, np.float32)}, [], token)
