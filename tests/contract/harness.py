@@ -179,3 +179,33 @@ class Lab:
             ops = list(self._ops)
         for op in ops:
             op.wait()
+
+
+# ---- helpers for the two-model matrix (tests/contract/test_two_*.py); additive, used by those files ----------
+
+def admission_stats(lab: Lab, model: str):
+    """The admission statistics of `model` (queued requests and queued managers counted apart)."""
+    return lab.registry.get(model).admission.statistics()
+
+
+def wait_admission(lab: Lab, model: str, predicate: Callable[[object], bool], what: str = ""):
+    """Poll `model`'s admission statistics until `predicate` holds; returns them."""
+    lab.wait_until(lambda: predicate(admission_stats(lab, model)), what or f"admission of {model}")
+    return admission_stats(lab, model)
+
+
+def infer_logged(lab: Lab, model: str, log: list, label: str, value: float = 1.0) -> Op:
+    """A request like `Lab.infer` (no admission deadline) that appends `label` to `log` at the moment its lease
+    is granted, while it holds the lease: with one slot, `log` is the grant order."""
+    def run():
+        entry = lab.registry.get(model)
+        token = CancelToken()
+        with entry.acquire_lease(None, token) as lease:
+            log.append(label)
+            return lease.execute({"INPUT0": np.full(2, value, np.float32)}, [], token)
+    return lab.start(label, run)
+
+
+def events_since(lab: Lab, model: str, mark: int) -> list[str]:
+    """The fixture events of `model` recorded after the first `mark` events (all models), in order."""
+    return [event for name, event in list(lab.controls.events)[mark:] if name == model]
