@@ -58,6 +58,15 @@ def session_options(spec: ModelSpec):
     return options
 
 
+def _resident_bytes() -> int:
+    """Resident memory of this process (Linux /proc), 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _int_parameter(spec: ModelSpec, key: str, default: int, minimum: int) -> int:
     raw = spec.parameter(key)
     if raw is None or raw == "":
@@ -200,6 +209,7 @@ class OnnxRuntimeBackend(Backend):
         if spec.model_file is None or not spec.model_file.exists():
             raise ModelConfigError(f"{origin}: model file not found")
         options = session_options(spec)
+        resident_before = _resident_bytes()
         try:
             session = ort.InferenceSession(str(spec.model_file), options, providers=["CPUExecutionProvider"])
         except Exception as error:
@@ -214,4 +224,8 @@ class OnnxRuntimeBackend(Backend):
             max_batch_size=spec.max_batch_size,
             platform=spec.platform or "onnxruntime_onnx",
         )
-        return OnnxRuntimeModel(spec, session, metadata, os.path.getsize(spec.model_file))
+        # What the session added to the process (weights, graph, arena), measured as it was built; the file size
+        # when concurrent activity makes the measurement useless.
+        grown = _resident_bytes() - resident_before
+        weights = grown if grown > 0 else os.path.getsize(spec.model_file)
+        return OnnxRuntimeModel(spec, session, metadata, weights)

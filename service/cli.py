@@ -30,6 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="server ceiling and default of every model's admission timeout; 0 waits without limit")
     add("--max-queue", type=int, default=0, metavar="N", help="queued requests per model; 0 = no limit")
     add("--max-concurrent-loads", type=int, default=1, metavar="N", help="simultaneous cold loads (default 1)")
+    add("--max-resident-models", type=int, default=0, metavar="N",
+        help="models holding engines at once; loading one more retires the least recently used idle model "
+             "(0 = no limit)")
+    add("--idle-unload", type=float, default=0.0, metavar="SECONDS",
+        help="retire a model idle and queue-free for this long (0 = never)")
+    add("--memory-budget", type=int, default=0, metavar="BYTES",
+        help="memory all loaded pools may report together; a load beyond it retires idle models or fails "
+             "with memory_limit (0 = no budget)")
     add("--no-load-at-startup", dest="load_at_startup", action="store_false",
         help="register the repository's models without loading them; the first request loads each")
     add("--max-workers", type=int, default=64, help="gRPC handler threads (default: %(default)s)")
@@ -76,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             parallel_jobs=args.parallel_jobs, allow_management=args.allow_management,
             admission_timeout=args.admission_timeout, max_queue=args.max_queue,
             max_concurrent_loads=args.max_concurrent_loads, load_at_startup=args.load_at_startup,
+            max_resident_models=args.max_resident_models, idle_unload=args.idle_unload,
+            memory_budget=args.memory_budget,
             max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
             shutdown_grace=args.shutdown_grace, log_format=args.log_format)
     except ValueError as error:

@@ -337,22 +337,35 @@ class ModelEntry:
     # ---- loading and publication (callers hold a lease; no lock held while building) ------------------------
 
     def _load(self, spec: ModelSpec, settings: ModelSettings, primary=None) -> SlotPool:
-        """Build a complete pool under the cold-load guard and residency admission."""
+        """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
+        memory budget checked. Raises the backend's errors, ResidencyLimit or MemoryLimit; on failure nothing
+        stays reserved or built."""
         guard = self._runtime.cold_loads
         residency = self._runtime.residency
         if guard is not None:
             guard.acquire()
         try:
             if residency is not None:
-                residency.make_room(self)
-            started = time.perf_counter()
-            pool = build_pool(self._runtime.backend(spec), spec, settings.slots, settings.explicit_slots, primary)
-            if residency is not None:
                 try:
-                    residency.check_budget(self, pool)
+                    residency.make_room(self)
                 except BaseException:
-                    pool.close()
+                    if primary is not None:
+                        close_primary(primary, self.name)
                     raise
+            try:
+                started = time.perf_counter()
+                pool = build_pool(self._runtime.backend(spec), spec, settings.slots, settings.explicit_slots,
+                                  primary)
+                if residency is not None:
+                    try:
+                        residency.check_budget(self, pool)
+                    except BaseException:
+                        pool.close()
+                        raise
+            except BaseException:
+                if residency is not None:
+                    residency.cancel(self)
+                raise
             _LOG.info("model '%s': loaded %d slot(s) on %s in %.3f s", self.name, pool.capacity, spec.backend,
                       time.perf_counter() - started)
             return pool
@@ -362,6 +375,7 @@ class ModelEntry:
 
     def _publish_locked(self, pool: SlotPool) -> None:
         self._pool = pool
+        self.last_used = self._clock()  # a fresh pool is not idle since long ago
         self._committed = _Committed(self._committed.spec, self._committed.settings, pool.metadata)
         self._last_error = ""
         self._transition_locked(ModelState.READY)
@@ -444,7 +458,15 @@ class ModelEntry:
         """Returns (resized pool over the live engine, None) or (None, probed primary or None)."""
         if same_engine:
             check_slot_count(spec, settings.slots, settings.explicit_slots, old_pool.max_parallel_slots)
-            return old_pool.grown(min(settings.slots, old_pool.max_parallel_slots)), None
+            resized = old_pool.grown(min(settings.slots, old_pool.max_parallel_slots))
+            residency = self._runtime.residency
+            if residency is not None:
+                try:
+                    residency.check_budget(self, resized)
+                except BaseException:
+                    resized.close_added(old_pool)
+                    raise
+            return resized, None
         if not (settings.explicit_slots and settings.slots > 1):
             return None, None
         # A changed multi-slot replacement: probe its capacity with a private primary (no eviction for it).

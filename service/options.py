@@ -46,6 +46,12 @@ class ServerOptions:
         if self.control_threads < 1 or self.max_workers <= self.control_threads:
             problems.append(f"--max-workers ({self.max_workers}) must exceed the {self.control_threads} threads "
                             "kept for control calls")
+        if self.max_resident_models < 0:
+            problems.append(f"--max-resident-models must be >= 0, got {self.max_resident_models}")
+        if self.idle_unload < 0:
+            problems.append(f"--idle-unload must be >= 0, got {self.idle_unload}")
+        if self.memory_budget < 0:
+            problems.append(f"--memory-budget must be >= 0, got {self.memory_budget}")
         if not 0 <= self.port <= 65535:
             problems.append(f"--port must be 0..65535, got {self.port}")
         if self.log_format not in ("text", "json"):

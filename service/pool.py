@@ -63,6 +63,11 @@ class SlotPool:
             raise
         return SlotPool(self.spec, self.primary, kept + built)
 
+    def close_added(self, original: "SlotPool") -> None:
+        """Close the contexts this pool (made by `original.grown`) built beyond `original`'s."""
+        kept = {id(c) for c in original._contexts}
+        close_contexts([c for c in self._contexts if id(c) not in kept], self.spec.name)
+
     def close_surplus(self, successor: "SlotPool") -> None:
         """Close the contexts of this pool that `successor` (made by `grown`) did not keep."""
         kept = {id(c) for c in successor._contexts}

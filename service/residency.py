@@ -1,12 +1,33 @@
-"""Residency: which models hold engines in memory, and the guard on simultaneous cold loads.
+"""Residency: which models hold engines in memory, eviction, idle retirement, the memory budget, and the guard
+on simultaneous cold loads.
 
-`ColdLoadGuard` bounds how many models load at once (--max-concurrent-loads). Warm requests never touch it:
-only the one initializer of an unloaded model, and a manager's load, take it.
+* `ColdLoadGuard` bounds how many models load at once (--max-concurrent-loads). Warm requests never touch it:
+  only the one initializer of an unloaded model, and a manager's load, take it.
+* `Residency` keeps the set of models that are resident or reserved (loading). Before a load it makes room
+  under --max-resident-models by retiring the least recently used model that is ready, idle and queue-free;
+  after a pool is built it checks --memory-budget the same way. Eviction **try-acquires**: it takes a victim's
+  exclusive lease only if nobody holds or waits for that model, so it never queues behind a busy, loading,
+  reconfiguring or unloading model (and a model already retiring is not resident, so it is never a victim).
+* `IdleReaper` retires models idle and queue-free for --idle-unload seconds: one thread sleeping until the
+  nearest expiry (a heap with at most one entry per model), not a timer per model and not a polling loop.
+
+Locking: `Residency._lock` guards only its bookkeeping and is never held while taking a model lock or tearing
+anything down; model code calls `on_published` / `on_retired` under its own model lock, so the order is
+model lock -> residency lock, and residency code takes model locks only with its own lock released.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
 import threading
+import time
+from collections.abc import Callable
+
+from .errors import MemoryLimit, ResidencyLimit
+
+_LOG = logging.getLogger(__name__)
 
 
 class ColdLoadGuard:
@@ -44,3 +65,214 @@ class ColdLoadGuard:
         """(loads running, loads waiting)"""
         with self._lock:
             return self._active, len(self._waiting)
+
+
+class Residency:
+    """The resident-model limit and the memory budget. `entries` lists every registered model entry."""
+
+    def __init__(self, entries: Callable[[], list], *, max_resident_models: int = 0, memory_budget: int = 0,
+                 idle_unload: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._entries = entries
+        self.max_resident_models = max_resident_models
+        self.memory_budget = memory_budget
+        self._clock = clock
+        self._lock = threading.Lock()  # guards: _held, _memory, evictions
+        self._held: set = set()  # entries resident or reserved for a load in progress
+        self._memory: dict = {}  # entry -> bytes its published pool reports
+        self.evictions = 0
+        self.reaper = IdleReaper(idle_unload, clock) if idle_unload > 0 else None
+
+    # ---- before and after a load (called by the loading entry, holding its lease, no lock) ------------------
+
+    def make_room(self, entry) -> None:
+        """Reserve residency for `entry`, retiring LRU idle models if the limit is reached.
+        Raises ResidencyLimit when no model can be retired; the reservation is then not taken."""
+        while True:
+            with self._lock:
+                others = self._held - {entry}
+                if self.max_resident_models <= 0 or len(others) < self.max_resident_models:
+                    self._held.add(entry)
+                    return
+                candidates = self._victims_locked(exclude=entry)
+            if not self._evict_one(candidates, f"to make room for model '{entry.name}'"):
+                raise ResidencyLimit(
+                    f"residency_limit: {self.max_resident_models} model(s) are resident and none is idle; "
+                    f"model '{entry.name}' was not loaded")
+
+    def check_budget(self, entry, pool) -> None:
+        """After a pool is built: fit it under --memory-budget, retiring LRU idle models if needed.
+        Raises MemoryLimit (the caller frees the pool and publishes nothing)."""
+        if self.memory_budget <= 0:
+            return
+        needed = pool.memory_bytes()
+        while True:
+            with self._lock:
+                used = sum(size for other, size in self._memory.items() if other is not entry)
+                if used + needed <= self.memory_budget:
+                    return
+                candidates = self._victims_locked(exclude=entry)
+            if not self._evict_one(candidates, f"to fit model '{entry.name}' in the memory budget"):
+                raise MemoryLimit(
+                    f"memory_limit: model '{entry.name}' needs {needed} bytes; {used} of the "
+                    f"{self.memory_budget}-byte budget are held by models that are not idle")
+
+    def cancel(self, entry) -> None:
+        """A reserved load failed: give the reservation back."""
+        with self._lock:
+            if entry not in self._memory:
+                self._held.discard(entry)
+
+    def _victims_locked(self, exclude) -> list:
+        resident = [e for e in self._held if e is not exclude and e in self._memory]
+        return sorted(resident, key=lambda e: e.last_used)
+
+    def _evict_one(self, candidates: list, why: str) -> bool:
+        """Retire the first candidate that is ready, idle and queue-free right now. Never waits for one."""
+        for victim in candidates:
+            if retire_if_idle(victim, f"evicted {why}"):
+                with self._lock:
+                    self.evictions += 1
+                return True
+        return False
+
+    # ---- notifications from entries (under the entry's lock: must not block or take model locks) ------------
+
+    def on_published(self, entry) -> None:
+        with self._lock:
+            self._held.add(entry)
+            self._memory[entry] = entry_memory(entry)
+        if self.reaper is not None:
+            self.reaper.schedule(entry)
+
+    def on_retired(self, entry) -> None:
+        with self._lock:
+            self._held.discard(entry)
+            self._memory.pop(entry, None)
+
+    def on_request_end(self, entry) -> None:
+        if self.reaper is not None:
+            self.reaper.schedule(entry)
+
+    # ---- observation ----------------------------------------------------------------------------------------
+
+    def resident_names(self) -> list[str]:
+        with self._lock:
+            return sorted(e.name for e in self._memory)
+
+    def memory_in_use(self) -> int:
+        with self._lock:
+            return sum(self._memory.values())
+
+    def start(self) -> None:
+        if self.reaper is not None:
+            self.reaper.start()
+
+    def stop(self) -> None:
+        if self.reaper is not None:
+            self.reaper.stop()
+
+
+def entry_memory(entry) -> int:
+    pool = entry._pool
+    return pool.memory_bytes() if pool is not None else 0
+
+
+def retire_if_idle(entry, why: str) -> bool:
+    """Unload `entry` if it is ready, idle and queue-free now (try-acquire; never queues). Returns whether it
+    was retired. Teardown runs on the calling thread, after the model already counts as unloaded."""
+    ticket = entry.try_acquire_idle_exclusive()
+    if ticket is None:
+        return False
+    try:
+        entry.unload_leased()
+    finally:
+        entry.release_exclusive(ticket)
+    _LOG.info("model '%s': %s", entry.name, why)
+    return True
+
+
+class IdleReaper:
+    """One thread that retires models idle for `idle_seconds`, waking at the nearest expiry."""
+
+    def __init__(self, idle_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.idle_seconds = idle_seconds
+        self._clock = clock
+        self._cond = threading.Condition()  # guards: _heap, _scheduled, _stopping
+        self._heap: list[tuple[float, int, object]] = []
+        self._scheduled: set = set()  # at most one heap item per entry
+        self._order = itertools.count()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.retired = 0
+        self.checks = 0  # due items examined (tests wait on it)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="idle-reaper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def poke(self) -> None:
+        """Re-examine the nearest expiry now (after an injected clock moved)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def schedule(self, entry, at: float | None = None) -> None:
+        """Make sure `entry` is checked when its idle time may have run out. Cheap when already scheduled."""
+        if entry in self._scheduled:  # a set read without the lock: a stale answer only delays by one check
+            return
+        expiry = at if at is not None else entry.last_used + self.idle_seconds
+        with self._cond:
+            if entry in self._scheduled or self._stopping:
+                return
+            self._scheduled.add(entry)
+            heapq.heappush(self._heap, (expiry, next(self._order), entry))
+            if self._heap[0][2] is entry:
+                self._cond.notify()
+
+    def _next_due(self):
+        """Block until the earliest item is due (or stop). Returns the entry, or None when stopping."""
+        with self._cond:
+            while not self._stopping:
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                expiry, _, entry = self._heap[0]
+                remaining = expiry - self._clock()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                heapq.heappop(self._heap)
+                self._scheduled.discard(entry)
+                return entry
+            return None
+
+    def _run(self) -> None:
+        while (entry := self._next_due()) is not None:
+            try:
+                self._check(entry)
+            except Exception:  # the reaper must survive a failing teardown
+                _LOG.exception("model '%s': idle retirement failed", entry.name)
+            finally:
+                with self._cond:
+                    self.checks += 1
+                    self._cond.notify_all()
+
+    def _check(self, entry) -> None:
+        from .lifecycle import ModelState  # lifecycle imports this module
+
+        if entry.state is not ModelState.READY:
+            return  # not resident (or changing): scheduled again when it is published
+        due = entry.last_used + self.idle_seconds
+        now = self._clock()
+        if due > now:
+            self.schedule(entry, due)  # used since it was scheduled
+        elif retire_if_idle(entry, f"retired after {self.idle_seconds:g} s idle"):
+            self.retired += 1
+        else:
+            self.schedule(entry, now + self.idle_seconds)  # busy or queued now: not idle

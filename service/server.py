@@ -26,7 +26,7 @@ from .dataplane import Dataplane
 from .lifecycle import SharedRuntime
 from .options import ServerOptions
 from .registry import ModelRegistry, RegistryPolicy
-from .residency import ColdLoadGuard
+from .residency import ColdLoadGuard, Residency
 from .servicers.common import HandlerBudget, ManagementGate
 from .servicers.inference import InferenceServicer
 from .servicers.management import ManagementServicer
@@ -66,8 +66,10 @@ class Server:
         self.options = options
         all_backends = dict(backends if backends is not None else default_backends())
         all_backends.update(options.extra_backends)
+        self.residency = Residency(lambda: self.registry.entries(), max_resident_models=options.max_resident_models,
+                                   memory_budget=options.memory_budget, idle_unload=options.idle_unload)
         self.runtime = SharedRuntime(backends=all_backends, max_queue=options.max_queue,
-                                     cold_loads=ColdLoadGuard(options.max_concurrent_loads))
+                                     cold_loads=ColdLoadGuard(options.max_concurrent_loads), residency=self.residency)
         self.repository = ModelRepository(options.model_repository)
         self.registry = ModelRegistry(self.repository, self.runtime, RegistryPolicy(
             parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout))
@@ -108,6 +110,7 @@ class Server:
         Raises RuntimeError if the address cannot be bound.
         """
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.residency.start()
         self.registry.register_repository(load=self.options.load_at_startup)
         self._grpc = self._build_grpc()
         try:
@@ -141,6 +144,7 @@ class Server:
         if self._grpc is not None:
             self._grpc.stop(grace).wait()
         started = time.monotonic()
+        self.residency.stop()
         self.registry.unload_many(all_models=True)
         _LOG.info("slotserve stopped (engines closed in %.3f s)", time.monotonic() - started)
 

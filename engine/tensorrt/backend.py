@@ -504,13 +504,13 @@ class TensorRTModel(LoadedModel):
                                      "(profile-per-slot mode allows one slot per profile)")
             profile = self._free_profiles.pop(0) if self.profile_per_slot else self._free_profiles[0]
         try:
-            context = TensorRTContext(self, profile)
+            slot = TensorRTContext(self, profile)
         except BaseException:
             self._release_profile(profile)
             raise
         with self._lock:
-            self._contexts.append(context)
-        return context
+            self._contexts.append(slot)
+        return slot
 
     def _release_profile(self, profile: int) -> None:
         if self.profile_per_slot:
@@ -518,11 +518,11 @@ class TensorRTModel(LoadedModel):
                 self._free_profiles.append(profile)
                 self._free_profiles.sort()
 
-    def _context_closed(self, context: TensorRTContext) -> None:
+    def _context_closed(self, slot: TensorRTContext) -> None:
         with self._lock:
-            if context in self._contexts:
-                self._contexts.remove(context)
-        self._release_profile(context.profile)
+            if slot in self._contexts:
+                self._contexts.remove(slot)
+        self._release_profile(slot.profile)
 
     def memory_bytes(self, slots: int) -> int:
         return self.capacity.weights_bytes + slots * self.capacity.per_slot_bytes
@@ -545,8 +545,8 @@ class TensorRTModel(LoadedModel):
         if leftover:
             _LOG.warning("%s: closing %d slot context(s) left open before the engine", _origin(self.name),
                          len(leftover))
-        for context in reversed(leftover):
-            context.close()
+        for slot in reversed(leftover):
+            slot.close()
         # Dropping the last references destroys the engine (TensorRT's Python objects have no explicit destroy).
         self.engine = None
         self._runtime = None
@@ -676,9 +676,19 @@ class TensorRTContext(Context):
                 raise InvalidInputError(f"unknown requested output '{name}'; the model produces {sorted(produced)}")
         return arrays, names
 
-    def _set_shapes(self, context: ExecutionContext, arrays: dict[str, np.ndarray]) -> None:
+    @property
+    def _trt(self) -> ExecutionContext:
+        """The IExecutionContext. Methods fetch it through this property instead of keeping it in a local:
+        a traceback keeps frames alive, and a frame holding the context would keep it (and the engine, and their
+        GPU memory) alive after close() for as long as someone holds the exception."""
+        context = self._context
+        if context is None:
+            raise ExecutionError(f"{_origin(self._model.name)}: the slot is closed")
+        return context
+
+    def _set_shapes(self, arrays: dict[str, np.ndarray]) -> None:
         for name, array in arrays.items():
-            if not context.set_input_shape(name, array.shape):
+            if not self._trt.set_input_shape(name, array.shape):
                 low, _, high = self._model.profile_shapes(name, self.profile)
                 raise InvalidInputError(
                     f"input '{name}' has shape {list(array.shape)}; the engine accepts shapes from {list(low)} to "
@@ -689,18 +699,17 @@ class TensorRTContext(Context):
 
         Raises InvalidInputError (shape outside the profile, wrong datatype), ExecutionCancelled (the caller gave
         up: before enqueue the request is dropped; after enqueue the run finishes and its result is dropped),
-        ExecutionError (TensorRT or CUDA failed).
+        ExecutionError (TensorRT or CUDA failed, or the slot is closed).
         """
-        context = self._context
-        if self._closed or context is None:
+        if self._closed:
             raise ExecutionError(f"{_origin(self._model.name)}: the slot is closed")
         arrays, names = self._check_request(inputs, outputs)
         cuda = self._model.cuda
         cuda.use_device(self._model.device)
         if cancel.cancelled:
             raise ExecutionCancelled("the caller gave up before the run was enqueued")
-        self._set_shapes(context, arrays)
-        shapes = {name: tuple(int(d) for d in context.get_tensor_shape(name)) for name in names}
+        self._set_shapes(arrays)
+        shapes = {name: tuple(int(d) for d in self._trt.get_tensor_shape(name)) for name in names}
         # Staging into pinned memory is safe: the previous run on this slot has drained (execute never returns
         # earlier), so no copy is still reading these host buffers.
         for name, array in arrays.items():
@@ -710,7 +719,7 @@ class TensorRTContext(Context):
         # Last point where a request can be dropped for free: after this the GPU owns the slot until it drains.
         if cancel.cancelled:
             raise ExecutionCancelled("the caller gave up before the run was enqueued")
-        failure = self._enqueue(context, arrays, names, shapes, cancel)
+        failure = self._enqueue(arrays, names, shapes, cancel)
         drain_failure = self._drain()
         if failure or drain_failure:
             _LOG.error("%s: TensorRT run failed: %s", _origin(self._model.name), failure or drain_failure)
@@ -719,8 +728,8 @@ class TensorRTContext(Context):
             raise ExecutionCancelled("the caller gave up while the run was on the GPU; its result was dropped")
         return {name: self._read_output(name, shapes[name]) for name in names}
 
-    def _enqueue(self, context: ExecutionContext, arrays: dict[str, np.ndarray], names: list[str],
-                 shapes: dict[str, tuple[int, ...]], cancel: CancelToken) -> str | None:
+    def _enqueue(self, arrays: dict[str, np.ndarray], names: list[str], shapes: dict[str, tuple[int, ...]],
+                 cancel: CancelToken) -> str | None:
         """Queue copy-in, inference and copy-out on the slot's stream. Returns a failure description or None.
         Never raises for CUDA/TensorRT failures: the caller must drain the stream whatever happened here."""
         cuda, stream = self._model.cuda, self._stream
@@ -729,7 +738,7 @@ class TensorRTContext(Context):
                 if array.nbytes:
                     cuda.copy_to_device_async(self._buffers[name].device, self._buffers[name].host, array.nbytes,
                                               stream)
-            if not context.execute_async_v3(int(stream)):
+            if not self._trt.execute_async_v3(int(stream)):
                 return "execute_async_v3 returned False"
             # The copy-out is skipped for a caller that already left: it is the only part still skippable.
             if cancel.cancelled:

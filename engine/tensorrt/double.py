@@ -105,8 +105,15 @@ class cudaDeviceProp:  # noqa: N801
     """Only `name` (bytes, as cuda-bindings returns it) and `totalGlobalMem`."""
 
     def __init__(self, name: bytes = b"", totalGlobalMem: int = 0) -> None:  # noqa: N803
-        self.name = name
-        self.totalGlobalMem = totalGlobalMem
+        self._name, self._total = name, totalGlobalMem
+
+    @property
+    def name(self) -> bytes:
+        return self._name
+
+    @property
+    def totalGlobalMem(self) -> int:  # noqa: N802
+        return self._total
 
 
 # ---------------------------------------------------------------------------------------- TensorRT enums, types
@@ -459,7 +466,8 @@ class FakeDevice:
             "weights_bytes": weights_bytes,
             "activation_bytes": self.activation_bytes if activation_bytes is None else activation_bytes,
         }
-        return PLAN_MAGIC + json.dumps(description, sort_keys=True).encode()
+        # A real plan carries the weights, so its size is about the weights' size; the filler stands for them.
+        return PLAN_MAGIC + json.dumps(description, sort_keys=True).encode() + b"\n" + bytes(weights_bytes)
 
     def write_plan(self, path: Path | str, **kwargs: Any) -> Path:
         path = Path(path)
@@ -748,7 +756,7 @@ class Runtime(_Bound):
         if not data.startswith(PLAN_MAGIC):
             _log(self.logger, device, "deserialize_cuda_engine: not a plan")
             return None
-        raw = json.loads(data[len(PLAN_MAGIC):])
+        raw = json.loads(data[len(PLAN_MAGIC):].split(b"\n", 1)[0])
         if raw["trt_version"] != device.trt_version or raw["device_name"] != device.name:
             _log(self.logger, device, f"deserialize_cuda_engine: plan built by TensorRT {raw['trt_version']} for "
                                       f"{raw['device_name']!r}, this is {device.trt_version} on {device.name!r}")
@@ -1059,9 +1067,19 @@ class ITensor:
     """A network input or output as the parser made it."""
 
     def __init__(self, name: str, dtype: DataType, shape: tuple[int, ...]) -> None:
-        self.name = name
-        self.dtype = dtype
-        self.shape = shape
+        self._name, self._dtype, self._shape = name, dtype, shape
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dtype(self) -> DataType:
+        return self._dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
 
 
 class INetworkDefinition:

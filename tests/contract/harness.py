@@ -29,7 +29,7 @@ from engine.interface import CancelToken
 from engine.repository import ModelRepository
 from service.lifecycle import ModelState, ModelStatus, SharedRuntime
 from service.registry import ModelRegistry, Registration, RegistryPolicy
-from service.residency import ColdLoadGuard
+from service.residency import ColdLoadGuard, Residency
 
 WAIT = 10.0  # seconds any wait may take before the test fails
 
@@ -86,17 +86,22 @@ def write_fixture_model(root: Path, name: str, parameters: dict | None = None, m
 class Lab:
     def __init__(self, root: Path, models: dict[str, dict] | None = None, *, parallel_jobs: int | None = 2,
                  admission_timeout: float = 0.0, max_queue: int = 0, max_concurrent_loads: int = 1,
-                 load: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 load: bool = True, clock: Callable[[], float] = time.monotonic, max_resident_models: int = 0,
+                 memory_budget: int = 0, idle_unload: float = 0.0) -> None:
         self.root = Path(root)
         for name, parameters in (models or {"a": {}, "b": {}}).items():
             write_fixture_model(self.root, name, parameters)
         self.controls = FixtureControls()
         self.clock = clock
+        self.residency = Residency(lambda: self.registry.entries(), max_resident_models=max_resident_models,
+                                   memory_budget=memory_budget, idle_unload=idle_unload, clock=clock)
         self.runtime = SharedRuntime(backends={"fixture": FixtureBackend(self.controls)}, max_queue=max_queue,
-                                     cold_loads=ColdLoadGuard(max_concurrent_loads), clock=clock)
+                                     cold_loads=ColdLoadGuard(max_concurrent_loads), clock=clock,
+                                     residency=self.residency)
         self.registry = ModelRegistry(ModelRepository(self.root), self.runtime,
                                       RegistryPolicy(parallel_jobs=parallel_jobs,
                                                      admission_timeout=admission_timeout))
+        self.residency.start()
         self.registry.register_repository(load=load)
         self._lock = threading.Lock()  # guards: finished, _ops
         self.finished: list[str] = []
@@ -179,6 +184,7 @@ class Lab:
             ops = list(self._ops)
         for op in ops:
             op.wait()
+        self.residency.stop()
 
 
 # ---- helpers for the two-model matrix (tests/contract/test_two_*.py); additive, used by those files ----------

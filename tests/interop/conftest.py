@@ -7,34 +7,14 @@ slotserve's generated code, so it is never imported here: client scripts under c
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from .support import DEFAULT_TIMEOUT, last_json_line, run_process
+
 CLIENTS = Path(__file__).resolve().parent / "clients"
-DEFAULT_TIMEOUT = 120.0
-
-
-def run_process(command: list[str], *, timeout: float = DEFAULT_TIMEOUT, cwd: Path | None = None,
-                input: str | None = None) -> subprocess.CompletedProcess:
-    """Run `command`, failing the test (with its output) if it outlives `timeout`."""
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, input=input)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"{command} did not finish within {timeout}s\nstdout:\n{expired.stdout}\nstderr:\n{expired.stderr}")
-
-
-def last_json_line(completed: subprocess.CompletedProcess) -> dict:
-    """The JSON object on the last non-empty line of stdout; the test fails, showing the output, otherwise."""
-    lines = [line for line in completed.stdout.splitlines() if line.strip()]
-    assert lines, f"no output\nstderr:\n{completed.stderr}"
-    try:
-        return json.loads(lines[-1])
-    except json.JSONDecodeError:
-        pytest.fail(f"the last line of stdout is not JSON:\n{completed.stdout}\nstderr:\n{completed.stderr}")
 
 
 @pytest.fixture

@@ -166,16 +166,34 @@ def test_load_unload_ready_and_config_override(slotserve, run_client, demo_repos
     assert steps["ready_after_override"] is True
     assert steps["mbs_after_override"] == override
     assert steps["batch_5_after_override"] == "StatusCode.INVALID_ARGUMENT"
-    for label, outcome in steps["failed_loads"].items():
-        assert outcome["error"] is not None, f"{label}: the load succeeded"
-        assert "failed to load" in outcome["error"]["message"], (label, outcome)
-        # A failed (re)load keeps the model that was serving, with its configuration (as Triton does).
-        assert outcome["simple_ready_after"] is True, (label, outcome)
-        assert outcome["simple_mbs_after"] == override, (label, outcome)
-        assert outcome["simple_infer_after"] == "ok", (label, outcome)
+    assert sorted(steps["failed_loads"]) == ["not_json", "unknown_input", "unknown_model"]
+    for label, error in steps["failed_loads"].items():
+        assert error is not None, f"{label}: the load succeeded"
+        assert "failed to load" in error["message"], (label, error)
+    # A load without an override reads the repository's configuration again.
+    assert steps["ready_after_reload"] is True and steps["mbs_after_reload"] == configured
     assert steps["ready_at_end"] is False
     # The override lives in the server, not in the repository.
     assert (repository / "simple" / "config.pbtxt").read_bytes() == on_disk
+
+
+def test_failed_reload_keeps_the_serving_model(slotserve, run_client, demo_repository, tmp_path):
+    """Triton's explicit model control: "if the reload fails for any reason the already loaded model will be
+    unchanged and remain loaded". Checked for an override that does not parse, a load of an unknown model, and
+    an override that parses but does not fit the model file (an input the ONNX model lacks)."""
+    repository = tmp_path / "repository"
+    shutil.copytree(demo_repository / "simple", repository / "simple")
+    server = slotserve(repository, parallel_jobs=2, allow_management=True)
+
+    outcomes = run_client(SCRIPT, server.address, "failed_reload")
+
+    assert sorted(outcomes) == ["not_json", "unknown_input", "unknown_model"]
+    for label, outcome in outcomes.items():
+        assert outcome["error"] is not None and "failed to load" in outcome["error"]["message"], (label, outcome)
+    for label, outcome in outcomes.items():
+        assert outcome["ready_after"] is True, (label, outcome)
+        assert outcome["mbs_after"] == 4, (label, outcome)
+        assert outcome["infer_after"] == "ok", (label, outcome)
 
 
 def test_server_metadata_and_unknown_model(server, run_client):

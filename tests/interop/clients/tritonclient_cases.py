@@ -302,37 +302,59 @@ def case_control(client: grpcclient.InferenceServerClient) -> dict:
     except InferenceServerException as error:
         steps["batch_5_after_override"] = str(error.status())
 
-    # Failed loads: each must say "failed to load", and a failed reload leaves the serving model as it was
-    # (Triton's behaviour: the already-loaded model stays loaded when its reload fails).
-    failures = {
-        # Rejected while parsing the override.
-        "not_json": ("simple", "invalid config"),
-        # Parses, but the model file has no such input: found only when the engine is checked against it.
-        "unknown_model": ("no_such_model", None),
-        "unknown_input": ("simple", json.dumps({"max_batch_size": 2, "input": [
-            {"name": "NO_SUCH_INPUT", "data_type": "TYPE_INT32", "dims": [16]}]})),
-    }
+    # Failed loads answer an error that says "failed to load" (what Triton's clients look for).
     errors = {}
-    for label, (name, config) in failures.items():
+    for label, (name, config) in FAILING_LOADS.items():
         try:
             client.load_model(name, config=config)
             errors[label] = None
         except InferenceServerException as error:
             errors[label] = {"status": str(error.status()), "message": error.message()}
+    steps["failed_loads"] = errors
+
+    client.load_model("simple")  # from the repository again: whatever the failures did, this one loads
+    steps["ready_after_reload"] = client.is_model_ready("simple")
+    steps["mbs_after_reload"] = client.get_model_config("simple").config.max_batch_size
+    client.unload_model("simple")
+    steps["ready_at_end"] = client.is_model_ready("simple")
+    return steps
+
+
+FAILING_LOADS = {
+    # Rejected while reading the override.
+    "not_json": ("simple", "invalid config"),
+    "unknown_model": ("no_such_model", None),
+    # Reads fine, but the model file has no such input: found only when the engine is checked against it.
+    "unknown_input": ("simple", json.dumps({"max_batch_size": 2, "input": [
+        {"name": "NO_SUCH_INPUT", "data_type": "TYPE_INT32", "dims": [16]}]})),
+}
+
+
+def case_failed_reload(client: grpcclient.InferenceServerClient) -> dict:
+    """A reload that fails leaves the model that was serving as it was: still ready, same configuration, still
+    answering. Triton documents this for explicit model control ("if the reload fails for any reason the
+    already loaded model will be unchanged and remain loaded"). The serving model here carries an override
+    (max_batch_size 4) so that its configuration is told apart from both the repository's and the failed one's."""
+    client.load_model("simple", config=json.dumps({"max_batch_size": 4}))
+    outcomes = {}
+    for label, (name, config) in FAILING_LOADS.items():
+        try:
+            client.load_model(name, config=config)
+            error = None
+        except InferenceServerException as failure:
+            error = {"status": str(failure.status()), "message": failure.message()}
         a, b = simple_inputs(1)
         try:
             check_simple(client.infer("simple", triton_inputs(a, b)), a, b)
             infer = "ok"
-        except InferenceServerException as error:
-            infer = f"{error.status()}: {error.message()}"
-        errors[label] = {"error": errors[label], "simple_ready_after": client.is_model_ready("simple"),
-                         "simple_mbs_after": client.get_model_config("simple").config.max_batch_size,
-                         "simple_infer_after": infer}
-    steps["failed_loads"] = errors
-
-    client.unload_model("simple")
-    steps["ready_at_end"] = client.is_model_ready("simple")
-    return steps
+        except InferenceServerException as failure:
+            infer = f"{failure.status()}: {failure.message()}"
+        outcomes[label] = {"error": error, "ready_after": client.is_model_ready("simple"),
+                           "mbs_after": client.get_model_config("simple").config.max_batch_size,
+                           "infer_after": infer}
+        if infer != "ok":  # put the serving model back so the next case starts from the same state
+            client.load_model("simple", config=json.dumps({"max_batch_size": 4}))
+    return outcomes
 
 
 def case_metadata(client: grpcclient.InferenceServerClient) -> dict:
@@ -356,7 +378,7 @@ def case_metadata(client: grpcclient.InferenceServerClient) -> dict:
 CASES = {
     "infer": case_infer, "compressed": case_compressed, "async": case_async, "bytes": case_bytes,
     "config": case_config, "statistics": case_statistics, "index": case_index, "control": case_control,
-    "metadata": case_metadata,
+    "failed_reload": case_failed_reload,     "metadata": case_metadata,
 }
 ADDRESS_CASES = {"aio": case_aio, "explicit_int": case_explicit_int, "stream": case_stream}
 

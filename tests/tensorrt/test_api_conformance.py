@@ -1,0 +1,312 @@
+"""Every TensorRT and CUDA-runtime name the backend uses exists in the real modules, so a rename or removal in a
+TensorRT or cuda-python release fails here rather than on a GPU machine.
+
+The real modules that install without a GPU:
+  * `tensorrt_lean` (pip `tensorrt-lean-cu13`, TensorRT 11.x runtime): the runtime names, and the builder-side
+    classes it also carries (IOptimizationProfile, ITimingCache, MemoryPoolType);
+  * the published stubs (pip `tensorrt-stubs`, TensorRT 10.13, installed with --no-deps): builder names, and the
+    runtime names once more, so both majors are covered. The stubs are not valid Python in places, so they are
+    read as text, not imported or parsed with `ast`;
+  * `cuda.bindings.runtime` (pip `cuda-bindings`): the CUDA names.
+Each check skips, saying which package to install, when its module is missing.
+
+Checks that need nothing installed: api_names.py and protocols.py agree; the backend's code reaches TensorRT and
+CUDA only through listed names; no listed name is one TensorRT 11 removed; the double provides every listed name.
+With the real modules installed, the double is also checked to offer nothing the real modules lack.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import importlib
+import importlib.metadata
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from engine.tensorrt import api_names, double, protocols
+from engine.tensorrt.api_names import BUILDER, CUDART, MODULE, REMOVED_IN_TRT11, RUNTIME
+
+PACKAGE = Path(api_names.__file__).parent
+LEAN_PIN = "tensorrt-lean-cu13==11.4.0.106"
+STUBS_PIN = "tensorrt-stubs==10.13.0.35.1 (pip install --no-deps)"
+CUDA_PIN = "cuda-bindings==13.5.0"
+
+
+# ----------------------------------------------------------------------------------------- real modules
+
+
+@lru_cache(maxsize=None)
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def lean_module():
+    module = _import("tensorrt_lean")
+    if module is None:
+        pytest.skip(f"tensorrt_lean is not installed ({LEAN_PIN})")
+    return module
+
+
+def cudart_module():
+    module = _import("cuda.bindings.runtime")
+    if module is None:
+        pytest.skip(f"cuda.bindings is not installed ({CUDA_PIN})")
+    return module
+
+
+_CLASS = re.compile(r"^class (\w+)(?:\(([^)]*)\))?:")
+_MEMBER = re.compile(r"^    (?:def |class )?(\w+)\s*[:(=]")
+_MODULE_NAME = re.compile(r"^(?:from \S+ import (\w+)|class (\w+)|def (\w+)|(\w+)\s*[:=])")
+
+
+@lru_cache(maxsize=None)
+def stub_surface() -> tuple[frozenset[str], dict[str, frozenset[str]]] | None:
+    """(module-level names, {class: member names incl. inherited}) from the installed tensorrt-stubs."""
+    try:
+        files = importlib.metadata.files("tensorrt-stubs") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    by_name = {str(f).replace("\\", "/"): f for f in files}
+    init, bindings = by_name.get("tensorrt/__init__.pyi"), by_name.get("tensorrt_bindings/tensorrt.pyi")
+    if init is None or bindings is None:
+        return None
+    own: dict[str, set[str]] = {}
+    bases: dict[str, list[str]] = {}
+    current = None
+    for line in Path(bindings.locate()).read_text().splitlines():
+        found = _CLASS.match(line)
+        if found:
+            current = found[1]
+            own[current] = set()
+            bases[current] = [b.strip().split(".")[-1] for b in (found[2] or "").split(",") if b.strip()]
+        elif line and not line[0].isspace():
+            current = None
+        elif current is not None and (member := _MEMBER.match(line)):
+            own[current].add(member[1])
+
+    def members(name: str, seen: frozenset = frozenset()) -> set[str]:
+        result = set(own.get(name, ()))
+        for base in bases.get(name, ()):
+            if base not in seen:
+                result |= members(base, seen | {name})
+        return result
+
+    module_names = set(own)
+    for line in Path(init.locate()).read_text().splitlines():
+        found = _MODULE_NAME.match(line)
+        if found:
+            module_names.add(next(g for g in found.groups() if g))
+    return frozenset(module_names), {name: frozenset(members(name)) for name in own}
+
+
+def stubs():
+    surface = stub_surface()
+    if surface is None:
+        pytest.skip(f"tensorrt-stubs is not installed ({STUBS_PIN})")
+    return surface
+
+
+def _missing_in_module(module, names: dict[str, tuple[str, ...]], only_present_owners: bool = False) -> list[str]:
+    missing = []
+    for owner, attrs in names.items():
+        if owner == MODULE:
+            if not only_present_owners:
+                missing += [a for a in attrs if not hasattr(module, a)]
+            continue
+        if not hasattr(module, owner):
+            if not only_present_owners:
+                missing.append(owner)
+            continue
+        target = getattr(module, owner)
+        missing += [f"{owner}.{a}" for a in attrs if not hasattr(target, a)]
+    return missing
+
+
+def _missing_in_stubs(names: dict[str, tuple[str, ...]]) -> list[str]:
+    module_names, classes = stubs()
+    missing = []
+    for owner, attrs in names.items():
+        if owner == MODULE:
+            missing += [a for a in attrs if a not in module_names]
+        elif owner not in classes:
+            missing.append(owner)
+        else:
+            missing += [f"{owner}.{a}" for a in attrs if a not in classes[owner]]
+    return missing
+
+
+# ---------------------------------------------------------------------------- the names exist in real modules
+
+
+def test_runtime_names_exist_in_tensorrt_lean_11():
+    assert _missing_in_module(lean_module(), RUNTIME) == []
+
+
+def test_runtime_names_exist_in_the_tensorrt_10_stubs():
+    assert _missing_in_stubs(RUNTIME) == []
+
+
+def test_builder_names_exist_in_the_tensorrt_10_stubs():
+    assert _missing_in_stubs(BUILDER) == []
+
+
+def test_builder_classes_that_tensorrt_lean_11_carries_have_our_names():
+    # The lean runtime has no Builder, but it carries IOptimizationProfile, ITimingCache and MemoryPoolType from
+    # the 11.x bindings: a 11.x rename of their members shows up here.
+    assert _missing_in_module(lean_module(), BUILDER, only_present_owners=True) == []
+
+
+def test_cuda_names_exist_in_cuda_bindings_runtime():
+    assert _missing_in_module(cudart_module(), CUDART) == []
+
+
+def test_no_name_we_use_was_removed_in_tensorrt_11():
+    used = set(api_names.qualified(RUNTIME)) | set(api_names.qualified(BUILDER))
+    assert used & REMOVED_IN_TRT11 == set()
+
+
+def test_the_removal_list_matches_tensorrt_lean_11():
+    lean = lean_module()
+    still_there = [name for name in REMOVED_IN_TRT11
+                   if hasattr(lean, name.split(".")[0]) and hasattr(getattr(lean, name.split(".")[0]),
+                                                                     name.split(".")[1])]
+    assert still_there == []
+
+
+# ------------------------------------------------------------------------ api_names, protocols, the code agree
+
+
+def protocol_members(cls: type) -> set[str]:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object or not getattr(klass, "_is_protocol", False) or klass.__module__ == "typing":
+            continue
+        candidates = set(vars(klass)) | set(getattr(klass, "__annotations__", {}))
+        names |= {n for n in candidates if not n.startswith("_") or n == "__version__"}
+    return names
+
+
+def test_protocols_list_exactly_the_api_names():
+    for names, table in ((RUNTIME, protocols.RUNTIME_PROTOCOLS), (BUILDER, protocols.BUILDER_PROTOCOLS),
+                         (CUDART, protocols.CUDART_PROTOCOLS)):
+        for owner, protocol in table.items():
+            assert protocol_members(protocol) == set(names[owner]), protocol.__name__
+    builder_module = protocol_members(protocols.TensorRTBuilderModule) - protocol_members(
+        protocols.TensorRTRuntimeModule)
+    assert builder_module == set(BUILDER[MODULE])
+
+
+# Names the adapter gives the objects it gets from TensorRT, and the api_names owner each one stands for.
+_TYPED_NAMES = {"engine": "ICudaEngine", "runtime": "Runtime", "builder": "Builder", "network": "INetworkDefinition",
+                "parser": "OnnxParser", "config": "IBuilderConfig", "optimization_profile": "IOptimizationProfile",
+                "context": "IExecutionContext", "self._trt": "IExecutionContext"}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
+
+
+def _uses(path: Path, module_variable: str, names: dict[str, tuple[str, ...]]) -> list[str]:  # noqa: C901
+    """Names reached through `module_variable` (e.g. `trt.X`, `trt.X.Y`) or through a variable named in
+    _TYPED_NAMES that are not listed in `names`."""
+    unlisted = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        base = _dotted(node.value)
+        if base == module_variable:
+            if node.attr not in names[MODULE]:
+                unlisted.append(f"{path.name}: {module_variable}.{node.attr}")
+        elif base and base.startswith(module_variable + ".") and base.count(".") == module_variable.count(".") + 1:
+            owner = base.rsplit(".", 1)[1]
+            if node.attr not in names.get(owner, ()):
+                unlisted.append(f"{path.name}: {base}.{node.attr}")
+        elif base in _TYPED_NAMES and module_variable == "trt":
+            owner = _TYPED_NAMES[base]
+            if node.attr not in RUNTIME.get(owner, ()) + BUILDER.get(owner, ()):
+                unlisted.append(f"{path.name}: {base}.{node.attr} ({owner})")
+    return unlisted
+
+
+def test_the_adapter_uses_only_listed_names():
+    trt_names = {owner: RUNTIME.get(owner, ()) + BUILDER.get(owner, ()) for owner in set(RUNTIME) | set(BUILDER)}
+    unlisted = []
+    for name in ("backend.py", "builder.py"):
+        unlisted += _uses(PACKAGE / name, "trt", trt_names)
+    unlisted += _uses(PACKAGE / "cuda.py", "self.module", CUDART)
+    assert unlisted == []
+
+
+def test_the_scan_notices_an_unlisted_name(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(trt, engine, self):\n    trt.Runtime\n    trt.BuilderFlag.FP16\n"
+                      "    engine.device_memory_size\n    self.module.cudaDeviceReset()\n")
+    trt_names = {owner: RUNTIME.get(owner, ()) + BUILDER.get(owner, ()) for owner in set(RUNTIME) | set(BUILDER)}
+    assert sorted(_uses(sample, "trt", trt_names)) == [
+        "sample.py: engine.device_memory_size (ICudaEngine)", "sample.py: trt.BuilderFlag",
+        "sample.py: trt.BuilderFlag.FP16"]
+    assert _uses(sample, "self.module", CUDART) == ["sample.py: self.module.cudaDeviceReset"]
+
+
+# ------------------------------------------------------------------------------------ the double is faithful
+
+
+def test_the_double_provides_every_listed_name():
+    device = double.FakeDevice()
+    assert _missing_in_module(device.trt, RUNTIME) == []
+    assert _missing_in_module(device.trt, BUILDER) == []
+    assert _missing_in_module(device.trt_lean, RUNTIME) == []
+    assert not hasattr(device.trt_lean, "Builder") and not hasattr(device.trt_lean, "OnnxParser")
+    assert _missing_in_module(device.cudart, CUDART) == []
+
+
+def _double_public(cls: type) -> set[str]:
+    """Public names the double itself defines on `cls` (enum members for enums)."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum):
+        return set(cls.__members__)
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass.__module__ == double.__name__:
+            names |= {n for n in vars(klass) if not n.startswith("_")}
+    return names
+
+
+def test_the_double_offers_nothing_the_real_tensorrt_lacks():
+    lean = lean_module()
+    module_names, classes = stubs()
+    device = double.FakeDevice()
+    invented = []
+    for name in (n for n in vars(device.trt) if not n.startswith("_")):
+        if not hasattr(lean, name) and name not in module_names:
+            invented.append(name)
+            continue
+        value = getattr(device.trt, name)
+        if not isinstance(value, type):
+            continue
+        real = set(classes.get(name, ()))
+        if hasattr(lean, name):
+            real_lean = getattr(lean, name)
+            real |= set(getattr(real_lean, "__members__", {})) | set(dir(real_lean))
+        invented += [f"{name}.{member}" for member in _double_public(value) if member not in real]
+    assert invented == []
+
+
+def test_the_double_offers_nothing_cuda_bindings_lacks():
+    real = cudart_module()
+    fake = double.FakeDevice().cudart
+    invented = [n for n in _double_public(type(fake)) if not hasattr(real, n)]
+    for name in ("cudaError_t", "cudaMemcpyKind"):
+        invented += [f"{name}.{m}" for m in getattr(fake, name).__members__ if not hasattr(getattr(real, name), m)]
+    assert invented == []
