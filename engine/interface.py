@@ -161,22 +161,24 @@ class CancelToken:
     Runtime sets `RunOptions.terminate`). Callbacks run on the thread that cancels, once, and must not block.
     """
 
-    __slots__ = ("_lock", "_cancelled", "_callbacks")
+    __slots__ = ("_lock", "_cancelled", "_callbacks", "reason")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards: _cancelled, _callbacks
+        self._lock = threading.Lock()  # guards: _cancelled, _callbacks, reason
         self._cancelled = False
         self._callbacks: list[Callable[[], None]] = []
+        self.reason = ""  # why it was cancelled, e.g. "shutdown"; the first cancel decides
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "") -> None:
         with self._lock:
             if self._cancelled:
                 return
             self._cancelled = True
+            self.reason = reason
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()

@@ -179,6 +179,16 @@ class AdmissionCore:
         self._refused_total += 1
         return ticket
 
+    def try_exclusive(self, now: float) -> Ticket | None:
+        """An exclusive lease granted at once if nothing is held or queued, else None; never queues. Used by
+        eviction, idle retirement and the shutdown's engine teardown (it works on a closed controller)."""
+        if not self.idle:
+            return None
+        self._seq += 1
+        ticket = Ticket(TicketKind.MANAGER, now, None, self._seq)
+        self._grant(ticket, now)
+        return ticket
+
     # ---- departures -----------------------------------------------------------------------------------------
 
     def release(self, ticket: Ticket, now: float) -> list[Ticket]:

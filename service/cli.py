@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -43,8 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-workers", type=int, default=64, help="gRPC handler threads (default: %(default)s)")
     add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes,
         help="largest request or response message (default: 1 GiB)")
+    add("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
+        help="on SIGTERM/SIGINT, keep serving this long after health turns NOT_SERVING (default: 0)")
     add("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long running calls may finish (default: %(default)s)")
+        help="then, how long calls in progress (queued ones included) may finish before queued work is refused "
+             "and running work cancelled (default: %(default)s)")
+    add("--stream-write-timeout", type=float, default=30.0, metavar="SECONDS",
+        help="end a stream whose client does not take a message within this time (default: %(default)s)")
     add("--log-format", choices=("text", "json"), default="text")
     add("--log-level", default="INFO")
     return parser
@@ -87,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             max_resident_models=args.max_resident_models, idle_unload=args.idle_unload,
             memory_budget=args.memory_budget,
             max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
-            shutdown_grace=args.shutdown_grace, log_format=args.log_format)
+            drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
+            stream_write_timeout=args.stream_write_timeout, log_format=args.log_format)
     except ValueError as error:
         print(f"slotserve: {error}", file=sys.stderr)
         return 2
@@ -108,12 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
 
     def on_signal(signum, _frame) -> None:
-        log.info("received %s: shutting down", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.warning("received %s again: exiting at once", name)
+            logging.shutdown()
+            os._exit(128 + signum)
+        log.info("received %s: shutting down", name)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"slotserve listening on {server.address}", flush=True)
     stop.wait()
-    server.stop()
+    report = server.shutdown()
+    if report.abandoned_calls:
+        # Hung handler threads would keep the interpreter alive: leave without joining them.
+        logging.shutdown()
+        os._exit(0)
     return 0

@@ -522,11 +522,9 @@ class ModelEntry:
         """For eviction and idle retirement: an exclusive lease only if the model is ready, idle and
         queue-free right now; never queues. Returns None otherwise."""
         with self._lock:
-            if self._state is not ModelState.READY or not self.admission.core.idle:
+            if self._state is not ModelState.READY:
                 return None
-            ticket = self.admission.core.arrive(TicketKind.MANAGER, self._clock(), None)
-            assert ticket.state is TicketState.GRANTED
-            return ticket
+            return self.admission.core.try_exclusive(self._clock())
 
 
 def _as_request_error(name: str, error: BaseException) -> BaseException:

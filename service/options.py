@@ -29,6 +29,7 @@ class ServerOptions:
     memory_budget: int = 0
     drain_seconds: float = 0.0
     shutdown_grace: float = 30.0
+    stream_write_timeout: float = 30.0  # a stream message the client does not take within this ends the call
     metrics_port: int | None = None
     log_format: str = "text"
     extra_backends: dict = field(default_factory=dict, compare=False)  # name -> Backend, for tests and plugins
@@ -52,6 +53,10 @@ class ServerOptions:
             problems.append(f"--idle-unload must be >= 0, got {self.idle_unload}")
         if self.memory_budget < 0:
             problems.append(f"--memory-budget must be >= 0, got {self.memory_budget}")
+        if self.drain_seconds < 0 or self.shutdown_grace < 0:
+            problems.append("--drain-seconds and --shutdown-grace must be >= 0")
+        if self.stream_write_timeout <= 0:
+            problems.append(f"--stream-write-timeout must be > 0, got {self.stream_write_timeout}")
         if not 0 <= self.port <= 65535:
             problems.append(f"--port must be 0..65535, got {self.port}")
         if self.log_format not in ("text", "json"):

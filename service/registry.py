@@ -26,6 +26,7 @@ from engine.repository import ModelRepository, check_model_name
 from .admission import Ticket, TicketKind, TicketState
 from .errors import InvalidRequest, ModelNotFound, RequestCancelled, UnsupportedSlotCount
 from .lifecycle import ModelEntry, ModelSettings, ModelStatus, SharedRuntime
+from .residency import retire_if_idle
 
 _LOG = logging.getLogger(__name__)
 
@@ -153,22 +154,26 @@ class ModelRegistry:
         settings = self.settings_for(spec, registration)
         settings = dataclasses.replace(settings, source=registration.source or (
             current.settings.source if current is not None else ""))
+        # Each operation answers with the status its own lease produced, taken before the lease is released: a
+        # manager queued behind it may change the model the moment it is.
         entry, ticket = self._publish_or_find(spec, settings)
         if ticket is not None:
             try:
                 if load:
                     entry.load_leased()
+                status = entry.status()
             finally:
                 entry.release_exclusive(ticket)
             _LOG.info("model '%s': registered", entry.name)
-            return entry.status()
+            return status
         ticket = entry.acquire_exclusive(self.manager_deadline(entry), cancel)
         try:
             entry.reconfigure_leased(spec, settings)
+            status = entry.status()
         finally:
             entry.release_exclusive(ticket)
         _LOG.info("model '%s': reconfigured", entry.name)
-        return entry.status()
+        return status
 
     def _publish_or_find(self, spec: ModelSpec, settings: ModelSettings) -> tuple[ModelEntry, Ticket | None]:
         """Publish a new entry already holding an exclusive lease (so concurrent registrations of the same id
@@ -198,9 +203,10 @@ class ModelRegistry:
         ticket = entry.acquire_exclusive(self.manager_deadline(entry), cancel)
         try:
             entry.unload_leased()
+            status = entry.status()
         finally:
             entry.release_exclusive(ticket)
-        return entry.status()
+        return status
 
     def unload_many(self, names: Iterable[str] = (), *, all_models: bool = False,
                     cancel: CancelToken | None = None) -> tuple[list[str], list[str]]:
@@ -258,6 +264,18 @@ class ModelRegistry:
                 else:
                     selected.append(entry)
             return selected, not_found
+
+    def close_idle_models(self) -> tuple[list[str], list[str]]:
+        """At shutdown: unload every loaded model nobody holds (try-acquire; never waits). Returns (closed,
+        still held). A model held by a hung call is left as it is."""
+        closed, held = [], []
+        for entry in self.entries():
+            if entry.status().loaded:
+                if retire_if_idle(entry, "closed at shutdown"):
+                    closed.append(entry.name)
+                else:
+                    held.append(entry.name)
+        return closed, held
 
     # ---- repository -----------------------------------------------------------------------------------------
 

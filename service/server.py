@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from concurrent import futures
 
 import grpc
@@ -27,13 +28,15 @@ from .lifecycle import SharedRuntime
 from .options import ServerOptions
 from .registry import ModelRegistry, RegistryPolicy
 from .residency import ColdLoadGuard, Residency
-from .servicers.common import HandlerBudget, ManagementGate
+from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
+from .timers import TimerQueue
 from .servicers.inference import InferenceServicer
 from .servicers.management import ManagementServicer
 
 _LOG = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+SHUTDOWN_MARGIN = 2.0  # seconds past the grace for cancelled work to return before it is abandoned
 INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MANAGEMENT_SERVICE = management_pb2.DESCRIPTOR.services_by_name["ModelManagement"].full_name
 
@@ -49,6 +52,14 @@ def default_backends() -> dict[str, Backend]:
     else:
         backends["tensorrt"] = TensorRTBackend()
     return backends
+
+
+@dataclass(frozen=True)
+class ShutdownReport:
+    abandoned_calls: int  # handlers still running when the server gave up on them (hung backend calls)
+    abandoned_models: list[str]  # models whose engines were left open because a hung call holds them
+    closed_models: list[str]
+    seconds: float
 
 
 class ServerState:
@@ -76,10 +87,14 @@ class Server:
         self.dataplane = Dataplane(self.registry)
         self.state = ServerState()
         self.health = health.HealthServicer()
-        self.budget = HandlerBudget(options.inference_handlers)
+        self.calls = CallTracker(options.inference_handlers)
+        self.timers = TimerQueue("stream-write-timeouts")
+        self._executor: futures.ThreadPoolExecutor | None = None
         self._grpc: grpc.Server | None = None
         self.port: int | None = None
-        self._stopped = threading.Event()
+        self._shutdown_started = threading.Event()
+        self._shutdown_done = threading.Event()
+        self.report: ShutdownReport | None = None
 
     @property
     def address(self) -> str:
@@ -88,16 +103,18 @@ class Server:
 
     def _build_grpc(self) -> grpc.Server:
         limit = self.options.max_message_bytes
+        self._executor = futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc")
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc"),
+            self._executor,
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                      ("grpc.so_reuseport", 0)],
         )
         management = ManagementGate(self.options.allow_management)
         grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(self.registry, self.dataplane, self.budget, management, self.state, VERSION), server)
+            InferenceServicer(self.registry, self.dataplane, self.calls, management, self.state, VERSION,
+                              self.timers, self.options.stream_write_timeout), server)
         management_pb2_grpc.add_ModelManagementServicer_to_server(
-            ManagementServicer(self.registry, management), server)
+            ManagementServicer(self.registry, management, self.calls), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.options.reflection:
             reflection.enable_server_reflection(
@@ -131,22 +148,62 @@ class Server:
         for service in ("", INFERENCE_SERVICE, MANAGEMENT_SERVICE):
             self.health.set(service, status)
 
-    def stop(self, grace: float | None = None) -> None:
-        """Stop: health NOT_SERVING, refuse new calls, let running calls finish for `grace` seconds (default
-        --shutdown-grace), then close the engines. Blocks until done. Idempotent."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
+    def shutdown(self, *, drain_seconds: float | None = None, grace: float | None = None,
+                 margin: float = SHUTDOWN_MARGIN) -> ShutdownReport:
+        """Stop in the documented order; blocks for at most drain + grace + 2 x margin seconds. Idempotent: a
+        second call waits for the first and returns its report.
+
+        1. health and ServerReady turn NOT_SERVING, so load balancers move away;
+        2. for `drain_seconds` (default --drain-seconds) the server keeps serving normally;
+        3. new calls are refused; calls in progress, queued requests included, may finish until `grace`
+           (default --shutdown-grace) runs out;
+        4. then what is still queued is refused with UNAVAILABLE (shutting_down) and running work is cancelled
+           (ONNX Runtime runs are terminated; engines that cannot be interrupted finish their run);
+        5. handler threads get `margin` seconds to return; a call still hung in a backend is abandoned and logged;
+        6. the engines of every model nobody holds are closed (a model held by an abandoned call is left).
+        No registry, model or socket lock is held while waiting for handlers.
+        """
+        if self._shutdown_started.is_set():
+            self._shutdown_done.wait()
+            return self.report  # type: ignore[return-value]
+        self._shutdown_started.set()
+        started = time.monotonic()
+        drain = self.options.drain_seconds if drain_seconds is None else drain_seconds
+        grace = self.options.shutdown_grace if grace is None else grace
         self.state.ready = False
         self.state.shutting_down = True
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        grace = self.options.shutdown_grace if grace is None else grace
-        if self._grpc is not None:
-            self._grpc.stop(grace).wait()
-        started = time.monotonic()
+        _LOG.info("shutdown: health NOT_SERVING; draining for %.1f s", drain)
+        if drain > 0:
+            threading.Event().wait(drain)  # keep serving while load balancers move away
+        stopped = self._grpc.stop(grace + 2 * margin) if self._grpc is not None else None
+        _LOG.info("shutdown: no longer accepting calls; %d in progress get %.1f s to finish", self.calls.active, grace)
         self.residency.stop()
-        self.registry.unload_many(all_models=True)
-        _LOG.info("slotserve stopped (engines closed in %.3f s)", time.monotonic() - started)
+        if not self.calls.wait_idle(grace):
+            _LOG.info("shutdown: grace over; refusing queued work and cancelling %d call(s)", self.calls.active)
+            for entry in self.registry.entries():
+                entry.admission.close()
+            self.calls.cancel_all(SHUTDOWN)
+            self.calls.wait_idle(margin)
+        abandoned_calls = self.calls.active
+        if abandoned_calls:
+            _LOG.error("shutdown: abandoning %d call(s) hung in a backend", abandoned_calls)
+        closed, abandoned_models = self.registry.close_idle_models()
+        if abandoned_models:
+            _LOG.error("shutdown: engines of %s left open: still held by hung calls", ", ".join(abandoned_models))
+        if stopped is not None:
+            stopped.wait(margin)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self.timers.close()
+        self.report = ShutdownReport(abandoned_calls, abandoned_models, closed, time.monotonic() - started)
+        _LOG.info("shutdown: done in %.3f s (%d engine(s) closed)", self.report.seconds, len(closed))
+        self._shutdown_done.set()
+        return self.report
+
+    def stop(self, grace: float | None = None) -> ShutdownReport:
+        """Shut down without a drain period (see `shutdown`)."""
+        return self.shutdown(drain_seconds=0.0, grace=grace)
 
     def wait(self) -> None:
         if self._grpc is not None:

@@ -8,59 +8,107 @@ import time
 
 import grpc
 
+from engine.errors import ExecutionCancelled
 from engine.interface import CancelToken
 
 from .. import status_codes
-from ..errors import ManagementDisabled, ServerBusy
+from ..errors import ManagementDisabled, RequestCancelled, ServerBusy, ShuttingDown
 
 
-def rpc(method):
-    """Turn any exception of a unary handler into the status the table gives it."""
-    @functools.wraps(method)
-    def handler(self, request, context):
-        try:
-            return method(self, request, context)
-        except Exception as error:  # every error reaches the client through the one table
-            status_codes.abort(context, error)
-    return handler
+SHUTDOWN = "shutdown"
 
 
-def cancel_token(context: grpc.ServicerContext) -> CancelToken:
-    """A token that fires when the RPC ends for any reason (cancel, deadline, disconnect, completion)."""
-    token = CancelToken()
-    context.add_callback(token.cancel)
-    return token
+def as_client_error(error: BaseException, token: CancelToken | None) -> BaseException:
+    """Work cut short by the server's own shutdown is reported as such, not as the client's cancellation."""
+    if token is not None and token.reason == SHUTDOWN and isinstance(error, (RequestCancelled, ExecutionCancelled)):
+        return ShuttingDown("shutting_down: the server stopped this call at the end of its shutdown grace")
+    return error
+
+
+def rpc(method=None, *, inference: bool = False):
+    """Run a unary handler as a tracked call (see CallTracker): it gets `token`, its CancelToken, and any
+    exception becomes the status the table gives it. `inference=True` counts it against the inference
+    handler limit."""
+    def wrap(method):
+        @functools.wraps(method)
+        def handler(self, request, context):
+            try:
+                token = self._calls.begin(context, inference=inference)
+            except ServerBusy as error:
+                status_codes.abort(context, error)
+            try:
+                return method(self, request, context, token)
+            except Exception as error:  # every error reaches the client through the one table
+                status_codes.abort(context, as_client_error(error, token))
+            finally:
+                self._calls.end(token, inference=inference)
+        return handler
+    return wrap(method) if method is not None else wrap
+
+
+class CallTracker:
+    """Every RPC in progress: its cancel token and whether its handler still runs.
+
+    * `begin` makes the call's CancelToken (fired when the RPC ends for any reason: client cancel, deadline,
+      disconnect, completion), and bounds how many inference calls occupy handler threads at once (the sync
+      server pins a thread per waiting call), so health, status and management calls always find one.
+    * At shutdown, `cancel_all` fires every token and `wait_idle` waits, bounded, for handlers to return.
+    """
+
+    def __init__(self, inference_limit: int) -> None:
+        self.inference_limit = inference_limit
+        self._cond = threading.Condition()  # guards: _tokens, _inference
+        self._tokens: set[CancelToken] = set()
+        self._inference = 0
+
+    def begin(self, context: grpc.ServicerContext, *, inference: bool = False) -> CancelToken:
+        """Register a call; raises ServerBusy at once when every inference handler thread is taken."""
+        token = CancelToken()
+        with self._cond:
+            if inference:
+                if self._inference >= self.inference_limit:
+                    raise ServerBusy(
+                        f"server_busy: all {self.inference_limit} inference handler threads are in use")
+                self._inference += 1
+            self._tokens.add(token)
+        context.add_callback(lambda: token.cancel("the call ended"))
+        return token
+
+    def end(self, token: CancelToken, *, inference: bool = False) -> None:
+        """The handler returned (whatever the RPC's fate)."""
+        with self._cond:
+            self._tokens.discard(token)
+            if inference:
+                self._inference -= 1
+            if not self._tokens:
+                self._cond.notify_all()
+
+    @property
+    def active(self) -> int:
+        with self._cond:
+            return len(self._tokens)
+
+    @property
+    def inference_active(self) -> int:
+        with self._cond:
+            return self._inference
+
+    def cancel_all(self, reason: str) -> None:
+        with self._cond:
+            tokens = list(self._tokens)
+        for token in tokens:
+            token.cancel(reason)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no handler runs, at most `timeout` seconds. Returns whether it got there."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._tokens, timeout)
 
 
 def client_deadline(context: grpc.ServicerContext) -> float | None:
     """The client's deadline on the monotonic clock, or None when the client set none."""
     remaining = context.time_remaining()
     return None if remaining is None else time.monotonic() + remaining
-
-
-class HandlerBudget:
-    """Bounds how many inference calls occupy handler threads (the sync server pins a thread per waiting
-    call), so that health, status and management calls always find a free thread."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._lock = threading.Lock()  # guards: _in_use
-        self._in_use = 0
-
-    def enter(self) -> None:
-        """Take a place or raise ServerBusy at once."""
-        with self._lock:
-            if self._in_use >= self.limit:
-                raise ServerBusy(f"server_busy: all {self.limit} inference handler threads are in use")
-            self._in_use += 1
-
-    def exit(self) -> None:
-        with self._lock:
-            self._in_use -= 1
-
-    @property
-    def in_use(self) -> int:
-        return self._in_use
 
 
 class ManagementGate:

@@ -17,7 +17,8 @@ from engine.errors import EngineError, ModelConfigError
 from ..errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..lifecycle import ModelEntry, ModelState
 from ..registry import ModelRegistry
-from .common import HandlerBudget, ManagementGate, cancel_token, client_deadline, rpc
+from ..timers import TimerQueue
+from .common import CallTracker, ManagementGate, as_client_error, client_deadline, rpc
 
 _LOG = logging.getLogger(__name__)
 
@@ -35,11 +36,14 @@ _INDEX_STATE = {
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, registry: ModelRegistry, dataplane: Dataplane, budget: HandlerBudget,
-                 management: ManagementGate, server_state, version: str) -> None:
+    def __init__(self, registry: ModelRegistry, dataplane: Dataplane, calls: CallTracker,
+                 management: ManagementGate, server_state, version: str, timers: TimerQueue,
+                 write_timeout: float) -> None:
         self._registry = registry
         self._dataplane = dataplane
-        self._budget = budget
+        self._calls = calls
+        self._timers = timers
+        self._write_timeout = write_timeout
         self._management = management
         self._server_state = server_state
         self._version = version
@@ -47,15 +51,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ---- health and metadata --------------------------------------------------------------------------------
 
     @rpc
-    def ServerLive(self, request, context):
+    def ServerLive(self, request, context, token):
         return pb.ServerLiveResponse(live=True)
 
     @rpc
-    def ServerReady(self, request, context):
+    def ServerReady(self, request, context, token):
         return pb.ServerReadyResponse(ready=self._server_state.ready)
 
     @rpc
-    def ModelReady(self, request, context):
+    def ModelReady(self, request, context, token):
         try:
             entry = self._registry.get(request.name)
             check_version(entry, request.version)
@@ -64,11 +68,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=entry.is_ready())
 
     @rpc
-    def ServerMetadata(self, request, context):
+    def ServerMetadata(self, request, context, token):
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=self._version, extensions=EXTENSIONS)
 
     @rpc
-    def ModelMetadata(self, request, context):
+    def ModelMetadata(self, request, context, token):
         entry = self._dataplane.resolve(request.name, request.version)
         metadata = entry.known_metadata()
         spec = entry.spec
@@ -88,12 +92,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     @rpc
-    def ModelConfig(self, request, context):
+    def ModelConfig(self, request, context, token):
         entry = self._dataplane.resolve(request.name, request.version)
         return pb.ModelConfigResponse(config=_model_config(entry))
 
     @rpc
-    def ModelStatistics(self, request, context):
+    def ModelStatistics(self, request, context, token):
         if request.name:
             entries = [self._dataplane.resolve(request.name, request.version)]
         else:
@@ -105,30 +109,31 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # ---- inference ------------------------------------------------------------------------------------------
 
-    @rpc
-    def ModelInfer(self, request, context):
-        self._budget.enter()
-        try:
-            return self._dataplane.infer(request, client_deadline=client_deadline(context),
-                                         cancel=cancel_token(context))
-        finally:
-            self._budget.exit()
+    @rpc(inference=True)
+    def ModelInfer(self, request, context, token):
+        return self._dataplane.infer(request, client_deadline=client_deadline(context), cancel=token)
 
     def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered on the stream; a failed one gets `error_message` and the stream goes on.
-        A streaming model's lease is held until its last response is written (the server resumes this
-        generator only after the previous message was sent) or the stream ends."""
+
+        A streaming model's lease is held until its last response is written: the server resumes this
+        generator only after the previous message was sent. A client that stops reading would block that send
+        forever, so each send is bounded by the write timeout, after which the call is cancelled and the lease
+        released. A cancelled or failed stream closes this generator, which releases the lease.
+        """
         try:
-            self._budget.enter()
+            token = self._calls.begin(context, inference=True)
         except ServiceError as error:
             status_codes.abort(context, error)
         try:
             deadline = client_deadline(context)
-            cancel = cancel_token(context)
             for request in request_iterator:
-                yield from self._stream_one(request, deadline, cancel)
+                for message in self._stream_one(request, deadline, token):
+                    timer = self._timers.arm(self._write_timeout, context.cancel)
+                    yield message
+                    timer.cancel()
         finally:
-            self._budget.exit()
+            self._calls.end(token, inference=True)
 
     def _stream_one(self, request, deadline, cancel):
         responses = self._dataplane.infer_stream(request, client_deadline=deadline, cancel=cancel)
@@ -136,7 +141,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for response in responses:
                 yield pb.ModelStreamInferResponse(infer_response=response)
         except Exception as error:  # a failed request must not end the stream
-            _code, message, _reason = status_codes.describe(error)
+            _code, message, _reason = status_codes.describe(as_client_error(error, cancel))
             yield pb.ModelStreamInferResponse(
                 error_message=message,
                 infer_response=pb.ModelInferResponse(model_name=request.model_name,
@@ -147,7 +152,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ---- repository control ---------------------------------------------------------------------------------
 
     @rpc
-    def RepositoryIndex(self, request, context):
+    def RepositoryIndex(self, request, context, token):
         response = pb.RepositoryIndexResponse()
         registered = set()
         for entry in self._registry.entries():
@@ -167,7 +172,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     @rpc
-    def RepositoryModelLoad(self, request, context):
+    def RepositoryModelLoad(self, request, context, token):
         self._management.check("RepositoryModelLoad", context)
         config_json = ""
         for key, value in request.parameters.items():
@@ -176,7 +181,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             elif key.startswith("file:"):
                 raise _load_failed(request.model_name, "file overrides are not supported by slotserve")
         try:
-            self._registry.load(request.model_name, config_json=config_json, cancel=cancel_token(context))
+            self._registry.load(request.model_name, config_json=config_json, cancel=token)
         except (EngineError, InvalidRequest) as error:
             # Triton's clients recognise a failed load by this wording.
             error.args = (f"failed to load '{request.model_name}': {error}",)
@@ -184,20 +189,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelLoadResponse()
 
     @rpc
-    def RepositoryModelUnload(self, request, context):
+    def RepositoryModelUnload(self, request, context, token):
         self._management.check("RepositoryModelUnload", context)
-        self._registry.unload(request.model_name, cancel=cancel_token(context))
+        self._registry.unload(request.model_name, cancel=token)
         return pb.RepositoryModelUnloadResponse()
 
     # ---- not supported: shared memory, trace, log settings --------------------------------------------------
 
     @rpc
-    def SystemSharedMemoryUnregister(self, request, context):
+    def SystemSharedMemoryUnregister(self, request, context, token):
         # Nothing is ever registered, so unregistering (what clients do first, to start clean) succeeds.
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc
-    def CudaSharedMemoryUnregister(self, request, context):
+    def CudaSharedMemoryUnregister(self, request, context, token):
         return pb.CudaSharedMemoryUnregisterResponse()
 
     def _unsupported(self, request, context, what="shared memory"):

@@ -7,7 +7,7 @@ from generated import management_pb2_grpc as pb_grpc
 
 from ..lifecycle import ModelState, ModelStatus
 from ..registry import ModelRegistry, Registration
-from .common import ManagementGate, cancel_token, rpc
+from .common import CallTracker, ManagementGate, rpc
 
 _STATE = {
     ModelState.UNLOADED: pb.MODEL_STATE_UNLOADED,
@@ -40,12 +40,13 @@ def status_message(status: ModelStatus) -> pb.ModelStatus:
 
 
 class ManagementServicer(pb_grpc.ModelManagementServicer):
-    def __init__(self, registry: ModelRegistry, management: ManagementGate) -> None:
+    def __init__(self, registry: ModelRegistry, management: ManagementGate, calls: CallTracker) -> None:
         self._registry = registry
+        self._calls = calls
         self._management = management
 
     @rpc
-    def RegisterModel(self, request, context):
+    def RegisterModel(self, request, context, token):
         self._management.check("RegisterModel", context)
         registration = Registration(
             name=request.model_id,
@@ -57,24 +58,24 @@ class ManagementServicer(pb_grpc.ModelManagementServicer):
                                if request.HasField("admission_timeout_seconds") else None),
             config_json=request.config_json,
         )
-        return status_message(self._registry.register(registration, cancel=cancel_token(context)))
+        return status_message(self._registry.register(registration, cancel=token))
 
     @rpc
-    def UnloadModel(self, request, context):
+    def UnloadModel(self, request, context, token):
         self._management.check("UnloadModel", context)
-        return status_message(self._registry.unload(request.model_id, cancel=cancel_token(context)))
+        return status_message(self._registry.unload(request.model_id, cancel=token))
 
     @rpc
-    def UnloadModels(self, request, context):
+    def UnloadModels(self, request, context, token):
         self._management.check("UnloadModels", context)
         unloaded, not_found = self._registry.unload_many(request.model_ids, all_models=request.all,
-                                                         cancel=cancel_token(context))
+                                                         cancel=token)
         return pb.UnloadModelsResponse(unloaded=unloaded, not_found=not_found)
 
     @rpc
-    def ListModels(self, request, context):
+    def ListModels(self, request, context, token):
         return pb.ListModelsResponse(models=[status_message(s) for s in self._registry.statuses()])
 
     @rpc
-    def GetModel(self, request, context):
+    def GetModel(self, request, context, token):
         return status_message(self._registry.get(request.model_id).status())
