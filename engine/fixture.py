@@ -17,6 +17,10 @@ Config parameters (config.pbtxt `parameters` or management options):
     capacity          advertised max_parallel_slots (default 16)
     stream_responses  N > 0 makes the model streaming: each request yields N partial responses
     memory_bytes      what a pool reports (weights), plus `slot_memory_bytes` per slot
+    gate_dir          a folder for tests that run the server in another process: at point P, if the file
+                      `<model>.<P>.hold` exists there, the fixture writes `<model>.<P>.arrived` and waits until
+                      `<model>.<P>.release` exists (a cancelled request stops waiting at prepare/execute/stream)
+    hang              a point name: the fixture blocks there forever, ignoring cancellation (a hung backend)
 
 Without declared inputs/outputs the model takes INPUT0 (FP32, [-1]) and returns OUTPUT0.
 """
@@ -27,6 +31,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -144,6 +149,29 @@ class Gate:
                 cancel.remove_callback(woken)
 
 
+_CANCELLABLE = ("prepare", "execute", "stream")
+
+
+def _file_gate(spec_parameters, model: str, point: str, cancel: CancelToken | None) -> None:
+    """The cross-process gate (see `gate_dir` in the module docstring). Polls the folder every few
+    milliseconds: this is test machinery inside the server, never on a request path of a real backend."""
+    if spec_parameters.get("hang") == point:
+        threading.Event().wait()  # a hung backend call: never returns
+    directory = spec_parameters.get("gate_dir")
+    if not directory:
+        return
+    base = Path(directory) / f"{model}.{point}"
+    if not base.with_suffix(".hold").exists():
+        return
+    base.with_suffix(".arrived").touch()
+    release = base.with_suffix(".release")
+    pause = threading.Event()
+    while not release.exists():
+        if cancel is not None and cancel.cancelled and point in _CANCELLABLE:
+            raise ExecutionCancelled(f"cancelled at file gate {base.name}")
+        pause.wait(0.005)
+
+
 class FixtureControls:
     """Gates per (model, point), plus counters of what the fixture built and freed."""
 
@@ -218,6 +246,10 @@ class FixtureContext(Context):
                 result[spec.name] = np.asarray(source).astype(datatypes.numpy_dtype(spec.datatype), copy=False)
         return result
 
+    def _pass(self, point: str, cancel: CancelToken) -> None:
+        self._model.controls.gate(self._model.name, point).passing(cancel)
+        _file_gate(self._model.parameters, self._model.name, point, cancel)
+
     def _enter(self) -> None:
         if not self._busy.acquire(blocking=False):
             raise ExecutionError("fixture context used by two threads at once")
@@ -226,11 +258,11 @@ class FixtureContext(Context):
         controls, name = self._model.controls, self._model.name
         self._enter()
         try:
-            controls.gate(name, "prepare").passing(cancel)
+            self._pass("prepare", cancel)
             if cancel.cancelled:
                 raise ExecutionCancelled("skipped: the caller gave up before the run")
             controls.record(name, "execute")
-            controls.gate(name, "execute").passing(cancel)
+            self._pass("execute", cancel)
             return self._compute(inputs, outputs)
         finally:
             self._busy.release()
@@ -239,10 +271,10 @@ class FixtureContext(Context):
         controls, name = self._model.controls, self._model.name
         self._enter()
         try:
-            controls.gate(name, "prepare").passing(cancel)
+            self._pass("prepare", cancel)
             controls.record(name, "execute")
             for _ in range(max(1, self._model.settings.stream_responses)):
-                controls.gate(name, "stream").passing(cancel)
+                self._pass("stream", cancel)
                 yield self._compute(inputs, outputs)
         finally:
             self._busy.release()
@@ -255,6 +287,7 @@ class FixtureModel(LoadedModel):
     def __init__(self, spec: ModelSpec, controls: FixtureControls, settings: _Settings,
                  metadata: ModelMetadata) -> None:
         self.name = spec.name
+        self.parameters = spec.parameters
         self.controls = controls
         self.settings = settings
         self.metadata = metadata
@@ -268,6 +301,7 @@ class FixtureModel(LoadedModel):
         with self._lock:
             self._clones += 1
         self.controls.gate(self.name, "clone").passing()
+        _file_gate(self.parameters, self.name, "clone", None)
         self.controls.record(self.name, "clone")
         return FixtureContext(self)
 
@@ -276,6 +310,7 @@ class FixtureModel(LoadedModel):
 
     def close(self) -> None:
         self.controls.gate(self.name, "teardown").passing()
+        _file_gate(self.parameters, self.name, "teardown", None)
         self.controls.record(self.name, "close_engine")
 
 
@@ -301,6 +336,7 @@ class FixtureBackend(Backend):
             slot_memory_bytes=_int_option(spec, "slot_memory_bytes", 0),
         )
         self.controls.gate(spec.name, "load").passing()
+        _file_gate(spec.parameters, spec.name, "load", None)
         self.controls.record(spec.name, "load")
         if spec.parameter("fail_load"):
             self.controls.record(spec.name, "close_engine")

@@ -433,10 +433,14 @@ class ModelEntry:
     def reconfigure_leased(self, spec: ModelSpec, settings: ModelSettings) -> None:
         """Replace the configuration and (re)load (caller holds the exclusive lease).
 
-        Validates before anything is torn down: the slot count against the live capacity when the engine is
-        unchanged, else against a privately loaded primary when more than one slot is asked for. A failure
-        before the commit keeps the old pool, settings, metadata and residency and raises. After the commit the
-        old pool is retired first; a failure then leaves the new configuration registered and unloaded.
+        Validates before anything is torn down. When the engine is unchanged (same files and options) the slot
+        count is checked against the live capacity and the pool is resized in place (weights stay loaded).
+        Otherwise the replacement's primary is loaded privately first, so bad files, a configuration that does
+        not fit the model, or a slot count above its capacity are all found while the old pool still serves
+        (this may briefly hold two copies of the weights; nothing is evicted for it). A failure before the
+        commit keeps the old pool, settings, metadata and residency and raises. After the commit the old pool
+        is retired first and the new one is built on the validated primary; a failure then (a context that
+        cannot be created, residency or memory refusal) leaves the new configuration registered and unloaded.
         """
         with self._lock:
             old_pool, old_state = self._pool, self._state
@@ -455,7 +459,7 @@ class ModelEntry:
         self._commit_replacement(spec, settings, old_pool, probe)
 
     def _validate_replacement(self, spec, settings, old_pool, same_engine):
-        """Returns (resized pool over the live engine, None) or (None, probed primary or None)."""
+        """Returns (resized pool over the live engine, None) or (None, the replacement's validated primary)."""
         if same_engine:
             check_slot_count(spec, settings.slots, settings.explicit_slots, old_pool.max_parallel_slots)
             resized = old_pool.grown(min(settings.slots, old_pool.max_parallel_slots))
@@ -467,16 +471,24 @@ class ModelEntry:
                     resized.close_added(old_pool)
                     raise
             return resized, None
-        if not (settings.explicit_slots and settings.slots > 1):
-            return None, None
-        # A changed multi-slot replacement: probe its capacity with a private primary (no eviction for it).
-        primary = self._runtime.backend(spec).load(spec)
+        primary = self._load_primary(spec)
         try:
-            check_slot_count(spec, settings.slots, True, primary.max_parallel_slots)
+            check_slot_count(spec, settings.slots, settings.explicit_slots, primary.max_parallel_slots)
         except BaseException:
             close_primary(primary, self.name)
             raise
         return None, primary
+
+    def _load_primary(self, spec: ModelSpec):
+        """Load a primary privately, under the cold-load guard (a probe is a cold load too)."""
+        guard = self._runtime.cold_loads
+        if guard is not None:
+            guard.acquire()
+        try:
+            return self._runtime.backend(spec).load(spec)
+        finally:
+            if guard is not None:
+                guard.release()
 
     def _commit_resized(self, spec, settings, old_pool: SlotPool, resized: SlotPool) -> None:
         with self._lock:

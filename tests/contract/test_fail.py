@@ -96,15 +96,28 @@ def test_changed_replacement_probes_capacity_privately_and_keeps_old_state_on_re
 @cell("FAIL.04")
 def test_failure_after_commit_leaves_new_config_registered_and_unloaded(lab_factory):
     lab = lab_factory({"a": {"capacity": 4}}, parallel_jobs=1)
-    lab.gate("a", "load").fail_next(Defect)
-    with pytest.raises(Defect):
-        lab.register("a", options={"capacity": "2"}).result()  # changed engine, one slot: no probe
+    clones = lab.controls.count("a", "clone")
+    lab.gate("a", "clone").fail_arrival(clones + 1, OutOfDeviceMemoryError("no memory for the context"))
+    with pytest.raises(OutOfDeviceMemoryError):
+        lab.register("a", options={"capacity": "2"}).result()  # changed engine: validated, committed, then fails
     status = lab.status("a")
     assert status.state is ModelState.UNLOADED and not status.loaded and status.max_parallel_slots is None
     assert lab.registry.get("a").spec.parameter("capacity") == "2"  # the new configuration stays
     assert lab.controls.live_engines("a") == 0 and lab.controls.live_contexts("a") == 0  # old pool not restored
     assert lab.infer("a").result()["OUTPUT0"][0] == 1.0  # the next request retries with the new config
     assert lab.status("a").max_parallel_slots == 2
+
+
+@cell("FAIL.01")
+def test_replacement_that_does_not_load_is_found_before_the_old_pool_is_touched(lab_factory):
+    lab = lab_factory({"a": {"capacity": 4}}, parallel_jobs=1)
+    before = lab.status("a")
+    lab.gate("a", "load").fail_next(Defect)
+    with pytest.raises(Defect):
+        lab.register("a", options={"capacity": "2"}).result()  # one slot, changed engine: still validated first
+    assert lab.status("a") == before
+    assert lab.controls.live_engines("a") == 1 and lab.registry.get("a").spec.parameter("capacity") == "4"
+    assert lab.infer("a").result()["OUTPUT0"][0] == 1.0
 
 
 @cell("FAIL.04")
