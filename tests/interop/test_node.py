@@ -43,7 +43,8 @@ def node() -> str:
     pins = json.loads((NODE_DIR / "package.json").read_text())["dependencies"]
     for package, version in pins.items():
         installed = json.loads((modules / package / "package.json").read_text())["version"]
-        assert installed == version, f"{package} {installed} is installed, package.json pins {version}: run make node-deps"
+        assert installed == version, (
+            f"{package} {installed} is installed, package.json pins {version}: run make node-deps")
     return executable
 
 

@@ -178,9 +178,10 @@ def test_load_unload_ready_and_config_override(slotserve, run_client, demo_repos
 
 
 def test_failed_reload_keeps_the_serving_model(slotserve, run_client, demo_repository, tmp_path):
-    """Triton's explicit model control: "if the reload fails for any reason the already loaded model will be
-    unchanged and remain loaded". Checked for an override that does not parse, a load of an unknown model, and
-    an override that parses but does not fit the model file (an input the ONNX model lacks)."""
+    """Triton's explicit model control (docs/user_guide/model_management.md): when a reload of a loaded model
+    fails for any reason, the loaded model stays unchanged and loaded. Checked for an override that does not
+    parse, a load of an unknown model, and an override that parses but does not fit the model file (an input
+    the ONNX model lacks)."""
     repository = tmp_path / "repository"
     shutil.copytree(demo_repository / "simple", repository / "simple")
     server = slotserve(repository, parallel_jobs=2, allow_management=True)

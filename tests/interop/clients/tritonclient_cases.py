@@ -332,9 +332,9 @@ FAILING_LOADS = {
 
 def case_failed_reload(client: grpcclient.InferenceServerClient) -> dict:
     """A reload that fails leaves the model that was serving as it was: still ready, same configuration, still
-    answering. Triton documents this for explicit model control ("if the reload fails for any reason the
-    already loaded model will be unchanged and remain loaded"). The serving model here carries an override
-    (max_batch_size 4) so that its configuration is told apart from both the repository's and the failed one's."""
+    answering. Triton documents this for explicit model control (docs/user_guide/model_management.md: when a
+    reload of a loaded model fails for any reason, the loaded model stays unchanged and loaded). The serving
+    model carries an override (max_batch_size 4), told apart from the repository's 8 and the failed one's 2."""
     client.load_model("simple", config=json.dumps({"max_batch_size": 4}))
     outcomes = {}
     for label, (name, config) in FAILING_LOADS.items():
@@ -378,7 +378,7 @@ def case_metadata(client: grpcclient.InferenceServerClient) -> dict:
 CASES = {
     "infer": case_infer, "compressed": case_compressed, "async": case_async, "bytes": case_bytes,
     "config": case_config, "statistics": case_statistics, "index": case_index, "control": case_control,
-    "failed_reload": case_failed_reload,     "metadata": case_metadata,
+    "failed_reload": case_failed_reload, "metadata": case_metadata,
 }
 ADDRESS_CASES = {"aio": case_aio, "explicit_int": case_explicit_int, "stream": case_stream}
 
