@@ -61,6 +61,7 @@ class Gate:
         self._blocked = 0  # callers blocked at it now
         self._failures: list[BaseException | type[BaseException]] = []
         self._fail_at: dict[int, BaseException | type[BaseException]] = {}
+        self._hold_from = 0  # > 0: arrivals with this number or later are held
 
     # ---- test side ------------------------------------------------------------------------------------------
 
@@ -70,10 +71,18 @@ class Gate:
             self._held = True
         return self
 
+    def hold_from(self, arrival: int) -> Gate:
+        """Let the first `arrival - 1` callers (counting earlier ones) through and hold every later one, until
+        `release`."""
+        with self._cond:
+            self._hold_from = arrival
+        return self
+
     def release(self) -> None:
         """Let blocked callers through and stop holding."""
         with self._cond:
             self._held = False
+            self._hold_from = 0
             self._cond.notify_all()
 
     def fail_next(self, error: BaseException | type[BaseException] = Defect, times: int = 1) -> Gate:
@@ -112,6 +121,9 @@ class Gate:
         with self._cond:
             return self._blocked
 
+    def _holds(self, number: int) -> bool:
+        return self._held or (self._hold_from > 0 and number >= self._hold_from)
+
     # ---- engine side ----------------------------------------------------------------------------------------
 
     def passing(self, cancel: CancelToken | None = None) -> None:
@@ -133,7 +145,7 @@ class Gate:
                 self._cond.notify_all()
                 self._blocked += 1
                 try:
-                    self._cond.wait_for(lambda: not self._held or (cancel is not None and cancel.cancelled))
+                    self._cond.wait_for(lambda: not self._holds(number) or (cancel is not None and cancel.cancelled))
                 finally:
                     self._blocked -= 1
                     self._cond.notify_all()

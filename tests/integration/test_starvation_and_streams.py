@@ -1,0 +1,130 @@
+"""Through a real server: control calls never starve behind inference, and a streaming response holds its
+lease until its last message is written."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from client import ClientError, InferenceClient, ManagementClient
+from engine.fixture import FixtureBackend, FixtureControls
+from service.testing import serve
+from tests.contract.harness import write_fixture_model
+
+INPUT = {"INPUT0": np.ones(4, np.float32)}
+
+
+def _wait(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)  # ordering-free: re-checks a state predicate
+
+
+def _background(target) -> tuple[threading.Thread, list]:
+    box: list = []
+
+    def run():
+        try:
+            box.append(target())
+        except BaseException as error:  # inspected by the test
+            box.append(error)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _control_calls_complete_within_a_second(running) -> None:
+    started = time.monotonic()
+    assert [s.model_id for s in running.management.list()] == ["busy", "other"]
+    channel = grpc.insecure_channel(running.address)
+    try:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
+    finally:
+        channel.close()
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert running.management.unload("other", timeout=1.0).loaded is False
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.fixture
+def fixture_repository(tmp_path):
+    write_fixture_model(tmp_path, "busy", {"capacity": 1})
+    write_fixture_model(tmp_path, "other")
+    return tmp_path
+
+
+def test_control_calls_complete_while_a_model_is_busy_and_its_queue_full(fixture_repository):
+    controls = FixtureControls()
+    execute = controls.gate("busy", "execute").hold()
+    with serve(fixture_repository, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=1, max_queue=2,
+               allow_management=True) as running:
+        client = running.client
+        threads = [_background(lambda: client.infer("busy", INPUT, timeout=30)) for _ in range(3)]
+        execute.wait_blocked(1)
+        _wait(lambda: running.management.get("busy").queued_requests == 2, "a full queue")
+        with pytest.raises(ClientError) as refused:
+            client.infer("busy", INPUT, timeout=5)
+        assert refused.value.code == "UNAVAILABLE" and refused.value.reason == "server_busy"
+        _control_calls_complete_within_a_second(running)
+        execute.release()
+        for thread, box in threads:
+            thread.join(10)
+            assert isinstance(box[0], dict)
+
+
+def test_control_calls_complete_when_every_inference_handler_thread_is_taken(fixture_repository):
+    controls = FixtureControls()
+    execute = controls.gate("busy", "execute").hold()
+    with serve(fixture_repository, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=1,
+               max_workers=12, control_threads=8, allow_management=True) as running:
+        client = running.client
+        limit = running.server.calls.inference_limit
+        assert limit == 4
+        threads = [_background(lambda: client.infer("busy", INPUT, timeout=30)) for _ in range(limit)]
+        execute.wait_blocked(1)
+        _wait(lambda: running.server.calls.inference_active == limit, "every inference handler in use")
+        with pytest.raises(ClientError) as refused:
+            client.infer("other", INPUT, timeout=5)
+        assert refused.value.code == "UNAVAILABLE" and "handler threads" in refused.value.message
+        _control_calls_complete_within_a_second(running)
+        execute.release()
+        for thread, box in threads:
+            thread.join(10)
+            assert isinstance(box[0], dict)
+
+
+@pytest.mark.cell("ORDER.02")
+def test_streaming_response_holds_its_lease_until_its_last_message_and_a_later_manager_waits(tmp_path):
+    write_fixture_model(tmp_path, "streamer", {"capacity": 2, "stream_responses": 3})
+    controls = FixtureControls()
+    stream_gate = controls.gate("streamer", "stream").hold_from(2)  # the first message goes out, then it holds
+    with serve(tmp_path, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=2,
+               allow_management=True) as running:
+        received = []
+        first_written = threading.Event()
+
+        def consume():
+            for item in running.client.stream_infer("streamer", [INPUT], timeout=30):
+                received.append(item)
+                first_written.set()
+            return len(received)
+        stream_thread, stream_box = _background(consume)
+        assert first_written.wait(10)  # the first message reached the client
+        stream_gate.wait_blocked(1)  # the second is being produced
+        status = running.management.get("streamer")
+        assert status.active_slots == 1  # the lease is still held between messages
+        unload_thread, unload_box = _background(lambda: running.management.unload("streamer", timeout=30))
+        _wait(lambda: running.management.get("streamer").queued_requests == 1, "the unload queued")
+        assert unload_box == []  # it waits for the stream
+        stream_gate.release()
+        stream_thread.join(10)
+        unload_thread.join(10)
+        assert stream_box == [3]
+        assert all(isinstance(item, dict) for item in received)
+        assert unload_box[0].loaded is False
