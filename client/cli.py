@@ -222,13 +222,25 @@ def _models(session: _Session) -> int:
     if session.args.json:
         _out(render.to_json(rows))
         return 0
-    headers = ["NAME", "STATE", "SLOTS", "ACTIVE", "QUEUED", "MAX_PARALLEL_SLOTS"]
-    keys = ["name", "state", "slots", "active_slots", "queued_requests", "max_parallel_slots"]
+    headers = ["NAME", "STATE", "SLOTS", "ACTIVE", "QUEUED", "MAX_PARALLEL_SLOTS", "MEMORY"]
+    keys = ["name", "state", "slots", "active_slots", "queued_requests", "max_parallel_slots", "memory"]
+    for row in rows:
+        row["memory"] = _human_bytes(row.get("memory_bytes"))
     if any(row.get("reason") for row in rows):
         headers.append("REASON")
         keys.append("reason")
     _out(render.table(headers, [[row.get(key) for key in keys] for row in rows]))
     return 0
+
+
+def _human_bytes(value: int | None) -> str | None:
+    if value is None:
+        return None
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return None
 
 
 def _management_statuses(session: _Session) -> dict[str, Any] | None:

@@ -471,9 +471,10 @@ def test_cli_models_health_and_management(capsys, address, monkeypatch):
     code, out, _ = _run(capsys, address, "models")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["NAME", "STATE", "SLOTS", "ACTIVE", "QUEUED", "MAX_PARALLEL_SLOTS", "REASON"]
-    assert lines[1].split() == ["add", "READY", "2", "1", "3", "4"]
-    assert lines[2].split() == ["echo", "UNLOADED", "2", "0", "0", "-", "unloaded"]
+    assert lines[0].split() == ["NAME", "STATE", "SLOTS", "ACTIVE", "QUEUED", "MAX_PARALLEL_SLOTS", "MEMORY",
+                                "REASON"]
+    assert lines[1].split() == ["add", "READY", "2", "1", "3", "4", "3.0", "MiB"]
+    assert lines[2].split() == ["echo", "UNLOADED", "2", "0", "0", "-", "-", "unloaded"]
     code, out, _ = _run(capsys, address, "--json", "health")
     assert (code, json.loads(out)) == (0, {"live": True, "ready": True, "health": "SERVING"})
     code, out, _ = _run(capsys, address, "load", "add", "--slots", "2", "--json")
