@@ -13,7 +13,7 @@ REPOSITORY ?= demo/model_repository
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto models run test contract node-deps lock clean
+.PHONY: help setup proto models run test contract node-deps bench gpu-check lock clean
 
 help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
@@ -21,12 +21,15 @@ help:
 	@echo "make contract list every contract cell as covered or not, then 'covered N/110'"
 	@echo "make proto    regenerate generated/ from proto/"
 	@echo "make models   build the demo model repository into $(REPOSITORY)"
+	@echo "make bench    measure speed against a bare grpcio server (prints a table, writes bench/results/)"
+	@echo "make gpu-check  on an NVIDIA GPU machine with TensorRT: build, compare with ONNX Runtime, time slots"
 
 setup: $(VENV)/.editable
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps tensorrt-stubs==10.13.0.35.1
 	touch $@
 
 # The project itself, editable, so `slotserve` (the console script) and `python -m service` work anywhere.
@@ -52,16 +55,23 @@ $(REPOSITORY)/.stamp: $(VENV)/.editable $(wildcard demo/*.py)
 run: setup models
 	$(PY) -m service --model-repository $(REPOSITORY) --host $(HOST) --port $(PORT) $(ARGS)
 
+# The Node.js interop client's packages (skipped with a notice where npm is missing; its test then skips).
 node-deps: tests/interop/node/node_modules/.stamp
 tests/interop/node/node_modules/.stamp: tests/interop/node/package.json tests/interop/node/package-lock.json
-	cd tests/interop/node && npm ci --no-audit --no-fund --loglevel=error
-	touch $@
+	@if command -v npm >/dev/null; then \
+	  cd tests/interop/node && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.stamp; \
+	else echo "npm not found: the Node.js interop test will be skipped"; fi
 
 test: setup models node-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 contract: setup models
 	$(PY) -m pytest -q -m cell --contract-report $(PYTEST_ARGS)
+
+# On a machine with an NVIDIA GPU: installs the TensorRT extra and checks the TensorRT path on the demo models.
+gpu-check: setup models
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[tensorrt]'
+	$(PY) -m engine.tensorrt.gpu_check --repository $(REPOSITORY) $(ARGS)
 
 # Re-resolve the transitive pins after changing requirements*.txt.
 lock:

@@ -77,8 +77,7 @@ class ModelMetadata:
         for name, (datatype, shape) in inputs.items():
             spec = known.get(name)
             if spec is None:
-                raise InvalidInputError(
-                    f"unknown input '{name}' for model; expected one of {sorted(known)}")
+                raise InvalidInputError(f"unknown input '{name}'; the model takes {sorted(known)}")
             if datatype != spec.datatype:
                 raise InvalidInputError(
                     f"input '{name}' has datatype {datatype}, the model expects {spec.datatype}")

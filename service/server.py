@@ -21,6 +21,7 @@ from engine.fixture import FixtureBackend
 from engine.interface import Backend
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from engine.repository import ModelRepository
+from engine.tensorrt.backend import TensorRTBackend
 from generated import grpc_service_pb2, grpc_service_pb2_grpc, management_pb2, management_pb2_grpc
 
 from .dataplane import Dataplane
@@ -42,16 +43,9 @@ MANAGEMENT_SERVICE = management_pb2.DESCRIPTOR.services_by_name["ModelManagement
 
 
 def default_backends() -> dict[str, Backend]:
-    """The backends every server has. TensorRT is added when its package is importable (it probes the GPU
-    only when a TensorRT model loads)."""
-    backends: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(), "fixture": FixtureBackend()}
-    try:
-        from engine.tensorrt.backend import TensorRTBackend
-    except ImportError:
-        pass
-    else:
-        backends["tensorrt"] = TensorRTBackend()
-    return backends
+    """The backends every server has. The TensorRT backend imports TensorRT and probes the GPU only when a
+    TensorRT model loads; without them that load fails with FAILED_PRECONDITION."""
+    return {"onnxruntime": OnnxRuntimeBackend(), "fixture": FixtureBackend(), "tensorrt": TensorRTBackend()}
 
 
 @dataclass(frozen=True)
@@ -133,6 +127,10 @@ class Server:
         try:
             self.port = self._grpc.add_insecure_port(f"{self._bind_host()}:{self.options.port}")
         except RuntimeError as error:
+            # Nothing serves: release what startup built (threads, loaded engines) before raising.
+            self.residency.stop()
+            self.registry.close_idle_models()
+            self.timers.close()
             raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from None
         self._grpc.start()
         self.state.ready = True

@@ -69,6 +69,11 @@ CUDART: dict[str, tuple[str, ...]] = {
     "cudaDeviceProp": ("name",),
 }
 
+# `from cuda.bindings import utils` (cuda-bindings >= 12.9.1): `int(stream)` is deprecated there in favour of this.
+CUDA_UTILS: dict[str, tuple[str, ...]] = {
+    MODULE: ("get_cuda_native_handle",),
+}
+
 # Removed in TensorRT 11 (NVIDIA's 10.x -> 11.x migration guide; python/src/infer/pyCore.cpp). The backend must
 # use none of them; the 10.13 stubs still list them, so this list is what catches a regression to them.
 REMOVED_IN_TRT11: frozenset[str] = frozenset({

@@ -35,15 +35,16 @@ returns (`interruptible = False`).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import math
 import threading
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -55,7 +56,8 @@ from .builder import (DEFAULT_WORKSPACE, PARAM_CACHE_DIR, PARAM_WORKSPACE, PlanC
                       default_cache_dir, write_atomic)
 from .cuda import CudaError, CudaRuntime, host_view
 from .profiles import bool_parameter, cache_key, file_sha256, int_parameter, onnx_inputs, profile_for
-from .protocols import CudaEngine, CudaRuntimeModule, ExecutionContext, TensorRTRuntimeModule, TrtRuntime
+from .protocols import (CudaEngine, CudaRuntimeModule, ExecutionContext, TensorRTBuilderModule,
+                        TensorRTRuntimeModule, TrtRuntime)
 
 _LOG = logging.getLogger(__name__)
 
@@ -87,7 +89,8 @@ def _volume(shape: Sequence[int]) -> int:
 
 def _import_cudart() -> CudaRuntimeModule | None:
     try:
-        return importlib.import_module("cuda.bindings.runtime")  # type: ignore[return-value]
+        module: CudaRuntimeModule = importlib.import_module("cuda.bindings.runtime")
+        return module
     except ImportError:
         return None
 
@@ -101,7 +104,8 @@ def _import_tensorrt() -> TensorRTRuntimeModule | None:
             continue
         # An install of only `tensorrt-stubs` leaves an empty namespace package named `tensorrt`: no Runtime.
         if hasattr(module, "Runtime"):
-            return module  # type: ignore[return-value]
+            found: TensorRTRuntimeModule = module
+            return found
     return None
 
 
@@ -123,6 +127,10 @@ def _release_frames(error: BaseException) -> None:
         if current.__traceback__ is not None:
             traceback.clear_frames(current.__traceback__)
         current = current.__context__
+
+
+# (min, opt, max) shapes of one input in one optimization profile, batch dimension included.
+ProfileRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -230,6 +238,9 @@ class TensorRTBackend(Backend):
             return TensorRTModel.open(spec, trt, runtime, cuda, device, plan, source)
         except CudaError as error:
             raise _load_error(origin, error) from None
+        except OSError as error:  # the model file, or the plan cache, could not be read
+            raise ModelLoadError(
+                f"{origin}: cannot read {error.filename or 'a model file'}: {error.strerror}") from None
 
     def cache_dir(self, spec: ModelSpec) -> Path:
         explicit = spec.parameter(PARAM_CACHE_DIR)
@@ -263,7 +274,7 @@ class TensorRTBackend(Backend):
             timing_path = cache.timing_path(str(trt.__version__), gpu)
             _LOG.info("%s: building a TensorRT engine from %s (%d profile%s); this can take minutes",
                       origin, path.name, profile.count, "s" if profile.count != 1 else "")
-            plan, timing = build_plan(trt, logger, path, profile, workspace,  # type: ignore[arg-type]
+            plan, timing = build_plan(cast(TensorRTBuilderModule, trt), logger, path, profile, workspace,
                                       cache.read(timing_path), origin)
             try:
                 write_atomic(plan_path, plan)
@@ -307,11 +318,15 @@ def _io_tensors(trt: TensorRTRuntimeModule, engine: CudaEngine, origin: str) -> 
     return tensors
 
 
-def _profile_ranges(engine: CudaEngine, io: list[IoTensor], profiles: Sequence[int]) -> dict[str, list[tuple]]:
+def _profile_ranges(engine: CudaEngine, io: list[IoTensor], profiles: Sequence[int]) -> dict[str, list[ProfileRange]]:
     """{input name: [(min, opt, max) per profile in `profiles`]}."""
-    return {t.name: [tuple(tuple(int(d) for d in s) for s in engine.get_tensor_profile_shape(t.name, p))
-                     for p in profiles]
+    return {t.name: [_profile_range(engine.get_tensor_profile_shape(t.name, p)) for p in profiles]
             for t in io if t.is_input}
+
+
+def _profile_range(shapes: Sequence[Sequence[int]]) -> ProfileRange:
+    low, opt, high = (tuple(int(d) for d in shape) for shape in shapes)
+    return low, opt, high
 
 
 def _served(tensor: IoTensor, max_batch_size: int, origin: str) -> TensorSpec:
@@ -325,7 +340,7 @@ def _served(tensor: IoTensor, max_batch_size: int, origin: str) -> TensorSpec:
     return TensorSpec(tensor.name, tensor.datatype, tensor.shape[1:])
 
 
-def _check_batch_ranges(ranges: dict[str, list[tuple]], max_batch_size: int, origin: str) -> None:
+def _check_batch_ranges(ranges: dict[str, list[ProfileRange]], max_batch_size: int, origin: str) -> None:
     if max_batch_size == 0:
         return
     for name, per_profile in ranges.items():
@@ -337,7 +352,7 @@ def _check_batch_ranges(ranges: dict[str, list[tuple]], max_batch_size: int, ori
 
 
 def _reconcile(declared: tuple[TensorSpec, ...], actual: list[TensorSpec], kind: str, origin: str,
-               ranges: dict[str, list[tuple]], batching: bool) -> tuple[TensorSpec, ...]:
+               ranges: dict[str, list[ProfileRange]], batching: bool) -> tuple[TensorSpec, ...]:
     """The tensors as served: the config's, checked against the engine, or the engine's when the config
     declares none. A fixed config dimension over a dynamic engine one must lie inside every profile used."""
     by_name = {t.name: t for t in actual}
@@ -369,7 +384,7 @@ def _reconcile(declared: tuple[TensorSpec, ...], actual: list[TensorSpec], kind:
     return declared
 
 
-def _metadata(spec: ModelSpec, io: list[IoTensor], ranges: dict[str, list[tuple]], origin: str) -> ModelMetadata:
+def _metadata(spec: ModelSpec, io: list[IoTensor], ranges: dict[str, list[ProfileRange]], origin: str) -> ModelMetadata:
     batching = spec.max_batch_size > 0
     inputs = [_served(t, spec.max_batch_size, origin) for t in io if t.is_input]
     outputs = [_served(t, spec.max_batch_size, origin) for t in io if not t.is_input]
@@ -527,12 +542,12 @@ class TensorRTModel(LoadedModel):
     def memory_bytes(self, slots: int) -> int:
         return self.capacity.weights_bytes + slots * self.capacity.per_slot_bytes
 
-    def profile_shapes(self, name: str, profile: int = 0) -> tuple[tuple[int, ...], ...]:
+    def profile_shapes(self, name: str, profile: int = 0) -> ProfileRange:
         """(min, opt, max) shapes of input `name` in `profile`, batch dimension included."""
         engine = self.engine
         if engine is None:
             raise ModelLoadError(f"{_origin(self.name)}: the engine is closed")
-        return tuple(tuple(int(d) for d in s) for s in engine.get_tensor_profile_shape(name, profile))
+        return _profile_range(engine.get_tensor_profile_shape(name, profile))
 
     def close(self) -> None:
         """Free the engine. Contexts still open are closed first (they hold device memory of the engine's
@@ -547,6 +562,10 @@ class TensorRTModel(LoadedModel):
                          len(leftover))
         for slot in reversed(leftover):
             slot.close()
+        try:
+            self.cuda.use_device(self.device)  # the engine's memory is freed on its own device
+        except CudaError as error:
+            _LOG.error("%s: setting the device while closing the engine: %s", _origin(self.name), error)
         # Dropping the last references destroys the engine (TensorRT's Python objects have no explicit destroy).
         self.engine = None
         self._runtime = None
@@ -626,9 +645,10 @@ class TensorRTContext(Context):
         """Profile-per-slot mode: switch this context to its own profile. The switch may enqueue copies on the
         stream, so the stream is drained before the context is used."""
         try:
-            ok = context.set_optimization_profile_async(self.profile, int(self._stream))
+            ok = context.set_optimization_profile_async(self.profile, self._model.cuda.stream_handle(self._stream))
         except RuntimeError as error:  # TensorRT's Python binding raises on an invalid index
-            raise ModelLoadError(f"{_origin(self._model.name)}: cannot select profile {self.profile}: {error}") from None
+            raise ModelLoadError(
+                f"{_origin(self._model.name)}: cannot select profile {self.profile}: {error}") from None
         if not ok:
             raise ModelLoadError(f"{_origin(self._model.name)}: cannot select optimization profile {self.profile}")
         self._model.cuda.stream_synchronize(self._stream)
@@ -652,7 +672,8 @@ class TensorRTContext(Context):
 
     # -- execute
 
-    def _check_request(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> tuple[dict, list[str]]:
+    def _check_request(self, inputs: Mapping[str, np.ndarray],
+                       outputs: Sequence[str]) -> tuple[dict[str, np.ndarray], list[str]]:
         model = self._model
         arrays = {}
         for tensor in model.io:
@@ -738,7 +759,7 @@ class TensorRTContext(Context):
                 if array.nbytes:
                     cuda.copy_to_device_async(self._buffers[name].device, self._buffers[name].host, array.nbytes,
                                               stream)
-            if not self._trt.execute_async_v3(int(stream)):
+            if not self._trt.execute_async_v3(cuda.stream_handle(stream)):
                 return "execute_async_v3 returned False"
             # The copy-out is skipped for a caller that already left: it is the only part still skippable.
             if cancel.cancelled:
@@ -779,7 +800,7 @@ class TensorRTContext(Context):
         model, cuda = self._model, self._model.cuda
         origin = _origin(model.name)
 
-        def attempt(what: str, action) -> None:
+        def attempt(what: str, action: Callable[[], None]) -> None:
             try:
                 action()
             except CudaError as error:
@@ -795,9 +816,9 @@ class TensorRTContext(Context):
         for buffer in self._buffers.values():
             buffer.view = None  # the numpy view must not outlive the pinned memory under it
             if buffer.host:
-                attempt("cudaFreeHost", lambda b=buffer: cuda.free_host(b.host))
+                attempt("cudaFreeHost", functools.partial(cuda.free_host, buffer.host))
             if buffer.device:
-                attempt("cudaFree", lambda b=buffer: cuda.free(b.device))
+                attempt("cudaFree", functools.partial(cuda.free, buffer.device))
         self._buffers = {}
         if self._stream is not None:
             attempt("cudaStreamDestroy", lambda: cuda.stream_destroy(self._stream))

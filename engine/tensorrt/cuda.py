@@ -16,12 +16,14 @@ cached per thread, so calling it at the top of every entry point costs one attri
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from .protocols import CudaRuntimeModule
+from .protocols import CudaRuntimeModule, CudaUtilsModule
 
 
 class CudaError(Exception):
@@ -59,7 +61,7 @@ class CudaRuntime:
             pass
         return str(code)
 
-    def _check(self, result: tuple, call: str) -> tuple:
+    def _check(self, result: tuple[Any, ...], call: str) -> tuple[Any, ...]:
         err = result[0]
         if err != self._success:
             raise CudaError(call, self.error_name(err), err == self._out_of_memory)
@@ -135,12 +137,31 @@ class CudaRuntime:
                                 "cudaStreamCreateWithFlags")
         return stream
 
+    @staticmethod
+    def stream_handle(stream: Any) -> int:
+        """The stream's address as a Python int, which is what TensorRT's `stream_handle` arguments take.
+        cuda-bindings 12.9.1 deprecated `int(stream)` for `cuda.bindings.utils.get_cuda_native_handle`; the
+        latter is used where it exists."""
+        if isinstance(stream, int):
+            return stream
+        utils = _cuda_utils()
+        return int(utils.get_cuda_native_handle(stream)) if utils is not None else int(stream)
+
     def stream_synchronize(self, stream: Any) -> None:
         """Block until all work queued on `stream` finished. Errors of asynchronous work surface here."""
         self._check(self.module.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
 
     def stream_destroy(self, stream: Any) -> None:
         self._check(self.module.cudaStreamDestroy(stream), "cudaStreamDestroy")
+
+
+@lru_cache(maxsize=1)
+def _cuda_utils() -> CudaUtilsModule | None:
+    try:
+        module: CudaUtilsModule = importlib.import_module("cuda.bindings.utils")
+    except ImportError:
+        return None
+    return module if hasattr(module, "get_cuda_native_handle") else None
 
 
 def host_view(pointer: int, nbytes: int) -> np.ndarray:

@@ -61,7 +61,7 @@ import threading
 import types
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -447,7 +447,7 @@ class FakeDevice:
 
     def make_plan(self, *, inputs: Sequence[tuple[str, str, Sequence[int]]],
                   outputs: Sequence[tuple[str, str, Sequence[int]]], function: str = "identity",
-                  profiles: Sequence[dict[str, tuple[Sequence[int], Sequence[int], Sequence[int]]]] = (),
+                  profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
                   weights_bytes: int = 1 << 20, activation_bytes: int | None = None, onnx: bytes | None = None,
                   trt_version: str | None = None, device_name: str | None = None) -> bytes:
         """A serialized engine for this device. Tensors are (name, DataType name, shape with -1); `profiles`
@@ -505,7 +505,7 @@ class FakeCudaRuntime:
     def __init__(self, device: FakeDevice) -> None:
         self._device = device
 
-    def _unavailable(self) -> cudaError_t | None:
+    def _unavailable(self) -> int | None:
         if not self._device.driver:
             return cudaError_t.cudaErrorInsufficientDriver
         if self._device.device_count == 0:
@@ -879,7 +879,7 @@ class ICudaEngine(_Bound):
         with self._session_lock:
             cached = self._shape_cache.get(key)
         if cached is None:
-            zeros = {n: np.zeros(shapes[n], nptype(t)) for n, t, _ in self._plan.inputs}
+            zeros: dict[str, np.ndarray] = {n: np.zeros(shapes[n], nptype(t)) for n, t, _ in self._plan.inputs}
             cached = {n: tuple(a.shape) for n, a in self._run_session(zeros).items()}
             with self._session_lock:
                 self._shape_cache[key] = cached
@@ -1041,7 +1041,7 @@ class IExecutionContext(_Bound):
                 arrays[name] = np.frombuffer(device.read_device(addresses[name], nbytes), np_type).reshape(shapes[name])
             results = self._engine._compute(arrays)
             for name, dtype, _ in plan.outputs:
-                result = np.ascontiguousarray(results[name], dtype=nptype(dtype))
+                result: np.ndarray = np.ascontiguousarray(results[name], dtype=nptype(dtype))
                 device.write_device(addresses[name], result.tobytes())
             self._in_flight = False
 
@@ -1139,7 +1139,8 @@ class OnnxParser:
             self._errors.append(_ParserError(f"cannot read {model}: {error}"))
             return False
         initializers = {i.name for i in proto.graph.initializer}
-        for values, target in ((proto.graph.input, self._network._inputs), (proto.graph.output, self._network._outputs)):
+        graph = proto.graph
+        for values, target in ((graph.input, self._network._inputs), (graph.output, self._network._outputs)):
             for value in values:
                 if value.name in initializers:
                     continue
@@ -1155,9 +1156,12 @@ class OnnxParser:
         return not self._errors
 
 
+_Range = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
 class IOptimizationProfile:
     def __init__(self) -> None:
-        self._shapes: dict[str, tuple[tuple[int, ...], ...]] = {}
+        self._shapes: dict[str, _Range] = {}
 
     def set_shape(self, input: str, min: Sequence[int], opt: Sequence[int], max: Sequence[int]) -> None:  # noqa: A002
         self._shapes[input] = (tuple(min), tuple(opt), tuple(max))
@@ -1298,13 +1302,16 @@ def _trt_module(device: FakeDevice, builder: bool) -> types.ModuleType:
     module.Logger = Logger  # type: ignore[attr-defined]
     module.Runtime = type("Runtime", (Runtime,), dict(bound))  # type: ignore[attr-defined]
     module.ICudaEngine = type("ICudaEngine", (ICudaEngine,), dict(bound))  # type: ignore[attr-defined]
-    module.IExecutionContext = type("IExecutionContext", (IExecutionContext,), dict(bound))  # type: ignore[attr-defined]
-    for value in (TensorIOMode, TensorLocation, DataType, ExecutionContextAllocationStrategy, MemoryPoolType,
-                  IOptimizationProfile, ITimingCache, IHostMemory, nptype):
+    context_class = type("IExecutionContext", (IExecutionContext,), dict(bound))
+    module.IExecutionContext = context_class  # type: ignore[attr-defined]
+    shared: tuple[Any, ...] = (TensorIOMode, TensorLocation, DataType, ExecutionContextAllocationStrategy,
+                               MemoryPoolType, IOptimizationProfile, ITimingCache, IHostMemory, nptype)
+    for value in shared:
         setattr(module, value.__name__, value)
     if builder:
         module.Builder = type("Builder", (Builder,), dict(bound))  # type: ignore[attr-defined]
-        for value in (OnnxParser, INetworkDefinition, ITensor, IBuilderConfig):
+        builder_only: tuple[Any, ...] = (OnnxParser, INetworkDefinition, ITensor, IBuilderConfig)
+        for value in builder_only:
             setattr(module, value.__name__, value)
     return module
 

@@ -61,7 +61,7 @@ class ProfileSpec:
     inputs: tuple[InputRange, ...]
     count: int = 1
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         return {"count": self.count,
                 "inputs": [[r.name, list(r.min), list(r.opt), list(r.max)] for r in self.inputs]}
 

@@ -190,6 +190,12 @@ class CudaRuntimeModule(Protocol):
     def cudaStreamDestroy(self, stream: Any) -> tuple[Any]: ...
 
 
+class CudaUtilsModule(Protocol):
+    """`cuda.bindings.utils` (cuda-bindings >= 12.9.1)."""
+
+    def get_cuda_native_handle(self, obj: Any) -> int: ...
+
+
 # Which Protocol covers which owner of api_names (for the conformance test).
 RUNTIME_PROTOCOLS: dict[str, type] = {
     "": TensorRTRuntimeModule, "Runtime": TrtRuntime, "ICudaEngine": CudaEngine,
@@ -201,3 +207,4 @@ BUILDER_PROTOCOLS: dict[str, type] = {
     "ITimingCache": TimingCache,
 }
 CUDART_PROTOCOLS: dict[str, type] = {"": CudaRuntimeModule}
+CUDA_UTILS_PROTOCOLS: dict[str, type] = {"": CudaUtilsModule}

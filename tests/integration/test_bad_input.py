@@ -159,3 +159,50 @@ def test_timeout_parameter_of_the_wrong_type(infer):
     request = simple(*GOOD, raw=[ROW, ROW])
     request.parameters["timeout"].string_param = "5"
     refused(infer, request, says=("'timeout'", "integer"))
+
+
+# ---- further malformed requests -------------------------------------------------------------------------------
+
+def test_output_requested_twice(infer):
+    request = simple(*GOOD, raw=[ROW, ROW])
+    request.outputs.add(name="OUTPUT1")
+    request.outputs.add(name="OUTPUT1")
+    refused(infer, request, says=("'OUTPUT1'", "requested twice"))
+
+
+def test_negative_timeout_parameter(infer):
+    request = simple(*GOOD, raw=[ROW, ROW])
+    request.parameters["timeout"].int64_param = -5
+    refused(infer, request, says=("'timeout'", ">= 0", "-5"))
+
+
+def test_shared_memory_input(infer):
+    request = simple(*GOOD, raw=[ROW, ROW])
+    request.inputs[0].parameters["shared_memory_region"].string_param = "region0"
+    refused(infer, request, says=("'INPUT0'", "shared memory"))
+
+
+def test_classification_output(infer):
+    request = simple(*GOOD, raw=[ROW, ROW])
+    request.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = 2
+    refused(infer, request, says=("'OUTPUT0'", "classification"))
+
+
+def test_input_without_contents(infer):
+    refused(infer, simple(*GOOD), says=("'INPUT0'", "no contents"))
+
+
+def test_bytes_with_more_elements_than_the_shape(infer):
+    two = b"\x01\x00\x00\x00a\x01\x00\x00\x00b"
+    request = simple(("INPUT0", "BYTES", [1, 1]), raw=[two], model="simple_identity")
+    refused(infer, request, says=("'INPUT0'", "holds 1 BYTES elements", "more than 1"))
+
+
+def test_batch_of_zero(infer):
+    request = simple(("INPUT0", "INT32", [0, 16]), ("INPUT1", "INT32", [0, 16]), raw=[b"", b""])
+    refused(infer, request, says=("batch size 0", "1..8"))
+
+
+def test_missing_batch_dimension(infer):
+    request = simple(("INPUT0", "INT32", [16]), ("INPUT1", "INT32", [16]), raw=[ROW, ROW])
+    refused(infer, request, says=("'INPUT0'", "[16]", "a batch dimension"))

@@ -7,7 +7,7 @@ The real modules that install without a GPU:
   * the published stubs (pip `tensorrt-stubs`, TensorRT 10.13, installed with --no-deps): builder names, and the
     runtime names once more, so both majors are covered. The stubs are not valid Python in places, so they are
     read as text, not imported or parsed with `ast`;
-  * `cuda.bindings.runtime` (pip `cuda-bindings`): the CUDA names.
+  * `cuda.bindings.runtime` and `cuda.bindings.utils` (pip `cuda-bindings`): the CUDA names.
 Each check skips, saying which package to install, when its module is missing.
 
 Checks that need nothing installed: api_names.py and protocols.py agree; the backend's code reaches TensorRT and
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from engine.tensorrt import api_names, double, protocols
-from engine.tensorrt.api_names import BUILDER, CUDART, MODULE, REMOVED_IN_TRT11, RUNTIME
+from engine.tensorrt.api_names import BUILDER, CUDA_UTILS, CUDART, MODULE, REMOVED_IN_TRT11, RUNTIME
 
 PACKAGE = Path(api_names.__file__).parent
 LEAN_PIN = "tensorrt-lean-cu13==11.4.0.106"
@@ -167,6 +167,14 @@ def test_cuda_names_exist_in_cuda_bindings_runtime():
     assert _missing_in_module(cudart_module(), CUDART) == []
 
 
+def test_cuda_utils_names_exist_in_cuda_bindings_utils():
+    cudart_module()
+    utils = _import("cuda.bindings.utils")
+    if utils is None:
+        pytest.skip(f"cuda.bindings.utils is missing (cuda-bindings < 12.9.1); {CUDA_PIN} has it")
+    assert _missing_in_module(utils, CUDA_UTILS) == []
+
+
 def test_no_name_we_use_was_removed_in_tensorrt_11():
     used = set(api_names.qualified(RUNTIME)) | set(api_names.qualified(BUILDER))
     assert used & REMOVED_IN_TRT11 == set()
@@ -195,7 +203,7 @@ def protocol_members(cls: type) -> set[str]:
 
 def test_protocols_list_exactly_the_api_names():
     for names, table in ((RUNTIME, protocols.RUNTIME_PROTOCOLS), (BUILDER, protocols.BUILDER_PROTOCOLS),
-                         (CUDART, protocols.CUDART_PROTOCOLS)):
+                         (CUDART, protocols.CUDART_PROTOCOLS), (CUDA_UTILS, protocols.CUDA_UTILS_PROTOCOLS)):
         for owner, protocol in table.items():
             assert protocol_members(protocol) == set(names[owner]), protocol.__name__
     builder_module = protocol_members(protocols.TensorRTBuilderModule) - protocol_members(
@@ -246,6 +254,7 @@ def test_the_adapter_uses_only_listed_names():
     for name in ("backend.py", "builder.py"):
         unlisted += _uses(PACKAGE / name, "trt", trt_names)
     unlisted += _uses(PACKAGE / "cuda.py", "self.module", CUDART)
+    unlisted += _uses(PACKAGE / "cuda.py", "utils", CUDA_UTILS)
     assert unlisted == []
 
 
