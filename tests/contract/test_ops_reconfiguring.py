@@ -1,12 +1,12 @@
 """Contract: operations on a model M in the Reconfiguring state (OPS.reconfiguring.*).
 
 M starts Ready with 2 slots over a fixture engine advertising 4 and producing FP32. A registration replaces it
-with a changed engine (advertising 3, producing INT32, so results show which configuration a request bound),
-and holds its exclusive lease at one of three points:
+with a changed engine and 3 slots (the engine advertises 3 and produces INT32, so results show which
+configuration a request bound), and holds its exclusive lease at one of three points:
 
-    probe        before the commit: the private capacity probe of the replacement is held at `load`
-    teardown     after the commit: the old pool's teardown is held
-    replacement  after the commit: the replacement's own load is held (no probe: default slot count)
+    probe        before the commit: the replacement's private primary load (validation) is held at `load`
+    teardown     after the commit: the old pool's teardown is held at `teardown`
+    replacement  after the commit: the replacement's first context is held at `clone`
 """
 
 from __future__ import annotations
@@ -56,15 +56,10 @@ class Reconfiguring:
         self.lab = lab = lab_factory(models or {"m": {"capacity": OLD["capacity"]}, "b": {}}, parallel_jobs=2)
         status = lab.status("m")
         assert status.state is ModelState.READY and status.slots == OLD["slots"]
-        self.gate = lab.gate("m", "teardown" if phase == "teardown" else "load").hold()
-        if phase == "replacement":
-            # default slot count: no probe, so the held load is the replacement's own
-            self.register = lab.register("m", config_json=NEW_CONFIG, name="reconfigure", **registration)
-            self.slots = OLD["slots"]
-        else:
-            self.register = lab.register("m", config_json=NEW_CONFIG, slots=NEW["slots"], name="reconfigure",
-                                         **registration)
-            self.slots = NEW["slots"]
+        self.gate = lab.gate("m", {"probe": "load", "teardown": "teardown", "replacement": "clone"}[phase]).hold()
+        self.register = lab.register("m", config_json=NEW_CONFIG, slots=NEW["slots"], name="reconfigure",
+                                     **registration)
+        self.slots = NEW["slots"]
         self.gate.wait_blocked(1)
         status = lab.status("m")
         assert status.state is ModelState.RECONFIGURING and status.manager_active
@@ -104,28 +99,32 @@ def test_request_queues_behind_the_manager_and_binds_the_new_configuration(recon
 
 @cell("OPS.reconfiguring.infer")
 def test_request_queued_behind_a_failed_replacement_retries_the_load(lab_factory):
-    rec = Reconfiguring(lab_factory, "replacement")
+    rec = Reconfiguring(lab_factory, "replacement")  # after the commit: the old pool is gone
     lab = rec.lab
-    rec.gate.fail_next(ModelLoadError("replacement engine failed"))  # fails after the commit
-    clone = lab.gate("m", "clone").hold()
+    clone = rec.gate
+    clone.fail_next(ModelLoadError("replacement context failed"))  # the held first context will fail
+    load = lab.gate("m", "load").hold()  # to catch the retry
     request = lab.infer("m", 3.0, name="request")
     lab.wait_queued("m", 1)
+    assert lab.status("m").active_slots == 0 and not request.done()
 
-    rec.gate.release()
+    clone.release()
     assert isinstance(rec.register.error(), ModelLoadError)
     # The queued request became the one initializer of the new configuration: it retries the load.
-    clone.wait_blocked(1)
+    load.wait_blocked(1)
     status = lab.status("m")
     assert status.state is ModelState.LOADING and status.loaded is False and status.active_slots == 1
-    assert status.slots == OLD["slots"] and status.max_parallel_slots is None  # new metadata, no pool
-    assert "replacement engine failed" in status.last_error
-    clone.release()
+    assert status.slots == NEW["slots"] and status.max_parallel_slots is None  # new metadata, no pool
+    assert "replacement context failed" in status.last_error
+    assert lab.controls.live_engines("m") == 0 and lab.controls.live_contexts("m") == 0  # nothing partial
+    load.release()
     output = request.result()["OUTPUT0"]
     np.testing.assert_array_equal(output, expected(3.0, NEW["dtype"]))
     status = lab.status("m")
     assert status.state is ModelState.READY and status.max_parallel_slots == NEW["capacity"]
-    assert rec.gate.arrivals == 3  # initial load, failed replacement load, retry
-    assert lab.controls.live_engines("m") == 1
+    assert status.slots == NEW["slots"]
+    assert load.arrivals == 3  # initial load, the replacement's validated primary, the retry
+    assert lab.controls.live_engines("m") == 1 and lab.controls.live_contexts("m") == NEW["slots"]
 
 
 # ---- register / reconfigure -----------------------------------------------------------------------------------
@@ -155,6 +154,35 @@ def test_later_registration_queues_and_runs_exclusively_in_scheduler_order(recon
     assert lab.controls.live_engines("m") == 1 and lab.controls.live_contexts("m") == 4
     metadata = lab.registry.get("m").known_metadata()
     assert metadata.outputs[0].datatype == OLD["output"]
+
+
+@cell("OPS.reconfiguring.register")
+def test_later_registration_answers_its_own_ready_config_even_when_a_queued_unload_runs_at_once(
+        lab_factory, monkeypatch):
+    """The response of a registration describes its own outcome ("200 final ready config"). Here an unload
+    queued behind the later registration is allowed to run between the registration's release of its lease and
+    the building of its response: an interleaving the scheduler may produce at any time."""
+    rec = Reconfiguring(lab_factory, "teardown")
+    lab = rec.lab
+    entry = lab.registry.get("m")
+    original = entry.release_exclusive
+
+    def release_then_let_the_next_one_run(ticket):
+        original(ticket)
+        if threading.current_thread().name.startswith("later-register"):
+            lab.wait_state("m", ModelState.UNLOADED)  # the queued unload retired the registration's pool
+
+    monkeypatch.setattr(entry, "release_exclusive", release_then_let_the_next_one_run)
+    later = lab.register("m", slots=4, name="later-register")
+    lab.wait_status("m", lambda s: s.queued_managers == 1, "later registration queued")
+    unload = lab.unload("m", name="unload")
+    lab.wait_status("m", lambda s: s.queued_managers == 2, "unload queued")
+
+    rec.finish()
+    assert unload.result().loaded is False
+    result = later.result()
+    assert (result.state, result.loaded, result.slots, result.max_parallel_slots) == (
+        ModelState.READY, True, 4, OLD["capacity"]), f"registration answered {result}"
 
 
 # ---- unload ---------------------------------------------------------------------------------------------------
@@ -282,9 +310,9 @@ def test_status_while_reconfiguring_shows_old_or_new_complete_metadata_never_a_m
         watcher.join()
     assert result.loaded and old_or_new(result) == "new" and result.state is ModelState.READY
     assert entry.known_metadata().outputs[0].datatype == NEW["output"]
-    # every sampled observation was one complete configuration, and old never came back after new
+    # every sampled observation (however many the scheduler allowed) was one complete configuration, and the
+    # old one never came back after the new one had shown
     kinds = [old_or_new(status) for status in observations]
-    assert "new" in kinds
     assert kinds == sorted(kinds, key=lambda kind: kind == "new")
     # observing reserved nothing
     assert all(status.active_slots == 0 and status.queued_requests == 0 for status in observations)
