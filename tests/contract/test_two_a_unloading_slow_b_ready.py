@@ -53,8 +53,8 @@ def test_warm_b_runs_without_waiting_for_a_destructor(lab_factory):
     lab, teardown, unload = _a_unloading_slow_b_ready(lab_factory)
     b_loads = lab.controls.count("b", "load")
     _echo(lab.infer("b", 2.0), 2.0)
-    # the registry answers too (no registry lock across A's teardown)
-    statuses = {status.name: status for status in lab.registry.statuses()}
+    # the registry answers too (no registry lock across A's teardown); bounded, so a regression fails, not hangs
+    statuses = {status.name: status for status in lab.start("list-models", lab.registry.statuses).result()}
     assert statuses["a"].state is ModelState.UNLOADING and statuses["b"].state is ModelState.READY
     assert teardown.blocked == 1 and not unload.done()
     assert lab.controls.count("b", "load") == b_loads and lab.status("b").state is ModelState.READY

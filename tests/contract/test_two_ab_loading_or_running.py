@@ -119,8 +119,9 @@ def test_request_to_b_waits_for_b_initialization_or_queues_on_b_while_a_runs(lab
     wait_admission(lab, "b", lambda s: s.queued_requests == 1, "B full: request queued on B")
     a_stats = admission_stats(lab, "a")
     assert a_stats.queued == 0 and a_stats.active_slots == 1  # nothing of B's lands on A
-    # warm A work still progresses on A's spare slot while B loads
-    _echo(lab.infer("a", 5.0, name="a-warm"), 5.0)
+    # warm A work still starts executing on A's spare slot while B loads
+    a_warm = lab.infer("a", 5.0, name="a-warm")
+    a_execute.wait_blocked(2)
     b_load.release()
     _echo(b_first, 2.0)
     for index, op in enumerate(b_more):
@@ -128,9 +129,10 @@ def test_request_to_b_waits_for_b_initialization_or_queues_on_b_while_a_runs(lab
     _echo(b_queued, 9.0)
     assert lab.controls.count("b", "load") == b_loads + 1  # one shared initialization
     assert lab.status("b").state is ModelState.READY
-    assert a_execute.blocked == 1 and not a_running.done()
+    assert a_execute.blocked == 2 and not a_running.done()
     a_execute.release()
     _echo(a_running, 1.0)
+    _echo(a_warm, 5.0)
 
 
 @cell("TWO.ab-loading-or-running.reconf-a")
@@ -173,6 +175,7 @@ def test_unload_a_drains_a_only(lab_factory):
 @cell("TWO.ab-loading-or-running.unload-ab")
 def test_bulk_unload_of_running_a_and_b_publishes_both_barriers_before_waiting(lab_factory):
     lab, gates, ops = _both_running(lab_factory)
+    closed_a, closed_b = lab.controls.count("a", "close_engine"), lab.controls.count("b", "close_engine")
     bulk = lab.unload_many(["a", "b"])
     for model in "ab":  # both barriers are published while both models are still busy
         wait_admission(lab, model, lambda s: s.queued_managers == 1, f"barrier on {model}")
@@ -182,12 +185,14 @@ def test_bulk_unload_of_running_a_and_b_publishes_both_barriers_before_waiting(l
     gates["b"].release()  # B drains first although it is second in the selection
     _echo(ops["b"], 1.0)
     b_load.wait_blocked(1)  # the bulk unloaded B, and the later request is reloading it
-    assert lab.controls.count("b", "close_engine") == 1
+    assert lab.controls.count("b", "close_engine") == closed_b + 1
+    assert lab.controls.count("a", "close_engine") == closed_a
     assert gates["a"].blocked == 1 and lab.status("a").loaded and not bulk.done()
     gates["a"].release()
     _echo(ops["a"], 1.0)
     assert bulk.result() == (["a", "b"], [])
     assert lab.status("a").state is ModelState.UNLOADED
+    assert lab.controls.count("a", "close_engine") == closed_a + 1
     b_load.release()
     _echo(later, 7.0)
     assert lab.status("b").state is ModelState.READY
