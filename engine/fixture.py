@@ -172,15 +172,17 @@ def _file_gate(spec_parameters, model: str, point: str, cancel: CancelToken | No
     directory = spec_parameters.get("gate_dir")
     if not directory:
         return
-    base = Path(directory) / f"{model}.{point}"
-    if not base.with_suffix(".hold").exists():
+    # Path.with_suffix would replace ".<point>" itself (m.execute -> m.hold): build each name in full.
+    base = f"{model}.{point}"
+    folder = Path(directory)
+    if not (folder / f"{base}.hold").exists():
         return
-    base.with_suffix(".arrived").touch()
-    release = base.with_suffix(".release")
+    (folder / f"{base}.arrived").touch()
+    release = folder / f"{base}.release"
     pause = threading.Event()
     while not release.exists():
         if cancel is not None and cancel.cancelled and point in _CANCELLABLE:
-            raise ExecutionCancelled(f"cancelled at file gate {base.name}")
+            raise ExecutionCancelled(f"cancelled at file gate {base}")
         pause.wait(0.005)
 
 

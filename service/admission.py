@@ -372,7 +372,8 @@ class AdmissionController:
                 else:
                     remaining = ticket.deadline - self._clock()
                     if remaining > 0:
-                        ticket.waker.acquire(timeout=remaining)  # type: ignore[union-attr]
+                        # A far deadline is woken early and re-checked: lock waits cap at TIMEOUT_MAX.
+                        ticket.waker.acquire(timeout=min(remaining, threading.TIMEOUT_MAX))  # type: ignore[union-attr]
                     else:
                         self._expire(ticket)
                 # Every change of a QUEUED ticket happens under the lock, so reading the state decides: a grant

@@ -23,7 +23,7 @@ from engine.errors import ModelConfigError
 from engine.interface import CancelToken, ModelSpec
 from engine.repository import ModelRepository, check_model_name
 
-from .admission import Ticket, TicketKind, TicketState
+from .admission import Ticket, TicketKind, TicketState, refusal_error
 from .errors import InvalidRequest, ModelNotFound, RequestCancelled, UnsupportedSlotCount
 from .lifecycle import ModelEntry, ModelSettings, ModelStatus, SharedRuntime
 from .residency import retire_if_idle
@@ -215,7 +215,8 @@ class ModelRegistry:
         Takes a snapshot of the selection, publishes an exclusive barrier on every selected model in one short
         step, then unloads models as their barriers are granted: idle ones first, busy ones once their earlier
         work drains. Waits without limit (bulk ignores admission timeouts). If `cancel` fires, barriers not yet
-        granted are withdrawn and granted ones released; models already unloaded stay unloaded.
+        granted are withdrawn and granted ones released; models already unloaded stay unloaded. Raises
+        RequestCancelled then, and ShuttingDown when shutdown refused a barrier still queued.
         """
         selected, not_found = self._select(names, all_models)
         granted: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
@@ -236,6 +237,9 @@ class ModelRegistry:
                 if ticket is None:
                     raise RequestCancelled("the bulk unload was cancelled")
                 entry = pending.pop(ticket)
+                if ticket.state is TicketState.REFUSED:
+                    # The queue closed under the barrier (shutdown): this bulk did not complete.
+                    raise refusal_error(ticket, entry.name)
                 if ticket.state is TicketState.GRANTED:
                     try:
                         entry.unload_leased()

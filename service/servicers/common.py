@@ -105,10 +105,18 @@ class CallTracker:
             return self._cond.wait_for(lambda: not self._tokens, timeout)
 
 
+# A call without a deadline reports the time left until gRPC's "infinite future" (about 9e18 s), which no wait
+# accepts (threading.TIMEOUT_MAX is about 9e9 s: acquiring a lock with it raises OverflowError). A deadline this
+# far away is no deadline.
+NO_DEADLINE_BEYOND = 365 * 24 * 3600.0
+
+
 def client_deadline(context: grpc.ServicerContext) -> float | None:
-    """The client's deadline on the monotonic clock, or None when the client set none."""
+    """The client's deadline on the monotonic clock, or None when the client set none (or one beyond a year)."""
     remaining = context.time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
+    if remaining is None or remaining > NO_DEADLINE_BEYOND:
+        return None
+    return time.monotonic() + remaining
 
 
 class ManagementGate:

@@ -18,11 +18,14 @@ from ..errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceEr
 from ..lifecycle import ModelEntry, ModelState
 from ..registry import ModelRegistry
 from ..timers import TimerQueue
-from .common import CallTracker, ManagementGate, as_client_error, client_deadline, rpc
+from .common import SHUTDOWN, CallTracker, ManagementGate, as_client_error, client_deadline, rpc
 
 _LOG = logging.getLogger(__name__)
 
 SERVER_NAME = "slotserve"
+# After the shutdown grace, how long a stream may still write (its last responses, a shutting_down error) before
+# its call is cancelled; less than service.server.SHUTDOWN_MARGIN, so its handler is joined, not abandoned.
+SHUTDOWN_STREAM_SECONDS = 1.0
 EXTENSIONS = ("model_repository", "model_configuration", "statistics", "parameters", "slotserve_management")
 
 # RepositoryIndex speaks the protocol users' state names.
@@ -120,11 +123,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         generator only after the previous message was sent. A client that stops reading would block that send
         forever, so each send is bounded by the write timeout, after which the call is cancelled and the lease
         released. A cancelled or failed stream closes this generator, which releases the lease.
+
+        At the end of the shutdown grace (the token fires with reason "shutdown") the stream gets
+        SHUTDOWN_STREAM_SECONDS to deliver what it still sends (a request cut short gets its `shutting_down`
+        error_message); then the call is cancelled, so a handler blocked writing to a client that does not read,
+        or waiting for the next request of a client that keeps its side open, returns and is joined within the
+        shutdown margin instead of being abandoned with its model's engine.
         """
         try:
             token = self._calls.begin(context, inference=True)
         except ServiceError as error:
             status_codes.abort(context, error)
+        stop_timer = []
+
+        def on_cancel() -> None:
+            if token.reason == SHUTDOWN:
+                stop_timer.append(self._timers.arm(SHUTDOWN_STREAM_SECONDS, context.cancel))
+        token.add_callback(on_cancel)
         try:
             deadline = client_deadline(context)
             for request in request_iterator:
@@ -133,6 +148,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     yield message
                     timer.cancel()
         finally:
+            token.remove_callback(on_cancel)
+            for timer in stop_timer:
+                timer.cancel()
             self._calls.end(token, inference=True)
 
     def _stream_one(self, request, deadline, cancel):
