@@ -68,6 +68,11 @@ test: setup models node-deps
 contract: setup models
 	$(PY) -m pytest -q -m cell --contract-report $(PYTEST_ARGS)
 
+# Benchmarks (not tests): slotserve against a bare grpcio server, slot scaling, memory, admission, cold loads.
+BENCH_ARGS ?=
+bench: setup models
+	bench/setup.sh && $(PY) bench/run.py $(BENCH_ARGS)
+
 # On a machine with an NVIDIA GPU: installs the TensorRT extra and checks the TensorRT path on the demo models.
 gpu-check: setup models
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[tensorrt]'

@@ -5,8 +5,17 @@
 #   bench/.cache/libb64/  Debian's libb64-0d, unpacked (perf_analyzer links libb64.so.0d; no root install)
 #   bench/.cache/perf_analyzer   a wrapper that sets LD_LIBRARY_PATH (libb64 + libcudart from PyPI's
 #                         nvidia-cuda-runtime-cu12; perf_analyzer links libcudart.so.12 even on CPU) and runs it
+#   --with-py-spy         also installs py-spy into bench/.venv-pa (for `bench/run.py --profile`)
 # Idempotent: a second run only re-checks `perf_analyzer --version`.
 set -euo pipefail
+
+WITH_PY_SPY=0
+for arg in "$@"; do
+    case $arg in
+        --with-py-spy) WITH_PY_SPY=1 ;;
+        *) echo "usage: bench/setup.sh [--with-py-spy]" >&2; exit 2 ;;
+    esac
+done
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
@@ -14,6 +23,7 @@ VENV=$HERE/.venv-pa
 CACHE=$HERE/.cache
 TRITONCLIENT_VERSION=2.51.0
 CUDART_VERSION=12.9.79
+PY_SPY_VERSION=0.4.3
 LIBB64_PACKAGE=libb64-0d
 WRAPPER=$CACHE/perf_analyzer
 STAMP=$VENV/.installed-$TRITONCLIENT_VERSION-$CUDART_VERSION
@@ -27,6 +37,11 @@ if [[ ! -f $STAMP ]]; then
     "$VENV/bin/pip" install --quiet --disable-pip-version-check \
         "tritonclient[grpc]==$TRITONCLIENT_VERSION" "nvidia-cuda-runtime-cu12==$CUDART_VERSION"
     touch "$STAMP"
+fi
+
+if [[ $WITH_PY_SPY == 1 && ! -x $VENV/bin/py-spy ]]; then
+    echo "bench/setup.sh: installing py-spy==$PY_SPY_VERSION into $VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "py-spy==$PY_SPY_VERSION"
 fi
 
 PA_BIN=$VENV/bin/perf_analyzer
