@@ -56,6 +56,9 @@ class ModelMetadata:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_inputs_by_name", {t.name: t for t in self.inputs})
         object.__setattr__(self, "_outputs_by_name", {t.name: t for t in self.outputs})
+        # Signatures that passed check_request. Steady traffic repeats a few of them, so a hit skips the checks;
+        # the cache is bounded (cleared when full) so varying shapes cannot grow it.
+        object.__setattr__(self, "_accepted", set())
 
     def input(self, name: str) -> TensorSpec | None:
         return self._inputs_by_name.get(name)  # type: ignore[attr-defined]
@@ -73,6 +76,16 @@ class ModelMetadata:
         Raises InvalidInputError naming the first problem: unknown input, missing input, wrong datatype, wrong
         rank or dimension, batch beyond max_batch_size, batch sizes that differ, unknown output.
         """
+        key = (tuple(inputs.items()), tuple(outputs))
+        accepted = self._accepted  # type: ignore[attr-defined]
+        if key in accepted:
+            return
+        self._check_request(inputs, outputs)
+        if len(accepted) >= 256:
+            accepted.clear()
+        accepted.add(key)
+
+    def _check_request(self, inputs: Mapping[str, tuple[str, tuple[int, ...]]], outputs: Sequence[str]) -> None:
         known = self._inputs_by_name  # type: ignore[attr-defined]
         for name, (datatype, shape) in inputs.items():
             spec = known.get(name)
@@ -157,16 +170,19 @@ class CancelToken:
     """Set when the caller of a request gave up (client cancel, deadline, disconnect, shutdown).
 
     Backends poll `cancelled` before starting work and may register a callback to interrupt a run (ONNX
-    Runtime sets `RunOptions.terminate`). Callbacks run on the thread that cancels, once, and must not block.
+    Runtime sets `RunOptions.terminate`). Callbacks run on the thread that cancels (or on the thread that adds
+    one to a token already cancelled) and must not block. A callback added while the token is being cancelled
+    may run twice, so callbacks must be idempotent; in exchange adding and removing one takes no lock (list
+    appends and removals are atomic), which matters on the request path.
     """
 
     __slots__ = ("_lock", "_cancelled", "_callbacks", "reason")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards: _cancelled, _callbacks, reason
+        self._lock = threading.Lock()  # serializes cancel(): the first cancel decides `reason`
         self._cancelled = False
         self._callbacks: list[Callable[[], None]] = []
-        self.reason = ""  # why it was cancelled, e.g. "shutdown"; the first cancel decides
+        self.reason = ""  # why it was cancelled, e.g. "shutdown"
 
     @property
     def cancelled(self) -> bool:
@@ -176,26 +192,23 @@ class CancelToken:
         with self._lock:
             if self._cancelled:
                 return
-            self._cancelled = True
             self.reason = reason
+            self._cancelled = True  # set before the swap: an add that misses the swap sees it and runs itself
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
 
     def add_callback(self, callback: Callable[[], None]) -> None:
         """Run `callback` when the token is cancelled (at once if it already is)."""
-        with self._lock:
-            if not self._cancelled:
-                self._callbacks.append(callback)
-                return
-        callback()
+        self._callbacks.append(callback)
+        if self._cancelled:
+            callback()
 
     def remove_callback(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            try:
-                self._callbacks.remove(callback)
-            except ValueError:
-                pass
+        try:
+            self._callbacks.remove(callback)
+        except ValueError:
+            pass
 
 
 Outputs = dict[str, np.ndarray]

@@ -153,27 +153,35 @@ class OnnxRuntimeContext(Context):
         self._model = model
         self._run_options = _ort().RunOptions()
         self._run_options.log_severity_level = 3
+        self._terminated = False
 
     def _terminate(self) -> None:
+        self._terminated = True
         self._run_options.terminate = True
 
     def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
-        names = list(outputs) if outputs else self._model.output_names
-        feed = {name: _to_ort_input(name, array) for name, array in inputs.items()}
+        model = self._model
+        names = list(outputs) if outputs else model.output_names
+        feed = inputs if not model.string_inputs else {
+            name: _to_ort_input(name, array) for name, array in inputs.items()}
         if cancel.cancelled:
             raise ExecutionCancelled("the caller gave up before the run started")
-        self._run_options.terminate = False
+        if self._terminated:  # a previous run on this slot was terminated: clear the flag first
+            self._terminated = False
+            self._run_options.terminate = False
         cancel.add_callback(self._terminate)
         try:
-            results = self._model.session.run(names, feed, self._run_options)
+            results = model.run(names, feed, self._run_options)
         except Exception as error:  # onnxruntime raises its own exception types, all Exception subclasses
             if cancel.cancelled:
                 raise ExecutionCancelled("the run was terminated because the caller gave up") from None
-            _LOG.error("model '%s': onnxruntime run failed: %s", self._model.name, error)
-            raise ExecutionError(f"model '{self._model.name}' failed to execute") from error
+            _LOG.error("model '%s': onnxruntime run failed: %s", model.name, error)
+            raise ExecutionError(f"model '{model.name}' failed to execute") from error
         finally:
             cancel.remove_callback(self._terminate)
-        return {name: _from_ort_output(array) for name, array in zip(names, results)}
+        if model.string_outputs:
+            return {name: _from_ort_output(array) for name, array in zip(names, results)}
+        return dict(zip(names, results))
 
 
 class OnnxRuntimeModel(LoadedModel):
@@ -184,8 +192,14 @@ class OnnxRuntimeModel(LoadedModel):
     def __init__(self, spec: ModelSpec, session, metadata: ModelMetadata, weights_bytes: int) -> None:
         self.name = spec.name
         self.session = session
+        # The binding's run, without the Python wrapper's re-validation (inputs were checked against the model's
+        # metadata already); falls back to the public method where the binding is not exposed.
+        binding = getattr(session, "_sess", None)
+        self.run = binding.run if binding is not None and hasattr(binding, "run") else session.run
         self.metadata = metadata
         self.output_names = [t.name for t in metadata.outputs]
+        self.string_inputs = any(t.datatype == "BYTES" for t in metadata.inputs)
+        self.string_outputs = any(t.datatype == "BYTES" for t in metadata.outputs)
         self.max_parallel_slots = min(MAX_SLOTS, _int_parameter(spec, "max_parallel_slots", MAX_SLOTS, minimum=1))
         self._weights_bytes = weights_bytes
 
@@ -198,6 +212,7 @@ class OnnxRuntimeModel(LoadedModel):
 
     def close(self) -> None:
         self.session = None
+        self.run = None
 
 
 class OnnxRuntimeBackend(Backend):

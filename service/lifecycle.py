@@ -298,12 +298,17 @@ class ModelEntry:
         self.last_used = self._clock()
         self.admission.release(ticket)
         residency = self._runtime.residency
-        if residency is not None:
+        if residency is not None and residency.reaper is not None:
             residency.on_request_end(self)
 
     def _ensure_pool(self, cancel: CancelToken | None) -> SlotPool:
         """The published pool; the first admitted request of an unloaded model builds it (the one
         initializer) while later admitted requests wait for that outcome."""
+        pool = self._pool
+        if pool is not None:
+            # Safe without the lock: the caller holds a request lease, and only an exclusive lease (which waits
+            # for every request lease) ever retires the pool.
+            return pool
         with self._lock:
             if self._pool is not None:
                 return self._pool

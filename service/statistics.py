@@ -35,43 +35,45 @@ class StatisticsSnapshot:
 class InferenceStatistics:
     """Thread-safe counters. Recording takes one short lock of its own (never the model lock)."""
 
-    __slots__ = ("_lock", "_counts", "_inference_count", "_execution_count", "_last_inference_ms")
-
-    _FIELDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # guards: every counter below
-        self._counts = {name: [0, 0] for name in self._FIELDS}
+        self._success_count = self._success_ns = 0
+        self._fail_count = self._fail_ns = 0
+        self._queue_ns = self._input_ns = self._infer_ns = self._output_ns = 0
         self._inference_count = 0
-        self._execution_count = 0
         self._last_inference_ms = 0
 
     def record_success(self, *, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int, total_ns: int,
                        batch_size: int) -> None:
         now_ms = time.time_ns() // 1_000_000
-        counts = self._counts
         with self._lock:
-            for name, ns in (("success", total_ns), ("queue", queue_ns), ("compute_input", input_ns),
-                             ("compute_infer", infer_ns), ("compute_output", output_ns)):
-                entry = counts[name]
-                entry[0] += 1
-                entry[1] += ns
+            self._success_count += 1
+            self._success_ns += total_ns
+            self._queue_ns += queue_ns
+            self._input_ns += input_ns
+            self._infer_ns += infer_ns
+            self._output_ns += output_ns
             self._inference_count += batch_size
-            self._execution_count += 1
             self._last_inference_ms = now_ms
 
     def record_failure(self, total_ns: int) -> None:
         with self._lock:
-            entry = self._counts["fail"]
-            entry[0] += 1
-            entry[1] += total_ns
+            self._fail_count += 1
+            self._fail_ns += total_ns
 
     def snapshot(self) -> StatisticsSnapshot:
         with self._lock:
-            durations = {name: Duration(count, ns) for name, (count, ns) in self._counts.items()}
+            done = self._success_count  # every successful request was queued, prepared, run and encoded once
             return StatisticsSnapshot(
+                success=Duration(done, self._success_ns),
+                fail=Duration(self._fail_count, self._fail_ns),
+                queue=Duration(done, self._queue_ns),
+                compute_input=Duration(done, self._input_ns),
+                compute_infer=Duration(done, self._infer_ns),
+                compute_output=Duration(done, self._output_ns),
                 inference_count=self._inference_count,
-                execution_count=self._execution_count,
+                execution_count=done,
                 last_inference_ms=self._last_inference_ms,
-                **durations,
             )

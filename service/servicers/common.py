@@ -57,7 +57,7 @@ class CallTracker:
 
     def __init__(self, inference_limit: int) -> None:
         self.inference_limit = inference_limit
-        self._cond = threading.Condition()  # guards: _tokens, _inference
+        self._cond = threading.Condition(threading.Lock())  # guards: _tokens, _inference
         self._tokens: set[CancelToken] = set()
         self._inference = 0
 
@@ -71,7 +71,7 @@ class CallTracker:
                         f"server_busy: all {self.inference_limit} inference handler threads are in use")
                 self._inference += 1
             self._tokens.add(token)
-        context.add_callback(lambda: token.cancel("the call ended"))
+        context.add_callback(token.cancel)  # fires when the RPC ends, whatever ended it
         return token
 
     def end(self, token: CancelToken, *, inference: bool = False) -> None:

@@ -136,8 +136,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             status_codes.abort(context, error)
         stop_timer = []
 
-        def on_cancel() -> None:
-            if token.reason == SHUTDOWN:
+        def on_cancel() -> None:  # idempotent: a token may run a callback twice
+            if token.reason == SHUTDOWN and not stop_timer:
                 stop_timer.append(self._timers.arm(SHUTDOWN_STREAM_SECONDS, context.cancel))
         token.add_callback(on_cancel)
         try:

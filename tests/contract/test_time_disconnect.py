@@ -246,6 +246,7 @@ class _WatchedOnnxRuntime(OnnxRuntimeBackend):
     def load(self, spec):
         model = super().load(spec)
         model.session = _WatchedSession(model.session, self.watch)
+        model.run = model.session.run  # the context calls the model's `run`
         return model
 
 
