@@ -17,6 +17,7 @@ from .errors import InvalidRequest, ModelNotFound
 from .lifecycle import Lease, ModelEntry
 from .registry import ModelRegistry
 from .tensors import DecodedRequest, decode_request, encode_response
+from .wire import InferRequest, InferResponse
 
 
 def check_version(entry: ModelEntry, version: str) -> None:
@@ -50,14 +51,16 @@ class Dataplane:
             deadline = _earliest(deadline, now + timeout_us / 1e6)
         return deadline
 
-    def infer(self, request: pb.ModelInferRequest, *, client_deadline: float | None = None,
-              cancel: CancelToken | None = None) -> pb.ModelInferResponse:
+    def infer(self, request: pb.ModelInferRequest | InferRequest, *, client_deadline: float | None = None,
+              cancel: CancelToken | None = None) -> pb.ModelInferResponse | InferResponse:
         """Run one request to completion. Blocks while queued (until the admission deadline), while the model
-        loads, and for the run. Raises the core's errors (see status_codes.py for how they map)."""
+        loads, and for the run. Returns the response message, or an InferResponse (large outputs kept out of
+        the message for the wire layer). Raises the core's errors (see status_codes.py for how they map)."""
         started = time.perf_counter_ns()
+        request, raw_contents = _unwrap(request)
         entry = self.resolve(request.model_name, request.model_version)
         try:
-            decoded = decode_request(request)
+            decoded = decode_request(request, raw_contents)
             cancel = cancel or CancelToken()
             lease = entry.acquire_lease(
                 self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
@@ -90,10 +93,11 @@ class Dataplane:
         it raises; closing it (as a cancelled stream does) releases the slot.
         """
         started = time.perf_counter_ns()
+        request, raw_contents = _unwrap(request)
         entry = self.resolve(request.model_name, request.model_version)
         lease = None
         try:
-            decoded = decode_request(request)
+            decoded = decode_request(request, raw_contents)
             cancel = cancel or CancelToken()
             lease = entry.acquire_lease(
                 self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
@@ -101,13 +105,13 @@ class Dataplane:
             ran = time.perf_counter_ns()
             if lease.pool.primary.streaming:
                 for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
-                    yield self._response(request, lease, outputs)
+                    yield _as_message(self._response(request, lease, outputs))
                 executed = time.perf_counter_ns()
             else:
                 outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
                 executed = time.perf_counter_ns()
                 lease.release()
-                yield self._response(request, lease, outputs)
+                yield _as_message(self._response(request, lease, outputs))
         except BaseException:
             entry.statistics.record_failure(time.perf_counter_ns() - started)
             raise
@@ -120,9 +124,20 @@ class Dataplane:
             total_ns=finished - started, batch_size=decoded.batch_size(lease.metadata))
 
     @staticmethod
-    def _response(request: pb.ModelInferRequest, lease: Lease, outputs: dict) -> pb.ModelInferResponse:
+    def _response(request: pb.ModelInferRequest, lease: Lease, outputs: dict):
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=lease.version, id=request.id)
         return encode_response(response, outputs, lease.metadata)
+
+
+def _unwrap(request) -> tuple[pb.ModelInferRequest, list | None]:
+    if isinstance(request, InferRequest):
+        return request.message, request.raw_contents
+    return request, None
+
+
+def _as_message(response) -> pb.ModelInferResponse:
+    """Streams carry a whole ModelInferResponse inside each stream message."""
+    return response.to_message() if isinstance(response, InferResponse) else response
 
 
 def _earliest(a: float | None, b: float) -> float:

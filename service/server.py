@@ -22,7 +22,7 @@ from engine.interface import Backend
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from engine.repository import ModelRepository
 from engine.tensorrt.backend import TensorRTBackend
-from generated import grpc_service_pb2, grpc_service_pb2_grpc, management_pb2, management_pb2_grpc
+from generated import grpc_service_pb2, management_pb2, management_pb2_grpc
 
 from .dataplane import Dataplane
 from .lifecycle import SharedRuntime
@@ -31,7 +31,7 @@ from .registry import ModelRegistry, RegistryPolicy
 from .residency import ColdLoadGuard, Residency
 from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
 from .timers import TimerQueue
-from .servicers.inference import InferenceServicer
+from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
 
 _LOG = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class Server:
                      ("grpc.so_reuseport", 0)],
         )
         management = ManagementGate(self.options.allow_management)
-        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        add_inference_servicer(
             InferenceServicer(self.registry, self.dataplane, self.calls, management, self.state, VERSION,
                               self.timers, self.options.stream_write_timeout), server)
         management_pb2_grpc.add_ModelManagementServicer_to_server(

@@ -18,6 +18,7 @@ from engine.tensor_codec import TensorDecodeError, decode_raw, encode_raw, eleme
 from generated import grpc_service_pb2 as pb
 
 from .errors import InvalidRequest
+from .wire import LARGE_MESSAGE_BYTES, InferResponse
 
 _TYPED_FIELDS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
                  "fp32_contents", "fp64_contents", "bytes_contents")
@@ -39,9 +40,10 @@ class DecodedRequest:
         return 1
 
 
-def decode_request(request: pb.ModelInferRequest) -> DecodedRequest:
-    """Decode every input and the request parameters. Raises InvalidRequest."""
-    raw = request.raw_input_contents
+def decode_request(request: pb.ModelInferRequest, raw_contents=None) -> DecodedRequest:
+    """Decode every input and the request parameters. `raw_contents` (buffers, one per input) replaces the
+    message's own raw_input_contents when the wire layer kept them out of it. Raises InvalidRequest."""
+    raw = request.raw_input_contents if raw_contents is None else raw_contents
     tensors = request.inputs
     count = len(tensors)
     if raw and len(raw) != count:
@@ -164,22 +166,31 @@ def _timeout_us(request: pb.ModelInferRequest) -> int:
 
 
 def encode_response(response: pb.ModelInferResponse, outputs: dict[str, np.ndarray],
-                    metadata: ModelMetadata) -> pb.ModelInferResponse:
-    """Append `outputs` to `response` as raw contents, in the model's output order, typed as the model
-    declares them."""
+                    metadata: ModelMetadata):
+    """Add `outputs` to `response` as raw contents, in the model's output order, typed as the model declares
+    them. Small outputs go into the message (returned); when they add up to LARGE_MESSAGE_BYTES or more, the
+    arrays are kept out of it and an InferResponse is returned, which the wire layer serializes with one copy."""
     tensors = response.outputs
-    raw = response.raw_output_contents
+    raw = []
+    size = 0
     for name, datatype, dtype in _output_plan(metadata):
         array = outputs.get(name)
         if array is None:
             continue
         if dtype is None:
-            raw.append(encode_raw(array))
+            item = encode_raw(array)
+            size += len(item)
         else:
             if array.dtype != dtype:
                 array = array.astype(dtype)
-            raw.append(array.tobytes())
+            item = np.ascontiguousarray(array)
+            size += item.nbytes
+        raw.append(item)
         tensors.add(name=name, datatype=datatype, shape=array.shape)
+    if size >= LARGE_MESSAGE_BYTES:
+        return InferResponse(response, raw)
+    response.raw_output_contents.extend(
+        item.tobytes() if isinstance(item, np.ndarray) else item for item in raw)
     return response
 
 

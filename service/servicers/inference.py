@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import grpc
+from google.protobuf import message_factory
 
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
@@ -18,6 +19,7 @@ from ..errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceEr
 from ..lifecycle import ModelEntry, ModelState
 from ..registry import ModelRegistry
 from ..timers import TimerQueue
+from ..wire import parse_infer_request, serialize_infer_response
 from .common import SHUTDOWN, CallTracker, ManagementGate, as_client_error, client_deadline, rpc
 
 _LOG = logging.getLogger(__name__)
@@ -284,3 +286,30 @@ def _add_statistics(target, entry: ModelEntry) -> None:
         duration = getattr(snapshot, field)
         getattr(stats, field).count = duration.count
         getattr(stats, field).ns = duration.ns
+
+
+_HANDLER_FACTORY = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_inference_servicer(servicer: InferenceServicer, server: grpc.Server) -> None:
+    """Register the inference service like the generated `add_GRPCInferenceServiceServicer_to_server`, except
+    that ModelInfer (de)serializes through service.wire, which keeps large tensors out of protobuf's copies."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        factory = _HANDLER_FACTORY[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = factory(getattr(servicer, method.name),
+                                        request_deserializer=request_class.FromString,
+                                        response_serializer=response_class.SerializeToString)
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer, request_deserializer=parse_infer_request,
+        response_serializer=serialize_infer_response)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
