@@ -508,7 +508,7 @@ def matmul_chain_in_process(rounds: int = 1, calls: int = 30) -> dict[int, list[
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(DEMO_REPOSITORY / "matmul_chain" / "1" / "model.onnx"), options,
                                    providers=["CPUExecutionProvider"])
-    feed = {"INPUT0": np.random.default_rng(0).standard_normal((384, 512), dtype=np.float32)}
+    feed = {"INPUT0": np.random.default_rng(0).standard_normal((384, 64), dtype=np.float32)}
     for _ in range(3):
         session.run(None, feed)
 

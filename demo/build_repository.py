@@ -8,10 +8,12 @@ VAD checkpoint, taken from its wheel. No config sets instance_group: the server 
                      (Triton's classic example model, which stock tritonclient examples call)
     simple_identity  BYTES INPUT0 [-1] -> OUTPUT0, max_batch_size 8 (ONNX Identity on a string tensor)
     identity_fp32    FP32 INPUT0 [-1] -> OUTPUT0, max_batch_size 8 (large payloads, e.g. [1, 4194304] = 16 MiB)
-    matmul_chain     FP32 INPUT0 [384, 512] -> OUTPUT0 [384, 512], max_batch_size 0: eight 512x512 MatMuls, a
-                     Tanh after each. Measured with onnxruntime 1.32, intra_op_num_threads=1, on one core of an
-                     AVX-512 Xeon (the 2-core build machine): median 10.1-10.6 ms per call over several runs
-                     (1.61 GFLOP per call, 8.4 MB of weights). `--measure` prints the figure for the machine at hand.
+    matmul_chain     FP32 INPUT0 [384, 64] -> OUTPUT0 [384, 64], max_batch_size 0: a 64x512 MatMul widens the
+                     input, eight 512x512 MatMuls follow, a 512x64 MatMul narrows it back; a Tanh after each.
+                     Compute-heavy with small I/O (96 KiB each way), so slot scaling measures the engine, not
+                     the transport. Measured with onnxruntime 1.32, intra_op_num_threads=1, on one core of an
+                     AVX-512 Xeon (the 2-core build machine): median about 10.5 ms per call (1.66 GFLOP per
+                     call, 8.6 MB of weights). `--measure` prints the figure for the machine at hand.
     silero_vad       silero-vad 6.2.3's silero_vad.onnx, unchanged (sha256 pinned below): input FP32 [-1, -1],
                      state FP32 [2, -1, 128], sr INT64 scalar -> output FP32 [-1, 1], stateN FP32 [2, -1, 128]
 
@@ -47,8 +49,9 @@ IR_VERSION = helper.find_min_ir_version_for([helper.make_opsetid("", OPSET)])
 PRODUCER = "slotserve-demo"
 
 MATMUL_ROWS = 384  # rows of the input: the "batch" of one call
-MATMUL_WIDTH = 512  # every weight matrix is WIDTH x WIDTH
-MATMUL_LAYERS = 8
+MATMUL_WIDTH = 512  # the inner weight matrices are WIDTH x WIDTH
+MATMUL_LAYERS = 8  # inner layers; an input and an output projection surround them
+MATMUL_IO_WIDTH = 64  # columns of the input and the output
 MATMUL_SEED = 20261129
 
 SILERO_VERSION = "6.2.3"
@@ -181,22 +184,24 @@ def build_identity_fp32() -> BuiltModel:
 
 
 def matmul_chain_weights() -> list[np.ndarray]:
-    """The chain's weight matrices. Scaled by 1/sqrt(width) so activations keep unit-order magnitude through
-    the Tanh layers (neither saturating nor vanishing), which keeps the output a meaningful check."""
+    """The chain's weight matrices, first to last: IO_WIDTH x WIDTH, LAYERS x (WIDTH x WIDTH), WIDTH x IO_WIDTH.
+    Each is scaled by 1/sqrt(its input width) so activations keep unit-order magnitude through the Tanh layers
+    (neither saturating nor vanishing), which keeps the output a meaningful check."""
     rng = np.random.default_rng(MATMUL_SEED)
-    scale = 1.0 / np.sqrt(MATMUL_WIDTH)
-    return [(rng.standard_normal((MATMUL_WIDTH, MATMUL_WIDTH)) * scale).astype(np.float32)
-            for _ in range(MATMUL_LAYERS)]
+    shapes = [(MATMUL_IO_WIDTH, MATMUL_WIDTH)] + [(MATMUL_WIDTH, MATMUL_WIDTH)] * MATMUL_LAYERS + [
+        (MATMUL_WIDTH, MATMUL_IO_WIDTH)]
+    return [(rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32) for shape in shapes]
 
 
 def build_matmul_chain() -> BuiltModel:
-    shape = (MATMUL_ROWS, MATMUL_WIDTH)
+    shape = (MATMUL_ROWS, MATMUL_IO_WIDTH)
     inputs = (Tensor("INPUT0", TensorProto.FLOAT, shape),)
     outputs = (Tensor("OUTPUT0", TensorProto.FLOAT, shape),)
     nodes, initializers, current = [], [], "INPUT0"
-    for layer, weight in enumerate(matmul_chain_weights()):
+    weights = matmul_chain_weights()
+    for layer, weight in enumerate(weights):
         initializers.append(numpy_helper.from_array(weight, f"weight{layer}"))
-        result = "OUTPUT0" if layer == MATMUL_LAYERS - 1 else f"activation{layer}"
+        result = "OUTPUT0" if layer == len(weights) - 1 else f"activation{layer}"
         # Tanh between the MatMuls stops any optimizer from multiplying the weights together ahead of time.
         nodes.append(helper.make_node("MatMul", [current, f"weight{layer}"], [f"product{layer}"]))
         nodes.append(helper.make_node("Tanh", [f"product{layer}"], [result]))
@@ -283,7 +288,7 @@ def measure_matmul_chain(model_file: Path, runs: int = 50) -> float:
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
-    feed = {"INPUT0": np.random.default_rng(0).standard_normal((MATMUL_ROWS, MATMUL_WIDTH)).astype(np.float32)}
+    feed = {"INPUT0": np.random.default_rng(0).standard_normal((MATMUL_ROWS, MATMUL_IO_WIDTH)).astype(np.float32)}
     for _ in range(5):  # warm-up: first runs allocate the arena
         session.run(None, feed)
     timings = []

@@ -122,12 +122,12 @@ def test_identity_fp32_round_trips_16_mib(load):
 def test_matmul_chain_matches_numpy(load):
     spec, loaded, context = load("matmul_chain")
     metadata = loaded.metadata
-    shape = (builder.MATMUL_ROWS, builder.MATMUL_WIDTH)
+    shape = (builder.MATMUL_ROWS, builder.MATMUL_IO_WIDTH)
     assert metadata.max_batch_size == 0
     assert _signature(metadata.inputs) == [("INPUT0", "FP32", shape)]
     assert _signature(metadata.outputs) == [("OUTPUT0", "FP32", shape)]
     model = onnx.load(str(spec.model_file))
-    assert [n.op_type for n in model.graph.node] == ["MatMul", "Tanh"] * builder.MATMUL_LAYERS
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Tanh"] * (builder.MATMUL_LAYERS + 2)
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     assert sum(w.nbytes for w in weights.values()) < 20 * 1024 * 1024
     data = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
