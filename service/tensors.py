@@ -189,8 +189,7 @@ def encode_response(response: pb.ModelInferResponse, outputs: dict[str, np.ndarr
         tensors.add(name=name, datatype=datatype, shape=array.shape)
     if size >= LARGE_MESSAGE_BYTES:
         return InferResponse(response, raw)
-    response.raw_output_contents.extend(
-        item.tobytes() if isinstance(item, np.ndarray) else item for item in raw)
+    response.raw_output_contents.extend([item.tobytes() if type(item) is np.ndarray else item for item in raw])
     return response
 
 
