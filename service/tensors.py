@@ -183,12 +183,13 @@ def encode_response(response: pb.ModelInferResponse, outputs: dict[str, np.ndarr
         else:
             if array.dtype != dtype:
                 array = array.astype(dtype)
-            item = np.ascontiguousarray(array)
+            item = array
             size += item.nbytes
         raw.append(item)
         tensors.add(name=name, datatype=datatype, shape=array.shape)
     if size >= LARGE_MESSAGE_BYTES:
-        return InferResponse(response, raw)
+        return InferResponse(response, [np.ascontiguousarray(item) if type(item) is np.ndarray else item
+                                        for item in raw])
     response.raw_output_contents.extend([item.tobytes() if type(item) is np.ndarray else item for item in raw])
     return response
 
