@@ -1,4 +1,5 @@
-"""The ops command line: `python -m client [--address HOST:PORT] [--timeout S] [--token T] COMMAND ...`.
+"""The ops command line: `python -m client [--address HOST:PORT] [--timeout S] [--token T] [--inference-token T]
+[--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]] COMMAND ...`.
 
     health                                   live, ready and gRPC health (exit 1 unless all are good)
     models                                   repository index joined with management status
@@ -31,6 +32,7 @@ from . import _render as render
 from ._cli_inputs import UsageError, load_inputs, parse_datatypes, parse_options, parse_parameters
 from .errors import ClientError
 from .inference import InferenceClient
+from ._security import INFERENCE_TOKEN_ENV
 from .management import TOKEN_ENV, ManagementClient
 
 ADDRESS_ENV = "SLOTSERVE_ADDRESS"
@@ -51,14 +53,18 @@ class _Session:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.inference = InferenceClient(args.address, timeout=args.timeout)
+        # One channel (TLS or not) serves both clients; each call carries the token its kind needs.
+        self.inference = InferenceClient(args.address, timeout=args.timeout, token=args.inference_token,
+                                         management_token=args.token, tls=args.tls, tls_ca=args.tls_ca,
+                                         tls_cert=args.tls_cert, tls_key=args.tls_key,
+                                         tls_server_name=args.tls_server_name)
         self._management: ManagementClient | None = None
 
     @property
     def management(self) -> ManagementClient:
         if self._management is None:
             self._management = ManagementClient(channel=self.inference.channel, timeout=self.args.timeout,
-                                                token=self.args.token)
+                                                token=self.args.token, inference_token=self.args.inference_token)
         return self._management
 
     def close(self) -> None:
@@ -73,7 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(error), 2)
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
-    session = _Session(args)
+    try:
+        session = _Session(args)
+    except ValueError as error:
+        return _fail(str(error), 2)
+    except OSError as error:  # a TLS file that cannot be read
+        return _fail(_os_error(error), 2)
     try:
         return args.handler(session)
     except UsageError as error:
@@ -81,13 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClientError as error:
         return _fail(str(error), 1)
     except OSError as error:
-        return _fail(f"{error.strerror or error}: {error.filename}" if error.filename else str(error), 1)
+        return _fail(_os_error(error), 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except Exception as error:  # noqa: BLE001 - the promise is one line, never a traceback
         return _fail(f"{type(error).__name__}: {error}", 1)
     finally:
         session.close()
+
+
+def _os_error(error: OSError) -> str:
+    return f"{error.strerror or error}: {error.filename}" if error.filename else str(error)
 
 
 def _fail(message: str, status: int) -> int:
@@ -108,8 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"server HOST:PORT (default: ${ADDRESS_ENV} or {DEFAULT_ADDRESS})")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="deadline of each call in seconds (default: none)")
-    parser.add_argument("--token", default=None,
+    parser.add_argument("--token", default=None, metavar="TOKEN",
                         help=f"management bearer token (default: ${TOKEN_ENV})")
+    parser.add_argument("--inference-token", default=None, metavar="TOKEN",
+                        help=f"inference bearer token, for servers started with --inference-token "
+                             f"(default: ${INFERENCE_TOKEN_ENV})")
+    tls = parser.add_argument_group("TLS (any of these connects with TLS)")
+    tls.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's root CAs")
+    tls.add_argument("--tls-ca", metavar="FILE", help="PEM CA bundle that signed the server's certificate")
+    tls.add_argument("--tls-cert", metavar="FILE", help="PEM client certificate (mutual TLS; with --tls-key)")
+    tls.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    tls.add_argument("--tls-server-name", metavar="NAME",
+                     help="check the server's certificate against NAME instead of the address's host")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     # SUPPRESS keeps a subcommand's unset --json from overwriting a global --json.
     json_flag = _Parser(add_help=False)

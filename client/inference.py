@@ -32,6 +32,7 @@ from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
 
 from ._connection import Connection, Metadata
+from ._security import INFERENCE_TOKEN_ENV, MANAGEMENT_TOKEN_ENV, PEM, Tokens, tls_settings, token_from
 from ._tensors import build_request, decode_response
 from .errors import ClientError
 
@@ -86,16 +87,32 @@ class InferenceClient:
         channel: an open channel to use instead of opening one; it is not closed by `close()`.
         compression: grpc.Compression or "gzip"/"deflate"/"none" for a channel this client opens.
         metadata: (key, value) pairs sent with every call.
+        token: the inference token, sent as `authorization: Bearer <token>` (a server started with
+            --inference-token needs it on every call but health probes); None reads SLOTSERVE_INFERENCE_TOKEN,
+            "" sends none.
+        management_token: sent instead by `load` and `unload` (repository control); None reads
+            SLOTSERVE_MANAGEMENT_TOKEN, "" sends none. Either token is sent where the other is missing.
+        tls: connect with TLS, trusting the system's root certificates (implied by any tls_* argument).
+        tls_ca: the CA bundle that signed the server's certificate (a path, or PEM bytes).
+        tls_cert, tls_key: this client's certificate and key, for servers that require one (mutual TLS).
+        tls_server_name: the name to check the server's certificate against instead of the address's host.
 
-    Opening does no I/O (a missing server shows up as UNAVAILABLE on the first call); an unknown compression
-    name raises ValueError. Thread-safe: calls from several threads share the channel.
+    Opening does no network I/O (a missing server shows up as UNAVAILABLE on the first call); it reads the TLS
+    files (OSError if one cannot be read). An unknown compression name, tls_cert without tls_key (or the
+    reverse), or TLS settings together with `channel` raise ValueError. Thread-safe: calls from several
+    threads share the channel.
     """
 
     def __init__(self, address: str = "127.0.0.1:8001", *, timeout: float | None = None,
                  channel: grpc.Channel | None = None, compression: grpc.Compression | str | None = None,
-                 metadata: Metadata = ()) -> None:
+                 metadata: Metadata = (), token: str | None = None, management_token: str | None = None,
+                 tls: bool = False, tls_ca: PEM | None = None, tls_cert: PEM | None = None,
+                 tls_key: PEM | None = None, tls_server_name: str | None = None) -> None:
+        tokens = Tokens(inference=token_from(token, INFERENCE_TOKEN_ENV),
+                        management=token_from(management_token, MANAGEMENT_TOKEN_ENV))
         self._connection = Connection(address, channel=channel, timeout=timeout, metadata=metadata,
-                                      compression=compression)
+                                      compression=compression, tokens=tokens,
+                                      tls=tls_settings(tls, tls_ca, tls_cert, tls_key, tls_server_name))
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._connection.channel)
         self._health = health_pb2_grpc.HealthStub(self._connection.channel)
 
@@ -228,12 +245,12 @@ class InferenceClient:
         if config is not None:
             text = config if isinstance(config, str) else json.dumps(config)
             request.parameters["config"].string_param = text
-        self._connection.unary(self._stub.RepositoryModelLoad, request, timeout)
+        self._connection.unary(self._stub.RepositoryModelLoad, request, timeout, management=True)
 
     def unload(self, model: str, *, timeout: float | None = None) -> None:
         """RepositoryModelUnload; blocks until the work admitted before it drained. Raises ClientError."""
         request = pb.RepositoryModelUnloadRequest(model_name=model)
-        self._connection.unary(self._stub.RepositoryModelUnload, request, timeout)
+        self._connection.unary(self._stub.RepositoryModelUnload, request, timeout, management=True)
 
 
 def _tensor_metadata(tensors) -> tuple[TensorMetadata, ...]:

@@ -10,7 +10,6 @@ NOT_FOUND for an unknown id, UNAVAILABLE with reason `server_busy`, `residency_l
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +20,9 @@ from generated import management_pb2 as pb
 from generated import management_pb2_grpc as pb_grpc
 
 from ._connection import Connection, Metadata
+from ._security import INFERENCE_TOKEN_ENV, MANAGEMENT_TOKEN_ENV, PEM, Tokens, tls_settings, token_from
 
-TOKEN_ENV = "SLOTSERVE_MANAGEMENT_TOKEN"
+TOKEN_ENV = MANAGEMENT_TOKEN_ENV
 _STATE_PREFIX = "MODEL_STATE_"
 
 
@@ -85,16 +85,25 @@ class ManagementClient:
         timeout: default deadline in seconds for every call; None waits without limit (RegisterModel waits in
             the model's queue, UnloadModels waits for in-flight work to drain).
         channel: an open channel to use; it is not closed by `close()`.
-        token: sent as `authorization: Bearer <token>`; None reads SLOTSERVE_MANAGEMENT_TOKEN, "" sends none.
+        token: the management token, sent as `authorization: Bearer <token>`; None reads
+            SLOTSERVE_MANAGEMENT_TOKEN, "" sends none.
         metadata: further (key, value) pairs sent with every call.
+        inference_token: sent by the status calls (`list`, `get`) when the server was started with
+            --inference-token; None reads SLOTSERVE_INFERENCE_TOKEN, "" sends none. Either token is sent where
+            the other is missing (the server takes the management token for status calls too).
+        tls, tls_ca, tls_cert, tls_key, tls_server_name: TLS, as for InferenceClient.
     """
 
     def __init__(self, address: str = "127.0.0.1:8001", *, timeout: float | None = None,
-                 channel: grpc.Channel | None = None, token: str | None = None, metadata: Metadata = ()) -> None:
-        if token is None:
-            token = os.environ.get(TOKEN_ENV, "")
-        metadata = tuple(metadata) + ((("authorization", f"Bearer {token}"),) if token else ())
-        self._connection = Connection(address, channel=channel, timeout=timeout, metadata=metadata)
+                 channel: grpc.Channel | None = None, token: str | None = None, metadata: Metadata = (),
+                 inference_token: str | None = None, tls: bool = False, tls_ca: PEM | None = None,
+                 tls_cert: PEM | None = None, tls_key: PEM | None = None,
+                 tls_server_name: str | None = None) -> None:
+        tokens = Tokens(inference=token_from(inference_token, INFERENCE_TOKEN_ENV),
+                        management=token_from(token, MANAGEMENT_TOKEN_ENV))
+        self._connection = Connection(address, channel=channel, timeout=timeout, metadata=metadata,
+                                      tokens=tokens, tls=tls_settings(tls, tls_ca, tls_cert, tls_key,
+                                                                      tls_server_name))
         self._stub = pb_grpc.ModelManagementStub(self._connection.channel)
 
     def close(self) -> None:
@@ -123,12 +132,14 @@ class ManagementClient:
             request.slots = slots
         if admission_timeout is not None:
             request.admission_timeout_seconds = admission_timeout
-        return ModelStatus.from_proto(self._connection.unary(self._stub.RegisterModel, request, timeout))
+        response = self._connection.unary(self._stub.RegisterModel, request, timeout, management=True)
+        return ModelStatus.from_proto(response)
 
     def unload(self, model_id: str, *, timeout: float | None = None) -> ModelStatus:
         """UnloadModel: unload one model after its admitted work drains (idempotent). Raises ClientError."""
         request = pb.UnloadModelRequest(model_id=model_id)
-        return ModelStatus.from_proto(self._connection.unary(self._stub.UnloadModel, request, timeout))
+        response = self._connection.unary(self._stub.UnloadModel, request, timeout, management=True)
+        return ModelStatus.from_proto(response)
 
     def unload_many(self, model_ids: Iterable[str] = (), *, all: bool = False,  # noqa: A002 - the proto's name
                     timeout: float | None = None) -> tuple[list[str], list[str]]:
@@ -137,11 +148,11 @@ class ManagementClient:
         Blocks until every selected model drained, without a server-side limit. Raises ClientError.
         """
         request = pb.UnloadModelsRequest(model_ids=list(model_ids), all=all)
-        response = self._connection.unary(self._stub.UnloadModels, request, timeout)
+        response = self._connection.unary(self._stub.UnloadModels, request, timeout, management=True)
         return list(response.unloaded), list(response.not_found)
 
     def list(self, *, timeout: float | None = None) -> list[ModelStatus]:
-        """ListModels: the status of every registered model. Needs no token. Raises ClientError."""
+        """ListModels: the status of every registered model. Needs no management token. Raises ClientError."""
         response = self._connection.unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
         return [ModelStatus.from_proto(model) for model in response.models]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -11,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from .events import JsonFormatter, log_event
 from .options import ServerOptions
 
 
@@ -51,20 +51,57 @@ def build_parser() -> argparse.ArgumentParser:
              "and running work cancelled (default: %(default)s)")
     add("--stream-write-timeout", type=float, default=30.0, metavar="SECONDS",
         help="end a stream whose client does not take a message within this time (default: %(default)s)")
-    add("--log-format", choices=("text", "json"), default="text")
+    add("--metrics-port", type=int, metavar="PORT",
+        help="serve Prometheus metrics over HTTP on --host:PORT (0 picks a free port; default: off)")
+    add("--log-format", choices=("text", "json"), default="text",
+        help="text: human-readable lines; json: one JSON object per line with time, level, logger, event, "
+             "model, message and the event's fields (default: %(default)s)")
+    add_security_flags(parser)
     add("--log-level", default="INFO")
     return parser
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                           "message": record.getMessage()})
+def add_security_flags(parser: argparse.ArgumentParser) -> None:
+    """Tokens (service/auth.py) and TLS (service/tls.py). A token file is preferred: a token given on the
+    command line is visible to every local user in the process list."""
+    group = parser.add_argument_group("authentication and TLS")
+    for kind, what in (("management", "management and repository load/unload calls (needs --allow-management)"),
+                       ("inference", "every call except health probes (the management token works too)")):
+        token = group.add_mutually_exclusive_group()
+        token.add_argument(f"--{kind}-token", metavar="TOKEN",
+                           help=f"require 'authorization: Bearer TOKEN' on {what}")
+        token.add_argument(f"--{kind}-token-file", type=Path, metavar="PATH",
+                           help=f"as --{kind}-token, read from a file (trailing newline ignored; preferred)")
+    group.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve TLS with this PEM certificate chain")
+    group.add_argument("--tls-key", type=Path, metavar="FILE", help="the PEM private key of --tls-cert")
+    group.add_argument("--tls-client-ca", type=Path, metavar="FILE",
+                       help="mutual TLS: require client certificates signed by this PEM CA")
+
+
+def security_options(args: argparse.Namespace) -> dict:
+    """ServerOptions fields from the security flags. Raises ValueError for an unreadable or empty token file
+    (the message names the file, never its content)."""
+    from .auth import read_token_file
+
+    options = {"tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca}
+    for kind in ("management", "inference"):
+        path = getattr(args, f"{kind}_token_file")
+        options[f"{kind}_token"] = (read_token_file(path, f"--{kind}-token-file") if path is not None
+                                    else getattr(args, f"{kind}_token"))
+    return options
+
+
+def security_lines(options: ServerOptions) -> list[str]:
+    """What the startup banner says about who may call what and how the port is secured."""
+    from . import auth, tls
+
+    return auth.describe(options.allow_management, options.management_token, options.inference_token,
+                         tls.describe(options))
 
 
 def configure_logging(log_format: str, level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if log_format == "json" else logging.Formatter(
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
@@ -94,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             memory_budget=args.memory_budget,
             max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
             drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
-            stream_write_timeout=args.stream_write_timeout, log_format=args.log_format)
+            stream_write_timeout=args.stream_write_timeout, log_format=args.log_format,
+            metrics_port=args.metrics_port,
+            **security_options(args))
     except ValueError as error:
         print(f"slotserve: {error}", file=sys.stderr)
         return 2
@@ -104,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from .server import Server
 
     log = logging.getLogger("slotserve")
-    for line in scope_lines(options):
+    for line in scope_lines(options) + security_lines(options):
         log.info("%s", line)
     server = Server(options)
     try:
@@ -117,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum, _frame) -> None:
         name = signal.Signals(signum).name
         if stop.is_set():
-            log.warning("received %s again: exiting at once", name)
+            log_event(log, "shutdown_forced", signal=name)
             logging.shutdown()
             os._exit(128 + signum)
-        log.info("received %s: shutting down", name)
+        log_event(log, "shutdown_signal", signal=name)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

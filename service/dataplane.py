@@ -7,6 +7,8 @@ imports grpc.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -14,10 +16,14 @@ from engine.interface import CancelToken
 from generated import grpc_service_pb2 as pb
 
 from .errors import InvalidRequest, ModelNotFound
+from .events import RejectionLog
 from .lifecycle import Lease, ModelEntry
+from .outcomes import REJECTIONS, outcome_of
 from .registry import ModelRegistry
 from .tensors import DecodedRequest, decode_request, encode_response
 from .wire import InferRequest, InferResponse
+
+_LOG = logging.getLogger(__name__)
 
 
 def check_version(entry: ModelEntry, version: str) -> None:
@@ -33,6 +39,34 @@ class Dataplane:
     def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
         self._clock = clock
+        self.rejections = RejectionLog(_LOG)
+        self._unknown_lock = threading.Lock()  # guards: _unknown_model_requests
+        self._unknown_model_requests = 0
+
+    @property
+    def unknown_model_requests(self) -> int:
+        """Inference requests naming a model that is not registered (no model to count them under)."""
+        with self._unknown_lock:
+            return self._unknown_model_requests
+
+    def _request_entry(self, name: str) -> ModelEntry:
+        """The entry an inference request names; a request for an unknown name is counted server-wide (a
+        per-name count would let clients grow the metrics without bound) and raises ModelNotFound."""
+        try:
+            return self.registry.get(name)
+        except ModelNotFound:
+            with self._unknown_lock:
+                self._unknown_model_requests += 1
+            raise
+
+    def _record_failure(self, entry: ModelEntry, error: BaseException, cancel: CancelToken | None,
+                        started: int) -> None:
+        """Count a request that did not succeed under its outcome; a refusal also gets a (rate-limited) log line
+        with the message its client got (never internal details: those are logged where they arise)."""
+        outcome = outcome_of(error, cancel)
+        entry.statistics.record_failure(time.perf_counter_ns() - started, outcome)
+        if outcome in REJECTIONS:
+            self.rejections.note(entry.name, outcome, str(error))
 
     def resolve(self, name: str, version: str) -> ModelEntry:
         entry = self.registry.get(name)
@@ -58,10 +92,11 @@ class Dataplane:
         the message for the wire layer). Raises the core's errors (see status_codes.py for how they map)."""
         started = time.perf_counter_ns()
         request, raw_contents = _unwrap(request)
-        entry = self.resolve(request.model_name, request.model_version)
+        entry = self._request_entry(request.model_name)
+        cancel = cancel or CancelToken()
         try:
+            check_version(entry, request.model_version)
             decoded = decode_request(request, raw_contents)
-            cancel = cancel or CancelToken()
             lease = entry.acquire_lease(
                 self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
             try:
@@ -76,8 +111,8 @@ class Dataplane:
             finally:
                 lease.release()
             response = self._response(request, lease, outputs)
-        except BaseException:
-            entry.statistics.record_failure(time.perf_counter_ns() - started)
+        except BaseException as error:
+            self._record_failure(entry, error, cancel, started)
             raise
         finished = time.perf_counter_ns()
         entry.statistics.record_success(
@@ -94,11 +129,12 @@ class Dataplane:
         """
         started = time.perf_counter_ns()
         request, raw_contents = _unwrap(request)
-        entry = self.resolve(request.model_name, request.model_version)
+        entry = self._request_entry(request.model_name)
         lease = None
+        cancel = cancel or CancelToken()
         try:
+            check_version(entry, request.model_version)
             decoded = decode_request(request, raw_contents)
-            cancel = cancel or CancelToken()
             lease = entry.acquire_lease(
                 self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
             lease.metadata.check_request(decoded.signature, decoded.outputs)
@@ -112,8 +148,8 @@ class Dataplane:
                 executed = time.perf_counter_ns()
                 lease.release()
                 yield _as_message(self._response(request, lease, outputs))
-        except BaseException:
-            entry.statistics.record_failure(time.perf_counter_ns() - started)
+        except BaseException as error:
+            self._record_failure(entry, error, cancel, started)
             raise
         finally:
             if lease is not None:

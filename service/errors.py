@@ -33,6 +33,11 @@ class ManagementDisabled(ServiceError):
         super().__init__(f"{operation} needs management enabled: start the server with --allow-management")
 
 
+class Unauthenticated(ServiceError):
+    """A token is required and the call had none or a wrong one (UNAUTHENTICATED, reason unauthenticated).
+    The message never contains a token."""
+
+
 class ServerBusy(ServiceError):
     """Admission refused or timed out (UNAVAILABLE, reason server_busy)."""
 

@@ -34,6 +34,8 @@ from engine.interface import Backend, CancelToken, Context, ModelMetadata, Model
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
 from .errors import ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount
+from .events import Events
+from .outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
 from .statistics import InferenceStatistics
 
@@ -80,6 +82,7 @@ class SharedRuntime:
     clock: Callable[[], float] = time.monotonic
     cold_loads: object = None  # service.residency.ColdLoadGuard; None: loads are not limited
     residency: object = None  # service.residency.Residency; None: no resident-model limit or budget
+    events: Events = field(default_factory=Events)  # lifecycle events: logged, and counted for the metrics
 
     def backend(self, spec: ModelSpec) -> Backend:
         try:
@@ -323,7 +326,7 @@ class ModelEntry:
         if not initializer:
             return attempt.wait(cancel)
         try:
-            pool = self._load(committed.spec, committed.settings)
+            pool = self._load(committed.spec, committed.settings, cause="first_request")
         except BaseException as error:
             failure = _as_request_error(self.name, error)
             with self._lock:
@@ -341,42 +344,57 @@ class ModelEntry:
 
     # ---- loading and publication (callers hold a lease; no lock held while building) ------------------------
 
-    def _load(self, spec: ModelSpec, settings: ModelSettings, primary=None) -> SlotPool:
+    def _load(self, spec: ModelSpec, settings: ModelSettings, primary=None, *, cause: str) -> SlotPool:
         """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
-        memory budget checked. Raises the backend's errors, ResidencyLimit or MemoryLimit; on failure nothing
-        stays reserved or built."""
+        memory budget checked. `cause` says why, for the log. Raises the backend's errors, ResidencyLimit or
+        MemoryLimit; on failure nothing stays reserved or built. Emits load_started, then loaded or
+        load_failed (timed from load_started: eviction and building, not the wait for the guard)."""
         guard = self._runtime.cold_loads
-        residency = self._runtime.residency
         if guard is not None:
             guard.acquire()
         try:
-            if residency is not None:
-                try:
-                    residency.make_room(self)
-                except BaseException:
-                    if primary is not None:
-                        close_primary(primary, self.name)
-                    raise
+            events = self._runtime.events
+            events.emit(_LOG, "load_started", self.name, backend=spec.backend, slots=settings.slots, cause=cause)
+            started = time.perf_counter()
             try:
-                started = time.perf_counter()
-                pool = build_pool(self._runtime.backend(spec), spec, settings.slots, settings.explicit_slots,
-                                  primary)
-                if residency is not None:
-                    try:
-                        residency.check_budget(self, pool)
-                    except BaseException:
-                        pool.close()
-                        raise
-            except BaseException:
-                if residency is not None:
-                    residency.cancel(self)
+                pool = self._build_reserved(spec, settings, primary)
+            except BaseException as error:
+                reason = outcome_of(error)
+                # An error outside the table (a backend bug) is logged with its traceback; known ones need none.
+                events.emit(_LOG, "load_failed", self.name, backend=spec.backend, reason=reason,
+                            seconds=time.perf_counter() - started, error=str(error) or type(error).__name__,
+                            exc_info=error if reason == "failed" else None)
                 raise
-            _LOG.info("model '%s': loaded %d slot(s) on %s in %.3f s", self.name, pool.capacity, spec.backend,
-                      time.perf_counter() - started)
+            events.emit(_LOG, "loaded", self.name, backend=spec.backend, slots=pool.capacity,
+                        seconds=time.perf_counter() - started, memory_bytes=pool.memory_bytes())
             return pool
         finally:
             if guard is not None:
                 guard.release()
+
+    def _build_reserved(self, spec: ModelSpec, settings: ModelSettings, primary) -> SlotPool:
+        """_load's work under the guard: reserve residency, build, check the budget; undo all on failure."""
+        residency = self._runtime.residency
+        if residency is not None:
+            try:
+                residency.make_room(self)
+            except BaseException:
+                if primary is not None:
+                    close_primary(primary, self.name)
+                raise
+        try:
+            pool = build_pool(self._runtime.backend(spec), spec, settings.slots, settings.explicit_slots, primary)
+            if residency is not None:
+                try:
+                    residency.check_budget(self, pool)
+                except BaseException:
+                    pool.close()
+                    raise
+        except BaseException:
+            if residency is not None:
+                residency.cancel(self)
+            raise
+        return pool
 
     def _publish_locked(self, pool: SlotPool) -> None:
         self._pool = pool
@@ -392,7 +410,7 @@ class ModelEntry:
         self._last_error = str(error) or type(error).__name__
         self._transition_locked(ModelState.UNLOADED)
         self.admission.set_capacity_locked(self._committed.settings.slots)
-        _LOG.warning("model '%s': load failed: %s", self.name, error)
+        # Logged by _load (load_failed), outside this lock.
 
     def _retire_locked(self, next_state: ModelState) -> SlotPool | None:
         """Clear logical residency first (status shows unloaded at once); the caller tears the pool down
@@ -427,7 +445,7 @@ class ModelEntry:
             self._transition_locked(ModelState.LOADING)
             committed = self._committed
         try:
-            pool = self._load(committed.spec, committed.settings)
+            pool = self._load(committed.spec, committed.settings, cause="register")
         except BaseException as error:
             with self._lock:
                 self._fail_load_locked(error)
@@ -456,7 +474,8 @@ class ModelEntry:
         except BaseException as error:
             with self._lock:
                 self._transition_locked(old_state)  # pre-commit failure: back to where it was
-            _LOG.warning("model '%s': reconfiguration refused before commit: %s", self.name, error)
+            self._runtime.events.emit(_LOG, "reconfigure_refused", self.name,
+                                      error=str(error) or type(error).__name__)
             raise
         if replacement is not None:
             self._commit_resized(spec, settings, old_pool, replacement)
@@ -501,7 +520,7 @@ class ModelEntry:
             self._pool = None
             self._publish_locked(resized)
         old_pool.close_surplus(resized)
-        _LOG.info("model '%s': reconfigured in place (%d slot(s))", self.name, resized.capacity)
+        self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=resized.capacity, in_place=True)
 
     def _commit_replacement(self, spec, settings, old_pool: SlotPool | None, probe) -> None:
         with self._lock:
@@ -511,28 +530,31 @@ class ModelEntry:
         if retired is not None:
             retired.close()
         try:
-            pool = self._load(spec, settings, primary=probe)
+            pool = self._load(spec, settings, primary=probe, cause="reconfigure")
         except BaseException as error:
             with self._lock:
                 self._fail_load_locked(error)
             raise
         with self._lock:
             self._publish_locked(pool)
+        self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=pool.capacity, in_place=False)
 
-    def unload_leased(self) -> bool:
+    def unload_leased(self, event: str = "unloaded", **fields) -> bool:
         """Retire and tear down the pool (caller holds the exclusive lease). Idempotent: returns False when
         there was nothing to unload. Teardown runs outside the lock and may be slow; the model counts as
-        unloaded from its first step."""
+        unloaded from its first step. Emits `event` (unloaded, evicted, idle_retired, closed_at_shutdown) with
+        `fields` and the teardown's seconds, once the teardown is done."""
         with self._lock:
             if self._pool is None:
                 return False
             pool = self._retire_locked(ModelState.UNLOADING)
+        started = time.perf_counter()
         try:
             pool.close()  # type: ignore[union-attr]
         finally:
             with self._lock:
                 self._transition_locked(ModelState.UNLOADED)
-        _LOG.info("model '%s': unloaded", self.name)
+        self._runtime.events.emit(_LOG, event, self.name, **fields, seconds=time.perf_counter() - started)
         return True
 
     def try_acquire_idle_exclusive(self) -> Ticket | None:

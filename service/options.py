@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .auth import Secret, secret_of
+
 MAX_SLOTS = 16
 DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhead fits with room to spare
 
@@ -30,12 +32,19 @@ class ServerOptions:
     drain_seconds: float = 0.0
     shutdown_grace: float = 30.0
     stream_write_timeout: float = 30.0  # a stream message the client does not take within this ends the call
-    metrics_port: int | None = None
+    metrics_port: int | None = None  # Prometheus text over HTTP on the same host; None: off; 0: any free port
     log_format: str = "text"
     extra_backends: dict = field(default_factory=dict, compare=False)  # name -> Backend, for tests and plugins
+    # Security (service/auth.py, service/tls.py). Tokens may be given as str; they are kept as Secret, which
+    # never prints itself, so logging these options shows no token.
+    management_token: Secret | None = None  # management and repository control need it (and --allow-management)
+    inference_token: Secret | None = None  # every other call except health probes needs it (or the above)
+    tls_cert: Path | None = None  # PEM certificate chain; with tls_key: serve TLS only
+    tls_key: Path | None = None  # PEM private key (unencrypted)
+    tls_client_ca: Path | None = None  # PEM CA bundle: require client certificates signed by it (mutual TLS)
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = self._normalize_security()
         if self.parallel_jobs is not None and not 1 <= self.parallel_jobs <= MAX_SLOTS:
             problems.append(f"--parallel-jobs must be 1..{MAX_SLOTS}, got {self.parallel_jobs}")
         if self.admission_timeout < 0:
@@ -59,6 +68,11 @@ class ServerOptions:
             problems.append(f"--stream-write-timeout must be > 0, got {self.stream_write_timeout}")
         if not 0 <= self.port <= 65535:
             problems.append(f"--port must be 0..65535, got {self.port}")
+        if self.metrics_port is not None:
+            if not 0 <= self.metrics_port <= 65535:
+                problems.append(f"--metrics-port must be 0..65535, got {self.metrics_port}")
+            elif self.metrics_port == self.port != 0:
+                problems.append(f"--metrics-port must differ from --port ({self.port})")
         if self.log_format not in ("text", "json"):
             problems.append(f"--log-format must be text or json, got {self.log_format}")
         if problems:
@@ -68,3 +82,27 @@ class ServerOptions:
     def inference_handlers(self) -> int:
         """How many inference calls may occupy handler threads at once; the rest are refused as busy."""
         return self.max_workers - self.control_threads
+
+    def _normalize_security(self) -> list[str]:
+        """Turn token strings into Secrets and paths into Paths (the record is frozen, hence object.__setattr__);
+        the problems found, for __post_init__ to report with the others. No message contains a token."""
+        problems = []
+        for name, flag in (("management_token", "--management-token"), ("inference_token", "--inference-token")):
+            try:
+                object.__setattr__(self, name, secret_of(getattr(self, name), flag))
+            except ValueError as error:
+                problems.append(str(error))
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        if self.management_token is not None and not self.allow_management:
+            # One switch decides whether management exists; the token only decides who may use it. A token
+            # without the switch is a misconfiguration, so it is refused instead of silently changing either.
+            problems.append("--management-token needs --allow-management (the token restricts management; "
+                            "it does not enable it)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            problems.append("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            problems.append("--tls-client-ca needs --tls-cert and --tls-key")
+        return problems

@@ -158,21 +158,21 @@ class ModelRegistry:
         # manager queued behind it may change the model the moment it is.
         entry, ticket = self._publish_or_find(spec, settings)
         if ticket is not None:
+            self.runtime.events.emit(_LOG, "registered", entry.name, backend=spec.backend, slots=settings.slots,
+                                     source=settings.source)
             try:
                 if load:
                     entry.load_leased()
                 status = entry.status()
             finally:
                 entry.release_exclusive(ticket)
-            _LOG.info("model '%s': registered", entry.name)
             return status
         ticket = entry.acquire_exclusive(self.manager_deadline(entry), cancel)
         try:
-            entry.reconfigure_leased(spec, settings)
+            entry.reconfigure_leased(spec, settings)  # emits reconfigured or reconfigure_refused
             status = entry.status()
         finally:
             entry.release_exclusive(ticket)
-        _LOG.info("model '%s': reconfigured", entry.name)
         return status
 
     def _publish_or_find(self, spec: ModelSpec, settings: ModelSettings) -> tuple[ModelEntry, Ticket | None]:
@@ -275,7 +275,7 @@ class ModelRegistry:
         closed, held = [], []
         for entry in self.entries():
             if entry.status().loaded:
-                if retire_if_idle(entry, "closed at shutdown"):
+                if retire_if_idle(entry, "closed_at_shutdown"):
                     closed.append(entry.name)
                 else:
                     held.append(entry.name)
@@ -290,7 +290,7 @@ class ModelRegistry:
             try:
                 self.register(Registration(name=name), load=load)
             except Exception as error:  # one broken model must not stop the others
-                _LOG.error("model '%s': not loaded at startup: %s", name, error)
+                self.runtime.events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
 
 
 def _with_options(spec: ModelSpec, options: Mapping[str, str]) -> ModelSpec:

@@ -94,7 +94,7 @@ class Residency:
                     self._held.add(entry)
                     return
                 candidates = self._victims_locked(exclude=entry)
-            if not self._evict_one(candidates, f"to make room for model '{entry.name}'"):
+            if not self._evict_one(candidates, entry, "max_resident_models"):
                 raise ResidencyLimit(
                     f"residency_limit: {self.max_resident_models} model(s) are resident and none is idle; "
                     f"model '{entry.name}' was not loaded")
@@ -111,7 +111,7 @@ class Residency:
                 if used + needed <= self.memory_budget:
                     return
                 candidates = self._victims_locked(exclude=entry)
-            if not self._evict_one(candidates, f"to fit model '{entry.name}' in the memory budget"):
+            if not self._evict_one(candidates, entry, "memory_budget"):
                 raise MemoryLimit(
                     f"memory_limit: model '{entry.name}' needs {needed} bytes; {used} of the "
                     f"{self.memory_budget}-byte budget are held by models that are not idle")
@@ -126,10 +126,11 @@ class Residency:
         resident = [e for e in self._held if e is not exclude and e in self._memory]
         return sorted(resident, key=lambda e: e.last_used)
 
-    def _evict_one(self, candidates: list, why: str) -> bool:
-        """Retire the first candidate that is ready, idle and queue-free right now. Never waits for one."""
+    def _evict_one(self, candidates: list, loading, reason: str) -> bool:
+        """Retire the first candidate that is ready, idle and queue-free right now, to make room for `loading`
+        under the limit named by `reason` (max_resident_models or memory_budget). Never waits for one."""
         for victim in candidates:
-            if retire_if_idle(victim, f"evicted {why}"):
+            if retire_if_idle(victim, "evicted", reason=reason, for_model=loading.name):
                 with self._lock:
                     self.evictions += 1
                 return True
@@ -177,18 +178,18 @@ def entry_memory(entry) -> int:
     return pool.memory_bytes() if pool is not None else 0
 
 
-def retire_if_idle(entry, why: str) -> bool:
+def retire_if_idle(entry, event: str, **fields) -> bool:
     """Unload `entry` if it is ready, idle and queue-free now (try-acquire; never queues). Returns whether it
-    was retired. Teardown runs on the calling thread, after the model already counts as unloaded."""
+    was retired. Teardown runs on the calling thread, after the model already counts as unloaded. The unload
+    is logged (and counted) as `event` with `fields`: evicted, idle_retired or closed_at_shutdown."""
     ticket = entry.try_acquire_idle_exclusive()
     if ticket is None:
         return False
     try:
-        entry.unload_leased()
+        retired = entry.unload_leased(event, **fields)
     finally:
         entry.release_exclusive(ticket)
-    _LOG.info("model '%s': %s", entry.name, why)
-    return True
+    return retired
 
 
 class IdleReaper:
@@ -272,7 +273,7 @@ class IdleReaper:
         now = self._clock()
         if due > now:
             self.schedule(entry, due)  # used since it was scheduled
-        elif retire_if_idle(entry, f"retired after {self.idle_seconds:g} s idle"):
+        elif retire_if_idle(entry, "idle_retired", idle_seconds=self.idle_seconds):
             self.retired += 1
         else:
             self.schedule(entry, now + self.idle_seconds)  # busy or queued now: not idle

@@ -24,8 +24,12 @@ from engine.repository import ModelRepository
 from engine.tensorrt.backend import TensorRTBackend
 from generated import grpc_service_pb2, management_pb2, management_pb2_grpc
 
+from . import tls
+from .auth import Authenticator
 from .dataplane import Dataplane
+from .events import log_event
 from .lifecycle import SharedRuntime
+from .metrics import ServerMetrics, SlotserveCollector
 from .options import ServerOptions
 from .registry import ModelRegistry, RegistryPolicy
 from .residency import ColdLoadGuard, Residency
@@ -79,6 +83,10 @@ class Server:
         self.registry = ModelRegistry(self.repository, self.runtime, RegistryPolicy(
             parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout))
         self.dataplane = Dataplane(self.registry)
+        # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
+        # --metrics-port.
+        self.metrics = ServerMetrics(SlotserveCollector(self.registry, self.residency, self.runtime.events,
+                                                        self.runtime.cold_loads, self.dataplane))
         self.state = ServerState()
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers)
@@ -95,6 +103,21 @@ class Server:
         host = self.options.host
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound --metrics-port (the free port picked for 0), or None when metrics are not served."""
+        return self.metrics.port
+
+    def _start_metrics(self) -> None:
+        """Serve /metrics when --metrics-port is set. Raises RuntimeError if its port cannot be bound."""
+        port = self.options.metrics_port
+        if port is None:
+            return
+        try:
+            self.metrics.start(self.options.host, port)
+        except OSError as error:
+            raise RuntimeError(f"cannot serve metrics on {self.options.host}:{port}: {error}") from None
+
     def _build_grpc(self) -> grpc.Server:
         limit = self.options.max_message_bytes
         self._executor = futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc")
@@ -103,7 +126,8 @@ class Server:
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                      ("grpc.so_reuseport", 0)],
         )
-        management = ManagementGate(self.options.allow_management)
+        management = ManagementGate(self.options.allow_management,
+                                    Authenticator(self.options.management_token, self.options.inference_token))
         add_inference_servicer(
             InferenceServicer(self.registry, self.dataplane, self.calls, management, self.state, VERSION,
                               self.timers, self.options.stream_write_timeout), server)
@@ -118,24 +142,41 @@ class Server:
     def start(self) -> int:
         """Register (and by default load) the repository's models, bind, start serving. Returns the port.
 
-        Raises RuntimeError if the address cannot be bound.
+        Raises RuntimeError if the address cannot be bound, and tls.TLSConfigError (a RuntimeError) for an
+        unusable TLS file, before anything is loaded.
         """
+        try:
+            credentials = tls.server_credentials(self.options)  # fail fast: before any model loads
+        except tls.TLSConfigError:
+            self.timers.close()  # the only thing running yet
+            raise
+        try:
+            self._start_metrics()  # first, so a scrape can watch the startup loads
+        except RuntimeError:
+            self.timers.close()
+            raise
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.residency.start()
         self.registry.register_repository(load=self.options.load_at_startup)
         self._grpc = self._build_grpc()
         try:
-            self.port = self._grpc.add_insecure_port(f"{self._bind_host()}:{self.options.port}")
+            address = f"{self._bind_host()}:{self.options.port}"
+            # With TLS the port speaks only TLS: a plaintext client cannot complete a handshake.
+            self.port = (self._grpc.add_insecure_port(address) if credentials is None
+                         else self._grpc.add_secure_port(address, credentials))
         except RuntimeError as error:
             # Nothing serves: release what startup built (threads, loaded engines) before raising.
             self.residency.stop()
             self.registry.close_idle_models()
             self.timers.close()
+            self.metrics.stop()
             raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from None
         self._grpc.start()
         self.state.ready = True
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        _LOG.info("slotserve %s serving %s on %s", VERSION, self.repository.root, self.address)
+        metrics = self.metrics_port
+        log_event(_LOG, "serving", version=VERSION, repository=str(self.repository.root), address=self.address,
+                  metrics_address=None if metrics is None else _host_port(self.options.host, metrics))
         return self.port
 
     def _bind_host(self) -> str:
@@ -171,31 +212,32 @@ class Server:
         self.state.ready = False
         self.state.shutting_down = True
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        _LOG.info("shutdown: health NOT_SERVING; draining for %.1f s", drain)
+        log_event(_LOG, "shutdown_draining", drain_seconds=drain)
         if drain > 0:
             threading.Event().wait(drain)  # keep serving while load balancers move away
         stopped = self._grpc.stop(grace + 2 * margin) if self._grpc is not None else None
-        _LOG.info("shutdown: no longer accepting calls; %d in progress get %.1f s to finish", self.calls.active, grace)
+        log_event(_LOG, "shutdown_closed_to_new_calls", calls=self.calls.active, grace_seconds=grace)
         self.residency.stop()
         if not self.calls.wait_idle(grace):
-            _LOG.info("shutdown: grace over; refusing queued work and cancelling %d call(s)", self.calls.active)
+            log_event(_LOG, "shutdown_grace_over", calls=self.calls.active)
             for entry in self.registry.entries():
                 entry.admission.close()
             self.calls.cancel_all(SHUTDOWN)
             self.calls.wait_idle(margin)
         abandoned_calls = self.calls.active
         if abandoned_calls:
-            _LOG.error("shutdown: abandoning %d call(s) hung in a backend", abandoned_calls)
+            log_event(_LOG, "shutdown_calls_abandoned", calls=abandoned_calls)
         closed, abandoned_models = self.registry.close_idle_models()
         if abandoned_models:
-            _LOG.error("shutdown: engines of %s left open: still held by hung calls", ", ".join(abandoned_models))
+            log_event(_LOG, "shutdown_engines_left_open", models=abandoned_models)
         if stopped is not None:
             stopped.wait(margin)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self.timers.close()
+        self.metrics.stop()  # last: a scrape could watch the whole shutdown
         self.report = ShutdownReport(abandoned_calls, abandoned_models, closed, time.monotonic() - started)
-        _LOG.info("shutdown: done in %.3f s (%d engine(s) closed)", self.report.seconds, len(closed))
+        log_event(_LOG, "shutdown_done", seconds=self.report.seconds, closed_models=len(closed))
         self._shutdown_done.set()
         return self.report
 
@@ -206,3 +248,7 @@ class Server:
     def wait(self) -> None:
         if self._grpc is not None:
             self._grpc.wait_for_termination()
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,16 +1,27 @@
-"""Per-model inference statistics, as the protocol's ModelStatistics reports them.
+"""Per-model inference statistics, as the protocol's ModelStatistics and the Prometheus metrics report them.
 
 Durations are nanoseconds. queue = admission wait plus waiting for the model to load; compute_input = checking
 and preparing inputs; compute_infer = the engine run; compute_output = building the response. success and fail
 count whole requests with their total duration. inference_count adds the batch size of each request;
 execution_count counts engine runs (one per request: slotserve does not merge requests into batches).
+
+For the metrics the same record also keeps, at no extra lock, how each failed request ended (its outcome, see
+service/outcomes.py) and histogram buckets of the queue and engine-run times of successful requests. Both
+ModelStatistics and /metrics therefore read one set of counters and always agree.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
+
+# Upper bounds (seconds) of the admission-wait and compute histograms: 100 µs (a warm slot) to a minute (a slow
+# cold load behind a queue). Observations above the last bound land in the +Inf bucket.
+BUCKETS_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0, 60.0)
+_BOUNDS_NS = tuple(round(bound * 1e9) for bound in BUCKETS_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,9 @@ class StatisticsSnapshot:
     inference_count: int
     execution_count: int
     last_inference_ms: int  # epoch milliseconds; 0 before the first request
+    failures: dict[str, int]  # outcome -> failed requests (outcomes other than success)
+    queue_buckets: tuple[int, ...] = ()  # per bucket of BUCKETS_SECONDS, then +Inf; not cumulative
+    infer_buckets: tuple[int, ...] = ()
 
 
 class InferenceStatistics:
@@ -44,10 +58,17 @@ class InferenceStatistics:
         self._queue_ns = self._input_ns = self._infer_ns = self._output_ns = 0
         self._inference_count = 0
         self._last_inference_ms = 0
+        self._failures: dict[str, int] = {}
+        self._queue_buckets = [0] * (len(_BOUNDS_NS) + 1)
+        self._infer_buckets = [0] * (len(_BOUNDS_NS) + 1)
 
     def record_success(self, *, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int, total_ns: int,
                        batch_size: int) -> None:
         now_ms = time.time_ns() // 1_000_000
+        # Bucket indexes outside the lock; bisect_left puts a value equal to a bound in that bound's bucket
+        # (Prometheus buckets count observations <= le).
+        queue_bucket = bisect_left(_BOUNDS_NS, queue_ns)
+        infer_bucket = bisect_left(_BOUNDS_NS, infer_ns)
         with self._lock:
             self._success_count += 1
             self._success_ns += total_ns
@@ -57,11 +78,15 @@ class InferenceStatistics:
             self._output_ns += output_ns
             self._inference_count += batch_size
             self._last_inference_ms = now_ms
+            self._queue_buckets[queue_bucket] += 1
+            self._infer_buckets[infer_bucket] += 1
 
-    def record_failure(self, total_ns: int) -> None:
+    def record_failure(self, total_ns: int, outcome: str = "failed") -> None:
+        """A request that did not succeed; `outcome` is how it ended (service.outcomes.outcome_of)."""
         with self._lock:
             self._fail_count += 1
             self._fail_ns += total_ns
+            self._failures[outcome] = self._failures.get(outcome, 0) + 1
 
     def snapshot(self) -> StatisticsSnapshot:
         with self._lock:
@@ -76,4 +101,7 @@ class InferenceStatistics:
                 inference_count=self._inference_count,
                 execution_count=done,
                 last_inference_ms=self._last_inference_ms,
+                failures=dict(self._failures),
+                queue_buckets=tuple(self._queue_buckets),
+                infer_buckets=tuple(self._infer_buckets),
             )

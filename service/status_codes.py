@@ -34,6 +34,8 @@ TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str | None], ...] = (
     (engine_errors.ModelConfigError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
     (TensorDecodeError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
     (errors.ManagementDisabled, grpc.StatusCode.PERMISSION_DENIED, "management_disabled"),
+    # A missing token and a wrong one get the same status (DESIGN §5); the message says which, never a token.
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, "unauthenticated"),
     (errors.ServerBusy, grpc.StatusCode.UNAVAILABLE, "server_busy"),
     (errors.ResidencyLimit, grpc.StatusCode.UNAVAILABLE, "residency_limit"),
     (errors.MemoryLimit, grpc.StatusCode.UNAVAILABLE, "memory_limit"),

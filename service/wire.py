@@ -107,6 +107,11 @@ def parse_infer_request(data: bytes) -> InferRequest:
         elif wire_type == 5:
             position += 4
             rest.append(view[start:position])
+        elif wire_type in (3, 4):
+            # A group (deprecated, never sent by a proto3 sender) is not walked here: protobuf decides, keeping a
+            # well-formed one as an unknown field and refusing a malformed one, as it does for small messages.
+            message = pb.ModelInferRequest.FromString(data)
+            return InferRequest(message, list(message.raw_input_contents))
         else:
             raise WireError(f"unsupported wire type {wire_type}")
     if position != end:

@@ -1,4 +1,5 @@
-"""What the servicers share: error handling, cancellation tokens, deadlines and the handler budget."""
+"""What the servicers share: access checks, error handling, cancellation tokens, deadlines and the handler
+budget."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from engine.errors import ExecutionCancelled
 from engine.interface import CancelToken
 
 from .. import status_codes
-from ..errors import ManagementDisabled, RequestCancelled, ServerBusy, ShuttingDown
+from ..auth import Access, Authenticator
+from ..errors import ManagementDisabled, RequestCancelled, ServerBusy, ServiceError, ShuttingDown
 
 
 SHUTDOWN = "shutdown"
@@ -25,16 +27,23 @@ def as_client_error(error: BaseException, token: CancelToken | None) -> BaseExce
     return error
 
 
-def rpc(method=None, *, inference: bool = False):
+def rpc(method=None, *, inference: bool = False, access: Access = Access.READ):
     """Run a unary handler as a tracked call (see CallTracker): it gets `token`, its CancelToken, and any
     exception becomes the status the table gives it. `inference=True` counts it against the inference
-    handler limit."""
+    handler limit.
+
+    `access` says who may call it (service.auth): READ by default, so a new RPC is guarded unless it is
+    declared OPEN; MANAGE runs the management gate (permission, then the management token). The check comes
+    before the call is tracked, so refused callers never occupy an inference handler slot. The servicer
+    holds the gate as `self._management`.
+    """
     def wrap(method):
         @functools.wraps(method)
         def handler(self, request, context):
             try:
+                self._management.require(access, method.__name__, context)
                 token = self._calls.begin(context, inference=inference)
-            except ServerBusy as error:
+            except ServiceError as error:  # refused (unauthenticated, disabled) or busy
                 status_codes.abort(context, error)
             try:
                 return method(self, request, context, token)
@@ -120,11 +129,29 @@ def client_deadline(context: grpc.ServicerContext) -> float | None:
 
 
 class ManagementGate:
-    """Checks that management is enabled before a mutating call."""
+    """Who may call what: management permission (--allow-management) and bearer tokens (service.auth)."""
 
-    def __init__(self, allowed: bool) -> None:
+    def __init__(self, allowed: bool, authenticator: Authenticator | None = None) -> None:
         self.allowed = allowed
+        self.authenticator = authenticator if authenticator is not None else Authenticator()
 
     def check(self, operation: str, context: grpc.ServicerContext) -> None:
+        """A mutating call: management must be enabled (else PERMISSION_DENIED), then the call must carry the
+        token management needs, if any (else UNAUTHENTICATED; see service.auth)."""
         if not self.allowed:
             raise ManagementDisabled(operation)
+        self.authenticator.check(Access.MANAGE, operation, context)
+
+    def require(self, access: Access, operation: str, context: grpc.ServicerContext) -> None:
+        """Raise ManagementDisabled or Unauthenticated unless the call may run `operation` at `access`."""
+        if access is Access.MANAGE:
+            self.check(operation, context)
+        else:
+            self.authenticator.check(access, operation, context)
+
+    def abort_unless(self, access: Access, operation: str, context: grpc.ServicerContext) -> None:
+        """`require` for handlers outside `rpc` (streams, unimplemented methods): aborts the RPC when refused."""
+        try:
+            self.require(access, operation, context)
+        except ServiceError as error:
+            status_codes.abort(context, error)

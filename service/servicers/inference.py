@@ -12,6 +12,7 @@ from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
 
 from .. import status_codes
+from ..auth import Access
 from ..dataplane import Dataplane, check_version
 from engine.errors import EngineError, ModelConfigError
 
@@ -54,16 +55,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._version = version
 
     # ---- health and metadata --------------------------------------------------------------------------------
+    # Liveness and readiness are OPEN: Kubernetes and load balancers probe without credentials. ModelReady is
+    # the per-model probe (Triton counts it as health too) and answers only a boolean. Every other method
+    # needs the inference token when one is set (rpc's default access, READ).
 
-    @rpc
+    @rpc(access=Access.OPEN)
     def ServerLive(self, request, context, token):
         return pb.ServerLiveResponse(live=True)
 
-    @rpc
+    @rpc(access=Access.OPEN)
     def ServerReady(self, request, context, token):
         return pb.ServerReadyResponse(ready=self._server_state.ready)
 
-    @rpc
+    @rpc(access=Access.OPEN)
     def ModelReady(self, request, context, token):
         try:
             entry = self._registry.get(request.name)
@@ -132,6 +136,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         or waiting for the next request of a client that keeps its side open, returns and is joined within the
         shutdown margin instead of being abandoned with its model's engine.
         """
+        self._management.abort_unless(Access.READ, "ModelStreamInfer", context)
         try:
             token = self._calls.begin(context, inference=True)
         except ServiceError as error:
@@ -191,9 +196,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     response.models.add(name=name, state="UNAVAILABLE", reason="not registered")
         return response
 
-    @rpc
+    @rpc(access=Access.MANAGE)
     def RepositoryModelLoad(self, request, context, token):
-        self._management.check("RepositoryModelLoad", context)
         config_json = ""
         for key, value in request.parameters.items():
             if key == "config":
@@ -208,9 +212,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise
         return pb.RepositoryModelLoadResponse()
 
-    @rpc
+    @rpc(access=Access.MANAGE)
     def RepositoryModelUnload(self, request, context, token):
-        self._management.check("RepositoryModelUnload", context)
         self._registry.unload(request.model_name, cancel=token)
         return pb.RepositoryModelUnloadResponse()
 
@@ -225,7 +228,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def CudaSharedMemoryUnregister(self, request, context, token):
         return pb.CudaSharedMemoryUnregisterResponse()
 
+    # These answer UNIMPLEMENTED, after the same token check as every guarded method, so an unauthenticated
+    # caller learns nothing about the server from them either.
+
     def _unsupported(self, request, context, what="shared memory"):
+        self._management.abort_unless(Access.READ, "shared memory", context)
         context.abort(grpc.StatusCode.UNIMPLEMENTED,
                       f"slotserve does not support {what}; send tensors in the request")
 
@@ -235,9 +242,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryRegister = _unsupported
 
     def TraceSetting(self, request, context):
+        self._management.abort_unless(Access.READ, "TraceSetting", context)
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support trace settings")
 
     def LogSettings(self, request, context):
+        self._management.abort_unless(Access.READ, "LogSettings", context)
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; "
                                                      "use --log-format")
 

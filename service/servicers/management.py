@@ -5,6 +5,7 @@ from __future__ import annotations
 from generated import management_pb2 as pb
 from generated import management_pb2_grpc as pb_grpc
 
+from ..auth import Access
 from ..lifecycle import ModelState, ModelStatus
 from ..registry import ModelRegistry, Registration
 from .common import CallTracker, ManagementGate, rpc
@@ -45,9 +46,8 @@ class ManagementServicer(pb_grpc.ModelManagementServicer):
         self._calls = calls
         self._management = management
 
-    @rpc
+    @rpc(access=Access.MANAGE)
     def RegisterModel(self, request, context, token):
-        self._management.check("RegisterModel", context)
         registration = Registration(
             name=request.model_id,
             source=request.source,
@@ -60,17 +60,18 @@ class ManagementServicer(pb_grpc.ModelManagementServicer):
         )
         return status_message(self._registry.register(registration, cancel=token))
 
-    @rpc
+    @rpc(access=Access.MANAGE)
     def UnloadModel(self, request, context, token):
-        self._management.check("UnloadModel", context)
         return status_message(self._registry.unload(request.model_id, cancel=token))
 
-    @rpc
+    @rpc(access=Access.MANAGE)
     def UnloadModels(self, request, context, token):
-        self._management.check("UnloadModels", context)
         unloaded, not_found = self._registry.unload_many(request.model_ids, all_models=request.all,
                                                          cancel=token)
         return pb.UnloadModelsResponse(unloaded=unloaded, not_found=not_found)
+
+    # Status calls need no management token (they change nothing); with --inference-token set they need a token
+    # like every other read (rpc's default access, READ).
 
     @rpc
     def ListModels(self, request, context, token):

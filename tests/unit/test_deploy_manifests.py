@@ -36,11 +36,6 @@ DEFAULT_GRACE_PERIOD = 30  # Kubernetes' terminationGracePeriodSeconds when a po
 # The README's promise is "the process exits within drain + grace + 4 s" (two handler margins); a pod's grace
 # period must also leave a little time for the process to start exiting and for the kubelet.
 EXIT_SLACK = 5.0
-# Flags that other parts of issue 8 are adding to service/cli.py. While one is still missing, command lines are
-# checked without it and test_pending_flags_have_landed reports which (xfail). Once all have landed that test
-# passes: then delete this set, so every flag is checked strictly.
-PENDING_FLAGS = frozenset({"--metrics-port", "--management-token", "--management-token-file", "--inference-token",
-                           "--inference-token-file", "--tls-cert", "--tls-key", "--tls-client-ca"})
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
@@ -118,27 +113,16 @@ def flag_names(args: list[str]) -> list[str]:
     return [arg.split("=", 1)[0] for arg in args if arg.startswith("--")]
 
 
-def without_pending(args: list[str], known: set[str]) -> list[str]:
-    """`args` less the pending flags service.cli does not have yet (written `--flag=value` or `--flag`)."""
-    kept = []
-    for arg in args:
-        name = arg.split("=", 1)[0]
-        if name in PENDING_FLAGS and name not in known:
-            continue
-        kept.append(arg)
-    return kept
-
-
 def parse_slotserve(args: list[str], where: str) -> argparse.Namespace:
     """Parse with slotserve's own parser, then build ServerOptions from it, as `slotserve` itself does."""
     for arg in args:
         assert isinstance(arg, str), f"{where}: argument {arg!r} is not a string (quote it in YAML)"
         assert not (arg.startswith("--") and " " in arg.split("=", 1)[0]), f"{where}: malformed flag {arg!r}"
     known = known_flags()
-    unknown = sorted({name for name in flag_names(args) if name not in known} - PENDING_FLAGS)
+    unknown = sorted({name for name in flag_names(args) if name not in known})
     assert not unknown, f"{where}: slotserve has no flag {', '.join(unknown)} (renamed or removed in service/cli.py?)"
     try:
-        parsed = build_parser().parse_args(without_pending(args, known))
+        parsed = build_parser().parse_args(args)
     except SystemExit:
         pytest.fail(f"{where}: `slotserve {shlex.join(args)}` is refused by service.cli.build_parser()")
     fields = {field.name for field in dataclasses.fields(ServerOptions) if field.init}
@@ -243,16 +227,6 @@ def test_every_slotserve_command_line_is_accepted_by_service_cli():
             f"{where}: --host {parsed.host} is unreachable from the kubelet and the Service; use 0.0.0.0"
         assert parsed.port == GRPC_PORT, f"{where}: --port must be {GRPC_PORT}"
         assert parsed.log_format == "json", f"{where}: use --log-format=json in a cluster"
-
-
-def test_pending_flags_have_landed():
-    """Reports (xfail) the flags the manifests use that service/cli.py does not have yet."""
-    used = set(flag_names(dockerfile_args()))
-    for _, node in slotserve_containers(all_documents()):
-        used.update(flag_names(node.get("args", [])))
-    missing = sorted((used & PENDING_FLAGS) - known_flags())
-    if missing:
-        pytest.xfail(f"not yet in service/cli.py: {', '.join(missing)}")
 
 
 def test_every_probe_asks_grpc_health_on_the_grpc_port():

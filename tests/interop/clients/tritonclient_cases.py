@@ -375,18 +375,49 @@ def case_metadata(client: grpcclient.InferenceServerClient) -> dict:
             "unknown_model_ready": client.is_model_ready("no_such_model")}
 
 
+def case_secure(address: str, ca: str, cert: str, key: str, inference_token: str, management_token: str) -> dict:
+    """Mutual TLS plus tokens, with tritonclient's own options: ssl/root_certificates/private_key/
+    certificate_chain (file paths) and per-call `headers`. Health needs no token; inference needs the inference
+    token; repository control needs the management token."""
+    client = grpcclient.InferenceServerClient(address, ssl=True, root_certificates=ca, private_key=key,
+                                              certificate_chain=cert)
+    try:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("simple")
+        a, b = simple_inputs(2)
+        refused = {}
+        for label, headers in (("none", None), ("wrong", {"authorization": "Bearer wrong"})):
+            try:
+                client.infer("simple", triton_inputs(a, b), headers=headers)
+            except InferenceServerException as error:
+                refused[label] = error.status()
+        inference = {"authorization": f"Bearer {inference_token}"}
+        check_simple(client.infer("simple", triton_inputs(a, b), headers=inference), a, b)
+        try:
+            client.unload_model("simple", headers=inference)
+        except InferenceServerException as error:
+            refused["unload_with_inference_token"] = error.status()
+        management = {"authorization": f"Bearer {management_token}"}
+        client.unload_model("simple", headers=management)
+        client.load_model("simple", headers=management)
+        result = check_simple(client.infer("simple", triton_inputs(a, b), headers=inference), a, b)
+        return {"refused": refused, "result": result}
+    finally:
+        client.close()
+
+
 CASES = {
     "infer": case_infer, "compressed": case_compressed, "async": case_async, "bytes": case_bytes,
     "config": case_config, "statistics": case_statistics, "index": case_index, "control": case_control,
     "failed_reload": case_failed_reload, "metadata": case_metadata,
 }
-ADDRESS_CASES = {"aio": case_aio, "explicit_int": case_explicit_int, "stream": case_stream}
+ADDRESS_CASES = {"aio": case_aio, "explicit_int": case_explicit_int, "stream": case_stream,
+                 "secure": case_secure}
 
 
 def main() -> None:
     address, case = sys.argv[1], sys.argv[2]
     if case in ADDRESS_CASES:
-        result = ADDRESS_CASES[case](address)
+        result = ADDRESS_CASES[case](address, *sys.argv[3:])
     else:
         client = grpcclient.InferenceServerClient(address)
         try:

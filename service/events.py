@@ -1,0 +1,196 @@
+"""Lifecycle events: one structured log line each, in text or JSON, and per-model counts for the metrics.
+
+Every lifecycle site (register, load, reconfigure, unload, eviction, idle retirement, rejection, shutdown phase)
+calls `log_event(logger, event, model=..., **fields)` or, where the event is also counted, `Events.emit` (one
+`Events` per server, reached through `SharedRuntime.events`). `EVENTS` below is the one list of event names,
+their levels, the fields each carries and the text line it renders as; the README's "Logs" section documents it.
+
+* Text format: the usual `time LEVEL logger: message` line, whose message reads like a sentence
+  (`model 'x': loaded 2 slot(s) on onnxruntime in 0.045 s`).
+* JSON format (`JsonFormatter`, `--log-format json`): one object per line with the fixed keys `time`, `level`,
+  `logger`, `event`, `model`, `message`, then the event's own fields. Lines that are not events (warnings,
+  tracebacks) have `event` and `model` null; a traceback goes under `exception`.
+
+Locking: `Events._lock` and `RejectionLog._lock` are leaves: nothing else is taken while they are held, so
+events may be emitted from anywhere, even under a model lock (no site does: they emit after releasing it).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+# The keys every JSON line has; an event's own fields never use these names (tests/unit/test_events.py checks).
+FIXED_KEYS = ("time", "level", "logger", "event", "model", "message")
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """An event's level, its fields (in the order the README lists them) and its text line: a format string over
+    the fields, or a function of them where the sentence depends on a field's value."""
+
+    level: int
+    fields: tuple[str, ...]
+    text: str | Callable[[Mapping[str, object]], str]
+
+    def render(self, fields: Mapping[str, object]) -> str:
+        return self.text(fields) if callable(self.text) else self.text.format(**fields)
+
+
+def _evicted_text(fields: Mapping[str, object]) -> str:
+    # The residency wording is the README's ("evicted to make room for model 'y'").
+    if fields["reason"] == "memory_budget":
+        return f"evicted to fit model '{fields['for_model']}' in the memory budget"
+    return f"evicted to make room for model '{fields['for_model']}'"
+
+
+def _rejected_text(fields: Mapping[str, object]) -> str:
+    more = int(fields["count"]) - 1
+    tail = f" ({more} more since the previous line)" if more > 0 else ""
+    return f"rejected a request ({fields['reason']}): {fields['error']}{tail}"
+
+
+def _serving_text(fields: Mapping[str, object]) -> str:
+    metrics = fields.get("metrics_address")
+    tail = f"; metrics on http://{metrics}/metrics" if metrics else ""
+    return f"slotserve {fields['version']} serving {fields['repository']} on {fields['address']}{tail}"
+
+
+_INFO, _WARNING, _ERROR = logging.INFO, logging.WARNING, logging.ERROR
+
+EVENTS: dict[str, EventSpec] = {
+    # -- models --
+    "registered": EventSpec(_INFO, ("backend", "slots", "source"),
+                            "registered ({backend}, {slots} slot(s))"),
+    "not_loaded_at_startup": EventSpec(_ERROR, ("error",), "not loaded at startup: {error}"),
+    "load_started": EventSpec(_INFO, ("backend", "slots", "cause"),
+                              "loading {slots} slot(s) on {backend} ({cause})"),
+    "loaded": EventSpec(_INFO, ("backend", "slots", "seconds", "memory_bytes"),
+                        "loaded {slots} slot(s) on {backend} in {seconds:.3f} s"),
+    "load_failed": EventSpec(_WARNING, ("backend", "reason", "seconds", "error"),
+                             "load failed after {seconds:.3f} s ({reason}): {error}"),
+    "reconfigured": EventSpec(_INFO, ("slots", "in_place"),
+                              lambda f: f"reconfigured {'in place' if f['in_place'] else 'with a new engine'} "
+                                        f"({f['slots']} slot(s))"),
+    "reconfigure_refused": EventSpec(_WARNING, ("error",), "reconfiguration refused before commit: {error}"),
+    "unloaded": EventSpec(_INFO, ("seconds",), "unloaded in {seconds:.3f} s"),
+    "evicted": EventSpec(_INFO, ("reason", "for_model", "seconds"), _evicted_text),
+    "idle_retired": EventSpec(_INFO, ("idle_seconds", "seconds"), "retired after {idle_seconds:g} s idle"),
+    "closed_at_shutdown": EventSpec(_INFO, ("seconds",), "closed at shutdown"),
+    "rejected": EventSpec(_INFO, ("reason", "error", "count"), _rejected_text),
+    # -- the server --
+    "serving": EventSpec(_INFO, ("version", "repository", "address", "metrics_address"), _serving_text),
+    "shutdown_signal": EventSpec(_INFO, ("signal",), "received {signal}: shutting down"),
+    "shutdown_forced": EventSpec(_WARNING, ("signal",), "received {signal} again: exiting at once"),
+    "shutdown_draining": EventSpec(_INFO, ("drain_seconds",),
+                                   "shutdown: health NOT_SERVING; draining for {drain_seconds:.1f} s"),
+    "shutdown_closed_to_new_calls": EventSpec(
+        _INFO, ("calls", "grace_seconds"),
+        "shutdown: no longer accepting calls; {calls} in progress get {grace_seconds:.1f} s to finish"),
+    "shutdown_grace_over": EventSpec(
+        _INFO, ("calls",), "shutdown: grace over; refusing queued work and cancelling {calls} call(s)"),
+    "shutdown_calls_abandoned": EventSpec(_ERROR, ("calls",),
+                                          "shutdown: abandoning {calls} call(s) hung in a backend"),
+    "shutdown_engines_left_open": EventSpec(
+        _ERROR, ("models",),
+        lambda f: f"shutdown: engines of {', '.join(f['models'])} left open: still held by hung calls"),
+    "shutdown_done": EventSpec(_INFO, ("seconds", "closed_models"),
+                               "shutdown: done in {seconds:.3f} s ({closed_models} engine(s) closed)"),
+}
+
+
+def log_event(logger: logging.Logger, event: str, model: str | None = None, *,
+              exc_info: BaseException | None = None, **fields) -> None:
+    """Log `event` (a key of EVENTS) as one line: a sentence for people, with the event name, model and fields
+    attached to the record for the JSON formatter; `exc_info` adds a traceback (an unexpected error). Costs one
+    dictionary lookup when the level is off."""
+    spec = EVENTS[event]
+    if not logger.isEnabledFor(spec.level):
+        return
+    text = spec.render(fields)
+    if model is not None:
+        text = f"model '{model}': {text}"
+    logger.log(spec.level, "%s", text, exc_info=exc_info,
+               extra={"event": event, "model": model, "event_fields": fields})
+
+
+class Events:
+    """A server's lifecycle events: each is logged (`log_event`) and counted per (event, model), so the metrics
+    can report loads, unloads, evictions and the like without a counter object on any code path."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: _counts
+        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def emit(self, logger: logging.Logger, event: str, model: str | None = None, *,
+             exc_info: BaseException | None = None, **fields) -> None:
+        if model is not None:
+            with self._lock:
+                self._counts[(event, model)] += 1
+        log_event(logger, event, model, exc_info=exc_info, **fields)
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """(event, model) -> how many times it happened, for every pair that happened at least once."""
+        with self._lock:
+            return dict(self._counts)
+
+
+class RejectionLog:
+    """Rejected requests, logged without flooding.
+
+    Under overload a server may refuse thousands of requests a second; a log line each would cost more than the
+    refusal itself and bury every other line. So at INFO at most one `rejected` line is written per model and
+    reason every `interval` seconds, carrying `count`: the rejections of that model and reason since the previous
+    line, this one included (the exact totals are in the metrics). With the logger at DEBUG every rejection gets
+    its own line.
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger = logger
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()  # guards: _windows
+        self._windows: dict[tuple[str, str], list] = {}  # (model, reason) -> [time of the last line, not logged]
+
+    def note(self, model: str, reason: str, error: str) -> None:
+        """One rejected request of `model` for `reason`, with the message its client got."""
+        if not self._logger.isEnabledFor(EVENTS["rejected"].level):
+            return
+        interval = 0.0 if self._logger.isEnabledFor(logging.DEBUG) else self.interval
+        now = self._clock()
+        with self._lock:
+            window = self._windows.get((model, reason))
+            if window is not None and now - window[0] < interval:
+                window[1] += 1
+                return
+            count = 1 + (window[1] if window is not None else 0)
+            self._windows[(model, reason)] = [now, 0]
+        log_event(self._logger, "rejected", model, reason=reason, error=error, count=count)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: the FIXED_KEYS, then the event's fields, then `exception` if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "event": getattr(record, "event", None),
+            "model": getattr(record, "model", None),
+            "message": record.getMessage(),
+        }
+        line.update(getattr(record, "event_fields", None) or {})
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        return json.dumps(line, default=str)

@@ -1,0 +1,225 @@
+"""Prometheus metrics: what the server's own objects know, read when scraped, served over HTTP.
+
+Each `Server` owns one `ServerMetrics`: a `prometheus_client.CollectorRegistry` of its own (never the global
+default one, so several servers in one process, as in the tests, do not collide) holding one `SlotserveCollector`.
+Nothing is recorded for the metrics on any code path: at scrape time the collector reads
+
+* each model's status (state, slots, active slots, queue; `ModelEntry.status()` takes the model lock briefly),
+* each model's InferenceStatistics (request outcomes, admission-wait and compute histograms; kept there under the
+  lock the request path already takes, so /metrics adds nothing per request),
+* the per-model lifecycle event counts of `events.Events` (loads, unloads, evictions, ...),
+* residency (resident models, memory), the cold-load guard and the dataplane's unknown-model count.
+
+Locking: the collector takes the registry lock, then each model lock, residency lock and events lock one at a
+time and never two at once, so a scrape cannot deadlock with the request path or with lifecycle work.
+`--metrics-port` serves it with prometheus_client's WSGI app on a small threading HTTP server of our own: the same
+as `start_http_server`, except that its loop polls for shutdown every 0.1 s instead of 0.5 s (shutdown waits for
+that poll) and a client that stalls mid-request is dropped after a timeout. `stop()`, at the end of the server's
+shutdown, stops it and joins its thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterable, Iterator
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from .outcomes import STANDARD, SUCCESS
+from .statistics import BUCKETS_SECONDS, StatisticsSnapshot
+
+POLL_SECONDS = 0.1  # how often the HTTP loop checks for shutdown: stop() waits up to this long
+REQUEST_TIMEOUT = 10.0  # seconds a scrape connection may stall before its thread gives up on it
+
+# Lifecycle counters: metric name (without _total), the event counted, and what it means.
+LIFECYCLE_COUNTERS = (
+    ("slotserve_model_loads", "loaded", "Loads that published a complete pool (first request, register, "
+                                        "repository load, reconfiguration with a new engine)."),
+    ("slotserve_model_load_failures", "load_failed", "Loads that published nothing: engine or configuration "
+                                                     "errors, residency_limit and memory_limit refusals."),
+    ("slotserve_model_reconfigurations", "reconfigured", "Reconfigurations committed (in place or with a new "
+                                                         "engine)."),
+    ("slotserve_model_unloads", "unloaded", "Unloads asked for by an operator (UnloadModel, bulk unload, "
+                                            "RepositoryModelUnload) that freed a loaded pool."),
+    ("slotserve_model_evictions", "evicted", "Idle models retired to make room for another model's load "
+                                             "(--max-resident-models or --memory-budget)."),
+    ("slotserve_model_idle_retirements", "idle_retired", "Models retired after --idle-unload seconds idle."),
+)
+
+
+class SlotserveCollector(Collector):
+    """Every slotserve metric, computed from the live objects at each scrape."""
+
+    def __init__(self, registry, residency, events, cold_loads=None, dataplane=None) -> None:
+        self._registry = registry  # service.registry.ModelRegistry
+        self._residency = residency  # service.residency.Residency
+        self._events = events  # service.events.Events
+        self._cold_loads = cold_loads  # service.residency.ColdLoadGuard or None
+        self._dataplane = dataplane  # service.dataplane.Dataplane or None
+
+    def collect(self) -> Iterator[Metric]:
+        entries = self._registry.entries()
+        observed = [(entry.name, entry.status(), entry.statistics.snapshot()) for entry in entries]
+        yield from _model_gauges(observed)
+        yield _requests(observed)
+        yield _histogram("slotserve_model_admission_wait_seconds",
+                         "Seconds from a successful request's arrival at its model until it held a slot "
+                         "(queueing, plus waiting for a cold load).",
+                         observed, lambda s: (s.queue_buckets, s.queue.ns))
+        yield _histogram("slotserve_model_compute_seconds",
+                         "Seconds the engine ran a successful request (a streaming model: until its last "
+                         "response).",
+                         observed, lambda s: (s.infer_buckets, s.compute_infer.ns))
+        yield from _lifecycle_counters([name for name, _, _ in observed], self._events.counts())
+        yield from self._server_metrics()
+
+    def _server_metrics(self) -> Iterator[Metric]:
+        residency = self._residency
+        yield GaugeMetricFamily("slotserve_resident_models",
+                                "Models holding a loaded pool (engine and slots) right now.",
+                                value=len(residency.resident_names()))
+        yield GaugeMetricFamily("slotserve_memory_bytes",
+                                "Memory the loaded pools report together (what --memory-budget limits).",
+                                value=residency.memory_in_use())
+        yield GaugeMetricFamily("slotserve_memory_budget_bytes", "--memory-budget; 0 = no budget.",
+                                value=residency.memory_budget)
+        yield GaugeMetricFamily("slotserve_max_resident_models", "--max-resident-models; 0 = no limit.",
+                                value=residency.max_resident_models)
+        if self._cold_loads is not None:
+            running, waiting = self._cold_loads.statistics()
+            yield GaugeMetricFamily("slotserve_cold_loads_running", "Cold loads in progress.", value=running)
+            yield GaugeMetricFamily("slotserve_cold_loads_waiting",
+                                    "Cold loads waiting for --max-concurrent-loads.", value=waiting)
+        if self._dataplane is not None:
+            yield CounterMetricFamily("slotserve_unknown_model_requests",
+                                      "Inference requests naming a model that is not registered (NOT_FOUND).",
+                                      value=self._dataplane.unknown_model_requests)
+
+
+def _model_gauges(observed) -> Iterator[Metric]:
+    """Per-model state read from ModelStatus."""
+    gauges = (
+        ("slotserve_model_loaded", "1 while the model holds a loaded pool, else 0.",
+         lambda status: 1 if status.loaded else 0),
+        ("slotserve_model_slots", "Configured slot count.", lambda status: status.slots),
+        ("slotserve_model_active_slots", "Slots held by requests right now.", lambda status: status.active_slots),
+        ("slotserve_model_queued_requests", "Requests waiting in the model's FIFO queue for a slot.",
+         lambda status: status.queued_requests),
+        ("slotserve_model_memory_bytes", "Memory the model's loaded pool reports (0 when unloaded).",
+         lambda status: status.memory_bytes or 0),
+    )
+    for name, documentation, value in gauges:
+        family = GaugeMetricFamily(name, documentation, labels=["model"])
+        for model, status, _ in observed:
+            family.add_metric([model], value(status))
+        yield family
+
+
+def _requests(observed) -> Metric:
+    """Finished inference requests (ModelInfer and each stream request) by outcome."""
+    family = CounterMetricFamily(
+        "slotserve_model_requests",
+        "Finished inference requests by outcome: success, or the error reason the client got (server_busy, "
+        "residency_limit, memory_limit, shutting_down, invalid_request_error, model_not_found, cancelled, "
+        "load_failed, ...), or failed for an internal error.",
+        labels=["model", "outcome"])
+    for model, _, snapshot in observed:
+        for outcome, count in _outcomes(snapshot).items():
+            family.add_metric([model, outcome], count)
+    return family
+
+
+def _outcomes(snapshot: StatisticsSnapshot) -> dict[str, int]:
+    counts = {outcome: 0 for outcome in STANDARD}  # at zero from the start, so rates exist before the first
+    counts.update(snapshot.failures)
+    counts[SUCCESS] = snapshot.success.count
+    return counts
+
+
+def _histogram(name: str, documentation: str, observed, read) -> Metric:
+    """A per-model histogram from non-cumulative bucket counts (BUCKETS_SECONDS, then +Inf) and a sum in ns."""
+    family = HistogramMetricFamily(name, documentation, labels=["model"])
+    bounds = [floatToGoString(bound) for bound in BUCKETS_SECONDS] + ["+Inf"]
+    for model, _, snapshot in observed:
+        counts, total_ns = read(snapshot)
+        cumulative, buckets = 0, []
+        for bound, count in zip(bounds, counts):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        family.add_metric([model], buckets, total_ns / 1e9)
+    return family
+
+
+def _lifecycle_counters(models: Iterable[str], counts: dict[tuple[str, str], int]) -> Iterator[Metric]:
+    models = list(models)
+    for name, event, documentation in LIFECYCLE_COUNTERS:
+        family = CounterMetricFamily(name, documentation, labels=["model"])
+        for model in models:
+            family.add_metric([model], counts.get((event, model), 0))
+        yield family
+
+
+class ServerMetrics:
+    """One server's metrics registry and, with --metrics-port, the HTTP endpoint that serves it."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self._lock = threading.Lock()  # guards: _httpd, _thread
+        self._httpd = None
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None
+
+    def render(self) -> str:
+        """The Prometheus text exposition, as /metrics serves it."""
+        return generate_latest(self.registry).decode()
+
+    def start(self, host: str, port: int) -> int:
+        """Serve /metrics (any path answers) on host:port; port 0 picks a free one. Returns the bound port.
+        Raises OSError if it cannot be bound."""
+        with self._lock:
+            httpd = _http_server(host, port, make_wsgi_app(self.registry))
+            thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": POLL_SECONDS},
+                                      name="metrics-http", daemon=True)
+            thread.start()
+            self._httpd, self._thread = httpd, thread
+            self.port = httpd.server_port
+        return self.port
+
+    def stop(self) -> None:
+        """Stop serving and join the serving thread. Idempotent. A scrape already running finishes on its own
+        short-lived thread (it reads statuses; nothing it does waits)."""
+        with self._lock:
+            httpd, thread = self._httpd, self._thread
+            self._httpd = self._thread = None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """One scrape. Writes no access log (a scrape every few seconds would drown the server's own lines)."""
+
+    timeout = REQUEST_TIMEOUT  # a socket timeout: a stalled client cannot hold its thread forever
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def _http_server(host: str, port: int, app) -> ThreadingWSGIServer:
+    """A bound threading WSGI server for `app` on host:port, IPv4 or IPv6 as the host resolves (as
+    prometheus_client's start_http_server chooses)."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    return make_server(address[0], port, app, Server, handler_class=_QuietHandler)
