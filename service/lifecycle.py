@@ -112,6 +112,10 @@ class ModelStatus:
     queued_managers: int = 0
 
 
+class _InitializerLeft(Exception):
+    """Internal: the initializer's caller gave up before its load began; a waiter takes over."""
+
+
 class _InitAttempt:
     """One initialization by the one initializer; admitted requests wait for its outcome."""
 
@@ -312,21 +316,36 @@ class ModelEntry:
             # Safe without the lock: the caller holds a request lease, and only an exclusive lease (which waits
             # for every request lease) ever retires the pool.
             return pool
-        with self._lock:
-            if self._pool is not None:
-                return self._pool
-            attempt = self._init
-            if attempt is None:
-                attempt = self._init = _InitAttempt()
-                self._transition_locked(ModelState.LOADING)
-                committed = self._committed
-                initializer = True
-            else:
-                initializer = False
-        if not initializer:
-            return attempt.wait(cancel)
+        while True:
+            with self._lock:
+                if self._pool is not None:
+                    return self._pool
+                attempt = self._init
+                if attempt is None:
+                    attempt = self._init = _InitAttempt()
+                    self._transition_locked(ModelState.LOADING)
+                    committed = self._committed
+                    initializer = True
+                else:
+                    initializer = False
+            if initializer:
+                return self._initialize(attempt, committed, cancel)
+            try:
+                return attempt.wait(cancel)
+            except _InitializerLeft:
+                continue  # the initializer's caller left before its load began: the next waiter loads
+
+    def _initialize(self, attempt: _InitAttempt, committed: _Committed, cancel: CancelToken | None) -> SlotPool:
+        """The one initializer's load; admitted requests waiting on `attempt` share its outcome."""
         try:
-            pool = self._load(committed.spec, committed.settings, cause="first_request")
+            pool = self._load(committed.spec, committed.settings, cause="first_request", cancel=cancel)
+        except RequestCancelled:
+            # Cancelled while waiting for the cold-load guard: nothing was loaded, nothing failed.
+            with self._lock:
+                self._init = None
+                self._transition_locked(ModelState.UNLOADED)
+            attempt.finish(None, _InitializerLeft())
+            raise
         except BaseException as error:
             failure = _as_request_error(self.name, error)
             with self._lock:
@@ -344,14 +363,20 @@ class ModelEntry:
 
     # ---- loading and publication (callers hold a lease; no lock held while building) ------------------------
 
-    def _load(self, spec: ModelSpec, settings: ModelSettings, primary=None, *, cause: str) -> SlotPool:
+    def _load(self, spec: ModelSpec, settings: ModelSettings, primary=None, *, cause: str,
+              cancel: CancelToken | None = None) -> SlotPool:
         """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
         memory budget checked. `cause` says why, for the log. Raises the backend's errors, ResidencyLimit or
         MemoryLimit; on failure nothing stays reserved or built. Emits load_started, then loaded or
         load_failed (timed from load_started: eviction and building, not the wait for the guard)."""
         guard = self._runtime.cold_loads
         if guard is not None:
-            guard.acquire()
+            try:
+                guard.acquire(cancel)  # a waiting request may leave; a load under way is not interrupted
+            except BaseException:
+                if primary is not None:
+                    close_primary(primary, self.name)
+                raise
         try:
             events = self._runtime.events
             events.emit(_LOG, "load_started", self.name, backend=spec.backend, slots=settings.slots, cause=cause)

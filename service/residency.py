@@ -25,39 +25,63 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import MemoryLimit, ResidencyLimit
+from .errors import MemoryLimit, RequestCancelled, ResidencyLimit
 
 _LOG = logging.getLogger(__name__)
+
+
+class _GuardWaiter:
+    __slots__ = ("lock", "granted")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.granted = False
 
 
 class ColdLoadGuard:
     """A counting guard over cold loads, granted in arrival order.
 
-    `acquire` blocks without limit (a load is not bounded by the admission timeout) and holds no other lock.
+    `acquire` waits without a time limit (a load is not bounded by the admission timeout) and holds no other
+    lock; a waiter whose `cancel` token fires leaves the queue at once (RequestCancelled).
     """
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
             raise ValueError(f"--max-concurrent-loads must be >= 1, got {limit}")
         self.limit = limit
-        self._lock = threading.Lock()  # guards: _active, _waiting
+        self._lock = threading.Lock()  # guards: _active, _waiting, waiter.granted
         self._active = 0
-        self._waiting: list[threading.Lock] = []
+        self._waiting: list[_GuardWaiter] = []
 
-    def acquire(self) -> None:
+    def acquire(self, cancel=None) -> None:
         with self._lock:
             if self._active < self.limit and not self._waiting:
                 self._active += 1
                 return
-            waker = threading.Lock()
-            waker.acquire()
-            self._waiting.append(waker)
-        waker.acquire()  # released by `release`, which hands its place over (the count stays taken)
+            waiter = _GuardWaiter()
+            self._waiting.append(waiter)
+        if cancel is not None:
+            def leave() -> None:  # idempotent, as token callbacks must be
+                with self._lock:
+                    if waiter in self._waiting:
+                        self._waiting.remove(waiter)
+                        waiter.lock.release()
+            cancel.add_callback(leave)
+        try:
+            waiter.lock.acquire()  # released by `release` (granted: its place is handed over) or by `leave`
+        finally:
+            if cancel is not None:
+                cancel.remove_callback(leave)
+        if not waiter.granted:
+            raise RequestCancelled("the caller gave up while waiting for another model's cold load")
 
     def release(self) -> None:
         with self._lock:
             if self._waiting:
-                self._waiting.pop(0).release()
+                waiter = self._waiting.pop(0)
+                waiter.granted = True  # the count stays taken: the place is handed over
+                waiter.lock.release()
             else:
                 self._active -= 1
 

@@ -253,3 +253,29 @@ def test_cold_load_guard_serializes_cold_loads_but_not_warm_requests(lab_factory
     cold_a.result()
     cold_b.result()
     assert lab.controls.count("a", "load") == 1 and lab.controls.count("b", "load") == 1
+
+
+@cell("TIME.04")
+def test_initializer_cancelled_while_waiting_for_the_cold_load_guard_leaves_and_a_waiter_takes_over(lab_factory):
+    from engine.interface import CancelToken
+    from service.errors import RequestCancelled
+
+    lab = lab_factory({"a": {}, "b": {"capacity": 2}}, load=False, max_concurrent_loads=1)
+    load_a = lab.gate("a", "load").hold()
+    cold_a = lab.infer("a", name="cold-a")
+    load_a.wait_blocked(1)  # a holds the only cold-load place
+    token = CancelToken()
+    initializer = lab.infer("b", 1.0, cancel=token, name="b-initializer")
+    lab.wait_until(lambda: lab.runtime.cold_loads.statistics() == (1, 1), "b's initializer waiting for the guard")
+    follower = lab.infer("b", 2.0, name="b-follower")
+    lab.wait_active("b", 2)
+    token.cancel()
+    assert isinstance(initializer.error(), RequestCancelled)
+    # the follower becomes the initializer and waits for the guard itself; nothing of b was loaded or failed
+    lab.wait_until(lambda: lab.runtime.cold_loads.statistics() == (1, 1), "the follower waiting for the guard")
+    status = lab.status("b")
+    assert status.active_slots == 1 and status.last_error == "" and lab.controls.count("b", "load") == 0
+    load_a.release()
+    cold_a.result()
+    assert follower.result()["OUTPUT0"][0] == 2.0
+    assert lab.controls.count("b", "load") == 1
