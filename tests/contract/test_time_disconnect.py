@@ -497,9 +497,12 @@ def test_shutdown_is_not_held_up_by_a_connection_that_never_sent_its_headers(inp
         # The server may have written its own preface (SETTINGS) and a GOAWAY; then it closes the connection.
         stalled.settimeout(grace + 2 * MARGIN + 5)
         received = b""
-        while chunk := stalled.recv(4096):
-            received += chunk
-            assert len(received) < 1 << 16
+        try:
+            while chunk := stalled.recv(4096):
+                received += chunk
+                assert len(received) < 1 << 16
+        except ConnectionResetError:
+            pass  # closed with a reset instead of an orderly close: closed all the same
     finally:
         stalled.close()
 
