@@ -13,7 +13,7 @@ REPOSITORY ?= demo/model_repository
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto models run test contract node-deps bench gpu-check lock clean
+.PHONY: help setup proto models run test contract node-deps bench soak gpu-check lock clean
 
 help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
@@ -22,6 +22,7 @@ help:
 	@echo "make proto    regenerate generated/ from proto/"
 	@echo "make models   build the demo model repository into $(REPOSITORY)"
 	@echo "make bench    measure speed against a bare grpcio server (prints a table, writes bench/results/)"
+	@echo "make soak     mixed traffic, faults and reloads for SOAK_SECONDS (default 300), then an audit"
 	@echo "make gpu-check  on an NVIDIA GPU machine with TensorRT: build, compare with ONNX Runtime, time slots"
 
 setup: $(VENV)/.editable
@@ -72,6 +73,12 @@ contract: setup models
 BENCH_ARGS ?=
 bench: setup models
 	bench/setup.sh && $(PY) bench/run.py $(BENCH_ARGS)
+
+# Reliability (not a test): a server under mixed traffic from several processes, then an audit of every request,
+# slot, thread, file descriptor and the memory bound. Exits non-zero if an assertion fails.
+SOAK_SECONDS ?= 300
+soak: setup models
+	$(PY) soak/run.py --seconds $(SOAK_SECONDS)
 
 # On a machine with an NVIDIA GPU: installs the TensorRT extra and checks the TensorRT path on the demo models.
 gpu-check: setup models

@@ -189,9 +189,12 @@ def _file_gate(spec_parameters, model: str, point: str, cancel: CancelToken | No
 class FixtureControls:
     """Gates per (model, point), plus counters of what the fixture built and freed."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards: _gates, counters
+    def __init__(self, *, keep_events: bool = True) -> None:
+        """`keep_events=False` keeps only the counters: a long-running server (the soak) would otherwise grow
+        `events` by one entry per request and load without bound."""
+        self._lock = threading.Lock()  # guards: _gates, counters, events
         self._gates: dict[tuple[str, str], Gate] = {}
+        self._keep_events = keep_events
         self.counters: Counter[str] = Counter()
         self.events: list[tuple[str, str]] = []  # (model, event) in order: "load", "clone", "close_context", ...
 
@@ -207,7 +210,8 @@ class FixtureControls:
     def record(self, model: str, event: str) -> None:
         with self._lock:
             self.counters[f"{model}.{event}"] += 1
-            self.events.append((model, event))
+            if self._keep_events:
+                self.events.append((model, event))
 
     def count(self, model: str, event: str) -> int:
         with self._lock:
@@ -335,12 +339,13 @@ def _default_metadata(spec: ModelSpec) -> ModelMetadata:
 
 
 class FixtureBackend(Backend):
-    """Backend "fixture". Tests pass their FixtureControls; the server's default instance has its own."""
+    """Backend "fixture". Tests pass their FixtureControls; the server's default instance has its own, which
+    keeps counters but no event list (nothing in a served process reads it)."""
 
     name = "fixture"
 
     def __init__(self, controls: FixtureControls | None = None) -> None:
-        self.controls = controls or FixtureControls()
+        self.controls = controls or FixtureControls(keep_events=False)
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         settings = _Settings(

@@ -131,6 +131,7 @@ class Dataplane:
         request, raw_contents = _unwrap(request)
         entry = self._request_entry(request.model_name)
         lease = None
+        recorded = False
         cancel = cancel or CancelToken()
         try:
             check_version(entry, request.model_version)
@@ -143,21 +144,33 @@ class Dataplane:
                 for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
                     yield _as_message(self._response(request, lease, outputs))
                 executed = time.perf_counter_ns()
+                lease.release()
+                recorded = self._record_stream_success(entry, lease, decoded, started, ran, executed)
             else:
                 outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
                 executed = time.perf_counter_ns()
                 lease.release()
-                yield _as_message(self._response(request, lease, outputs))
+                response = _as_message(self._response(request, lease, outputs))
+                # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right
+                # after this answer never resumes the generator, and the answer was complete.
+                recorded = self._record_stream_success(entry, lease, decoded, started, ran, executed)
+                yield response
         except BaseException as error:
-            self._record_failure(entry, error, cancel, started)
+            if not recorded:
+                self._record_failure(entry, error, cancel, started)
             raise
         finally:
             if lease is not None:
                 lease.release()
+
+    @staticmethod
+    def _record_stream_success(entry, lease: Lease, decoded: DecodedRequest, started: int, ran: int,
+                               executed: int) -> bool:
         finished = time.perf_counter_ns()
         entry.statistics.record_success(
             queue_ns=lease.queue_ns, input_ns=0, infer_ns=executed - ran, output_ns=finished - executed,
             total_ns=finished - started, batch_size=decoded.batch_size(lease.metadata))
+        return True
 
     @staticmethod
     def _response(request: pb.ModelInferRequest, lease: Lease, outputs: dict):

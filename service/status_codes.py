@@ -9,6 +9,7 @@ generic message with a reference, the log gets the traceback.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 
 import grpc
@@ -24,6 +25,14 @@ from . import errors
 _LOG = logging.getLogger(__name__)
 
 DOMAIN = "slotserve"
+
+# A status message travels twice in the trailers (grpc-message percent-encoded, up to 3 bytes per byte, and the
+# google.rpc.Status in base64), and gRPC clients refuse trailers past 8 KiB (soft) / 16 KiB (hard) with
+# RESOURCE_EXHAUSTED: a request that quotes a 10 000-character model name back would lose its real status.
+# So quoted request strings are shortened, and the whole message is capped in UTF-8 bytes.
+MAX_QUOTED_CHARS = 120
+MAX_MESSAGE_BYTES = 1024
+_QUOTED = re.compile(r"'[^'\n]{%d,}'|\"[^\"\n]{%d,}\"" % (MAX_QUOTED_CHARS + 3, MAX_QUOTED_CHARS + 3))
 
 # (exception class, status code, ErrorInfo reason or None). Lookup walks each error's MRO, so subclasses
 # listed here win over their bases.
@@ -60,13 +69,29 @@ def describe(error: BaseException) -> tuple[grpc.StatusCode, str, str | None]:
     for cls in type(error).__mro__:
         if cls in _BY_CLASS:
             code, reason = _BY_CLASS[cls]
-            return code, str(error), reason
+            return code, bounded_message(str(error)), reason
         if cls in _GENERIC:
             _LOG.error("request failed: %s", error, exc_info=error.__cause__ or error)
             return grpc.StatusCode.INTERNAL, _GENERIC[cls], "internal"
     reference = uuid.uuid4().hex[:12]
     _LOG.error("internal error (reference %s)", reference, exc_info=error)
     return grpc.StatusCode.INTERNAL, f"internal error (reference {reference}); see the server log", "internal"
+
+
+def bounded_message(message: str) -> str:
+    """`message` with overlong quoted strings shortened to head...tail and at most MAX_MESSAGE_BYTES of UTF-8."""
+    message = _QUOTED.sub(_shorten_quoted, message)
+    encoded = message.encode("utf-8")
+    if len(encoded) <= MAX_MESSAGE_BYTES:
+        return message
+    return encoded[:MAX_MESSAGE_BYTES - 40].decode("utf-8", "ignore") + f"... ({len(encoded)} bytes, cut)"
+
+
+def _shorten_quoted(match: re.Match[str]) -> str:
+    text = match.group(0)
+    quote, inner = text[0], text[1:-1]
+    keep = MAX_QUOTED_CHARS // 2
+    return f"{quote}{inner[:keep]}...{inner[-keep:]}{quote} ({len(inner)} characters)"
 
 
 def rich_status(code: grpc.StatusCode, message: str, reason: str | None) -> grpc.Status:
