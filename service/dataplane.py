@@ -145,7 +145,8 @@ class Dataplane:
                     yield _as_message(self._response(request, lease, outputs))
                 executed = time.perf_counter_ns()
                 lease.release()
-                recorded = self._record_stream_success(entry, lease, decoded, started, ran, executed)
+                self._record_stream_success(entry, lease, decoded, started, ran, executed)
+                recorded = True
             else:
                 outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
                 executed = time.perf_counter_ns()
@@ -153,7 +154,8 @@ class Dataplane:
                 response = _as_message(self._response(request, lease, outputs))
                 # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right
                 # after this answer never resumes the generator, and the answer was complete.
-                recorded = self._record_stream_success(entry, lease, decoded, started, ran, executed)
+                self._record_stream_success(entry, lease, decoded, started, ran, executed)
+                recorded = True
                 yield response
         except BaseException as error:
             if not recorded:
@@ -165,12 +167,11 @@ class Dataplane:
 
     @staticmethod
     def _record_stream_success(entry, lease: Lease, decoded: DecodedRequest, started: int, ran: int,
-                               executed: int) -> bool:
+                               executed: int) -> None:
         finished = time.perf_counter_ns()
         entry.statistics.record_success(
             queue_ns=lease.queue_ns, input_ns=0, infer_ns=executed - ran, output_ns=finished - executed,
             total_ns=finished - started, batch_size=decoded.batch_size(lease.metadata))
-        return True
 
     @staticmethod
     def _response(request: pb.ModelInferRequest, lease: Lease, outputs: dict):
