@@ -878,6 +878,8 @@ def test_a_long_string_in_a_request_keeps_its_status(stub, field, text, code):
 # ---- bytes that may not be a message at all --------------------------------------------------------------------
 
 def _varint(value: int) -> bytes:
+    # Written again on purpose rather than imported from service/wire.py: the fuzzer must not share the code
+    # it tests.
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
