@@ -118,22 +118,27 @@ def scope_lines(options: ServerOptions) -> list[str]:
     ]
 
 
+def option_fields(args: argparse.Namespace) -> dict:
+    """The ServerOptions fields the parsed command line gives. Raises ValueError for unreadable token files."""
+    return dict(
+        model_repository=args.model_repository, host=args.host, port=args.port,
+        parallel_jobs=args.parallel_jobs, allow_management=args.allow_management,
+        admission_timeout=args.admission_timeout, max_queue=args.max_queue,
+        max_concurrent_loads=args.max_concurrent_loads, load_at_startup=args.load_at_startup,
+        max_resident_models=args.max_resident_models, idle_unload=args.idle_unload,
+        memory_budget=args.memory_budget,
+        max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
+        drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
+        stream_write_timeout=args.stream_write_timeout, log_format=args.log_format,
+        metrics_port=args.metrics_port,
+        **security_options(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_format, args.log_level)
     try:
-        options = ServerOptions(
-            model_repository=args.model_repository, host=args.host, port=args.port,
-            parallel_jobs=args.parallel_jobs, allow_management=args.allow_management,
-            admission_timeout=args.admission_timeout, max_queue=args.max_queue,
-            max_concurrent_loads=args.max_concurrent_loads, load_at_startup=args.load_at_startup,
-            max_resident_models=args.max_resident_models, idle_unload=args.idle_unload,
-            memory_budget=args.memory_budget,
-            max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
-            drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
-            stream_write_timeout=args.stream_write_timeout, log_format=args.log_format,
-            metrics_port=args.metrics_port,
-            **security_options(args))
+        options = ServerOptions(**option_fields(args))
     except ValueError as error:
         print(f"slotserve: {error}", file=sys.stderr)
         return 2
