@@ -44,6 +44,8 @@ class ClientError(Exception):
         head = f"{self.code} ({self.reason})" if self.reason else self.code
         # One line, whatever the server put in its message.
         message = " ".join(self.message.split())
+        if self.reason and message.startswith(f"{self.reason}: "):
+            message = message[len(self.reason) + 2:]  # slotserve's messages name their reason first: once is enough
         return f"{head}: {message}" if message else head
 
     def __repr__(self) -> str:

@@ -357,6 +357,14 @@ def test_client_error_str_is_one_line():
     assert str(ClientError("CANCELLED", "", "gone")) == "CANCELLED (gone)"
 
 
+def test_client_error_str_names_the_reason_once():
+    error = ClientError("UNAVAILABLE", "server_busy: model 'simple' had no free slot", "server_busy")
+    assert str(error) == "UNAVAILABLE (server_busy): model 'simple' had no free slot"
+    assert error.message.startswith("server_busy: ")  # the message itself is kept as the server sent it
+    other = ClientError("UNAVAILABLE", "busy_elsewhere: x", "server_busy")
+    assert str(other) == "UNAVAILABLE (server_busy): busy_elsewhere: x"
+
+
 def test_unreachable_server_is_unavailable():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
