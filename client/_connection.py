@@ -69,7 +69,7 @@ class Connection:
     def unary(self, method: Callable[..., Any], request: Any, timeout: float | None = None, *,
               management: bool = False) -> Any:
         """Invoke a unary stub method; blocks until the response or the deadline. Raises ClientError.
-        `management` marks a call that changes what the server serves (it sends the management token)."""
+        `management` marks a call of the management or repository protocols (it sends the management token)."""
         metadata = self.management_metadata if management else self.metadata
         try:
             return method(request, timeout=self.deadline(timeout), metadata=metadata)

@@ -228,9 +228,10 @@ class InferenceClient:
     # ---- repository ------------------------------------------------------------------------------------------
 
     def repository_index(self, ready_only: bool = False, *, timeout: float | None = None) -> list[RepositoryModel]:
-        """RepositoryIndex; `ready_only` lists only ready models. Raises ClientError."""
+        """RepositoryIndex; `ready_only` lists only ready models. Sends the management token (a server started with
+        one asks for it). Raises ClientError."""
         response = self._connection.unary(self._stub.RepositoryIndex, pb.RepositoryIndexRequest(ready=ready_only),
-                                          timeout)
+                                          timeout, management=True)
         return [RepositoryModel(m.name, m.version, m.state, m.reason) for m in response.models]
 
     def load(self, model: str, config: str | Mapping[str, Any] | None = None, *,

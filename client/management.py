@@ -152,14 +152,15 @@ class ManagementClient:
         return list(response.unloaded), list(response.not_found)
 
     def list(self, *, timeout: float | None = None) -> list[ModelStatus]:
-        """ListModels: the status of every registered model. Needs no management token. Raises ClientError."""
-        response = self._connection.unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
+        """ListModels: the status of every registered model (with the management token, which a server started
+        with one asks for; without --allow-management too). Raises ClientError."""
+        response = self._connection.unary(self._stub.ListModels, pb.ListModelsRequest(), timeout, management=True)
         return [ModelStatus.from_proto(model) for model in response.models]
 
     def get(self, model_id: str, *, timeout: float | None = None) -> ModelStatus:
         """GetModel: one model's status. Raises ClientError (NOT_FOUND for an unknown id)."""
         request = pb.GetModelRequest(model_id=model_id)
-        return ModelStatus.from_proto(self._connection.unary(self._stub.GetModel, request, timeout))
+        return ModelStatus.from_proto(self._connection.unary(self._stub.GetModel, request, timeout, management=True))
 
 
 def _json_text(config: str | Mapping[str, Any]) -> str:

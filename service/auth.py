@@ -4,8 +4,12 @@ Three access levels, declared per RPC in the servicers (`rpc(access=...)` in ser
 
 * OPEN: health and liveness probes (ServerLive, ServerReady, ModelReady; grpc.health.v1 is grpc's own servicer
   and never checks). Kubernetes and load balancers probe without credentials, so these never need a token.
-* READ: inference, metadata, statistics, repository index and management status. Needs a token only when
-  `--inference-token` is set; then the inference token or the management token (which may do everything).
+* READ: inference, metadata, config and statistics. Needs a token only when `--inference-token` is set; then
+  the inference token or the management token (which may do everything).
+* STATUS: the management service's status calls (ListModels, GetModel) and the repository index: what the
+  operator's tools read. When `--management-token` is set they need it, as every RPC of the management and
+  repository-control protocols does (Triton restricts its model-repository protocol, index included, the same
+  way); without one, they are READ. They change nothing, so they never need `--allow-management`.
 * MANAGE: management mutations and repository load/unload. Needs `--allow-management`, and when
   `--management-token` is set, that token. Without a management token but with an inference token, the
   inference token: a level never needs less than the level below it.
@@ -39,6 +43,7 @@ SCHEME = "bearer"  # RFC 6750; the scheme name is case-insensitive (RFC 9110 §1
 class Access(enum.Enum):
     OPEN = "open"
     READ = "read"
+    STATUS = "status"
     MANAGE = "manage"
 
 
@@ -124,7 +129,7 @@ class Authenticator:
 
     def _expected(self, access: Access) -> tuple[str, list[Secret]]:
         """(which token the message names, the tokens that grant `access`); no tokens: nothing is required."""
-        if access is Access.MANAGE:
+        if access is Access.MANAGE or access is Access.STATUS:
             if self.management_token is not None:
                 return "management", [self.management_token]
             # Never weaker than READ: with only an inference token set, managing needs that token too.

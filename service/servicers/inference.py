@@ -176,7 +176,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # ---- repository control ---------------------------------------------------------------------------------
 
-    @rpc
+    @rpc(access=Access.STATUS)
     def RepositoryIndex(self, request, context, token):
         response = pb.RepositoryIndexResponse()
         registered = set()

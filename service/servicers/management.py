@@ -70,13 +70,13 @@ class ManagementServicer(pb_grpc.ModelManagementServicer):
                                                          cancel=token)
         return pb.UnloadModelsResponse(unloaded=unloaded, not_found=not_found)
 
-    # Status calls need no management token (they change nothing); with --inference-token set they need a token
-    # like every other read (rpc's default access, READ).
+    # Status calls change nothing (no --allow-management needed) but belong to the management protocol: with
+    # --management-token set they need it (service.auth, Access.STATUS).
 
-    @rpc
+    @rpc(access=Access.STATUS)
     def ListModels(self, request, context, token):
         return pb.ListModelsResponse(models=[status_message(s) for s in self._registry.statuses()])
 
-    @rpc
+    @rpc(access=Access.STATUS)
     def GetModel(self, request, context, token):
         return status_message(self._registry.get(request.model_id).status())

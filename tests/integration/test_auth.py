@@ -41,6 +41,7 @@ INFERENCE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 MANAGEMENT = management_pb2.DESCRIPTOR.services_by_name["ModelManagement"]
 OPEN = {"ServerLive", "ServerReady", "ModelReady"}
 MANAGE = {"RegisterModel", "UnloadModel", "UnloadModels", "RepositoryModelLoad", "RepositoryModelUnload"}
+STATUS = {"ListModels", "GetModel", "RepositoryIndex"}  # need the management token when one is set
 
 
 @pytest.fixture
@@ -112,9 +113,14 @@ def test_management_calls_need_the_management_token(repository, caplog):
                 refused(anonymous.unload_many, all=True)
                 refused(inference.load, "simple")
                 refused(inference.unload, "simple")
-                # Status and inference stay open, and the refusals changed nothing.
-                assert anonymous.get("simple").loaded
-                assert [status.model_id for status in anonymous.list()] == ["simple"]
+                # Status calls of the management and repository protocols need the token too ...
+                refused(anonymous.get, "simple")
+                refused(anonymous.list)
+                refused(inference.repository_index)
+                # ... inference stays open, and the refusals changed nothing.
+                assert running.management.get("simple").loaded
+                assert [status.model_id for status in running.management.list()] == ["simple"]
+                assert [model.name for model in running.client.repository_index()] == ["simple"]
                 infers(inference)
         # The right token works: running.management was given it by serve().
         assert running.management.unload("simple").loaded is False
@@ -177,7 +183,7 @@ def test_every_method_is_classified(repository):
                     assert anonymous == grpc.StatusCode.UNAUTHENTICATED, name
                     assert call(channel, service, name, bearer(WRONG_TOKEN)) == grpc.StatusCode.UNAUTHENTICATED
                 with_inference = call(channel, service, name, bearer(INFERENCE_TOKEN))
-                assert (with_inference == grpc.StatusCode.UNAUTHENTICATED) == (name in MANAGE), name
+                assert (with_inference == grpc.StatusCode.UNAUTHENTICATED) == (name in MANAGE | STATUS), name
                 # The management token may do everything (an empty request may still be invalid).
                 assert call(channel, service, name, bearer(MANAGEMENT_TOKEN)) != grpc.StatusCode.UNAUTHENTICATED
         # Kubernetes' gRPC probe sends no credentials.
@@ -220,10 +226,10 @@ def test_inference_token_guards_inference(repository, caplog):
         with InferenceClient(running.address, token="", management_token=MANAGEMENT_TOKEN,
                              timeout=CALL_TIMEOUT) as client:
             infers(client)  # the management token is accepted for inference
-        # Status calls are reads: a ManagementClient with only the inference token may list, not register.
+        # With a management token set, status calls need it: the inference token may neither list nor register.
         with ManagementClient(running.address, token="", inference_token=INFERENCE_TOKEN,
                               timeout=CALL_TIMEOUT) as reader:
-            assert reader.get("simple").loaded
+            refused(reader.get, "simple")
             refused(reader.register, "simple")
         with ManagementClient(running.address, token="", inference_token="", timeout=CALL_TIMEOUT) as anonymous:
             refused(anonymous.list)
@@ -232,10 +238,15 @@ def test_inference_token_guards_inference(repository, caplog):
 
 
 def test_inference_token_alone_also_guards_management(repository):
-    """Management enabled with only an inference token: managing needs that token (never less than reading)."""
+    """Management enabled with only an inference token: managing needs that token (never less than reading), and
+    so does reading status."""
     with serve(repository, allow_management=True, inference_token=INFERENCE_TOKEN) as running:
         with ManagementClient(running.address, token="", inference_token="", timeout=CALL_TIMEOUT) as anonymous:
             refused(anonymous.unload, "simple")
+            refused(anonymous.list)
+        with ManagementClient(running.address, token="", inference_token=INFERENCE_TOKEN,
+                              timeout=CALL_TIMEOUT) as reader:
+            assert reader.get("simple").loaded
         assert running.management.unload("simple").loaded is False
         running.client.load("simple")
         infers(running.client)
