@@ -257,7 +257,8 @@ class ModelEntry:
                 name=self.name,
                 state=self._state,
                 loaded=pool is not None,
-                slots=committed.settings.slots,
+                # The built pool's count: a default count above the engine's capacity was lowered to it.
+                slots=pool.capacity if pool is not None else committed.settings.slots,
                 active_slots=admission.active_slots,
                 queued_requests=admission.queued,
                 max_parallel_slots=pool.max_parallel_slots if pool is not None else None,
