@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import time
 import urllib.request
 
 import numpy as np
@@ -148,3 +149,40 @@ def test_json_log_format_writes_only_json_lines_that_tell_the_lifecycle(tmp_path
     assert (evicted["reason"], evicted["for_model"], evicted["logger"]) == ("max_resident_models", "b",
                                                                             "service.lifecycle")
     assert next(line for line in lines if line["event"] == "shutdown_signal")["signal"] == "SIGTERM"
+
+
+
+def test_startup_failure_refused_reconfigure_and_shutdown_close_each_log_one_event(tmp_path, controls, caplog):
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "repository"
+    write_fixture_model(root, "a", inputs=TENSOR, outputs=OUT,
+                        extra='parameters { key: "capacity" value { string_value: "2" } }\n')
+    write_fixture_model(root, "broken", inputs=TENSOR, outputs=OUT,
+                        extra='parameters { key: "fail_load" value { string_value: "disk on fire" } }\n')
+    with serve(root, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=2,
+               allow_management=True) as running:
+        client_error(running.management.register, "a", slots=3)  # above the capacity of 2
+        running.client.infer("a", VALUES)  # the old pool still serves
+    by_event: dict[str, list[dict]] = {}
+    for line in json_events(caplog.records):
+        by_event.setdefault(line["event"], []).append(line)
+    (startup,) = by_event["not_loaded_at_startup"]
+    assert startup["model"] == "broken" and startup["level"] == "ERROR" and "disk on fire" in startup["error"]
+    (refused,) = by_event["reconfigure_refused"]
+    assert refused["model"] == "a" and "at most 2" in refused["error"]
+    assert [line["model"] for line in by_event["closed_at_shutdown"]] == ["a"]  # the one loaded model
+
+
+def test_idle_retirement_logs_one_event(tmp_path, controls, caplog):
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "repository"
+    write_fixture_model(root, "idle", inputs=TENSOR, outputs=OUT)
+    with serve(root, backends={"fixture": FixtureBackend(controls)}, idle_unload=0.2) as running:
+        running.client.infer("idle", VALUES)
+        deadline = time.monotonic() + 10
+        while running.management.get("idle").loaded:
+            assert time.monotonic() < deadline, "the idle model was never retired"
+            time.sleep(0.01)  # ordering-free: re-checks a state predicate
+    (retired,) = [line for line in json_events(caplog.records) if line["event"] == "idle_retired"]
+    assert retired["model"] == "idle" and retired["idle_seconds"] == pytest.approx(0.2)
+    assert not [line for line in json_events(caplog.records) if line["event"] == "closed_at_shutdown"]
