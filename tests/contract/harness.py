@@ -34,6 +34,16 @@ from service.residency import ColdLoadGuard, Residency
 WAIT = 10.0  # seconds any wait may take before the test fails
 
 
+class FakeClock:
+    """A monotonic clock the test moves by hand (`clock.now += 5`), for timeouts without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Op:
     """An operation running on its own thread."""
 

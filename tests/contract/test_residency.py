@@ -9,15 +9,9 @@ from service.errors import MemoryLimit, ModelLoadFailed, ResidencyLimit
 from service.lifecycle import ModelState
 from service.status_codes import describe
 
+from .harness import FakeClock
+
 cell = pytest.mark.cell
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _resident(lab) -> list[str]:

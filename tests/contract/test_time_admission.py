@@ -10,15 +10,9 @@ from service.dataplane import Dataplane
 from service.errors import AdmissionTimeout, OverdueBlockers
 from service.lifecycle import ModelState
 
+from .harness import FakeClock
+
 cell = pytest.mark.cell
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @cell("TIME.01")

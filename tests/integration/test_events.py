@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ExecutionError
-from engine.fixture import Defect, FixtureBackend, FixtureControls
+from engine.fixture import Defect, FixtureBackend
 from service.events import FIXED_KEYS, JsonFormatter
 from service.testing import serve
 from tests.shutdown.harness import ServerProcess
@@ -36,13 +36,6 @@ def repository(tmp_path):
     for name in "ab":
         write_fixture_model(root, name, inputs=TENSOR, outputs=OUT)
     return root
-
-
-@pytest.fixture
-def controls():
-    controls = FixtureControls()
-    yield controls
-    controls.release_all()
 
 
 def json_events(records) -> list[dict]:

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.errors import ModelLoadError
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.fixture import FixtureBackend
 from service.options import ServerOptions
 from service.testing import serve
 
@@ -42,13 +42,6 @@ def repository(tmp_path):
     write_fixture_model(root, "b", inputs=TENSOR, outputs=OUT, extra=memory_parameter(500))
     write_fixture_model(root, "c", inputs=TENSOR, outputs=OUT)
     return root
-
-
-@pytest.fixture
-def controls():
-    controls = FixtureControls()
-    yield controls
-    controls.release_all()  # a failing test must not leave a request parked at a gate
 
 
 def scrape(running) -> Samples:

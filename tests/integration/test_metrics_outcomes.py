@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from client import ClientError
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.fixture import FixtureBackend
 from generated import grpc_service_pb2 as pb
 
 from ._support import CALL_TIMEOUT, stub, write_fixture_model
@@ -33,13 +33,6 @@ def repository(tmp_path):
     root = tmp_path / "repository"
     write_fixture_model(root, "m", inputs=TENSOR, outputs=OUT)
     return root
-
-
-@pytest.fixture
-def controls():
-    controls = FixtureControls()
-    yield controls
-    controls.release_all()  # a failing test must not leave a request parked at a gate
 
 
 def request(model: str = "m") -> pb.ModelInferRequest:

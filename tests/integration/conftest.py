@@ -1,0 +1,16 @@
+"""Fixtures the integration tests share."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.fixture import FixtureControls
+
+
+@pytest.fixture
+def controls():
+    """The fixture backend's gates and counters for one test; every gate is released at the end, so a failing
+    test never leaves a request parked at a gate (and the server's shutdown waiting for it)."""
+    controls = FixtureControls()
+    yield controls
+    controls.release_all()
