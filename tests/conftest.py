@@ -65,7 +65,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         else:
             state = "NOT covered (no test)"
         write(f"  {cell:45s} {state}")
-    write(f"covered {len([c for c, _ in cells if c in _passed_cells])}/{len(cells)}")
+    _report_total.append((terminalreporter, f"covered {len([c for c, _ in cells if c in _passed_cells])}/{len(cells)}"))
+
+
+_report_total: list = []  # (terminal reporter, line): written last, after pytest's own summary line
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    for terminalreporter, line in _report_total:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture
