@@ -65,8 +65,8 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
     """Tokens (service/auth.py) and TLS (service/tls.py). A token file is preferred: a token given on the
     command line is visible to every local user in the process list."""
     group = parser.add_argument_group("authentication and TLS")
-    for kind, what in (("management", "management and repository load/unload calls (needs --allow-management)"),
-                       ("inference", "every call except health probes (the management token works too)")):
+    for kind, what in (("management", "management and repository calls, status included (needs --allow-management)"),
+                       ("inference", "every other call except health probes (the management token works too)")):
         token = group.add_mutually_exclusive_group()
         token.add_argument(f"--{kind}-token", metavar="TOKEN",
                            help=f"require 'authorization: Bearer TOKEN' on {what}")
