@@ -207,7 +207,7 @@ class Server:
         close asynchronously on its side."""
         deadline = time.monotonic() + WAIT
         while self.fd_targets()["socket:"] > count and time.monotonic() < deadline:
-            time.sleep(0.1)  # re-checks a state predicate; ordering-free
+            time.sleep(0.1)  # ordering-free: re-checks a state predicate
 
     def thread_names(self) -> Counter:
         names = Counter()
@@ -349,7 +349,7 @@ class Orchestrator:
             models = self.list_models()
             if all(m.active_slots == 0 and m.queued_requests == 0 for m in models) or time.monotonic() > deadline:
                 return models
-            time.sleep(0.05)  # re-checks a state predicate; ordering-free
+            time.sleep(0.05)  # ordering-free: re-checks a state predicate
 
     def _write(self, **record) -> None:
         record["t"] = round(time.time(), 4)

@@ -278,7 +278,7 @@ def test_status_during_load_never_exposes_a_partial_pool_and_changes_nothing(lab
             status = lab.status("m")
             observations.append((status.loaded, status.max_parallel_slots, status.state,
                                  lab.controls.live_contexts("m")))
-            time.sleep(0.0002)  # sampling only; no event is ordered by it
+            time.sleep(0.0002)  # ordering-free: sampling only; no event is ordered by it
 
     watcher = threading.Thread(target=watch)
     watcher.start()

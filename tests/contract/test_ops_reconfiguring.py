@@ -272,7 +272,7 @@ def test_status_while_reconfiguring_shows_old_or_new_complete_metadata_never_a_m
     def watch():
         while not stop.is_set():
             observations.append(lab.status("m"))
-            time.sleep(0.0002)  # sampling only; no event is ordered by it
+            time.sleep(0.0002)  # ordering-free: sampling only; no event is ordered by it
 
     watcher = threading.Thread(target=watch)
     watcher.start()

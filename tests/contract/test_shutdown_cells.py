@@ -24,45 +24,13 @@ from engine.fixture import FixtureBackend, FixtureControls
 from service.lifecycle import ModelState
 from service.options import ServerOptions
 from service.server import Server
-from tests.shutdown.harness import (WAIT, Background, InProcess, outcome, refuses_new_connections,
-                                    wait_stopped_accepting, wait_until, write_fixture_model)
+from tests.shutdown.harness import (VALUES, WAIT, Background, InProcess, assert_ok, assert_shutting_down, outcome,
+                                    refuses_new_connections, wait_stopped_accepting, wait_until,
+                                    write_fixture_model)
 
 cell = pytest.mark.cell
 
-VALUES = np.array([1.0, 2.0, 3.0], dtype=np.float32)
 MARGIN = 0.3  # handler margin for the in-process tests that wait it out (the server's default is 2 s)
-
-
-@pytest.fixture
-def inproc(tmp_path):
-    """`inproc(models, **server options) -> InProcess`; gates released and servers stopped at the end."""
-    labs: list[InProcess] = []
-
-    def start(models: dict[str, dict], **options) -> InProcess:
-        lab = InProcess(tmp_path / f"repository{len(labs)}", models, **options)
-        labs.append(lab)
-        return lab
-
-    yield start
-    for lab in labs:
-        lab.close()
-
-
-def output_of(response) -> np.ndarray:
-    return np.frombuffer(response.raw_output_contents[0], dtype=np.float32)
-
-
-def assert_ok(call, expected=VALUES):
-    code, value = outcome(call)
-    assert code == "OK", value
-    if expected is not None:
-        np.testing.assert_array_equal(output_of(value), expected)
-    return value
-
-
-def assert_shutting_down(call) -> None:
-    code, error = outcome(call)
-    assert (code, error.reason) == ("UNAVAILABLE", "shutting_down"), error
 
 
 def assert_refused_by_transport(function, *args, **kwargs) -> None:

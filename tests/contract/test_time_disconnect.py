@@ -28,38 +28,12 @@ from engine.errors import ExecutionCancelled
 from engine.interface import Backend, Context, LoadedModel, ModelMetadata, TensorSpec
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from generated import grpc_service_pb2_grpc as pb_grpc
-from tests.shutdown.harness import (ROOT, WAIT, InProcess, infer_request, outcome, slow_rows, wait_until,
-                                    write_slow_onnx_model)
+from tests.shutdown.harness import (ROOT, VALUES, WAIT, InProcess, assert_ok, infer_request, outcome, slow_rows,
+                                    wait_until, write_slow_onnx_model)
 
 cell = pytest.mark.cell
 
-VALUES = np.array([1.0, 2.0, 3.0], dtype=np.float32)
 PROMPT = 1.0  # seconds: "at once" for a waiter leaving or a slot coming back, with room for a loaded machine
-
-
-@pytest.fixture
-def inproc(tmp_path):
-    """`inproc(models, **server options) -> InProcess`; gates released and servers stopped at the end."""
-    labs: list[InProcess] = []
-
-    def start(models: dict[str, dict], **options) -> InProcess:
-        lab = InProcess(tmp_path / f"repository{len(labs)}", models, **options)
-        labs.append(lab)
-        return lab
-
-    yield start
-    for lab in labs:
-        lab.close()
-
-
-def output_of(response) -> np.ndarray:
-    return np.frombuffer(response.raw_output_contents[0], dtype=np.float32)
-
-
-def assert_ok(call, expected=VALUES) -> None:
-    code, value = outcome(call)
-    assert code == "OK", value
-    np.testing.assert_array_equal(output_of(value), expected)
 
 
 def assert_clean(lab: InProcess, model: str) -> None:

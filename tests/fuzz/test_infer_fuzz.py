@@ -703,7 +703,7 @@ def wait_idle(running, timeout: float = 10.0) -> list:
         busy = [m for m in models if m.active_slots or m.queued_requests]
         if not busy or time.monotonic() > deadline:
             return models
-        time.sleep(0.01)  # re-checks a state predicate; ordering-free
+        time.sleep(0.01)  # ordering-free: re-checks a state predicate
 
 
 def assert_server_clean(running, stub, ledger: Ledger, before: dict[str, tuple[int, int]]) -> None:

@@ -14,3 +14,10 @@ def controls():
     controls = FixtureControls()
     yield controls
     controls.release_all()
+
+
+@pytest.fixture
+def no_token_environment(monkeypatch):
+    """Clients built with token=None read SLOTSERVE_*_TOKEN: a developer's own tokens must not reach them."""
+    monkeypatch.delenv("SLOTSERVE_MANAGEMENT_TOKEN", raising=False)
+    monkeypatch.delenv("SLOTSERVE_INFERENCE_TOKEN", raising=False)

@@ -15,10 +15,12 @@ import threading
 import numpy as np
 import pytest
 
-from client import ClientError, InferenceClient
+from client import ClientError
 from engine.fixture import FixtureBackend, FixtureControls
 from service.server import Server
 from service.testing import RunningServer, serve
+
+from tests.shutdown.harness import refuses_new_connections
 
 from ._support import demo_subset, write_fixture_model
 
@@ -35,16 +37,6 @@ def repository(tmp_path):
 @pytest.fixture
 def controls():
     return FixtureControls()
-
-
-def unreachable(address: str) -> bool:
-    """True when nothing answers gRPC on `address` any more."""
-    with InferenceClient(address, timeout=5) as probe:
-        try:
-            probe.live()
-        except ClientError as error:
-            return error.code == "UNAVAILABLE"
-    return False
 
 
 def engines_closed(controls: FixtureControls, model: str = MODEL) -> bool:
@@ -66,7 +58,7 @@ def test_serve_yields_a_ready_server_with_clients(repository, controls):
         np.testing.assert_array_equal(running.client.infer(MODEL, {"INPUT0": values})["OUTPUT0"], values)
         assert controls.live_engines(MODEL) == 1
         address = running.address
-    assert unreachable(address)
+    assert refuses_new_connections(address)
     assert engines_closed(controls)
 
 
@@ -79,7 +71,7 @@ def test_serve_stops_the_server_when_the_block_raises(repository, controls):
             address = running.address
             assert running.client.live()
             raise Failure("the test failed")
-    assert unreachable(address)
+    assert refuses_new_connections(address)
     assert engines_closed(controls)
 
 
@@ -131,7 +123,7 @@ def started_servers():
     yield started
     assert started, "the test recorded no server"
     for address, controls in started:
-        assert unreachable(address), f"{address} still serves after the test"
+        assert refuses_new_connections(address), f"{address} still serves after the test"
         assert engines_closed(controls)
 
 

@@ -39,10 +39,7 @@ def repository(tmp_path):
     return demo_subset(tmp_path / "repository", "simple")
 
 
-@pytest.fixture(autouse=True)
-def no_token_environment(monkeypatch):
-    monkeypatch.delenv("SLOTSERVE_MANAGEMENT_TOKEN", raising=False)
-    monkeypatch.delenv("SLOTSERVE_INFERENCE_TOKEN", raising=False)
+pytestmark = pytest.mark.usefixtures("no_token_environment")
 
 
 def infers(client: InferenceClient) -> None:

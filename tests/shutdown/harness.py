@@ -104,6 +104,28 @@ def infer_request(model: str, values: np.ndarray | None = None, name: str = "INP
     return request
 
 
+VALUES = np.array([1.0, 2.0, 3.0], dtype=np.float32)  # the fixture models' usual input (output = input)
+
+
+def output_of(response) -> np.ndarray:
+    return np.frombuffer(response.raw_output_contents[0], dtype=np.float32)
+
+
+def assert_ok(call, expected=VALUES):
+    """The call (see `outcome`) succeeded, with `expected` as its output (None: any); returns its response."""
+    code, value = outcome(call)
+    assert code == "OK", value
+    if expected is not None:
+        np.testing.assert_array_equal(output_of(value), expected)
+    return value
+
+
+def assert_shutting_down(call) -> None:
+    """The call was refused with UNAVAILABLE `shutting_down`."""
+    code, error = outcome(call)
+    assert (code, error.reason) == ("UNAVAILABLE", "shutting_down"), error
+
+
 def outcome(future: futures.Future | grpc.Future, timeout: float = WAIT):
     """("OK", value) or (code name, ClientError) of a call started with `ServerProcess.call_async`/`.future()`."""
     try:

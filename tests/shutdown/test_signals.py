@@ -25,13 +25,10 @@ import pytest
 
 from client import InferenceClient
 
-from .harness import (FileGates, exit_bound, outcome, record_exit, slow_rows, wait_until, write_fixture_model,
-                      write_slow_onnx_model)
+from .harness import (VALUES, FileGates, assert_ok, assert_shutting_down, exit_bound, outcome, record_exit, slow_rows,
+                      wait_until, write_fixture_model, write_slow_onnx_model)
 
 cell = pytest.mark.cell
-
-VALUES = np.array([1.0, 2.0, 3.0], dtype=np.float32)
-
 
 def fixture_repository(tmp_path, models: dict[str, dict]):
     """A repository of fixture models, each with `gate_dir` set to tmp_path/gates; returns (repository, gates)."""
@@ -39,21 +36,6 @@ def fixture_repository(tmp_path, models: dict[str, dict]):
     for name, parameters in models.items():
         write_fixture_model(repository, name, {"gate_dir": gate_dir, **parameters})
     return repository, gate_dir
-
-
-def output_of(response) -> np.ndarray:
-    return np.frombuffer(response.raw_output_contents[0], dtype=np.float32)
-
-
-def assert_ok(call, expected=VALUES):
-    code, value = outcome(call)
-    assert code == "OK", value
-    np.testing.assert_array_equal(output_of(value), expected)
-
-
-def assert_shutting_down(call):
-    code, error = outcome(call)
-    assert (code, error.reason) == ("UNAVAILABLE", "shutting_down"), error
 
 
 def assert_clean_exit(server, request, drain: float, grace: float) -> None:
