@@ -265,8 +265,9 @@ def test_unload_queued_when_the_shutdown_starts(inproc, when):
     assert lab.controls.live_engines("m") == 0 and lab.controls.count("m", "close_engine") == 1
 
 
-@cell("OPS.shutting-down.bulk-unload")
-def test_bulk_unload_in_progress_at_shutdown_drains_through_its_barriers_within_the_grace(inproc):
+def _bulk_unload_waiting_on_busy_a(inproc):
+    """A bulk unload of a (running a held request) and b (idle): b is freed at once, the barrier on a queues.
+    Returns (lab, a's execute gate, a's running request, the bulk unload call)."""
     lab = inproc({"a": {}, "b": {}}, parallel_jobs=1, allow_management=True)
     execute = lab.gate("a", "execute").hold()
     running = lab.infer("a", VALUES)
@@ -274,6 +275,12 @@ def test_bulk_unload_in_progress_at_shutdown_drains_through_its_barriers_within_
     bulk = lab.call(lab.management.unload_many, ["a", "b"], timeout=WAIT)
     lab.wait_core("b", lambda s: s.state is ModelState.UNLOADED, "idle b freed first")
     lab.wait_core("a", lambda s: s.queued_managers == 1, "the barrier on a queued")
+    return lab, execute, running, bulk
+
+
+@cell("OPS.shutting-down.bulk-unload")
+def test_bulk_unload_in_progress_at_shutdown_drains_through_its_barriers_within_the_grace(inproc):
+    lab, execute, running, bulk = _bulk_unload_waiting_on_busy_a(inproc)
     shutdown = lab.shutdown(grace=20.0)
     wait_stopped_accepting(lab.address)
     execute.release()
@@ -292,13 +299,7 @@ def test_bulk_unload_whose_barrier_is_still_queued_at_the_grace_is_refused_not_r
     not get OK with a silently missing from the list."""
     from client import ClientError
 
-    lab = inproc({"a": {}, "b": {}}, parallel_jobs=1, allow_management=True)
-    execute = lab.gate("a", "execute").hold()
-    running = lab.infer("a", VALUES)
-    execute.wait_blocked(1)
-    bulk = lab.call(lab.management.unload_many, ["a", "b"], timeout=WAIT)
-    lab.wait_core("b", lambda s: s.state is ModelState.UNLOADED, "idle b freed first")
-    lab.wait_core("a", lambda s: s.queued_managers == 1, "the barrier on a queued")
+    lab, execute, running, bulk = _bulk_unload_waiting_on_busy_a(inproc)
     report = lab.shutdown(grace=0.3, margin=MARGIN).result()
     assert_shutting_down(running)
     assert report.abandoned_calls == 0 and report.closed_models == ["a"]

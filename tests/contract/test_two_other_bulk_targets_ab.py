@@ -41,40 +41,31 @@ def _drain(gates, running) -> None:
         _echo(running[model], 1.0)
 
 
-@cell("TWO.other-bulk-targets-ab.req-a")
-def test_request_to_a_queues_after_the_bulk_barrier_then_reloads_and_runs(lab_factory):
+def _request_queues_after_the_bulk_barrier_then_reloads_and_runs(lab_factory, target: str, other: str) -> None:
     lab, gates, running, first = _other_bulk_targets_ab(lab_factory)
-    loads = lab.controls.count("a", "load")
-    request = lab.infer("a", 4.0, name="request-a")
-    stats = wait_admission(lab, "a", lambda s: s.queued_requests == 1, "request behind the barrier")
+    loads = lab.controls.count(target, "load")
+    request = lab.infer(target, 4.0, name=f"request-{target}")
+    stats = wait_admission(lab, target, lambda s: s.queued_requests == 1, "request behind the barrier")
     assert stats.active_slots == 1 < stats.capacity  # a spare slot exists, yet it queues
     mark = len(lab.controls.events)
     _drain(gates, running)
     assert first.result() == (["a", "b"], [])
     _echo(request, 4.0)
-    events = events_since(lab, "a", mark)
+    events = events_since(lab, target, mark)
     assert events.index("close_engine") < events.index("load") < events.index("execute")
-    assert lab.controls.count("a", "load") == loads + 1
-    assert lab.status("a").state is ModelState.READY
-    assert lab.status("b").state is ModelState.UNLOADED
+    assert lab.controls.count(target, "load") == loads + 1
+    assert lab.status(target).state is ModelState.READY
+    assert lab.status(other).state is ModelState.UNLOADED
+
+
+@cell("TWO.other-bulk-targets-ab.req-a")
+def test_request_to_a_queues_after_the_bulk_barrier_then_reloads_and_runs(lab_factory):
+    _request_queues_after_the_bulk_barrier_then_reloads_and_runs(lab_factory, "a", "b")
 
 
 @cell("TWO.other-bulk-targets-ab.req-b")
 def test_request_to_b_queues_after_the_bulk_barrier_then_reloads_and_runs(lab_factory):
-    lab, gates, running, first = _other_bulk_targets_ab(lab_factory)
-    loads = lab.controls.count("b", "load")
-    request = lab.infer("b", 4.0, name="request-b")
-    stats = wait_admission(lab, "b", lambda s: s.queued_requests == 1, "request behind the barrier")
-    assert stats.active_slots == 1 < stats.capacity
-    mark = len(lab.controls.events)
-    _drain(gates, running)
-    assert first.result() == (["a", "b"], [])
-    _echo(request, 4.0)
-    events = events_since(lab, "b", mark)
-    assert events.index("close_engine") < events.index("load") < events.index("execute")
-    assert lab.controls.count("b", "load") == loads + 1
-    assert lab.status("b").state is ModelState.READY
-    assert lab.status("a").state is ModelState.UNLOADED
+    _request_queues_after_the_bulk_barrier_then_reloads_and_runs(lab_factory, "b", "a")
 
 
 @cell("TWO.other-bulk-targets-ab.reconf-a")
