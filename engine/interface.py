@@ -128,6 +128,28 @@ class ModelMetadata:
                     f"input '{spec.name}' has shape {list(shape)}; the model expects {list(expected)}")
 
 
+@dataclass(frozen=True)
+class BatchingSpec:
+    """A model's dynamic batching settings (config.pbtxt `dynamic_batching`), as slotserve applies them.
+
+    Present only on a model with `max_batch_size > 0` and the block; None on every other model. Queued requests
+    whose tensors stack are handed to one slot as one engine call (service/admission.py says the rule).
+    Changing only these settings keeps the engine loaded (they are not part of `ModelSpec.session_key`).
+    """
+
+    max_queue_delay_us: int = 0  # 0: opportunistic, batches form only from requests that had to queue
+    preferred_batch_sizes: tuple[int, ...] = ()  # a delayed batch is dispatched once it reaches one of these
+    preserve_ordering: bool = False  # accepted; each request gets its own response whatever the batch order
+    max_queue_size: int = 0  # queued requests of this model; 0: the server's --max-queue
+    default_timeout_us: int = 0  # admission timeout of this model's requests; 0: the model's admission timeout
+    allow_timeout_override: bool = False  # whether a request's `timeout` parameter may shorten it
+
+    @property
+    def largest_preferred(self) -> int:
+        """The largest preferred batch size, or 0 when none is set."""
+        return max(self.preferred_batch_sizes, default=0)
+
+
 def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
     return MappingProxyType(dict(value or {}))
 
@@ -151,6 +173,7 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...] = ()
     instance_count: int | None = None
     parameters: Mapping[str, str] = field(default_factory=dict)
+    batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
     config: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
