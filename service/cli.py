@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .events import JsonFormatter, log_event
 from .options import ServerOptions
+from .signals import Decision, SignalPipe, decide
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,29 +152,51 @@ def main(argv: list[str] | None = None) -> int:
     for line in scope_lines(options) + security_lines(options):
         log.info("%s", line)
     server = Server(options)
+    signals = SignalPipe(log)
+    signals.install()  # before start: a stop signal during the startup loads ends the process at once
     try:
         server.start()
     except RuntimeError as error:
         print(f"slotserve: {error}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-
-    def on_signal(signum, _frame) -> None:
-        name = signal.Signals(signum).name
-        if stop.is_set():
-            log_event(log, "shutdown_forced", signal=name)
-            logging.shutdown()
-            os._exit(128 + signum)
-        log_event(log, "shutdown_signal", signal=name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals.serving = True
     print(f"slotserve listening on {server.address}", flush=True)
-    stop.wait()
-    report = server.shutdown()
+    report = run_until_stopped(server, signals, log)
+    if report is None:
+        return 1  # the shutdown itself failed (its traceback is in the log)
     if report.abandoned_calls:
         # Hung handler threads would keep the interpreter alive: leave without joining them.
         logging.shutdown()
         os._exit(0)
     return 0
+
+
+def run_until_stopped(server, signals: SignalPipe, log: logging.Logger):
+    """Serve until a stop signal, then shut down on a thread of its own while this (main) thread keeps reading
+    signals, so a forced exit (SIGINT again, SIGQUIT) works during the drain and the grace. Returns the
+    shutdown's report, or None if the shutdown raised. See service/signals.py for the rules."""
+    shutdown: threading.Thread | None = None
+    reports = []
+
+    def shut_down() -> None:
+        try:
+            reports.append(server.shutdown())
+        finally:
+            signals.shutdown_done()
+
+    while True:
+        signum = signals.next()
+        if signum is None:
+            return reports[0] if reports else None
+        name = signal.Signals(signum).name
+        decision = decide(signum, shutting_down=shutdown is not None)
+        if decision is Decision.EXIT_NOW:
+            log_event(log, "shutdown_forced", signal=name)
+            logging.shutdown()
+            os._exit(128 + signum)
+        if decision is Decision.IGNORE:
+            log_event(log, "shutdown_signal_repeated", signal=name)
+            continue
+        log_event(log, "shutdown_signal", signal=name)
+        shutdown = threading.Thread(target=shut_down, name="shutdown", daemon=True)
+        shutdown.start()

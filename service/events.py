@@ -87,7 +87,9 @@ EVENTS: dict[str, EventSpec] = {
     # -- the server --
     "serving": EventSpec(_INFO, ("version", "repository", "address", "metrics_address"), _serving_text),
     "shutdown_signal": EventSpec(_INFO, ("signal",), "received {signal}: shutting down"),
-    "shutdown_forced": EventSpec(_WARNING, ("signal",), "received {signal} again: exiting at once"),
+    "shutdown_signal_repeated": EventSpec(_INFO, ("signal",),
+                                          "received {signal} again: already shutting down, the shutdown goes on"),
+    "shutdown_forced": EventSpec(_WARNING, ("signal",), "received {signal}: exiting at once, without draining"),
     "shutdown_draining": EventSpec(_INFO, ("drain_seconds",),
                                    "shutdown: health NOT_SERVING; draining for {drain_seconds:.1f} s"),
     "shutdown_closed_to_new_calls": EventSpec(

@@ -17,6 +17,7 @@ A process still running when the block ends (or the test fails) is killed and re
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import queue
 import re
@@ -247,6 +248,20 @@ class ServerProcess:
         self.process.send_signal(signum)
         if self.signalled_at is None:
             self.signalled_at = time.monotonic()
+
+    def signal_other_thread(self, signum: int) -> int:
+        """Send `signum` to one non-main thread of the server (tgkill), as the kernel may deliver a
+        process-directed signal to any thread that does not block it. Returns that thread's id."""
+        pid = self.process.pid
+        threads = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
+        assert threads, "the server has no thread besides the main one"
+        tid = threads[-1]
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.tgkill(pid, tid, int(signum)) != 0:
+            raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {signum}) failed")
+        if self.signalled_at is None:
+            self.signalled_at = time.monotonic()
+        return tid
 
     def wait_exit(self, timeout: float = WAIT) -> int:
         """Wait for the process to exit; returns its exit code. `exit_seconds` is then the time since the first
