@@ -99,6 +99,8 @@ EVENTS: dict[str, EventSpec] = {
         _INFO, ("calls",), "shutdown: grace over; refusing queued work and cancelling {calls} call(s)"),
     "shutdown_calls_abandoned": EventSpec(_ERROR, ("calls",),
                                           "shutdown: abandoning {calls} call(s) hung in a backend"),
+    "shutdown_reaper_abandoned": EventSpec(
+        _ERROR, (), "shutdown: the idle reaper is still tearing a model down; not waiting for it"),
     "shutdown_engines_left_open": EventSpec(
         _ERROR, ("models",),
         lambda f: f"shutdown: engines of {', '.join(f['models'])} left open: still held by hung calls"),

@@ -305,9 +305,15 @@ class ModelEntry:
     def _end_request(self, ticket: Ticket) -> None:
         self.last_used = self._clock()
         self.admission.release(ticket)
+        self._lease_ended()
+
+    def _lease_ended(self) -> None:
+        """Any lease ended: the model may be idle now, so the idle reaper must look at it again. This is what
+        keeps idle retirement from being lost: the reaper drops a model it finds not READY (loading,
+        reconfiguring, unloading), and whichever lease made it so ends here."""
         residency = self._runtime.residency
         if residency is not None and residency.reaper is not None:
-            residency.on_request_end(self)
+            residency.on_lease_end(self)
 
     def _ensure_pool(self, cancel: CancelToken | None) -> SlotPool:
         """The published pool; the first admitted request of an unloaded model builds it (the one
@@ -461,6 +467,7 @@ class ModelEntry:
 
     def release_exclusive(self, ticket: Ticket) -> None:
         self.admission.release(ticket)
+        self._lease_ended()
 
     def load_leased(self) -> None:
         """Load the committed configuration if unloaded (caller holds the exclusive lease).

@@ -174,7 +174,9 @@ class Residency:
             self._held.discard(entry)
             self._memory.pop(entry, None)
 
-    def on_request_end(self, entry) -> None:
+    def on_lease_end(self, entry) -> None:
+        """A request or manager lease of `entry` ended: have the reaper look at it again (cheap when it is
+        already scheduled)."""
         if self.reaper is not None:
             self.reaper.schedule(entry)
 
@@ -192,9 +194,12 @@ class Residency:
         if self.reaper is not None:
             self.reaper.start()
 
-    def stop(self) -> None:
-        if self.reaper is not None:
-            self.reaper.stop()
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop the idle reaper; wait at most `timeout` seconds (None: without limit) for a retirement it is in
+        the middle of (a teardown can be slow or hang). Returns whether the reaper has stopped."""
+        if self.reaper is None:
+            return True
+        return self.reaper.stop(timeout)
 
 
 def entry_memory(entry) -> int:
@@ -235,12 +240,16 @@ class IdleReaper:
         self._thread = threading.Thread(target=self._run, name="idle-reaper", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop taking work and wait at most `timeout` seconds (None: without limit) for the thread to end; it
+        may be inside a slow teardown. Returns whether it has ended. Idempotent."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def poke(self) -> None:
         """Re-examine the nearest expiry now (after an injected clock moved)."""
@@ -292,7 +301,9 @@ class IdleReaper:
         from .lifecycle import ModelState  # lifecycle imports this module
 
         if entry.state is not ModelState.READY:
-            return  # not resident (or changing): scheduled again when it is published
+            # Not resident, or changing under a manager's lease: scheduled again when that lease ends
+            # (ModelEntry._lease_ended) or the model is published.
+            return
         due = entry.last_used + self.idle_seconds
         now = self._clock()
         if due > now:

@@ -94,7 +94,8 @@ class Server:
         self._executor: futures.ThreadPoolExecutor | None = None
         self._grpc: grpc.Server | None = None
         self.port: int | None = None
-        self._shutdown_started = threading.Event()
+        self._shutdown_lock = threading.Lock()  # guards: _shutdown_claimed
+        self._shutdown_claimed = False
         self._shutdown_done = threading.Event()
         self.report: ShutdownReport | None = None
 
@@ -202,10 +203,11 @@ class Server:
         6. the engines of every model nobody holds are closed (a model held by an abandoned call is left).
         No registry, model or socket lock is held while waiting for handlers.
         """
-        if self._shutdown_started.is_set():
+        with self._shutdown_lock:  # check and claim in one step: two callers must not both run it
+            claimed_already, self._shutdown_claimed = self._shutdown_claimed, True
+        if claimed_already:
             self._shutdown_done.wait()
             return self.report  # type: ignore[return-value]
-        self._shutdown_started.set()
         started = time.monotonic()
         drain = self.options.drain_seconds if drain_seconds is None else drain_seconds
         grace = self.options.shutdown_grace if grace is None else grace
@@ -216,8 +218,15 @@ class Server:
         if drain > 0:
             threading.Event().wait(drain)  # keep serving while load balancers move away
         stopped = self._grpc.stop(grace + 2 * margin) if self._grpc is not None else None
+        bound = time.monotonic() + grace + 2 * margin  # every later wait ends by then
+
+        def left(limit: float) -> float:
+            return max(0.0, min(limit, bound - time.monotonic()))
+
         log_event(_LOG, "shutdown_closed_to_new_calls", calls=self.calls.active, grace_seconds=grace)
-        self.residency.stop()
+        # The reaper retires nothing more; a retirement it is in the middle of finishes on its own (its teardown
+        # can be slow), and must not hold up the steps below: it is not waited for here.
+        self.residency.stop(timeout=0.0)
         if not self.calls.wait_idle(grace):
             log_event(_LOG, "shutdown_grace_over", calls=self.calls.active)
             for entry in self.registry.entries():
@@ -227,11 +236,13 @@ class Server:
         abandoned_calls = self.calls.active
         if abandoned_calls:
             log_event(_LOG, "shutdown_calls_abandoned", calls=abandoned_calls)
+        if not self.residency.stop(timeout=left(margin)):
+            log_event(_LOG, "shutdown_reaper_abandoned")
         closed, abandoned_models = self.registry.close_idle_models()
         if abandoned_models:
             log_event(_LOG, "shutdown_engines_left_open", models=abandoned_models)
         if stopped is not None:
-            stopped.wait(margin)
+            stopped.wait(left(margin))
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self.timers.close()
