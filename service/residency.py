@@ -100,9 +100,13 @@ class Residency:
         self.max_resident_models = max_resident_models
         self.memory_budget = memory_budget
         self._clock = clock
-        self._lock = threading.Lock()  # guards: _held, _memory, evictions
+        self._lock = threading.Lock()  # guards: _held, _memory, _reserved, evictions
         self._held: set = set()  # entries resident or reserved for a load in progress
         self._memory: dict = {}  # entry -> bytes its published pool reports
+        # entry -> bytes of a pool that passed the budget and is not published yet. Without it two loads could
+        # both pass a budget that only one fits: the first's pool is built and checked, but counted only once
+        # published, and the cold-load guard is released before that.
+        self._reserved: dict = {}
         self.evictions = 0
         self.reaper = IdleReaper(idle_unload, clock) if idle_unload > 0 else None
 
@@ -124,25 +128,33 @@ class Residency:
                     f"model '{entry.name}' was not loaded")
 
     def check_budget(self, entry, pool) -> None:
-        """After a pool is built: fit it under --memory-budget, retiring LRU idle models if needed.
+        """After a pool is built: fit it under --memory-budget, retiring LRU idle models if needed, and reserve
+        its bytes until it is published (`on_published`) or its load fails (`cancel`).
         Raises MemoryLimit (the caller frees the pool and publishes nothing)."""
         if self.memory_budget <= 0:
             return
         needed = pool.memory_bytes()
         while True:
             with self._lock:
-                used = sum(size for other, size in self._memory.items() if other is not entry)
+                used = self._bytes_held_locked(exclude=entry)
                 if used + needed <= self.memory_budget:
+                    self._reserved[entry] = needed
                     return
                 candidates = self._victims_locked(exclude=entry)
             if not self._evict_one(candidates, entry, "memory_budget"):
                 raise MemoryLimit(
                     f"memory_limit: model '{entry.name}' needs {needed} bytes; {used} of the "
-                    f"{self.memory_budget}-byte budget are held by models that are not idle")
+                    f"{self.memory_budget}-byte budget are held by models that are loading or not idle")
+
+    def _bytes_held_locked(self, exclude) -> int:
+        """Bytes of published pools and reservations, `exclude`'s own left out (it is being replaced)."""
+        published = sum(size for other, size in self._memory.items() if other is not exclude)
+        return published + sum(size for other, size in self._reserved.items() if other is not exclude)
 
     def cancel(self, entry) -> None:
-        """A reserved load failed: give the reservation back."""
+        """A reserved load failed: give the reservations (residency, bytes) back."""
         with self._lock:
+            self._reserved.pop(entry, None)
             if entry not in self._memory:
                 self._held.discard(entry)
 
@@ -166,6 +178,7 @@ class Residency:
         with self._lock:
             self._held.add(entry)
             self._memory[entry] = entry_memory(entry)
+            self._reserved.pop(entry, None)  # the reservation became the published pool's bytes
         if self.reaper is not None:
             self.reaper.schedule(entry)
 
