@@ -196,7 +196,10 @@ class CancelToken:
     Runtime sets `RunOptions.terminate`). Callbacks run on the thread that cancels (or on the thread that adds
     one to a token already cancelled) and must not block. A callback added while the token is being cancelled
     may run twice, so callbacks must be idempotent; in exchange adding and removing one takes no lock (list
-    appends and removals are atomic), which matters on the request path.
+    appends and removals are atomic), which matters on the request path. For the same reason `remove_callback`
+    is no fence: a callback the token has already taken up to run can still run after it was removed. A
+    callback must therefore act only on what belongs to the request it was added for (ONNX Runtime's checks
+    the run's number; see OnnxRuntimeContext), never on state a later request may own by then.
     """
 
     __slots__ = ("_lock", "_cancelled", "_callbacks", "reason")

@@ -15,8 +15,10 @@ BYTES tensors are ONNX string tensors, which hold text: elements must be UTF-8 a
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -147,17 +149,37 @@ def _from_ort_output(array: np.ndarray) -> np.ndarray:
 
 
 class OnnxRuntimeContext(Context):
-    """One slot: its own RunOptions over the shared session."""
+    """One slot: its own RunOptions over the shared session.
+
+    A cancelled caller's run is stopped with `RunOptions.terminate`, set by a callback on its CancelToken. A
+    token runs its callbacks after it lets go of its own lock, so removing the callback when the run ends does
+    not stop one already on its way: it can arrive while the slot runs the *next* lease's request. Each run
+    therefore has a number, and a callback terminates only the run it was registered for (checked under
+    `_lock`, which the next run takes to begin).
+    """
 
     def __init__(self, model: OnnxRuntimeModel) -> None:
         self._model = model
         self._run_options = _ort().RunOptions()
         self._run_options.log_severity_level = 3
+        self._lock = threading.Lock()  # guards: _run, _terminated, _run_options.terminate
+        self._run = 0  # the number of the current (or last) run on this slot
         self._terminated = False
 
-    def _terminate(self) -> None:
-        self._terminated = True
-        self._run_options.terminate = True
+    def _terminate(self, run: int) -> None:
+        with self._lock:
+            if run != self._run:
+                return  # a late callback of an earlier lease: this run's caller did not give up
+            self._terminated = True
+            self._run_options.terminate = True
+
+    def _begin_run(self) -> int:
+        with self._lock:
+            self._run += 1
+            if self._terminated:  # the previous run on this slot was terminated: clear the flag first
+                self._terminated = False
+                self._run_options.terminate = False
+            return self._run
 
     def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
         model = self._model
@@ -166,10 +188,8 @@ class OnnxRuntimeContext(Context):
             name: _to_ort_input(name, array) for name, array in inputs.items()}
         if cancel.cancelled:
             raise ExecutionCancelled("the caller gave up before the run started")
-        if self._terminated:  # a previous run on this slot was terminated: clear the flag first
-            self._terminated = False
-            self._run_options.terminate = False
-        cancel.add_callback(self._terminate)
+        terminate = functools.partial(self._terminate, self._begin_run())
+        cancel.add_callback(terminate)
         try:
             results = model.run(names, feed, self._run_options)
         except Exception as error:  # onnxruntime raises its own exception types, all Exception subclasses
@@ -178,7 +198,7 @@ class OnnxRuntimeContext(Context):
             _LOG.error("model '%s': onnxruntime run failed: %s", model.name, error)
             raise ExecutionError(f"model '{model.name}' failed to execute") from error
         finally:
-            cancel.remove_callback(self._terminate)
+            cancel.remove_callback(terminate)
         if model.string_outputs:
             return {name: _from_ort_output(array) for name, array in zip(names, results)}
         return dict(zip(names, results))
