@@ -225,7 +225,9 @@ class ModelRegistry:
             for entry in selected:
                 with entry._lock:
                     ticket = entry.admission.arrive_locked(TicketKind.MANAGER, None, on_change=granted.put)
-                    if ticket.state is TicketState.GRANTED:
+                    if ticket.state is not TicketState.QUEUED:
+                        # Decided on arrival (granted, or refused by a closed queue): no later change will
+                        # report it, so report it now.
                         granted.put(ticket)
                 pending[ticket] = entry
         if cancel is not None:

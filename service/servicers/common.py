@@ -66,12 +66,16 @@ class CallTracker:
 
     def __init__(self, inference_limit: int) -> None:
         self.inference_limit = inference_limit
-        self._cond = threading.Condition(threading.Lock())  # guards: _tokens, _inference
+        self._cond = threading.Condition(threading.Lock())  # guards: _tokens, _inference, _cancelled_reason
         self._tokens: set[CancelToken] = set()
         self._inference = 0
+        self._cancelled_reason: str | None = None  # set by cancel_all: later calls are cancelled as they begin
 
     def begin(self, context: grpc.ServicerContext, *, inference: bool = False) -> CancelToken:
-        """Register a call; raises ServerBusy at once when every inference handler thread is taken."""
+        """Register a call; raises ServerBusy at once when every inference handler thread is taken.
+
+        The token is cancelled at once when the RPC has already ended (gRPC then refuses the callback) or when
+        `cancel_all` ran before this call began: a handler must never hold a token nobody will cancel."""
         token = CancelToken()
         with self._cond:
             if inference:
@@ -80,7 +84,12 @@ class CallTracker:
                         f"server_busy: all {self.inference_limit} inference handler threads are in use")
                 self._inference += 1
             self._tokens.add(token)
-        context.add_callback(token.cancel)  # fires when the RPC ends, whatever ended it
+            cancelled_reason = self._cancelled_reason
+        if cancelled_reason is not None:
+            token.cancel(cancelled_reason)
+        # Fires when the RPC ends, whatever ended it; False when it has ended already.
+        if not context.add_callback(token.cancel):
+            token.cancel()
         return token
 
     def end(self, token: CancelToken, *, inference: bool = False) -> None:
@@ -103,7 +112,9 @@ class CallTracker:
             return self._inference
 
     def cancel_all(self, reason: str) -> None:
+        """Cancel every call in progress, and every call that begins from now on, with `reason`."""
         with self._cond:
+            self._cancelled_reason = reason
             tokens = list(self._tokens)
         for token in tokens:
             token.cancel(reason)
