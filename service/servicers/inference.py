@@ -152,8 +152,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for request in request_iterator:
                 for message in self._stream_one(request, deadline, token):
                     timer = self._timers.arm(self._write_timeout, context.cancel)
-                    yield message
-                    timer.cancel()
+                    try:
+                        yield message
+                    finally:  # also when the stream is closed at the yield (GeneratorExit)
+                        timer.cancel()
         finally:
             token.remove_callback(on_cancel)
             for timer in stop_timer:
