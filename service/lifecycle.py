@@ -154,8 +154,19 @@ class _InitAttempt:
                 self._waiters.remove(woken)
                 raise RequestCancelled("the caller gave up while the model was loading")
         if self.error is not None:
-            raise self.error
+            raise _own_copy(self.error)
         return self.pool  # type: ignore[return-value]
+
+
+def _own_copy(error: BaseException) -> BaseException:
+    """`error` as a new object for one waiter. Raising one object on several threads would make its traceback
+    collect every thread's frames (and the tensors they hold). Built without calling __init__, whose signature
+    varies (ModelLoadFailed takes a name and a cause)."""
+    copy = type(error).__new__(type(error))
+    copy.args = error.args
+    copy.__dict__.update(error.__dict__)
+    copy.__cause__, copy.__suppress_context__ = error.__cause__, error.__suppress_context__
+    return copy
 
 
 class Lease:
