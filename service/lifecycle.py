@@ -112,6 +112,15 @@ class ModelStatus:
     queued_managers: int = 0
 
 
+@dataclass(frozen=True)
+class ModelView:
+    """One consistent reading of a model for a reply (see ModelEntry.view)."""
+
+    spec: ModelSpec
+    metadata: ModelMetadata | None  # the published metadata, else the last published one, else None
+    status: ModelStatus
+
+
 class _InitializerLeft(Exception):
     """Internal: the initializer's caller gave up before its load began; a waiter takes over."""
 
@@ -262,26 +271,38 @@ class ModelEntry:
 
     def status(self) -> ModelStatus:
         with self._lock:
-            committed, pool = self._committed, self._pool
-            admission = self.admission.core.statistics()
-            return ModelStatus(
-                name=self.name,
-                state=self._state,
-                loaded=pool is not None,
-                # The built pool's count: a default count above the engine's capacity was lowered to it.
-                slots=pool.capacity if pool is not None else committed.settings.slots,
-                active_slots=admission.active_slots,
-                queued_requests=admission.queued,
-                max_parallel_slots=pool.max_parallel_slots if pool is not None else None,
-                backend=committed.spec.backend,
-                last_error=self._last_error,
-                source=committed.settings.source,
-                admission_timeout=committed.settings.admission_timeout,
-                version=committed.spec.version,
-                memory_bytes=pool.memory_bytes() if pool is not None else None,
-                manager_active=admission.manager_active,
-                queued_managers=admission.queued_managers,
-            )
+            return self._status_locked()
+
+    def view(self) -> ModelView:
+        """The committed spec, the known metadata and the status, read in one step: a reply built from it never
+        mixes the configurations before and after a reconfiguration (a new config with the old slot count, a
+        new version with the old inputs)."""
+        with self._lock:
+            pool = self._pool
+            metadata = pool.metadata if pool is not None else self._committed.metadata
+            return ModelView(self._committed.spec, metadata, self._status_locked())
+
+    def _status_locked(self) -> ModelStatus:
+        committed, pool = self._committed, self._pool
+        admission = self.admission.core.statistics()
+        return ModelStatus(
+            name=self.name,
+            state=self._state,
+            loaded=pool is not None,
+            # The built pool's count: a default count above the engine's capacity was lowered to it.
+            slots=pool.capacity if pool is not None else committed.settings.slots,
+            active_slots=admission.active_slots,
+            queued_requests=admission.queued,
+            max_parallel_slots=pool.max_parallel_slots if pool is not None else None,
+            backend=committed.spec.backend,
+            last_error=self._last_error,
+            source=committed.settings.source,
+            admission_timeout=committed.settings.admission_timeout,
+            version=committed.spec.version,
+            memory_bytes=pool.memory_bytes() if pool is not None else None,
+            manager_active=admission.manager_active,
+            queued_managers=admission.queued_managers,
+        )
 
     def is_ready(self) -> bool:
         return self._state is ModelState.READY

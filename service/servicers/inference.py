@@ -83,8 +83,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @rpc
     def ModelMetadata(self, request, context, token):
         entry = self._dataplane.resolve(request.name, request.version)
-        metadata = entry.known_metadata()
-        spec = entry.spec
+        view = entry.view()  # one reading: never a new version with the old inputs
+        metadata, spec = view.metadata, view.spec
         if metadata is None and not spec.inputs:
             raise ModelNotLoadedYet(
                 f"model '{entry.name}' has not been loaded yet and its configuration declares no inputs")
@@ -258,13 +258,14 @@ def _load_failed(name: str, why: str) -> Exception:
 
 
 def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
-    """The committed configuration, completed with what the engine reported and the slot count."""
-    status = entry.status()
+    """The committed configuration, completed with what the engine reported and the slot count, all from one
+    reading of the model (never a new configuration with the old slot count)."""
+    view = entry.view()
+    spec, metadata = view.spec, view.metadata
     config = model_config_pb2.ModelConfig()
-    if entry.spec.config is not None:
-        config.CopyFrom(entry.spec.config)
+    if spec.config is not None:
+        config.CopyFrom(spec.config)
     config.name = entry.name
-    metadata = entry.known_metadata()
     if metadata is not None:
         if not config.input:
             for tensor in metadata.inputs:
@@ -273,9 +274,9 @@ def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
             for tensor in metadata.outputs:
                 config.output.add(name=tensor.name, data_type=_config_type(tensor.datatype), dims=tensor.shape)
     del config.instance_group[:]
-    kind = (model_config_pb2.ModelInstanceGroup.KIND_GPU if entry.spec.backend == "tensorrt"
+    kind = (model_config_pb2.ModelInstanceGroup.KIND_GPU if spec.backend == "tensorrt"
             else model_config_pb2.ModelInstanceGroup.KIND_CPU)
-    config.instance_group.add(count=status.slots, kind=kind)
+    config.instance_group.add(count=view.status.slots, kind=kind)
     return config
 
 
