@@ -23,7 +23,7 @@ class ServerOptions:
     load_at_startup: bool = True  # load every repository model before reporting ready
     max_concurrent_loads: int = 1  # simultaneous cold loads across models
     max_workers: int = 64  # gRPC handler threads
-    control_threads: int = 8  # of max_workers, kept free for health, status and management calls
+    control_threads: int = 8  # of max_workers, kept from inference: half for management, half for health and status
     max_message_bytes: int = DEFAULT_MESSAGE_BYTES
     reflection: bool = True
     max_resident_models: int = 0
@@ -82,6 +82,13 @@ class ServerOptions:
     def inference_handlers(self) -> int:
         """How many inference calls may occupy handler threads at once; the rest are refused as busy."""
         return self.max_workers - self.control_threads
+
+    @property
+    def management_handlers(self) -> int:
+        """How many management calls (which can wait without limit: bulk unload always does) may occupy the
+        control threads at once; the rest of those threads always serve health, readiness and status calls,
+        which never wait."""
+        return max(1, self.control_threads // 2)
 
     def _normalize_security(self) -> list[str]:
         """Turn token strings into Secrets and paths into Paths (the record is frozen, hence object.__setattr__);

@@ -89,7 +89,7 @@ class Server:
                                                         self.runtime.cold_loads, self.dataplane))
         self.state = ServerState()
         self.health = health.HealthServicer()
-        self.calls = CallTracker(options.inference_handlers)
+        self.calls = CallTracker(options.inference_handlers, options.management_handlers)
         self.timers = TimerQueue("stream-write-timeouts")
         self._executor: futures.ThreadPoolExecutor | None = None
         self._grpc: grpc.Server | None = None

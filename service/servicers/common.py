@@ -3,6 +3,7 @@ budget."""
 
 from __future__ import annotations
 
+import enum
 import functools
 import threading
 import time
@@ -27,22 +28,32 @@ def as_client_error(error: BaseException, token: CancelToken | None) -> BaseExce
     return error
 
 
+class CallKind(enum.Enum):
+    """Which handler budget a call counts against (see CallTracker)."""
+
+    INFERENCE = "inference"  # bounded: --max-workers minus the control threads
+    MANAGEMENT = "management"  # bounded: half the control threads (these calls may wait without limit)
+    CONTROL = "control"  # health, readiness, status, metadata: never wait, not bounded
+
+
 def rpc(method=None, *, inference: bool = False, access: Access = Access.READ):
     """Run a unary handler as a tracked call (see CallTracker): it gets `token`, its CancelToken, and any
     exception becomes the status the table gives it. `inference=True` counts it against the inference
-    handler limit.
+    handler limit; an `Access.MANAGE` call counts against the management limit.
 
     `access` says who may call it (service.auth): READ by default, so a new RPC is guarded unless it is
     declared OPEN; MANAGE runs the management gate (permission, then the management token). The check comes
     before the call is tracked, so refused callers never occupy an inference handler slot. The servicer
     holds the gate as `self._management`.
     """
+    kind = CallKind.INFERENCE if inference else CallKind.MANAGEMENT if access is Access.MANAGE else CallKind.CONTROL
+
     def wrap(method):
         @functools.wraps(method)
         def handler(self, request, context):
             try:
                 self._management.require(access, method.__name__, context)
-                token = self._calls.begin(context, inference=inference)
+                token = self._calls.begin(context, kind)
             except ServiceError as error:  # refused (unauthenticated, disabled) or busy
                 status_codes.abort(context, error)
             try:
@@ -50,7 +61,7 @@ def rpc(method=None, *, inference: bool = False, access: Access = Access.READ):
             except Exception as error:  # every error reaches the client through the one table
                 status_codes.abort(context, as_client_error(error, token))
             finally:
-                self._calls.end(token, inference=inference)
+                self._calls.end(token, kind)
         return handler
     return wrap(method) if method is not None else wrap
 
@@ -59,30 +70,37 @@ class CallTracker:
     """Every RPC in progress: its cancel token and whether its handler still runs.
 
     * `begin` makes the call's CancelToken (fired when the RPC ends for any reason: client cancel, deadline,
-      disconnect, completion), and bounds how many inference calls occupy handler threads at once (the sync
-      server pins a thread per waiting call), so health, status and management calls always find one.
+      disconnect, completion), and bounds the calls that can hold a handler thread for long, because the sync
+      server pins a thread per call: inference calls (waiting for a slot, running, streaming) to
+      `inference_limit`, and management calls (waiting for a model's earlier work; a bulk unload waits without
+      limit) to `management_limit`. The threads left over always serve health, readiness and status, so a
+      Kubernetes probe is answered however busy the server is. A call beyond its limit is refused at once.
     * At shutdown, `cancel_all` fires every token and `wait_idle` waits, bounded, for handlers to return.
     """
 
-    def __init__(self, inference_limit: int) -> None:
+    def __init__(self, inference_limit: int, management_limit: int = 4) -> None:
         self.inference_limit = inference_limit
-        self._cond = threading.Condition(threading.Lock())  # guards: _tokens, _inference, _cancelled_reason
+        self.management_limit = management_limit
+        self._cond = threading.Condition(threading.Lock())  # guards: _tokens, _active, _cancelled_reason
         self._tokens: set[CancelToken] = set()
-        self._inference = 0
+        self._active = {CallKind.INFERENCE: 0, CallKind.MANAGEMENT: 0}  # bounded kinds in progress
         self._cancelled_reason: str | None = None  # set by cancel_all: later calls are cancelled as they begin
 
-    def begin(self, context: grpc.ServicerContext, *, inference: bool = False) -> CancelToken:
-        """Register a call; raises ServerBusy at once when every inference handler thread is taken.
+    def _limit(self, kind: CallKind) -> int:
+        return self.inference_limit if kind is CallKind.INFERENCE else self.management_limit
+
+    def begin(self, context: grpc.ServicerContext, kind: CallKind = CallKind.CONTROL) -> CancelToken:
+        """Register a call; raises ServerBusy at once when every handler thread of its kind is taken.
 
         The token is cancelled at once when the RPC has already ended (gRPC then refuses the callback) or when
         `cancel_all` ran before this call began: a handler must never hold a token nobody will cancel."""
         token = CancelToken()
         with self._cond:
-            if inference:
-                if self._inference >= self.inference_limit:
-                    raise ServerBusy(
-                        f"server_busy: all {self.inference_limit} inference handler threads are in use")
-                self._inference += 1
+            if kind in self._active:
+                limit = self._limit(kind)
+                if self._active[kind] >= limit:
+                    raise ServerBusy(f"server_busy: all {limit} {kind.value} handler threads are in use")
+                self._active[kind] += 1
             self._tokens.add(token)
             cancelled_reason = self._cancelled_reason
         if cancelled_reason is not None:
@@ -92,12 +110,12 @@ class CallTracker:
             token.cancel()
         return token
 
-    def end(self, token: CancelToken, *, inference: bool = False) -> None:
+    def end(self, token: CancelToken, kind: CallKind = CallKind.CONTROL) -> None:
         """The handler returned (whatever the RPC's fate)."""
         with self._cond:
             self._tokens.discard(token)
-            if inference:
-                self._inference -= 1
+            if kind in self._active:
+                self._active[kind] -= 1
             if not self._tokens:
                 self._cond.notify_all()
 
@@ -109,7 +127,12 @@ class CallTracker:
     @property
     def inference_active(self) -> int:
         with self._cond:
-            return self._inference
+            return self._active[CallKind.INFERENCE]
+
+    @property
+    def management_active(self) -> int:
+        with self._cond:
+            return self._active[CallKind.MANAGEMENT]
 
     def cancel_all(self, reason: str) -> None:
         """Cancel every call in progress, and every call that begins from now on, with `reason`."""

@@ -21,7 +21,7 @@ from ..lifecycle import ModelEntry, ModelState
 from ..registry import ModelRegistry
 from ..timers import TimerQueue
 from ..wire import parse_infer_request, serialize_infer_response
-from .common import SHUTDOWN, CallTracker, ManagementGate, as_client_error, client_deadline, rpc
+from .common import SHUTDOWN, CallKind, CallTracker, ManagementGate, as_client_error, client_deadline, rpc
 
 _LOG = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """
         self._management.abort_unless(Access.READ, "ModelStreamInfer", context)
         try:
-            token = self._calls.begin(context, inference=True)
+            token = self._calls.begin(context, CallKind.INFERENCE)
         except ServiceError as error:
             status_codes.abort(context, error)
         stop_timer = []
@@ -160,7 +160,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             token.remove_callback(on_cancel)
             for timer in stop_timer:
                 timer.cancel()
-            self._calls.end(token, inference=True)
+            self._calls.end(token, CallKind.INFERENCE)
 
     def _stream_one(self, request, deadline, cancel):
         responses = self._dataplane.infer_stream(request, client_deadline=deadline, cancel=cancel)

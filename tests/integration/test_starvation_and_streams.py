@@ -128,3 +128,40 @@ def test_streaming_response_holds_its_lease_until_its_last_message_and_a_later_m
         assert stream_box == [3]
         assert all(isinstance(item, dict) for item in received)
         assert unload_box[0].loaded is False
+
+
+def test_health_is_answered_with_inference_saturated_and_more_management_calls_waiting_than_control_threads(
+        tmp_path):
+    """Every inference handler thread holds a running request, and ten management calls that wait without
+    limit (unloads of the busy model, each behind its running requests) arrive: at most half the control threads
+    take them, the others are refused at once with server_busy, and health, readiness and status are still
+    answered at once."""
+    write_fixture_model(tmp_path, "busy", {"capacity": 8})
+    controls = FixtureControls()
+    execute = controls.gate("busy", "execute").hold()
+    with serve(tmp_path, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=8, max_workers=16,
+               control_threads=8, allow_management=True) as running:
+        calls = running.server.calls
+        assert (calls.inference_limit, calls.management_limit) == (8, 4)
+        requests = [_background(lambda: running.client.infer("busy", INPUT, timeout=30)) for _ in range(8)]
+        execute.wait_blocked(8)
+        unloads = [_background(lambda: running.management.unload("busy", timeout=30)) for _ in range(10)]
+        _wait(lambda: calls.management_active == 4 and sum(bool(box) for _, box in unloads) == 6,
+              "four unloads waiting and six refused")
+        refused = [box[0] for _, box in unloads if box]
+        assert all(isinstance(error, ClientError) and (error.code, error.reason) == ("UNAVAILABLE", "server_busy")
+                   and "4 management handler threads" in error.message for error in refused), refused
+        channel = grpc.insecure_channel(running.address)
+        try:
+            for _ in range(3):
+                status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                                   timeout=5.0).status
+                assert status == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            channel.close()
+        assert running.client.ready() and running.management.get("busy", timeout=5.0).active_slots == 8
+        execute.release()
+        for thread, box in requests + unloads:
+            thread.join(20)
+        assert all(isinstance(box[0], dict) for _, box in requests)
+        assert sum(getattr(box[0], "loaded", None) is False for _, box in unloads) == 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.errors import ShuttingDown
-from service.servicers.common import SHUTDOWN, CallTracker
+from service.servicers.common import SHUTDOWN, CallKind, CallTracker
 
 from tests.contract.harness import Lab
 
@@ -44,7 +44,7 @@ class _Context:
 
 def test_a_call_that_ended_before_its_handler_began_gets_a_cancelled_token():
     calls = CallTracker(inference_limit=4)
-    token = calls.begin(_Context(active=False), inference=True)
+    token = calls.begin(_Context(active=False), CallKind.INFERENCE)
     assert token.cancelled
 
 
