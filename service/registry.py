@@ -91,6 +91,14 @@ class ModelRegistry:
             spec = _with_options(spec, registration.options)
         return spec
 
+    def _validated(self, registration: Registration, current: ModelEntry | None) -> tuple[ModelSpec, ModelSettings]:
+        """The spec and settings `registration` asks for, a missing source taken from `current`'s committed one.
+        Raises ModelConfigError, UnsupportedSlotCount or InvalidRequest naming the problem."""
+        spec = self._read_spec(registration, current)
+        settings = self.settings_for(spec, registration)
+        source = registration.source or (current.settings.source if current is not None else "")
+        return spec, dataclasses.replace(settings, source=source)
+
     def settings_for(self, spec: ModelSpec, registration: Registration) -> ModelSettings:
         """Slot count and admission timeout of a registration. Raises UnsupportedSlotCount or
         InvalidRequest naming the problem."""
@@ -149,11 +157,7 @@ class ModelRegistry:
         ServerBusy, or the load's error.
         """
         check_model_name(registration.name)
-        current = self._entries.get(registration.name)
-        spec = self._read_spec(registration, current)
-        settings = self.settings_for(spec, registration)
-        settings = dataclasses.replace(settings, source=registration.source or (
-            current.settings.source if current is not None else ""))
+        spec, settings = self._validated(registration, self._entries.get(registration.name))  # fails fast
         # Each operation answers with the status its own lease produced, taken before the lease is released: a
         # manager queued behind it may change the model the moment it is.
         entry, ticket = self._publish_or_find(spec, settings)
@@ -169,6 +173,10 @@ class ModelRegistry:
             return status
         ticket = entry.acquire_exclusive(self.manager_deadline(entry), cancel)
         try:
+            if not registration.source:
+                # "Keep the current source" means the one committed now: a manager ahead of this one in the
+                # queue may have changed it since the early validation read it.
+                spec, settings = self._validated(registration, entry)
             entry.reconfigure_leased(spec, settings)  # emits reconfigured or reconfigure_refused
             status = entry.status()
         finally:

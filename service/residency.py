@@ -70,11 +70,25 @@ class ColdLoadGuard:
             cancel.add_callback(leave)
         try:
             waiter.lock.acquire()  # released by `release` (granted: its place is handed over) or by `leave`
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, an async exception): never keep a place, nor a grant, that nobody
+            # will use, or the guard would count a load that never ends.
+            self._abandon(waiter)
+            raise
         finally:
             if cancel is not None:
                 cancel.remove_callback(leave)
         if not waiter.granted:
             raise RequestCancelled("the caller gave up while waiting for another model's cold load")
+
+    def _abandon(self, waiter: _GuardWaiter) -> None:
+        with self._lock:
+            if waiter in self._waiting:
+                self._waiting.remove(waiter)
+                return
+            granted = waiter.granted
+        if granted:
+            self.release()  # the place was handed over already: pass it on
 
     def release(self) -> None:
         with self._lock:
@@ -100,13 +114,16 @@ class Residency:
         self.max_resident_models = max_resident_models
         self.memory_budget = memory_budget
         self._clock = clock
-        self._lock = threading.Lock()  # guards: _held, _memory, _reserved, evictions
+        self._lock = threading.Lock()  # guards: _held, _memory, _reserved, _departures, evictions
         self._held: set = set()  # entries resident or reserved for a load in progress
         self._memory: dict = {}  # entry -> bytes its published pool reports
         # entry -> bytes of a pool that passed the budget and is not published yet. Without it two loads could
         # both pass a budget that only one fits: the first's pool is built and checked, but counted only once
         # published, and the cold-load guard is released before that.
         self._reserved: dict = {}
+        # Counts models leaving residency. An eviction round that retired nobody re-checks when it moved: the
+        # room it looked for may have been freed meanwhile by an unload it did not make.
+        self._departures = 0
         self.evictions = 0
         self.reaper = IdleReaper(idle_unload, clock) if idle_unload > 0 else None
 
@@ -122,7 +139,8 @@ class Residency:
                     self._held.add(entry)
                     return
                 candidates = self._victims_locked(exclude=entry)
-            if not self._evict_one(candidates, entry, "max_resident_models"):
+                departures = self._departures
+            if not self._evict_one(candidates, entry, "max_resident_models") and not self._moved(departures):
                 raise ResidencyLimit(
                     f"residency_limit: {self.max_resident_models} model(s) are resident and none is idle; "
                     f"model '{entry.name}' was not loaded")
@@ -141,7 +159,8 @@ class Residency:
                     self._reserved[entry] = needed
                     return
                 candidates = self._victims_locked(exclude=entry)
-            if not self._evict_one(candidates, entry, "memory_budget"):
+                departures = self._departures
+            if not self._evict_one(candidates, entry, "memory_budget") and not self._moved(departures):
                 raise MemoryLimit(
                     f"memory_limit: model '{entry.name}' needs {needed} bytes; {used} of the "
                     f"{self.memory_budget}-byte budget are held by models that are loading or not idle")
@@ -155,8 +174,14 @@ class Residency:
         """A reserved load failed: give the reservations (residency, bytes) back."""
         with self._lock:
             self._reserved.pop(entry, None)
-            if entry not in self._memory:
+            if entry not in self._memory and entry in self._held:
                 self._held.discard(entry)
+                self._departures += 1
+
+    def _moved(self, departures: int) -> bool:
+        """Whether a model left residency since `departures` was read (then the caller looks again)."""
+        with self._lock:
+            return self._departures != departures
 
     def _victims_locked(self, exclude) -> list:
         resident = [e for e in self._held if e is not exclude and e in self._memory]
@@ -186,6 +211,7 @@ class Residency:
         with self._lock:
             self._held.discard(entry)
             self._memory.pop(entry, None)
+            self._departures += 1
 
     def on_lease_end(self, entry) -> None:
         """A request or manager lease of `entry` ended: have the reaper look at it again (cheap when it is
