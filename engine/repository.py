@@ -18,7 +18,7 @@ from generated import model_config_pb2
 
 from . import datatypes
 from .errors import ModelConfigError
-from .interface import ModelSpec, TensorSpec
+from .interface import BatchingSpec, ModelSpec, TensorSpec
 
 _LOG = logging.getLogger(__name__)
 
@@ -89,6 +89,60 @@ def _tensor_specs(entries, kind: str, origin: str) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
+def _refuse_unsupported_scheduling(config: model_config_pb2.ModelConfig, origin: str) -> None:
+    """Scheduling settings slotserve does not implement are refused by name, never skipped: a model that asks
+    for them would otherwise run with a behaviour it did not ask for."""
+    def refuse(field: str, why: str) -> None:
+        raise ModelConfigError(f"{origin}: {field} is not supported by slotserve ({why})")
+
+    if config.HasField("sequence_batching"):
+        refuse("sequence_batching", "stateful sequences are not implemented; use dynamic_batching or none")
+    if config.HasField("ensemble_scheduling"):
+        refuse("ensemble_scheduling", "ensembles are not implemented; call the models one after the other")
+    for tensor in config.input:
+        if tensor.allow_ragged_batch:
+            refuse(f"input '{tensor.name}' allow_ragged_batch", "ragged batching is not implemented")
+    if not config.HasField("dynamic_batching"):
+        return
+    batching = config.dynamic_batching
+    if batching.priority_levels or batching.default_priority_level:
+        refuse("dynamic_batching.priority_levels", "requests are served in arrival order, one level")
+    if batching.priority_queue_policy:
+        refuse("dynamic_batching.priority_queue_policy", "requests are served in arrival order, one level")
+    if batching.default_queue_policy.timeout_action != model_config_pb2.ModelQueuePolicy.REJECT:
+        refuse("dynamic_batching.default_queue_policy.timeout_action DELAY",
+               "a request whose admission timeout passes is refused (REJECT)")
+
+
+def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> BatchingSpec | None:
+    """The dynamic batching settings of a model, or None when it runs one request per engine call. Raises
+    ModelConfigError for values that cannot work (a preferred size outside 1..max_batch_size)."""
+    if not config.HasField("dynamic_batching"):
+        return None
+    if config.max_batch_size == 0:
+        _LOG.warning("%s: dynamic_batching ignored: max_batch_size is 0, so requests have no batch dimension to "
+                     "stack along", origin)
+        return None
+    block = config.dynamic_batching
+    preferred = sorted(set(int(size) for size in block.preferred_batch_size))
+    for size in preferred:
+        if not 1 <= size <= config.max_batch_size:
+            raise ModelConfigError(
+                f"{origin}: dynamic_batching.preferred_batch_size {size} is outside 1..{config.max_batch_size} "
+                "(max_batch_size)")
+    has_policy = block.HasField("default_queue_policy")
+    policy = block.default_queue_policy
+    return BatchingSpec(
+        max_queue_delay_us=int(block.max_queue_delay_microseconds),
+        preferred_batch_sizes=tuple(preferred),
+        preserve_ordering=block.preserve_ordering,
+        max_queue_size=int(policy.max_queue_size),
+        default_timeout_us=int(policy.default_timeout_microseconds),
+        # Without a policy block a request's `timeout` shortens the admission timeout, as on every other model.
+        allow_timeout_override=policy.allow_timeout_override if has_policy else True,
+    )
+
+
 def _select_backend(config: model_config_pb2.ModelConfig, version_dir: Path | None, origin: str) -> str:
     if config.backend:
         if config.backend not in KNOWN_BACKENDS:
@@ -128,6 +182,8 @@ def spec_from_config(
         raise ModelConfigError(f"{origin}: config.pbtxt names the model '{config.name}'")
     if config.max_batch_size < 0:
         raise ModelConfigError(f"{origin}: max_batch_size must be >= 0, got {config.max_batch_size}")
+    _refuse_unsupported_scheduling(config, origin)
+    batching = _batching_spec(config, origin)
     version, version_dir = _latest_version(directory) if directory is not None else ("1", None)
     if backend:
         if backend not in KNOWN_BACKENDS:
@@ -167,6 +223,7 @@ def spec_from_config(
         outputs=_tensor_specs(config.output, "output", origin),
         instance_count=instance_count,
         parameters={key: value.string_value for key, value in config.parameters.items()},
+        batching=batching,
         config=final,
     )
 

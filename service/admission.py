@@ -21,19 +21,36 @@ Rules (contract ORDER.01-03, TIME.01-03):
   the wait could not end in time however short it was.
 * A waiter expires at its deadline, whatever the slots are doing.
 
+Dynamic batching (a model with a `BatchRule`): a slot is handed not to the oldest waiter alone but to the oldest
+waiters that fit together. From the head of the queue, in arrival order, it takes each request whose `key`
+equals the head's (same datatypes, same shapes after the batch dimension, same requested outputs) while their
+`rows` add up to at most `max_rows`. It stops at the first request that does not fit, and at a queued manager:
+no request is ever served before an older one it could have joined, and no batch crosses a management barrier.
+The batch holds one slot; its first ticket (the leader) is granted and woken, its thread runs the batch; the
+other members are granted with it but stay asleep until the leader posts their results (one wake-up each).
+Without a delay a request that finds a free slot runs at once, alone, and batches form only from requests
+that had to queue. With `delay` > 0 a batch at the head of the queue waits for more members while a slot is
+free, until it reaches a preferred size (or `max_rows`), can no longer grow (the next waiter does not fit),
+or its oldest member has waited `delay`, and never past the earliest deadline of its members. A running batch
+is, to managers, eviction and shutdown, the leases of all its members: they end together.
+
 Ticket states:
 
     QUEUED  -> GRANTED -> RELEASED
     QUEUED  -> EXPIRED | CANCELLED | REFUSED        (never held anything)
     arrival -> GRANTED | REFUSED                    (without queueing)
+
+A batch member that gives up after its grant keeps its state (its batch still holds the slot) and is marked
+`left`; it becomes RELEASED with the rest when the leader releases the batch.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from .errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
@@ -70,9 +87,11 @@ class Ticket:
     several tickets at once (bulk unload).
     """
 
-    __slots__ = ("kind", "state", "deadline", "arrived_at", "granted_at", "refusal", "waker", "on_change", "seq")
+    __slots__ = ("kind", "state", "deadline", "arrived_at", "granted_at", "refusal", "waker", "on_change", "seq",
+                 "rows", "key", "payload", "leader", "members", "left")
 
-    def __init__(self, kind: TicketKind, arrived_at: float, deadline: float | None, seq: int) -> None:
+    def __init__(self, kind: TicketKind, arrived_at: float, deadline: float | None, seq: int, rows: int = 1,
+                 key: Hashable | None = None, payload: object = None) -> None:
         self.kind = kind
         self.state = TicketState.QUEUED
         self.deadline = deadline
@@ -82,16 +101,54 @@ class Ticket:
         self.waker: threading.Lock | None = None
         self.on_change: Callable[[Ticket], None] | None = None
         self.seq = seq
+        # Batching: the request's rows, what it can be stacked with (None: never batched with others), and what
+        # the caller attached for the batch's runner (service/batching.py).
+        self.rows = rows
+        self.key = key
+        self.payload = payload
+        self.leader: Ticket | None = None  # once granted in a batch: its first ticket (itself for the leader)
+        self.members: list[Ticket] | None = None  # on a leader: the batch, in arrival order, leader first
+        self.left = False  # a member whose caller gave up after the grant
 
     def __repr__(self) -> str:
         return f"Ticket(#{self.seq} {self.kind.value} {self.state.value})"
 
+    @property
+    def is_member(self) -> bool:
+        """Granted as a non-leading member of a batch: its leader's thread runs the batch for it."""
+        return self.leader is not None and self.leader is not self
+
     def notify(self) -> None:
-        """Wake whoever waits on this ticket. Caller holds the model lock."""
+        """Tell whoever waits on this ticket that its state changed. Caller holds the model lock."""
         if self.on_change is not None:
             self.on_change(self)
-        elif self.waker is not None:
+        else:
+            self.nudge()
+
+    def nudge(self) -> None:
+        """Wake a thread blocked on this ticket to look at it again (its state may be unchanged). Caller holds
+        the model lock. A waker already released (its waiter has not run yet) stays released: the waiter wakes
+        once and reads the latest state. `on_change` callers are never nudged: they act on changes only."""
+        if self.waker is not None and self.waker.locked():
             self.waker.release()
+
+
+@dataclass(frozen=True)
+class BatchRule:
+    """How one model batches (see the module docstring). Times in seconds."""
+
+    max_rows: int
+    delay: float = 0.0
+    preferred: frozenset[int] = frozenset()
+
+    @property
+    def largest_preferred(self) -> int:
+        return max(self.preferred, default=0)
+
+    def complete(self, rows: int) -> bool:
+        """A batch of `rows` goes without waiting longer: it reached a preferred size, or cannot grow."""
+        return rows >= self.max_rows or rows in self.preferred or (
+            bool(self.preferred) and rows >= self.largest_preferred)
 
 
 @dataclass(frozen=True)
@@ -112,10 +169,11 @@ class AdmissionStatistics:
 class AdmissionCore:
     """The admission state machine of one model. Not thread-safe: the caller holds the model lock."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, batching: BatchRule | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
+        self.batching = batching
         # A dict is an insertion-ordered set with O(1) removal: the head is the oldest waiter.
         self._queue: dict[Ticket, None] = {}
         self._slots: dict[Ticket, None] = {}  # granted request tickets, in grant order
@@ -131,26 +189,43 @@ class AdmissionCore:
     # ---- arrivals -------------------------------------------------------------------------------------------
 
     def arrive(self, kind: TicketKind, now: float, deadline: float | None, *, overdue_after: float = 0.0,
-               max_queue: int = 0) -> Ticket:
+               max_queue: int = 0, rows: int = 1, key: Hashable | None = None, payload: object = None) -> Ticket:
         """Admit, queue or refuse a new caller. Returns its ticket (GRANTED, QUEUED or REFUSED).
 
-        `overdue_after` > 0 enables the overdue-blocker rule; `max_queue` > 0 bounds queued requests.
+        `overdue_after` > 0 enables the overdue-blocker rule; `max_queue` > 0 bounds queued requests. `rows`,
+        `key` and `payload` describe a request of a batching model. With a batching delay an arrival can
+        complete (or stop the growth of) the batch forming at the head of the queue: call `dispatch(now)`
+        after it then (`delays_batches`).
         """
         self._seq += 1
-        ticket = Ticket(kind, now, deadline, self._seq)
+        ticket = Ticket(kind, now, deadline, self._seq, rows, key, payload)
         if self._closed:
             return self._refuse(ticket, Refusal.CLOSED)
         if not self._queue and self._can_grant(ticket):
-            self._grant(ticket, now)
+            if kind is TicketKind.MANAGER or self.batching is None:
+                self._grant(ticket, now)
+                return ticket
+            if not self.delays_batches or key is None or self.batching.complete(rows):
+                self._grant_batch([ticket], now)
+                return ticket
+            self._enqueue(ticket)  # the head of a forming batch: it waits up to the delay for more members
             return ticket
         if overdue_after > 0 and self._all_slots_overdue(now, overdue_after):
             return self._refuse(ticket, Refusal.OVERDUE)
         if kind is TicketKind.REQUEST and max_queue > 0 and self._queued_requests >= max_queue:
             return self._refuse(ticket, Refusal.QUEUE_FULL)
-        self._queue[ticket] = None
-        if kind is TicketKind.REQUEST:
-            self._queued_requests += 1
+        self._enqueue(ticket)
         return ticket
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        self._queue[ticket] = None
+        if ticket.kind is TicketKind.REQUEST:
+            self._queued_requests += 1
+
+    @property
+    def delays_batches(self) -> bool:
+        """Whether a batch may wait for more members (a batching delay is set)."""
+        return self.batching is not None and self.batching.delay > 0
 
     def _can_grant(self, ticket: Ticket) -> bool:
         if self._manager is not None:
@@ -172,6 +247,55 @@ class AdmissionCore:
             self._manager = ticket
         else:
             self._slots[ticket] = None
+
+    def _grant_batch(self, members: list[Ticket], now: float) -> None:
+        """One slot for `members` (already out of the queue); the first leads."""
+        leader = members[0]
+        self._grant(leader, now)
+        leader.leader, leader.members = leader, members
+        for member in members[1:]:
+            member.state = TicketState.GRANTED
+            member.granted_at = now
+            member.leader = leader
+        self._granted_total += len(members) - 1
+
+    def _candidate_batch(self, head: Ticket) -> tuple[list[Ticket], bool]:
+        """The batch the queue's head request would lead now, and whether it can still grow (nothing behind it
+        in the queue stops it, and it is below max_rows)."""
+        rule = self.batching
+        members, rows = [head], head.rows
+        if head.key is None:
+            return members, False
+        for ticket in itertools.islice(self._queue, 1, None):
+            if ticket.kind is not TicketKind.REQUEST or ticket.key != head.key or rows + ticket.rows > rule.max_rows:
+                return members, False  # the first that does not fit ends the batch: nothing older is skipped
+            members.append(ticket)
+            rows += ticket.rows
+        return members, rows < rule.max_rows
+
+    def _batch_due(self, members: list[Ticket]) -> float:
+        """When a forming batch must go: its oldest member's delay, or its earliest deadline if sooner."""
+        due = members[0].arrived_at + self.batching.delay  # type: ignore[union-attr]
+        for member in members:
+            if member.deadline is not None and member.deadline < due:
+                due = member.deadline
+        return due
+
+    def _batch_ready(self, members: list[Ticket], can_grow: bool, now: float) -> bool:
+        if not self.delays_batches or not can_grow:
+            return True
+        rows = sum(member.rows for member in members)
+        return self.batching.complete(rows) or now >= self._batch_due(members)  # type: ignore[union-attr]
+
+    def wake_at(self, ticket: Ticket) -> float | None:
+        """When `ticket`'s waiter must look again although nobody changed it: the due time of the batch it heads,
+        when a batch waits for more members on a free slot. None: only its own deadline matters."""
+        if not self.delays_batches or not self._queue or next(iter(self._queue)) is not ticket:
+            return None
+        if ticket.kind is not TicketKind.REQUEST or not self._can_grant(ticket):
+            return None
+        members, _ = self._candidate_batch(ticket)
+        return self._batch_due(members)
 
     def _refuse(self, ticket: Ticket, refusal: Refusal) -> Ticket:
         ticket.state = TicketState.REFUSED
@@ -203,7 +327,11 @@ class AdmissionCore:
                 raise RuntimeError(f"release of {ticket!r}, which is not the active manager")
             self._manager = None
         else:
+            if ticket not in self._slots:
+                raise RuntimeError(f"release of {ticket!r}, a batch member: its leader releases the batch")
             del self._slots[ticket]
+            for member in ticket.members or ():
+                member.state = TicketState.RELEASED
         ticket.state = TicketState.RELEASED
         return self.dispatch(now)
 
@@ -216,6 +344,9 @@ class AdmissionCore:
         if outcome not in (TicketState.EXPIRED, TicketState.CANCELLED):
             raise ValueError(f"withdraw outcome must be EXPIRED or CANCELLED, got {outcome}")
         if ticket.state is TicketState.GRANTED:
+            if ticket.is_member:
+                ticket.left = True  # its batch still holds the slot; the leader releases it
+                return []
             return self.release(ticket, now)
         if ticket.state is not TicketState.QUEUED:
             return []
@@ -234,14 +365,24 @@ class AdmissionCore:
             self._queued_requests -= 1
 
     def dispatch(self, now: float) -> list[Ticket]:
-        """Grant from the head of the queue while the head can be granted. Returns the granted tickets."""
+        """Grant from the head of the queue while the head can be granted: a manager, a request, or (batching)
+        the batch the head request leads, once it is ready to go. Returns the granted tickets to wake: batch
+        members are not among them (their leader wakes them with their results)."""
         granted = []
         while self._queue:
             head = next(iter(self._queue))
             if not self._can_grant(head):
                 break
-            self._remove_queued(head)
-            self._grant(head, now)
+            if head.kind is TicketKind.MANAGER or self.batching is None:
+                self._remove_queued(head)
+                self._grant(head, now)
+            else:
+                members, can_grow = self._candidate_batch(head)
+                if not self._batch_ready(members, can_grow, now):
+                    break  # it waits for more members; its waiter looks again at wake_at()
+                for member in members:
+                    self._remove_queued(member)
+                self._grant_batch(members, now)
             granted.append(head)
         return granted
 
@@ -252,6 +393,11 @@ class AdmissionCore:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
+        return self.dispatch(now)
+
+    def set_batching(self, batching: BatchRule | None, now: float) -> list[Ticket]:
+        """Change the batching rule (a reconfiguration in place). Returns the tickets granted in consequence."""
+        self.batching = batching
         return self.dispatch(now)
 
     def close(self) -> list[Ticket]:
@@ -270,6 +416,7 @@ class AdmissionCore:
         return list(self._queue)
 
     def held_request_tickets(self) -> list[Ticket]:
+        """The tickets holding slots (a batch's leader stands for its batch)."""
         return list(self._slots)
 
     @property
@@ -316,10 +463,10 @@ class AdmissionController:
     """
 
     def __init__(self, model: str, capacity: int, lock: threading.Lock | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, batching: BatchRule | None = None) -> None:
         self.model = model
         self._lock = lock or threading.Lock()  # guards: _core (and the model state that shares it)
-        self._core = AdmissionCore(capacity)
+        self._core = AdmissionCore(capacity, batching)
         self._clock = clock
 
     @property
@@ -328,21 +475,28 @@ class AdmissionController:
         return self._core
 
     def acquire(self, kind: TicketKind, deadline: float | None, *, overdue_after: float = 0.0,
-                max_queue: int = 0, cancel=None) -> Ticket:
+                max_queue: int = 0, cancel=None, rows: int = 1, key: Hashable | None = None,
+                payload: object = None) -> Ticket:
         """Wait for a lease of `kind`, in FIFO order, until `deadline` (None: no limit).
 
-        Blocks without holding the model lock. Returns the GRANTED ticket; the caller must `release` it.
-        Raises AdmissionTimeout at the deadline, RequestCancelled when `cancel` (an engine.interface.CancelToken)
-        fires while queued, QueueFull / OverdueBlockers / ShuttingDown when refused. On any of these the caller
-        holds nothing.
+        Blocks without holding the model lock. Returns the GRANTED ticket; the caller must `release` it. On a
+        batching model (`rows`, `key`, `payload`: see the module docstring) it returns either the GRANTED leader
+        of a batch, whose caller runs the batch and releases it, or a RELEASED member whose leader has run it
+        and posted the outcome in its payload (a member waits for that without a time limit: the deadline bounds
+        queueing only). Raises AdmissionTimeout at the deadline, RequestCancelled when `cancel` (an
+        engine.interface.CancelToken) fires while queued or while waiting as a member, QueueFull /
+        OverdueBlockers / ShuttingDown when refused. On any of these the caller holds nothing.
         """
         with self._lock:
-            ticket = self._core.arrive(kind, self._clock(), deadline, overdue_after=overdue_after,
-                                       max_queue=max_queue)
+            now = self._clock()
+            ticket = self._core.arrive(kind, now, deadline, overdue_after=overdue_after, max_queue=max_queue,
+                                       rows=rows, key=key, payload=payload)
             if ticket.state is TicketState.QUEUED:
                 ticket.waker = threading.Lock()
                 ticket.waker.acquire()
-        if ticket.state is TicketState.GRANTED:
+                if self._core.delays_batches:  # the arrival may have completed the batch forming at the head
+                    self._changed_locked(self._core.dispatch(now))
+        if ticket.state is TicketState.GRANTED and not ticket.is_member:
             return ticket
         if ticket.state is TicketState.REFUSED:
             raise refusal_error(ticket, self.model)
@@ -367,25 +521,31 @@ class AdmissionController:
             cancel.add_callback(on_cancel)
         try:
             while True:
-                if ticket.deadline is None:
+                timeout = self._time_left(ticket)
+                if timeout is None:
                     ticket.waker.acquire()  # type: ignore[union-attr]
+                elif timeout > 0:
+                    # A far deadline is woken early and re-checked: lock waits cap at TIMEOUT_MAX.
+                    ticket.waker.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))  # type: ignore[union-attr]
                 else:
-                    remaining = ticket.deadline - self._clock()
-                    if remaining > 0:
-                        # A far deadline is woken early and re-checked: lock waits cap at TIMEOUT_MAX.
-                        ticket.waker.acquire(timeout=min(remaining, threading.TIMEOUT_MAX))  # type: ignore[union-attr]
-                    else:
-                        self._expire(ticket)
-                # Every change of a QUEUED ticket happens under the lock, so reading the state decides: a grant
-                # that won the race against the deadline stands.
+                    self._on_time(ticket)
+                # Every change of a ticket happens under the lock, so reading the state decides: a grant that won
+                # the race against the deadline stands.
                 state = ticket.state
                 if state is TicketState.QUEUED:
                     continue
-                if state is TicketState.GRANTED:
+                if state is TicketState.GRANTED and ticket.is_member:
                     if cancel is not None and cancel.cancelled:
+                        raise RequestCancelled(f"the caller gave up while its batch of model '{self.model}' ran")
+                    continue  # its leader runs the batch and wakes it with its result
+                if state is TicketState.GRANTED:
+                    if cancel is not None and cancel.cancelled and len(ticket.members or ()) <= 1:
                         # Cancelled as the slot arrived: pass the slot on rather than start work nobody awaits.
+                        # (A batch's leader runs it anyway for its other members.)
                         self.release(ticket)
                         raise RequestCancelled(f"the caller gave up while queued for model '{self.model}'")
+                    return ticket
+                if state is TicketState.RELEASED and ticket.is_member:
                     return ticket
                 raise self._departure_error(ticket)
         except BaseException:
@@ -396,6 +556,30 @@ class AdmissionController:
             if on_cancel is not None:
                 cancel.remove_callback(on_cancel)
 
+    def _time_left(self, ticket: Ticket) -> float | None:
+        """Seconds until the waiter must look again by itself (its deadline, or the due time of the batch it
+        heads); None: only a notification wakes it (no deadline, or granted as a batch member)."""
+        if ticket.state is TicketState.GRANTED:
+            return None
+        due = ticket.deadline
+        if self._core.delays_batches:
+            with self._lock:
+                wake = self._core.wake_at(ticket)
+            if wake is not None and (due is None or wake < due):
+                due = wake
+        return None if due is None else due - self._clock()
+
+    def _on_time(self, ticket: Ticket) -> None:
+        """The waiter's time came: a batch it heads goes now, or it expires at its deadline."""
+        with self._lock:
+            if ticket.state is not TicketState.QUEUED:
+                return
+            now = self._clock()
+            if self._core.delays_batches:
+                self._changed_locked(self._core.dispatch(now))
+            if ticket.state is TicketState.QUEUED and ticket.deadline is not None and ticket.deadline <= now:
+                self._withdraw_locked(ticket, TicketState.EXPIRED)
+
     def _departure_error(self, ticket: Ticket) -> Exception:
         if ticket.state is TicketState.EXPIRED:
             return AdmissionTimeout(
@@ -404,20 +588,32 @@ class AdmissionController:
             return RequestCancelled(f"the caller gave up while queued for model '{self.model}'")
         return refusal_error(ticket, self.model)
 
+    def _changed_locked(self, granted: list[Ticket]) -> None:
+        """After a change of the core: wake the tickets it granted, and the head of the queue when a batch may
+        be waiting there (a freed slot or a new head changes when it must go)."""
+        for waiter in granted:
+            waiter.notify()
+        if self._core.delays_batches:
+            queued = self._core.queued_tickets()
+            if queued and queued[0].kind is TicketKind.REQUEST:
+                queued[0].nudge()
+
     def release(self, ticket: Ticket) -> None:
-        """End a granted lease and hand the freed capacity to the oldest waiters. Never blocks.
-        Raises RuntimeError if the ticket holds no lease."""
+        """End a granted lease and hand the freed capacity to the oldest waiters. For a batch's leader this
+        ends every member's lease; their waiters wake (their results must be posted first). Never blocks.
+        Raises RuntimeError if the ticket holds no lease, or is a batch member."""
         with self._lock:
-            for waiter in self._core.release(ticket, self._clock()):
-                waiter.notify()
+            granted = self._core.release(ticket, self._clock())
+            for member in (ticket.members or ())[1:]:
+                member.notify()
+            self._changed_locked(granted)
 
     def _withdraw_locked(self, ticket: Ticket, outcome: TicketState) -> None:
         was_queued = ticket.state is TicketState.QUEUED
         granted = self._core.withdraw(ticket, outcome, self._clock())
         if was_queued:
             ticket.notify()
-        for waiter in granted:
-            waiter.notify()
+        self._changed_locked(granted)
 
     def _expire(self, ticket: Ticket) -> None:
         with self._lock:
@@ -426,14 +622,18 @@ class AdmissionController:
 
     def cancel_queued(self, ticket: Ticket) -> None:
         """Take `ticket` out of the queue if it is still queued (safe from any thread, e.g. a cancellation
-        callback). A ticket already granted is left to its owner, who checks its cancel token."""
+        callback); a batch member waiting for its leader is woken, to leave. A ticket holding a slot is left to
+        its owner, who checks its cancel token."""
         with self._lock:
             if ticket.state is TicketState.QUEUED:
                 self._withdraw_locked(ticket, TicketState.CANCELLED)
+            elif ticket.state is TicketState.GRANTED and ticket.is_member:
+                ticket.nudge()
 
     def abandon(self, ticket: Ticket) -> None:
-        """The owner gives up its ticket whatever its state: queued leaves, granted is released. Idempotent.
-        Only the owning thread may call this (another thread could release a slot that is in use)."""
+        """The owner gives up its ticket whatever its state: queued leaves, granted is released (a batch member
+        is marked as gone; its batch keeps the slot). Idempotent. Only the owning thread may call this (another
+        thread could release a slot that is in use)."""
         with self._lock:
             if ticket.state in (TicketState.QUEUED, TicketState.GRANTED):
                 self._withdraw_locked(ticket, TicketState.CANCELLED)
@@ -444,8 +644,19 @@ class AdmissionController:
 
     def set_capacity_locked(self, capacity: int) -> None:
         """As set_capacity; caller holds the model lock."""
-        for waiter in self._core.set_capacity(capacity, self._clock()):
-            waiter.notify()
+        self._changed_locked(self._core.set_capacity(capacity, self._clock()))
+
+    def set_batching_locked(self, batching: BatchRule | None) -> None:
+        """Change the batching rule; caller holds the model lock."""
+        self._changed_locked(self._core.set_batching(batching, self._clock()))
+
+    def poke(self) -> None:
+        """Look at the clock again now: batches that are due go, and every waiter re-checks its deadline. For an
+        injected clock that a test moves by hand; a real clock needs no poke."""
+        with self._lock:
+            self._changed_locked(self._core.dispatch(self._clock()))
+            for waiter in self._core.queued_tickets():
+                waiter.nudge()
 
     def close(self) -> None:
         """Refuse every queued and later caller (shutdown). Granted leases stay valid until released."""

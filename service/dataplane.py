@@ -11,10 +11,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
-from engine.interface import CancelToken
+from engine.interface import CancelToken, ModelMetadata
 from generated import grpc_service_pb2 as pb
 
+from .batching import BatchItem
 from .errors import InvalidRequest, ModelNotFound
 from .events import RejectionLog
 from .lifecycle import Lease, ModelEntry
@@ -75,21 +77,23 @@ class Dataplane:
 
     def admission_deadline(self, entry: ModelEntry, timeout_us: int, client_deadline: float | None) -> float | None:
         """The earliest of: the model's admission timeout, the request's `timeout` parameter (which can only
-        shorten it), and the client's own deadline. None: wait without limit."""
+        shorten it, and only where the model allows it), and the client's own deadline. None: wait without
+        limit."""
         now = self._clock()
         deadline = client_deadline
         model_timeout = entry.settings.admission_timeout
         if model_timeout > 0:
             deadline = _earliest(deadline, now + model_timeout)
-        if timeout_us > 0:
+        if timeout_us > 0 and _timeout_override_allowed(entry):
             deadline = _earliest(deadline, now + timeout_us / 1e6)
         return deadline
 
     def infer(self, request: pb.ModelInferRequest | InferRequest, *, client_deadline: float | None = None,
               cancel: CancelToken | None = None) -> pb.ModelInferResponse | InferResponse:
         """Run one request to completion. Blocks while queued (until the admission deadline), while the model
-        loads, and for the run. Returns the response message, or an InferResponse (large outputs kept out of
-        the message for the wire layer). Raises the core's errors (see status_codes.py for how they map)."""
+        loads, and for the run (a batching model: for its batch's run). Returns the response message, or an
+        InferResponse (large outputs kept out of the message for the wire layer). Raises the core's errors (see
+        status_codes.py for how they map)."""
         started = time.perf_counter_ns()
         request, raw_contents = _unwrap(request)
         entry = self._request_entry(request.model_name)
@@ -97,86 +101,124 @@ class Dataplane:
         try:
             check_version(entry, request.model_version)
             decoded = decode_request(request, raw_contents)
-            lease = entry.acquire_lease(
-                self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
-            try:
-                if lease.pool.primary.streaming:
-                    raise InvalidRequest(
-                        f"model '{entry.name}' streams its responses; call ModelStreamInfer")
-                checked = time.perf_counter_ns()
-                lease.metadata.check_request(decoded.signature, decoded.outputs)
-                ran = time.perf_counter_ns()
-                outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
-                executed = time.perf_counter_ns()
-            finally:
-                lease.release()
-            response = self._response(request, lease, outputs)
+            ran = self._run(entry, decoded, client_deadline, cancel, started)
+            response = self._response(request, ran)
         except BaseException as error:
             self._record_failure(entry, error, cancel, started)
             raise
-        finished = time.perf_counter_ns()
-        entry.statistics.record_success(
-            queue_ns=lease.queue_ns, input_ns=ran - checked, infer_ns=executed - ran, output_ns=finished - executed,
-            total_ns=finished - started, batch_size=decoded.batch_size(lease.metadata))
+        self._record_success(entry, ran, started)
         return response
 
     def infer_stream(self, request: pb.ModelInferRequest, *, client_deadline: float | None = None,
                      cancel: CancelToken | None = None) -> Iterator[pb.ModelInferResponse]:
         """Responses for one request on a stream: one for an ordinary model, several for a streaming model.
 
-        The lease is held until the last response is taken from this generator, the generator is closed, or
-        it raises; closing it (as a cancelled stream does) releases the slot.
+        A streaming model's lease is held until the last response is taken from this generator, the generator
+        is closed, or it raises; closing it (as a cancelled stream does) releases the slot. Any other model
+        runs as ModelInfer does (batching included), and its slot is free before the answer is yielded.
         """
         started = time.perf_counter_ns()
         request, raw_contents = _unwrap(request)
         entry = self._request_entry(request.model_name)
-        lease = None
         recorded = False
         cancel = cancel or CancelToken()
         try:
             check_version(entry, request.model_version)
             decoded = decode_request(request, raw_contents)
-            lease = entry.acquire_lease(
-                self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
-            lease.metadata.check_request(decoded.signature, decoded.outputs)
-            ran = time.perf_counter_ns()
-            if lease.pool.primary.streaming:
-                for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
-                    yield _as_message(self._response(request, lease, outputs))
-                executed = time.perf_counter_ns()
-                lease.release()
-                self._record_stream_success(entry, lease, decoded, started, ran, executed)
-                recorded = True
+            if not entry.batches:
+                lease = entry.acquire_lease(
+                    self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
+                if lease.pool.primary.streaming:
+                    yield from self._stream_from(entry, request, decoded, lease, cancel, started)
+                    recorded = True
+                    return
+                ran = self._run_on(lease, decoded, cancel)
             else:
-                outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
-                executed = time.perf_counter_ns()
-                lease.release()
-                response = _as_message(self._response(request, lease, outputs))
-                # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right
-                # after this answer never resumes the generator, and the answer was complete.
-                self._record_stream_success(entry, lease, decoded, started, ran, executed)
-                recorded = True
-                yield response
+                ran = self._run(entry, decoded, client_deadline, cancel, started)
+            response = _as_message(self._response(request, ran))
+            # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right after
+            # this answer never resumes the generator, and the answer was complete.
+            self._record_success(entry, ran, started)
+            recorded = True
+            yield response
         except BaseException as error:
             if not recorded:
                 self._record_failure(entry, error, cancel, started)
             raise
+
+    def _stream_from(self, entry: ModelEntry, request, decoded: DecodedRequest, lease: Lease, cancel: CancelToken,
+                     started: int) -> Iterator[pb.ModelInferResponse]:
+        """A streaming model's responses, holding its slot until the last one is taken (or the generator is
+        closed), then counted."""
+        with lease:
+            lease.metadata.check_request(decoded.signature, decoded.outputs)
+            ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
+            began = time.perf_counter_ns()
+            for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
+                ran.outputs = outputs
+                yield _as_message(self._response(request, ran))
+            ran.infer_ns = time.perf_counter_ns() - began
+        self._record_success(entry, ran, started, counted_output=False)
+
+    def _run(self, entry: ModelEntry, decoded: DecodedRequest, client_deadline: float | None, cancel: CancelToken,
+             started: int) -> _Ran:
+        """Admit and run a request that answers once: alone on a slot, or in a batch (a batching model)."""
+        deadline = self.admission_deadline(entry, decoded.timeout_us, client_deadline)
+        if not entry.batches:
+            return self._run_on(entry.acquire_lease(deadline, cancel), decoded, cancel)
+        metadata = entry.known_metadata()
+        if metadata is not None:  # bad input is refused before it can join a batch
+            metadata.check_request(decoded.signature, decoded.outputs)
+        rows = next((shape[0] for _, shape in decoded.signature.values() if shape), 1)
+        item = entry.run_batched(BatchItem(decoded.inputs, decoded.signature, decoded.outputs, rows, cancel),
+                                 deadline, cancel)
+        outputs = item.outcome()
+        return _Ran(item.metadata, item.version, item.started_ns - started, item.input_ns, item.infer_ns, rows,
+                    batched=True, outputs=outputs)
+
+    @staticmethod
+    def _run_on(lease: Lease, decoded: DecodedRequest, cancel: CancelToken) -> _Ran:
+        """Run a request alone on its leased slot, and free the slot."""
+        try:
+            if lease.pool.primary.streaming:
+                raise InvalidRequest(f"model '{lease.entry.name}' streams its responses; call ModelStreamInfer")
+            checked = time.perf_counter_ns()
+            lease.metadata.check_request(decoded.signature, decoded.outputs)
+            ran = time.perf_counter_ns()
+            outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
+            executed = time.perf_counter_ns()
         finally:
-            if lease is not None:
-                lease.release()
+            lease.release()
+        return _Ran(lease.metadata, lease.version, lease.queue_ns, ran - checked, executed - ran,
+                    decoded.batch_size(lease.metadata), outputs=outputs)
 
     @staticmethod
-    def _record_stream_success(entry, lease: Lease, decoded: DecodedRequest, started: int, ran: int,
-                               executed: int) -> None:
+    def _record_success(entry: ModelEntry, ran: _Ran, started: int, counted_output: bool = True) -> None:
         finished = time.perf_counter_ns()
+        output_ns = finished - ran.finished_ns if counted_output else 0
         entry.statistics.record_success(
-            queue_ns=lease.queue_ns, input_ns=0, infer_ns=executed - ran, output_ns=finished - executed,
-            total_ns=finished - started, batch_size=decoded.batch_size(lease.metadata))
+            queue_ns=ran.queue_ns, input_ns=ran.input_ns, infer_ns=ran.infer_ns, output_ns=output_ns,
+            total_ns=finished - started, batch_size=ran.rows, executed=not ran.batched)
 
     @staticmethod
-    def _response(request: pb.ModelInferRequest, lease: Lease, outputs: dict):
-        response = pb.ModelInferResponse(model_name=request.model_name, model_version=lease.version, id=request.id)
-        return encode_response(response, outputs, lease.metadata)
+    def _response(request: pb.ModelInferRequest, ran: _Ran):
+        response = pb.ModelInferResponse(model_name=request.model_name, model_version=ran.version, id=request.id)
+        return encode_response(response, ran.outputs, ran.metadata)
+
+
+@dataclass
+class _Ran:
+    """What running one request gave, for its response and its statistics."""
+
+    metadata: ModelMetadata
+    version: str
+    queue_ns: int
+    input_ns: int = 0
+    infer_ns: int = 0
+    rows: int = 1  # the request's batch size
+    batched: bool = False  # it ran in a batch, whose run is counted once by the batch
+    outputs: dict | None = None
+    finished_ns: int = field(default_factory=time.perf_counter_ns)  # when the run ended: the output time's start
 
 
 def _unwrap(request) -> tuple[pb.ModelInferRequest, list | None]:
@@ -188,6 +230,13 @@ def _unwrap(request) -> tuple[pb.ModelInferRequest, list | None]:
 def _as_message(response) -> pb.ModelInferResponse:
     """Streams carry a whole ModelInferResponse inside each stream message."""
     return response.to_message() if isinstance(response, InferResponse) else response
+
+
+def _timeout_override_allowed(entry: ModelEntry) -> bool:
+    """A request's `timeout` shortens the admission timeout, unless the model's dynamic_batching queue policy
+    says allow_timeout_override: false."""
+    batching = entry.spec.batching
+    return batching is None or batching.allow_timeout_override
 
 
 def _earliest(a: float | None, b: float) -> float:

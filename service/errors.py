@@ -81,3 +81,15 @@ class ModelLoadFailed(ServiceError):
         super().__init__(f"model '{name}' failed to load: {cause}")
         self.model = name
         self.cause = cause
+
+
+def own_copy(error: BaseException) -> BaseException:
+    """`error` as a new object, for one more caller to raise. Raising one object on several threads (the waiters
+    of a failed cold load, the members of a failed batch) would make its traceback collect every thread's
+    frames (and the tensors they hold). Built without calling __init__, whose signature varies (ModelLoadFailed
+    takes a name and a cause)."""
+    copy = type(error).__new__(type(error))
+    copy.args = error.args
+    copy.__dict__.update(error.__dict__)
+    copy.__cause__, copy.__suppress_context__ = error.__cause__, error.__suppress_context__
+    return copy

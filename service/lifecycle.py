@@ -33,7 +33,8 @@ from engine.errors import EngineError
 from engine.interface import Backend, CancelToken, Context, ModelMetadata, ModelSpec
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
-from .errors import ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount
+from .batching import BatchItem, EveryoneGaveUp, batch_rule, run_batch
+from .errors import ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
 from .events import Events
 from .outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
@@ -71,6 +72,7 @@ class ModelSettings:
     explicit_slots: bool  # asked for by the operator (must be honoured) rather than the server default
     admission_timeout: float  # effective seconds, capped by the server ceiling; 0 = unbounded
     source: str = ""
+    max_queue: int | None = None  # queued requests of this model (dynamic_batching's max_queue_size); None: server's
 
 
 @dataclass
@@ -163,19 +165,8 @@ class _InitAttempt:
                 self._waiters.remove(woken)
                 raise RequestCancelled("the caller gave up while the model was loading")
         if self.error is not None:
-            raise _own_copy(self.error)
+            raise own_copy(self.error)
         return self.pool  # type: ignore[return-value]
-
-
-def _own_copy(error: BaseException) -> BaseException:
-    """`error` as a new object for one waiter. Raising one object on several threads would make its traceback
-    collect every thread's frames (and the tensors they hold). Built without calling __init__, whose signature
-    varies (ModelLoadFailed takes a name and a cause)."""
-    copy = type(error).__new__(type(error))
-    copy.args = error.args
-    copy.__dict__.update(error.__dict__)
-    copy.__cause__, copy.__suppress_context__ = error.__cause__, error.__suppress_context__
-    return copy
 
 
 class Lease:
@@ -245,7 +236,8 @@ class ModelEntry:
         self._init: _InitAttempt | None = None
         self._last_error = ""
         self.last_used = self._clock()  # for LRU eviction; written without the lock (a float store)
-        self.admission = AdmissionController(spec.name, settings.slots, self._lock, self._clock)
+        self.admission = AdmissionController(spec.name, settings.slots, self._lock, self._clock,
+                                             batch_rule(spec.batching, spec.max_batch_size))
         self.statistics = InferenceStatistics()
 
     # ---- observation ----------------------------------------------------------------------------------------
@@ -325,7 +317,7 @@ class ModelEntry:
         settings = self._committed.settings
         ticket = self.admission.acquire(
             TicketKind.REQUEST, deadline, overdue_after=settings.admission_timeout,
-            max_queue=self._runtime.max_queue, cancel=cancel)
+            max_queue=self._max_queue(settings), cancel=cancel)
         try:
             pool = self._ensure_pool(cancel)
             context = pool.take()
@@ -333,6 +325,48 @@ class ModelEntry:
             self._end_request(ticket)
             raise
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
+
+    def _max_queue(self, settings: ModelSettings) -> int:
+        return self._runtime.max_queue if settings.max_queue is None else settings.max_queue
+
+    @property
+    def batches(self) -> bool:
+        """Whether requests of this model go through `run_batched` (its committed spec has dynamic batching)."""
+        return self._committed.spec.batching is not None
+
+    def run_batched(self, item: BatchItem, deadline: float | None, cancel: CancelToken) -> BatchItem:
+        """Admit a request of a batching model and see it run, alone or in a batch. Returns `item` with its
+        outcome posted (`item.outcome()` gives the outputs or raises the error).
+
+        Blocks while queued (bounded by `deadline`), then: the leader of a batch (its first request) makes sure
+        the pool exists, runs the batch and releases its slot; any other member waits, without a time limit,
+        for the leader. Raises the admission errors (ServerBusy subclasses, RequestCancelled when the caller
+        gives up while queued or while its batch runs); on every error the caller holds nothing.
+        """
+        settings = self._committed.settings
+        ticket = self.admission.acquire(
+            TicketKind.REQUEST, deadline, overdue_after=settings.admission_timeout,
+            max_queue=self._max_queue(settings), cancel=cancel, rows=item.rows, key=item.key, payload=item)
+        if ticket.is_member:
+            return item  # released by its leader: the outcome is posted
+        items = [member.payload for member in ticket.members]  # type: ignore[union-attr]
+        run_cancel = EveryoneGaveUp([member.cancel for member in items])
+        try:
+            try:
+                pool = self._ensure_pool(run_cancel)
+                context = pool.take()
+            except BaseException as error:
+                for member in items:
+                    member.fail(_as_request_error(self.name, error))
+                self._end_request(ticket)
+                raise
+            with Lease(self, ticket, pool, context, 0) as lease:  # its release ends every member's lease
+                run_batch(lease, items, run_cancel, self.statistics)
+        finally:
+            run_cancel.detach()
+        if cancel.cancelled and item.error is None:
+            item.error = RequestCancelled("the caller gave up while its batch ran")
+        return item
 
     def _end_request(self, ticket: Ticket) -> None:
         self.last_used = self._clock()
@@ -579,9 +613,14 @@ class ModelEntry:
             if guard is not None:
                 guard.release()
 
+    def _commit_locked(self, committed: _Committed) -> None:
+        """Replace the committed configuration, and the batching rule admission applies with it."""
+        self._committed = committed
+        self.admission.set_batching_locked(batch_rule(committed.spec.batching, committed.spec.max_batch_size))
+
     def _commit_resized(self, spec, settings, old_pool: SlotPool, resized: SlotPool) -> None:
         with self._lock:
-            self._committed = _Committed(spec, settings, self._committed.metadata)
+            self._commit_locked(_Committed(spec, settings, self._committed.metadata))
             self._pool = None
             self._publish_locked(resized)
         old_pool.close_surplus(resized)
@@ -590,7 +629,7 @@ class ModelEntry:
     def _commit_replacement(self, spec, settings, old_pool: SlotPool | None, probe) -> None:
         with self._lock:
             retired = self._retire_locked(ModelState.RECONFIGURING) if old_pool is not None else None
-            self._committed = _Committed(spec, settings, None)
+            self._commit_locked(_Committed(spec, settings, None))
             self.admission.set_capacity_locked(settings.slots)
         if retired is not None:
             retired.close()

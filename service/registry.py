@@ -106,9 +106,13 @@ class ModelRegistry:
         if requested is None and registration.config_json and spec.instance_count is not None:
             requested = spec.instance_count  # a count in a request's config override is the request's
         slots, explicit = self._slot_count(spec, requested)
-        return ModelSettings(slots=slots, explicit_slots=explicit,
-                             admission_timeout=self.effective_timeout(registration.admission_timeout),
-                             source=registration.source)
+        timeout = registration.admission_timeout
+        batching = spec.batching
+        if timeout is None and batching is not None and batching.default_timeout_us > 0:
+            timeout = batching.default_timeout_us / 1e6  # dynamic_batching's default_queue_policy
+        return ModelSettings(slots=slots, explicit_slots=explicit, admission_timeout=self.effective_timeout(timeout),
+                             source=registration.source,
+                             max_queue=batching.max_queue_size if batching and batching.max_queue_size else None)
 
     def _slot_count(self, spec: ModelSpec, requested: int | None) -> tuple[int, bool]:
         jobs = self.policy.parallel_jobs

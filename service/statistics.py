@@ -1,9 +1,12 @@
 """Per-model inference statistics, as the protocol's ModelStatistics and the Prometheus metrics report them.
 
-Durations are nanoseconds. queue = admission wait plus waiting for the model to load; compute_input = checking
-and preparing inputs; compute_infer = the engine run; compute_output = building the response. success and fail
-count whole requests with their total duration. inference_count adds the batch size of each request;
-execution_count counts engine runs (one per request: slotserve does not merge requests into batches).
+Durations are nanoseconds. queue = admission wait plus waiting for the model to load (for a request in a
+batch: until its batch began); compute_input = checking and preparing inputs (a batch: stacking them);
+compute_infer = the engine run; compute_output = building the response. success and fail count whole requests
+with their total duration. inference_count adds the rows (batch size) of each successful request;
+execution_count counts engine runs, and `batch_stats` counts them per batch size with their compute times, as
+Triton reports them: a model without dynamic batching runs one request per execution, a batching model runs
+every request of a batch in one.
 
 For the metrics the same record also keeps, at no extra lock, how each failed request ended (its outcome, see
 service/outcomes.py) and histogram buckets of the queue and engine-run times of successful requests. Both
@@ -44,6 +47,18 @@ class StatisticsSnapshot:
     failures: dict[str, int]  # outcome -> failed requests (outcomes other than success)
     queue_buckets: tuple[int, ...] = ()  # per bucket of BUCKETS_SECONDS, then +Inf; not cumulative
     infer_buckets: tuple[int, ...] = ()
+    batch_stats: tuple[BatchSizeStatistics, ...] = ()  # per batch size executed, smallest first
+
+
+@dataclass(frozen=True)
+class BatchSizeStatistics:
+    """Engine runs of one batch size (rows) and their compute times."""
+
+    batch_size: int
+    count: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
 
 
 class InferenceStatistics:
@@ -57,13 +72,17 @@ class InferenceStatistics:
         self._fail_count = self._fail_ns = 0
         self._queue_ns = self._input_ns = self._infer_ns = self._output_ns = 0
         self._inference_count = 0
+        self._executions: dict[int, list[int]] = {}  # batch size -> [count, input_ns, infer_ns, output_ns]
         self._last_inference_ms = 0
         self._failures: dict[str, int] = {}
         self._queue_buckets = [0] * (len(_BOUNDS_NS) + 1)
         self._infer_buckets = [0] * (len(_BOUNDS_NS) + 1)
 
     def record_success(self, *, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int, total_ns: int,
-                       batch_size: int) -> None:
+                       batch_size: int, executed: bool = True) -> None:
+        """A successful request of `batch_size` rows. `executed`: it ran alone, so its run is counted as an
+        execution of that size too; a request in a batch passes False (its batch's run is counted once, by
+        `record_execution`)."""
         now_ms = time.time_ns() // 1_000_000
         # Bucket indexes outside the lock; bisect_left puts a value equal to a bound in that bound's bucket
         # (Prometheus buckets count observations <= le).
@@ -80,6 +99,22 @@ class InferenceStatistics:
             self._last_inference_ms = now_ms
             self._queue_buckets[queue_bucket] += 1
             self._infer_buckets[infer_bucket] += 1
+            if executed:
+                self._count_execution_locked(batch_size, input_ns, infer_ns, output_ns)
+
+    def record_execution(self, *, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One engine run of a batch of `batch_size` rows (its requests record their own success)."""
+        with self._lock:
+            self._count_execution_locked(batch_size, input_ns, infer_ns, output_ns)
+
+    def _count_execution_locked(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        totals = self._executions.get(batch_size)
+        if totals is None:
+            totals = self._executions[batch_size] = [0, 0, 0, 0]
+        totals[0] += 1
+        totals[1] += input_ns
+        totals[2] += infer_ns
+        totals[3] += output_ns
 
     def record_failure(self, total_ns: int, outcome: str = "failed") -> None:
         """A request that did not succeed; `outcome` is how it ended (service.outcomes.outcome_of)."""
@@ -99,9 +134,11 @@ class InferenceStatistics:
                 compute_infer=Duration(done, self._infer_ns),
                 compute_output=Duration(done, self._output_ns),
                 inference_count=self._inference_count,
-                execution_count=done,
+                execution_count=sum(totals[0] for totals in self._executions.values()),
                 last_inference_ms=self._last_inference_ms,
                 failures=dict(self._failures),
                 queue_buckets=tuple(self._queue_buckets),
                 infer_buckets=tuple(self._infer_buckets),
+                batch_stats=tuple(BatchSizeStatistics(size, *self._executions[size])
+                                  for size in sorted(self._executions)),
             )

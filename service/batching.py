@@ -1,0 +1,180 @@
+"""Dynamic batching: what one request brings to a batch, and how its leader stacks, runs and splits it.
+
+Which queued requests form a batch is a rule of the admission core (service/admission.py: the oldest requests
+that stack, up to max_batch_size rows, never past one that does not fit or a queued manager). This module runs a
+batch once it is granted. The thread of its first request (the leader) holds the batch's slot and calls
+`run_batch`; every other member's thread sleeps until the leader has posted its outcome in its `BatchItem`.
+
+* Each request keeps its own contract: its own admission deadline and cancellation (a member that gives up
+  leaves, the others get their results; a batch whose every member gave up is terminated as a single run is),
+  its own requested outputs and its own rows of them (views of the batch's outputs: encoding a response copies
+  them once), its own statistics.
+* An engine error fails every member with the same status (each gets its own exception object).
+* A batch of one runs on the request's own arrays: no stacking copy, no split.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.errors import EngineError, ExecutionCancelled
+from engine.interface import BatchingSpec, CancelToken, ModelMetadata, Outputs
+
+from .admission import BatchRule
+from .errors import InvalidRequest, own_copy
+
+
+def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | None:
+    """The admission core's rule for a model's batching settings (None: no batching)."""
+    if spec is None or max_batch_size <= 0:
+        return None
+    return BatchRule(max_rows=max_batch_size, delay=spec.max_queue_delay_us / 1e6,
+                     preferred=frozenset(spec.preferred_batch_sizes))
+
+
+def batch_key(signature: Mapping[str, tuple[str, tuple[int, ...]]], outputs: Sequence[str]) -> Hashable:
+    """What requests must share to be stacked: every input's datatype and shape after the batch dimension, and
+    the requested outputs (in any order)."""
+    return (tuple(sorted((name, datatype, shape[1:]) for name, (datatype, shape) in signature.items())),
+            tuple(sorted(outputs)))
+
+
+@dataclass(eq=False)
+class BatchItem:
+    """One request's part in a batch. Its own thread fills the first fields before admission; the leader fills
+    the rest before it releases the batch, and the request's thread reads them after (the release, under the
+    model's lock, orders the two)."""
+
+    inputs: Mapping[str, np.ndarray]
+    signature: Mapping[str, tuple[str, tuple[int, ...]]]
+    outputs: Sequence[str]  # requested output names; empty: all
+    rows: int
+    cancel: CancelToken
+    result: Outputs | None = None
+    error: BaseException | None = None
+    metadata: ModelMetadata | None = None
+    version: str = ""
+    started_ns: int = 0  # perf_counter_ns when its batch began to run: the end of its queueing
+    input_ns: int = 0
+    infer_ns: int = 0
+    batch_rows: int = 0  # rows of the batch it ran in
+    key: Hashable = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = batch_key(self.signature, self.outputs)
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
+
+    def outcome(self) -> Outputs:
+        """The request's rows of the batch's outputs; raises the error its batch (or its own input) ended in."""
+        if self.error is not None:
+            raise self.error
+        if self.result is None:
+            raise RuntimeError("the batch ended without an outcome for this request")
+        return self.result
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done:
+            self.error = own_copy(error)
+
+
+class EveryoneGaveUp(CancelToken):
+    """The cancel token of a batch's run: cancelled once every member's own token is, so that a run nobody awaits
+    any more is terminated, and a run some member still awaits is not."""
+
+    def __init__(self, tokens: Sequence[CancelToken]) -> None:
+        super().__init__()
+        self._count_lock = threading.Lock()  # guards: _gone
+        self._gone: set[int] = set()  # indexes of the members' tokens that fired (a token may fire a callback twice)
+        self._tokens = list(tokens)
+        self._watchers = [self._watcher(index) for index in range(len(self._tokens))]
+        for token, watcher in zip(self._tokens, self._watchers):
+            token.add_callback(watcher)
+
+    def _watcher(self, index: int):
+        def gone() -> None:
+            with self._count_lock:
+                self._gone.add(index)
+                everyone = len(self._gone) == len(self._tokens)
+            if everyone:
+                self.cancel(self._tokens[index].reason)
+        return gone
+
+    def detach(self) -> None:
+        """Stop watching the members' tokens (the run is over)."""
+        for token, watcher in zip(self._tokens, self._watchers):
+            token.remove_callback(watcher)
+
+
+def run_batch(lease, items: Sequence[BatchItem], run_cancel: CancelToken, statistics) -> None:
+    """Run `items` (a granted batch, leader first) on `lease`'s slot and post every item's outcome. Never raises
+    for a member's sake: every item ends with a result or an error. Blocks for the run."""
+    metadata = lease.metadata
+    started = time.perf_counter_ns()
+    live = []
+    for item in items:
+        item.started_ns, item.metadata, item.version = started, metadata, lease.version
+        if lease.pool.primary.streaming:
+            item.fail(InvalidRequest(f"model '{lease.entry.name}' streams its responses, which dynamic batching "
+                                     "does not support: remove dynamic_batching from its configuration"))
+        elif not item.cancel.cancelled:
+            _checked(item, metadata, live)
+    if not live:
+        for item in items:
+            item.fail(ExecutionCancelled("every request of the batch gave up before it ran"))
+        return
+    inputs = stack(live)
+    stacked = time.perf_counter_ns()
+    rows = sum(item.rows for item in live)
+    try:
+        outputs = lease.execute(inputs, live[0].outputs, run_cancel)
+    except (EngineError, ExecutionCancelled) as error:
+        for item in live:
+            item.fail(error)
+        return
+    except BaseException as error:  # a backend bug: the same status for every member, and the log has it
+        for item in live:
+            item.fail(error)
+        raise
+    executed = time.perf_counter_ns()
+    split(outputs, live)
+    for item in live:
+        item.input_ns, item.infer_ns, item.batch_rows = stacked - started, executed - stacked, rows
+    statistics.record_execution(batch_size=rows, input_ns=stacked - started, infer_ns=executed - stacked,
+                                output_ns=time.perf_counter_ns() - executed)
+
+
+def _checked(item: BatchItem, metadata: ModelMetadata, live: list[BatchItem]) -> None:
+    """Check a request against the pool's metadata (known only once loaded; cached per signature)."""
+    try:
+        metadata.check_request(item.signature, item.outputs)
+    except EngineError as error:
+        item.fail(error)
+        return
+    live.append(item)
+
+
+def stack(items: Sequence[BatchItem]) -> Mapping[str, np.ndarray]:
+    """The batch's inputs along dimension 0 (one copy per input; none for a batch of one)."""
+    if len(items) == 1:
+        return items[0].inputs
+    return {name: np.concatenate([item.inputs[name] for item in items]) for name in items[0].inputs}
+
+
+def split(outputs: Outputs, items: Sequence[BatchItem]) -> None:
+    """Hand each item its rows of every output (views, no copy)."""
+    if len(items) == 1:
+        items[0].result = outputs
+        return
+    offset = 0
+    for item in items:
+        end = offset + item.rows
+        item.result = {name: array[offset:end] for name, array in outputs.items()}
+        offset = end
