@@ -22,7 +22,9 @@ Config parameters (config.pbtxt `parameters` or management options):
                       `<model>.<P>.release` exists (a cancelled request stops waiting at prepare/execute/stream)
     hang              a point name: the fixture blocks there forever, ignoring cancellation (a hung backend)
 
-Without declared inputs/outputs the model takes INPUT0 (FP32, [-1]) and returns OUTPUT0.
+Without declared inputs/outputs the model takes INPUT0 (FP32, [-1]) and returns OUTPUT0. A batching model
+(max_batch_size > 0) receives a batch as one stacked array per input; `FixtureControls.batches` lists the rows
+of each run, and the gates above are passed once per run, so a test holds a whole batch at `execute`.
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ class FixtureControls:
         self._keep_events = keep_events
         self.counters: Counter[str] = Counter()
         self.events: list[tuple[str, str]] = []  # (model, event) in order: "load", "clone", "close_context", ...
+        self._batches: dict[str, list[int]] = {}  # model -> rows of each run of a batching model, in order
 
     def gate(self, model: str, point: str) -> Gate:
         if point not in POINTS:
@@ -212,6 +215,16 @@ class FixtureControls:
             self.counters[f"{model}.{event}"] += 1
             if self._keep_events:
                 self.events.append((model, event))
+
+    def record_batch(self, model: str, rows: int) -> None:
+        with self._lock:
+            if self._keep_events:
+                self._batches.setdefault(model, []).append(rows)
+
+    def batches(self, model: str) -> list[int]:
+        """The rows (batch dimension) of each run of a batching model, in order."""
+        with self._lock:
+            return list(self._batches.get(model, ()))
 
     def count(self, model: str, event: str) -> int:
         with self._lock:
@@ -280,6 +293,8 @@ class FixtureContext(Context):
             if cancel.cancelled:
                 raise ExecutionCancelled("skipped: the caller gave up before the run")
             controls.record(name, "execute")
+            if self._model.metadata.max_batch_size > 0 and inputs:
+                controls.record_batch(name, len(next(iter(inputs.values()))))
             self._pass("execute", cancel)
             return self._compute(inputs, outputs)
         finally:

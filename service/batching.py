@@ -37,6 +37,17 @@ def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | No
                      preferred=frozenset(spec.preferred_batch_sizes))
 
 
+def describe_batching(spec) -> str:
+    """A model's batching settings in a few words, for its `loaded` event ("" without batching)."""
+    batching = spec.batching
+    if batching is None:
+        return ""
+    words = [f"up to {spec.max_batch_size} rows", f"delay {batching.max_queue_delay_us} us"]
+    if batching.preferred_batch_sizes:
+        words.append("preferred " + "/".join(str(size) for size in batching.preferred_batch_sizes))
+    return ", ".join(words)
+
+
 def batch_key(signature: Mapping[str, tuple[str, tuple[int, ...]]], outputs: Sequence[str]) -> Hashable:
     """What requests must share to be stacked: every input's datatype and shape after the batch dimension, and
     the requested outputs (in any order)."""

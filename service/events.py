@@ -71,8 +71,9 @@ EVENTS: dict[str, EventSpec] = {
     "not_loaded_at_startup": EventSpec(_ERROR, ("error",), "not loaded at startup: {error}"),
     "load_started": EventSpec(_INFO, ("backend", "slots", "cause"),
                               "loading {slots} slot(s) on {backend} ({cause})"),
-    "loaded": EventSpec(_INFO, ("backend", "slots", "seconds", "memory_bytes"),
-                        "loaded {slots} slot(s) on {backend} in {seconds:.3f} s"),
+    "loaded": EventSpec(_INFO, ("backend", "slots", "seconds", "memory_bytes", "batching"),
+                        lambda f: f"loaded {f['slots']} slot(s) on {f['backend']} in {f['seconds']:.3f} s"
+                                  + (f"; dynamic batching: {f['batching']}" if f.get("batching") else "")),
     "load_failed": EventSpec(_WARNING, ("backend", "reason", "seconds", "error"),
                              "load failed after {seconds:.3f} s ({reason}): {error}"),
     "reconfigured": EventSpec(_INFO, ("slots", "in_place"),

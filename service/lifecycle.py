@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.errors import EngineError
-from engine.interface import Backend, CancelToken, Context, ModelMetadata, ModelSpec
+from engine.interface import Backend, BatchingSpec, CancelToken, Context, ModelMetadata, ModelSpec
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
-from .batching import BatchItem, EveryoneGaveUp, batch_rule, run_batch
+from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
 from .errors import ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
 from .events import Events
 from .outcomes import outcome_of
@@ -112,6 +112,8 @@ class ModelStatus:
     memory_bytes: int | None
     manager_active: bool = False
     queued_managers: int = 0
+    batching: BatchingSpec | None = None  # dynamic batching settings; None: one request per engine call
+    max_batch_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,8 @@ class ModelEntry:
             memory_bytes=pool.memory_bytes() if pool is not None else None,
             manager_active=admission.manager_active,
             queued_managers=admission.queued_managers,
+            batching=committed.spec.batching,
+            max_batch_size=committed.spec.max_batch_size,
         )
 
     def is_ready(self) -> bool:
@@ -464,7 +468,8 @@ class ModelEntry:
                             exc_info=error if reason == "failed" else None)
                 raise
             events.emit(_LOG, "loaded", self.name, backend=spec.backend, slots=pool.capacity,
-                        seconds=time.perf_counter() - started, memory_bytes=pool.memory_bytes())
+                        seconds=time.perf_counter() - started, memory_bytes=pool.memory_bytes(),
+                        batching=describe_batching(spec))
             return pool
         finally:
             if guard is not None:

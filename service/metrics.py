@@ -76,6 +76,7 @@ class SlotserveCollector(Collector):
                          "Seconds the engine ran a successful request (a streaming model: until its last "
                          "response).",
                          observed, lambda s: (s.infer_buckets, s.compute_infer.ns))
+        yield from _executions(observed)
         yield from _lifecycle_counters([name for name, _, _ in observed], self._events.counts())
         yield from self._server_metrics()
 
@@ -154,6 +155,30 @@ def _histogram(name: str, documentation: str, observed, read) -> Metric:
             buckets.append((bound, cumulative))
         family.add_metric([model], buckets, total_ns / 1e9)
     return family
+
+
+# Upper bounds of the batch-size histogram (rows per engine run); sizes above the last land in +Inf.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def _executions(observed) -> Iterator[Metric]:
+    """Engine runs per model, and the rows each took (one request per run on a model without batching; a
+    batching model runs each batch of requests once)."""
+    executions = CounterMetricFamily(
+        "slotserve_model_executions", "Engine runs (executions): one per request on a model without dynamic "
+        "batching, one per batch on a batching model.", labels=["model"])
+    sizes = HistogramMetricFamily(
+        "slotserve_model_batch_size", "Rows (batch dimension) each engine run took.", labels=["model"])
+    for model, _, snapshot in observed:
+        executions.add_metric([model], snapshot.execution_count)
+        buckets, rows = [], 0
+        for bound in BATCH_SIZE_BUCKETS:
+            buckets.append((str(bound), sum(b.count for b in snapshot.batch_stats if b.batch_size <= bound)))
+        buckets.append(("+Inf", snapshot.execution_count))
+        rows = sum(b.batch_size * b.count for b in snapshot.batch_stats)
+        sizes.add_metric([model], buckets, rows)
+    yield executions
+    yield sizes
 
 
 def _lifecycle_counters(models: Iterable[str], counts: dict[tuple[str, str], int]) -> Iterator[Metric]:

@@ -10,15 +10,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CELLS_FILE = Path(__file__).resolve().parent / "contract" / "cells.tsv"
 SHARED_CELLS_FILE = ROOT.parent / "shared" / "contract" / "cells.tsv"
+BATCHING_CELLS_FILE = Path(__file__).resolve().parent / "contract" / "batching_cells.tsv"  # slotserve's own
 DEMO_REPOSITORY = ROOT / "demo" / "model_repository"
 
 pytest_plugins = ["service.testing"]
 
 
-def contract_cells() -> list[tuple[str, str]]:
+def contract_cells(path: Path = CELLS_FILE) -> list[tuple[str, str]]:
     """(id, expected behaviour) of every contract cell, in the contract's order."""
-    with CELLS_FILE.open(newline="") as handle:
+    with path.open(newline="") as handle:
         return [(row["id"], row["expected"]) for row in csv.DictReader(handle, delimiter="\t")]
+
+
+def batching_cells() -> list[tuple[str, str]]:
+    """The dynamic batching cells (BATCH.nn): slotserve's own, beside the contract's 110."""
+    return contract_cells(BATCHING_CELLS_FILE)
 
 
 def pytest_addoption(parser):
@@ -32,7 +38,7 @@ _marked_cells: set[str] = set()
 
 
 def pytest_collection_modifyitems(config, items):
-    known = {cell for cell, _ in contract_cells()}
+    known = {cell for cell, _ in contract_cells() + batching_cells()}
     for item in items:
         for mark in item.iter_markers("cell"):
             for cell in mark.args:
@@ -53,19 +59,21 @@ def pytest_runtest_makereport(item, call):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not config.getoption("--contract-report"):
         return
-    cells = contract_cells()
     write = terminalreporter.write_line
-    write("")
-    write("contract coverage (a cell is covered when a test marked with it passed):")
-    for cell, _ in cells:
-        if cell in _passed_cells:
-            state = "covered"
-        elif cell in _marked_cells:
-            state = "NOT covered (its test did not pass)"
-        else:
-            state = "NOT covered (no test)"
-        write(f"  {cell:45s} {state}")
-    _report_total.append((terminalreporter, f"covered {len([c for c, _ in cells if c in _passed_cells])}/{len(cells)}"))
+    for title, cells, label in (("contract", contract_cells(), "covered"),
+                                ("dynamic batching", batching_cells(), "batching covered")):
+        write("")
+        write(f"{title} coverage (a cell is covered when a test marked with it passed):")
+        for cell, _ in cells:
+            if cell in _passed_cells:
+                state = "covered"
+            elif cell in _marked_cells:
+                state = "NOT covered (its test did not pass)"
+            else:
+                state = "NOT covered (no test)"
+            write(f"  {cell:45s} {state}")
+        covered = len([c for c, _ in cells if c in _passed_cells])
+        _report_total.append((terminalreporter, f"{label} {covered}/{len(cells)}"))
 
 
 _report_total: list = []  # (terminal reporter, line): written last, after pytest's own summary line

@@ -298,6 +298,11 @@ def _add_statistics(target, entry: ModelEntry) -> None:
         duration = getattr(snapshot, field)
         getattr(stats, field).count = duration.count
         getattr(stats, field).ns = duration.ns
+    for batch in snapshot.batch_stats:
+        added = target.batch_stats.add(batch_size=batch.batch_size)
+        for duration, ns in ((added.compute_input, batch.compute_input_ns), (added.compute_infer, batch.compute_infer_ns),
+                             (added.compute_output, batch.compute_output_ns)):
+            duration.count, duration.ns = batch.count, ns
 
 
 _HANDLER_FACTORY = {

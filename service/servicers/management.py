@@ -37,6 +37,12 @@ def status_message(status: ModelStatus) -> pb.ModelStatus:
         message.max_parallel_slots = status.max_parallel_slots
     if status.memory_bytes is not None:
         message.memory_bytes = status.memory_bytes
+    batching = status.batching
+    if batching is not None:
+        message.batching.CopyFrom(pb.DynamicBatching(
+            max_batch_size=status.max_batch_size, max_queue_delay_microseconds=batching.max_queue_delay_us,
+            preferred_batch_sizes=batching.preferred_batch_sizes, max_queue_size=batching.max_queue_size,
+            allow_timeout_override=batching.allow_timeout_override))
     return message
 
 

@@ -79,10 +79,13 @@ def counter_moves(before: Samples, after: Samples) -> dict:
 
 
 def successes(model: str, count: int) -> dict:
-    """A model's counters after `count` successful requests: outcome and both histograms."""
+    """A model's counters after `count` successful requests (each run alone, as on a model without dynamic
+    batching): outcome, both time histograms, executions and the batch-size histogram."""
     return {key("slotserve_model_requests_total", model=model, outcome="success"): count,
             key("slotserve_model_admission_wait_seconds_count", model=model): count,
-            key("slotserve_model_compute_seconds_count", model=model): count}
+            key("slotserve_model_compute_seconds_count", model=model): count,
+            key("slotserve_model_executions_total", model=model): count,
+            key("slotserve_model_batch_size_count", model=model): count}
 
 
 def poll(running, predicate, what: str) -> Samples:

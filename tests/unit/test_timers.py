@@ -77,4 +77,5 @@ def test_a_stream_cancelled_while_a_message_waits_to_be_sent_leaves_no_armed_tim
         wait_until(lambda: timers.statistics().armed == 1, "a message waiting to be sent", timeout=10)
         call.cancel()
         wait_until(lambda: timers.statistics().armed == 0, "the armed write timer to be cancelled", timeout=10)
-        assert running.server.registry.get("s").status().active_slots == 0
+        entry = running.server.registry.get("s")
+        wait_until(lambda: entry.status().active_slots == 0, "the stream's slot to be released", timeout=10)
