@@ -54,7 +54,7 @@ from ..errors import (BackendUnavailableError, ExecutionCancelled, ExecutionErro
 from ..interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
 from .builder import (DEFAULT_WORKSPACE, PARAM_CACHE_DIR, PARAM_WORKSPACE, PlanCache, build_plan,
                       default_cache_dir, write_atomic)
-from .cuda import CudaError, CudaRuntime, host_view
+from .cuda import CudaError, CudaRuntime, host_view, real_cuda_utils
 from .profiles import bool_parameter, cache_key, file_sha256, int_parameter, onnx_inputs, profile_for
 from .protocols import (CudaEngine, CudaRuntimeModule, ExecutionContext, TensorRTBuilderModule,
                         TensorRTRuntimeModule, TrtRuntime)
@@ -154,10 +154,11 @@ class TensorRTBackend(Backend):
 
     name = "tensorrt"
 
-    def __init__(self, trt_module: Any = None, cudart_module: Any = None, *,
+    def __init__(self, trt_module: Any = None, cudart_module: Any = None, *, cuda_utils_module: Any = None,
                  cache_dir: Path | str | None = None) -> None:
         self._trt_module = trt_module
         self._cudart_module = cudart_module
+        self._cuda_utils_module = cuda_utils_module
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._lock = threading.Lock()  # guards: _logger, _runtimes
         self._logger: Any = None
@@ -170,13 +171,16 @@ class TensorRTBackend(Backend):
     # -- modules and runtime
 
     def _cuda(self, origin: str) -> CudaRuntime:
-        module = self._cudart_module or _import_cudart()
+        module = self._cudart_module
         if module is None:
-            raise BackendUnavailableError(
-                f"{origin}: the TensorRT backend needs cuda-python (cuda.bindings), which is not installed. "
-                f"{INSTALL_HINT} {FALLBACK_HINT}")
-        self._cudart_module = module
-        return CudaRuntime(module)
+            module = _import_cudart()
+            if module is None:
+                raise BackendUnavailableError(
+                    f"{origin}: the TensorRT backend needs cuda-python (cuda.bindings), which is not installed. "
+                    f"{INSTALL_HINT} {FALLBACK_HINT}")
+            self._cudart_module = module
+            self._cuda_utils_module = real_cuda_utils()
+        return CudaRuntime(module, self._cuda_utils_module)
 
     def _tensorrt(self, origin: str) -> TensorRTRuntimeModule:
         module = self._trt_module or _import_tensorrt()

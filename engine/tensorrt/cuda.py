@@ -45,8 +45,9 @@ class CudaRuntime:
     """Checked wrappers over one `cuda.bindings.runtime` module (or the test double's). Stateless apart from
     the per-thread current-device cache; safe to share between threads."""
 
-    def __init__(self, module: CudaRuntimeModule) -> None:
+    def __init__(self, module: CudaRuntimeModule, utils: CudaUtilsModule | None = None) -> None:
         self.module = module
+        self.utils = utils  # cuda.bindings.utils of the same cuda-bindings (None: int(stream) is used)
         self._success = module.cudaError_t.cudaSuccess
         self._out_of_memory = module.cudaError_t.cudaErrorMemoryAllocation
 
@@ -137,14 +138,13 @@ class CudaRuntime:
                                 "cudaStreamCreateWithFlags")
         return stream
 
-    @staticmethod
-    def stream_handle(stream: Any) -> int:
+    def stream_handle(self, stream: Any) -> int:
         """The stream's address as a Python int, which is what TensorRT's `stream_handle` arguments take.
         cuda-bindings 12.9.1 deprecated `int(stream)` for `cuda.bindings.utils.get_cuda_native_handle`; the
         latter is used where it exists."""
         if isinstance(stream, int):
             return stream
-        utils = _cuda_utils()
+        utils = self.utils
         return int(utils.get_cuda_native_handle(stream)) if utils is not None else int(stream)
 
     def stream_synchronize(self, stream: Any) -> None:
@@ -156,7 +156,8 @@ class CudaRuntime:
 
 
 @lru_cache(maxsize=1)
-def _cuda_utils() -> CudaUtilsModule | None:
+def real_cuda_utils() -> CudaUtilsModule | None:
+    """`cuda.bindings.utils`, or None where cuda-bindings is older than 12.9.1 (or absent)."""
     try:
         module: CudaUtilsModule = importlib.import_module("cuda.bindings.utils")
     except ImportError:

@@ -297,7 +297,7 @@ def _double_public(cls: type) -> set[str]:
         return set(cls.__members__)
     names: set[str] = set()
     for klass in cls.__mro__:
-        if klass.__module__ == double.__name__:
+        if klass.__module__.startswith(double.__name__ + "."):
             names |= {n for n in vars(klass) if not n.startswith("_")}
     return names
 

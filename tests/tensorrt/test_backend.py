@@ -32,7 +32,7 @@ ACTIVATION = MiB
 def make_backend(device: FakeDevice, tmp_path=None, lean: bool = False) -> TensorRTBackend:
     cache = tmp_path / "plan-cache" if tmp_path is not None else None
     return TensorRTBackend(trt_module=device.trt_lean if lean else device.trt, cudart_module=device.cudart,
-                           cache_dir=cache)
+                           cuda_utils_module=device.cuda_utils, cache_dir=cache)
 
 
 def run(context, inputs, outputs=(), cancel=None):

@@ -49,7 +49,8 @@ def device():
 
 @pytest.fixture
 def backend(device, tmp_path) -> TensorRTBackend:
-    return TensorRTBackend(trt_module=device.trt, cudart_module=device.cudart, cache_dir=tmp_path / "plan-cache")
+    return TensorRTBackend(trt_module=device.trt, cudart_module=device.cudart, cuda_utils_module=device.cuda_utils,
+                          cache_dir=tmp_path / "plan-cache")
 
 
 @pytest.fixture
