@@ -428,10 +428,10 @@ def test_the_real_modules_on_this_gpu_less_machine(tmp_path):
 def test_missing_cuda_python_or_tensorrt(monkeypatch, device, tmp_path):
     plan = support.write_add_sub_plan(device, tmp_path)
     monkeypatch.setattr(backend_module, "_import_cudart", lambda: None)
-    with pytest.raises(errors.BackendUnavailableError, match=r"cuda-python.*pip install \.\[tensorrt\]"):
+    with pytest.raises(errors.BackendUnavailableError, match=r"cuda-python.*pip install \.\[tensorrt-cu12\]"):
         TensorRTBackend().load(support.spec(plan))
     monkeypatch.setattr(backend_module, "_import_tensorrt", lambda: None)
-    with pytest.raises(errors.BackendUnavailableError, match=r"tensorrt package.*pip install \.\[tensorrt\]"):
+    with pytest.raises(errors.BackendUnavailableError, match=r"tensorrt package.*pip install \.\[tensorrt-cu12\]"):
         TensorRTBackend(cudart_module=device.cudart).load(support.spec(plan))
 
 

@@ -227,7 +227,10 @@ class FakeCudaRuntime:
         if error is not None:
             return (error, None)
         self._device.require_device("cudaHostAlloc")
-        return (cudaError_t.cudaSuccess, self._device.allocate_host(int(size)).base)
+        allocation = self._device.allocate_host(int(size))
+        if allocation is None:
+            return (cudaError_t.cudaErrorMemoryAllocation, None)
+        return (cudaError_t.cudaSuccess, allocation.base)
 
     def cudaMallocHost(self, size: int) -> tuple:  # noqa: N802
         return self.cudaHostAlloc(size, self.cudaHostAllocDefault)

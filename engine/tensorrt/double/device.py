@@ -105,7 +105,7 @@ class FakeDevice:
     built for (1000 * major + 10 * minor, as cudaDriverGetVersion reports them): a runtime of a newer major than
     the driver gets cudaErrorInsufficientDriver, as cuda-bindings 13 does on a CUDA 12 driver. `reset_recovers`
     False makes a sticky error survive cudaDeviceReset (NVIDIA documents that only a new process is sure to clear
-    one).
+    one). `pinned_memory` limits page-locked host memory (cudaHostAlloc fails past it, as when the OS refuses).
 
     Thread-safe: the device's tables are guarded by one re-entrant lock (re-entrant because object finalizers,
     which release memory, may run while the same thread holds it). Queued work runs outside the lock.
@@ -115,7 +115,7 @@ class FakeDevice:
                  driver: bool = True, trt_version: str = "11.4.0.106", compute_capability: tuple[int, int] = (9, 0),
                  driver_cuda_version: int = 13000, runtime_cuda_version: int = 13000, profile_sharing: bool = True,
                  activation_bytes: int = 1 << 20, persistent_bytes: int = 0, require_set_device: bool = True,
-                 reset_recovers: bool = True) -> None:
+                 reset_recovers: bool = True, pinned_memory: int | None = None) -> None:
         from .cuda_runtime import FakeCudaRuntime, FakeCudaUtils
         from .modules import trt_module
 
@@ -132,6 +132,7 @@ class FakeDevice:
         self.persistent_bytes = persistent_bytes
         self.require_set_device = require_set_device
         self.reset_recovers = reset_recovers
+        self.pinned_memory = pinned_memory  # page-locked host memory the OS grants (None: unlimited)
         self.hooks = Hooks()
         self.stats = Counters()
         self.violations: list[str] = []
@@ -266,7 +267,11 @@ class FakeDevice:
             raise ValueError(f"only {self.free_memory} bytes free")
         return allocation
 
-    def allocate_host(self, size: int) -> Allocation:
+    def allocate_host(self, size: int) -> Allocation | None:
+        """Pinned host memory (None when the `pinned_memory` limit would be passed)."""
+        with self._lock:
+            if self.pinned_memory is not None and self.stats.host_bytes_live + size > self.pinned_memory:
+                return None
         buffer = (ctypes.c_ubyte * max(1, size))()
         allocation = Allocation(ctypes.addressof(buffer), size, "host", buffer)
         with self._lock:
