@@ -393,8 +393,10 @@ class TensorRTContext(Context):
 
     def _read_output(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         buffer = self._buffers[name]
-        assert buffer.view is not None
         nbytes = volume(shape) * buffer.tensor.dtype.itemsize
+        if not nbytes:  # nothing was copied (a data-dependent output may be empty before it ever had a buffer)
+            return np.empty(shape, buffer.tensor.dtype)
+        assert buffer.view is not None
         # A copy: the staging buffer belongs to the slot and is overwritten by its next request.
         return buffer.view[:nbytes].view(buffer.tensor.dtype).reshape(shape).copy()
 

@@ -100,8 +100,9 @@ def test_data_dependent_outputs_are_served_through_an_output_allocator(device, t
     try:
         assert [(t.name, t.shape) for t in model.metadata.outputs] == [("Y", (2, -1))]
         rng = np.random.default_rng(3)
-        # The count of non-zero elements goes up, down and to zero: buffers grow on demand and are reused.
-        for density in (0.2, 0.9, 0.0, 0.5, 1.0):
+        # The count of non-zero elements starts at zero (no buffer yet), goes up, down and to zero again: buffers
+        # grow on demand and are reused.
+        for density in (0.0, 0.2, 0.9, 0.0, 0.5, 1.0):
             x = (rng.random((4, 4)) < density).astype(np.float32)
             result = run(context, {"X": x})["Y"]
             np.testing.assert_array_equal(result, np.array(np.nonzero(x)))

@@ -133,6 +133,9 @@ class FakeDevice:
         self.require_set_device = require_set_device
         self.reset_recovers = reset_recovers
         self.pinned_memory = pinned_memory  # page-locked host memory the OS grants (None: unlimited)
+        # The double infers an ONNX engine's output shapes by running the model on zeros; a model whose graph
+        # branches on an input's value (silero_vad's `sr`) needs a real value for it here, {input: value}.
+        self.probe_values: dict[str, Any] = {}
         self.hooks = Hooks()
         self.stats = Counters()
         self.violations: list[str] = []

@@ -24,6 +24,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -249,9 +250,11 @@ def _pad_channels(tensor: Tensor, array: np.ndarray) -> np.ndarray:
 
 
 def output_shapes(plan: Plan, shapes: Mapping[str, tuple[int, ...]],
-                  run_onnx: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]) -> dict[str, tuple[int, ...]]:
+                  run_onnx: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+                  probe_values: Mapping[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
     """Every output's shape for these input shapes, -1 in the dimensions only the data decides. Raises
-    ShapeMismatch when the inputs do not fit each other."""
+    ShapeMismatch when the inputs do not fit each other. An ONNX model runs on zeros for it, except for the
+    inputs `probe_values` gives a value."""
     function, inputs, outputs = plan.function, plan.inputs, plan.outputs
     if function == "identity":
         found = {out.name: shapes[inp.name] for inp, out in zip(inputs, outputs)}
@@ -264,7 +267,9 @@ def output_shapes(plan: Plan, shapes: Mapping[str, tuple[int, ...]],
     elif function == "nonzero":
         found = {outputs[0].name: (len(shapes[inputs[0].name]), -1)}
     else:
-        zeros = {t.name: np.zeros(shapes[t.name], numpy_dtype(t.type_name)) for t in inputs}
+        probe_values = probe_values or {}
+        zeros = {t.name: np.full(shapes[t.name], probe_values.get(t.name, 0), numpy_dtype(t.type_name))
+                 for t in inputs}
         try:
             found = {name: tuple(array.shape) for name, array in run_onnx(zeros).items()}
         except Exception as error:  # ONNX Runtime refuses shapes that do not fit: as TensorRT's inference would

@@ -327,7 +327,7 @@ class ICudaEngine(_Bound):
         with self._session_lock:
             cached = self._shape_cache.get(key)
         if cached is None:
-            cached = plans.output_shapes(self._plan, shapes, self._run_onnx)
+            cached = plans.output_shapes(self._plan, shapes, self._run_onnx, self._fake.probe_values)
             with self._session_lock:
                 self._shape_cache[key] = cached
         return cached
