@@ -1,11 +1,11 @@
 """Every TensorRT and CUDA-runtime name the TensorRT backend uses, in one place.
 
-The backend (backend.py, model.py, slot.py, engine_io.py, builder.py, cuda.py) reaches TensorRT and `cuda.bindings.runtime` only through the names
-listed here; `tests/tensorrt/test_api_conformance.py` checks each of them against the real modules that install
-without a GPU, in both API generations (`tensorrt_lean` 11 and 10 for the runtime, `cuda.bindings` 13 and 12 for
-CUDA, the published `tensorrt-stubs` 10.13 for the builder), and checks that the test double (`double/`) provides
-them too. A rename or
-removal in a TensorRT or cuda-python release therefore fails our tests here, not on a customer's GPU.
+The backend (backend.py, model.py, slot.py, engine_io.py, builder.py, cuda.py) reaches TensorRT and
+`cuda.bindings.runtime` only through the names listed here; `tests/tensorrt/test_api_conformance.py` checks each of
+them against the real modules that install without a GPU, in both API generations (`tensorrt_lean` 11 and 10 for the
+runtime, `cuda.bindings` 13 and 12 for CUDA, the published `tensorrt-stubs` 10.13 for the builder), and checks that
+the test double (`double/`) provides them too. A rename or removal in a TensorRT or cuda-python release therefore
+fails our tests here, not on a customer's GPU.
 
 Layout: `{owner: (attribute, ...)}`. The owner "" is the module itself; any other owner is a class (or enum) of
 the module, and its attributes are methods, properties or enum members.

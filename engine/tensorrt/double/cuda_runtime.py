@@ -42,7 +42,8 @@ class cudaMemcpyKind(enum.IntEnum):  # noqa: N801
 class cudaDeviceProp:  # noqa: N801
     """`name` (bytes, as cuda-bindings returns it), `totalGlobalMem` and the compute capability."""
 
-    def __init__(self, name: bytes = b"", totalGlobalMem: int = 0, major: int = 0, minor: int = 0) -> None:  # noqa: N803
+    def __init__(self, name: bytes = b"", totalGlobalMem: int = 0,  # noqa: N803 - the real names
+                 major: int = 0, minor: int = 0) -> None:
         self._name, self._total, self._major, self._minor = name, totalGlobalMem, major, minor
 
     @property

@@ -2,10 +2,10 @@
 IOptimizationProfile, ITimingCache, IHostMemory.
 
 The parser reads the ONNX model's I/O with the `onnx` package (external data files included, resolved next to the
-model as TensorRT's parser does) and takes the output shapes from ONNX shape inference; in a graph with an
-operator whose output size depends on the data (NonZero, NonMaxSuppression, Unique, Compress), an output dimension
-that is neither a number nor a symbol of an input dimension is one only the data decides. The builder checks the optimization profiles against the network and writes an "onnx" plan that runs the
-model with ONNX Runtime.
+model as TensorRT's parser does) and takes the output shapes from ONNX shape inference; in a graph with an operator
+whose output size depends on the data (NonZero, NonMaxSuppression, Unique, Compress), an output dimension that is
+neither a number nor a symbol of an input dimension is one only the data decides. The builder checks the
+optimization profiles against the network and writes an "onnx" plan that runs the model with ONNX Runtime.
 """
 
 from __future__ import annotations
