@@ -6,7 +6,7 @@ States (contract "States and ownership") and their transitions:
     LOADING       -> READY          the complete pool is published
     LOADING       -> UNLOADED       the load failed; a later request or load may retry
     READY         -> RECONFIGURING  a manager's exclusive lease, after every earlier lease drained
-    READY         -> UNLOADING      likewise, for an unload, eviction or idle retirement
+    READY         -> UNLOADING      likewise, for an unload, eviction, idle retirement or a failed device
     RECONFIGURING -> READY          replacement published, or a pre-commit failure kept the old pool
     RECONFIGURING -> UNLOADED       the replacement failed after the old pool was retired
     UNLOADING     -> UNLOADED       teardown finished

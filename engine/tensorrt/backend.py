@@ -175,7 +175,7 @@ class TensorRTBackend(Backend):
                 found = self._health[device] = DeviceHealth(device)
             return found
 
-    def _recover(self, cuda: CudaRuntime, device: int) -> None:
+    def _recover(self, cuda: CudaRuntime, device: int, where: str) -> None:
         """After a sticky error, with nothing left on the device: drop the Runtime made on the broken context,
         reset the device, and check that the fresh context works. Raises ModelLoadError if it does not."""
         with self._lock:
@@ -187,7 +187,7 @@ class TensorRTBackend(Backend):
             cuda.device_synchronize()
         except CudaError as error:
             raise ModelLoadError(
-                f"GPU {device} still fails after a device reset ({error}); restart the server to use it again "
+                f"{where}: GPU {device} still fails after a device reset ({error}); restart the server to use it again "
                 "(NVIDIA documents that only a new process is sure to clear such an error)") from None
 
     def _probe(self, cuda: CudaRuntime, device: int, where: str) -> None:
@@ -224,7 +224,7 @@ class TensorRTBackend(Backend):
         self._probe(cuda, device, where)
         trt = self._tensorrt(where)
         health = self.health(device)
-        health.enter(spec.name, lambda: self._recover(cuda, device))
+        health.enter(spec.name, lambda: self._recover(cuda, device, where))
         try:
             return self._load(spec, trt, cuda, device, health)
         except BaseException:
