@@ -2,7 +2,7 @@
 
 The adapter is typed against these, not against the third-party `tensorrt-stubs` (10.13 only, not maintained by
 NVIDIA, and not valid Python in places) nor against one TensorRT major: the real `tensorrt` / `tensorrt_lean`
-modules of 10.x and 11.x and the test double in double.py all satisfy them. Every member here is listed in
+modules of 10.x and 11.x and the test double in double/ all satisfy them. Every member here is listed in
 api_names.py, and tests/tensorrt/test_api_conformance.py keeps the two in step.
 
 Return values that TensorRT documents as "None on failure" are typed Optional here, although the stubs say

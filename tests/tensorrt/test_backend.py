@@ -1,4 +1,4 @@
-"""The TensorRT backend end to end over the test double (engine/tensorrt/double.py): loading plans and ONNX
+"""The TensorRT backend end to end over the test double (engine/tensorrt/double/): loading plans and ONNX
 models, metadata, concurrent slots, capacity from measured memory, out-of-memory cleanup, cancellation, the plan
 cache, profile-per-slot mode, and the no-GPU path. Every test also fails if the backend broke a TensorRT/CUDA
 rule (the `device` fixture checks the double's violations).
