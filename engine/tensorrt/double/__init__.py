@@ -66,6 +66,5 @@ guard is held, `after_enqueue()` runs after a successful execute_async_v3.
 
 from .device import POISON, Counters, DoubleRuleViolation, FakeDevice, Hooks
 from .modules import double_backend
-from .plans import FUNCTIONS
 
-__all__ = ["FUNCTIONS", "POISON", "Counters", "DoubleRuleViolation", "FakeDevice", "Hooks", "double_backend"]
+__all__ = ["POISON", "Counters", "DoubleRuleViolation", "FakeDevice", "Hooks", "double_backend"]
