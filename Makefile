@@ -7,6 +7,7 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
+TRT_API_CU12 := $(VENV)/trt-api-cu12
 HOST ?= 127.0.0.1
 PORT ?= 8001
 REPOSITORY ?= demo/model_repository
@@ -23,14 +24,22 @@ help:
 	@echo "make models   build the demo model repository into $(REPOSITORY)"
 	@echo "make bench    measure speed against a bare grpcio server (prints a table, writes bench/results/)"
 	@echo "make soak     mixed traffic, faults and reloads for SOAK_SECONDS (default 300), then an audit"
-	@echo "make gpu-check  on an NVIDIA GPU machine with TensorRT: build, compare with ONNX Runtime, time slots"
+	@echo "make gpu-check  on an NVIDIA GPU machine: install the TensorRT extra the driver runs, build, compare with ONNX Runtime, time slots"
 
-setup: $(VENV)/.editable
+setup: $(VENV)/.editable $(TRT_API_CU12)/.stamp
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps tensorrt-stubs==10.13.0.35.1
+	touch $@
+
+# The other TensorRT/CUDA API generation for tests/tensorrt/test_api_conformance.py: TensorRT 10 (CUDA 12) and
+# cuda-bindings 12 install without a GPU too, but under the module names of the venv's TensorRT 11 / cuda-bindings
+# 13, so they go into a folder of their own that the test imports in a subprocess (about 50 MB, downloaded once).
+$(TRT_API_CU12)/.stamp: tests/tensorrt/api-generation-cu12.txt $(VENV)/.installed
+	rm -rf $(TRT_API_CU12)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --target $(TRT_API_CU12) -r $<
 	touch $@
 
 # The project itself, editable, so `slotserve` (the console script) and `python -m service` work anywhere.
@@ -80,10 +89,19 @@ SOAK_SECONDS ?= 300
 soak: setup models
 	$(PY) soak/run.py --seconds $(SOAK_SECONDS)
 
-# On a machine with an NVIDIA GPU: installs the TensorRT extra and checks the TensorRT path on the demo models.
+# On a machine with an NVIDIA GPU: asks the driver which TensorRT extra it runs (tensorrt-cu12 or tensorrt-cu13;
+# engine/tensorrt/driver.py says which and why, or why neither), installs it into a venv of its own (the test venv
+# keeps the GPU-less modules the conformance test pins), then checks the TensorRT path on the demo models.
+GPU_VENV := $(VENV)/gpu
 gpu-check: setup models
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[tensorrt]'
-	$(PY) -m engine.tensorrt.gpu_check --repository $(REPOSITORY) $(ARGS)
+	@extra=$$($(PY) -m engine.tensorrt.driver) || exit $$?; \
+	if [ "$$(cat $(GPU_VENV)/.extra 2>/dev/null)" != "$$extra" ]; then \
+	  rm -rf $(GPU_VENV) && $(PYTHON) -m venv $(GPU_VENV) && \
+	  $(GPU_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt && \
+	  $(GPU_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[$$extra]" && \
+	  echo "$$extra" > $(GPU_VENV)/.extra || exit $$?; \
+	fi; \
+	$(GPU_VENV)/bin/python -m engine.tensorrt.gpu_check --repository $(REPOSITORY) $(ARGS)
 
 # Re-resolve the transitive pins after changing requirements*.txt.
 lock:

@@ -30,6 +30,11 @@ class OutOfDeviceMemoryError(ModelLoadError):
     """An engine or context could not be allocated (for example TensorRT returned None for a context)."""
 
 
+class OutOfHostMemoryError(ModelLoadError):
+    """Host memory for a context could not be allocated (for example TensorRT's pinned staging buffers:
+    cudaHostAlloc failed). Maps like OutOfDeviceMemoryError, with a message that names host memory."""
+
+
 class InvalidInputError(EngineError):
     """A request's tensors do not fit the model (unknown or missing input, wrong datatype or shape).
     Maps to INVALID_ARGUMENT."""
@@ -37,6 +42,12 @@ class InvalidInputError(EngineError):
 
 class ExecutionError(EngineError):
     """The backend failed while executing a request. Maps to INTERNAL with a generic message."""
+
+
+class DeviceFailedError(ExecutionError):
+    """The model's device can no longer run anything (a sticky CUDA error corrupted its context): this request
+    failed, and every later one would. The server takes the model out of service (the next request or load
+    rebuilds it). Maps to UNAVAILABLE."""
 
 
 class ExecutionCancelled(EngineError):

@@ -84,6 +84,7 @@ EVENTS: dict[str, EventSpec] = {
     "evicted": EventSpec(_INFO, ("reason", "for_model", "seconds"), _evicted_text),
     "idle_retired": EventSpec(_INFO, ("idle_seconds", "seconds"), "retired after {idle_seconds:g} s idle"),
     "closed_at_shutdown": EventSpec(_INFO, ("seconds",), "closed at shutdown"),
+    "device_failed": EventSpec(_ERROR, ("error", "seconds"), "taken out of service after its device failed: {error}"),
     "rejected": EventSpec(_INFO, ("reason", "error", "count"), _rejected_text),
     # -- the server --
     "serving": EventSpec(_INFO, ("version", "repository", "address", "metrics_address"), _serving_text),

@@ -6,7 +6,7 @@ States (contract "States and ownership") and their transitions:
     LOADING       -> READY          the complete pool is published
     LOADING       -> UNLOADED       the load failed; a later request or load may retry
     READY         -> RECONFIGURING  a manager's exclusive lease, after every earlier lease drained
-    READY         -> UNLOADING      likewise, for an unload, eviction or idle retirement
+    READY         -> UNLOADING      likewise, for an unload, eviction, idle retirement or a failed device
     RECONFIGURING -> READY          replacement published, or a pre-commit failure kept the old pool
     RECONFIGURING -> UNLOADED       the replacement failed after the old pool was retired
     UNLOADING     -> UNLOADED       teardown finished
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from engine.errors import EngineError
+from engine.errors import DeviceFailedError, EngineError
 from engine.interface import Backend, BatchingSpec, CancelToken, Context, ModelMetadata, ModelSpec
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
@@ -177,7 +177,7 @@ class Lease:
     Release it exactly once (`release` is idempotent); until then the pool cannot be torn down.
     """
 
-    __slots__ = ("entry", "ticket", "pool", "context", "queue_ns", "_released")
+    __slots__ = ("entry", "ticket", "pool", "context", "queue_ns", "_released", "_device_failure")
 
     def __init__(self, entry: ModelEntry, ticket: Ticket, pool: SlotPool, context: Context, queue_ns: int) -> None:
         self.entry = entry
@@ -186,6 +186,7 @@ class Lease:
         self.context = context
         self.queue_ns = queue_ns
         self._released = False
+        self._device_failure: DeviceFailedError | None = None  # set when the backend's device failed under it
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -196,10 +197,18 @@ class Lease:
         return self.pool.spec.version
 
     def execute(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> dict:
-        return self.context.execute(inputs, outputs, cancel)
+        try:
+            return self.context.execute(inputs, outputs, cancel)
+        except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
+            self._device_failure = error
+            raise
 
     def execute_stream(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> Iterator[dict]:
-        return self.context.execute_stream(inputs, outputs, cancel)
+        try:
+            yield from self.context.execute_stream(inputs, outputs, cancel)
+        except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
+            self._device_failure = error
+            raise
 
     def release(self) -> None:
         if self._released:
@@ -207,6 +216,8 @@ class Lease:
         self._released = True
         self.pool.give_back(self.context)
         self.entry._end_request(self.ticket)
+        if self._device_failure is not None:
+            self.entry.retire_failed_pool(self.pool, self._device_failure)
 
     def __enter__(self) -> Lease:
         return self
@@ -665,6 +676,29 @@ class ModelEntry:
                 self._transition_locked(ModelState.UNLOADED)
         self._runtime.events.emit(_LOG, event, self.name, **fields, seconds=time.perf_counter() - started)
         return True
+
+    # ---- a backend reported its device unusable (engine.errors.DeviceFailedError) ---------------------------------
+
+    def retire_failed_pool(self, pool: SlotPool, error: DeviceFailedError) -> None:
+        """Take `pool` out of service after its device failed under a request: once the leases admitted before
+        this call are done (they fail fast with the same error), the pool is torn down as by an unload, the model
+        is UNLOADED with the error as its last error, and `device_failed` is logged; the next request or an
+        operator's load rebuilds it. A pool already retired or replaced is left alone. Blocks the calling request
+        (after its slot and ticket were released) for that drain; during shutdown it does nothing."""
+        try:
+            ticket = self.acquire_exclusive(deadline=None)
+        except ServiceError as refusal:  # shutting down: the shutdown closes the pool anyway
+            _LOG.warning("model '%s': not retiring the pool after its device failed: %s", self.name, refusal)
+            return
+        try:
+            with self._lock:
+                current = self._pool is pool
+            if current:
+                self.unload_leased(event="device_failed", error=str(error))
+                with self._lock:
+                    self._last_error = str(error)
+        finally:
+            self.release_exclusive(ticket)
 
     def try_acquire_idle_exclusive(self) -> Ticket | None:
         """For eviction and idle retirement: an exclusive lease only if the model is ready, idle and

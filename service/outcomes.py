@@ -42,6 +42,8 @@ _REASONS: dict[type[BaseException], str] = {
     errors.ModelLoadFailed: "load_failed",
     engine_errors.BackendUnavailableError: "backend_unavailable",
     engine_errors.OutOfDeviceMemoryError: "out_of_memory",
+    engine_errors.OutOfHostMemoryError: "out_of_memory",
+    engine_errors.DeviceFailedError: "device_failed",
     engine_errors.ModelLoadError: "load_failed",
 }
 

@@ -55,6 +55,9 @@ TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str | None], ...] = (
     (errors.ModelLoadFailed, grpc.StatusCode.FAILED_PRECONDITION, "load_failed"),
     (engine_errors.BackendUnavailableError, grpc.StatusCode.FAILED_PRECONDITION, "backend_unavailable"),
     (engine_errors.OutOfDeviceMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED, "out_of_memory"),
+    (engine_errors.OutOfHostMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED, "out_of_memory"),
+    # The GPU's CUDA context broke under this request: retryable once the model is rebuilt (a later request does).
+    (engine_errors.DeviceFailedError, grpc.StatusCode.UNAVAILABLE, "device_failed"),
     (engine_errors.ModelLoadError, grpc.StatusCode.FAILED_PRECONDITION, "load_failed"),
 )
 

@@ -1,13 +1,18 @@
 """The TensorRT backend (NVIDIA GPUs): one shared engine per model, one execution context + stream + buffers per
 slot. See backend.py for the configuration parameters and failure behaviour.
 
-    backend.py     TensorRTBackend / TensorRTModel / TensorRTContext (the engine interface)
+    backend.py     TensorRTBackend (the engine interface's Backend): modules, device probe, load, plan cache
+    model.py       TensorRTModel: one engine, its capacity, its slots
+    slot.py        TensorRTContext: one slot (execution context, stream, buffers, output allocator)
+    engine_io.py   an engine's I/O tensors, what slotserve serves of them, the model metadata
+    health.py      a GPU after a sticky CUDA error: refused, then reset once nothing holds it
     builder.py     ONNX -> plan builds, the plan cache and the timing cache
     profiles.py    optimization profiles from config.pbtxt, the plan cache key
     cuda.py        the CUDA runtime calls (cuda-python), checked
+    driver.py      which GPU extra (tensorrt-cu12 / tensorrt-cu13) the NVIDIA driver runs
     protocols.py   the Protocols the adapter is typed against
     api_names.py   every TensorRT / CUDA name used (checked against the real modules by the tests)
-    double.py      TEST DOUBLE of TensorRT and the CUDA runtime (GPU-less tests only)
+    double/        TEST DOUBLE of TensorRT and the CUDA runtime (GPU-less tests only)
     gpu_check.py   `python -m engine.tensorrt.gpu_check`: the check to run on a real GPU
 
 Importing this package imports neither TensorRT nor cuda-python: they are imported on the first load, after the

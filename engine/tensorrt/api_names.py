@@ -1,10 +1,11 @@
 """Every TensorRT and CUDA-runtime name the TensorRT backend uses, in one place.
 
-The backend (backend.py, builder.py, cuda.py) reaches TensorRT and `cuda.bindings.runtime` only through the names
-listed here; `tests/tensorrt/test_api_conformance.py` checks each of them against the real modules that install
-without a GPU (`tensorrt_lean` for the runtime, the published `tensorrt-stubs` for the builder,
-`cuda.bindings.runtime` for CUDA), and checks that the test double (`double.py`) provides them too. A rename or
-removal in a TensorRT or cuda-python release therefore fails our tests here, not on a customer's GPU.
+The backend (backend.py, model.py, slot.py, engine_io.py, builder.py, cuda.py) reaches TensorRT and
+`cuda.bindings.runtime` only through the names listed here; `tests/tensorrt/test_api_conformance.py` checks each of
+them against the real modules that install without a GPU, in both API generations (`tensorrt_lean` 11 and 10 for the
+runtime, `cuda.bindings` 13 and 12 for CUDA, the published `tensorrt-stubs` 10.13 for the builder), and checks that
+the test double (`double/`) provides them too. A rename or removal in a TensorRT or cuda-python release therefore
+fails our tests here, not on a customer's GPU.
 
 Layout: `{owner: (attribute, ...)}`. The owner "" is the module itself; any other owner is a class (or enum) of
 the module, and its attributes are methods, properties or enum members.
@@ -18,19 +19,22 @@ MODULE = ""
 
 # The TensorRT runtime: present in both `tensorrt` and the runtime-only `tensorrt_lean`, in 10.x and 11.x.
 RUNTIME: dict[str, tuple[str, ...]] = {
-    MODULE: ("Logger", "Runtime", "ICudaEngine", "IExecutionContext", "TensorIOMode", "TensorLocation",
-             "DataType", "__version__"),
+    MODULE: ("Logger", "Runtime", "ICudaEngine", "IExecutionContext", "IOutputAllocator", "TensorIOMode",
+             "TensorLocation", "DataType", "__version__"),
     "Logger": ("WARNING",),
     "Runtime": ("deserialize_cuda_engine",),
     "ICudaEngine": (
         "num_io_tensors", "get_tensor_name", "get_tensor_mode", "get_tensor_dtype", "get_tensor_shape",
-        "get_tensor_location", "get_tensor_profile_shape", "num_optimization_profiles", "device_memory_size_v2",
-        "create_execution_context",
+        "get_tensor_location", "is_shape_inference_io", "get_tensor_vectorized_dim",
+        "get_tensor_components_per_element", "get_tensor_format_desc", "get_tensor_profile_shape",
+        "num_optimization_profiles", "device_memory_size_v2", "create_execution_context",
     ),
     "IExecutionContext": (
-        "set_input_shape", "get_tensor_shape", "set_tensor_address", "execute_async_v3",
-        "set_optimization_profile_async",
+        "set_input_shape", "get_tensor_shape", "get_tensor_strides", "set_tensor_address", "set_output_allocator",
+        "infer_shapes", "execute_async_v3", "set_optimization_profile_async",
     ),
+    # IOutputAllocator's methods (reallocate_output_async, notify_shape) are ours to implement: the base class
+    # exposes none (TensorRT looks them up on the subclass, python/src/infer/pyCore.cpp PyOutputAllocator).
     "TensorIOMode": ("INPUT", "OUTPUT"),
     "TensorLocation": ("DEVICE",),
     # The I/O types the backend serves (engine.tensorrt.backend maps them to KServe names). FP8, INT4, FP4 and
@@ -59,14 +63,15 @@ BUILDER: dict[str, tuple[str, ...]] = {
 # cudart` is gone in 13.x). Every function returns a tuple whose first item is a cudaError_t.
 CUDART: dict[str, tuple[str, ...]] = {
     MODULE: (
-        "cudaGetDeviceCount", "cudaSetDevice", "cudaGetDeviceProperties", "cudaGetErrorName", "cudaMemGetInfo",
+        "cudaDriverGetVersion", "cudaRuntimeGetVersion", "cudaGetDeviceCount", "cudaSetDevice",
+        "cudaGetDeviceProperties", "cudaGetErrorName", "cudaMemGetInfo", "cudaDeviceReset", "cudaDeviceSynchronize",
         "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaFreeHost", "cudaMemcpyAsync",
         "cudaStreamCreateWithFlags", "cudaStreamSynchronize", "cudaStreamDestroy",
         "cudaError_t", "cudaMemcpyKind", "cudaDeviceProp", "cudaStreamNonBlocking", "cudaHostAllocDefault",
     ),
     "cudaError_t": ("cudaSuccess", "cudaErrorMemoryAllocation"),
     "cudaMemcpyKind": ("cudaMemcpyHostToDevice", "cudaMemcpyDeviceToHost"),
-    "cudaDeviceProp": ("name",),
+    "cudaDeviceProp": ("name", "major", "minor"),
 }
 
 # `from cuda.bindings import utils` (cuda-bindings >= 12.9.1): `int(stream)` is deprecated there in favour of this.

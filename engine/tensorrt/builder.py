@@ -1,7 +1,8 @@
 """Engines built from ONNX: TensorRT's builder behind an on-disk plan cache and a shared timing cache.
 
 A build takes seconds to minutes, so a built plan is written to the cache directory under a key (profiles.py
-`cache_key`: ONNX sha256 + TensorRT version + GPU name + profiles + workspace) and a restart deserializes it
+`cache_key`: sha256 of the ONNX file and its external data files, the TensorRT version and the CUDA major it was
+built for, the GPU's name and compute capability, the profiles and the workspace) and a restart deserializes it
 instead. The timing cache (kernel timings, valid per TensorRT version and GPU) is shared by every model built on
 that GPU, which makes later builds, and the N-profile builds of profile-per-slot mode, much faster.
 

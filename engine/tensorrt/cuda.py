@@ -26,14 +26,39 @@ import numpy as np
 from .protocols import CudaRuntimeModule, CudaUtilsModule
 
 
+# Errors that leave the process's CUDA context unusable: every later call on the device returns them ("sticky").
+# cuda-bindings documents each as "This leaves the process in an inconsistent state and any further CUDA work will
+# return the same error. To continue using CUDA, the process must be terminated and relaunched."
+STICKY_ERRORS = frozenset({
+    "cudaErrorIllegalAddress", "cudaErrorLaunchTimeout", "cudaErrorAssert", "cudaErrorHardwareStackError",
+    "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress", "cudaErrorInvalidAddressSpace", "cudaErrorInvalidPc",
+    "cudaErrorLaunchFailure", "cudaErrorContained", "cudaErrorTensorMemoryLeak", "cudaErrorMpsClientTerminated",
+    "cudaErrorExternalDevice",
+})
+
+
 class CudaError(Exception):
-    """A CUDA runtime call failed. `out_of_memory` is True for cudaErrorMemoryAllocation."""
+    """A CUDA runtime call failed. `out_of_memory` is True for cudaErrorMemoryAllocation (of pinned host memory
+    when `call` is cudaHostAlloc); `sticky` when the device's CUDA context is now unusable."""
 
     def __init__(self, call: str, code_name: str, out_of_memory: bool) -> None:
         super().__init__(f"{call} failed: {code_name}")
         self.call = call
         self.code_name = code_name
         self.out_of_memory = out_of_memory
+
+    @property
+    def host_memory(self) -> bool:
+        return self.call == "cudaHostAlloc"
+
+    @property
+    def sticky(self) -> bool:
+        return self.code_name in STICKY_ERRORS
+
+
+def cuda_version_text(version: int) -> str:
+    """12040 -> "12.4" (the encoding of cudaDriverGetVersion / cudaRuntimeGetVersion: 1000 * major + 10 * minor)."""
+    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 # The device made current on this thread, and by which runtime module. The module itself (not its id) is kept,
@@ -45,8 +70,9 @@ class CudaRuntime:
     """Checked wrappers over one `cuda.bindings.runtime` module (or the test double's). Stateless apart from
     the per-thread current-device cache; safe to share between threads."""
 
-    def __init__(self, module: CudaRuntimeModule) -> None:
+    def __init__(self, module: CudaRuntimeModule, utils: CudaUtilsModule | None = None) -> None:
         self.module = module
+        self.utils = utils  # cuda.bindings.utils of the same cuda-bindings (None: int(stream) is used)
         self._success = module.cudaError_t.cudaSuccess
         self._out_of_memory = module.cudaError_t.cudaErrorMemoryAllocation
 
@@ -79,6 +105,18 @@ class CudaRuntime:
             return 0, "no CUDA device found"
         return int(count), ""
 
+    def versions(self) -> tuple[int, int]:
+        """(CUDA version the driver supports, CUDA version cuda-python's runtime was built for), 0 where unknown.
+        Works without a usable device (0 for the driver when none is installed). Never raises."""
+        found = []
+        for call in (self.module.cudaDriverGetVersion, self.module.cudaRuntimeGetVersion):
+            try:
+                err, version = call()
+            except Exception:  # a version query must never hide the error being reported
+                err, version = None, 0
+            found.append(int(version) if err == self._success and version else 0)
+        return found[0], found[1]
+
     def use_device(self, device: int) -> None:
         """Make `device` current on the calling thread (once per thread and device)."""
         if getattr(_THREAD, "module", None) is self.module and getattr(_THREAD, "device", None) == device:
@@ -93,6 +131,20 @@ class CudaRuntime:
         if isinstance(name, bytes):
             name = name.split(b"\0", 1)[0].decode(errors="replace")
         return str(name).strip()
+
+    def compute_capability(self, device: int) -> tuple[int, int]:
+        """(major, minor): what a TensorRT plan is tied to (a plan from another compute capability is refused)."""
+        (props,) = self._check(self.module.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+        return int(props.major), int(props.minor)
+
+    def device_reset(self) -> None:
+        """cudaDeviceReset: destroy every allocation and stream of this process on the current device, and its
+        CUDA context; the next call makes a fresh one. Nothing made on the old context may be used afterwards."""
+        self._check(self.module.cudaDeviceReset(), "cudaDeviceReset")
+
+    def device_synchronize(self) -> None:
+        """Block until all work on the current device finished."""
+        self._check(self.module.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of the current device. Device-wide: other processes and models count too."""
@@ -137,14 +189,13 @@ class CudaRuntime:
                                 "cudaStreamCreateWithFlags")
         return stream
 
-    @staticmethod
-    def stream_handle(stream: Any) -> int:
+    def stream_handle(self, stream: Any) -> int:
         """The stream's address as a Python int, which is what TensorRT's `stream_handle` arguments take.
         cuda-bindings 12.9.1 deprecated `int(stream)` for `cuda.bindings.utils.get_cuda_native_handle`; the
         latter is used where it exists."""
         if isinstance(stream, int):
             return stream
-        utils = _cuda_utils()
+        utils = self.utils
         return int(utils.get_cuda_native_handle(stream)) if utils is not None else int(stream)
 
     def stream_synchronize(self, stream: Any) -> None:
@@ -156,7 +207,8 @@ class CudaRuntime:
 
 
 @lru_cache(maxsize=1)
-def _cuda_utils() -> CudaUtilsModule | None:
+def real_cuda_utils() -> CudaUtilsModule | None:
+    """`cuda.bindings.utils`, or None where cuda-bindings is older than 12.9.1 (or absent)."""
     try:
         module: CudaUtilsModule = importlib.import_module("cuda.bindings.utils")
     except ImportError:

@@ -3,8 +3,10 @@
 A TensorRT engine with dynamic dimensions needs, for every input, a [min, opt, max] shape range (an optimization
 profile). The ranges come from the model's configuration:
 
-* batch dimension (max_batch_size > 0): min 1, opt `trt_opt_batch_size` (default max_batch_size), max
-  max_batch_size. The ONNX input's first dimension must be dynamic (or 1 when max_batch_size is 1).
+* batch dimension (max_batch_size > 0): min 1, opt `trt_opt_batch_size` (default: the largest
+  preferred_batch_size of dynamic_batching, else max_batch_size), max max_batch_size. The ONNX input's first
+  dimension must be dynamic (or 1 when max_batch_size is 1). With dynamic batching the server hands a slot one
+  stacked array per input, whose first dimension is the batch of that run (set per run with set_input_shape).
 * other dimensions: fixed if the ONNX model or config.pbtxt fixes them (both fixing them differently is an error).
   A dimension that stays -1 takes its range from the parameters `trt_profile_min`, `trt_profile_opt` and
   `trt_profile_max`, each a list of `NAME:DxDxD` entries separated by `;`, one shape per input, written without
@@ -16,16 +18,19 @@ profile). The ranges come from the model's configuration:
 In profile-per-slot mode (`trt_profile_per_slot: "true"`) the engine gets that profile N times, N = the
 configured slot count (instance_group count) or 16, and slot i uses profile i.
 
-Pure functions, no TensorRT: the cache key is computed from the ONNX file (read with the `onnx` package) before
-any TensorRT call, so a restart with a cached plan neither parses nor builds.
+Pure functions, no TensorRT: the cache key is computed from the ONNX file and its external data files (read with
+the `onnx` package) before any TensorRT call, so a restart with a cached plan neither parses nor builds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import onnx
 
 from ..errors import ModelConfigError
 from ..interface import ModelSpec
@@ -41,7 +46,7 @@ PARAM_PROFILE_PER_SLOT = "trt_profile_per_slot"
 
 # Bump when the rule that turns a configuration into profiles changes: plans cached by an older rule must not
 # be taken for the new one.
-PROFILE_RULE_VERSION = 1
+PROFILE_RULE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -123,8 +128,6 @@ def parse_shapes(spec: ModelSpec, key: str) -> dict[str, tuple[int, ...]]:
 def onnx_inputs(path: Path) -> list[tuple[str, tuple[int, ...]]]:
     """The graph inputs of an ONNX file (initializers excluded) with -1 for every dimension that is not a fixed
     number. Reads the graph only (external weight files are not loaded)."""
-    import onnx
-
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as error:  # onnx raises DecodeError, OSError, ...: all mean "not a readable model"
@@ -146,7 +149,13 @@ def _batch_range(spec: ModelSpec, name: str, network_dim: int) -> tuple[int, int
         raise ModelConfigError(
             f"{_origin(spec)}: input '{name}' has a fixed first dimension {network_dim} in the ONNX model, but "
             f"max_batch_size is {batch}: export the model with a dynamic batch dimension")
-    opt = int_parameter(spec, PARAM_OPT_BATCH, batch, minimum=1)
+    preferred = spec.batching.largest_preferred if spec.batching is not None else 0
+    if preferred > batch:
+        raise ModelConfigError(f"{_origin(spec)}: dynamic_batching's preferred_batch_size {preferred} exceeds "
+                               f"max_batch_size {batch}")
+    # The batch size the server forms most often under load: the largest preferred one (it waits for it), else
+    # the most it may stack.
+    opt = int_parameter(spec, PARAM_OPT_BATCH, preferred or batch, minimum=1)
     if opt > batch:
         raise ModelConfigError(f"{_origin(spec)}: parameter {PARAM_OPT_BATCH} ({opt}) exceeds max_batch_size {batch}")
     return 1, opt, batch
@@ -240,12 +249,49 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_key(onnx_sha256: str, trt_version: str, gpu_name: str, profile: ProfileSpec, workspace: int) -> str:
-    """sha256 over everything a plan depends on: the ONNX file, the TensorRT version, the GPU, the profiles and
-    the workspace limit (it changes which tactics the builder may pick). A plan is only valid for the exact
-    TensorRT version and GPU model that built it."""
-    material = json.dumps({
-        "rule": PROFILE_RULE_VERSION, "onnx": onnx_sha256, "tensorrt": trt_version, "gpu": gpu_name,
-        "profile": profile.describe(), "workspace": workspace,
-    }, sort_keys=True)
-    return hashlib.sha256(material.encode()).hexdigest()
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in a graph: initializers and tensor attributes, subgraphs (If, Loop) included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield attribute.t
+            elif attribute.type == onnx.AttributeProto.TENSORS:
+                yield from attribute.tensors
+            elif attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _tensors(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from _tensors(subgraph)
+
+
+def external_data_sha256(path: Path) -> dict[str, str]:
+    """{location: sha256} of the external data files the ONNX model at `path` refers to (its weights, for a model
+    over 2 GiB), resolved beside it as TensorRT's parser resolves them. Raises ModelConfigError for a missing
+    one or a location outside the model's folder."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as error:  # onnx raises DecodeError, OSError, ...: all mean "not a readable model"
+        raise ModelConfigError(f"{path.name} is not a readable ONNX model: {error}") from None
+    locations = set()
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            locations.update(entry.value for entry in tensor.external_data if entry.key == "location")
+    digests = {}
+    folder = path.parent.resolve()
+    for location in sorted(locations):
+        target = (folder / location).resolve()
+        if folder not in target.parents:
+            raise ModelConfigError(f"{path.name} refers to external data {location!r} outside its folder")
+        if not target.is_file():
+            raise ModelConfigError(f"{path.name} refers to external data {location!r}, which is missing")
+        digests[location] = file_sha256(target)
+    return digests
+
+
+def cache_key(material: dict[str, object]) -> str:
+    """sha256 over everything a plan depends on, given by the caller: the ONNX file and its external data, the
+    TensorRT version and the CUDA major it was built for, the GPU (its name, and the compute capability TensorRT
+    checks), the profiles and the workspace limit (it changes which tactics the builder may pick)."""
+    text = json.dumps({"rule": PROFILE_RULE_VERSION, **material}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from engine.interface import ModelSpec, TensorSpec
+from engine.interface import BatchingSpec, ModelSpec, TensorSpec
 from engine.tensorrt.double import FakeDevice
 
 BATCH = 8
@@ -35,12 +35,13 @@ def add_sub_io_bytes() -> int:
 
 
 def spec(model_file: Path, *, name: str | None = None, max_batch_size: int = BATCH, instance_count: int | None = None,
-         inputs: tuple[TensorSpec, ...] = (), outputs: tuple[TensorSpec, ...] = (), **parameters: str) -> ModelSpec:
+         inputs: tuple[TensorSpec, ...] = (), outputs: tuple[TensorSpec, ...] = (),
+         batching: BatchingSpec | None = None, **parameters: str) -> ModelSpec:
     """A tensorrt ModelSpec. The capacity reserve defaults to 0 here so that simulated memory sizes are exact."""
     parameters.setdefault("trt_memory_reserve_bytes", "0")
     return ModelSpec(name=name or model_file.parent.parent.name, backend="tensorrt", directory=model_file.parent.parent,
                      model_file=model_file, platform="tensorrt_plan", max_batch_size=max_batch_size, inputs=inputs,
-                     outputs=outputs, instance_count=instance_count, parameters=parameters)
+                     outputs=outputs, instance_count=instance_count, parameters=parameters, batching=batching)
 
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:
@@ -77,3 +78,29 @@ def write_identity_onnx(root: Path, name: str = "identity", elem_type: int = Ten
 def add_sub_inputs(seed: int, batch: int = 2) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {n: rng.integers(-1000, 1000, (batch, WIDTH), dtype=np.int32) for n in ("INPUT0", "INPUT1")}
+
+
+def write_nonzero_onnx(root: Path, name: str = "nonzero") -> Path:
+    """`root/<name>/1/model.onnx`: OUTPUT0 = NonZero(INPUT0), FP32 [4, 4] -> INT64 [2, -1] (the -1 is decided by
+    the data: how many elements are non-zero)."""
+    graph = helper.make_graph(
+        [helper.make_node("NonZero", ["INPUT0"], ["OUTPUT0"])], name,
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.INT64, [2, "count"])])
+    return _save(_model(graph), root / name / "1" / "model.onnx")
+
+
+def write_scaled_onnx_with_external_weights(root: Path, scale: float, name: str = "scaled") -> Path:
+    """`root/<name>/1/model.onnx` + `weights.bin`: OUTPUT0 = INPUT0 * W, FP32 [4], W (all `scale`) stored in the
+    external data file beside the model, as large models are."""
+    weight = onnx.numpy_helper.from_array(np.full(4, scale, np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT0", "W"], ["OUTPUT0"])], name,
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [4])], [weight])
+    model = _model(graph)
+    path = root / name / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    return path

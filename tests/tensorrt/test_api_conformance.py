@@ -1,16 +1,19 @@
-"""Every TensorRT and CUDA-runtime name the backend uses exists in the real modules, so a rename or removal in a
-TensorRT or cuda-python release fails here rather than on a GPU machine.
+"""Every TensorRT and CUDA-runtime name the backend uses exists in the real modules, in both API generations the
+GPU extras install (tensorrt-cu12: TensorRT 10 + cuda-python 12; tensorrt-cu13: TensorRT 11 + cuda-python 13), so a
+rename or removal in a TensorRT or cuda-python release fails here rather than on a GPU machine.
 
 The real modules that install without a GPU:
-  * `tensorrt_lean` (pip `tensorrt-lean-cu13`, TensorRT 11.x runtime): the runtime names, and the builder-side
-    classes it also carries (IOptimizationProfile, ITimingCache, MemoryPoolType);
-  * the published stubs (pip `tensorrt-stubs`, TensorRT 10.13, installed with --no-deps): builder names, and the
-    runtime names once more, so both majors are covered. The stubs are not valid Python in places, so they are
-    read as text, not imported or parsed with `ast`;
-  * `cuda.bindings.runtime` and `cuda.bindings.utils` (pip `cuda-bindings`): the CUDA names.
-The dev environment (`make setup`, requirements-dev.txt) pins all three, so a missing module fails the check,
-saying which package to install; SLOTSERVE_ALLOW_MISSING_TRT_MODULES=1 makes it skip instead (a partial
-environment of one's own).
+  * `tensorrt_lean` 11 (pip `tensorrt-lean-cu13`, in the dev venv) and 10 (pip `tensorrt-lean-cu12`): the
+    runtime names, and the builder-side classes the lean runtime also carries (IOptimizationProfile,
+    ITimingCache, MemoryPoolType);
+  * the published stubs (pip `tensorrt-stubs`, TensorRT 10.13, installed with --no-deps): builder names (the full
+    `tensorrt` with its builder is a download from pypi.nvidia.com that needs no GPU but is not reachable here).
+    The stubs are not valid Python in places, so they are read as text, not imported or parsed with `ast`;
+  * `cuda.bindings.runtime` and `cuda.bindings.utils` 13 (dev venv) and 12: the CUDA names.
+TensorRT 10 and cuda-bindings 12 use the module names of their successors, so `make setup` installs them into a
+folder of their own (.venv/trt-api-cu12, pins in tests/tensorrt/api-generation-cu12.txt) that a subprocess imports.
+The dev environment pins all of these, so a missing module fails the check, saying which package to install;
+SLOTSERVE_ALLOW_MISSING_TRT_MODULES=1 makes it skip instead (a partial environment of one's own).
 
 Checks that need nothing installed: api_names.py and protocols.py agree; the backend's code reaches TensorRT and
 CUDA only through listed names; no listed name is one TensorRT 11 removed; the double provides every listed name.
@@ -23,8 +26,11 @@ import ast
 import enum
 import importlib
 import importlib.metadata
+import json
 import os
 import re
+import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -32,11 +38,14 @@ import pytest
 
 from engine.tensorrt import api_names, double, protocols
 from engine.tensorrt.api_names import BUILDER, CUDA_UTILS, CUDART, MODULE, REMOVED_IN_TRT11, RUNTIME
+from engine.tensorrt.cuda import STICKY_ERRORS
 
 PACKAGE = Path(api_names.__file__).parent
 LEAN_PIN = "tensorrt-lean-cu13==11.4.0.106"
 STUBS_PIN = "tensorrt-stubs==10.13.0.35.1 (pip install --no-deps)"
 CUDA_PIN = "cuda-bindings==13.5.0"
+CU12_FOLDER = Path(os.environ.get("SLOTSERVE_TRT_API_CU12") or Path(__file__).parents[2] / ".venv" / "trt-api-cu12")
+CU12_PINS = "tests/tensorrt/api-generation-cu12.txt (make setup)"
 
 
 # ----------------------------------------------------------------------------------------- real modules
@@ -152,6 +161,68 @@ def _missing_in_stubs(names: dict[str, tuple[str, ...]]) -> list[str]:
     return missing
 
 
+# ---------------------------------------------------------------------------- the other API generation
+
+# Run in a subprocess with the cu12 folder first on sys.path: which of the given names each module lacks.
+_PROBE = """
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+report = {}
+for module_name, table in json.load(sys.stdin).items():
+    module = importlib.import_module(module_name)
+    missing = []
+    for owner, attrs in table.items():
+        target = getattr(module, owner, None) if owner else module
+        if target is None:
+            missing.append(owner)
+            continue
+        missing += [f"{owner}.{a}" if owner else a for a in attrs if not hasattr(target, a)]
+    version = getattr(module, "__version__", None) or getattr(importlib.import_module("cuda.bindings"),
+                                                               "__version__", "")
+    report[module_name] = {"missing": missing, "version": str(version), "file": module.__file__}
+print(json.dumps(report))
+"""
+
+
+@lru_cache(maxsize=1)
+def cu12_generation() -> dict:
+    """{module: {missing, version, file}} for TensorRT 10's lean runtime and cuda-bindings 12."""
+    if not (CU12_FOLDER / ".stamp").exists():
+        _missing(f"the TensorRT 10 / CUDA 12 API modules are not installed in {CU12_FOLDER} ({CU12_PINS})")
+    present_builder = {owner: attrs for owner, attrs in BUILDER.items() if owner}
+    names = {"tensorrt_lean": {**RUNTIME, **present_builder},
+             "cuda.bindings.runtime": {**CUDART, "cudaError_t": tuple(sorted(STICKY_ERRORS)) + CUDART["cudaError_t"]},
+             "cuda.bindings.utils": CUDA_UTILS}
+    result = subprocess.run([sys.executable, "-c", _PROBE, str(CU12_FOLDER)], input=json.dumps(names),
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_other_generation_is_tensorrt_10_and_cuda_bindings_12_from_its_own_folder():
+    report = cu12_generation()
+    assert report["tensorrt_lean"]["version"].startswith("10.")
+    assert report["cuda.bindings.runtime"]["version"].startswith("12.")
+    assert all(str(CU12_FOLDER) in entry["file"] for entry in report.values())
+
+
+def test_runtime_names_exist_in_tensorrt_lean_10():
+    # The builder-side classes the lean runtime carries count too; Builder/OnnxParser themselves it lacks.
+    missing = cu12_generation()["tensorrt_lean"]["missing"]
+    assert [name for name in missing if name.split(".")[0] not in ("Builder", "OnnxParser", "INetworkDefinition",
+                                                                   "ITensor", "IBuilderConfig")] == []
+
+
+def test_cuda_names_exist_in_cuda_bindings_12():
+    assert cu12_generation()["cuda.bindings.runtime"]["missing"] == []
+    assert cu12_generation()["cuda.bindings.utils"]["missing"] == []
+
+
+def test_the_sticky_errors_are_cuda_error_names():
+    real = cudart_module()
+    assert STICKY_ERRORS <= set(real.cudaError_t.__members__)
+
+
 # ---------------------------------------------------------------------------- the names exist in real modules
 
 
@@ -261,7 +332,7 @@ def _uses(path: Path, module_variable: str, names: dict[str, tuple[str, ...]]) -
 def test_the_adapter_uses_only_listed_names():
     trt_names = {owner: RUNTIME.get(owner, ()) + BUILDER.get(owner, ()) for owner in set(RUNTIME) | set(BUILDER)}
     unlisted = []
-    for name in ("backend.py", "builder.py"):
+    for name in ("backend.py", "model.py", "slot.py", "engine_io.py", "builder.py"):
         unlisted += _uses(PACKAGE / name, "trt", trt_names)
     unlisted += _uses(PACKAGE / "cuda.py", "self.module", CUDART)
     unlisted += _uses(PACKAGE / "cuda.py", "utils", CUDA_UTILS)
@@ -271,12 +342,12 @@ def test_the_adapter_uses_only_listed_names():
 def test_the_scan_notices_an_unlisted_name(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("def f(trt, engine, self):\n    trt.Runtime\n    trt.BuilderFlag.FP16\n"
-                      "    engine.device_memory_size\n    self.module.cudaDeviceReset()\n")
+                      "    engine.device_memory_size\n    self.module.cudaGraphLaunch()\n")
     trt_names = {owner: RUNTIME.get(owner, ()) + BUILDER.get(owner, ()) for owner in set(RUNTIME) | set(BUILDER)}
     assert sorted(_uses(sample, "trt", trt_names)) == [
         "sample.py: engine.device_memory_size (ICudaEngine)", "sample.py: trt.BuilderFlag",
         "sample.py: trt.BuilderFlag.FP16"]
-    assert _uses(sample, "self.module", CUDART) == ["sample.py: self.module.cudaDeviceReset"]
+    assert _uses(sample, "self.module", CUDART) == ["sample.py: self.module.cudaGraphLaunch"]
 
 
 # ------------------------------------------------------------------------------------ the double is faithful
@@ -297,7 +368,7 @@ def _double_public(cls: type) -> set[str]:
         return set(cls.__members__)
     names: set[str] = set()
     for klass in cls.__mro__:
-        if klass.__module__ == double.__name__:
+        if klass.__module__.startswith(double.__name__ + "."):
             names |= {n for n in vars(klass) if not n.startswith("_")}
     return names
 

@@ -1,4 +1,4 @@
-"""The TensorRT backend end to end over the test double (engine/tensorrt/double.py): loading plans and ONNX
+"""The TensorRT backend end to end over the test double (engine/tensorrt/double/): loading plans and ONNX
 models, metadata, concurrent slots, capacity from measured memory, out-of-memory cleanup, cancellation, the plan
 cache, profile-per-slot mode, and the no-GPU path. Every test also fails if the backend broke a TensorRT/CUDA
 rule (the `device` fixture checks the double's violations).
@@ -32,7 +32,7 @@ ACTIVATION = MiB
 def make_backend(device: FakeDevice, tmp_path=None, lean: bool = False) -> TensorRTBackend:
     cache = tmp_path / "plan-cache" if tmp_path is not None else None
     return TensorRTBackend(trt_module=device.trt_lean if lean else device.trt, cudart_module=device.cudart,
-                           cache_dir=cache)
+                           cuda_utils_module=device.cuda_utils, cache_dir=cache)
 
 
 def run(context, inputs, outputs=(), cancel=None):
@@ -428,10 +428,10 @@ def test_the_real_modules_on_this_gpu_less_machine(tmp_path):
 def test_missing_cuda_python_or_tensorrt(monkeypatch, device, tmp_path):
     plan = support.write_add_sub_plan(device, tmp_path)
     monkeypatch.setattr(backend_module, "_import_cudart", lambda: None)
-    with pytest.raises(errors.BackendUnavailableError, match=r"cuda-python.*pip install \.\[tensorrt\]"):
+    with pytest.raises(errors.BackendUnavailableError, match=r"cuda-python.*pip install \.\[tensorrt-cu12\]"):
         TensorRTBackend().load(support.spec(plan))
     monkeypatch.setattr(backend_module, "_import_tensorrt", lambda: None)
-    with pytest.raises(errors.BackendUnavailableError, match=r"tensorrt package.*pip install \.\[tensorrt\]"):
+    with pytest.raises(errors.BackendUnavailableError, match=r"tensorrt package.*pip install \.\[tensorrt-cu12\]"):
         TensorRTBackend(cudart_module=device.cudart).load(support.spec(plan))
 
 

@@ -265,13 +265,16 @@ def test_context_creation_returns_none_when_device_memory_runs_out():
     assert device.leaks() == {}
 
 
-def test_deserialization_fails_for_other_versions_gpus_and_garbage(device):
+def test_deserialization_fails_for_other_versions_compute_capabilities_and_garbage(device):
     device.cudart.cudaSetDevice(0)
     runtime = device.trt.Runtime(device.trt.Logger())
     kwargs = dict(inputs=support.ADD_SUB_INPUTS, outputs=support.ADD_SUB_OUTPUTS, function="add_sub",
                   profiles=support.add_sub_profiles())
     assert runtime.deserialize_cuda_engine(device.make_plan(trt_version="10.16.1.11", **kwargs)) is None
-    assert runtime.deserialize_cuda_engine(device.make_plan(device_name="Other GPU", **kwargs)) is None
+    assert runtime.deserialize_cuda_engine(device.make_plan(compute_capability=(8, 6), **kwargs)) is None
+    # Another GPU model of the same compute capability: TensorRT loads the plan and only warns.
+    assert runtime.deserialize_cuda_engine(device.make_plan(device_name="Other GPU", **kwargs)) is not None
+    assert "plan built on 'Other GPU'" in device.log[-1]
     assert runtime.deserialize_cuda_engine(b"not a plan") is None
     assert runtime.deserialize_cuda_engine(device.make_plan(weights_bytes=device.total_memory + 1, **kwargs)) is None
     assert runtime.deserialize_cuda_engine(device.make_plan(**kwargs)) is not None
@@ -357,3 +360,226 @@ def test_context_keeps_its_engine_alive_and_destruction_is_counted(device):
     assert device.stats.contexts_live == 0 and device.stats.engines_live == 0
     events = [e for e in device.stats.events if "destroyed" in e]
     assert events[0].startswith("context") and events[-1].startswith("engine")
+
+
+# ----------------------------------------------------------------- as the library does (issue 15, item 10)
+
+
+def _engine(device: FakeDevice, **plan_kwargs):
+    device.cudart.cudaSetDevice(0)
+    return device.trt.Runtime(device.trt.Logger()).deserialize_cuda_engine(device.make_plan(**plan_kwargs))
+
+
+def test_streams_are_cuda_stream_objects_whose_handle_utils_gives(device):
+    rt = device.cudart
+    rt.cudaSetDevice(0)
+    stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
+    assert isinstance(stream, rt.cudaStream_t) and not isinstance(stream, int)
+    assert device.cuda_utils.get_cuda_native_handle(stream) == stream.getPtr() == int(stream) != 0
+    with pytest.raises(TypeError, match="Unknown type"):
+        device.cuda_utils.get_cuda_native_handle(int(stream))
+
+
+def test_a_scalar_input_takes_the_empty_shape_only(device):
+    engine = _engine(device, inputs=[("sr", "INT64", ())], outputs=[("out", "INT64", ())])
+    context = engine.create_execution_context()
+    assert engine.get_tensor_shape("sr") == ()
+    assert context.set_input_shape("sr", ())
+    assert not context.set_input_shape("sr", (1,))
+
+
+def test_shape_tensors_live_in_host_memory(device):
+    engine = _engine(device, inputs=[("X", "FLOAT", (4,)), ("shape", "INT64", (2,))],
+                     outputs=[("Y", "FLOAT", (4,))], host_tensors=("shape",))
+    assert engine.get_tensor_location("shape") == device.trt.TensorLocation.HOST
+    assert engine.is_shape_inference_io("shape") and not engine.is_shape_inference_io("X")
+    context = engine.create_execution_context()
+    rt = device.cudart
+    stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
+    for name, size in (("X", 16), ("shape", 16), ("Y", 16)):
+        context.set_tensor_address(name, rt.cudaMalloc(size)[1])
+    context.set_input_shape("X", (4,))
+    context.set_input_shape("shape", (2,))
+    with pytest.raises(DoubleRuleViolation, match="shape tensor 'shape' has a device address"):
+        context.execute_async_v3(stream)
+
+
+@pytest.mark.parametrize("tensor_format,vectorized,components,nbytes", [
+    ("LINEAR", -1, 1, 2 * 3 * 4 * 5 * 4), ("HWC", -1, 1, 2 * 3 * 4 * 5 * 4),
+    ("CHW16", 1, 16, 2 * 16 * 4 * 5 * 4), ("HWC8", 1, 8, 2 * 8 * 4 * 5 * 4)])
+def test_io_formats_change_the_buffer_size_and_layout(device, tensor_format, vectorized, components, nbytes):
+    shape = (2, 3, 4, 5)
+    engine = _engine(device, inputs=[("X", "FLOAT", shape)], outputs=[("Y", "FLOAT", shape)],
+                     formats={"X": tensor_format})
+    assert engine.get_tensor_vectorized_dim("X") == vectorized
+    assert engine.get_tensor_components_per_element("X") == components
+    assert f"(k{tensor_format})" in engine.get_tensor_format_desc("X")
+    context = engine.create_execution_context()
+    context.set_input_shape("X", shape)
+    strides = tuple(context.get_tensor_strides("X"))
+    assert (strides == (60, 20, 5, 1)) == (tensor_format == "LINEAR")
+    rt = device.cudart
+    stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
+    volume_bytes = 2 * 3 * 4 * 5 * 4
+    for name in ("X", "Y"):
+        context.set_tensor_address(name, rt.cudaMalloc(volume_bytes)[1])
+    if nbytes > volume_bytes:  # buffers sized as volume x itemsize are too small for a vectorized format
+        with pytest.raises(DoubleRuleViolation, match=f"is not device memory with {nbytes} bytes"):
+            context.execute_async_v3(stream)
+        return
+    values = np.arange(120, dtype=np.float32).reshape(shape)
+    source, target = rt.cudaHostAlloc(volume_bytes, 0)[1], rt.cudaHostAlloc(volume_bytes, 0)[1]
+    np.ctypeslib.as_array((ctypes.c_float * 120).from_address(source))[:] = values.reshape(-1)
+    kind = rt.cudaMemcpyKind
+    rt.cudaMemcpyAsync(context._addresses["X"], source, volume_bytes, kind.cudaMemcpyHostToDevice, stream)
+    assert context.execute_async_v3(stream)
+    rt.cudaMemcpyAsync(target, context._addresses["Y"], volume_bytes, kind.cudaMemcpyDeviceToHost, stream)
+    rt.cudaStreamSynchronize(stream)
+    # The engine reads X in its format and writes Y row major: row-major bytes put into a channel-last X come
+    # out rearranged.
+    stored = np.ctypeslib.as_array((ctypes.c_float * 120).from_address(target)).reshape(shape)
+    assert np.array_equal(stored, values) == (tensor_format == "LINEAR")
+
+
+def make_allocator(device, base_init=True):
+    """An IOutputAllocator that cudaMallocs what it is asked for and records the calls."""
+
+    class Allocator(device.trt.IOutputAllocator):
+        def __init__(self):
+            if base_init:
+                super().__init__()
+            self.calls, self.shapes, self.pointers = [], {}, []
+
+        def reallocate_output_async(self, name, memory, size, alignment, stream):
+            self.calls.append((name, memory, size))
+            self.pointers.append(device.cudart.cudaMalloc(size)[1])
+            return self.pointers[-1]
+
+        def notify_shape(self, name, shape):
+            self.shapes[name] = tuple(shape)
+
+    return Allocator()
+
+
+def test_data_dependent_output_shapes_need_an_output_allocator(device):
+    engine = _engine(device, inputs=[("X", "FLOAT", (3, 4))], outputs=[("Y", "INT64", (2, -1))],
+                     function="nonzero", data_dependent={"Y": [1]})
+    context = engine.create_execution_context()
+    rt = device.cudart
+    stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
+    assert context.set_input_shape("X", (3, 4))
+    assert tuple(engine.get_tensor_shape("Y")) == (2, -1) and tuple(context.get_tensor_shape("Y")) == (2, -1)
+    assert context.get_max_output_size("Y") == 2 * 12 * 8
+    x_device, x_host = rt.cudaMalloc(48)[1], rt.cudaHostAlloc(48, 0)[1]
+    context.set_tensor_address("X", x_device)
+    context.set_tensor_address("Y", rt.cudaMalloc(2 * 12 * 8)[1])
+    assert context.execute_async_v3(stream) is False  # an address is not enough: TensorRT needs the allocator
+    with pytest.raises(TypeError, match="IOutputAllocator.__init__"):
+        context.set_output_allocator("Y", make_allocator(device, base_init=False))
+    allocator = make_allocator(device)
+    assert context.set_output_allocator("Y", allocator) and not context.set_output_allocator("X", allocator)
+    values = np.zeros((3, 4), np.float32)
+    values[0, 1] = values[2, 3] = 1
+    np.ctypeslib.as_array((ctypes.c_float * 12).from_address(x_host))[:] = values.reshape(-1)
+    rt.cudaMemcpyAsync(x_device, x_host, 48, rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream)
+    assert context.execute_async_v3(stream)
+    # Before execute_async_v3 returned, TensorRT asked for the memory and told the shape.
+    assert allocator.shapes == {"Y": (2, 2)} and allocator.calls[0][0] == "Y" and allocator.calls[0][2] == 32
+    assert rt.cudaStreamSynchronize(stream)[0] == 0
+    assert allocator.pointers and device.stats.output_reallocations == 1
+    written = np.frombuffer(device.read_device(allocator.pointers[0], 32), np.int64).reshape(2, 2)
+    np.testing.assert_array_equal(written, np.array(np.nonzero(values)))  # in the allocator's memory
+
+
+def test_an_allocator_that_returns_too_little_memory(device):
+    engine = _engine(device, inputs=[("X", "FLOAT", (4,))], outputs=[("Y", "INT64", (1, -1))],
+                     function="nonzero", data_dependent={"Y": [1]})
+    context = engine.create_execution_context()
+    rt = device.cudart
+    stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
+    context.set_input_shape("X", (4,))
+    x_device, x_host = rt.cudaMalloc(16)[1], rt.cudaHostAlloc(16, 0)[1]
+    np.ctypeslib.as_array((ctypes.c_float * 4).from_address(x_host))[:] = [1, 1, 1, 0]
+    context.set_tensor_address("X", x_device)
+    rt.cudaMemcpyAsync(x_device, x_host, 16, rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream)
+
+    class Small(device.trt.IOutputAllocator):
+        def reallocate_output_async(self, name, memory, size, alignment, stream):
+            return rt.cudaMalloc(8)[1]
+
+        def notify_shape(self, name, shape):
+            pass
+
+    context.set_output_allocator("Y", Small())
+    with pytest.raises(DoubleRuleViolation, match="is not device memory with 24 bytes"):
+        context.execute_async_v3(stream)
+
+
+def test_shapes_that_do_not_fit_each_other(device):
+    slot = Slot(device)
+    assert slot.context.set_input_shape("INPUT0", (2, 16)) and slot.context.set_input_shape("INPUT1", (3, 16))
+    shape = slot.context.get_tensor_shape("OUTPUT0")
+    assert [d for d in shape] == []  # what `tuple(int(d) for d in shape)` sees: nothing
+    with pytest.raises(ValueError):
+        len(shape)
+    with pytest.raises(RuntimeError, match="infer_shapes error code"):
+        slot.context.infer_shapes()
+    assert slot.context.execute_async_v3(slot.stream) is False
+    assert slot.context.set_input_shape("INPUT1", (2, 16)) and slot.context.infer_shapes() == []
+
+
+def test_infer_shapes_names_the_inputs_without_a_shape(device):
+    slot = Slot(device)
+    slot.context.set_input_shape("INPUT0", (2, 16))
+    assert slot.context.infer_shapes() == ["INPUT1"]
+
+
+def test_a_sticky_error_poisons_every_call_until_a_reset(device):
+    slot = Slot(device)
+    rt = device.cudart
+    a, b = _inputs()
+    device.inject_fault(rt.cudaError_t.cudaErrorIllegalAddress)
+    slot.run(a, b, sync=False)
+    assert rt.cudaStreamSynchronize(slot.stream) == (rt.cudaError_t.cudaErrorIllegalAddress,)
+    assert rt.cudaMalloc(16) == (rt.cudaError_t.cudaErrorIllegalAddress, None)
+    assert rt.cudaFree(slot.device_ptr["INPUT0"]) == (rt.cudaError_t.cudaErrorIllegalAddress,)
+    assert slot.engine.create_execution_context() is None
+    for name, array in (("INPUT0", a), ("INPUT1", b)):
+        slot.context.set_input_shape(name, array.shape)
+    assert slot.context.execute_async_v3(slot.stream) is False
+    assert rt.cudaGetDeviceCount() == (rt.cudaError_t.cudaSuccess, 1)  # the driver still answers
+    runtime = slot.engine._runtime
+    with pytest.raises(DoubleRuleViolation, match="cudaDeviceReset while TensorRT objects"):
+        rt.cudaDeviceReset()
+    del slot, runtime
+    assert rt.cudaDeviceReset() == (rt.cudaError_t.cudaSuccess,)
+    assert device.leaks() == {}  # the reset destroyed every allocation and stream
+    assert rt.cudaMalloc(16)[0] == rt.cudaError_t.cudaSuccess
+
+
+def test_a_sticky_error_that_a_reset_does_not_clear():
+    device = FakeDevice(reset_recovers=False)
+    rt = device.cudart
+    rt.cudaSetDevice(0)
+    device.inject_fault(rt.cudaError_t.cudaErrorLaunchFailure)
+    slot = Slot(device)
+    slot.run(*_inputs(), sync=False)
+    assert rt.cudaStreamSynchronize(slot.stream)[0] == rt.cudaError_t.cudaErrorLaunchFailure
+    del slot
+    assert rt.cudaDeviceReset()[0] == rt.cudaError_t.cudaSuccess
+    assert rt.cudaMalloc(16)[0] == rt.cudaError_t.cudaErrorLaunchFailure
+
+
+def test_a_driver_too_old_for_the_runtime():
+    device = FakeDevice(driver_cuda_version=12040, runtime_cuda_version=13000)
+    rt = device.cudart
+    assert rt.cudaGetDeviceCount() == (rt.cudaError_t.cudaErrorInsufficientDriver, None)
+    assert rt.cudaDriverGetVersion() == (rt.cudaError_t.cudaSuccess, 12040)
+    assert rt.cudaRuntimeGetVersion() == (rt.cudaError_t.cudaSuccess, 13000)
+    assert FakeDevice(driver_cuda_version=13020, runtime_cuda_version=13000).cudart.cudaGetDeviceCount()[0] == 0
+    assert FakeDevice(driver_cuda_version=12020, runtime_cuda_version=12090).cudart.cudaGetDeviceCount()[0] == 0
+
+
+def test_the_compute_capability_is_a_device_property(device):
+    err, props = device.cudart.cudaGetDeviceProperties(0)
+    assert (props.major, props.minor) == device.compute_capability == (9, 0)

@@ -1,4 +1,4 @@
-"""The TensorRT backend inside the whole server, over real gRPC: the test double (engine/tensorrt/double.py) stands
+"""The TensorRT backend inside the whole server, over real gRPC: the test double (engine/tensorrt/double/) stands
 for TensorRT and the CUDA runtime and enforces their rules (one thread per context, one enqueue in flight per
 context, no default stream, no buffer reuse while in flight); the `device` fixture fails the test if any rule was
 broken. A model directory with `platform: "tensorrt_plan"` (or `backend: "tensorrt"`) and a prebuilt model.plan
@@ -10,6 +10,7 @@ scenarios."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -31,11 +32,12 @@ CAPACITY = 4  # the simulated device holds the weights and four slots
 WAIT = 20.0
 
 
-def write_model(repository, device: FakeDevice, *, style: str = "platform", name: str = "add_sub") -> None:
+def write_model(repository, device: FakeDevice, *, style: str = "platform", name: str = "add_sub",
+                max_batch_size: int = support.BATCH) -> None:
     support.write_add_sub_plan(device, repository, name=name, weights_bytes=WEIGHTS, activation_bytes=ACTIVATION)
     selector = 'platform: "tensorrt_plan"' if style == "platform" else 'backend: "tensorrt"'
     (repository / name / "config.pbtxt").write_text(
-        f'name: "{name}"\n{selector}\nmax_batch_size: {support.BATCH}\n'
+        f'name: "{name}"\n{selector}\nmax_batch_size: {max_batch_size}\n'
         'parameters { key: "trt_memory_reserve_bytes" value { string_value: "0" } }\n')
 
 
@@ -49,7 +51,8 @@ def device():
 
 @pytest.fixture
 def backend(device, tmp_path) -> TensorRTBackend:
-    return TensorRTBackend(trt_module=device.trt, cudart_module=device.cudart, cache_dir=tmp_path / "plan-cache")
+    return TensorRTBackend(trt_module=device.trt, cudart_module=device.cudart, cuda_utils_module=device.cuda_utils,
+                          cache_dir=tmp_path / "plan-cache")
 
 
 @pytest.fixture
@@ -271,3 +274,43 @@ def test_without_a_gpu_a_request_gets_failed_precondition_with_the_fallback_hint
         assert (caught.value.code, caught.value.reason) == ("FAILED_PRECONDITION", "load_failed")
         assert "onnxruntime" in caught.value.message  # how to serve the same directory without a GPU
         assert running.client.live()
+
+
+# ---- what a real GPU adds (issue 15) ---------------------------------------------------------------------------
+
+def test_input_shapes_that_do_not_fit_each_other_are_invalid_argument(tmp_path, device, backend):
+    root = tmp_path / "unbatched"
+    write_model(root, device, max_batch_size=0)  # [-1, 16] twice: the server cannot tell the rows must match
+    with serve(root, backends={"tensorrt": backend}) as running:
+        with pytest.raises(ClientError) as caught:
+            running.client.infer("add_sub", {"INPUT0": np.zeros((2, 16), np.int32),
+                                             "INPUT1": np.zeros((3, 16), np.int32)}, timeout=WAIT)
+        assert (caught.value.code, caught.value.reason) == ("INVALID_ARGUMENT", "invalid_request_error")
+        assert "do not fit each other" in caught.value.message and "[3, 16]" in caught.value.message
+        assert running.management.get("add_sub").state == "READY"
+        infer(running, 1)
+
+
+def test_a_sticky_cuda_error_retires_the_model_and_the_next_request_rebuilds_it(
+        repository, device, backend, caplog):
+    with serve(repository, backends={"tensorrt": backend}, parallel_jobs=2, allow_management=True) as running:
+        infer(running, 0)
+        device.inject_fault(700)  # cudaErrorIllegalAddress in the next run's kernel
+        with caplog.at_level(logging.INFO, logger="service.lifecycle"):
+            with pytest.raises(ClientError) as caught:
+                infer(running, 1)
+            assert (caught.value.code, caught.value.reason) == ("UNAVAILABLE", "device_failed")
+            assert "cudaErrorIllegalAddress" in caught.value.message
+            # The failed request returned after the pool was retired: the model is out of service at once.
+            status = running.management.get("add_sub")
+            assert (status.loaded, status.state) == (False, "UNLOADED")
+            assert "cudaErrorIllegalAddress" in status.last_error
+            assert not running.client.model_ready("add_sub")
+            events = [r for r in caplog.records if getattr(r, "event", None) == "device_failed"]
+            assert len(events) == 1 and events[0].levelname == "ERROR" and events[0].model == "add_sub"
+        # The next request loads the model again: the device is reset, the engine rebuilt on a fresh context.
+        infer(running, 2)
+        status = running.management.get("add_sub")
+        assert (status.loaded, status.state, status.last_error) == (True, "READY", "")
+        assert (device.stats.resets, device.stats.deserializations) == (1, 2)
+    assert device.leaks() == {}
