@@ -16,6 +16,11 @@ VAD checkpoint, taken from its wheel. No config sets instance_group: the server 
                      call, 8.6 MB of weights). `--measure` prints the figure for the machine at hand.
     silero_vad       silero-vad 6.2.3's silero_vad.onnx, unchanged (sha256 pinned below): input FP32 [-1, -1],
                      state FP32 [2, -1, 128], sr INT64 scalar -> output FP32 [-1, 1], stateN FP32 [2, -1, 128]
+    mlp              FP32 INPUT0 [1024] -> OUTPUT0 [1024], max_batch_size 16, `dynamic_batching { }`: a
+                     1024 -> 4096 -> 4096 -> 1024 multilayer perceptron with ReLU (25.2 M FP32 weights, 101 MB, from
+                     a fixed seed). Weight-bound: every call reads all the weights, so rows per call are nearly
+                     free (onnxruntime, one thread, this machine: about 98 rows/s one at a time, 750 rows/s in
+                     calls of 16). The model dynamic batching exists for.
 
 The build is deterministic (fixed seeds, deterministic serialization) and idempotent: every file is written
 atomically, so rebuilding over an existing repository, or while a server reads it, is safe. The silero wheel is
@@ -60,7 +65,11 @@ SILERO_MEMBER = "silero_vad/data/silero_vad.onnx"
 # sha256 of SILERO_MEMBER in the 6.2.3 wheel (it matches the wheel's own RECORD entry).
 SILERO_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
 
-MODEL_NAMES = ("simple", "simple_identity", "identity_fp32", "matmul_chain", "silero_vad")
+MLP_WIDTHS = (1024, 4096, 4096, 1024)  # input, two hidden layers, output
+MLP_MAX_BATCH_SIZE = 16
+MLP_SEED = 20261201
+
+MODEL_NAMES = ("simple", "simple_identity", "identity_fp32", "matmul_chain", "silero_vad", "mlp")
 
 _CONFIG_HEADER = "# Written by demo/build_repository.py (make models); edits are lost on the next build.\n"
 _CONFIG_TYPE = {
@@ -93,6 +102,7 @@ class BuiltModel:
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
     onnx_bytes: bytes
+    config_extra: str = ""  # config.pbtxt lines after the tensors (e.g. a dynamic_batching block)
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -132,7 +142,7 @@ def config_text(model: BuiltModel) -> str:
     for tensor in model.outputs:
         tensors.output.add(name=tensor.name, data_type=_CONFIG_TYPE[tensor.elem_type], dims=tensor.dims)
     header = f'name: "{model.name}"\nbackend: "onnxruntime"\nmax_batch_size: {model.max_batch_size}\n'
-    return _CONFIG_HEADER + header + text_format.MessageToString(tensors)
+    return _CONFIG_HEADER + header + text_format.MessageToString(tensors) + model.config_extra
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -210,6 +220,47 @@ def build_matmul_chain() -> BuiltModel:
     return BuiltModel("matmul_chain", 0, inputs, outputs, _serialize(graph))
 
 
+def mlp_weights() -> list[tuple[np.ndarray, np.ndarray]]:
+    """(weight, bias) per layer of the MLP, first to last; weights scaled by 1/sqrt(fan-in) (He-like for ReLU)
+    so activations keep unit-order magnitude and the outputs are a meaningful check."""
+    rng = np.random.default_rng(MLP_SEED)
+    layers = []
+    for fan_in, fan_out in zip(MLP_WIDTHS, MLP_WIDTHS[1:]):
+        weight = (rng.standard_normal((fan_in, fan_out), dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in)))
+        layers.append((weight, (rng.standard_normal(fan_out, dtype=np.float32) * np.float32(0.01))))
+    return layers
+
+
+def build_mlp() -> BuiltModel:
+    inputs = (Tensor("INPUT0", TensorProto.FLOAT, (MLP_WIDTHS[0],)),)
+    outputs = (Tensor("OUTPUT0", TensorProto.FLOAT, (MLP_WIDTHS[-1],)),)
+    nodes, initializers, current = [], [], "INPUT0"
+    layers = mlp_weights()
+    for index, (weight, bias) in enumerate(layers):
+        initializers += [numpy_helper.from_array(weight, f"weight{index}"), numpy_helper.from_array(bias, f"bias{index}")]
+        last = index == len(layers) - 1
+        nodes.append(helper.make_node("MatMul", [current, f"weight{index}"], [f"product{index}"]))
+        nodes.append(helper.make_node("Add", [f"product{index}", f"bias{index}"],
+                                      ["OUTPUT0" if last else f"linear{index}"]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [f"linear{index}"], [f"activation{index}"]))
+            current = f"activation{index}"
+    graph = _graph("mlp", nodes, inputs, outputs, max_batch_size=MLP_MAX_BATCH_SIZE, initializers=initializers)
+    return BuiltModel("mlp", MLP_MAX_BATCH_SIZE, inputs, outputs, _serialize(graph),
+                      config_extra="dynamic_batching { }\n")
+
+
+def mlp_reference(rows: np.ndarray) -> np.ndarray:
+    """The MLP computed with numpy (float64 accumulation), to check what a server returns."""
+    activation = rows.astype(np.float64)
+    layers = mlp_weights()
+    for index, (weight, bias) in enumerate(layers):
+        activation = activation @ weight.astype(np.float64) + bias
+        if index < len(layers) - 1:
+            activation = np.maximum(activation, 0.0)
+    return activation
+
+
 # Declared rather than auto-completed: the model reports stateN as fully dynamic, but it is the next `state`,
 # [2, batch, 128]; `sr` (the sample rate, 16000 or 8000) is a scalar, hence no dims.
 SILERO_INPUTS = (
@@ -276,7 +327,7 @@ def build_repository(output: Path | str, cache: Path | str | None = None) -> lis
     cache = Path(cache) if cache is not None else default_cache(output)
     output.mkdir(parents=True, exist_ok=True)
     builders = (build_simple, build_simple_identity, build_identity_fp32, build_matmul_chain,
-                lambda: build_silero_vad(cache))
+                lambda: build_silero_vad(cache), build_mlp)
     return [write_model(output, build()) for build in builders]
 
 

@@ -211,3 +211,28 @@ def test_server_metadata_and_unknown_model(server, run_client):
         assert error["status"] == "StatusCode.NOT_FOUND", (label, error)
         assert "Request for unknown model" in error["message"], (label, error)
     assert result["unknown_model_ready"] is False
+
+
+def test_concurrent_requests_to_a_batching_model_are_batched_and_each_answer_matches_numpy(slotserve, tmp_path,
+                                                                                            run_client):
+    """The demo's weight-bound MLP, with a delay and a preferred batch size of 16 so that the 16 concurrent
+    requests form one batch whatever the machine's load: one execution of 16 rows, every request answered with
+    its own row, recomputed with numpy."""
+    from demo.build_repository import mlp_reference
+    from tests.integration._support import require_demo
+
+    demo, repository = require_demo() / "mlp", tmp_path / "repo"
+    (repository / "mlp").mkdir(parents=True)
+    (repository / "mlp" / "1").symlink_to(demo / "1", target_is_directory=True)  # the weights, not copied
+    (repository / "mlp" / "config.pbtxt").write_text((demo / "config.pbtxt").read_text().replace(
+        "dynamic_batching { }", "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: 16 }"))
+    server = slotserve(repository, parallel_jobs=2)
+    result = run_client(SCRIPT, server.address, "batched", "mlp", "16")
+    assert len(result["answers"]) == 16
+    answers = list(result["answers"].values())
+    rows = np.concatenate([np.asarray(answer["INPUT0"], np.float32) for answer in answers])
+    outputs = np.concatenate([np.asarray(answer["OUTPUT0"], np.float32) for answer in answers])
+    np.testing.assert_allclose(outputs, mlp_reference(rows), rtol=1e-3, atol=1e-3)
+    statistics = result["statistics"]
+    assert int(statistics["execution_count"]) == 1 and int(statistics["inference_count"]) == 16
+    assert [int(batch["batch_size"]) for batch in statistics["batch_stats"]] == [16]

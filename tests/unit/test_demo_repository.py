@@ -119,6 +119,23 @@ def test_identity_fp32_round_trips_16_mib(load):
     np.testing.assert_array_equal(result["OUTPUT0"], data)
 
 
+def test_mlp_is_a_batching_model_and_matches_numpy_for_one_row_and_for_sixteen(load):
+    spec, loaded, context = load("mlp")
+    assert spec.max_batch_size == builder.MLP_MAX_BATCH_SIZE and spec.batching is not None
+    assert spec.batching.max_queue_delay_us == 0 and spec.batching.preferred_batch_sizes == ()
+    assert _signature(loaded.metadata.inputs) == [("INPUT0", "FP32", (1024,))]
+    model = onnx.load(str(spec.model_file))
+    weights = sum(numpy_helper.to_array(init).size for init in model.graph.initializer)
+    assert weights == sum(a * b + b for a, b in zip(builder.MLP_WIDTHS, builder.MLP_WIDTHS[1:]))  # 25.2 M
+    rows = np.random.default_rng(5).standard_normal((16, 1024)).astype(np.float32)
+    expected = builder.mlp_reference(rows)
+    assert 0.1 < float(np.std(expected)) < 100.0  # a meaningful comparison, neither vanishing nor exploding
+    np.testing.assert_allclose(context.execute({"INPUT0": rows}, [], CancelToken())["OUTPUT0"], expected,
+                               rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(context.execute({"INPUT0": rows[:1]}, [], CancelToken())["OUTPUT0"], expected[:1],
+                               rtol=1e-3, atol=1e-3)
+
+
 def test_matmul_chain_matches_numpy(load):
     spec, loaded, context = load("matmul_chain")
     metadata = loaded.metadata

@@ -98,6 +98,32 @@ def case_async(client: grpcclient.InferenceServerClient) -> dict:
     return checked
 
 
+def case_batched(client: grpcclient.InferenceServerClient, model: str, count: str) -> dict:
+    """`count` concurrent async_infer requests of one row each on a dynamically batching model; every answer is
+    its own (matched by request id), and the model's statistics say how many rows each execution took."""
+    answers: queue.Queue = queue.Queue()
+    sent = {}
+    for index in range(int(count)):
+        rows = RNG.standard_normal((1, 1024)).astype(np.float32)
+        request = grpcclient.InferInput("INPUT0", list(rows.shape), "FP32")
+        request.set_data_from_numpy(rows)
+        request_id = f"batched-{index}"
+        sent[request_id] = rows
+        client.async_infer(model, [request], callback=lambda result, error: answers.put((result, error)),
+                           request_id=request_id)
+    received = {}
+    for _ in sent:
+        result, error = answers.get(timeout=WAIT)
+        assert error is None, f"async_infer failed: {error}"
+        request_id = result.get_response().id
+        assert request_id in sent and request_id not in received, request_id
+        output = result.as_numpy("OUTPUT0")
+        assert output.shape == (1, 1024) and output.dtype == np.float32, (output.shape, output.dtype)
+        received[request_id] = {"INPUT0": sent[request_id].tolist(), "OUTPUT0": output.tolist()}
+    statistics = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    return {"answers": received, "statistics": statistics}
+
+
 def case_aio(address: str) -> dict:
     """The asyncio client: liveness, then concurrent infers gathered."""
 
@@ -410,6 +436,7 @@ CASES = {
     "config": case_config, "statistics": case_statistics, "index": case_index, "control": case_control,
     "failed_reload": case_failed_reload, "metadata": case_metadata,
 }
+CLIENT_CASES_WITH_ARGUMENTS = {"batched": case_batched}
 ADDRESS_CASES = {"aio": case_aio, "explicit_int": case_explicit_int, "stream": case_stream,
                  "secure": case_secure}
 
@@ -421,7 +448,10 @@ def main() -> None:
     else:
         client = grpcclient.InferenceServerClient(address)
         try:
-            result = CASES[case](client)
+            if case in CLIENT_CASES_WITH_ARGUMENTS:
+                result = CLIENT_CASES_WITH_ARGUMENTS[case](client, *sys.argv[3:])
+            else:
+                result = CASES[case](client)
         finally:
             client.close()
     print(json.dumps(result))
