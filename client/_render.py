@@ -89,8 +89,21 @@ def status_block(status: ModelStatus) -> str:
         ("source", status.source or None),
         ("admission timeout", admission),
         ("memory", None if status.memory_bytes is None else byte_size(status.memory_bytes)),
+        ("dynamic batching", batching_words(status.batching)),
         ("last error", status.last_error or None),
     ])
+
+
+def batching_words(batching) -> str | None:
+    """A model's dynamic batching settings in a few words (None without batching)."""
+    if batching is None:
+        return None
+    words = [f"up to {batching.max_batch_size} rows", f"delay {batching.max_queue_delay_microseconds} us"]
+    if batching.preferred_batch_sizes:
+        words.append("preferred " + "/".join(str(size) for size in batching.preferred_batch_sizes))
+    if batching.max_queue_size:
+        words.append(f"queue {batching.max_queue_size}")
+    return ", ".join(words)
 
 
 def byte_size(count: int) -> str:

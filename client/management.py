@@ -47,6 +47,7 @@ class ModelStatus:
     admission_timeout_seconds: float
     version: str
     memory_bytes: int | None
+    batching: Batching | None = None  # dynamic batching settings; None: one request per engine call
 
     @classmethod
     def from_proto(cls, message: pb.ModelStatus) -> "ModelStatus":
@@ -65,7 +66,24 @@ class ModelStatus:
             admission_timeout_seconds=message.admission_timeout_seconds,
             version=message.version,
             memory_bytes=message.memory_bytes if message.HasField("memory_bytes") else None,
+            batching=Batching.from_proto(message.batching) if message.HasField("batching") else None,
         )
+
+
+@dataclass(frozen=True)
+class Batching:
+    """A model's dynamic batching settings (the DynamicBatching message as plain data)."""
+
+    max_batch_size: int
+    max_queue_delay_microseconds: int
+    preferred_batch_sizes: tuple[int, ...]
+    max_queue_size: int  # 0: the server's --max-queue
+    allow_timeout_override: bool
+
+    @classmethod
+    def from_proto(cls, message: pb.DynamicBatching) -> "Batching":
+        return cls(message.max_batch_size, message.max_queue_delay_microseconds,
+                   tuple(message.preferred_batch_sizes), message.max_queue_size, message.allow_timeout_override)
 
 
 def _state_name(value: int) -> str:
