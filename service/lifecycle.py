@@ -365,7 +365,8 @@ class ModelEntry:
         if ticket.is_member:
             return item  # released by its leader: the outcome is posted
         items = [member.payload for member in ticket.members]  # type: ignore[union-attr]
-        run_cancel = EveryoneGaveUp([member.cancel for member in items])
+        # A batch of one is cancelled with its request (the common case when idle: no extra token).
+        run_cancel = cancel if len(items) == 1 else EveryoneGaveUp([member.cancel for member in items])
         try:
             try:
                 pool = self._ensure_pool(run_cancel)
@@ -378,7 +379,8 @@ class ModelEntry:
             with Lease(self, ticket, pool, context, 0) as lease:  # its release ends every member's lease
                 run_batch(lease, items, run_cancel, self.statistics)
         finally:
-            run_cancel.detach()
+            if run_cancel is not cancel:
+                run_cancel.detach()
         if cancel.cancelled and item.error is None:
             item.error = RequestCancelled("the caller gave up while its batch ran")
         return item
