@@ -167,7 +167,7 @@ def test_preparation_and_execution_failures_release_the_lease_in_order(lab_facto
     holder = lab.infer("a", name="fails-in-execute")
     execute.wait_blocked(1)
     queued = lab.infer("a", 3.0, name="queued")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", requests=1)
     execute.release()
     assert isinstance(holder.error(), ExecutionError)
     assert queued.result()["OUTPUT0"][0] == 3.0  # the failed lease passed the slot on
@@ -220,7 +220,7 @@ def test_slow_teardown_keeps_ownership_clears_residency_first_and_lets_other_mod
     status = lab.status("a")
     assert status.state is ModelState.UNLOADING and not status.loaded and status.max_parallel_slots is None
     waiting = lab.infer("a", name="waits-for-teardown")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", requests=1)
     assert lab.infer("b", 4.0).result()["OUTPUT0"][0] == 4.0  # unrelated warm work runs
     assert not waiting.done()  # exclusive ownership kept
     teardown.release()
