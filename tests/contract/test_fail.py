@@ -228,8 +228,10 @@ def test_slow_teardown_keeps_ownership_clears_residency_first_and_lets_other_mod
     assert waiting.result()["OUTPUT0"][0] == 1.0
 
 
-@cell("FAIL.10")
+@cell("FAIL.01")
 def test_failed_source_replacement_keeps_the_consistent_old_pair(lab_factory):
+    """A registration naming a source that does not exist is refused before any live change. (Once the
+    stand-in for FAIL.10, the UI's models-root replacement, which slotserve does not have: see cells.tsv.)"""
     lab = lab_factory({"a": {}})
     before = lab.status("a")
     spec_before = lab.registry.get("a").spec
