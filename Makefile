@@ -19,7 +19,7 @@ help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
 	@echo "make test     set everything up and run the whole test suite"
 	@echo "make contract list every contract cell's state, then 'contract: covered N, improved N, not applicable N, ...'"
-	@echo "make stress   contract, shutdown and integration tests STRESS_RUNS times (default 5) beside a CPU hog"
+	@echo "make stress   contract, shutdown, integration and admission tests STRESS_RUNS times (default 5) beside a CPU hog"
 	@echo "              per core, with a 1 us GIL switch interval in every Python process (slow; flaky = bug)"
 	@echo "make proto    regenerate generated/ from proto/"
 	@echo "make models   build the demo model repository into $(REPOSITORY)"
@@ -71,7 +71,7 @@ test: setup models node-deps
 contract: setup models
 	$(PY) -m pytest -q -m cell --contract-report $(PYTEST_ARGS)
 
-# The concurrency-heavy suites (contract, shutdown, integration), STRESS_RUNS times, with a CPU hog per core and
+# The concurrency-heavy suites (contract, shutdown, integration, admission), STRESS_RUNS times, with a CPU hog per core and
 # sys.setswitchinterval(1e-6) in pytest and every server it starts (tests/stress/run.py says how). Must pass.
 STRESS_RUNS ?= 5
 stress: setup models

@@ -2,7 +2,7 @@
 
     python -m tests.stress.run [--runs N] [--switch-interval S] [--hogs K] [PYTEST ARGS...]
 
-Each run is one pytest process over SUITES (contract, shutdown, integration). For the whole session:
+Each run is one pytest process over SUITES (contract, shutdown, integration, admission). For the whole session:
 
 * one CPU hog (a busy-looping process) per core this process may run on, so every test thread, server thread
   and server process competes for the CPU and is preempted at arbitrary points;
@@ -13,7 +13,8 @@ Each run is one pytest process over SUITES (contract, shutdown, integration). Fo
 
 A test that fails here is flaky, which is a bug: it orders events by timing somewhere. Runs continue after a
 failure so one session shows every flaky test; the exit status is 1 if any run failed. Blocks until all runs
-end; the hogs are killed on every exit path (and by the kernel if this process dies: PR_SET_PDEATHSIG).
+end; the hogs are killed on every exit path (and by the kernel if this process dies: PR_SET_PDEATHSIG), and an
+interrupted run's whole process group with them. The runs import the working tree: leave it alone meanwhile.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(__file__).resolve().parent / "site"
-SUITES = ["tests/contract", "tests/shutdown", "tests/integration"]
+# The concurrency-heavy suites: the contract, shutdown and integration tests, and admission's threaded unit tests.
+SUITES = ["tests/contract", "tests/shutdown", "tests/integration", "tests/unit/test_admission.py",
+          "tests/unit/test_admission_controller.py"]
 _PR_SET_PDEATHSIG = 1
 
 
@@ -110,7 +113,14 @@ def run_once(index: int, runs: int, environment: dict[str, str], record: Path, p
                *SUITES, *pytest_args]
     print(f"\n=== stress run {index}/{runs}: {' '.join(command[1:])}", flush=True)
     started = time.monotonic()
-    code = subprocess.run(command, cwd=ROOT, env=environment).returncode
+    # Its own process group, so an interrupted session also ends the server processes the tests started.
+    pytest = subprocess.Popen(command, cwd=ROOT, env=environment, start_new_session=True)
+    try:
+        code = pytest.wait()
+    except BaseException:
+        os.killpg(pytest.pid, signal.SIGKILL)
+        pytest.wait()
+        raise
     seconds = time.monotonic() - started
     failed = failed_tests(junit) if code else []
     if code and not failed:
