@@ -19,8 +19,8 @@ help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
 	@echo "make test     set everything up and run the whole test suite"
 	@echo "make contract list every contract cell's state, then 'contract: covered N, improved N, not applicable N, ...'"
-	@echo "make stress   contract, shutdown, integration and admission tests STRESS_RUNS times (default 5) beside a CPU hog"
-	@echo "              per core, with a 1 us GIL switch interval in every Python process (slow; flaky = bug)"
+	@echo "make stress   contract, shutdown, integration and admission tests STRESS_RUNS times (default 5) beside"
+	@echo "              a CPU hog per core, with a 1 us GIL switch interval in every Python process (flaky = bug)"
 	@echo "make proto    regenerate generated/ from proto/"
 	@echo "make models   build the demo model repository into $(REPOSITORY)"
 	@echo "make bench    measure speed against a bare grpcio server (prints a table, writes bench/results/)"
@@ -71,8 +71,8 @@ test: setup models node-deps
 contract: setup models
 	$(PY) -m pytest -q -m cell --contract-report $(PYTEST_ARGS)
 
-# The concurrency-heavy suites (contract, shutdown, integration, admission), STRESS_RUNS times, with a CPU hog per core and
-# sys.setswitchinterval(1e-6) in pytest and every server it starts (tests/stress/run.py says how). Must pass.
+# The concurrency-heavy suites (contract, shutdown, integration, admission), STRESS_RUNS times, with a CPU hog per
+# core and sys.setswitchinterval(1e-6) in pytest and every server it starts (tests/stress/run.py says how). Must pass.
 STRESS_RUNS ?= 5
 stress: setup models
 	$(PY) -m tests.stress.run --runs $(STRESS_RUNS) $(PYTEST_ARGS)

@@ -10,8 +10,8 @@ handlers, hung ones abandoned, engines of idle models closed), bounded by drain 
 
 The server runs in this process (service.testing.serve, or Server itself for the embedding program) and
 `Server.shutdown` is called on a thread, as the signal handler of `python -m service` does; tests/shutdown/ runs
-the same scenarios in real processes with SIGTERM/SIGINT. Order comes from fixture gates, the server's status and its listener
-state; every wait is bounded.
+the same scenarios in real processes with SIGTERM/SIGINT. Order comes from fixture gates, the server's status and
+its listener state; every wait is bounded.
 """
 
 from __future__ import annotations

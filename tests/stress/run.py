@@ -8,8 +8,10 @@ Each run is one pytest process over SUITES (contract, shutdown, integration, adm
   and server process competes for the CPU and is preempted at arbitrary points;
 * `sys.setswitchinterval(S)` (default 1e-6 s) in every Python process of the run: pytest and the servers it
   runs in-process, and every server or client subprocess it starts. tests/stress/site/sitecustomize.py does it,
-  reached through PYTHONPATH, so the product carries no test hook. Each such process leaves a record, and the
-  summary counts them: a server subprocess that escaped the setting would show as missing.
+  reached through PYTHONPATH, so the product carries no test hook. It reaches every subprocess started with the
+  inherited environment (all of the suites' server processes are, today); each such process leaves a record and
+  the summary counts them per run, so a test that starts its servers with an environment of its own shows up
+  as a drop in the server count.
 
 A test that fails here is flaky, which is a bug: it orders events by timing somewhere. Runs continue after a
 failure so one session shows every flaky test; the exit status is 1 if any run failed. Blocks until all runs

@@ -129,6 +129,18 @@ def test_simple_string_refuses_an_element_that_is_not_a_number(load):
     assert result["OUTPUT0"].tolist() == [[str(2 * i).encode() for i in range(16)]]
 
 
+def test_simple_string_parses_like_strtoll_and_wraps_at_the_int64_range(load):
+    # what the builder's docstring promises for text that is not plain decimal
+    _, _, context = load("simple_string")
+    first = np.array([[b" -3", b"12abc", b"+7", str(2**63 - 1).encode()] + [b"0"] * 12], dtype=object)
+    ones = np.array([[b"1"] * 16], dtype=object)
+    result = context.execute({"INPUT0": first, "INPUT1": ones}, [], CancelToken())
+    assert result["OUTPUT0"][0, :4].tolist() == [b"-2", b"13", b"8", str(-2**63).encode()]
+    with pytest.raises(ExecutionError):  # beyond the INT64 range
+        context.execute({"INPUT0": np.array([[str(2**63).encode()] * 16], dtype=object), "INPUT1": ones}, [],
+                        CancelToken())
+
+
 def test_simple_int8_adds_and_subtracts_wrapping_like_twos_complement(load):
     _, loaded, context = load("simple_int8")
     metadata = loaded.metadata
