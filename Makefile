@@ -14,12 +14,14 @@ REPOSITORY ?= demo/model_repository
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto models run test contract node-deps bench soak gpu-check lock clean
+.PHONY: help setup proto models run test contract stress node-deps bench soak gpu-check lock clean
 
 help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
 	@echo "make test     set everything up and run the whole test suite"
-	@echo "make contract list every contract cell as covered or not, then 'covered N/110'"
+	@echo "make contract list every contract cell's state, then 'contract: covered N, improved N, not applicable N, ...'"
+	@echo "make stress   contract, shutdown, integration and admission tests STRESS_RUNS times (default 5) beside"
+	@echo "              a CPU hog per core, with a 1 us GIL switch interval in every Python process (flaky = bug)"
 	@echo "make proto    regenerate generated/ from proto/"
 	@echo "make models   build the demo model repository into $(REPOSITORY)"
 	@echo "make bench    measure speed against a bare grpcio server (prints a table, writes bench/results/)"
@@ -77,6 +79,12 @@ test: setup models node-deps
 
 contract: setup models
 	$(PY) -m pytest -q -m cell --contract-report $(PYTEST_ARGS)
+
+# The concurrency-heavy suites (contract, shutdown, integration, admission), STRESS_RUNS times, with a CPU hog per
+# core and sys.setswitchinterval(1e-6) in pytest and every server it starts (tests/stress/run.py says how). Must pass.
+STRESS_RUNS ?= 5
+stress: setup models
+	$(PY) -m tests.stress.run --runs $(STRESS_RUNS) $(PYTEST_ARGS)
 
 # Benchmarks (not tests): slotserve against a bare grpcio server, slot scaling, memory, admission, cold loads.
 BENCH_ARGS ?=

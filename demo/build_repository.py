@@ -1,11 +1,20 @@
 """Build the demo model repository: `python -m demo.build_repository --output DIR [--cache DIR] [--measure]`.
 
 Layout (DESIGN.md §4.4): `DIR/<name>/config.pbtxt` (text format of inference.ModelConfig) and
-`DIR/<name>/1/model.onnx`. Four models are made here with the onnx helper API; the fifth is the published Silero
+`DIR/<name>/1/model.onnx`. Seven models are made here with the onnx helper API; the eighth is the published Silero
 VAD checkpoint, taken from its wheel. No config sets instance_group: the server decides slot counts.
 
     simple           INT32 INPUT0, INPUT1 [16], max_batch_size 8 -> OUTPUT0 = sum, OUTPUT1 = difference
                      (Triton's classic example model, which stock tritonclient examples call)
+    simple_string    BYTES INPUT0, INPUT1 [16], max_batch_size 8, each element a decimal integer as text ->
+                     BYTES OUTPUT0 = sum, OUTPUT1 = difference, as decimal text (Triton's example of the same
+                     name and signature; tritonclient's string examples call it). ONNX Cast parses each element
+                     to INT64 as C's strtoll does: optional leading white space and sign, then digits; whatever
+                     follows the digits is ignored ("12abc" is 12), and an element with no digits, or beyond the
+                     INT64 range, fails the request. Sum and difference wrap at the INT64 range.
+    simple_int8      INT8 INPUT0, INPUT1 [16], max_batch_size 8 -> OUTPUT0 = sum, OUTPUT1 = difference, wrapping
+                     at the INT8 range as two's complement does (Triton's example of the same name and signature;
+                     tritonclient's explicit int8 example calls it)
     simple_identity  BYTES INPUT0 [-1] -> OUTPUT0, max_batch_size 8 (ONNX Identity on a string tensor)
     identity_fp32    FP32 INPUT0 [-1] -> OUTPUT0, max_batch_size 8 (large payloads, e.g. [1, 4194304] = 16 MiB)
     matmul_chain     FP32 INPUT0 [384, 64] -> OUTPUT0 [384, 64], max_batch_size 0: a 64x512 MatMul widens the
@@ -69,10 +78,12 @@ MLP_WIDTHS = (1024, 4096, 4096, 1024)  # input, two hidden layers, output
 MLP_MAX_BATCH_SIZE = 16
 MLP_SEED = 20261201
 
-MODEL_NAMES = ("simple", "simple_identity", "identity_fp32", "matmul_chain", "silero_vad", "mlp")
+MODEL_NAMES = ("simple", "simple_string", "simple_int8", "simple_identity", "identity_fp32", "matmul_chain",
+               "silero_vad", "mlp")
 
 _CONFIG_HEADER = "# Written by demo/build_repository.py (make models); edits are lost on the next build.\n"
 _CONFIG_TYPE = {
+    TensorProto.INT8: model_config_pb2.TYPE_INT8,
     TensorProto.INT32: model_config_pb2.TYPE_INT32,
     TensorProto.INT64: model_config_pb2.TYPE_INT64,
     TensorProto.FLOAT: model_config_pb2.TYPE_FP32,
@@ -166,15 +177,44 @@ def write_model(root: Path, model: BuiltModel) -> Path:
 # ----------------------------------------------------------------------------------------------- the models
 
 
-def build_simple() -> BuiltModel:
-    inputs = (Tensor("INPUT0", TensorProto.INT32, (16,)), Tensor("INPUT1", TensorProto.INT32, (16,)))
-    outputs = (Tensor("OUTPUT0", TensorProto.INT32, (16,)), Tensor("OUTPUT1", TensorProto.INT32, (16,)))
+def _sum_and_difference(elem_type: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """The signature of Triton's `simple` family: INPUT0, INPUT1 [16] -> OUTPUT0, OUTPUT1 [16]."""
+    inputs = (Tensor("INPUT0", elem_type, (16,)), Tensor("INPUT1", elem_type, (16,)))
+    outputs = (Tensor("OUTPUT0", elem_type, (16,)), Tensor("OUTPUT1", elem_type, (16,)))
+    return inputs, outputs
+
+
+def _build_add_sub(name: str, elem_type: int) -> BuiltModel:
+    inputs, outputs = _sum_and_difference(elem_type)
     nodes = [
         helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
         helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
     ]
-    graph = _graph("simple", nodes, inputs, outputs, max_batch_size=8)
-    return BuiltModel("simple", 8, inputs, outputs, _serialize(graph))
+    graph = _graph(name, nodes, inputs, outputs, max_batch_size=8)
+    return BuiltModel(name, 8, inputs, outputs, _serialize(graph))
+
+
+def build_simple() -> BuiltModel:
+    return _build_add_sub("simple", TensorProto.INT32)
+
+
+def build_simple_int8() -> BuiltModel:
+    return _build_add_sub("simple_int8", TensorProto.INT8)
+
+
+def build_simple_string() -> BuiltModel:
+    """Text in, text out: Cast parses the strings to INT64, Add and Sub, Cast formats the results."""
+    inputs, outputs = _sum_and_difference(TensorProto.STRING)
+    nodes = [
+        helper.make_node("Cast", ["INPUT0"], ["a"], to=TensorProto.INT64),
+        helper.make_node("Cast", ["INPUT1"], ["b"], to=TensorProto.INT64),
+        helper.make_node("Add", ["a", "b"], ["sum"]),
+        helper.make_node("Sub", ["a", "b"], ["difference"]),
+        helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=TensorProto.STRING),
+        helper.make_node("Cast", ["difference"], ["OUTPUT1"], to=TensorProto.STRING),
+    ]
+    graph = _graph("simple_string", nodes, inputs, outputs, max_batch_size=8)
+    return BuiltModel("simple_string", 8, inputs, outputs, _serialize(graph))
 
 
 def _build_identity(name: str, elem_type: int) -> BuiltModel:
@@ -326,8 +366,8 @@ def build_repository(output: Path | str, cache: Path | str | None = None) -> lis
     output = Path(output)
     cache = Path(cache) if cache is not None else default_cache(output)
     output.mkdir(parents=True, exist_ok=True)
-    builders = (build_simple, build_simple_identity, build_identity_fp32, build_matmul_chain,
-                lambda: build_silero_vad(cache), build_mlp)
+    builders = (build_simple, build_simple_string, build_simple_int8, build_simple_identity, build_identity_fp32,
+                build_matmul_chain, lambda: build_silero_vad(cache), build_mlp)
     return [write_model(output, build()) for build in builders]
 
 

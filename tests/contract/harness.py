@@ -2,17 +2,21 @@
 own threads, and waits on the models' own statistics instead of sleeps.
 
     lab = Lab(tmp_path, models={"a": {"capacity": 2}, "b": {}})
+    grants = lab.record_grants("a")           # operation names in the order A granted their leases
     gate = lab.gate("a", "execute").hold()
     first = lab.infer("a")
     gate.wait_blocked(1)                      # the request is now executing on a slot
     manager = lab.unload("a")
-    lab.wait_status("a", lambda s: s.queued_requests == 1)
+    lab.wait_queued("a", managers=1)          # exactly one manager and no request wait on A
     ...
     gate.release()
     assert first.result()["OUTPUT0"] ...
 
 Every operation returns an `Op`; `Op.result()` returns its value or raises its exception (bounded by a
-timeout so a broken test fails instead of hanging). `lab.finished` lists operation names in completion order.
+timeout so a broken test fails instead of hanging).
+
+Order is read where it is decided, never from completion: an operation finishes after its lease is released, so
+the next waiter (granted at that release) can finish first. `record_grants` logs each lease while it is held.
 """
 
 from __future__ import annotations
@@ -62,7 +66,6 @@ class Op:
         except BaseException as error:  # reported to the test through result()
             self._error = error
         finally:
-            self._lab._finished(self)
             self._done.set()
 
     def done(self) -> bool:
@@ -113,8 +116,7 @@ class Lab:
                                                      admission_timeout=admission_timeout))
         self.residency.start()
         self.registry.register_repository(load=load)
-        self._lock = threading.Lock()  # guards: finished, _ops
-        self.finished: list[str] = []
+        self._lock = threading.Lock()  # guards: _ops, _counter
         self._ops: list[Op] = []
         self._counter = 0
 
@@ -126,10 +128,6 @@ class Lab:
             op = Op(f"{name}#{self._counter}", target, self)
             self._ops.append(op)
         return op
-
-    def _finished(self, op: Op) -> None:
-        with self._lock:
-            self.finished.append(op.name)
 
     def infer(self, model: str, value: float = 1.0, *, timeout: float | None = None,
               cancel: CancelToken | None = None, name: str | None = None) -> Op:
@@ -178,14 +176,42 @@ class Lab:
         self.wait_until(lambda: predicate(self.status(model)), what or f"status of {model}")
         return self.status(model)
 
-    def wait_queued(self, model: str, count: int) -> None:
-        self.wait_status(model, lambda s: s.queued_requests == count, f"{count} queued on {model}")
+    def queue(self, model: str) -> tuple[int, int]:
+        """(queued requests, queued managers) of `model`'s admission queue. Managers are registrations,
+        unloads and bulk barriers; ModelStatus.queued_requests counts both kinds together."""
+        stats = self.registry.get(model).admission.statistics()
+        return stats.queued_requests, stats.queued_managers
+
+    def wait_queued(self, model: str, *, requests: int = 0, managers: int = 0) -> None:
+        """Wait until exactly `requests` inference requests and `managers` management tickets wait in `model`'s
+        admission queue (both counts must match: a test states the whole queue it expects)."""
+        self.wait_until(lambda: self.queue(model) == (requests, managers),
+                        f"{requests} requests and {managers} managers queued on {model}")
 
     def wait_active(self, model: str, count: int) -> None:
         self.wait_status(model, lambda s: s.active_slots == count, f"{count} active slots on {model}")
 
     def wait_state(self, model: str, state: ModelState) -> None:
         self.wait_status(model, lambda s: s.state is state, f"{model} {state.value}")
+
+    def record_grants(self, model: str) -> list[str]:
+        """Start logging `model`'s lease grants: returns a list that receives each operation's name (without
+        its "#n") when its lease is granted, appended by the granted thread while it holds the lease.
+
+        Exact grant order for exclusive leases (managers) and for a model with one slot: the next lease cannot
+        be granted before the holder has appended. Covers leases taken through the model's admission
+        `acquire` (requests, registrations, unloads), not bulk barriers. Observation only: wraps the entry's
+        controller instance, whose own behaviour is unchanged."""
+        admission = self.registry.get(model).admission
+        log: list[str] = []
+        acquire = admission.acquire
+
+        def logged_acquire(*args, **kwargs):
+            ticket = acquire(*args, **kwargs)
+            log.append(threading.current_thread().name.split("#")[0])
+            return ticket
+        admission.acquire = logged_acquire
+        return log
 
     def close(self) -> None:
         """Release every gate and wait for every operation (a test that leaves work behind fails here)."""

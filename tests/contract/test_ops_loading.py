@@ -66,7 +66,7 @@ def test_requests_during_initialization_fill_spare_slots_then_queue_and_run_afte
     second = lab.infer("m", 2.0, name="second")
     lab.wait_active("m", 2)  # a spare slot admits it; it waits on the one initializer
     third = lab.infer("m", 3.0, name="third")
-    lab.wait_queued("m", 1)  # the pool is full: it queues
+    lab.wait_queued("m", requests=1)  # the pool is full: it queues
     status = lab.status("m")
     assert status.state is ModelState.LOADING and status.active_slots == 2 and status.queued_requests == 1
     assert load.arrivals == 1  # the admitted second request did not start a load of its own
@@ -98,7 +98,7 @@ def test_request_during_registration_load_queues_and_runs_after_publication(lab_
     lab = lab_factory({"m": {"capacity": 2}}, parallel_jobs=2, load=False)
     load, loader = start_loading(lab, "register")
     request = lab.infer("m", 5.0, name="request")
-    lab.wait_queued("m", 1)
+    lab.wait_queued("m", requests=1)
     status = lab.status("m")
     assert status.active_slots == 0 and status.state is ModelState.LOADING
     assert not request.done()
@@ -122,7 +122,7 @@ def test_register_during_first_load_waits_for_the_load_and_earlier_requests(lab_
     register = lab.register("m", slots=3, name="register")
     lab.wait_status("m", lambda s: s.queued_managers == 1, "registration queued")
     later = lab.infer("m", 2.0, name="later")
-    lab.wait_queued("m", 2)
+    lab.wait_queued("m", requests=1, managers=1)
     status = lab.status("m")
     # a slot is spare (1 of 2 active), yet the later request queues behind the registration barrier
     assert status.active_slots == 1 and status.slots == 2
@@ -183,7 +183,7 @@ def test_unload_during_load_waits_for_the_first_load_and_earlier_work(lab_factor
     if how == "register":
         # earlier work behind the loading registration: a request queued before the unload
         earlier = lab.infer("m", 1.0, name="earlier")
-        lab.wait_queued("m", 1)
+        lab.wait_queued("m", requests=1)
 
     unload = lab.unload("m", name="unload")
     lab.wait_status("m", lambda s: s.queued_managers == 1, "unload barrier queued")

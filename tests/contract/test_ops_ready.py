@@ -56,7 +56,7 @@ def test_inference_on_ready_model_uses_spare_slots_then_queues(lab_factory):
     status = lab.status("m")
     assert status.active_slots == 2 and status.queued_requests == 0
     third = lab.infer("m", 3.0, name="third")
-    lab.wait_queued("m", 1)  # no spare slot left: it queues
+    lab.wait_queued("m", requests=1)  # no spare slot left: it queues
     status = lab.status("m")
     assert status.active_slots == 2 and status.state is ModelState.READY
     assert not third.done()
@@ -221,7 +221,7 @@ def test_status_of_ready_model_reports_counters_and_reserves_nothing(lab_factory
     status = lab.status("m")
     assert status.active_slots == 2 and status.queued_requests == 0
     third = lab.infer("m", 3.0, name="third")
-    lab.wait_queued("m", 1)
+    lab.wait_queued("m", requests=1)
     assert lab.status("m").active_slots == 2
 
     execute.release()

@@ -83,7 +83,7 @@ def test_request_queues_behind_the_manager_and_binds_the_new_configuration(recon
     lab = reconfiguring.lab
     executes = lab.controls.count("m", "execute")
     request = lab.infer("m", 2.0, name="request")
-    lab.wait_queued("m", 1)
+    lab.wait_queued("m", requests=1)
     status = lab.status("m")
     assert status.active_slots == 0 and status.queued_managers == 0  # a queued request, no slot
     assert not request.done() and lab.controls.count("m", "execute") == executes
@@ -105,7 +105,7 @@ def test_request_queued_behind_a_failed_replacement_retries_the_load(lab_factory
     clone.fail_next(ModelLoadError("replacement context failed"))  # the held first context will fail
     load = lab.gate("m", "load").hold()  # to catch the retry
     request = lab.infer("m", 3.0, name="request")
-    lab.wait_queued("m", 1)
+    lab.wait_queued("m", requests=1)
     assert lab.status("m").active_slots == 0 and not request.done()
 
     clone.release()
@@ -138,7 +138,7 @@ def test_later_registration_queues_and_runs_exclusively_in_scheduler_order(recon
     later = lab.register("m", slots=4, name="later-register")
     lab.wait_status("m", lambda s: s.queued_managers == 1, "later registration queued")
     request = lab.infer("m", 5.0, name="request")
-    lab.wait_queued("m", 2)
+    lab.wait_queued("m", requests=1, managers=1)
     assert not later.done() and not request.done()
     assert lab.gate("m", "load").arrivals == load_arrivals  # the later one has not started: exclusive
 
@@ -193,9 +193,9 @@ def test_unload_queues_and_retires_the_replacement_after_it_drains(reconfiguring
     lab = reconfiguring.lab
     execute = lab.gate("m", "execute").hold()
     request = lab.infer("m", 6.0, name="request")
-    lab.wait_queued("m", 1)
+    lab.wait_queued("m", requests=1)
     unload = lab.unload("m", name="unload")
-    lab.wait_queued("m", 2)
+    lab.wait_queued("m", requests=1, managers=1)
     assert lab.status("m").queued_managers == 1 and not unload.done()
 
     reconfiguring.gate.release()

@@ -105,7 +105,7 @@ def test_register_on_unloaded_model_loads_exclusively_and_becomes_ready(lab_fact
 
     # Exclusive: a request that arrives now does not get a slot, although every slot is free.
     request = lab.infer("m", 4.0, name="request")
-    lab.wait_queued("m", 1)
+    lab.wait_queued("m", requests=1)
     status = lab.status("m")
     assert status.active_slots == 0 and status.queued_managers == 0
     assert not register.done() and not request.done()

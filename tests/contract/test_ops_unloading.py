@@ -65,7 +65,7 @@ def unloading(lab_factory):
 def test_request_queues_then_reloads_after_teardown_and_runs(unloading):
     lab = unloading.lab
     request = lab.infer("m", 2.0, name="request")
-    lab.wait_queued("m", 1)
+    lab.wait_queued("m", requests=1)
     status = lab.status("m")
     assert status.active_slots == 0 and status.queued_managers == 0
     assert not request.done()
@@ -161,7 +161,7 @@ def test_second_unload_answers_unloaded_even_when_a_later_request_reloads_at_onc
     second = lab.unload("m", name="second-unload")
     lab.wait_status("m", lambda s: s.queued_managers == 1, "second unload queued")
     request = lab.infer("m", 3.0, name="request")
-    lab.wait_queued("m", 2)
+    lab.wait_queued("m", requests=1, managers=1)
 
     unloading.teardown.release()
     np.testing.assert_array_equal(request.result()["OUTPUT0"], expected(3.0))

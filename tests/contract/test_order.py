@@ -22,9 +22,9 @@ def test_requests_fill_spare_slots_then_queue_fifo_sharing_one_initialization(la
     # Both are admitted into the two slots while the one initializer loads; the second waits for its outcome.
     lab.wait_active("a", 2)
     third = lab.infer("a", 3.0, name="third")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", requests=1)
     fourth = lab.infer("a", 4.0, name="fourth")
-    lab.wait_queued("a", 2)
+    lab.wait_queued("a", requests=2)
     load.release()
     execute.wait_blocked(2)
     assert lab.controls.count("a", "load") == 1  # initialization was shared
@@ -40,19 +40,20 @@ def test_requests_fill_spare_slots_then_queue_fifo_sharing_one_initialization(la
 @cell("ORDER.01")
 def test_queued_requests_are_granted_in_arrival_order(lab_factory):
     lab = lab_factory({"a": {"capacity": 1}}, parallel_jobs=1)
+    grants = lab.record_grants("a")  # one slot: the log is the grant order
     execute = lab.gate("a", "execute").hold()
     blocker = lab.infer("a", 0.0, name="blocker")
     execute.wait_blocked(1)
     waiters = []
     for index in range(5):
-        waiters.append(lab.infer("a", float(index), name=f"w{index}"))
-        lab.wait_queued("a", index + 1)
+        waiters.append(lab.infer("a", float(index + 1), name=f"w{index}"))
+        lab.wait_queued("a", requests=index + 1)
     prepare = lab.gate("a", "prepare")
     execute.release()
-    for op in [blocker, *waiters]:
-        op.result()
-    order = [name.split("#")[0] for name in lab.finished]
-    assert order == ["blocker", "w0", "w1", "w2", "w3", "w4"]
+    assert blocker.result()["OUTPUT0"][0] == 0.0
+    for index, op in enumerate(waiters):
+        assert op.result()["OUTPUT0"][0] == float(index + 1)
+    assert grants == ["blocker", "w0", "w1", "w2", "w3", "w4"]
     assert prepare.arrivals == 6
 
 
@@ -63,9 +64,9 @@ def test_manager_waits_for_older_requests_and_later_requests_cannot_use_spare_sl
     older = lab.infer("a", name="older")
     execute.wait_blocked(1)
     manager = lab.unload("a", name="manager")
-    lab.wait_status("a", lambda s: s.queued_requests == 1, "manager queued")
+    lab.wait_queued("a", managers=1)
     later = lab.infer("a", name="later")
-    lab.wait_queued("a", 2)
+    lab.wait_queued("a", requests=1, managers=1)
     # Two slots are free, yet the later request waits behind the manager.
     status = lab.status("a")
     assert status.active_slots == 1 and status.slots == 3
@@ -87,9 +88,9 @@ def test_request_after_manager_binds_the_new_configuration(lab_factory):
     older = lab.infer("a", name="older")
     execute.wait_blocked(1)
     manager = lab.register("a", slots=3, name="manager")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", managers=1)
     later = lab.infer("a", name="later")
-    lab.wait_queued("a", 2)
+    lab.wait_queued("a", requests=1, managers=1)
     execute.release()
     older.result()
     assert manager.result().slots == 3
@@ -115,23 +116,28 @@ def test_request_behind_manager_times_out_without_a_lease(lab_factory):
 @cell("ORDER.04")
 def test_managers_queue_in_order_and_later_unload_retires_the_replacement(lab_factory):
     lab = lab_factory({"a": {"capacity": 4}}, parallel_jobs=1)
+    grants = lab.record_grants("a")  # managers are exclusive: the log is the grant order
     execute = lab.gate("a", "execute").hold()
     holder = lab.infer("a", name="holder")
     execute.wait_blocked(1)
     reconfigure = lab.register("a", slots=2, name="reconfigure")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", managers=1)
     unload = lab.unload("a", name="unload")
-    lab.wait_queued("a", 2)
+    lab.wait_queued("a", managers=2)
     reload = lab.register("a", slots=3, name="reload")
-    lab.wait_queued("a", 3)
+    lab.wait_queued("a", managers=3)
     execute.release()
     holder.result()
     assert reconfigure.result().slots == 2
     assert unload.result().loaded is False
     final = reload.result()
     assert final.loaded and final.slots == 3
-    names = [n.split("#")[0] for n in lab.finished]
-    assert names.index("reconfigure") < names.index("unload") < names.index("reload")
+    assert grants == ["holder", "reconfigure", "unload", "reload"]
+    # the reconfiguration grew the pool to two contexts, the unload closed both and the engine, and the reload
+    # built a new engine with three
+    events = [event for model, event in lab.controls.events if model == "a"]
+    assert events[events.index("execute") + 1:] == [
+        "clone", "close_context", "close_context", "close_engine", "load", "clone", "clone", "clone"]
 
 
 @cell("ORDER.05")
@@ -165,10 +171,10 @@ def test_overlapping_bulk_unloads_in_reverse_order_do_not_deadlock(lab_factory):
     execute_a.wait_blocked(1)
     execute_c.wait_blocked(1)
     first = lab.unload_many(["a", "b", "c"], name="first")
-    lab.wait_status("a", lambda s: s.queued_requests == 1, "first bulk's barrier on a")
+    lab.wait_queued("a", managers=1)  # the first bulk's barrier
     second = lab.unload_many(["c", "b", "a"], name="second")
-    lab.wait_status("a", lambda s: s.queued_requests == 2, "second bulk's barrier on a")
-    lab.wait_status("c", lambda s: s.queued_requests == 2, "both barriers on c")
+    lab.wait_queued("a", managers=2)  # and the second's
+    lab.wait_queued("c", managers=2)  # both barriers on c
     # a warm request to a model outside both selections is not affected by the bulk mutex
     execute_a.release()
     execute_c.release()
@@ -187,9 +193,9 @@ def test_bulk_snapshot_misses_later_registrations_and_per_model_order_governs(la
     busy = lab.infer("a", name="busy")
     execute_a.wait_blocked(1)
     bulk = lab.start("bulk-all", lambda: lab.registry.unload_many(all_models=True))
-    lab.wait_status("a", lambda s: s.queued_requests == 1, "bulk barrier on a")
+    lab.wait_queued("a", managers=1)  # the bulk's barrier
     single = lab.register("a", name="single-after-bulk")
-    lab.wait_queued("a", 2)
+    lab.wait_queued("a", managers=2)
     # a registration published after the bulk's snapshot is not part of it
     from tests.contract.harness import write_fixture_model
     write_fixture_model(lab.root, "c")
@@ -212,11 +218,11 @@ def test_cancelled_bulk_unwinds_pending_barriers_and_keeps_completed_unloads(lab
     cancel = CancelToken()
     bulk = lab.unload_many(["b", "a"], cancel=cancel)
     lab.wait_state("b", ModelState.UNLOADED)  # the idle model was freed at once
-    lab.wait_status("a", lambda s: s.queued_requests == 1, "barrier on a")
+    lab.wait_queued("a", managers=1)  # the bulk's barrier
     cancel.cancel()
     assert isinstance(bulk.error(), RequestCancelled)
     status = lab.status("a")
-    assert status.queued_requests == 0 and status.loaded  # the pending barrier was withdrawn
+    assert lab.queue("a") == (0, 0) and status.loaded  # the pending barrier was withdrawn
     assert lab.status("b").state is ModelState.UNLOADED  # the completed unload is not rolled back
     execute_a.release()
     busy.result()

@@ -53,7 +53,7 @@ def test_a_busy_or_queued_ready_model_is_never_evicted(lab_factory):
     busy = lab.infer("a", name="busy")
     execute.wait_blocked(1)
     queued = lab.infer("a", name="queued")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", requests=1)
     _residency_refusal(lab.infer("b", name="needs-room"))
     assert lab.status("a").loaded and lab.status("b").state is ModelState.UNLOADED
     execute.release()
@@ -207,7 +207,7 @@ def test_idle_retirement_skips_a_model_with_a_queued_request(lab_factory):
     running = lab.infer("a")
     execute.wait_blocked(1)
     queued = lab.infer("a")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", requests=1)
     clock.now += 31
     checks = reaper.checks
     reaper.poke()

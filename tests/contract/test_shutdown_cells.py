@@ -1,5 +1,6 @@
 """Contract: the "Shutdown" column and the "Shutting down" row of the OPS matrix, shutdown of queued, initializing,
-management and hung work (TIME.09) and an embedding program's own shutdown (TIME.10).
+management and hung work (TIME.09, a deliberate improvement on the contract) and an embedding program's own
+shutdown (TIME.08).
 
 Most of these cells are "U GAP" in the contract: no delivered response is promised, hung or queued work may delay
 the exit without bound, nothing is cancelled. slotserve closes those gaps (issue 5) and these tests check what it
@@ -7,10 +8,10 @@ does instead: the shutdown order (health NOT_SERVING, drain, stop accepting, wor
 grace, then queued work is refused with UNAVAILABLE `shutting_down` and running work cancelled, a margin for
 handlers, hung ones abandoned, engines of idle models closed), bounded by drain + grace + 2 x margin.
 
-The server runs in this process (service.testing.serve, or Server itself for TIME.10) and `Server.shutdown` is
-called on a thread, as the signal handler of `python -m service` does; tests/shutdown/ runs the same scenarios
-in real processes with SIGTERM/SIGINT. Order comes from fixture gates, the server's status and its listener
-state; every wait is bounded.
+The server runs in this process (service.testing.serve, or Server itself for the embedding program) and
+`Server.shutdown` is called on a thread, as the signal handler of `python -m service` does; tests/shutdown/ runs
+the same scenarios in real processes with SIGTERM/SIGINT. Order comes from fixture gates, the server's status and
+its listener state; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -432,14 +433,15 @@ def test_at_the_grace_a_request_waiting_for_a_cold_load_is_refused_and_a_hung_lo
     assert lab.controls.count("m", "execute") == 0  # its run was skipped
 
 
-# ---- TIME.10: a program that embeds the server -------------------------------------------------------------------
+# ---- TIME.08: a program that embeds the server -------------------------------------------------------------------
 
-@cell("TIME.10")
+@cell("TIME.08")
 def test_embedding_program_shutdown_stops_its_callers_and_joins_its_workers_before_returning(tmp_path):
-    """slotserve's "custom frontend" is a program that builds `Server` itself (as service.testing and the CLI
-    do). Its `shutdown()` stops the callers (in-flight ones get UNAVAILABLE shutting_down at the grace, new
-    connections are refused) and returns only after every handler returned, the timer and reaper threads
-    stopped and every engine closed; it reports what it did."""
+    """A program that builds `Server` itself (as service.testing and the CLI do): its `shutdown()` stops the
+    callers (in-flight ones get UNAVAILABLE shutting_down at the grace, new connections are refused) and returns
+    only after every handler returned, the timer and reaper threads stopped and every engine closed; it reports
+    what it did. (Once the stand-in for TIME.10, a custom frontend listener, which slotserve does not have: see
+    cells.tsv.)"""
     from client import InferenceClient
 
     from generated import grpc_service_pb2_grpc as pb_grpc

@@ -77,7 +77,7 @@ def test_healthy_blocker_permits_bounded_waiting_but_all_overdue_blockers_fail_f
     execute.wait_blocked(2)
     # one overdue and one healthy blocker: a newcomer may wait
     waiter = lab.infer("a", timeout=30.0, name="waits")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", requests=1)
     clock.now += 6.0  # now both occupied slots are overdue
     refused = lab.infer("a", timeout=30.0, name="refused")
     assert isinstance(refused.error(), OverdueBlockers)
@@ -96,9 +96,9 @@ def test_older_manager_prevents_barging_and_overdue_blockers_fail_fast_behind_it
     holder = lab.infer("a", name="holder")
     execute.wait_blocked(1)
     manager = lab.start("manager", lambda: lab.registry.unload("a"))
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", managers=1)
     behind = lab.infer("a", timeout=30.0, name="behind-manager")
-    lab.wait_queued("a", 2)  # two slots are spare, yet it waits behind the manager
+    lab.wait_queued("a", requests=1, managers=1)  # two slots are spare, yet it waits behind the manager
     clock.now += 6.0
     refused = lab.infer("a", timeout=30.0, name="refused")
     assert isinstance(refused.error(), OverdueBlockers)
@@ -117,14 +117,14 @@ def test_zero_timeout_waits_without_limit_and_bulk_ignores_the_model_timeout(lab
     holder = lab.infer("a", name="holder")
     execute.wait_blocked(1)
     unbounded = lab.infer("a", name="unbounded")
-    lab.wait_queued("a", 1)
+    lab.wait_queued("a", requests=1)
     # model b has a short timeout; a bulk unload of b still waits past it
     lab.register("b", admission_timeout=0.2).result()
     execute_b = lab.gate("b", "execute").hold()
     busy_b = lab.infer("b", name="busy-b")
     execute_b.wait_blocked(1)
     bulk = lab.unload_many(["b"])
-    lab.wait_queued("b", 1)
+    lab.wait_queued("b", managers=1)
     single = lab.unload("b", name="single-unload")
     assert isinstance(single.error(), AdmissionTimeout)  # 0.2 s have passed for the targeted manager
     assert not bulk.done()  # the bulk barrier is still waiting

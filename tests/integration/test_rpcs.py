@@ -13,13 +13,12 @@ import tomllib
 import grpc
 import numpy as np
 import pytest
-
-from demo.build_repository import MODEL_NAMES as DEMO_MODELS
 from google.protobuf import descriptor_pb2, json_format
 from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from client import ClientError, InferenceClient
+from demo.build_repository import MODEL_NAMES
 from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
 from service.options import ServerOptions
@@ -228,7 +227,7 @@ def test_model_statistics_count_exactly_the_requests_made(slotserve, tmp_path):
 
 def test_model_statistics_of_every_model_and_errors(demo):
     every = demo.client.statistics()
-    assert sorted(s.name for s in every) == sorted(DEMO_MODELS)
+    assert sorted(s.name for s in every) == sorted(MODEL_NAMES)
     assert all(s.version == "1" for s in every)
     error = client_error(demo.client.statistics, "no_such_model")
     assert (error.code, error.reason) == ("NOT_FOUND", "model_not_found")

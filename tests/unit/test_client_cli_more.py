@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demo.build_repository import MODEL_NAMES as DEMO_MODELS
-
 from client import ClientError
+from demo.build_repository import MODEL_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_LIMIT = 120.0  # seconds a CLI process may take before the test fails (interpreter start included)
@@ -131,7 +130,7 @@ def test_stats_counts_what_the_test_sent(slotserve, demo_repository, cli):
     code, out, err = cli(running, "stats", "--json")
     assert (code, err) == (0, "")
     by_name = {item["name"]: item for item in json.loads(out)}
-    assert sorted(by_name) == sorted(DEMO_MODELS)
+    assert sorted(by_name) == sorted(MODEL_NAMES)
     simple = by_name["simple"]
     assert (simple["inference_count"], simple["execution_count"]) == ("3", "2")
     assert simple["inference_stats"]["success"]["count"] == "2"

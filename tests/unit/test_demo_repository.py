@@ -18,6 +18,7 @@ import pytest
 from onnx import numpy_helper
 
 from demo import build_repository as builder
+from engine.errors import ExecutionError
 from engine.interface import CancelToken
 from engine.onnxruntime_backend import OnnxRuntimeBackend, session_options
 from engine.repository import ModelRepository
@@ -92,6 +93,69 @@ def test_simple_adds_and_subtracts(load):
     np.testing.assert_array_equal(result["OUTPUT0"], a + b)
     np.testing.assert_array_equal(result["OUTPUT1"], a - b)
     assert result["OUTPUT0"].dtype == np.int32
+
+
+def test_simple_string_adds_and_subtracts_decimal_text(load):
+    _, loaded, context = load("simple_string")
+    metadata = loaded.metadata
+    assert metadata.max_batch_size == 8
+    assert _signature(metadata.inputs) == [("INPUT0", "BYTES", (16,)), ("INPUT1", "BYTES", (16,))]
+    assert _signature(metadata.outputs) == [("OUTPUT0", "BYTES", (16,)), ("OUTPUT1", "BYTES", (16,))]
+    rng = np.random.default_rng(5)
+    a = rng.integers(-2**40, 2**40, size=(3, 16), dtype=np.int64)
+    b = rng.integers(-2**40, 2**40, size=(3, 16), dtype=np.int64)
+    a[0, :3] = [0, -7, 2**62]  # zero, a sign, a value beyond INT32
+
+    def text(array):
+        return np.array([str(value).encode() for value in array.reshape(-1)], dtype=object).reshape(array.shape)
+
+    result = context.execute({"INPUT0": text(a), "INPUT1": text(b)}, [], CancelToken())
+    # the outputs are exactly the decimal text of the sum and the difference (no padding, no "+", no ".0")
+    assert result["OUTPUT0"].shape == (3, 16)
+    assert result["OUTPUT0"].tolist() == text(a + b).tolist()
+    assert result["OUTPUT1"].tolist() == text(a - b).tolist()
+
+
+def test_simple_string_refuses_an_element_that_is_not_a_number(load):
+    _, _, context = load("simple_string")
+    data = np.array([[str(i).encode() for i in range(16)]], dtype=object)
+    bad = data.copy()
+    bad[0, 5] = b"five"
+    with pytest.raises(ExecutionError) as failure:
+        context.execute({"INPUT0": bad, "INPUT1": data}, [], CancelToken())
+    assert "Cast" in str(failure.value.__cause__)  # onnxruntime's parse failure (the server logs it)
+    # and the context still serves the next request
+    result = context.execute({"INPUT0": data, "INPUT1": data}, [], CancelToken())
+    assert result["OUTPUT0"].tolist() == [[str(2 * i).encode() for i in range(16)]]
+
+
+def test_simple_string_parses_like_strtoll_and_wraps_at_the_int64_range(load):
+    # what the builder's docstring promises for text that is not plain decimal
+    _, _, context = load("simple_string")
+    first = np.array([[b" -3", b"12abc", b"+7", str(2**63 - 1).encode()] + [b"0"] * 12], dtype=object)
+    ones = np.array([[b"1"] * 16], dtype=object)
+    result = context.execute({"INPUT0": first, "INPUT1": ones}, [], CancelToken())
+    assert result["OUTPUT0"][0, :4].tolist() == [b"-2", b"13", b"8", str(-2**63).encode()]
+    with pytest.raises(ExecutionError):  # beyond the INT64 range
+        context.execute({"INPUT0": np.array([[str(2**63).encode()] * 16], dtype=object), "INPUT1": ones}, [],
+                        CancelToken())
+
+
+def test_simple_int8_adds_and_subtracts_wrapping_like_twos_complement(load):
+    _, loaded, context = load("simple_int8")
+    metadata = loaded.metadata
+    assert metadata.max_batch_size == 8
+    assert _signature(metadata.inputs) == [("INPUT0", "INT8", (16,)), ("INPUT1", "INT8", (16,))]
+    assert _signature(metadata.outputs) == [("OUTPUT0", "INT8", (16,)), ("OUTPUT1", "INT8", (16,))]
+    rng = np.random.default_rng(6)
+    a = rng.integers(-128, 128, size=(8, 16), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(8, 16), dtype=np.int8)
+    a[0, :2], b[0, :2] = [127, -128], [1, 1]  # both ends of the range wrap
+    result = context.execute({"INPUT0": a, "INPUT1": b}, [], CancelToken())
+    assert result["OUTPUT0"].dtype == np.int8 and result["OUTPUT1"].dtype == np.int8
+    np.testing.assert_array_equal(result["OUTPUT0"], a + b)  # numpy's int8 arithmetic wraps the same way
+    np.testing.assert_array_equal(result["OUTPUT1"], a - b)
+    assert result["OUTPUT0"][0, 0] == -128 and result["OUTPUT1"][0, 1] == 127
 
 
 def test_simple_identity_round_trips_bytes(load):
