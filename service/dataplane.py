@@ -33,7 +33,9 @@ def check_version(entry: ModelEntry, version: str) -> None:
     if not version or version == entry.spec.version:
         return
     if not version.isdigit():
-        raise InvalidRequest(f"model version must be a number, got '{version}'")
+        # Triton's wording: tritonclient's explicit int8 example recognises the refusal by it.
+        raise InvalidRequest(f"failed to get model version from specified version string '{version}': "
+                             "a model version is a number")
     raise ModelNotFound(entry.name, version)
 
 

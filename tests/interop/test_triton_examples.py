@@ -43,12 +43,9 @@ def test_grpc_explicit_int8_content_client_flow(server, run_client):
     assert "wrong_specification" in result["wrong_version"]["details"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "grpc_explicit_int8_content_client.py prints 'PASS: explicit int8' only when the refusal of model version "
-    "'wrong_specification' contains Triton's text \"failed to get model version from specified version string "
-    "'wrong_specification'\"; slotserve says \"model version must be a number, got 'wrong_specification'\" "
-    "(service/dataplane.py check_version)"))
 def test_grpc_explicit_int8_content_client_prints_its_pass_line(server, run_client):
+    """The example prints its PASS line only when the refusal of version 'wrong_specification' has Triton's
+    wording."""
     details = run_client(SCRIPT, server.address, "explicit_int8")["wrong_version"]["details"]
     assert "failed to get model version from specified version string 'wrong_specification'" in details
 
