@@ -20,6 +20,7 @@ from .events import RejectionLog
 from .lifecycle import Lease, ModelEntry
 from .outcomes import REJECTIONS, outcome_of
 from .registry import ModelRegistry
+from .shared_memory import SharedMemoryRegistry
 from .tensors import DecodedRequest, decode_request, encode_response
 from .wire import InferRequest, InferResponse
 
@@ -36,8 +37,10 @@ def check_version(entry: ModelEntry, version: str) -> None:
 
 
 class Dataplane:
-    def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic,
+                 shared_memory: SharedMemoryRegistry | None = None) -> None:
         self.registry = registry
+        self.shared_memory = shared_memory
         self._clock = clock
         self.rejections = RejectionLog(_LOG)
         self._unknown_lock = threading.Lock()  # guards: _unknown_model_requests
@@ -94,12 +97,14 @@ class Dataplane:
         request, raw_contents = _unwrap(request)
         entry = self._request_entry(request.model_name)
         cancel = cancel or CancelToken()
+        decoded = None
         try:
             check_version(entry, request.model_version)
-            decoded = decode_request(request, raw_contents)
+            decoded = decode_request(request, raw_contents, self.shared_memory)
             lease = entry.acquire_lease(
                 self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
             try:
+                decoded.check_regions()
                 if lease.pool.primary.streaming:
                     raise InvalidRequest(
                         f"model '{entry.name}' streams its responses; call ModelStreamInfer")
@@ -110,10 +115,13 @@ class Dataplane:
                 executed = time.perf_counter_ns()
             finally:
                 lease.release()
-            response = self._response(request, lease, outputs)
+            response = self._response(request, lease, outputs, decoded)
         except BaseException as error:
             self._record_failure(entry, error, cancel, started)
             raise
+        finally:
+            if decoded is not None:
+                decoded.release()
         finished = time.perf_counter_ns()
         entry.statistics.record_success(
             queue_ns=lease.queue_ns, input_ns=ran - checked, infer_ns=executed - ran, output_ns=finished - executed,
@@ -133,16 +141,18 @@ class Dataplane:
         lease = None
         recorded = False
         cancel = cancel or CancelToken()
+        decoded = None
         try:
             check_version(entry, request.model_version)
-            decoded = decode_request(request, raw_contents)
+            decoded = decode_request(request, raw_contents, self.shared_memory)
             lease = entry.acquire_lease(
                 self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
+            decoded.check_regions()
             lease.metadata.check_request(decoded.signature, decoded.outputs)
             ran = time.perf_counter_ns()
             if lease.pool.primary.streaming:
                 for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
-                    yield _as_message(self._response(request, lease, outputs))
+                    yield _as_message(self._response(request, lease, outputs, decoded))
                 executed = time.perf_counter_ns()
                 lease.release()
                 self._record_stream_success(entry, lease, decoded, started, ran, executed)
@@ -151,7 +161,7 @@ class Dataplane:
                 outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
                 executed = time.perf_counter_ns()
                 lease.release()
-                response = _as_message(self._response(request, lease, outputs))
+                response = _as_message(self._response(request, lease, outputs, decoded))
                 # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right
                 # after this answer never resumes the generator, and the answer was complete.
                 self._record_stream_success(entry, lease, decoded, started, ran, executed)
@@ -164,6 +174,8 @@ class Dataplane:
         finally:
             if lease is not None:
                 lease.release()
+            if decoded is not None:
+                decoded.release()
 
     @staticmethod
     def _record_stream_success(entry, lease: Lease, decoded: DecodedRequest, started: int, ran: int,
@@ -174,9 +186,9 @@ class Dataplane:
             total_ns=finished - started, batch_size=decoded.batch_size(lease.metadata))
 
     @staticmethod
-    def _response(request: pb.ModelInferRequest, lease: Lease, outputs: dict):
+    def _response(request: pb.ModelInferRequest, lease: Lease, outputs: dict, decoded: DecodedRequest):
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=lease.version, id=request.id)
-        return encode_response(response, outputs, lease.metadata)
+        return encode_response(response, outputs, lease.metadata, decoded.output_regions)
 
 
 def _unwrap(request) -> tuple[pb.ModelInferRequest, list | None]:
