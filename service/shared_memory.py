@@ -145,10 +145,11 @@ class Region:
             raise InvalidRequest(f"{what}: shared_memory_offset ({offset}) and shared_memory_byte_size "
                                  f"({byte_size}) must be >= 0")
         if offset + byte_size > self.byte_size:
+            # The region's name comes first: the message's quoted strings stay close together (status_codes
+            # shortens a quoted stretch longer than 120 characters).
             raise InvalidRequest(
-                f"{what}: shared_memory_offset {offset} + shared_memory_byte_size {byte_size} = "
-                f"{offset + byte_size} is past the end of shared memory region '{self.name}' ({self.byte_size} "
-                "bytes)")
+                f"{what}: shared memory region '{self.name}' holds {self.byte_size} bytes; shared_memory_offset "
+                f"{offset} + shared_memory_byte_size {byte_size} = {offset + byte_size} is past its end")
         return RegionSlice(self, offset, byte_size)
 
     def release(self) -> None:
@@ -391,7 +392,7 @@ def _reason(error: Exception) -> str:
     if isinstance(error, OSError):
         if error.errno == errno.ELOOP:  # shm_open does not follow symbolic links
             return "it is a symbolic link, not a shared-memory object"
-        if isinstance(error, IsADirectoryError):
-            return "it is a folder, not a shared-memory object"
+        if error.errno == errno.EINVAL:  # the name is valid (checked first), so it names a folder
+            return "it is not a shared-memory object"
         return error.strerror or str(error)
     return str(error)

@@ -234,13 +234,13 @@ def _region_input(decoded: DecodedRequest, name: str, datatype: str, shape: tupl
             try:
                 return deserialize_bytes(view, elements, name).reshape(shape)
             except TensorDecodeError as error:
-                raise InvalidRequest(f"{error} (shared memory region '{place[0]}')") from None
+                raise InvalidRequest(f"shared memory region '{place[0]}': {error}") from None
     dtype = datatypes.numpy_dtype(datatype)
     needed = elements * dtype.itemsize
     if region_slice.byte_size != needed:
         raise InvalidRequest(
-            f"{what}: shape {list(shape)} of {datatype} needs {needed} bytes, {BYTE_SIZE} is "
-            f"{region_slice.byte_size} (shared memory region '{place[0]}')")
+            f"{what} in shared memory region '{place[0]}': shape {list(shape)} of {datatype} needs {needed} bytes, "
+            f"{BYTE_SIZE} is {region_slice.byte_size}")
     return region_slice.array(dtype, shape)
 
 
