@@ -113,6 +113,7 @@ class SharedMemoryStatistics:
     mapped_regions: int  # mapped now: the registered ones and unregistered ones that requests still hold
     mapped_bytes: int  # what --shared-memory-max-bytes bounds: each mapping's length (its region, from the page start)
     holds: int  # region references held by requests now
+    taken: int  # region references taken by requests since the server started (one per tensor in a region)
     lingering: int  # let go by the registry but still mapped by a live view (unmapped when it goes)
 
 
@@ -205,12 +206,13 @@ class SharedMemoryRegistry:
         self.prefix = prefix
         self.max_bytes = max_bytes
         self.max_regions = max_regions
-        self._lock = threading.Lock()  # guards: _regions, _mapped_regions, _mapped_bytes, _holds, _lingering,
+        self._lock = threading.Lock()  # guards: _regions, _mapped_regions, _mapped_bytes, _holds, _taken, _lingering,
         # and every Region's _holders and state
         self._regions: dict[str, Region] = {}
         self._mapped_regions = 0
         self._mapped_bytes = 0
         self._holds = 0
+        self._taken = 0
         self._lingering: list[weakref.ref] = []
 
     # ---- the protocol's calls -------------------------------------------------------------------------------
@@ -288,6 +290,7 @@ class SharedMemoryRegistry:
                 raise RegionNotFound(f"Unable to find shared memory region: '{name}' (named by {what})")
             region._holders += 1
             self._holds += 1
+            self._taken += 1
             return region
 
     def check_current(self, region: Region) -> None:
@@ -306,7 +309,7 @@ class SharedMemoryRegistry:
             return SharedMemoryStatistics(
                 regions=len(self._regions), registered_bytes=sum(r.byte_size for r in self._regions.values()),
                 mapped_regions=self._mapped_regions, mapped_bytes=self._mapped_bytes, holds=self._holds,
-                lingering=len(self._lingering))
+                taken=self._taken, lingering=len(self._lingering))
 
     # ---- internals --------------------------------------------------------------------------------------------
 
