@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from generated import grpc_service_pb2 as pb
 
+from .lab import REGIONS
 from .valid_requests import CONTENT_FIELDS, DATATYPES, ITEMSIZE, PARAMETER_KINDS, TYPED_FIELD, Case, valid_requests
 
 # Strategies for the pieces mutations put in.
@@ -326,12 +327,82 @@ def mutate_output_parameters(draw, request):
             + draw(parameter_values(request.outputs[index].parameters[key])))
 
 
+# Inputs name fuzz_in and outputs fuzz_out, never the other way round: fuzz_in must keep its bytes, so that an
+# answer can be checked against them while other requests write fuzz_out.
+UNKNOWN_REGIONS = st.one_of(st.sampled_from(("missing", "", "FUZZ_IN", "fuzz_in ", "fuzz_out\x00", "seq")),
+                            st.text(max_size=12).filter(lambda name: name not in REGIONS))
+SHM_NUMBERS = st.one_of(st.sampled_from((-1, 0, 1, 3, 4, 16, 64, 65535, 65536, 65537, 2**31, 2**63 - 1, -2**63)),
+                        st.integers(-2**63, 2**63 - 1))
+
+
+def _tensor_bytes(request: pb.ModelInferRequest, index: int) -> int | None:
+    """The byte size the protocol gives input `index` as it stands (None when it cannot be told)."""
+    tensor = request.inputs[index]
+    if tensor.datatype == "BYTES":
+        if len(request.raw_input_contents) == len(request.inputs):
+            return len(request.raw_input_contents[index])
+        return sum(4 + len(v) for v in tensor.contents.bytes_contents)
+    if tensor.datatype in ITEMSIZE and all(0 <= d < 2**20 for d in tensor.shape):
+        return math.prod(tensor.shape) * ITEMSIZE[tensor.datatype]
+    return None
+
+
+def _number(draw, parameter: pb.InferParameter, exact: int | None) -> str:
+    """An offset or byte size: the exact one, an edge, any integer, 2**64-1 as uint64_param, or another kind."""
+    how = draw(st.sampled_from(("exact", "int64", "int64", "uint64", "other")))
+    if how == "exact" and exact is not None:
+        parameter.int64_param = exact
+        return f"int64 {exact}"
+    if how == "uint64":
+        parameter.uint64_param = draw(st.sampled_from((0, 64, 2**63, 2**64 - 1)))
+        return f"uint64 {parameter.uint64_param}"
+    if how == "other":
+        return draw(parameter_values(parameter))
+    parameter.int64_param = draw(SHM_NUMBERS)
+    return f"int64 {parameter.int64_param}"
+
+
+def mutate_shared_memory(draw, request):
+    """Put an input or a requested output in a shared-memory region, with parameters of every kind and value:
+    registered regions (fuzz_in holds fixed random bytes) and unknown names; offsets and sizes exact, at the edges
+    (negative, past the end, 2**63-1, 2**64-1) or of another kind; each parameter possibly missing; the input's
+    own contents dropped or (a conflict) kept."""
+    if request.inputs and draw(st.booleans()):
+        index = _pick(draw, request.inputs)
+        tensor, what, exact = request.inputs[index], f"inputs[{index}]", _tensor_bytes(request, index)
+        if draw(st.integers(0, 3)):  # usually the region replaces the contents, as a client does
+            tensor.ClearField("contents")
+            if len(request.raw_input_contents) == len(request.inputs):
+                del request.raw_input_contents[index]
+    else:
+        if not request.outputs:
+            request.outputs.add(name=draw(st.sampled_from(("OUTPUT0", "OUTPUT1"))))
+        index = _pick(draw, request.outputs)
+        tensor, what = request.outputs[index], f"outputs[{index}]"
+        exact = _tensor_bytes(request, 0) if request.inputs else None
+    parameters = tensor.parameters
+    parts = []
+    if draw(st.integers(0, 7)):
+        known = "fuzz_in" if what.startswith("inputs") else "fuzz_out"
+        parameters["shared_memory_region"].string_param = draw(st.one_of(st.just(known), UNKNOWN_REGIONS))
+        parts.append(f"region {parameters['shared_memory_region'].string_param!r}")
+    else:
+        parts.append("region " + draw(parameter_values(parameters["shared_memory_region"])))
+    if draw(st.integers(0, 7)):
+        parts.append("size " + _number(draw, parameters["shared_memory_byte_size"], exact))
+    if draw(st.booleans()):
+        room = REGIONS["fuzz_in"] - (exact or 0)
+        parts.append("offset " + _number(draw, parameters["shared_memory_offset"],
+                                         draw(st.integers(0, room)) if room >= 0 else None))
+    return f"{what} in shared memory: {', '.join(parts)}"
+
+
 MUTATIONS: tuple[Callable, ...] = (
     mutate_model_name, mutate_version, mutate_id, mutate_input_name, mutate_drop_input, mutate_duplicate_input,
     mutate_extra_input, mutate_datatype, mutate_shape, mutate_raw_length, mutate_raw_count, mutate_bytes_prefix,
     mutate_typed_kind, mutate_typed_count, mutate_both, mutate_retype, mutate_clear_contents, mutate_timeout,
     mutate_parameters, mutate_tensor_parameters, mutate_output_unknown, mutate_output_duplicate,
-    mutate_output_parameters,
+    mutate_output_parameters, mutate_shared_memory,
 )
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from client import ClientError
 from generated import grpc_service_pb2 as pb
 
-from .lab import ALLOWED, CALL_TIMEOUT, MODELS
+from .lab import ALLOWED, CALL_TIMEOUT, MODELS, REGION_OBJECTS, REGIONS
 from .valid_requests import TYPED_FIELD, Case
 
 
@@ -30,12 +30,32 @@ def parse_bytes(buffer: bytes) -> list[bytes]:
     return elements
 
 
+def placement(tensor) -> tuple[str, int, int] | None:
+    """(region, offset, byte size) of a tensor that names a shared-memory region, else None."""
+    parameters = tensor.parameters
+    if "shared_memory_region" not in parameters:
+        return None
+    offset = parameters["shared_memory_offset"] if "shared_memory_offset" in parameters else None
+    return (parameters["shared_memory_region"].string_param,
+            getattr(offset, offset.WhichOneof("parameter_choice")) if offset is not None else 0,
+            getattr(parameters["shared_memory_byte_size"],
+                    parameters["shared_memory_byte_size"].WhichOneof("parameter_choice")))
+
+
+def region_bytes(region: str, offset: int, size: int) -> bytes:
+    """What the test-side object behind a registered region holds (every lab region is registered at offset 0)."""
+    return REGION_OBJECTS[region].read(offset, size)
+
+
 def request_input(request: pb.ModelInferRequest, name: str) -> tuple[str, list[int], object]:
-    """(datatype, shape, flat values) of an input of an accepted request, decoded here with numpy/struct."""
-    for index, tensor in enumerate(request.inputs):
+    """(datatype, shape, flat values) of an input of an accepted request, decoded here with numpy/struct: from its
+    raw entry (one per input not in shared memory, in order), its typed contents, or its region."""
+    raw_index = 0
+    for tensor in request.inputs:
+        place = placement(tensor)
         if tensor.name == name:
-            if request.raw_input_contents:
-                raw = request.raw_input_contents[index]
+            if place is not None or request.raw_input_contents:
+                raw = region_bytes(*place) if place is not None else request.raw_input_contents[raw_index]
                 if tensor.datatype == "BYTES":
                     return tensor.datatype, list(tensor.shape), parse_bytes(raw)
                 return tensor.datatype, list(tensor.shape), np.frombuffer(raw, dtype=_dtype(tensor.datatype))
@@ -43,6 +63,8 @@ def request_input(request: pb.ModelInferRequest, name: str) -> tuple[str, list[i
             if tensor.datatype == "BYTES":
                 return tensor.datatype, list(tensor.shape), list(values)
             return tensor.datatype, list(tensor.shape), np.array(values, dtype=_dtype(tensor.datatype))
+        if place is None:
+            raw_index += 1
     raise AssertionError(f"accepted request has no input {name!r}")
 
 
@@ -60,8 +82,11 @@ def expected_outputs(request: pb.ModelInferRequest) -> dict[str, tuple[str, list
     return {"OUTPUT0": request_input(request, "INPUT0")}
 
 
-def check_response(request: pb.ModelInferRequest, response: pb.ModelInferResponse) -> None:
-    """An OK response is well-formed and correct for the request that produced it."""
+def check_response(request: pb.ModelInferRequest, response: pb.ModelInferResponse, *,
+                   read_regions: bool = False) -> None:
+    """An OK response is well-formed and correct for the request that produced it. An output asked for in a
+    shared-memory region has an empty raw entry; `read_regions` (only where no other request can have written the
+    region since) also checks what the region holds."""
     assert request.model_name in MODELS, f"OK for unknown model {request.model_name!r}"
     model = MODELS[request.model_name]
     produced = dict(model.outputs)
@@ -75,10 +100,20 @@ def check_response(request: pb.ModelInferRequest, response: pb.ModelInferRespons
     assert response.model_version == "1"
     assert response.id == request.id
     expected = expected_outputs(request)
+    places = {output.name: placement(output) for output in request.outputs}
     for tensor, raw in zip(response.outputs, response.raw_output_contents):
         datatype, shape, values = expected[tensor.name]
         assert tensor.datatype == produced[tensor.name] == datatype
         assert list(tensor.shape) == shape, f"{tensor.name} shape {list(tensor.shape)}, input shape {shape}"
+        place = places.get(tensor.name)
+        if place is not None:
+            assert raw == b"", f"{tensor.name} was asked for in region {place[0]!r} and came back in the message"
+            if not read_regions:
+                continue
+            region, offset, _ = place
+            size = (len(b"".join(struct.pack("<I", len(e)) + e for e in values)) if datatype == "BYTES"
+                    else math.prod(shape) * 4)
+            raw = region_bytes(region, offset, size)
         if datatype == "BYTES":
             assert parse_bytes(raw) == list(values), f"{tensor.name} differs from the input"
         else:
@@ -153,6 +188,9 @@ def assert_server_clean(running, stub, ledger: Ledger, before: dict[str, tuple[i
         assert status.state == "READY" and status.loaded, status
         assert status.active_slots == 0, f"{status.model_id}: {status.active_slots} slot(s) still leased"
         assert status.queued_requests == 0, f"{status.model_id}: {status.queued_requests} request(s) still queued"
+    shared = running.server.shared_memory.statistics()
+    assert shared.holds == 0, f"{shared.holds} region reference(s) still held"
+    assert shared.regions == shared.mapped_regions == len(REGIONS), shared
     after = statistics(running)
     for name in MODELS:
         success = after[name][0] - before[name][0]
