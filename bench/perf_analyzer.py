@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from .common import CACHE, LOGS, ROOT
@@ -29,17 +30,21 @@ class PerfAnalyzer:
         self.workdir = workdir
         self._runs = 0
 
-    def run(self, address: str, model: str, concurrency: int, shape: str | None = None) -> dict:
-        """One perf_analyzer point. Returns the CSV row's figures, or {"error": ...}."""
+    def run(self, address: str, model: str, concurrency: int, shape: str | None = None,
+            extra: Sequence[str] = (), interval_ms: int | None = None) -> dict:
+        """One perf_analyzer point (`extra`: more of its flags; `interval_ms`: a longer window for this point).
+        Returns the CSV row's figures, or {"error": ...}."""
+        interval_ms = interval_ms or self.interval_ms
         self._runs += 1
         out = self.workdir / f"pa-{self._runs}.csv"
         command = [str(PERF_ANALYZER), "-i", "grpc", "-u", address, "-m", model,
                    "--concurrency-range", f"{concurrency}:{concurrency}",
-                   "--measurement-interval", str(self.interval_ms), "--stability-percentage", "1000",
+                   "--measurement-interval", str(interval_ms), "--stability-percentage", "1000",
                    "--max-trials", str(self.trials), "-f", str(out)]
         if shape:
             command += ["--shape", shape]
-        timeout = 60 + 4 * self.trials * self.interval_ms / 1000
+        command += list(extra)
+        timeout = 60 + 4 * self.trials * interval_ms / 1000
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -75,8 +80,9 @@ class PerfAnalyzer:
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def measure(pa: PerfAnalyzer, server: ServerProcess, model: str, concurrency: int, shape: str | None = None):
-    point = pa.run(server.address, model, concurrency, shape)
+def measure(pa: PerfAnalyzer, server: ServerProcess, model: str, concurrency: int, shape: str | None = None,
+            extra: Sequence[str] = (), interval_ms: int | None = None):
+    point = pa.run(server.address, model, concurrency, shape, extra, interval_ms)
     if not ok(point):
         point["error"] = server.explain(point["error"])
     return point

@@ -11,6 +11,11 @@ talks to 127.0.0.1 only. Sections, in order (all by default):
   identity   `identity_fp32`, [1,262144] (1 MiB) and [1,4194304] (16 MiB) FP32, concurrency 1 and 4, same
              pairing and the same tool (perf_analyzer `--shape INPUT0:N`, random data); MB/s = request
              payload bytes per second (the response carries as many back).
+  shared_memory
+             `identity_fp32` at 1, 16 and 64 MiB, concurrency 1 and 4, on one slotserve started with
+             `--shared-memory system`: perf_analyzer `--shared-memory system` (input and output in regions)
+             against the gRPC path, alternating point by point; MB/s as above; ratio = median of the per-round
+             ratios shared memory / gRPC; beside them this machine's single-thread memcpy rate (64 MiB, warm).
   slots      matmul_chain on slotserve with --parallel-jobs 1, 2, 4 (three servers, alternating), perf_analyzer at
              a fixed concurrency of 8; scaling = infer/s(N slots) / infer/s(1 slot), median of per-round ratios.
              Each round also runs matmul_chain in this process (no server) on 1 and on 2 threads: the scaling the
@@ -57,12 +62,13 @@ from bench.sections.admission import section_admission  # noqa: E402
 from bench.sections.coldload import section_coldload  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
+from bench.sections.shared_memory import section_shared_memory  # noqa: E402
 from bench.sections.simple import section_simple  # noqa: E402
 from bench.sections.slots import section_slots  # noqa: E402
 from bench.servers import Launcher  # noqa: E402
 from bench.table import Table  # noqa: E402
 
-SECTIONS = ("simple", "identity", "slots", "memory", "admission", "coldload")
+SECTIONS = ("simple", "identity", "shared_memory", "slots", "memory", "admission", "coldload")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=3, help="perf_analyzer windows per point (default 3)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--slotserve-args", default="",
-                        help="extra flags for the slotserve under test in the simple, identity and coldload "
+                        help="extra flags for the slotserve under test in the simple, identity, shared_memory and coldload "
                              "sections (default: none, i.e. what `make run` gives: one slot per model)")
     parser.add_argument("--slotserve-root", type=Path, default=ROOT,
                         help="checkout whose `service` package runs as slotserve (default: this one)")
@@ -99,7 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    needs_pa = {"simple", "identity", "slots"} & set(args.sections)
+    needs_pa = {"simple", "identity", "shared_memory", "slots"} & set(args.sections)
     if needs_pa and not os.access(PERF_ANALYZER, os.X_OK):
         print(f"bench: {PERF_ANALYZER} is missing: run bench/setup.sh first", file=sys.stderr)
         return 2
@@ -117,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         runners = {
             "simple": lambda: section_simple(args, launcher, pa, table, raw),
             "identity": lambda: section_identity(args, launcher, pa, table, raw),
+            "shared_memory": lambda: section_shared_memory(args, launcher, pa, table, raw),
             "slots": lambda: section_slots(args, launcher, pa, table, raw),
             "memory": lambda: section_memory(args, launcher, table, raw),
             "admission": lambda: section_admission(args, table, raw),
