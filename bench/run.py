@@ -80,8 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=3, help="perf_analyzer windows per point (default 3)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--slotserve-args", default="",
-                        help="extra flags for the slotserve under test in the simple, identity, shared_memory and coldload "
-                             "sections (default: none, i.e. what `make run` gives: one slot per model)")
+                        help="extra flags for the slotserve under test in the simple, identity, shared_memory and "
+                             "coldload sections (default: none, i.e. what `make run` gives: one slot per model)")
     parser.add_argument("--slotserve-root", type=Path, default=ROOT,
                         help="checkout whose `service` package runs as slotserve (default: this one)")
     parser.add_argument("--profile", action="store_true", help="py-spy both servers during a c=16 simple run")

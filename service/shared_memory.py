@@ -86,7 +86,8 @@ def prefix_problem(prefix: str) -> str | None:
     """Why `prefix` cannot be --shared-memory-prefix (None when it can): keys are POSIX names, so a prefix is "/"
     followed by the start of a name."""
     if not prefix.startswith("/") or "/" in prefix[1:] or "\x00" in prefix:
-        return f"--shared-memory-prefix must be '/' followed by the start of a name, without another '/'; got {prefix!r}"
+        return (f"--shared-memory-prefix must be '/' followed by the start of a name, without another '/'; "
+                f"got {prefix!r}")
     return None
 
 
@@ -111,7 +112,7 @@ class SharedMemoryStatistics:
     regions: int  # registered now
     registered_bytes: int  # their byte_size, summed
     mapped_regions: int  # mapped now: the registered ones and unregistered ones that requests still hold
-    mapped_bytes: int  # what --shared-memory-max-bytes bounds: each mapping's length (its region, from the page start)
+    mapped_bytes: int  # what --shared-memory-max-bytes bounds: each mapping's length (region + its page offset)
     holds: int  # region references held by requests now
     taken: int  # region references taken by requests since the server started (one per tensor in a region)
     lingering: int  # let go by the registry but still mapped by a live view (unmapped when it goes)
@@ -140,11 +141,8 @@ class Region:
         return RegionInfo(self.name, self.key, self.offset, self.byte_size)
 
     def slice(self, offset: int, byte_size: int, what: str) -> RegionSlice:
-        """The bytes [offset, offset + byte_size) of this region, for `what` (e.g. "input 'INPUT0'"). Raises
-        InvalidRequest, naming region and numbers, for a negative or out-of-bounds range."""
-        if offset < 0 or byte_size < 0:
-            raise InvalidRequest(f"{what}: shared_memory_offset ({offset}) and shared_memory_byte_size "
-                                 f"({byte_size}) must be >= 0")
+        """The bytes [offset, offset + byte_size) of this region (both >= 0), for `what` (e.g. "input 'INPUT0'").
+        Raises InvalidRequest, naming region and numbers, for a range past the region's end."""
         if offset + byte_size > self.byte_size:
             # The region's name comes first: the message's quoted strings stay close together (status_codes
             # shortens a quoted stretch longer than 120 characters).
@@ -156,6 +154,10 @@ class Region:
     def release(self) -> None:
         """A request is done with this region (call once per `SharedMemoryRegistry.hold`)."""
         self._registry._let_go(self, by_request=True)
+
+    def check_current(self) -> None:
+        """Raise InvalidRequest unless this region is still registered under its name."""
+        self._registry.check_current(self)
 
     def _view(self, dtype: np.dtype, count: int, offset: int) -> np.ndarray:
         mapping = self._mapping

@@ -59,7 +59,7 @@ class DecodedRequest:
         since it was decoded (while it waited for a slot): it is refused rather than run on memory its client
         has let go; nothing was read from or written to the region yet."""
         for region in self.regions:
-            region._registry.check_current(region)
+            region.check_current()
 
     def release(self) -> None:
         """The request is finished (answered or failed): drop its views of shared memory and its region

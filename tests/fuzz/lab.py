@@ -51,8 +51,8 @@ LARGE_WIDTH = {"simple_identity": 6_000, "identity_fp32": 20_000, "gated": 20_00
 
 # System shared memory: the server maps only keys under SHM_PREFIX. REGIONS are registered at startup (name ->
 # size); every test may name fuzz_in for inputs (random bytes, never written) and fuzz_out for outputs; only
-# test_shared_memory_fuzz writes seq_in and names seq_out. REGION_OBJECTS (filled by conftest.py) holds each region's object, so an answer
-# can be checked against what the region holds.
+# test_shared_memory_fuzz writes seq_in and names seq_out. REGION_OBJECTS (filled by conftest.py) holds each
+# region's object, so an answer can be checked against what the region holds.
 SHM_PREFIX = "/slotserve_fuzz_"
 REGIONS = {"fuzz_in": 1 << 16, "fuzz_out": 1 << 16, "seq_in": 1 << 20, "seq_out": 1 << 20}
 REGION_OBJECTS: dict = {}  # region name -> tests.integration._shm.ShmObject
