@@ -47,6 +47,10 @@ def lab(tmp_path_factory):
                              "identity_fp32")
     # Output = input; its execute gate holds a request while the test unregisters what it uses.
     write_fixture_model(repository, "gated", inputs=[("INPUT0", "FP32", [-1])], outputs=[("OUTPUT0", "FP32", [-1])])
+    # A streaming model: three responses per request.
+    write_fixture_model(repository, "streamer", inputs=[("INPUT0", "FP32", [-1])],
+                        outputs=[("OUTPUT0", "FP32", [-1])],
+                        extra='parameters { key: "stream_responses" value { string_value: "3" } }\n')
     controls = FixtureControls()
     with serve(repository, backends={"fixture": FixtureBackend(controls)}, shared_memory="system",
                shared_memory_prefix=PREFIX, shared_memory_max_bytes=MAX_BYTES) as running:
@@ -275,6 +279,24 @@ def test_streams_use_regions_and_a_bad_request_does_not_end_the_stream(server, s
     np.testing.assert_array_equal(target.array(2 * ROW, "<i4", (2, 16)), a - b)
     np.testing.assert_array_equal(results.array(0, "<i4", (2, 16)), c + d)
     np.testing.assert_array_equal(results.array(2 * ROW, "<i4", (2, 16)), c - d)
+
+
+def test_a_streaming_model_writes_each_response_into_the_region(server, shm):
+    values = np.linspace(0, 1, 10, dtype=np.float32)
+    source, target = shm(values.nbytes), shm(values.nbytes)
+    source.write(0, values)
+    register(server.stub, "stream_in", source.key, values.nbytes, timeout=CALL_TIMEOUT)
+    register(server.stub, "stream_out", target.key, values.nbytes, timeout=CALL_TIMEOUT)
+    request = pb.ModelInferRequest(model_name="streamer", id="s")
+    in_region(request.inputs.add(name="INPUT0", datatype="FP32", shape=[10]), "stream_in", values.nbytes)
+    in_region(request.outputs.add(name="OUTPUT0"), "stream_out", values.nbytes)
+    answers = list(server.stub.ModelStreamInfer(iter([request]), timeout=CALL_TIMEOUT))
+    assert len(answers) == 3 and not any(answer.error_message for answer in answers)
+    for answer in answers:
+        assert list(answer.infer_response.raw_output_contents) == [b""]
+        assert [list(t.shape) for t in answer.infer_response.outputs] == [[10]]
+    np.testing.assert_array_equal(target.array(0, "<f4", (10,)), values)
+    assert server.registry.statistics().holds == 0
 
 
 # ---- what is mapped, and when -----------------------------------------------------------------------------------
