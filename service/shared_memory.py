@@ -34,6 +34,7 @@ import os
 import stat
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import _posixshmem  # CPython's own binding of shm_open (what multiprocessing.shared_memory uses)
@@ -237,11 +238,12 @@ class SharedMemoryRegistry:
                                  f"keys starting with {self.prefix!r} (--shared-memory-prefix)")
         if byte_size <= 0:
             raise InvalidRequest(f"shared memory region '{name}': byte_size must be > 0, got {byte_size}")
-        self._refuse_duplicate(name)
-        mapping, start = _map(name, key, offset, byte_size)
+        with self._lock:
+            self._refuse_duplicate(name)
+        mapping, start = _map(name, key, offset, byte_size, self._precheck_bounds)
         try:
-            with self._lock:
-                self._refuse_duplicate(name)  # a racing register of the same name may have won
+            with self._lock:  # again: a racing register may have taken the name or the room meanwhile
+                self._refuse_duplicate(name)
                 self._check_bounds(name, len(mapping))
                 self._regions[name] = Region(self, name, key, offset, byte_size, mapping, start)
                 self._mapped_regions += 1
@@ -316,11 +318,16 @@ class SharedMemoryRegistry:
     # ---- internals --------------------------------------------------------------------------------------------
 
     def _refuse_duplicate(self, name: str) -> None:
-        region = self._regions.get(name)  # a dict read: atomic, also outside the lock
+        region = self._regions.get(name)
         if region is not None:
             raise InvalidRequest(
                 f"shared memory region '{name}' is already registered (key {region.key!r}, offset {region.offset},"
                 f" {region.byte_size} bytes); unregister it first")
+
+    def _precheck_bounds(self, name: str, length: int) -> None:
+        """Refuse a mapping beyond the bounds before it is made (checked again when it is inserted)."""
+        with self._lock:
+            self._check_bounds(name, length)
 
     def _check_bounds(self, name: str, length: int) -> None:
         if len(self._regions) >= self.max_regions:
@@ -363,10 +370,11 @@ def _still_mapped(ref: weakref.ref) -> bool:
     return mapping is not None and not mapping.closed
 
 
-def _map(name: str, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
+def _map(name: str, key: str, offset: int, byte_size: int,
+         precheck: Callable[[str, int], None]) -> tuple[mmap.mmap, int]:
     """Map [offset, offset + byte_size) of the shared-memory object `key` read-write and shared. Returns the
     mapping (it starts at the page boundary at or below `offset`) and where the region begins in it. Raises
-    InvalidRequest naming what is wrong."""
+    InvalidRequest naming what is wrong, or what `precheck(name, length)` raises just before mapping."""
     where = f"shared memory region '{name}': key {key!r}"
     try:
         descriptor = _posixshmem.shm_open(key, os.O_RDWR, 0)
@@ -383,6 +391,7 @@ def _map(name: str, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, i
                 f"{where}: offset {offset} + byte_size {byte_size} = {offset + byte_size} is past the end of the "
                 f"object ({info.st_size} bytes)")
         start = offset % mmap.ALLOCATIONGRANULARITY
+        precheck(name, start + byte_size)
         try:
             mapping = mmap.mmap(descriptor, start + byte_size, flags=mmap.MAP_SHARED,
                                 prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset - start)
