@@ -181,6 +181,9 @@ def _checked_elements(name: str, shape: tuple[int, ...]) -> int:
     elements = math.prod(shape)
     if elements > MAX_ELEMENTS:
         raise InvalidRequest(f"input '{name}' shape {list(shape)} has more elements than any request may hold")
+    if not elements and shape and math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        # No element, but numpy cannot make an array of this shape (it multiplies every dimension).
+        raise InvalidRequest(f"input '{name}' has an absurd shape {list(shape)}")
     return elements
 
 

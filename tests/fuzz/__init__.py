@@ -2,14 +2,17 @@
 
 A real in-process server (service.testing.serve, port 0, the parallel runtime with one slot and a queue of one per
 model) serves the demo models `simple`, `simple_identity` and `identity_fp32`, plus `gated`, a fixture model
-(output = input) whose execute gate the concurrent test holds to make requests queue and be refused. Hypothesis
+(output = input) whose execute gate the concurrent test holds to make requests queue and be refused, with system
+shared memory on and a few regions registered (lab.REGIONS). Hypothesis
 builds requests as a valid request for one of them (raw or typed contents, any batch and width, messages small
 and over 64 KiB, requested outputs, parameters) followed by zero or more mutations: unknown or odd model names
 and versions, input names, datatypes (every KServe datatype with contents that fit it, and invalid strings),
 shapes (negative, zero, huge, wrong rank), raw contents (wrong lengths, random bytes, truncated BYTES prefixes,
 wrong entry counts), typed contents of every kind (wrong kind, wrong count, out of range, raw and typed together),
 parameters (`timeout` of every InferParameter kind and value, unknown keys of every kind), requested outputs
-(unknown, duplicated, with parameters) and tensor parameters. The requests go through the raw generated
+(unknown, duplicated, with parameters), tensor parameters, and tensors put in shared-memory regions with
+parameters of every kind and value (registered and unknown regions, offsets and sizes exact or at the edges, contents
+kept or dropped). The requests go through the raw generated
 stub, since the client library refuses to build most of them.
 
 What every test asserts:
@@ -22,9 +25,10 @@ What every test asserts:
 * afterwards the server answers a valid request correctly, no model has a leased slot or a queued request, and
   its statistics count every OK response as exactly one success (and each refusal of a known model at most once).
 
-The fuzzer's findings are kept as explicit tests below: status messages that echo long request strings
-(test_a_long_string_in_a_request_keeps_its_status, fixed in service/status_codes.py) and large messages with a group field
-(test_a_large_message_with_a_group_field_is_read_as_protobuf_reads_it, fixed in service/wire.py).
+The fuzzer's findings are kept as explicit tests: status messages that echo long request strings
+(test_long_strings.py, fixed in service/status_codes.py), large messages with a group field
+(test_undecodable_bytes.py, test_a_large_message_with_a_group_field_is_read_as_protobuf_reads_it, fixed in
+service/wire.py) and zero-element shapes too large for numpy (test_absurd_shapes.py, fixed in service/tensors.py).
 
 Undecodable bytes (random bytes, corrupted serialized requests, unknown fields of every wire type) are sent
 through a generic method with identity serializers: bytes that protobuf decodes must be treated like any request
@@ -38,5 +42,6 @@ the next small request succeeds.
 Where things are: lab.py (the models under test, the run settings, the statuses allowed), conftest.py (the
 server), valid_requests.py (requests that must succeed), mutations.py (what breaks them), outcomes.py (how an
 answer and the server afterwards are checked); the tests: test_infer_fuzz.py (unary, one at a time and in
-bursts), test_stream_fuzz.py, test_undecodable_bytes.py, test_long_strings.py, test_message_size_limit.py.
+bursts), test_stream_fuzz.py, test_shared_memory_fuzz.py, test_undecodable_bytes.py, test_long_strings.py,
+test_absurd_shapes.py, test_message_size_limit.py.
 """
