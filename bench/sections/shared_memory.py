@@ -2,9 +2,9 @@
 memory (perf_analyzer `--shared-memory system`) against the gRPC path, on one slotserve started with
 `--shared-memory system`, alternating point by point; beside them, this machine's single-thread memcpy rate.
 
-MB/s = request payload bytes per second (the output carries as many back). With shared memory the server makes
-two copies of each tensor (ONNX Runtime's Identity writes its output, which is then copied into the output
-region; the input is read in place), so memcpy / 2 is about the ceiling of one request at a time.
+MB/s = request payload bytes per second (the output carries as many back). With shared memory the tensor is copied
+twice (ONNX Runtime's Identity writes its output, which the server copies into the output region; the input is
+read in place), so the rate is bound by how fast the machine copies memory: memcpy is the ceiling to compare with.
 """
 
 from __future__ import annotations
