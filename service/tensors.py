@@ -96,14 +96,11 @@ def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
                    shared_memory: SharedMemoryRegistry | None) -> None:
     tensors = request.inputs
     count = len(tensors)
-    placed = {}  # index -> (region name, offset, byte size) of the inputs in shared memory
-    for index in range(count):
-        if tensors[index].parameters:
-            place = _placement(f"input '{tensors[index].name}'", tensors[index].parameters)
-            if place is not None:
-                placed[index] = place
-    if raw and len(raw) != count - len(placed):
-        _refuse_raw_count(tensors, placed, len(raw))
+    # raw_input_contents holds one entry per input not in shared memory. The inputs in shared memory are looked
+    # for first only when the counts differ, so the common request (every input raw) pays nothing for them.
+    one_per_input = len(raw) == count
+    if raw and not one_per_input:
+        _check_raw_count(tensors, len(raw))
     inputs = decoded.inputs
     signature = decoded.signature
     next_raw = 0
@@ -118,11 +115,16 @@ def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
                 f"input '{name}' has unknown datatype '{datatype}'; use one of {', '.join(datatypes.NAMES)}")
         shape = tuple(tensor.shape)
         elements = _checked_elements(name, shape)
-        if index in placed:
+        place = _placement(f"input '{name}'", tensor.parameters) if tensor.parameters else None
+        if place is not None:
             if tensor.HasField("contents"):
                 raise InvalidRequest(f"input '{name}' has typed contents and names shared memory region "
-                                     f"'{placed[index][0]}'; use one or the other")
-            array = _region_input(decoded, name, datatype, shape, elements, placed[index], shared_memory)
+                                     f"'{place[0]}'; use one or the other")
+            if raw and one_per_input:
+                raise InvalidRequest(
+                    f"input '{name}' names shared memory region '{place[0]}' and has a raw_input_contents entry "
+                    "too; an input in shared memory takes none")
+            array = _region_input(decoded, name, datatype, shape, elements, place, shared_memory)
         elif raw:
             if tensor.HasField("contents"):
                 raise InvalidRequest(
@@ -151,17 +153,16 @@ def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
         signature[name] = (datatype, shape)
 
 
-def _refuse_raw_count(tensors, placed: dict, entries: int) -> None:
-    """raw_input_contents holds one entry per input that is not in shared memory; say what is wrong."""
+def _check_raw_count(tensors, entries: int) -> None:
+    """Raise InvalidRequest unless raw_input_contents' `entries` are one per input not in shared memory."""
     count = len(tensors)
-    if placed and entries == count:
-        index = min(placed)
-        raise InvalidRequest(
-            f"input '{tensors[index].name}' names shared memory region '{placed[index][0]}' and has a "
-            "raw_input_contents entry too; an input in shared memory takes none")
+    placed = sum(1 for tensor in tensors
+                 if tensor.parameters and _placement(f"input '{tensor.name}'", tensor.parameters) is not None)
+    if entries == count - placed:
+        return
     if placed:
         raise InvalidRequest(
-            f"raw_input_contents has {entries} entries for the {count - len(placed)} inputs not in shared memory "
+            f"raw_input_contents has {entries} entries for the {count - placed} inputs not in shared memory "
             f"(of {count}); send one per such input, in order")
     raise InvalidRequest(
         f"raw_input_contents has {entries} entries for {count} inputs; send one per input, in order")
