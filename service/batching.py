@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +26,7 @@ from engine.errors import EngineError, ExecutionCancelled
 from engine.interface import BatchingSpec, CancelToken, ModelMetadata, Outputs
 
 from .admission import BatchRule
-from .errors import InvalidRequest, own_copy
+from .errors import InvalidRequest, ServiceError, own_copy
 
 
 def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | None:
@@ -66,6 +66,9 @@ class BatchItem:
     outputs: Sequence[str]  # requested output names; empty: all
     rows: int
     cancel: CancelToken
+    # Called just before the batch runs; raising refuses this request alone (its shared-memory regions may have
+    # been unregistered while it waited).
+    before_run: Callable[[], None] | None = None
     result: Outputs | None = None
     error: BaseException | None = None
     metadata: ModelMetadata | None = None
@@ -163,10 +166,13 @@ def run_batch(lease, items: Sequence[BatchItem], run_cancel: CancelToken, statis
 
 
 def _checked(item: BatchItem, metadata: ModelMetadata, live: list[BatchItem]) -> None:
-    """Check a request against the pool's metadata (known only once loaded; cached per signature)."""
+    """Check a request against the pool's metadata (known only once loaded; cached per signature) and let it
+    make its own last check."""
     try:
         metadata.check_request(item.signature, item.outputs)
-    except EngineError as error:
+        if item.before_run is not None:
+            item.before_run()
+    except (EngineError, ServiceError) as error:
         item.fail(error)
         return
     live.append(item)

@@ -58,8 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="text: human-readable lines; json: one JSON object per line with time, level, logger, event, "
              "model, message and the event's fields (default: %(default)s)")
     add_security_flags(parser)
+    add_shared_memory_flags(parser)
     add("--log-level", default="INFO")
     return parser
+
+
+def add_shared_memory_flags(parser: argparse.ArgumentParser) -> None:
+    """System shared memory (service/shared_memory.py): off by default, because registering a region makes the
+    server map host memory a client names."""
+    from .shared_memory import DEFAULT_MAX_BYTES
+
+    group = parser.add_argument_group("shared memory")
+    group.add_argument(
+        "--shared-memory", choices=("none", "system"), default="none",
+        help="system: clients on this host may register POSIX shared-memory regions and pass tensors in them "
+             "instead of in messages (Triton's system shared memory extension). Off by default: registering makes "
+             "the server map memory a client names, so enable it only where every client that can reach the port "
+             "is trusted to share this host's memory (e.g. a sidecar sharing the pod's /dev/shm); with "
+             "--inference-token, registering needs that token (default: %(default)s)")
+    group.add_argument("--shared-memory-prefix", default="/", metavar="PREFIX",
+                       help="map only keys starting with PREFIX, e.g. /slotserve_ (keys are POSIX shared-memory "
+                            "names: a leading '/', no other '/'; default: any)")
+    group.add_argument("--shared-memory-max-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
+                       help="bytes mapped at once over all regions, counting unregistered regions that running "
+                            "requests still use; a register beyond it is refused (default: 1 GiB)")
 
 
 def add_security_flags(parser: argparse.ArgumentParser) -> None:
@@ -96,8 +118,14 @@ def security_lines(options: ServerOptions) -> list[str]:
     """What the startup banner says about who may call what and how the port is secured."""
     from . import auth, tls
 
-    return auth.describe(options.allow_management, options.management_token, options.inference_token,
-                         tls.describe(options))
+    lines = auth.describe(options.allow_management, options.management_token, options.inference_token,
+                          tls.describe(options))
+    if options.shared_memory == "system":
+        lines.append(f"shared memory: system, keys starting with {options.shared_memory_prefix!r}, at most "
+                     f"{options.shared_memory_max_bytes} bytes mapped at once")
+    else:
+        lines.append("shared memory: off (start with --shared-memory system to enable it)")
+    return lines
 
 
 def configure_logging(log_format: str, level: str) -> None:
@@ -131,7 +159,8 @@ def option_fields(args: argparse.Namespace) -> dict:
         max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
         drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
         stream_write_timeout=args.stream_write_timeout, log_format=args.log_format,
-        metrics_port=args.metrics_port,
+        metrics_port=args.metrics_port, shared_memory=args.shared_memory,
+        shared_memory_prefix=args.shared_memory_prefix, shared_memory_max_bytes=args.shared_memory_max_bytes,
         **security_options(args))
 
 

@@ -22,6 +22,7 @@ from .events import RejectionLog
 from .lifecycle import Lease, ModelEntry
 from .outcomes import REJECTIONS, outcome_of
 from .registry import ModelRegistry
+from .shared_memory import SharedMemoryRegistry
 from .tensors import DecodedRequest, decode_request, encode_response
 from .wire import InferRequest, InferResponse
 
@@ -40,8 +41,10 @@ def check_version(entry: ModelEntry, version: str) -> None:
 
 
 class Dataplane:
-    def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic,
+                 shared_memory: SharedMemoryRegistry | None = None) -> None:
         self.registry = registry
+        self.shared_memory = shared_memory
         self._clock = clock
         self.rejections = RejectionLog(_LOG)
         self._unknown_lock = threading.Lock()  # guards: _unknown_model_requests
@@ -100,14 +103,18 @@ class Dataplane:
         request, raw_contents = _unwrap(request)
         entry = self._request_entry(request.model_name)
         cancel = cancel or CancelToken()
+        decoded = None
         try:
             check_version(entry, request.model_version)
-            decoded = decode_request(request, raw_contents)
+            decoded = decode_request(request, raw_contents, self.shared_memory)
             ran = self._run(entry, decoded, client_deadline, cancel, started)
-            response = self._response(request, ran)
+            response = self._response(request, ran, decoded)
         except BaseException as error:
             self._record_failure(entry, error, cancel, started)
             raise
+        finally:
+            if decoded is not None:
+                decoded.release()
         self._record_success(entry, ran, started)
         return response
 
@@ -124,9 +131,10 @@ class Dataplane:
         entry = self._request_entry(request.model_name)
         recorded = False
         cancel = cancel or CancelToken()
+        decoded = None
         try:
             check_version(entry, request.model_version)
-            decoded = decode_request(request, raw_contents)
+            decoded = decode_request(request, raw_contents, self.shared_memory)
             if not entry.batches:
                 lease = entry.acquire_lease(
                     self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
@@ -137,7 +145,7 @@ class Dataplane:
                 ran = self._run_on(lease, decoded, cancel)
             else:
                 ran = self._run(entry, decoded, client_deadline, cancel, started)
-            response = _as_message(self._response(request, ran))
+            response = _as_message(self._response(request, ran, decoded))
             # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right after
             # this answer never resumes the generator, and the answer was complete.
             self._record_success(entry, ran, started)
@@ -147,18 +155,22 @@ class Dataplane:
             if not recorded:
                 self._record_failure(entry, error, cancel, started)
             raise
+        finally:
+            if decoded is not None:
+                decoded.release()
 
     def _stream_from(self, entry: ModelEntry, request, decoded: DecodedRequest, lease: Lease, cancel: CancelToken,
                      started: int) -> Iterator[pb.ModelInferResponse]:
         """A streaming model's responses, holding its slot until the last one is taken (or the generator is
         closed), then counted."""
         with lease:
+            decoded.check_regions()
             lease.metadata.check_request(decoded.signature, decoded.outputs)
             ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
             began = time.perf_counter_ns()
             for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
                 ran.outputs = outputs
-                yield _as_message(self._response(request, ran))
+                yield _as_message(self._response(request, ran, decoded))
             ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
 
@@ -172,8 +184,8 @@ class Dataplane:
         if metadata is not None:  # bad input is refused before it can join a batch
             metadata.check_request(decoded.signature, decoded.outputs)
         rows = next((shape[0] for _, shape in decoded.signature.values() if shape), 1)
-        item = entry.run_batched(BatchItem(decoded.inputs, decoded.signature, decoded.outputs, rows, cancel),
-                                 deadline, cancel)
+        item = entry.run_batched(BatchItem(decoded.inputs, decoded.signature, decoded.outputs, rows, cancel,
+                                           before_run=decoded.check_regions), deadline, cancel)
         outputs = item.outcome()
         return _Ran(item.metadata, item.version, item.started_ns - started, item.input_ns, item.infer_ns, rows,
                     batched=True, outputs=outputs)
@@ -182,6 +194,7 @@ class Dataplane:
     def _run_on(lease: Lease, decoded: DecodedRequest, cancel: CancelToken) -> _Ran:
         """Run a request alone on its leased slot, and free the slot."""
         try:
+            decoded.check_regions()  # a region unregistered while the request waited is refused, not used
             if lease.pool.primary.streaming:
                 raise InvalidRequest(f"model '{lease.entry.name}' streams its responses; call ModelStreamInfer")
             checked = time.perf_counter_ns()
@@ -203,9 +216,9 @@ class Dataplane:
             total_ns=finished - started, batch_size=ran.rows, executed=not ran.batched)
 
     @staticmethod
-    def _response(request: pb.ModelInferRequest, ran: _Ran):
+    def _response(request: pb.ModelInferRequest, ran: _Ran, decoded: DecodedRequest):
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=ran.version, id=request.id)
-        return encode_response(response, ran.outputs, ran.metadata)
+        return encode_response(response, ran.outputs, ran.metadata, decoded.output_regions)
 
 
 @dataclass

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .auth import Secret, secret_of
+from .shared_memory import DEFAULT_MAX_BYTES, prefix_problem
 
 MAX_SLOTS = 16
 DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhead fits with room to spare
@@ -42,6 +43,11 @@ class ServerOptions:
     tls_cert: Path | None = None  # PEM certificate chain; with tls_key: serve TLS only
     tls_key: Path | None = None  # PEM private key (unencrypted)
     tls_client_ca: Path | None = None  # PEM CA bundle: require client certificates signed by it (mutual TLS)
+    # System shared memory (service/shared_memory.py): off unless "system"; keys must start with the prefix; the
+    # bytes mapped at once are bounded.
+    shared_memory: str = "none"
+    shared_memory_prefix: str = "/"
+    shared_memory_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         problems = self._normalize_security()
@@ -73,6 +79,7 @@ class ServerOptions:
                 problems.append(f"--metrics-port must be 0..65535, got {self.metrics_port}")
             elif self.metrics_port == self.port != 0:
                 problems.append(f"--metrics-port must differ from --port ({self.port})")
+        problems += self._shared_memory_problems()
         if self.log_format not in ("text", "json"):
             problems.append(f"--log-format must be text or json, got {self.log_format}")
         if problems:
@@ -89,6 +96,18 @@ class ServerOptions:
         control threads at once; the rest of those threads always serve health, readiness and status calls,
         which never wait."""
         return max(1, self.control_threads // 2)
+
+    def _shared_memory_problems(self) -> list[str]:
+        problems = []
+        if self.shared_memory not in ("none", "system"):
+            problems.append(f"--shared-memory must be none or system, got {self.shared_memory}"
+                            + (" (CUDA shared memory is not supported yet)" if self.shared_memory == "cuda" else ""))
+        problem = prefix_problem(self.shared_memory_prefix)
+        if problem is not None:
+            problems.append(problem)
+        if self.shared_memory_max_bytes <= 0:
+            problems.append(f"--shared-memory-max-bytes must be > 0, got {self.shared_memory_max_bytes}")
+        return problems
 
     def _normalize_security(self) -> list[str]:
         """Turn token strings into Secrets and paths into Paths (the record is frozen, hence object.__setattr__);

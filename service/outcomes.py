@@ -12,7 +12,7 @@ from engine import errors as engine_errors
 from engine.interface import CancelToken
 from engine.tensor_codec import TensorDecodeError
 
-from . import errors
+from . import errors, shared_memory
 
 SUCCESS = "success"
 FAILED = "failed"  # the client got INTERNAL: the details are only in the log
@@ -27,6 +27,9 @@ SHUTDOWN_CANCEL_REASON = "shutdown"
 _REASONS: dict[type[BaseException], str] = {
     errors.ModelNotFound: "model_not_found",
     errors.InvalidRequest: "invalid_request_error",
+    shared_memory.RegionNotFound: "region_not_found",
+    shared_memory.SharedMemoryLimit: "shared_memory_limit",
+    shared_memory.SharedMemoryUnsupported: "unimplemented",
     engine_errors.InvalidInputError: "invalid_request_error",
     engine_errors.ModelConfigError: "invalid_request_error",
     TensorDecodeError: "invalid_request_error",
@@ -54,7 +57,7 @@ STANDARD = (SUCCESS, "server_busy", "residency_limit", "memory_limit", "shutting
 
 # Refusals: the request was turned away rather than run and failed. These get a (rate-limited) `rejected` line.
 REJECTIONS = frozenset({"server_busy", "residency_limit", "memory_limit", "shutting_down", "invalid_request_error",
-                        "model_not_found"})
+                        "model_not_found", "region_not_found"})
 
 
 def outcome_of(error: BaseException, cancel: CancelToken | None = None) -> str:

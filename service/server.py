@@ -37,6 +37,7 @@ from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
 from .timers import TimerQueue
 from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
+from .shared_memory import SharedMemoryRegistry
 
 _LOG = logging.getLogger(__name__)
 
@@ -82,7 +83,10 @@ class Server:
         self.repository = ModelRepository(options.model_repository)
         self.registry = ModelRegistry(self.repository, self.runtime, RegistryPolicy(
             parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout))
-        self.dataplane = Dataplane(self.registry)
+        # System shared memory: a registry only when enabled (--shared-memory system).
+        self.shared_memory = (SharedMemoryRegistry(options.shared_memory_prefix, options.shared_memory_max_bytes)
+                              if options.shared_memory == "system" else None)
+        self.dataplane = Dataplane(self.registry, shared_memory=self.shared_memory)
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.
         self.metrics = ServerMetrics(SlotserveCollector(self.registry, self.residency, self.runtime.events,
@@ -131,7 +135,7 @@ class Server:
                                     Authenticator(self.options.management_token, self.options.inference_token))
         add_inference_servicer(
             InferenceServicer(self.registry, self.dataplane, self.calls, management, self.state, VERSION,
-                              self.timers, self.options.stream_write_timeout), server)
+                              self.timers, self.options.stream_write_timeout, self.shared_memory), server)
         management_pb2_grpc.add_ModelManagementServicer_to_server(
             ManagementServicer(self.registry, management, self.calls), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -239,6 +243,8 @@ class Server:
         if not self.residency.stop(timeout=left(margin)):
             log_event(_LOG, "shutdown_reaper_abandoned")
         closed, abandoned_models = self.registry.close_idle_models()
+        if self.shared_memory is not None:
+            self.shared_memory.close()  # regions an abandoned call still holds stay mapped until it lets go
         if abandoned_models:
             log_event(_LOG, "shutdown_engines_left_open", models=abandoned_models)
         if stopped is not None:

@@ -20,7 +20,7 @@ from grpc_status import rpc_status
 from engine import errors as engine_errors
 from engine.tensor_codec import TensorDecodeError
 
-from . import errors
+from . import errors, shared_memory
 
 _LOG = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ _QUOTED = re.compile(r"'[^'\n]{%d,}'|\"[^\"\n]{%d,}\"" % (MAX_QUOTED_CHARS + 3, 
 TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str | None], ...] = (
     (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND, "model_not_found"),
     (errors.InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
+    (shared_memory.RegionNotFound, grpc.StatusCode.NOT_FOUND, "region_not_found"),  # Triton's code for it
+    (shared_memory.SharedMemoryLimit, grpc.StatusCode.RESOURCE_EXHAUSTED, "shared_memory_limit"),
+    (shared_memory.SharedMemoryUnsupported, grpc.StatusCode.UNIMPLEMENTED, "unimplemented"),
     (engine_errors.InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
     (engine_errors.ModelConfigError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
     (TensorDecodeError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),

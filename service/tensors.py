@@ -1,28 +1,41 @@
 """ModelInferRequest tensors to numpy and numpy back to ModelInferResponse tensors.
 
-Inputs may arrive raw (`raw_input_contents`, what tritonclient sends) or typed (`contents`); never both.
-Raw inputs are decoded without copying (`np.frombuffer` over the request's bytes). Outputs are always raw.
-Every malformed input raises InvalidRequest naming the input and the problem.
+Inputs may arrive raw (`raw_input_contents`, what tritonclient sends) or typed (`contents`); never both in one
+request. Raw inputs are decoded without copying (`np.frombuffer` over the request's bytes). Outputs are raw.
+
+With system shared memory (service/shared_memory.py), a tensor may instead name a registered region through its
+parameters `shared_memory_region`, `shared_memory_byte_size` and `shared_memory_offset`, as Triton defines them:
+such an input has no contents (raw_input_contents holds one entry per *other* input, in order), and is a numpy
+view over the mapping (no copy); such a requested output is written into the region (one copy) after the run,
+and the response names it (datatype, shape) with an empty raw_output_contents entry, as Triton's does. BYTES
+tensors use the protocol's serialized form there too. The decoded request holds a reference to every region it
+names until `DecodedRequest.release`.
+
+Every malformed input raises InvalidRequest naming the input and the problem (RegionNotFound for a region name
+that is not registered); nothing is written to a region unless every output fits.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine import datatypes
 from engine.interface import MAX_DIMENSION, MAX_ELEMENTS, ModelMetadata
-from engine.tensor_codec import TensorDecodeError, decode_raw, encode_raw, element_count
+from engine.tensor_codec import TensorDecodeError, decode_raw, deserialize_bytes, encode_raw, element_count
 from generated import grpc_service_pb2 as pb
 
 from .errors import InvalidRequest
+from .shared_memory import Region, RegionSlice, SharedMemoryRegistry, disabled_message
 from .wire import LARGE_MESSAGE_BYTES, InferResponse
 
 _TYPED_FIELDS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
                  "fp32_contents", "fp64_contents", "bytes_contents")
-_UNSUPPORTED_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+REGION = "shared_memory_region"
+BYTE_SIZE = "shared_memory_byte_size"
+OFFSET = "shared_memory_offset"
 
 
 @dataclass
@@ -31,6 +44,8 @@ class DecodedRequest:
     signature: dict[str, tuple[str, tuple[int, ...]]]  # name -> (datatype, shape), for ModelMetadata.check_request
     outputs: list[str]  # requested output names; empty = all
     timeout_us: int  # the request's `timeout` parameter; 0 = none
+    output_regions: dict[str, RegionSlice] = field(default_factory=dict)  # outputs to write into shared memory
+    regions: list[Region] = field(default_factory=list)  # one reference per tensor in shared memory
 
     def batch_size(self, metadata: ModelMetadata) -> int:
         if metadata.max_batch_size > 0:
@@ -39,18 +54,56 @@ class DecodedRequest:
                     return shape[0]
         return 1
 
+    def check_regions(self) -> None:
+        """Call when the request is about to run. Raises InvalidRequest if a region it names was unregistered
+        since it was decoded (while it waited for a slot): it is refused rather than run on memory its client
+        has let go; nothing was read from or written to the region yet."""
+        for region in self.regions:
+            region.check_current()
 
-def decode_request(request: pb.ModelInferRequest, raw_contents=None) -> DecodedRequest:
-    """Decode every input and the request parameters. `raw_contents` (buffers, one per input) replaces the
-    message's own raw_input_contents when the wire layer kept them out of it. Raises InvalidRequest."""
-    raw = request.raw_input_contents if raw_contents is None else raw_contents
+    def release(self) -> None:
+        """The request is finished (answered or failed): drop its views of shared memory and its region
+        references, so an unregistered region can be unmapped. Idempotent; a no-op without shared memory."""
+        if self.regions:
+            regions, self.regions = self.regions, []
+            self.inputs = {}
+            self.output_regions = {}
+            for region in regions:
+                region.release()
+
+
+def decode_request(request: pb.ModelInferRequest, raw_contents=None,
+                   shared_memory: SharedMemoryRegistry | None = None) -> DecodedRequest:
+    """Decode every input and the request parameters. `raw_contents` (buffers, one per input not in shared
+    memory) replaces the message's own raw_input_contents when the wire layer kept them out of it;
+    `shared_memory` is the server's registry (None: shared memory is off). Raises InvalidRequest or
+    RegionNotFound, holding no region reference then; on success the caller must `release()` the result."""
+    decoded = DecodedRequest({}, {}, [], 0)
+    try:
+        _decode_inputs(decoded, request, request.raw_input_contents if raw_contents is None else raw_contents,
+                       shared_memory)
+        if request.outputs:
+            decoded.outputs = _requested_outputs(request, decoded, shared_memory)
+        if request.parameters:
+            decoded.timeout_us = _timeout_us(request)
+    except BaseException:
+        decoded.release()
+        raise
+    return decoded
+
+
+def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
+                   shared_memory: SharedMemoryRegistry | None) -> None:
     tensors = request.inputs
     count = len(tensors)
-    if raw and len(raw) != count:
-        raise InvalidRequest(
-            f"raw_input_contents has {len(raw)} entries for {count} inputs; send one per input, in order")
-    inputs: dict[str, np.ndarray] = {}
-    signature: dict[str, tuple[str, tuple[int, ...]]] = {}
+    # raw_input_contents holds one entry per input not in shared memory. The inputs in shared memory are looked
+    # for first only when the counts differ, so the common request (every input raw) pays nothing for them.
+    one_per_input = len(raw) == count
+    if raw and not one_per_input:
+        _check_raw_count(tensors, len(raw))
+    inputs = decoded.inputs
+    signature = decoded.signature
+    next_raw = 0
     for index in range(count):
         tensor = tensors[index]
         name = tensor.name
@@ -62,14 +115,23 @@ def decode_request(request: pb.ModelInferRequest, raw_contents=None) -> DecodedR
                 f"input '{name}' has unknown datatype '{datatype}'; use one of {', '.join(datatypes.NAMES)}")
         shape = tuple(tensor.shape)
         elements = _checked_elements(name, shape)
-        if tensor.parameters:
-            _check_tensor_parameters(name, tensor.parameters)
-        if raw:
+        place = _placement(f"input '{name}'", tensor.parameters) if tensor.parameters else None
+        if place is not None:
+            if tensor.HasField("contents"):
+                raise InvalidRequest(f"input '{name}' has typed contents and names shared memory region "
+                                     f"'{place[0]}'; use one or the other")
+            if raw and one_per_input:
+                raise InvalidRequest(
+                    f"input '{name}' names shared memory region '{place[0]}' and has a raw_input_contents entry "
+                    "too; an input in shared memory takes none")
+            array = _region_input(decoded, name, datatype, shape, elements, place, shared_memory)
+        elif raw:
             if tensor.HasField("contents"):
                 raise InvalidRequest(
                     f"input '{name}' has typed contents while the request uses raw_input_contents; use one or the "
                     "other")
-            buffer = raw[index]
+            buffer = raw[next_raw]
+            next_raw += 1
             dtype = _FIXED_SIZE.get(datatype)
             if dtype is not None:  # the common case, inline: one length check, one zero-copy view
                 if len(buffer) != elements * dtype.itemsize:
@@ -85,12 +147,25 @@ def decode_request(request: pb.ModelInferRequest, raw_contents=None) -> DecodedR
         elif tensor.HasField("contents"):
             array = _decode_typed(name, datatype, shape, tensor.contents)
         else:
-            raise InvalidRequest(f"input '{name}' has no contents (neither raw_input_contents nor contents)")
+            raise InvalidRequest(f"input '{name}' has no contents (neither raw_input_contents, contents nor a "
+                                 "shared memory region)")
         inputs[name] = array
         signature[name] = (datatype, shape)
-    outputs = _requested_outputs(request) if request.outputs else []
-    timeout_us = _timeout_us(request) if request.parameters else 0
-    return DecodedRequest(inputs, signature, outputs, timeout_us)
+
+
+def _check_raw_count(tensors, entries: int) -> None:
+    """Raise InvalidRequest unless raw_input_contents' `entries` are one per input not in shared memory."""
+    count = len(tensors)
+    placed = sum(1 for tensor in tensors
+                 if tensor.parameters and _placement(f"input '{tensor.name}'", tensor.parameters) is not None)
+    if entries == count - placed:
+        return
+    if placed:
+        raise InvalidRequest(
+            f"raw_input_contents has {entries} entries for the {count - placed} inputs not in shared memory "
+            f"(of {count}); send one per such input, in order")
+    raise InvalidRequest(
+        f"raw_input_contents has {entries} entries for {count} inputs; send one per input, in order")
 
 
 # Fixed-size datatypes decoded inline (BF16 and BYTES go through the codec).
@@ -107,24 +182,79 @@ def _checked_elements(name: str, shape: tuple[int, ...]) -> int:
     elements = math.prod(shape)
     if elements > MAX_ELEMENTS:
         raise InvalidRequest(f"input '{name}' shape {list(shape)} has more elements than any request may hold")
+    if not elements and shape and math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        # No element, but numpy cannot make an array of this shape (it multiplies every dimension).
+        raise InvalidRequest(f"input '{name}' has an absurd shape {list(shape)}")
     return elements
 
 
-def _check_tensor_parameters(name: str, parameters) -> None:
-    for key in _UNSUPPORTED_PARAMETERS:
-        if key in parameters:
-            raise InvalidRequest(
-                f"input '{name}' uses shared memory ({key}), which slotserve does not support; send the data in "
-                "the request")
+def _placement(what: str, parameters) -> tuple[str, int, int] | None:
+    """(region name, offset, byte size) from a tensor's shared-memory parameters, or None when it names no
+    region. Raises InvalidRequest, as Triton does, for a region name that is not a string, an offset or byte
+    size that is not an integer or is given without a region, or a region without a byte size."""
+    if REGION not in parameters:
+        for key in (OFFSET, BYTE_SIZE):
+            if key in parameters:
+                raise InvalidRequest(f"{what} has '{key}' without '{REGION}'")
+        return None
+    region = parameters[REGION]
+    if region.WhichOneof("parameter_choice") != "string_param":
+        raise InvalidRequest(f"{what}: '{REGION}' must be a string_param (the region's name)")
+    if BYTE_SIZE not in parameters:
+        raise InvalidRequest(f"{what} names shared memory region '{region.string_param}' without '{BYTE_SIZE}'")
+    return (region.string_param, _integer(what, parameters, OFFSET) if OFFSET in parameters else 0,
+            _integer(what, parameters, BYTE_SIZE))
+
+
+def _integer(what: str, parameters, key: str) -> int:
+    parameter = parameters[key]
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param"):
+        raise InvalidRequest(f"{what}: '{key}' must be an int64_param")
+    value = getattr(parameter, kind)
+    if value < 0:
+        raise InvalidRequest(f"{what}: '{key}' must be >= 0, got {value}")
+    return value
+
+
+def _hold_slice(decoded: DecodedRequest, what: str, place: tuple[str, int, int],
+                shared_memory: SharedMemoryRegistry | None) -> RegionSlice:
+    """Take a reference to the named region for the request (kept in `decoded.regions`) and check the range."""
+    name, offset, byte_size = place
+    if shared_memory is None:
+        raise InvalidRequest(disabled_message(f"{what} names shared memory region '{name}'"))
+    region = shared_memory.hold(name, what)
+    decoded.regions.append(region)
+    return region.slice(offset, byte_size, what)
+
+
+def _region_input(decoded: DecodedRequest, name: str, datatype: str, shape: tuple[int, ...], elements: int,
+                  place: tuple[str, int, int], shared_memory: SharedMemoryRegistry | None) -> np.ndarray:
+    """An input read from shared memory: a read-only view of the mapping (BYTES elements are copied out)."""
+    what = f"input '{name}'"
+    region_slice = _hold_slice(decoded, what, place, shared_memory)
+    if datatype == "BYTES":
+        with region_slice.buffer() as view:
+            try:
+                return deserialize_bytes(view, elements, name).reshape(shape)
+            except TensorDecodeError as error:
+                raise InvalidRequest(f"shared memory region '{place[0]}': {error}") from None
+    dtype = datatypes.numpy_dtype(datatype)
+    needed = elements * dtype.itemsize
+    if region_slice.byte_size != needed:
+        raise InvalidRequest(
+            f"{what} in shared memory region '{place[0]}': shape {list(shape)} of {datatype} needs {needed} bytes, "
+            f"{BYTE_SIZE} is {region_slice.byte_size}")
+    return region_slice.array(dtype, shape)
 
 
 def _decode_typed(name: str, datatype: str, shape: tuple[int, ...], contents) -> np.ndarray:
     expected = datatypes.BY_NAME[datatype].contents_field
     if expected is None:
         raise InvalidRequest(f"input '{name}' is {datatype}, which can only be sent in raw_input_contents")
-    for field in _TYPED_FIELDS:
-        if field != expected and len(getattr(contents, field)):
-            raise InvalidRequest(f"input '{name}' is {datatype} and takes {expected}; got {field}")
+    for kind in _TYPED_FIELDS:
+        if kind != expected and len(getattr(contents, kind)):
+            raise InvalidRequest(f"input '{name}' is {datatype} and takes {expected}; got {kind}")
     values = getattr(contents, expected)
     count = element_count(shape)
     if len(values) != count:
@@ -140,14 +270,19 @@ def _decode_typed(name: str, datatype: str, shape: tuple[int, ...], contents) ->
         raise InvalidRequest(f"input '{name}': a value in {expected} does not fit {datatype}") from None
 
 
-def _requested_outputs(request: pb.ModelInferRequest) -> list[str]:
+def _requested_outputs(request: pb.ModelInferRequest, decoded: DecodedRequest,
+                       shared_memory: SharedMemoryRegistry | None) -> list[str]:
     names = []
     for output in request.outputs:
         if output.name in names:
             raise InvalidRequest(f"output '{output.name}' is requested twice")
-        if "classification" in output.parameters:
-            raise InvalidRequest(f"output '{output.name}' asks for classification, which slotserve does not do")
-        _check_tensor_parameters(output.name, output.parameters)
+        if output.parameters:
+            if "classification" in output.parameters:
+                raise InvalidRequest(f"output '{output.name}' asks for classification, which slotserve does not do")
+            what = f"output '{output.name}'"
+            place = _placement(what, output.parameters)
+            if place is not None:
+                decoded.output_regions[output.name] = _hold_slice(decoded, what, place, shared_memory)
         names.append(output.name)
     return names
 
@@ -166,32 +301,57 @@ def _timeout_us(request: pb.ModelInferRequest) -> int:
 
 
 def encode_response(response: pb.ModelInferResponse, outputs: dict[str, np.ndarray],
-                    metadata: ModelMetadata):
+                    metadata: ModelMetadata, regions: dict[str, RegionSlice] | None = None):
     """Add `outputs` to `response` as raw contents, in the model's output order, typed as the model declares
     them. Small outputs go into the message (returned); when they add up to LARGE_MESSAGE_BYTES or more, the
-    arrays are kept out of it and an InferResponse is returned, which the wire layer serializes with one copy."""
+    arrays are kept out of it and an InferResponse is returned, which the wire layer serializes with one copy.
+
+    An output with an entry in `regions` (DecodedRequest.output_regions) is written into its shared-memory
+    region instead, and gets an empty raw entry (so raw_output_contents stays one entry per output). Raises
+    InvalidRequest, having written nothing, when an output does not fit its region."""
     tensors = response.outputs
     raw = []
     size = 0
+    to_write = []
     for name, datatype, dtype in _output_plan(metadata):
         array = outputs.get(name)
         if array is None:
             continue
-        if dtype is None:
+        target = regions.get(name) if regions else None
+        if target is not None:
+            item = encode_raw(array) if dtype is None else array
+            to_write.append((name, target, item, dtype))
+            raw.append(b"")
+        elif dtype is None:
             item = encode_raw(array)
             size += len(item)
+            raw.append(item)
         else:
             if array.dtype != dtype:
                 array = array.astype(dtype)
-            item = array
-            size += item.nbytes
-        raw.append(item)
+            size += array.nbytes
+            raw.append(array)
         tensors.add(name=name, datatype=datatype, shape=array.shape)
+    if to_write:
+        _write_regions(to_write)
     if size >= LARGE_MESSAGE_BYTES:
         return InferResponse(response, [np.ascontiguousarray(item) if type(item) is np.ndarray else item
                                         for item in raw])
     response.raw_output_contents.extend([item.tobytes() if type(item) is np.ndarray else item for item in raw])
     return response
+
+
+def _write_regions(to_write: list) -> None:
+    """Write outputs into their regions (one copy each, cast to the declared datatype on the way), after
+    checking that every one fits: a request whose outputs do not all fit changes no region."""
+    for name, target, item, dtype in to_write:
+        needed = len(item) if dtype is None else item.size * dtype.itemsize
+        if needed > target.byte_size:
+            raise InvalidRequest(
+                f"output '{name}' needs {needed} bytes and shared memory region '{target.region.name}' gives it "
+                f"{target.byte_size} ({BYTE_SIZE}); ask for at least {needed}")
+    for _name, target, item, dtype in to_write:
+        target.write(item, dtype)
 
 
 def _output_plan(metadata: ModelMetadata) -> list[tuple[str, str, np.dtype | None]]:

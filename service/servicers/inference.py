@@ -19,6 +19,7 @@ from engine.errors import EngineError, ModelConfigError
 from ..errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..lifecycle import ModelEntry, ModelState
 from ..registry import ModelRegistry
+from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
 from ..timers import TimerQueue
 from ..wire import parse_infer_request, serialize_infer_response
 from .common import SHUTDOWN, CallKind, CallTracker, ManagementGate, as_client_error, client_deadline, rpc
@@ -30,6 +31,7 @@ SERVER_NAME = "slotserve"
 # its call is cancelled; less than service.server.SHUTDOWN_MARGIN, so its handler is joined, not abandoned.
 SHUTDOWN_STREAM_SECONDS = 1.0
 EXTENSIONS = ("model_repository", "model_configuration", "statistics", "parameters", "slotserve_management")
+SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only when --shared-memory system is on
 
 # RepositoryIndex speaks the protocol users' state names.
 _INDEX_STATE = {
@@ -44,8 +46,10 @@ _INDEX_STATE = {
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, registry: ModelRegistry, dataplane: Dataplane, calls: CallTracker,
                  management: ManagementGate, server_state, version: str, timers: TimerQueue,
-                 write_timeout: float) -> None:
+                 write_timeout: float, shared_memory: SharedMemoryRegistry | None = None) -> None:
         self._registry = registry
+        self._shared_memory = shared_memory
+        self._extensions = EXTENSIONS + ((SYSTEM_SHARED_MEMORY,) if shared_memory is not None else ())
         self._dataplane = dataplane
         self._calls = calls
         self._timers = timers
@@ -78,7 +82,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ServerMetadata(self, request, context, token):
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=self._version, extensions=EXTENSIONS)
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=self._version, extensions=self._extensions)
 
     @rpc
     def ModelMetadata(self, request, context, token):
@@ -219,29 +223,53 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._registry.unload(request.model_name, cancel=token)
         return pb.RepositoryModelUnloadResponse()
 
-    # ---- not supported: shared memory, trace, log settings --------------------------------------------------
+    # ---- system shared memory (service/shared_memory.py); CUDA shared memory is not supported ----------------
+    # Like every guarded method these need the inference token when one is set: registering makes the server map
+    # host memory, so it is never open.
+
+    @rpc
+    def SystemSharedMemoryRegister(self, request, context, token):
+        self._system_shared_memory("SystemSharedMemoryRegister").register(
+            request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc
+    def SystemSharedMemoryStatus(self, request, context, token):
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._system_shared_memory("SystemSharedMemoryStatus").status(request.name):
+            response.regions[region.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size))
+        return response
 
     @rpc
     def SystemSharedMemoryUnregister(self, request, context, token):
-        # Nothing is ever registered, so unregistering (what clients do first, to start clean) succeeds.
+        # OK for an unknown name, and with shared memory off (nothing is registered): clients unregister
+        # everything first to start clean, as Triton's examples do.
+        if self._shared_memory is not None:
+            if request.name:
+                self._shared_memory.unregister(request.name)
+            else:
+                self._shared_memory.unregister_all()
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc
     def CudaSharedMemoryUnregister(self, request, context, token):
-        return pb.CudaSharedMemoryUnregisterResponse()
+        return pb.CudaSharedMemoryUnregisterResponse()  # nothing can be registered
 
-    # These answer UNIMPLEMENTED, after the same token check as every guarded method, so an unauthenticated
-    # caller learns nothing about the server from them either.
+    @rpc
+    def CudaSharedMemoryRegister(self, request, context, token):
+        raise SharedMemoryUnsupported(CUDA_UNSUPPORTED)
 
-    def _unsupported(self, request, context, what="shared memory"):
-        self._management.abort_unless(Access.READ, "shared memory", context)
-        context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                      f"slotserve does not support {what}; send tensors in the request")
+    @rpc
+    def CudaSharedMemoryStatus(self, request, context, token):
+        raise SharedMemoryUnsupported(CUDA_UNSUPPORTED)
 
-    SystemSharedMemoryStatus = _unsupported
-    SystemSharedMemoryRegister = _unsupported
-    CudaSharedMemoryStatus = _unsupported
-    CudaSharedMemoryRegister = _unsupported
+    def _system_shared_memory(self, operation: str) -> SharedMemoryRegistry:
+        if self._shared_memory is None:
+            raise SharedMemoryUnsupported(disabled_message(operation))
+        return self._shared_memory
+
+    # ---- not supported: trace and log settings -------------------------------------------------------------
 
     def TraceSetting(self, request, context):
         self._management.abort_unless(Access.READ, "TraceSetting", context)

@@ -355,10 +355,6 @@ def test_config_override_that_does_not_fit_the_model_keeps_the_old_config(overri
 # ---- unsupported extensions -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("method,request_type,what", [
-    ("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest, "shared memory"),
-    ("SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest, "shared memory"),
-    ("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest, "shared memory"),
-    ("CudaSharedMemoryRegister", pb.CudaSharedMemoryRegisterRequest, "shared memory"),
     ("TraceSetting", pb.TraceSettingRequest, "trace settings"),
     ("LogSettings", pb.LogSettingsRequest, "log settings"),
 ])
@@ -366,6 +362,29 @@ def test_unsupported_rpcs_are_unimplemented(demo, method, request_type, what):
     error = rpc_error(getattr(stub(demo), method), request_type())
     assert error.code == "UNIMPLEMENTED"
     assert f"slotserve does not support {what}" in error.message
+
+
+@pytest.mark.parametrize("method,message", [
+    ("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest()),
+    ("SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(name="region", key="/k", byte_size=8)),
+])
+def test_system_shared_memory_is_unimplemented_until_enabled(demo, method, message):
+    error = rpc_error(getattr(stub(demo), method), message)
+    assert error.code == "UNIMPLEMENTED" and error.reason == "unimplemented"
+    assert "system shared memory is off" in error.message and "--shared-memory system" in error.message
+    assert "system_shared_memory" not in stub(demo).ServerMetadata(pb.ServerMetadataRequest(),
+                                                                   timeout=CALL_TIMEOUT).extensions
+
+
+@pytest.mark.parametrize("method,request_type", [
+    ("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest),
+    ("CudaSharedMemoryRegister", pb.CudaSharedMemoryRegisterRequest),
+])
+def test_cuda_shared_memory_is_unimplemented_and_names_the_way(demo, method, request_type):
+    error = rpc_error(getattr(stub(demo), method), request_type())
+    assert error.code == "UNIMPLEMENTED"
+    assert "does not support CUDA shared memory" in error.message
+    assert "--shared-memory system" in error.message and "CUDA IPC is planned for the TensorRT" in error.message
 
 
 @pytest.mark.parametrize("method,request_type", [

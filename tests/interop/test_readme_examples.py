@@ -197,3 +197,15 @@ def test_the_authentication_session_unloads_with_the_token_and_not_without(demo_
                               env={**os.environ, ADDRESS_ENV: running.address, "SLOTSERVE_MANAGEMENT_TOKEN": ""})
         assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr + refused.stdout
         assert running.management.get("simple_identity").loaded
+
+
+def test_the_shared_memory_session_passes_tensors_in_regions(demo_repository, tmp_path):
+    [(language, code)] = [block for block in section_blocks("Shared memory") if "make run" in block[1]]
+    assert language == "bash"
+    with session(code, demo_repository, tmp_path) as (running, output):
+        sums, differences = output.split("]]")[:2]
+        a = np.arange(16, dtype=np.int32)
+        assert integers(sums) == (a + 1).tolist() and integers(differences) == (a - 1).tolist()
+        statistics = running.server.shared_memory.statistics()
+        assert statistics.taken == 4  # both inputs and both outputs travelled in the regions
+        assert statistics.regions == 0  # the example unregisters what it registered

@@ -312,6 +312,33 @@ def test_no_usable_token_is_published():
                 auth.Secret(str(value), f"{where} {key}")
 
 
+def test_a_pod_with_shared_memory_shares_a_memory_backed_dev_shm_with_its_client():
+    """--shared-memory system only makes sense with a client in the pod: both mount one memory-backed emptyDir at
+    /dev/shm, run as one user, and slotserve bounds what it maps (prefix, bytes within the volume) and needs a
+    token (its port listens on the pod's address for the probes)."""
+    found = 0
+    for where, spec in pod_specs(manifest_documents()):
+        for container in spec["containers"]:
+            args = container.get("args", [])
+            if not is_slotserve_container(container) or value_of(args, "--shared-memory") != "system":
+                continue
+            found += 1
+            volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
+            shm = [m["name"] for m in container.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+            assert shm and volumes[shm[0]].get("emptyDir", {}).get("medium") == "Memory", where
+            clients = [c for c in spec["containers"] if c is not container
+                       and any(m["name"] == shm[0] for m in c.get("volumeMounts", []))]
+            assert clients, f"{where}: no other container shares /dev/shm with slotserve"
+            assert spec["securityContext"]["runAsUser"] and all(
+                "runAsUser" not in c.get("securityContext", {}) for c in [container, *clients]), \
+                f"{where}: slotserve and its client must run as one user (set it for the pod)"
+            assert (value_of(args, "--shared-memory-prefix") or "/") != "/", f"{where}: restrict the keys"
+            limit = volumes[shm[0]]["emptyDir"]["sizeLimit"]
+            assert limit.endswith("Gi") and int(value_of(args, "--shared-memory-max-bytes")) <= int(limit[:-2]) << 30
+            assert value_of(args, "--inference-token-file"), f"{where}: registering must need a token"
+    assert found, "no manifest shows --shared-memory system"
+
+
 def test_the_service_sends_grpc_to_the_pods():
     documents = [document for _, document in manifest_documents()]
     deployments = [d for d in documents if d["kind"] == "Deployment"]

@@ -1,0 +1,85 @@
+"""`identity_fp32` at 1, 16 and 64 MiB, concurrency 1 and 4: MB/s with the input and the output in system shared
+memory (perf_analyzer `--shared-memory system`) against the gRPC path, on one slotserve started with
+`--shared-memory system`, alternating point by point; beside them, this machine's single-thread memcpy rate.
+
+MB/s = request payload bytes per second (the output carries as many back). With shared memory the tensor is copied
+twice (ONNX Runtime's Identity writes its output, which the server copies into the output region; the input is
+read in place), so the rate is bound by how fast the machine copies memory: memcpy is the ceiling to compare with.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..common import DEMO_REPOSITORY, log
+from ..perf_analyzer import PerfAnalyzer, describe, measure
+from ..servers import Launcher
+from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, median, met_if, ok, paired_ratio
+
+SHM_SIZES = {"1 MiB": 262144, "16 MiB": 4194304, "64 MiB": 16777216}  # FP32 elements
+SHM_CONCURRENCY = (1, 4)
+PATHS = ("shared memory", "gRPC")
+TARGET = 5.0  # shared memory / gRPC at 16 MiB
+# A window must hold a few requests: 64 MiB through gRPC takes about a second each at concurrency 4 here.
+LARGE_WINDOW_MS = 5000
+
+
+def memcpy_mb_per_s(size: int = 64 << 20, repeats: int = 15) -> list[float]:
+    """Single-thread copy rate between two warm (already faulted-in) buffers of `size` bytes, MB/s per repeat."""
+    source = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+    target = np.empty_like(source)
+    np.copyto(target, source)  # fault the pages in first
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        rates.append(size / (time.perf_counter() - started) / 1e6)
+    return rates
+
+
+def _flags(path: str, elements: int) -> list[str]:
+    if path == "gRPC":
+        return []
+    return ["--shared-memory", "system", "--output-shared-memory-size", str(elements * 4)]
+
+
+def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict) -> None:
+    points = {(path, size, c): [] for path in PATHS for size in SHM_SIZES for c in SHM_CONCURRENCY}
+    memcpy: list[float] = []
+    with launcher.slotserve("slotserve-shm", DEMO_REPOSITORY, ["--shared-memory", "system"]) as server:
+        for round_index in range(args.rounds):
+            memcpy += memcpy_mb_per_s()
+            log(f"shared memory round {round_index + 1}/{args.rounds}: memcpy {median(memcpy):.0f} MB/s")
+            order = PATHS if round_index % 2 == 0 else PATHS[::-1]
+            for size, elements in SHM_SIZES.items():
+                for c in SHM_CONCURRENCY:
+                    for path in order:
+                        window = max(pa.interval_ms, LARGE_WINDOW_MS) if elements >= SHM_SIZES["64 MiB"] else None
+                        point = measure(pa, server, "identity_fp32", c, shape=f"INPUT0:{elements}",
+                                        extra=_flags(path, elements), interval_ms=window)
+                        if ok(point):
+                            point["mb_per_s"] = point["infer_per_s"] * elements * 4 / 1e6
+                        points[(path, size, c)].append(point)
+                        log(f"shared memory round {round_index + 1}/{args.rounds} {size} c={c} {path}: "
+                            + (f"{point['mb_per_s']:.0f} MB/s, " if ok(point) else "") + describe(point))
+    raw["shared_memory"] = {f"{path} {size} c={c}": runs for (path, size, c), runs in points.items()}
+    raw["memcpy_mb_per_s"] = memcpy
+    ceiling = median(memcpy)
+    table.add("shared_memory", "single-thread memcpy MB/s (64 MiB, warm): the ceiling", fmt(ceiling),
+              mb_per_s=ceiling)
+    for size in SHM_SIZES:
+        for c in SHM_CONCURRENCY:
+            s, g = points[("shared memory", size, c)], points[("gRPC", size, c)]
+            error = first_error(s) or first_error(g)
+            ratio = paired_ratio(s, g, "mb_per_s")
+            target = size == "16 MiB"
+            shm_rate = column_median(s, "mb_per_s")
+            table.add("shared_memory", f"identity_fp32 {size} c={c} MB/s, shared memory / gRPC",
+                      f"{fmt(shm_rate)} / {fmt(column_median(g, 'mb_per_s'))} = {fmt_x(ratio)}"
+                      f" ({100 * shm_rate / ceiling:.0f} % of memcpy; p50 {fmt_ms(column_median(s, 'p50_ms'))} / "
+                      f"{fmt_ms(column_median(g, 'p50_ms'))} ms)" + (f" [{error[:100]}]" if error else ""),
+                      f"ratio >= {TARGET:g}" if target else "",
+                      met_if(ratio, lambda v: v >= TARGET) if target else None,
+                      ratio=ratio, shared_memory=shm_rate, grpc=column_median(g, "mb_per_s"))
