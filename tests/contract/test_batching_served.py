@@ -94,3 +94,51 @@ def test_a_stream_request_batches_with_unary_ones_and_gets_its_answer_on_its_str
     statistics = served.stub.ModelStatistics(pb.ModelStatisticsRequest(name="m"), timeout=10).model_stats[0]
     assert (statistics.execution_count, statistics.inference_count) == (2, 3)
     assert {(b.batch_size, b.compute_infer.count) for b in statistics.batch_stats} == {(1, 1), (2, 1)}
+
+
+def test_requests_with_tensors_in_shared_memory_batch_and_each_writes_its_own_rows(tmp_path):
+    """Three queued requests of one batch read their inputs from, and write their outputs to, their own parts
+    of one shared-memory region; a fourth, whose input region was unregistered while it waited, is refused alone
+    (INVALID_ARGUMENT) and writes nothing."""
+    from generated import grpc_service_pb2 as pb_messages
+    from tests.integration._shm import ShmObject, in_region, register
+
+    write_batching_model(tmp_path, "m")
+    served = InProcess(tmp_path, {}, parallel_jobs=1, shared_memory="system")
+    region = ShmObject(4096)
+    gone = ShmObject(64)
+    try:
+        register(served.stub, "r", region.key, 4096, timeout=10)
+        register(served.stub, "gone", gone.key, 64, timeout=10)
+        prepare = served.gate("m", "prepare").hold()
+        running = served.stub.ModelInfer.future(request("m", rows_of(100.0)), timeout=30)
+        prepare.wait_blocked(1)
+        members = []
+        for index in range(3):
+            values = rows_of(float(index))
+            region.write(256 * index, values)
+            message = pb_messages.ModelInferRequest(model_name="m")
+            tensor = message.inputs.add(name="INPUT0", datatype="FP32", shape=list(values.shape))
+            in_region(tensor, "r", values.nbytes, offset=256 * index)
+            in_region(message.outputs.add(name="OUTPUT0"), "r", values.nbytes, offset=2048 + 256 * index)
+            members.append(served.stub.ModelInfer.future(message, timeout=30))
+            served.wait_core("m", lambda s, n=index + 1: s.queued_requests == n, f"{index + 1} queued")
+        refused = pb_messages.ModelInferRequest(model_name="m")
+        in_region(refused.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2]), "gone", 8)
+        lost = served.stub.ModelInfer.future(refused, timeout=30)
+        served.wait_core("m", lambda s: s.queued_requests == 4, "the fourth queued")
+        served.stub.SystemSharedMemoryUnregister(pb_messages.SystemSharedMemoryUnregisterRequest(name="gone"),
+                                                 timeout=10)
+        prepare.release()
+        assert outcome(running)[0] == "OK"
+        for index, member in enumerate(members):
+            code, response = outcome(member)
+            assert code == "OK" and response.raw_output_contents[0] == b"", response
+            np.testing.assert_array_equal(region.array(2048 + 256 * index, np.float32, (1, 2)), rows_of(float(index)))
+        code, error = outcome(lost)
+        assert code == "INVALID_ARGUMENT" and "'gone' was unregistered" in error.message, error
+        assert served.controls.batches("m") == [1, 3]  # the refused one was its own batch, and never ran
+    finally:
+        served.close()
+        region.close()
+        gone.close()
