@@ -16,6 +16,11 @@ talks to 127.0.0.1 only. Sections, in order (all by default):
              `--shared-memory system`: perf_analyzer `--shared-memory system` (input and output in regions)
              against the gRPC path, alternating point by point; MB/s as above; ratio = median of the per-round
              ratios shared memory / gRPC; beside them this machine's single-thread memcpy rate (64 MiB, warm).
+  batching   the demo's weight-bound `mlp` (one row per request), perf_analyzer at concurrency 16 and 1: slotserve
+             with `dynamic_batching { }` against the same weights without it (one server, --parallel-jobs 2)
+             and against PyTriton (Triton's dynamic batcher, 2 instances, one onnxruntime session with the same
+             settings; bench/pytriton/serve.py in bench/.venv-pytriton); `simple` with the block against the
+             bare server at concurrency 16; the batch sizes slotserve ran (ModelStatistics batch_stats).
   slots      matmul_chain on slotserve with --parallel-jobs 1, 2, 4 (three servers, alternating), perf_analyzer at
              a fixed concurrency of 8; scaling = infer/s(N slots) / infer/s(1 slot), median of per-round ratios.
              Each round also runs matmul_chain in this process (no server) on 1 and on 2 threads: the scaling the
@@ -59,6 +64,7 @@ from bench.machine import machine_info  # noqa: E402
 from bench.perf_analyzer import PERF_ANALYZER, PerfAnalyzer  # noqa: E402
 from bench.profiling import render_profile  # noqa: E402
 from bench.sections.admission import section_admission  # noqa: E402
+from bench.sections.batching import section_batching  # noqa: E402
 from bench.sections.coldload import section_coldload  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
@@ -68,7 +74,7 @@ from bench.sections.slots import section_slots  # noqa: E402
 from bench.servers import Launcher  # noqa: E402
 from bench.table import Table  # noqa: E402
 
-SECTIONS = ("simple", "identity", "shared_memory", "slots", "memory", "admission", "coldload")
+SECTIONS = ("simple", "identity", "shared_memory", "batching", "slots", "memory", "admission", "coldload")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,7 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    needs_pa = {"simple", "identity", "shared_memory", "slots"} & set(args.sections)
+    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots"} & set(args.sections)
     if needs_pa and not os.access(PERF_ANALYZER, os.X_OK):
         print(f"bench: {PERF_ANALYZER} is missing: run bench/setup.sh first", file=sys.stderr)
         return 2
@@ -124,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             "simple": lambda: section_simple(args, launcher, pa, table, raw),
             "identity": lambda: section_identity(args, launcher, pa, table, raw),
             "shared_memory": lambda: section_shared_memory(args, launcher, pa, table, raw),
+            "batching": lambda: section_batching(args, launcher, pa, table, raw, Path(scratch)),
             "slots": lambda: section_slots(args, launcher, pa, table, raw),
             "memory": lambda: section_memory(args, launcher, table, raw),
             "admission": lambda: section_admission(args, table, raw),

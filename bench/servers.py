@@ -26,6 +26,7 @@ class ServerProcess:
         self.argv = argv
         self.cwd = cwd
         self.process: subprocess.Popen | None = None
+        self.environment: dict[str, str] = {}  # added to this process's environment
         self.address = ""
         self.startup_s = float("nan")
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
@@ -39,7 +40,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
         LOGS.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.environment)
         started = time.perf_counter()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.process = subprocess.Popen(self.argv, cwd=self.cwd, stdout=out, stderr=err,

@@ -5,6 +5,9 @@
 #   bench/.cache/libb64/  Debian's libb64-0d, unpacked (perf_analyzer links libb64.so.0d; no root install)
 #   bench/.cache/perf_analyzer   a wrapper that sets LD_LIBRARY_PATH (libb64 + libcudart from PyPI's
 #                         nvidia-cuda-runtime-cu12; perf_analyzer links libcudart.so.12 even on CPU) and runs it
+#   bench/.venv-pytriton/ its own venv: nvidia-pytriton 0.7.0 (it bundles Triton server 2.51.0 and wants numpy
+#                         1.x) with the project's onnxruntime, for the batching section's PyTriton server
+#                         (bench/pytriton/serve.py)
 #   --with-py-spy         also installs py-spy into bench/.venv-pa (for `bench/run.py --profile`)
 # Idempotent: a second run only re-checks `perf_analyzer --version`.
 set -euo pipefail
@@ -42,6 +45,19 @@ fi
 if [[ $WITH_PY_SPY == 1 && ! -x $VENV/bin/py-spy ]]; then
     echo "bench/setup.sh: installing py-spy==$PY_SPY_VERSION into $VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "py-spy==$PY_SPY_VERSION"
+fi
+
+PYTRITON_VENV=$HERE/.venv-pytriton
+PYTRITON_VERSION=0.7.0
+ONNXRUNTIME_VERSION=$(sed -nE 's/^onnxruntime==(.*)$/\1/p' "$HERE/../requirements.txt")
+PYTRITON_STAMP=$PYTRITON_VENV/.installed-$PYTRITON_VERSION-$ONNXRUNTIME_VERSION
+if [[ ! -f $PYTRITON_STAMP ]]; then
+    echo "bench/setup.sh: creating $PYTRITON_VENV (nvidia-pytriton==$PYTRITON_VERSION, onnxruntime==$ONNXRUNTIME_VERSION)"
+    rm -rf "$PYTRITON_VENV"
+    "$PYTHON" -m venv "$PYTRITON_VENV"
+    "$PYTRITON_VENV/bin/pip" install --quiet --disable-pip-version-check \
+        "nvidia-pytriton==$PYTRITON_VERSION" "onnxruntime==$ONNXRUNTIME_VERSION" "numpy==1.26.4"
+    touch "$PYTRITON_STAMP"
 fi
 
 PA_BIN=$VENV/bin/perf_analyzer

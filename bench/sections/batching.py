@@ -1,0 +1,141 @@
+"""Dynamic batching (issue 13): the weight-bound `mlp` batched against unbatched on slotserve, against PyTriton
+(Triton's dynamic batcher), and `simple` with the block against the bare server.
+
+One row per request (perf_analyzer's default batch size 1), perf_analyzer at concurrency 16 and 1, every server
+running at once and measured point by point in alternating order. slotserve serves `mlp` (the demo's config:
+`dynamic_batching { }`, no delay) and `mlp_unbatched` (the same weights, without the block) from one process with
+`--parallel-jobs 2`; PyTriton serves the same ONNX file on one onnxruntime session with the same settings, two
+instances, Triton's dynamic batcher (bench/pytriton/serve.py, its own venv). A second slotserve serves `simple`
+with `dynamic_batching { }` added, against the bare grpcio server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+from pathlib import Path
+
+from generated import grpc_service_pb2 as pb
+from generated import grpc_service_pb2_grpc as pb_grpc
+
+from ..common import BENCH, DEMO_REPOSITORY, RPC_TIMEOUT, channel, log
+from ..perf_analyzer import PerfAnalyzer, describe, measure
+from ..servers import Launcher, ServerProcess
+from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, met_if, paired_ratio
+
+PYTRITON_PYTHON = BENCH / ".venv-pytriton" / "bin" / "python"
+MLP_POINTS = (("batched", "slotserve", "mlp"), ("unbatched", "slotserve", "mlp_unbatched"),
+              ("pytriton", "pytriton", "mlp"))
+
+
+def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict, scratch: Path) -> None:
+    mlp_repository, simple_repository = _repositories(scratch)
+    points: dict[tuple[str, int], list[dict]] = {}
+    with contextlib.ExitStack() as stack:
+        servers = {
+            "slotserve": stack.enter_context(launcher.slotserve("slotserve-mlp", mlp_repository,
+                                                                ["--parallel-jobs", "2"], default_args=False)),
+            "pytriton": stack.enter_context(_pytriton(scratch)),
+            "simple+block": stack.enter_context(launcher.slotserve("slotserve-simple-block", simple_repository)),
+            "bare": stack.enter_context(launcher.bare()),
+        }
+        for round_index in range(args.rounds):
+            flip = round_index % 2 == 1
+            for c in (16, 1):
+                for label, server, model in (MLP_POINTS[::-1] if flip else MLP_POINTS):
+                    point = measure(pa, servers[server], model, c)
+                    points.setdefault((label, c), []).append(point)
+                    log(f"batching round {round_index + 1}/{args.rounds} c={c} {label}: " + describe(point))
+            for name in (("bare", "simple+block") if flip else ("simple+block", "bare")):
+                point = measure(pa, servers[name], "simple", 16)
+                points.setdefault((name, 16), []).append(point)
+                log(f"batching round {round_index + 1}/{args.rounds} simple c=16 {name}: " + describe(point))
+        batch_sizes = _batch_sizes(servers["slotserve"], "mlp")
+    raw["batching"] = {f"{label} c={c}": runs for (label, c), runs in points.items()}
+    raw["batching_batch_sizes"] = batch_sizes
+    _rows(table, points, batch_sizes)
+
+
+def _repositories(scratch: Path) -> tuple[Path, Path]:
+    """`mlp` and `mlp_unbatched` (same weights, no block) in one repository; `simple` with the block in another.
+    The weights are symlinked, not copied."""
+    mlp_repository, simple_repository = scratch / "batching-mlp", scratch / "batching-simple"
+    demo_config = (DEMO_REPOSITORY / "mlp" / "config.pbtxt").read_text()
+    for name, config in (("mlp", demo_config),
+                         ("mlp_unbatched", demo_config.replace('name: "mlp"', 'name: "mlp_unbatched"')
+                          .replace("dynamic_batching { }\n", ""))):
+        (mlp_repository / name).mkdir(parents=True)
+        (mlp_repository / name / "1").symlink_to(DEMO_REPOSITORY / "mlp" / "1", target_is_directory=True)
+        (mlp_repository / name / "config.pbtxt").write_text(config)
+    (simple_repository / "simple").mkdir(parents=True)
+    (simple_repository / "simple" / "1").symlink_to(DEMO_REPOSITORY / "simple" / "1", target_is_directory=True)
+    (simple_repository / "simple" / "config.pbtxt").write_text(
+        (DEMO_REPOSITORY / "simple" / "config.pbtxt").read_text() + "dynamic_batching { }\n")
+    return mlp_repository, simple_repository
+
+
+def _pytriton(scratch: Path) -> ServerProcess:
+    if not os.access(PYTRITON_PYTHON, os.X_OK):
+        raise RuntimeError(f"{PYTRITON_PYTHON} is missing: run bench/setup.sh")
+    with socket.socket() as probe:  # Triton takes a fixed port: pick a free one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [str(PYTRITON_PYTHON), str(BENCH / "pytriton" / "serve.py"),
+            "--model", str(DEMO_REPOSITORY / "mlp" / "1" / "model.onnx"), "--grpc-port", str(port),
+            "--instances", "2", "--max-batch-size", "16"]
+    server = ServerProcess("pytriton-mlp", argv, scratch)
+    # Triton's python backend stub links libpython: it must find the interpreter's own, not the system's.
+    server.environment = {"LD_LIBRARY_PATH": _libdir()}
+    return server
+
+
+def _libdir() -> str:
+    import sysconfig
+
+    return sysconfig.get_config_var("LIBDIR") or str(Path(sys.base_prefix) / "lib")
+
+
+def _batch_sizes(server: ServerProcess, model: str) -> dict[int, int]:
+    """Executions per batch size, from the server's ModelStatistics (as Triton reports them)."""
+    with channel(server.address) as connection:
+        stats = pb_grpc.GRPCInferenceServiceStub(connection).ModelStatistics(
+            pb.ModelStatisticsRequest(name=model), timeout=RPC_TIMEOUT).model_stats[0]
+    return {int(entry.batch_size): int(entry.compute_infer.count) for entry in stats.batch_stats}
+
+
+def _rows(table: Table, points: dict, batch_sizes: dict[int, int]) -> None:
+    def value(label: str, c: int, key: str) -> float:
+        return column_median(points[(label, c)], key)
+
+    errors = [first_error(runs) for runs in points.values() if first_error(runs)]
+    note = f" [{errors[0][:100]}]" if errors else ""
+    for c in (16, 1):
+        table.add("batching", f"mlp c={c}: infer/s batched, unbatched, PyTriton",
+                  f"{fmt(value('batched', c, 'infer_per_s'))}, {fmt(value('unbatched', c, 'infer_per_s'))}, "
+                  f"{fmt(value('pytriton', c, 'infer_per_s'))}" + note)
+        table.add("batching", f"mlp c={c}: p50 / p99 ms batched, unbatched, PyTriton",
+                  ", ".join(f"{fmt_ms(value(label, c, 'p50_ms'))} / {fmt_ms(value(label, c, 'p99_ms'))}"
+                            for label in ("batched", "unbatched", "pytriton")))
+    speedup = paired_ratio(points[("batched", 16)], points[("unbatched", 16)], "infer_per_s")
+    table.add("batching", "mlp c=16, 2 slots: batched / unbatched infer/s", fmt_x(speedup), ">= 3.5x",
+              met_if(speedup, lambda v: v >= 3.5), ratio=speedup)
+    versus = paired_ratio(points[("batched", 16)], points[("pytriton", 16)], "infer_per_s")
+    table.add("batching", "mlp c=16: slotserve batched / PyTriton infer/s", fmt_x(versus), ">= 1.3x",
+              met_if(versus, lambda v: v >= 1.3), ratio=versus)
+    ahead = paired_ratio(points[("batched", 1)], points[("pytriton", 1)], "infer_per_s")
+    table.add("batching", "mlp c=1: slotserve batched / PyTriton infer/s", fmt_x(ahead), "> 1.0x",
+              met_if(ahead, lambda v: v > 1.0), ratio=ahead)
+    p99 = paired_ratio(points[("batched", 1)], points[("unbatched", 1)], "p99_ms")
+    table.add("batching", "mlp c=1: p99 batched / unbatched", fmt_x(p99), "<= 1.1x", met_if(p99, lambda v: v <= 1.1),
+              ratio=p99)
+    simple = paired_ratio(points[("simple+block", 16)], points[("bare", 16)], "infer_per_s")
+    table.add("batching", "simple c=16 with dynamic_batching { }: infer/s slotserve / bare",
+              f"{fmt(value('simple+block', 16, 'infer_per_s'))} / {fmt(value('bare', 16, 'infer_per_s'))} = "
+              f"{fmt_x(simple)}", ">= 0.90", met_if(simple, lambda v: v >= 0.90), ratio=simple)
+    executions = sum(batch_sizes.values())
+    rows = sum(size * count for size, count in batch_sizes.items())
+    table.add("batching", "mlp batch sizes seen (size: executions)",
+              ", ".join(f"{size}: {count}" for size, count in sorted(batch_sizes.items()))
+              + (f"; mean {rows / executions:.1f} rows per execution" if executions else ""))
