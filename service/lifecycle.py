@@ -364,7 +364,8 @@ class ModelEntry:
             max_queue=self._max_queue(settings), cancel=cancel, rows=item.rows, key=item.key, payload=item)
         if ticket.is_member:
             return item  # released by its leader: the outcome is posted
-        items = [member.payload for member in ticket.members]  # type: ignore[union-attr]
+        # (No members: the model's batching was reconfigured away while this request arrived; it runs alone.)
+        items = [member.payload for member in ticket.members or [ticket]]
         # A batch of one is cancelled with its request (the common case when idle: no extra token).
         run_cancel = cancel if len(items) == 1 else EveryoneGaveUp([member.cancel for member in items])
         try:

@@ -4,7 +4,8 @@
 One row per request (perf_analyzer's default batch size 1), perf_analyzer at concurrency 16 and 1, every server
 running at once and measured point by point in alternating order. slotserve serves `mlp` (the demo's config:
 `dynamic_batching { }`, no delay) and `mlp_unbatched` (the same weights, without the block) from one process with
-`--parallel-jobs 2`; PyTriton serves the same ONNX file on one onnxruntime session with the same settings, two
+`--parallel-jobs 2` (and `mlp_delayed`: the same with a 10 ms delay and a preferred batch size of 8, to show
+what a delay buys under load); PyTriton serves the same ONNX file on one onnxruntime session with the same settings, two
 instances, Triton's dynamic batcher (bench/pytriton/serve.py, its own venv). A second slotserve serves `simple`
 with `dynamic_batching { }` added, against the bare grpcio server.
 """
@@ -27,7 +28,9 @@ from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, met_i
 
 PYTRITON_PYTHON = BENCH / ".venv-pytriton" / "bin" / "python"
 MLP_POINTS = (("batched", "slotserve", "mlp"), ("unbatched", "slotserve", "mlp_unbatched"),
-              ("pytriton", "pytriton", "mlp"))
+              ("pytriton", "pytriton", "mlp"), ("delayed", "slotserve", "mlp_delayed"))
+# What a delay buys: the same weights with a 10 ms delay and a preferred size of half the concurrency.
+DELAYED_BLOCK = "dynamic_batching { max_queue_delay_microseconds: 10000 preferred_batch_size: 8 }\n"
 
 
 def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict, scratch: Path) -> None:
@@ -52,7 +55,7 @@ def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, r
                 point = measure(pa, servers[name], "simple", 16)
                 points.setdefault((name, 16), []).append(point)
                 log(f"batching round {round_index + 1}/{args.rounds} simple c=16 {name}: " + describe(point))
-        batch_sizes = _batch_sizes(servers["slotserve"], "mlp")
+        batch_sizes = {model: _batch_sizes(servers["slotserve"], model) for model in ("mlp", "mlp_delayed")}
     raw["batching"] = {f"{label} c={c}": runs for (label, c), runs in points.items()}
     raw["batching_batch_sizes"] = batch_sizes
     _rows(table, points, batch_sizes)
@@ -63,9 +66,11 @@ def _repositories(scratch: Path) -> tuple[Path, Path]:
     The weights are symlinked, not copied."""
     mlp_repository, simple_repository = scratch / "batching-mlp", scratch / "batching-simple"
     demo_config = (DEMO_REPOSITORY / "mlp" / "config.pbtxt").read_text()
-    for name, config in (("mlp", demo_config),
-                         ("mlp_unbatched", demo_config.replace('name: "mlp"', 'name: "mlp_unbatched"')
-                          .replace("dynamic_batching { }\n", ""))):
+    variants = (("mlp", demo_config),
+                ("mlp_unbatched", demo_config.replace("dynamic_batching { }\n", "")),
+                ("mlp_delayed", demo_config.replace("dynamic_batching { }\n", DELAYED_BLOCK)))
+    for name, config in variants:
+        config = config.replace('name: "mlp"', f'name: "{name}"')
         (mlp_repository / name).mkdir(parents=True)
         (mlp_repository / name / "1").symlink_to(DEMO_REPOSITORY / "mlp" / "1", target_is_directory=True)
         (mlp_repository / name / "config.pbtxt").write_text(config)
@@ -111,13 +116,13 @@ def _rows(table: Table, points: dict, batch_sizes: dict[int, int]) -> None:
 
     errors = [first_error(runs) for runs in points.values() if first_error(runs)]
     note = f" [{errors[0][:100]}]" if errors else ""
+    labels = ("batched", "unbatched", "pytriton", "delayed")
     for c in (16, 1):
-        table.add("batching", f"mlp c={c}: infer/s batched, unbatched, PyTriton",
-                  f"{fmt(value('batched', c, 'infer_per_s'))}, {fmt(value('unbatched', c, 'infer_per_s'))}, "
-                  f"{fmt(value('pytriton', c, 'infer_per_s'))}" + note)
-        table.add("batching", f"mlp c={c}: p50 / p99 ms batched, unbatched, PyTriton",
+        table.add("batching", f"mlp c={c}: infer/s batched, unbatched, PyTriton, batched with a 10 ms delay",
+                  ", ".join(fmt(value(label, c, "infer_per_s")) for label in labels) + note)
+        table.add("batching", f"mlp c={c}: p50 / p99 ms, same order",
                   ", ".join(f"{fmt_ms(value(label, c, 'p50_ms'))} / {fmt_ms(value(label, c, 'p99_ms'))}"
-                            for label in ("batched", "unbatched", "pytriton")))
+                            for label in labels))
     speedup = paired_ratio(points[("batched", 16)], points[("unbatched", 16)], "infer_per_s")
     table.add("batching", "mlp c=16, 2 slots: batched / unbatched infer/s", fmt_x(speedup), ">= 3.5x",
               met_if(speedup, lambda v: v >= 3.5), ratio=speedup)
@@ -134,8 +139,12 @@ def _rows(table: Table, points: dict, batch_sizes: dict[int, int]) -> None:
     table.add("batching", "simple c=16 with dynamic_batching { }: infer/s slotserve / bare",
               f"{fmt(value('simple+block', 16, 'infer_per_s'))} / {fmt(value('bare', 16, 'infer_per_s'))} = "
               f"{fmt_x(simple)}", ">= 0.90", met_if(simple, lambda v: v >= 0.90), ratio=simple)
-    executions = sum(batch_sizes.values())
-    rows = sum(size * count for size, count in batch_sizes.items())
-    table.add("batching", "mlp batch sizes seen (size: executions)",
-              ", ".join(f"{size}: {count}" for size, count in sorted(batch_sizes.items()))
-              + (f"; mean {rows / executions:.1f} rows per execution" if executions else ""))
+    delayed = paired_ratio(points[("delayed", 16)], points[("unbatched", 16)], "infer_per_s")
+    table.add("batching", "mlp c=16, 2 slots: batched with a 10 ms delay / unbatched infer/s", fmt_x(delayed),
+              ratio=delayed)
+    for model, sizes in batch_sizes.items():
+        executions = sum(sizes.values())
+        rows = sum(size * count for size, count in sizes.items())
+        table.add("batching", f"{model} batch sizes seen, c=16 and c=1 (size: executions)",
+                  ", ".join(f"{size}: {count}" for size, count in sorted(sizes.items()))
+                  + (f"; mean {rows / executions:.1f} rows per execution" if executions else ""))
