@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(__file__).resolve().parent / "site"
 # The concurrency-heavy suites: the contract, shutdown and integration tests, and admission's threaded unit tests.
 SUITES = ["tests/contract", "tests/shutdown", "tests/integration", "tests/unit/test_admission.py",
-          "tests/unit/test_admission_controller.py"]
+          "tests/unit/test_admission_controller.py", "tests/unit/test_admission_batching.py"]
 _PR_SET_PDEATHSIG = 1
 
 
