@@ -117,6 +117,21 @@ def hold_next_batch(env: Batching, model: str):
     return env.lab.gate(model, "execute").hold_from(2)
 
 
+def run_a_held_batch(env: Batching, count: int):
+    """`count` requests (each with its own cancel token) queued behind a running one, then run as one batch held
+    at its execute gate. Returns (the execute gate, the tokens, the requests)."""
+    running, gate = start_busy(env, "m")
+    execute = hold_next_batch(env, "m")
+    tokens = [CancelToken() for _ in range(count)]
+    members = [env.infer("m", rows_of(float(i)), cancel=tokens[i], name=f"member{i}") for i in range(count)]
+    env.wait_queued_requests("m", count)
+    gate.release()
+    running.result()
+    execute.wait_blocked(1)  # the batch is executing
+    assert env.controls.batches("m") == [1, count]
+    return execute, tokens, members
+
+
 @cell("BATCH.01")
 def test_a_freed_slot_takes_the_oldest_requests_that_stack_and_stops_at_the_first_that_does_not(batching):
     env = batching({"m": {}})
@@ -176,15 +191,7 @@ def test_a_queued_member_expires_at_its_own_deadline_and_the_batch_forms_without
 @cell("BATCH.04")
 def test_a_member_that_gives_up_while_its_batch_runs_is_cancelled_and_the_others_get_their_results(batching):
     env = batching({"m": {}})
-    running, gate = start_busy(env, "m")
-    execute = hold_next_batch(env, "m")
-    tokens = [CancelToken() for _ in range(3)]
-    members = [env.infer("m", rows_of(float(i)), cancel=tokens[i], name=f"member{i}") for i in range(3)]
-    env.wait_queued_requests("m", 3)
-    gate.release()
-    running.result()
-    execute.wait_blocked(1)  # the batch of three is executing
-    assert env.controls.batches("m") == [1, 3]
+    execute, tokens, members = run_a_held_batch(env, 3)
     tokens[1].cancel("client")
     assert isinstance(members[1].error(), RequestCancelled)  # at once, while the batch still runs
     assert env.lab.status("m").active_slots == 1  # the batch keeps its slot
@@ -198,14 +205,7 @@ def test_a_member_that_gives_up_while_its_batch_runs_is_cancelled_and_the_others
 @cell("BATCH.05")
 def test_a_batch_whose_every_member_gave_up_is_terminated_and_the_slot_comes_back(batching):
     env = batching({"m": {}})
-    running, gate = start_busy(env, "m")
-    execute = hold_next_batch(env, "m")
-    tokens = [CancelToken() for _ in range(2)]
-    members = [env.infer("m", rows_of(float(i)), cancel=tokens[i], name=f"member{i}") for i in range(2)]
-    env.wait_queued_requests("m", 2)
-    gate.release()
-    running.result()
-    execute.wait_blocked(1)
+    execute, tokens, members = run_a_held_batch(env, 2)
     for token in tokens:
         token.cancel("client")
     for member in members:
