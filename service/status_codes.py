@@ -32,7 +32,9 @@ DOMAIN = "slotserve"
 # So quoted request strings are shortened, and the whole message is capped in UTF-8 bytes.
 MAX_QUOTED_CHARS = 120
 MAX_MESSAGE_BYTES = 1024
-_QUOTED = re.compile(r"'[^'\n]{%d,}'|\"[^\"\n]{%d,}\"" % (MAX_QUOTED_CHARS + 3, MAX_QUOTED_CHARS + 3))
+# Every quoted string, paired left to right (short ones too: matching only long ones would pair the closing quote
+# of one short name with the opening quote of the next, and shorten the text between them).
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
 
 # (exception class, status code, ErrorInfo reason or None). Lookup walks each error's MRO, so subclasses
 # listed here win over their bases.
@@ -96,6 +98,8 @@ def bounded_message(message: str) -> str:
 def _shorten_quoted(match: re.Match[str]) -> str:
     text = match.group(0)
     quote, inner = text[0], text[1:-1]
+    if len(inner) < MAX_QUOTED_CHARS + 3:  # shortened to head...tail it would be no shorter
+        return text
     keep = MAX_QUOTED_CHARS // 2
     return f"{quote}{inner[:keep]}...{inner[-keep:]}{quote} ({len(inner)} characters)"
 

@@ -33,6 +33,18 @@ def test_a_quoted_string_at_the_limit_is_kept_whole():
     assert bounded_message(f"model {name!r}") == f"model {name!r}"
 
 
+def test_text_between_two_short_quoted_names_is_left_alone():
+    """The closing quote of one name and the opening quote of the next do not make a quoted string."""
+    message = f"region 'a' of {'x' * 200} and region 'b'"
+    assert bounded_message(message) == message
+
+
+def test_a_long_quoted_name_after_a_short_one_is_still_shortened():
+    long_name = "n" * 300
+    message = bounded_message(f"input 'a' and input '{long_name}'")
+    assert message.startswith("input 'a' and input 'nnn") and "(300 characters)" in message
+
+
 def test_an_unquoted_long_message_is_cut_by_utf8_bytes_without_splitting_a_character():
     message = bounded_message("\u00e9" * 4_000)
     assert len(message.encode("utf-8")) <= MAX_MESSAGE_BYTES
