@@ -28,7 +28,7 @@ talks to 127.0.0.1 only. Sections, in order (all by default):
   memory     VmRSS of slotserve holding a generated model with ~201 MB of FP32 weights (bench/.cache), started
              with --parallel-jobs 1 and with 8, after a warm-up that keeps 8 requests in flight at once; also a
              server holding only `simple` (onnxruntime imported and warmed up) as the baseline.
-  admission  in-process micro-benchmark of service.admission.AdmissionController: uncontended acquire+release,
+  admission  in-process micro-benchmark of service.core.admission.AdmissionController: uncontended acquire+release,
              4 threads contending (1 slot, and 4 slots), and the hand-off latency from a release to the queued
              waiter running (beside the same hand-off through a bare threading.Lock).
   coldload   each demo model: RepositoryModelUnload, then the time RepositoryModelLoad takes to return (files

@@ -133,7 +133,7 @@ class BatchingSpec:
     """A model's dynamic batching settings (config.pbtxt `dynamic_batching`), as slotserve applies them.
 
     Present only on a model with `max_batch_size > 0` and the block; None on every other model. Queued requests
-    whose tensors stack are handed to one slot as one engine call (service/admission.py says the rule).
+    whose tensors stack are handed to one slot as one engine call (service/core/admission.py says the rule).
     Changing only these settings keeps the engine loaded (they are not part of `ModelSpec.session_key`).
     """
 

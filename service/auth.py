@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import Unauthenticated
+from .core.errors import Unauthenticated
 
 if TYPE_CHECKING:  # options.py imports this module; keep it light for the command line
     import grpc

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from engine.interface import CancelToken, ModelMetadata
 from generated import grpc_service_pb2 as pb
 
-from .batching import BatchItem
-from .errors import InvalidRequest, ModelNotFound
+from .core.batching import BatchItem
+from .core.errors import InvalidRequest, ModelNotFound
 from .events import RejectionLog
-from .lifecycle import Lease, ModelEntry
+from .core.lifecycle import Lease, ModelEntry
 from .outcomes import REJECTIONS, outcome_of
-from .registry import ModelRegistry
+from .core.registry import ModelRegistry
 from .shared_memory import SharedMemoryRegistry
 from .tensors import DecodedRequest, decode_request, encode_response
 from .wire import InferRequest, InferResponse

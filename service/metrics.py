@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from .outcomes import STANDARD, SUCCESS
-from .statistics import BUCKETS_SECONDS, StatisticsSnapshot
+from .core.statistics import BUCKETS_SECONDS, StatisticsSnapshot
 
 POLL_SECONDS = 0.1  # how often the HTTP loop checks for shutdown: stop() waits up to this long
 REQUEST_TIMEOUT = 10.0  # seconds a scrape connection may stall before its thread gives up on it
@@ -57,10 +57,10 @@ class SlotserveCollector(Collector):
     """Every slotserve metric, computed from the live objects at each scrape."""
 
     def __init__(self, registry, residency, events, cold_loads=None, dataplane=None) -> None:
-        self._registry = registry  # service.registry.ModelRegistry
-        self._residency = residency  # service.residency.Residency
+        self._registry = registry  # service.core.registry.ModelRegistry
+        self._residency = residency  # service.core.residency.Residency
         self._events = events  # service.events.Events
-        self._cold_loads = cold_loads  # service.residency.ColdLoadGuard or None
+        self._cold_loads = cold_loads  # service.core.residency.ColdLoadGuard or None
         self._dataplane = dataplane  # service.dataplane.Dataplane or None
 
     def collect(self) -> Iterator[Metric]:

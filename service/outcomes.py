@@ -12,7 +12,8 @@ from engine import errors as engine_errors
 from engine.interface import CancelToken
 from engine.tensor_codec import TensorDecodeError
 
-from . import errors, shared_memory
+from . import shared_memory
+from .core import errors
 
 SUCCESS = "success"
 FAILED = "failed"  # the client got INTERNAL: the details are only in the log

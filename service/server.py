@@ -28,11 +28,11 @@ from . import tls
 from .auth import Authenticator
 from .dataplane import Dataplane
 from .events import log_event
-from .lifecycle import SharedRuntime
+from .core.lifecycle import SharedRuntime
 from .metrics import ServerMetrics, SlotserveCollector
 from .options import ServerOptions
-from .registry import ModelRegistry, RegistryPolicy
-from .residency import ColdLoadGuard, Residency
+from .core.registry import ModelRegistry, RegistryPolicy
+from .core.residency import ColdLoadGuard, Residency
 from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
 from .timers import TimerQueue
 from .servicers.inference import InferenceServicer, add_inference_servicer

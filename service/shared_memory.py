@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import _posixshmem  # CPython's own binding of shm_open (what multiprocessing.shared_memory uses)
 import numpy as np
 
-from .errors import InvalidRequest, ServiceError
+from .core.errors import InvalidRequest, ServiceError
 
 DEFAULT_MAX_BYTES = 1 << 30  # --shared-memory-max-bytes: as much as one request message may carry by default
 MAX_REGIONS = 4096  # registered at once: each is a mapping, and the kernel bounds mappings per process (~65 530)

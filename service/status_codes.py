@@ -20,7 +20,8 @@ from grpc_status import rpc_status
 from engine import errors as engine_errors
 from engine.tensor_codec import TensorDecodeError
 
-from . import errors, shared_memory
+from . import shared_memory
+from .core import errors
 
 _LOG = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from engine.interface import MAX_DIMENSION, MAX_ELEMENTS, ModelMetadata
 from engine.tensor_codec import TensorDecodeError, decode_raw, deserialize_bytes, encode_raw, element_count
 from generated import grpc_service_pb2 as pb
 
-from .errors import InvalidRequest
+from .core.errors import InvalidRequest
 from .shared_memory import Region, RegionSlice, SharedMemoryRegistry, disabled_message
 from .wire import LARGE_MESSAGE_BYTES, InferResponse
 

@@ -1,4 +1,4 @@
-"""In-process micro-benchmark of service.admission.AdmissionController (no server, no gRPC)."""
+"""In-process micro-benchmark of service.core.admission.AdmissionController (no server, no gRPC)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..table import Table, fmt, median, met_if
 
 def section_admission(args, table: Table, raw: dict) -> None:
     sys.path.insert(0, str(args.slotserve_root))
-    from service.admission import AdmissionController, TicketKind
+    from service.core.admission import AdmissionController, TicketKind
 
     request = TicketKind.REQUEST
     result: dict = {}

@@ -15,7 +15,7 @@ from engine.interface import CancelToken
 
 from .. import status_codes
 from ..auth import Access, Authenticator
-from ..errors import ManagementDisabled, RequestCancelled, ServerBusy, ServiceError, ShuttingDown
+from ..core.errors import ManagementDisabled, RequestCancelled, ServerBusy, ServiceError, ShuttingDown
 
 
 SHUTDOWN = "shutdown"

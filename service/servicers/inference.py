@@ -16,9 +16,9 @@ from ..auth import Access
 from ..dataplane import Dataplane, check_version
 from engine.errors import EngineError, ModelConfigError
 
-from ..errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceError
-from ..lifecycle import ModelEntry, ModelState
-from ..registry import ModelRegistry
+from ..core.errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceError
+from ..core.lifecycle import ModelEntry, ModelState
+from ..core.registry import ModelRegistry
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
 from ..timers import TimerQueue
 from ..wire import parse_infer_request, serialize_infer_response

@@ -6,8 +6,8 @@ from generated import management_pb2 as pb
 from generated import management_pb2_grpc as pb_grpc
 
 from ..auth import Access
-from ..lifecycle import ModelState, ModelStatus
-from ..registry import ModelRegistry, Registration
+from ..core.lifecycle import ModelState, ModelStatus
+from ..core.registry import ModelRegistry, Registration
 from .common import CallTracker, ManagementGate, rpc
 
 _STATE = {

@@ -31,9 +31,9 @@ import numpy as np
 from engine.fixture import FixtureBackend, FixtureControls, Gate
 from engine.interface import CancelToken
 from engine.repository import ModelRepository
-from service.lifecycle import ModelState, ModelStatus, SharedRuntime
-from service.registry import ModelRegistry, Registration, RegistryPolicy
-from service.residency import ColdLoadGuard, Residency
+from service.core.lifecycle import ModelState, ModelStatus, SharedRuntime
+from service.core.registry import ModelRegistry, Registration, RegistryPolicy
+from service.core.residency import ColdLoadGuard, Residency
 
 WAIT = 10.0  # seconds any wait may take before the test fails
 

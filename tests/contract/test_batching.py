@@ -13,8 +13,8 @@ from engine.errors import ExecutionError
 from engine.interface import CancelToken
 from generated import grpc_service_pb2 as pb
 from service.dataplane import Dataplane
-from service.errors import AdmissionTimeout, RequestCancelled, ResidencyLimit
-from service.lifecycle import ModelState
+from service.core.errors import AdmissionTimeout, RequestCancelled, ResidencyLimit
+from service.core.lifecycle import ModelState
 from service.status_codes import describe
 
 from .harness import FakeClock, Lab

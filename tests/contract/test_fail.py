@@ -6,8 +6,8 @@ import pytest
 
 from engine.errors import ExecutionError, ModelConfigError, OutOfDeviceMemoryError
 from engine.fixture import Defect
-from service.errors import ModelLoadFailed, ModelNotFound, UnsupportedSlotCount
-from service.lifecycle import ModelState
+from service.core.errors import ModelLoadFailed, ModelNotFound, UnsupportedSlotCount
+from service.core.lifecycle import ModelState
 
 cell = pytest.mark.cell
 
@@ -197,7 +197,7 @@ def test_failed_publication_leaves_no_dangling_entry(lab_factory, monkeypatch):
     lab = lab_factory({"a": {}})
     from tests.contract.harness import write_fixture_model
     write_fixture_model(lab.root, "fresh")
-    import service.registry as registry_module
+    import service.core.registry as registry_module
 
     def failing_entry(*args, **kwargs):
         raise MemoryError("allocation failed")

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from service.lifecycle import ModelState
+from service.core.lifecycle import ModelState
 
 cell = pytest.mark.cell
 

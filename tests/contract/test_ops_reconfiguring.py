@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelLoadError
-from service.lifecycle import ModelState
+from service.core.lifecycle import ModelState
 
 cell = pytest.mark.cell
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.errors import UnsupportedSlotCount
-from service.lifecycle import ModelState
+from service.core.errors import UnsupportedSlotCount
+from service.core.lifecycle import ModelState
 
 cell = pytest.mark.cell
 

@@ -12,8 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-from service.errors import UnsupportedSlotCount
-from service.lifecycle import ModelState
+from service.core.errors import UnsupportedSlotCount
+from service.core.lifecycle import ModelState
 
 cell = pytest.mark.cell
 

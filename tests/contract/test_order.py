@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.interface import CancelToken
-from service.errors import RequestCancelled
-from service.lifecycle import ModelState
+from service.core.errors import RequestCancelled
+from service.core.lifecycle import ModelState
 
 cell = pytest.mark.cell
 

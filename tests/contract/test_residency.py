@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import MemoryLimit, ModelLoadFailed, ResidencyLimit
-from service.lifecycle import ModelState
+from service.core.errors import MemoryLimit, ModelLoadFailed, ResidencyLimit
+from service.core.lifecycle import ModelState
 from service.status_codes import describe
 
 from .harness import FakeClock
@@ -252,7 +252,7 @@ def test_cold_load_guard_serializes_cold_loads_but_not_warm_requests(lab_factory
 @cell("TIME.04")
 def test_initializer_cancelled_while_waiting_for_the_cold_load_guard_leaves_and_a_waiter_takes_over(lab_factory):
     from engine.interface import CancelToken
-    from service.errors import RequestCancelled
+    from service.core.errors import RequestCancelled
 
     lab = lab_factory({"a": {}, "b": {"capacity": 2}}, load=False, max_concurrent_loads=1)
     load_a = lab.gate("a", "load").hold()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import MemoryLimit, ResidencyLimit
-from service.lifecycle import ModelState
+from service.core.errors import MemoryLimit, ResidencyLimit
+from service.core.lifecycle import ModelState
 from service.status_codes import describe
 
 from .harness import FakeClock

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from engine.fixture import FixtureBackend, FixtureControls
-from service.lifecycle import ModelState
+from service.core.lifecycle import ModelState
 from service.options import ServerOptions
 from service.server import Server
 from tests.shutdown.harness import (VALUES, WAIT, Background, InProcess, assert_ok, assert_shutting_down, outcome,

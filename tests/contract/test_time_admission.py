@@ -7,8 +7,8 @@ import time
 import pytest
 
 from service.dataplane import Dataplane
-from service.errors import AdmissionTimeout, OverdueBlockers
-from service.lifecycle import ModelState
+from service.core.errors import AdmissionTimeout, OverdueBlockers
+from service.core.lifecycle import ModelState
 
 from .harness import FakeClock
 

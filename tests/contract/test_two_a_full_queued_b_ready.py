@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.errors import AdmissionTimeout, ServerBusy
-from service.lifecycle import ModelState
+from service.core.errors import AdmissionTimeout, ServerBusy
+from service.core.lifecycle import ModelState
 from tests.contract.harness import admission_stats, events_since, infer_logged, wait_admission
 
 cell = pytest.mark.cell

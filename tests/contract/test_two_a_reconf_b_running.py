@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.lifecycle import ModelState
+from service.core.lifecycle import ModelState
 from tests.contract.harness import admission_stats, events_since, wait_admission
 
 cell = pytest.mark.cell

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from service.lifecycle import ModelState
+from service.core.lifecycle import ModelState
 from tests.contract.harness import admission_stats, events_since, wait_admission
 
 cell = pytest.mark.cell

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.lifecycle import ModelState
+from service.core.lifecycle import ModelState
 from tests.contract.harness import admission_stats, wait_admission
 
 cell = pytest.mark.cell

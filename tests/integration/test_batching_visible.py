@@ -22,7 +22,7 @@ from tests.contract.test_batching import write_batching_model
 def running(tmp_path, caplog):
     write_batching_model(tmp_path, "m", 4, delay_us=250, preferred=(2, 4),
                          extra="default_queue_policy { max_queue_size: 7 }")
-    with caplog.at_level(logging.INFO, logger="service.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="service.core.lifecycle"):
         with serve(tmp_path, backends={"fixture": FixtureBackend(FixtureControls())}, metrics_port=0) as running:
             yield running
 

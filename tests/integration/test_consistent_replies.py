@@ -11,7 +11,7 @@ import pytest
 from engine.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
-from service.registry import Registration
+from service.core.registry import Registration
 from service.testing import serve
 
 from tests.contract.harness import write_fixture_model

@@ -140,7 +140,7 @@ def test_json_log_format_writes_only_json_lines_that_tell_the_lifecycle(tmp_path
     ]
     evicted = next(line for line in lines if line["event"] == "evicted")
     assert (evicted["reason"], evicted["for_model"], evicted["logger"]) == ("max_resident_models", "b",
-                                                                            "service.lifecycle")
+                                                                            "service.core.lifecycle")
     assert next(line for line in lines if line["event"] == "shutdown_signal")["signal"] == "SIGTERM"
 
 

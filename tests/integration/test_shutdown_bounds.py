@@ -8,7 +8,7 @@ import logging
 import threading
 
 from engine.fixture import FixtureBackend, FixtureControls
-from service.lifecycle import ModelState
+from service.core.lifecycle import ModelState
 from service.testing import serve
 
 from tests.contract.harness import write_fixture_model

@@ -434,7 +434,7 @@ class InProcess:
         return wait_until(lambda: predicate(self.status(model)), what or f"status of {model}", timeout, poll=0.002)
 
     def core_status(self, model: str):
-        """The registry's own status (service.lifecycle.ModelStatus), readable at any time."""
+        """The registry's own status (service.core.lifecycle.ModelStatus), readable at any time."""
         return self.server.registry.get(model).status()
 
     def wait_core(self, model: str, predicate: Callable[[object], bool], what: str = "",

@@ -296,7 +296,7 @@ def test_a_sticky_cuda_error_retires_the_model_and_the_next_request_rebuilds_it(
     with serve(repository, backends={"tensorrt": backend}, parallel_jobs=2, allow_management=True) as running:
         infer(running, 0)
         device.inject_fault(700)  # cudaErrorIllegalAddress in the next run's kernel
-        with caplog.at_level(logging.INFO, logger="service.lifecycle"):
+        with caplog.at_level(logging.INFO, logger="service.core.lifecycle"):
             with pytest.raises(ClientError) as caught:
                 infer(running, 1)
             assert (caught.value.code, caught.value.reason) == ("UNAVAILABLE", "device_failed")

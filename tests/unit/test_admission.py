@@ -10,8 +10,8 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.interface import CancelToken
-from service.admission import (AdmissionController, AdmissionCore, Refusal, Ticket, TicketKind, TicketState)
-from service.errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
+from service.core.admission import (AdmissionController, AdmissionCore, Refusal, Ticket, TicketKind, TicketState)
+from service.core.errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
 
 REQUEST, MANAGER = TicketKind.REQUEST, TicketKind.MANAGER
 

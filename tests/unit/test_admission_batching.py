@@ -1,4 +1,4 @@
-"""The admission core's batching rule (service/admission.py), as a hypothesis state machine: requests of a few
+"""The admission core's batching rule (service/core/admission.py), as a hypothesis state machine: requests of a few
 shapes and row counts, managers, releases, expiries, cancellations, resizes and a moving clock, with the rule's
 promises checked after every step:
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from service.admission import AdmissionCore, BatchRule, Ticket, TicketKind, TicketState
+from service.core.admission import AdmissionCore, BatchRule, Ticket, TicketKind, TicketState
 
 REQUEST, MANAGER = TicketKind.REQUEST, TicketKind.MANAGER
 

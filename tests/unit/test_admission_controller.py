@@ -30,8 +30,8 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.interface import CancelToken
-from service.admission import AdmissionController, Refusal, Ticket, TicketKind, TicketState
-from service.errors import AdmissionTimeout, QueueFull, RequestCancelled, ShuttingDown
+from service.core.admission import AdmissionController, Refusal, Ticket, TicketKind, TicketState
+from service.core.errors import AdmissionTimeout, QueueFull, RequestCancelled, ShuttingDown
 
 REQUEST, MANAGER = TicketKind.REQUEST, TicketKind.MANAGER
 SETTLE = 5.0  # real seconds a step may take to settle before the test reports a waiter left blocked

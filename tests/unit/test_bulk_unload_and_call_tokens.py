@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import ShuttingDown
+from service.core.errors import ShuttingDown
 from service.servicers.common import SHUTDOWN, CallKind, CallTracker
 
 from tests.contract.harness import Lab

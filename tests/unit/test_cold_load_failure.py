@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import traceback
 
-from service.errors import ModelLoadFailed
+from service.core.errors import ModelLoadFailed
 
 from tests.contract.harness import Lab
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-import service.residency as residency_module
-from service.residency import ColdLoadGuard
+import service.core.residency as residency_module
+from service.core.residency import ColdLoadGuard
 
 from tests.contract.harness import FakeClock, Lab
 

@@ -9,7 +9,8 @@ import logging
 import pytest
 
 from engine.interface import CancelToken
-from service import errors, outcomes, status_codes
+from service import outcomes, status_codes
+from service.core import errors
 from service.events import EVENTS, FIXED_KEYS, JsonFormatter, RejectionLog, log_event
 from service.servicers.common import SHUTDOWN
 

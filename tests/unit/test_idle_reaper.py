@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from service.lifecycle import ModelState
+from service.core.lifecycle import ModelState
 
 from tests.contract.harness import FakeClock, Lab, WAIT
 

@@ -10,10 +10,10 @@ import pytest
 
 from engine.fixture import FixtureBackend, FixtureControls
 from engine.interface import ModelSpec
-from service.errors import MemoryLimit
+from service.core.errors import MemoryLimit
 from service.events import Events
-from service.lifecycle import ModelEntry, ModelSettings, SharedRuntime
-from service.residency import ColdLoadGuard, Residency
+from service.core.lifecycle import ModelEntry, ModelSettings, SharedRuntime
+from service.core.residency import ColdLoadGuard, Residency
 
 WAIT = 10.0
 

@@ -12,7 +12,7 @@ import pytest
 from engine.interface import ModelMetadata, TensorSpec
 from generated import grpc_service_pb2 as pb
 from service.cli import build_parser, option_fields
-from service.errors import InvalidRequest
+from service.core.errors import InvalidRequest
 from service.options import ServerOptions
 from service.shared_memory import (DEFAULT_MAX_BYTES, RegionNotFound, SharedMemoryLimit, SharedMemoryRegistry,
                                    key_problem, prefix_problem)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import grpc
 
-from service import errors, status_codes
+from service import status_codes
+from service.core import errors
 from service.status_codes import MAX_MESSAGE_BYTES, MAX_QUOTED_CHARS, bounded_message
 
 

@@ -102,7 +102,7 @@ class Ticket:
         self.on_change: Callable[[Ticket], None] | None = None
         self.seq = seq
         # Batching: the request's rows, what it can be stacked with (None: never batched with others), and what
-        # the caller attached for the batch's runner (service/batching.py).
+        # the caller attached for the batch's runner (service/core/batching.py).
         self.rows = rows
         self.key = key
         self.payload = payload

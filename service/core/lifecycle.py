@@ -35,8 +35,8 @@ from engine.interface import Backend, BatchingSpec, CancelToken, Context, ModelM
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
 from .errors import ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
-from .events import Events
-from .outcomes import outcome_of
+from ..events import Events
+from ..outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
 from .statistics import InferenceStatistics
 

@@ -1,6 +1,6 @@
 """Dynamic batching: what one request brings to a batch, and how its leader stacks, runs and splits it.
 
-Which queued requests form a batch is a rule of the admission core (service/admission.py: the oldest requests
+Which queued requests form a batch is a rule of the admission core (service/core/admission.py: the oldest requests
 that stack, up to max_batch_size rows, never past one that does not fit or a queued manager). This module runs a
 batch once it is granted. The thread of its first request (the leader) holds the batch's slot and calls
 `run_batch`; every other member's thread sleeps until the leader has posted its outcome in its `BatchItem`.

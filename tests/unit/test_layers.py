@@ -1,0 +1,54 @@
+"""The layers stay what the folders say (DESIGN §2 and docs/architecture.md): the server core knows nothing of
+gRPC, protobuf messages or the transport above it, and the engines know nothing of the server. Read from each
+module's own import statements (every import, also those inside functions)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = sorted((ROOT / "service" / "core").glob("*.py"))
+ENGINE = sorted((ROOT / "engine").rglob("*.py"))
+
+# What the core may not reach: the wire, the servicers, the server, protobuf messages, gRPC itself.
+NOT_IN_CORE = ("grpc", "generated", "google.protobuf", "service.servicers", "service.server", "service.wire",
+               "service.dataplane", "service.status_codes", "service.tensors", "service.cli", "service.testing")
+
+
+def imported_modules(path: Path, package: str) -> set[str]:
+    """Absolute names of every module `path` imports (relative imports resolved against `package`)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _forbidden(names: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes))
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
+def test_the_core_imports_nothing_of_the_transport(path):
+    assert CORE, "service/core/ is empty"
+    assert _forbidden(imported_modules(path, "service.core"), NOT_IN_CORE) == []
+
+
+@pytest.mark.parametrize("path", ENGINE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_engines_import_nothing_of_the_server_or_grpc(path):
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    # (The repository reads config.pbtxt into the ModelConfig message, a model-format fact, not the transport.)
+    transport = ("service", "grpc", "generated.grpc_service_pb2", "generated.grpc_service_pb2_grpc",
+                 "generated.management_pb2", "generated.management_pb2_grpc")
+    assert _forbidden(imported_modules(path, package), transport) == []
