@@ -127,8 +127,9 @@ class Ticket:
 
     def nudge(self) -> None:
         """Wake a thread blocked on this ticket to look at it again (its state may be unchanged). Caller holds
-        the model lock. A waker already released (its waiter has not run yet) stays released: the waiter wakes
-        once and reads the latest state. `on_change` callers are never nudged: they act on changes only."""
+        the model lock (or is the only one that can still release this waker: see AdmissionController.release).
+        A waker already released (its waiter has not run yet) stays released: the waiter wakes once and reads the
+        latest state. `on_change` callers are never nudged: they act on changes only."""
         if self.waker is not None and self.waker.locked():
             self.waker.release()
 
@@ -603,10 +604,13 @@ class AdmissionController:
         ends every member's lease; their waiters wake (their results must be posted first). Never blocks.
         Raises RuntimeError if the ticket holds no lease, or is a batch member."""
         with self._lock:
-            granted = self._core.release(ticket, self._clock())
-            for member in (ticket.members or ())[1:]:
-                member.notify()
-            self._changed_locked(granted)
+            self._changed_locked(self._core.release(ticket, self._clock()))
+        # The members are woken after the lock is let go: each wake-up hands the GIL to a thread that had been
+        # asleep, and holding the model lock through those hand-offs (up to a switch interval each) would stall
+        # every arrival on this model. It is safe outside the lock: once RELEASED a member is nudged by nobody
+        # else, so this is its waker's only releaser.
+        for member in (ticket.members or ())[1:]:
+            member.nudge()
 
     def _withdraw_locked(self, ticket: Ticket, outcome: TicketState) -> None:
         was_queued = ticket.state is TicketState.QUEUED
