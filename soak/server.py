@@ -1,7 +1,7 @@
 """The server under test: `python -m service` as a subprocess, and its /proc figures sampled over time.
 
 It listens on 127.0.0.1:0 with the parallel runtime (--parallel-jobs 2), management allowed,
---max-resident-models 3 (six loadable models: constant evictions), --idle-unload 4, --admission-timeout 2,
+--max-resident-models 3 (seven loadable models: constant evictions), --idle-unload 4, --admission-timeout 2,
 --max-queue 32, --max-workers 32, --no-load-at-startup. `Sampler` reads its VmRSS, Threads and open file
 descriptors (/proc/<pid>) every 0.25 s, tagged with the soak's phase.
 """
