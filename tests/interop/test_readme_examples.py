@@ -210,9 +210,12 @@ def test_the_make_lines_name_real_targets_and_build_a_valid_server_command():
         assert targets and set(targets) <= set(phony), f"{line}: not a target of the Makefile ({phony})"
         if targets != ["run"]:
             continue
-        dry = run_process(["make", "-n", *words[1:]], cwd=ROOT, timeout=60)
+        dry = run_process(["make", "--no-print-directory", "-n", *words[1:]], cwd=ROOT, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")})
         assert dry.returncode == 0, f"{line}\n{dry.stdout}\n{dry.stderr}"
-        command = shlex.split(dry.stdout.strip().splitlines()[-1])
+        commands = [shlex.split(step) for step in dry.stdout.splitlines() if " -m service " in step]
+        assert commands, f"{line}: `make -n` shows no server command\n{dry.stdout}"
+        command = commands[-1]
         assert command[1:3] == ["-m", "service"], command
         arguments = command[3:]
         parsed = build_parser().parse_args(arguments)
