@@ -14,7 +14,7 @@ REPOSITORY ?= demo/model_repository
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto models run test contract stress node-deps bench soak gpu-check lock clean
+.PHONY: help setup proto models run test contract stress docs node-deps bench soak gpu-check lock clean
 
 help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
@@ -22,6 +22,7 @@ help:
 	@echo "make contract list every contract cell's state, then 'contract: covered N, improved N, not applicable N, ...'"
 	@echo "make stress   contract, shutdown, integration and admission tests STRESS_RUNS times (default 5) beside"
 	@echo "              a CPU hog per core, with a 1 us GIL switch interval in every Python process (flaky = bug)"
+	@echo "make docs     rewrite the generated parts of docs/ (flag tables, behaviour cells); a test fails when stale"
 	@echo "make proto    regenerate generated/ from proto/"
 	@echo "make models   build the demo model repository into $(REPOSITORY)"
 	@echo "make bench    measure speed against a bare grpcio server (prints a table, writes bench/results/)"
@@ -79,6 +80,11 @@ test: setup models node-deps
 
 contract: setup models
 	$(PY) -m pytest -q -m cell --contract-report $(PYTEST_ARGS)
+
+# The generated parts of docs/: the flag tables (from the server's parser) and the behaviour cells (cells.tsv, our
+# words in tests/contract/behaviour.tsv, the tests' cell marks). tests/docs/ fails when they are stale.
+docs: setup
+	$(PY) -m tests.docs.generate
 
 # The concurrency-heavy suites (contract, shutdown, integration, admission), STRESS_RUNS times, with a CPU hog per
 # core and sys.setswitchinterval(1e-6) in pytest and every server it starts (tests/stress/run.py says how). Must pass.

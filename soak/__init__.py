@@ -1,0 +1,1 @@
+"""`make soak`: a slotserve process under mixed traffic, faults and reloads, then an audit. See soak/README.md."""
