@@ -97,6 +97,9 @@ def _refuse_unsupported_scheduling(config: model_config_pb2.ModelConfig, origin:
 
     if config.HasField("sequence_batching"):
         refuse("sequence_batching", "stateful sequences are not implemented; use dynamic_batching or none")
+    if config.model_transaction_policy.decoupled:
+        refuse("model_transaction_policy.decoupled", "every request gets one response, or a stream of them from a "
+                                                     "model that streams (ModelStreamInfer)")
     if config.HasField("ensemble_scheduling"):
         refuse("ensemble_scheduling", "ensembles are not implemented; call the models one after the other")
     for tensor in config.input:

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
              "model, message and the event's fields (default: %(default)s)")
     add_security_flags(parser)
     add_shared_memory_flags(parser)
-    add("--log-level", default="INFO")
+    add("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="the lowest level logged, in any case; DEBUG also logs every rejected request (default: %(default)s)")
     return parser
 
 

@@ -3,7 +3,7 @@
 Every lifecycle site (register, load, reconfigure, unload, eviction, idle retirement, rejection, shutdown phase)
 calls `log_event(logger, event, model=..., **fields)` or, where the event is also counted, `Events.emit` (one
 `Events` per server, reached through `SharedRuntime.events`). `EVENTS` below is the one list of event names,
-their levels, the fields each carries and the text line it renders as; the README's "Logs" section documents it.
+their levels, the fields each carries and the text line it renders as; docs/operations.md ("Logs") documents it.
 
 * Text format: the usual `time LEVEL logger: message` line, whose message reads like a sentence
   (`model 'x': loaded 2 slot(s) on onnxruntime in 0.045 s`).
@@ -32,7 +32,7 @@ FIXED_KEYS = ("time", "level", "logger", "event", "model", "message")
 
 @dataclass(frozen=True)
 class EventSpec:
-    """An event's level, its fields (in the order the README lists them) and its text line: a format string over
+    """An event's level, its fields (in the order docs/operations.md lists them) and its text line: a format string over
     the fields, or a function of them where the sentence depends on a field's value."""
 
     level: int
@@ -44,7 +44,7 @@ class EventSpec:
 
 
 def _evicted_text(fields: Mapping[str, object]) -> str:
-    # The residency wording is the README's ("evicted to make room for model 'y'").
+    # The residency wording is the documentation's ("evicted to make room for model 'y'").
     if fields["reason"] == "memory_budget":
         return f"evicted to fit model '{fields['for_model']}' in the memory budget"
     return f"evicted to make room for model '{fields['for_model']}'"

@@ -363,6 +363,8 @@ def test_without_the_block_or_without_a_batch_dimension_each_request_runs_alone(
     ('dynamic_batching { }\ninput { name: "R" data_type: TYPE_FP32 dims: -1 allow_ragged_batch: true }',
      "allow_ragged_batch"),
     ("dynamic_batching { preferred_batch_size: 16 }", "preferred_batch_size 16 is outside 1..8"),
+    ("model_transaction_policy { decoupled: true }", "model_transaction_policy.decoupled"),
+    ("ensemble_scheduling { }", "ensemble_scheduling"),
 ])
 def test_settings_slotserve_does_not_implement_are_refused_at_load_naming_the_field(tmp_path, block, field):
     from engine.repository import ModelRepository
