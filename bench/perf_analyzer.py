@@ -88,6 +88,15 @@ def measure(pa: PerfAnalyzer, server: ServerProcess, model: str, concurrency: in
     return point
 
 
+def measure_fp32_bytes(pa: PerfAnalyzer, server: ServerProcess, model: str, concurrency: int, elements: int,
+                       extra: Sequence[str] = (), interval_ms: int | None = None) -> dict:
+    """`measure` with an FP32 input of `elements` values, adding `mb_per_s` (request payload bytes per second)."""
+    point = measure(pa, server, model, concurrency, f"INPUT0:{elements}", extra, interval_ms)
+    if ok(point):
+        point["mb_per_s"] = point["infer_per_s"] * elements * 4 / 1e6
+    return point
+
+
 def describe(point: dict) -> str:
     if not ok(point):
         return "ERROR " + point["error"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..common import DEMO_REPOSITORY, log
-from ..perf_analyzer import PerfAnalyzer, describe, measure
+from ..perf_analyzer import PerfAnalyzer, describe, measure_fp32_bytes
 from ..servers import Launcher
 from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, met_if, ok, paired_ratio
 
@@ -21,9 +21,7 @@ def section_identity(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, r
             for size, elements in IDENTITY_SIZES.items():
                 for c in IDENTITY_CONCURRENCY:
                     for name in order:
-                        point = measure(pa, servers[name], "identity_fp32", c, shape=f"INPUT0:{elements}")
-                        if ok(point):
-                            point["mb_per_s"] = point["infer_per_s"] * elements * 4 / 1e6
+                        point = measure_fp32_bytes(pa, servers[name], "identity_fp32", c, elements)
                         points[(name, size, c)].append(point)
                         log(f"identity round {round_index + 1}/{args.rounds} {size} c={c} {name}: "
                             + (f"{point['mb_per_s']:.0f} MB/s, " if ok(point) else "") + describe(point))

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from ..common import DEMO_REPOSITORY, log
-from ..perf_analyzer import PerfAnalyzer, describe, measure
+from ..perf_analyzer import PerfAnalyzer, describe, measure_fp32_bytes
 from ..servers import Launcher
 from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, median, met_if, ok, paired_ratio
 
@@ -57,10 +57,8 @@ def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Tab
                 for c in SHM_CONCURRENCY:
                     for path in order:
                         window = max(pa.interval_ms, LARGE_WINDOW_MS) if elements >= SHM_SIZES["64 MiB"] else None
-                        point = measure(pa, server, "identity_fp32", c, shape=f"INPUT0:{elements}",
-                                        extra=_flags(path, elements), interval_ms=window)
-                        if ok(point):
-                            point["mb_per_s"] = point["infer_per_s"] * elements * 4 / 1e6
+                        point = measure_fp32_bytes(pa, server, "identity_fp32", c, elements, _flags(path, elements),
+                                                   window)
                         points[(path, size, c)].append(point)
                         log(f"shared memory round {round_index + 1}/{args.rounds} {size} c={c} {path}: "
                             + (f"{point['mb_per_s']:.0f} MB/s, " if ok(point) else "") + describe(point))
