@@ -22,10 +22,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from .repository import ModelRoots
 
 # Largest dimension and element count a request may ask for; anything above is refused as absurd before any
 # memory is allocated for it.
@@ -159,7 +163,9 @@ class ModelSpec:
     """Everything needed to load one model, as read from its repository directory (or a management request).
 
     `instance_count` is the slot count the configuration asks for (None: not set). `config` is the parsed
-    inference.ModelConfig message, kept for the ModelConfig RPC; it does not take part in equality.
+    inference.ModelConfig message, kept for the ModelConfig RPC; it does not take part in equality. `roots`
+    (engine.repository.ModelRoots) says where the model's files may be: a backend resolves a file parameter
+    through it and shows paths relative to the repository in messages; None for a spec read from no repository.
     """
 
     name: str
@@ -175,6 +181,7 @@ class ModelSpec:
     parameters: Mapping[str, str] = field(default_factory=dict)
     batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
     config: object = field(default=None, compare=False, repr=False)
+    roots: ModelRoots | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parameters", _frozen_mapping(self.parameters))

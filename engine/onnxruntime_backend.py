@@ -26,6 +26,7 @@ import numpy as np
 from . import datatypes
 from .errors import ExecutionCancelled, ExecutionError, InvalidInputError, ModelConfigError, ModelLoadError
 from .interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
+from .repository import hide_paths, shown_path
 
 _LOG = logging.getLogger(__name__)
 
@@ -249,8 +250,10 @@ class OnnxRuntimeBackend(Backend):
             session = ort.InferenceSession(str(spec.model_file), options, providers=["CPUExecutionProvider"])
         except Exception as error:
             _LOG.error("%s: onnxruntime could not load %s: %s", origin, spec.model_file, error)
-            raise ModelConfigError(f"{origin}: onnxruntime could not load {spec.model_file.name}: "
-                                   f"{str(error).splitlines()[0][:300]}") from None
+            # ONNX Runtime's text quotes absolute paths (the file, its external data): the client gets them
+            # relative to the repository.
+            raise ModelConfigError(f"{origin}: onnxruntime could not load {shown_path(spec.model_file, spec.roots)}: "
+                                   f"{hide_paths(str(error).splitlines()[0], spec.roots)[:300]}") from None
         inputs = [_model_tensor(node, origin) for node in session.get_inputs()]
         outputs = [_model_tensor(node, origin) for node in session.get_outputs()]
         metadata = ModelMetadata(

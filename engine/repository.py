@@ -4,12 +4,22 @@ Reads a model directory into a ModelSpec. config.pbtxt is the protobuf text form
 (the subset in proto/model_config.proto); fields of Triton's full message that slotserve does not know are
 skipped with a warning, so configurations written for Triton load. A JSON override (RepositoryModelLoad's
 `config` parameter) replaces config.pbtxt as a whole, as in Triton.
+
+Where model files may be (ModelRoots): every path a model names (its directory, a management request's `source`,
+config.pbtxt, the model file, `default_model_filename`, a backend's file parameter such as TensorRT's
+`trt_cache_dir`) is resolved, symbolic links followed, and must land inside the repository or inside a root the
+operator allowed (--allow-model-root); anything else is refused with ModelConfigError naming the field, before
+the file is opened. Messages for clients show paths relative to the repository (`shown`, `hide_paths`), never the
+server's absolute paths.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
@@ -33,6 +43,83 @@ _PLATFORM_BACKEND = {
 _BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "fixture": "fixture"}
 _DEFAULT_FILE = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
 KNOWN_BACKENDS = ("onnxruntime", "tensorrt", "fixture")
+ALLOW_ROOT_FLAG = "--allow-model-root"
+# The folder part of an absolute path in free text ("/srv/models/" in "/srv/models/m/1/model.onnx"), not preceded
+# by a character that would make it the tail of a relative path ("1/model.onnx") or of a word.
+_ABSOLUTE_FOLDERS = re.compile(r"(?<![\w.~-])/(?:[^\s/'\"]+/)+")
+
+
+@dataclass(frozen=True)
+class ModelRoots:
+    """Where a model's files may be: inside the repository, or inside a root the operator allowed with
+    --allow-model-root. Both are kept resolved (symbolic links followed), so a check compares real places."""
+
+    repository: Path
+    allowed: tuple[Path, ...] = ()
+
+    @classmethod
+    def of(cls, repository: Path | str, allowed: Iterable[Path | str] = ()) -> ModelRoots:
+        return cls(Path(repository).resolve(), tuple(Path(root).resolve() for root in allowed))
+
+    def resolve(self, path: Path | str, field: str, *, origin: str, base: Path | None = None) -> Path:
+        """The real path of `path` (relative ones are taken from `base`, default the repository), symbolic links
+        followed. Does not block beyond the file system calls; does not need the file to exist (the caller says
+        "not found" by name), so an outside path is refused whether or not it exists.
+
+        Raises ModelConfigError naming `field` (with `origin`, "model 'x'") unless the real path is inside the
+        repository or an allowed root: an absolute path, `..` steps or a symbolic link that lead elsewhere.
+        """
+        given = Path(path)
+        candidate = given if given.is_absolute() else (base or self.repository) / given
+        real = candidate.resolve()  # as the OS will open it: `..` after a link goes up from the link's target
+        if self._root_of(real) is not None:
+            return real
+        lexical = Path(os.path.normpath(candidate))
+        if self._root_of(lexical) is not None:
+            # Inside by its name, outside in fact: say which link to look at, never where it leads.
+            what = f"{field} '{self.shown(lexical)}' leads outside through a symbolic link: it"
+        else:
+            what = f"{field} '{given.as_posix()}'"  # the caller's own words (a request's, or config.pbtxt's)
+        raise ModelConfigError(f"{origin}: {what} must be inside the model repository or a root allowed with "
+                               f"{ALLOW_ROOT_FLAG}")
+
+    def shown(self, path: Path) -> str:
+        """`path` as a client may read it: relative to the repository ("m/1/model.onnx"), or to an allowed root,
+        named by its last folder ("shared/m/1/model.onnx"); elsewhere only its name. Never an absolute path."""
+        root = self._root_of(path)
+        if root is None:
+            return path.name
+        relative = path.relative_to(root).as_posix()
+        if root == self.repository:
+            return relative
+        return root.name if relative == "." else f"{root.name}/{relative}"
+
+    def hide(self, text: str) -> str:
+        """`text` (an error from a library: ONNX Runtime, TensorRT, the OS) with the roots written relative as in
+        `shown`, and the folders of any other absolute path removed (its name stays)."""
+        for root in sorted((self.repository, *self.allowed), key=lambda r: len(str(r)), reverse=True):
+            label = "" if root == self.repository else f"{root.name}/"
+            text = text.replace(f"{root}{os.sep}", label)
+        return hide_paths(text)
+
+    def _root_of(self, path: Path) -> Path | None:
+        for root in (self.repository, *self.allowed):
+            if path == root or root in path.parents:
+                return root
+        return None
+
+
+def hide_paths(text: str, roots: ModelRoots | None = None) -> str:
+    """`text` without the folders of absolute paths: relative to the repository where `roots` knows it, the bare
+    file name otherwise. For messages that quote a library's error to a client."""
+    if roots is not None:
+        return roots.hide(text)
+    return _ABSOLUTE_FOLDERS.sub("", text)
+
+
+def shown_path(path: Path, roots: ModelRoots | None) -> str:
+    """`path` relative to the repository (ModelRoots.shown); its name alone for a spec read from no repository."""
+    return roots.shown(path) if roots is not None else path.name
 
 
 def check_model_name(name: str) -> None:
@@ -175,10 +262,11 @@ def _latest_version(directory: Path) -> tuple[str, Path | None]:
 
 
 def spec_from_config(
-    name: str, directory: Path | None, config: model_config_pb2.ModelConfig, backend: str | None = None
+    name: str, directory: Path | None, config: model_config_pb2.ModelConfig, backend: str | None = None, *,
+    roots: ModelRoots,
 ) -> ModelSpec:
     """Build a ModelSpec from a parsed config. `backend` (a management request's choice) overrides the
-    config's. Raises ModelConfigError naming the problem."""
+    config's; the model file must resolve inside `roots`. Raises ModelConfigError naming the problem."""
     origin = f"model '{name}'"
     check_model_name(name)
     if config.name and config.name != name:
@@ -197,12 +285,7 @@ def spec_from_config(
     if backend in _DEFAULT_FILE:
         if version_dir is None:
             raise ModelConfigError(f"{origin}: no numeric version directory (e.g. 1/) with a model file")
-        filename = config.default_model_filename or _DEFAULT_FILE[backend]
-        model_file = version_dir / filename
-        if backend == "tensorrt" and not model_file.exists() and not config.default_model_filename:
-            model_file = version_dir / "model.onnx"  # TensorRT builds (and caches) an engine from ONNX
-        if not model_file.exists():
-            raise ModelConfigError(f"{origin}: model file {version}/{model_file.name} not found")
+        model_file = _model_file(config, backend, version_dir, roots, origin)
     instance_count = None
     if config.instance_group:
         count = config.instance_group[0].count
@@ -228,14 +311,35 @@ def spec_from_config(
         parameters={key: value.string_value for key, value in config.parameters.items()},
         batching=batching,
         config=final,
+        roots=roots,
     )
 
 
-class ModelRepository:
-    """A folder of model directories. Reading is stateless: every call looks at the files again."""
+def _model_file(config: model_config_pb2.ModelConfig, backend: str, version_dir: Path, roots: ModelRoots,
+                origin: str) -> Path:
+    """The model file's real path, checked inside `roots` before anything looks at it. Raises
+    ModelConfigError for a file outside them or a missing one (named relative to the repository)."""
+    field = "default_model_filename" if config.default_model_filename else "model file"
+    filename = config.default_model_filename or _DEFAULT_FILE[backend]
+    candidates = [filename]
+    if backend == "tensorrt" and not config.default_model_filename:
+        candidates.append("model.onnx")  # without a plan TensorRT builds (and caches) an engine from ONNX
+    for candidate in candidates:
+        model_file = roots.resolve(candidate, field if candidate == filename else "model file", origin=origin,
+                                   base=version_dir)
+        if model_file.exists():
+            return model_file
+    raise ModelConfigError(f"{origin}: model file {roots.shown(version_dir / filename)} not found")
 
-    def __init__(self, root: Path | str) -> None:
-        self.root = Path(root).resolve()
+
+class ModelRepository:
+    """A folder of model directories. Reading is stateless: every call looks at the files again.
+
+    `allowed_roots` (--allow-model-root) are further folders a model's files may be in; see ModelRoots."""
+
+    def __init__(self, root: Path | str, allowed_roots: Iterable[Path | str] = ()) -> None:
+        self.roots = ModelRoots.of(root, allowed_roots)
+        self.root = self.roots.repository
 
     def names(self) -> list[str]:
         """Model directory names, sorted. A directory counts if it holds config.pbtxt or a version folder."""
@@ -249,28 +353,31 @@ class ModelRepository:
                 found.append(path.name)
         return found
 
-    def resolve_source(self, source: str) -> Path:
-        """A management request's `source`: absolute, or relative to the repository root."""
-        path = Path(source)
-        return path if path.is_absolute() else self.root / path
+    def resolve_source(self, source: str, origin: str) -> Path:
+        """A management request's `source`: relative to the repository root, or absolute; its real path must
+        be inside the repository or an allowed root (ModelRoots.resolve raises ModelConfigError otherwise)."""
+        return self.roots.resolve(source, "source", origin=origin)
 
     def read(self, name: str, *, source: str = "", config_json: str = "", backend: str = "") -> ModelSpec:
         """Read model `name` from `source` (default: its directory in the repository).
 
         `config_json` replaces config.pbtxt. Raises ModelConfigError when the directory, the configuration or
-        the model file is missing or invalid.
+        the model file is missing, invalid, or outside the repository and the allowed roots.
         """
         check_model_name(name)
-        directory = self.resolve_source(source) if source else self.root / name
         origin = f"model '{name}'"
+        if source:
+            directory = self.resolve_source(source, origin)
+        else:
+            directory = self.roots.resolve(name, "model directory", origin=origin)
         if not directory.is_dir():
-            raise ModelConfigError(f"{origin}: no model directory at {directory}")
+            raise ModelConfigError(f"{origin}: no model directory at '{self.roots.shown(directory)}'")
         if config_json:
             config = parse_config_json(config_json, origin)
         else:
-            config_path = directory / CONFIG_FILE
+            config_path = self.roots.resolve(directory / CONFIG_FILE, CONFIG_FILE, origin=origin)
             if config_path.exists():
                 config = parse_config_text(config_path.read_text(), f"{origin} ({CONFIG_FILE})")
             else:
                 config = model_config_pb2.ModelConfig()
-        return spec_from_config(name, directory, config, backend or None)
+        return spec_from_config(name, directory, config, backend or None, roots=self.roots)

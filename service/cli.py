@@ -21,6 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--model-repository", type=Path, default=Path("demo/model_repository"),
         help="folder of <model>/config.pbtxt + <model>/<version>/model.* (default: %(default)s)")
+    add("--allow-model-root", dest="allowed_model_roots", action="append", type=Path, metavar="PATH",
+        help="a folder outside the repository that model files may also be in (a management request's source, a "
+             "default_model_filename, a symbolic link's target); repeatable. Without it every model file must "
+             "resolve inside the repository")
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=int, default=8001, help="port to listen on; 0 picks a free one (default: %(default)s)")
     add("--parallel-jobs", type=int, metavar="N",
@@ -126,6 +130,9 @@ def security_lines(options: ServerOptions) -> list[str]:
                      f"{options.shared_memory_max_bytes} bytes mapped at once")
     else:
         lines.append("shared memory: off (start with --shared-memory system to enable it)")
+    roots = options.allowed_model_roots
+    lines.append("model files: inside the repository" + (
+        f" and {', '.join(str(root) for root in roots)} (--allow-model-root)" if roots else " only"))
     return lines
 
 
@@ -152,6 +159,7 @@ def option_fields(args: argparse.Namespace) -> dict:
     """The ServerOptions fields the parsed command line gives. Raises ValueError for unreadable token files."""
     return dict(
         model_repository=args.model_repository, host=args.host, port=args.port,
+        allowed_model_roots=tuple(args.allowed_model_roots or ()),
         parallel_jobs=args.parallel_jobs, allow_management=args.allow_management,
         admission_timeout=args.admission_timeout, max_queue=args.max_queue,
         max_concurrent_loads=args.max_concurrent_loads, load_at_startup=args.load_at_startup,

@@ -15,6 +15,9 @@ DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhea
 @dataclass(frozen=True)
 class ServerOptions:
     model_repository: Path = Path("demo/model_repository")
+    # Folders outside the repository that model files may be in (--allow-model-root): a management `source`, a
+    # `default_model_filename`, a symbolic link's target. Nothing else outside the repository is opened.
+    allowed_model_roots: tuple[Path, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8001  # 0: any free port
     parallel_jobs: int | None = None  # None: one slot per model, explicit counts refused; N: parallel runtime
@@ -51,6 +54,7 @@ class ServerOptions:
 
     def __post_init__(self) -> None:
         problems = self._normalize_security()
+        problems += self._model_root_problems()
         if self.parallel_jobs is not None and not 1 <= self.parallel_jobs <= MAX_SLOTS:
             problems.append(f"--parallel-jobs must be 1..{MAX_SLOTS}, got {self.parallel_jobs}")
         if self.admission_timeout < 0:
@@ -96,6 +100,12 @@ class ServerOptions:
         control threads at once; the rest of those threads always serve health, readiness and status calls,
         which never wait."""
         return max(1, self.control_threads // 2)
+
+    def _model_root_problems(self) -> list[str]:
+        """Keep the allowed roots as a tuple of Paths; each must be an existing folder."""
+        roots = tuple(Path(root) for root in self.allowed_model_roots)
+        object.__setattr__(self, "allowed_model_roots", roots)
+        return [f"--allow-model-root {root} is not a folder" for root in roots if not root.is_dir()]
 
     def _shared_memory_problems(self) -> list[str]:
         problems = []

@@ -80,7 +80,7 @@ class Server:
                                    memory_budget=options.memory_budget, idle_unload=options.idle_unload)
         self.runtime = SharedRuntime(backends=all_backends, max_queue=options.max_queue,
                                      cold_loads=ColdLoadGuard(options.max_concurrent_loads), residency=self.residency)
-        self.repository = ModelRepository(options.model_repository)
+        self.repository = ModelRepository(options.model_repository, allowed_roots=options.allowed_model_roots)
         self.registry = ModelRegistry(self.repository, self.runtime, RegistryPolicy(
             parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout))
         # System shared memory: a registry only when enabled (--shared-memory system).

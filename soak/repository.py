@@ -1,7 +1,7 @@
 """The soak's model repository, built in its work folder.
 
-The demo ONNX models `simple`, `simple_identity`, `identity_fp32` (symlinks to demo/model_repository: run
-`make models` first) and fixture models `fx_echo` (plain), `fx_stream` (3 answers per request), `fx_slow` (a file
+The demo ONNX models `simple`, `simple_identity`, `identity_fp32` (copies from demo/model_repository: run
+`make models` first; a symbolic link out of the repository would be refused) and fixture models `fx_echo` (plain), `fx_stream` (3 answers per request), `fx_slow` (a file
 gate at execute that soak/faults.py opens and shuts: callers block while it is shut, so deadlines and
 cancellations hit held slots), `fx_flaky` (the `ops` clients switch its fail_load option on and off:
 reconfigurations and loads that fail) and `fx_broken` (its load always fails).
@@ -9,6 +9,7 @@ reconfigurations and loads that fail) and `fx_broken` (its load always fails).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ def build_repository(work: Path) -> tuple[Path, Path]:
     repository.mkdir(parents=True)
     gates.mkdir()
     for name in ONNX_MODELS:
-        (repository / name).symlink_to(DEMO / name, target_is_directory=True)
+        shutil.copytree(DEMO / name, repository / name)  # a few KiB each
     for name, parameters in FIXTURES.items():
         directory = repository / name
         directory.mkdir()

@@ -31,6 +31,8 @@ MLP_POINTS = (("batched", "slotserve", "mlp"), ("unbatched", "slotserve", "mlp_u
               ("pytriton", "pytriton", "mlp"), ("delayed", "slotserve", "mlp_delayed"))
 # What a delay buys: the same weights with a 10 ms delay and a preferred size of half the concurrency.
 DELAYED_BLOCK = "dynamic_batching { max_queue_delay_microseconds: 10000 preferred_batch_size: 8 }\n"
+# The repositories below link to the demo's weights: the server must allow that folder.
+ALLOW_DEMO = ["--allow-model-root", str(DEMO_REPOSITORY)]
 
 
 def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict, scratch: Path) -> None:
@@ -39,9 +41,11 @@ def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, r
     with contextlib.ExitStack() as stack:
         servers = {
             "slotserve": stack.enter_context(launcher.slotserve("slotserve-mlp", mlp_repository,
-                                                                ["--parallel-jobs", "2"], default_args=False)),
+                                                                ["--parallel-jobs", "2", *ALLOW_DEMO],
+                                                                default_args=False)),
             "pytriton": stack.enter_context(_pytriton(scratch)),
-            "simple+block": stack.enter_context(launcher.slotserve("slotserve-simple-block", simple_repository)),
+            "simple+block": stack.enter_context(launcher.slotserve("slotserve-simple-block", simple_repository,
+                                                                   ALLOW_DEMO)),
             "bare": stack.enter_context(launcher.bare()),
         }
         for round_index in range(args.rounds):

@@ -18,7 +18,9 @@ Parameters read from config.pbtxt (all optional):
                              i (the pre-TensorRT-8.6 rule for concurrent contexts; off by default, since TensorRT
                              >= 10 lets contexts share a profile)
     trt_workspace_bytes      builder workspace limit (default 1 GiB)
-    trt_cache_dir            plan cache directory (default $SLOTSERVE_TRT_CACHE or ~/.cache/slotserve/tensorrt)
+    trt_cache_dir            plan cache directory (default $SLOTSERVE_TRT_CACHE or ~/.cache/slotserve/tensorrt);
+                             relative to the model repository, and like every model file inside it or a root
+                             allowed with --allow-model-root (the server-wide default is the operator's own)
     trt_memory_reserve_bytes GPU memory kept free when computing capacity (default 256 MiB)
     trt_pinned_memory_limit_bytes  pinned host memory this model's slots may take (default a quarter of RAM)
     trt_device               CUDA device index (default 0)
@@ -51,6 +53,7 @@ from typing import Any, cast
 
 from ..errors import BackendUnavailableError, ModelConfigError, ModelLoadError
 from ..interface import Backend, ModelSpec
+from ..repository import hide_paths, shown_path
 from .builder import DEFAULT_WORKSPACE, PARAM_CACHE_DIR, PARAM_WORKSPACE, PlanCache, build_plan, default_cache_dir, \
     write_atomic
 from .cuda import CudaError, CudaRuntime, real_cuda_utils
@@ -253,13 +256,19 @@ class TensorRTBackend(Backend):
                 health.fail(error.code_name, spec.name)
             raise load_error(where, error) from None
         except OSError as error:  # the model file, or the plan cache, could not be read
-            raise ModelLoadError(
-                f"{where}: cannot read {error.filename or 'a model file'}: {error.strerror}") from None
+            name = shown_path(Path(error.filename), spec.roots) if error.filename else "a model file"
+            raise ModelLoadError(f"{where}: cannot read {name}: {error.strerror}") from None
 
     def cache_dir(self, spec: ModelSpec) -> Path:
+        """The plan cache folder of `spec`: its `trt_cache_dir` parameter (a model's setting, from config.pbtxt or
+        a management request: it must resolve inside the repository or an allowed root, as model files do;
+        relative to the repository), else the backend's own (the operator's: `cache_dir`, $SLOTSERVE_TRT_CACHE or
+        the user's cache). Raises ModelConfigError for a parameter outside those roots."""
         explicit = spec.parameter(PARAM_CACHE_DIR)
         if explicit:
-            return Path(explicit)
+            if spec.roots is None:  # a spec read from no repository (tests, tools): its caller chose the folder
+                return Path(explicit)
+            return spec.roots.resolve(explicit, f"parameter {PARAM_CACHE_DIR}", origin=origin(spec))
         return self._cache_dir or default_cache_dir()
 
     def _plan_key(self, spec: ModelSpec, trt: TensorRTRuntimeModule, cuda: CudaRuntime, device: int,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelConfigError, ModelLoadError
+from ..repository import hide_paths
 from .profiles import ProfileSpec
 from .protocols import TensorRTBuilderModule
 
@@ -86,7 +87,8 @@ def _parse(trt: TensorRTBuilderModule, builder: Any, logger: Any, onnx_path: Pat
     network = builder.create_network(0)  # 0: explicit batch is the only mode in 10.x; EXPLICIT_BATCH is gone in 11
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        # The parser's errors may quote the file's absolute path: the client sees only its name.
+        errors = [hide_paths(str(parser.get_error(i))) for i in range(parser.num_errors)]
         raise ModelConfigError(f"{origin}: TensorRT could not parse {onnx_path.name}: " + "; ".join(errors[:5]))
     names = {network.get_input(i).name for i in range(network.num_inputs)}
     expected = {r.name for r in profile.inputs}

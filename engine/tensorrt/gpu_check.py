@@ -86,7 +86,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="size used for variable (-1) dimensions in requests (default: %(default)s)")
     parser.add_argument("--dynamic-max", type=int, default=65536,
                         help="trt_default_dim_max given to models that set no range for a -1 dimension")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="plan cache directory (trt_cache_dir)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="plan cache directory (the backend's own, like $SLOTSERVE_TRT_CACHE)")
     parser.add_argument("--rtol", type=float, default=2e-2, help="relative tolerance for floating-point outputs")
     parser.add_argument("--atol", type=float, default=2e-2,
                         help="absolute tolerance for floating-point outputs (TensorRT may use TF32/FP16 kernels)")
@@ -208,8 +209,7 @@ def _spec(repository: ModelRepository, name: str, backend: str, args: argparse.N
     parameters = dict(spec.parameters)
     parameters.update(SETUPS.get(name, Setup()).parameters)
     parameters.setdefault("trt_default_dim_max", str(args.dynamic_max))
-    if args.cache_dir is not None:
-        parameters["trt_cache_dir"] = str(args.cache_dir)
+    # (--cache-dir goes to the backend itself: a model's trt_cache_dir must be inside its repository.)
     return dataclasses.replace(spec, parameters=parameters)
 
 

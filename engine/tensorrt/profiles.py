@@ -34,6 +34,7 @@ import onnx
 
 from ..errors import ModelConfigError
 from ..interface import ModelSpec
+from ..repository import hide_paths
 
 MAX_PROFILES = 16
 
@@ -131,7 +132,7 @@ def onnx_inputs(path: Path) -> list[tuple[str, tuple[int, ...]]]:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as error:  # onnx raises DecodeError, OSError, ...: all mean "not a readable model"
-        raise ModelConfigError(f"{path.name} is not a readable ONNX model: {error}") from None
+        raise ModelConfigError(f"{path.name} is not a readable ONNX model: {hide_paths(str(error))}") from None
     initializers = {init.name for init in model.graph.initializer}
     inputs = []
     for value in model.graph.input:
@@ -272,7 +273,7 @@ def external_data_sha256(path: Path) -> dict[str, str]:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as error:  # onnx raises DecodeError, OSError, ...: all mean "not a readable model"
-        raise ModelConfigError(f"{path.name} is not a readable ONNX model: {error}") from None
+        raise ModelConfigError(f"{path.name} is not a readable ONNX model: {hide_paths(str(error))}") from None
     locations = set()
     for tensor in _tensors(model.graph):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import DeviceFailedError, EngineError
 from engine.interface import Backend, BatchingSpec, CancelToken, Context, ModelMetadata, ModelSpec
+from engine.repository import hide_paths
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
@@ -524,7 +525,8 @@ class ModelEntry:
             self._runtime.residency.on_published(self)
 
     def _fail_load_locked(self, error: BaseException) -> None:
-        self._last_error = str(error) or type(error).__name__
+        # Clients read it (GetModel, RepositoryIndex): whatever raised it, no absolute path of the server's.
+        self._last_error = hide_paths(str(error) or type(error).__name__, self._committed.spec.roots)
         self._transition_locked(ModelState.UNLOADED)
         self.admission.set_capacity_locked(self._committed.settings.slots)
         # Logged by _load (load_failed), outside this lock.

@@ -200,8 +200,8 @@ def test_inference_while_shutting_down_served_during_drain_refused_after_and_que
 
 @cell("OPS.shutting-down.register")
 def test_registration_in_progress_at_shutdown_finishes_and_a_later_one_is_refused(inproc, tmp_path):
-    lab = inproc({"m": {}}, parallel_jobs=1, allow_management=True)
     write_fixture_model(tmp_path / "extra", "x")
+    lab = inproc({"m": {}}, parallel_jobs=1, allow_management=True, allowed_model_roots=[tmp_path / "extra"])
     load = lab.gate("x", "load").hold()
     registration = lab.call(lab.management.register, "x", source=str(tmp_path / "extra" / "x"), timeout=WAIT)
     load.wait_blocked(1)

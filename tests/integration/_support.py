@@ -6,6 +6,7 @@ Expected values in these tests are computed here with numpy and struct, never wi
 
 from __future__ import annotations
 
+import shutil
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -56,11 +57,12 @@ def require_demo() -> Path:
 
 
 def demo_subset(directory: Path, *names: str) -> Path:
-    """A repository at `directory` holding only the named demo models (symlinks to their folders)."""
+    """A repository at `directory` holding only the named demo models (copies: a symbolic link out of the
+    repository is refused unless the server allows the demo's folder with --allow-model-root)."""
     demo = require_demo()
     directory.mkdir(parents=True, exist_ok=True)
     for name in names:
-        (directory / name).symlink_to(demo / name, target_is_directory=True)
+        shutil.copytree(demo / name, directory / name)
     return directory
 
 

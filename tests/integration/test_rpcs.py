@@ -1,7 +1,7 @@
 """Every RPC of the inference and management services, through a real server on port 0 and a real channel.
 
 Servers come from `service.testing` (the `slotserve` fixture, or `serve` for a module-wide read-only server) over
-temporary repositories that hold only the demo models a test needs (symlinks) plus fixture-backend models.
+temporary repositories that hold only the demo models a test needs (copies) plus fixture-backend models.
 """
 
 from __future__ import annotations
@@ -583,9 +583,11 @@ def test_management_unload_and_register(slotserve, tmp_path):
 
 
 def test_management_registers_a_new_model_from_a_source(slotserve, tmp_path):
-    running = slotserve(demo_subset(tmp_path / "repo", "simple"), allow_management=True)
     source = write_fixture_model(tmp_path / "elsewhere", "doubler_source", inputs=[("INPUT0", "INT16", [-1])],
                                  outputs=[("OUTPUT0", "FP32", [-1])])
+    # A source outside the repository needs its folder allowed (--allow-model-root).
+    running = slotserve(demo_subset(tmp_path / "repo", "simple"), allow_management=True,
+                        allowed_model_roots=[tmp_path / "elsewhere"])
     # The configuration names the model "doubler_source"; register it under that id from its folder.
     status = running.management.register("doubler_source", source=str(source))
     assert (status.model_id, status.loaded, status.state, status.backend) == (

@@ -226,7 +226,7 @@ def test_concurrent_requests_to_a_batching_model_are_batched_and_each_answer_mat
     (repository / "mlp" / "1").symlink_to(demo / "1", target_is_directory=True)  # the weights, not copied
     (repository / "mlp" / "config.pbtxt").write_text((demo / "config.pbtxt").read_text().replace(
         "dynamic_batching { }", "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: 16 }"))
-    server = slotserve(repository, parallel_jobs=2)
+    server = slotserve(repository, parallel_jobs=2, allowed_model_roots=[demo])  # the link to the weights leaves
     result = run_client(SCRIPT, server.address, "batched", "mlp", "16")
     assert len(result["answers"]) == 16
     answers = list(result["answers"].values())

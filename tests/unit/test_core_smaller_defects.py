@@ -87,8 +87,8 @@ def test_a_queued_registration_keeping_the_source_keeps_the_one_committed_ahead_
     R1's source. Read before R2's lease, the source would be the old one and R2 would revert R1."""
     lab = Lab(tmp_path / "repository", {"a": {"marker": "original"}})
     try:
-        moved = tmp_path / "elsewhere"
-        moved.mkdir()
+        moved = tmp_path / "repository" / "sources" / "a"  # inside the repository, as a source must be
+        moved.mkdir(parents=True)
         (moved / "config.pbtxt").write_text(
             'name: "a"\nbackend: "fixture"\nparameters { key: "marker" value { string_value: "moved" } }\n')
         execute = lab.gate("a", "execute").hold()
