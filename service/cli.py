@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-format", choices=("text", "json"), default="text",
         help="text: human-readable lines; json: one JSON object per line with time, level, logger, event, "
              "model, message and the event's fields (default: %(default)s)")
+    add("--enable-test-backends", action="store_true",
+        help="also serve models of the test doubles (backend \"fixture\", engine/testing/): for test suites "
+             "that start the server as a process; never in production")
     add_security_flags(parser)
     add_shared_memory_flags(parser)
     add("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
@@ -149,8 +152,9 @@ def scope_lines(options: ServerOptions) -> list[str]:
         return ["one slot per model (start with --parallel-jobs N for the parallel runtime)"]
     return [
         f"parallel runtime: {options.parallel_jobs} slot(s) per model by default (1..16 per model)",
-        "backends admitting more than one slot: onnxruntime (up to 16, one shared session), fixture "
-        "(its declared capacity), tensorrt (contexts that fit in device memory, up to 16)",
+        "backends admitting more than one slot: onnxruntime (up to 16, one shared session), tensorrt "
+        "(contexts that fit in device memory, up to 16)"
+        + (", fixture (its declared capacity)" if options.enable_test_backends else ""),
         "not validated: TensorRT on a GPU (checked here only through a test double)",
     ]
 
@@ -166,6 +170,7 @@ def option_fields(args: argparse.Namespace) -> dict:
         max_resident_models=args.max_resident_models, idle_unload=args.idle_unload,
         memory_budget=args.memory_budget,
         max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
+        enable_test_backends=args.enable_test_backends,
         drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
         stream_write_timeout=args.stream_write_timeout, log_format=args.log_format,
         metrics_port=args.metrics_port, shared_memory=args.shared_memory,

@@ -39,6 +39,7 @@ class ServerOptions:
     metrics_port: int | None = None  # Prometheus text over HTTP on the same host; None: off; 0: any free port
     log_format: str = "text"
     extra_backends: dict = field(default_factory=dict, compare=False)  # name -> Backend, for tests and plugins
+    enable_test_backends: bool = False  # register engine/testing/'s doubles (backend "fixture"): tests only
     # Security (service/auth.py, service/tls.py). Tokens may be given as str; they are kept as Secret, which
     # never prints itself, so logging these options shows no token.
     management_token: Secret | None = None  # management and repository control need it (and --allow-management)

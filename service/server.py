@@ -17,7 +17,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine.fixture import FixtureBackend
 from engine.interface import Backend
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from engine.repository import ModelRepository
@@ -47,10 +46,17 @@ INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceS
 MANAGEMENT_SERVICE = management_pb2.DESCRIPTOR.services_by_name["ModelManagement"].full_name
 
 
-def default_backends() -> dict[str, Backend]:
-    """The backends every server has. The TensorRT backend imports TensorRT and probes the GPU only when a
-    TensorRT model loads; without them that load fails with FAILED_PRECONDITION."""
-    return {"onnxruntime": OnnxRuntimeBackend(), "fixture": FixtureBackend(), "tensorrt": TensorRTBackend()}
+def default_backends(*, test_backends: bool = False) -> dict[str, Backend]:
+    """The backends a server has. The TensorRT backend imports TensorRT and probes the GPU only when a
+    TensorRT model loads; without them that load fails with FAILED_PRECONDITION. The test doubles
+    (engine/testing/: the fixture backend) are imported and added only with `test_backends`
+    (--enable-test-backends); without it a model naming them is refused by name."""
+    backends: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(), "tensorrt": TensorRTBackend()}
+    if test_backends:
+        from engine.testing import test_backends as make_test_backends
+
+        backends.update(make_test_backends())
+    return backends
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,8 @@ class Server:
 
     def __init__(self, options: ServerOptions, backends: Mapping[str, Backend] | None = None) -> None:
         self.options = options
-        all_backends = dict(backends if backends is not None else default_backends())
+        all_backends = dict(backends if backends is not None
+                            else default_backends(test_backends=options.enable_test_backends))
         all_backends.update(options.extra_backends)
         self.residency = Residency(lambda: self.registry.entries(), max_resident_models=options.max_resident_models,
                                    memory_budget=options.memory_budget, idle_unload=options.idle_unload)

@@ -72,6 +72,7 @@ def serve(model_repository: str | Path, *, backends: Mapping[str, Backend] | Non
     """
     from client import InferenceClient, ManagementClient
 
+    options.setdefault("enable_test_backends", True)  # the harness is for tests: fixture models load
     settings = ServerOptions(model_repository=Path(model_repository), host="127.0.0.1",
                              port=options.pop("port", 0), extra_backends=dict(backends or {}), **options)
     # ServerOptions keeps only the tokens' digests; the clients get the strings the caller passed.

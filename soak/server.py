@@ -26,7 +26,8 @@ MAX_WORKERS = 32
 SHUTDOWN_GRACE = 10.0
 SERVER_FLAGS = ["--parallel-jobs", "2", "--allow-management", "--max-resident-models", "3", "--idle-unload", "4",
                 "--admission-timeout", "2", "--max-queue", "32", "--max-workers", str(MAX_WORKERS),
-                "--no-load-at-startup", "--shutdown-grace", str(SHUTDOWN_GRACE), "--stream-write-timeout", "10"]
+                "--no-load-at-startup", "--shutdown-grace", str(SHUTDOWN_GRACE), "--stream-write-timeout", "10",
+                "--enable-test-backends"]  # its fx_* models are fixture models
 WAIT = 30.0  # seconds any wait for a state may take
 _LISTENING = re.compile(r"slotserve listening on (\S+)")
 _ENV_DROP = ("SLOTSERVE_MANAGEMENT_TOKEN", "SLOTSERVE_INFERENCE_TOKEN")

@@ -12,7 +12,7 @@ slot. See backend.py for the configuration parameters and failure behaviour.
     driver.py      which GPU extra (tensorrt-cu12 / tensorrt-cu13) the NVIDIA driver runs
     protocols.py   the Protocols the adapter is typed against
     api_names.py   every TensorRT / CUDA name used (checked against the real modules by the tests)
-    double/        TEST DOUBLE of TensorRT and the CUDA runtime (GPU-less tests only)
+    (the GPU-less TEST DOUBLE of TensorRT and the CUDA runtime is engine/testing/tensorrt_double/)
     gpu_check.py   `python -m engine.tensorrt.gpu_check`: the check to run on a real GPU
 
 Importing this package imports neither TensorRT nor cuda-python: they are imported on the first load, after the
@@ -41,7 +41,7 @@ def create_backend(options: Mapping[str, str] | None = None) -> TensorRTBackend:
     options = dict(options or {})
     cache_dir = options.get("cache_dir") or None
     if options.get("double", "").strip().lower() in _TRUE:
-        from .double import double_backend
+        from engine.testing.tensorrt_double import double_backend
 
         backend, device = double_backend(
             cache_dir=cache_dir,

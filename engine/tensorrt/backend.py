@@ -117,7 +117,7 @@ def tensorrt_cuda_major(module: Any) -> int | None:
 class TensorRTBackend(Backend):
     """Loads TensorRT engines. `trt_module` / `cudart_module` / `cuda_utils_module` default to the real `tensorrt`
     (or `tensorrt_lean`), `cuda.bindings.runtime` and `cuda.bindings.utils`, imported on first load; tests pass the
-    double's (engine/tensorrt/double/). `cache_dir` overrides the default plan cache directory (a model's
+    double's (engine/testing/tensorrt_double/). `cache_dir` overrides the default plan cache directory (a model's
     `trt_cache_dir` parameter wins)."""
 
     name = "tensorrt"

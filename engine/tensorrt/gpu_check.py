@@ -14,7 +14,7 @@ every stacked batch size from 1 to max_batch_size.
 Exit status: 0 every model matched; 1 an output differed or a model failed; 2 TensorRT cannot run here (no GPU,
 no TensorRT, no cuda-python, a driver too old), with the reason.
 
-`--double` runs the same check over the GPU-less test double (engine/tensorrt/double/): it exercises the code
+`--double` runs the same check over the GPU-less test double (engine/testing/tensorrt_double/): it exercises the code
 path on any machine, but its outputs come from ONNX Runtime and its timings are meaningless.
 """
 
@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     repository = ModelRepository(args.repository)
     if args.double:
-        from .double import double_backend
+        from engine.testing.tensorrt_double import double_backend
 
         backend, device = double_backend(cache_dir=args.cache_dir, total_memory=8 << 30)
         device.probe_values["sr"] = 16000  # silero_vad branches on its sample rate (see FakeDevice.probe_values)

@@ -28,6 +28,11 @@ class UnsupportedSlotCount(InvalidRequest):
     """A slot count outside 1..16, above the model's capacity, or given without --parallel-jobs."""
 
 
+class BackendNotAvailable(InvalidRequest):
+    """A model names a backend this server does not run: a test backend on a server started without
+    --enable-test-backends, or a backend an embedding server left out."""
+
+
 class ManagementDisabled(ServiceError):
     def __init__(self, operation: str) -> None:
         super().__init__(f"{operation} needs management enabled: start the server with --allow-management")

@@ -35,7 +35,7 @@ from engine.repository import hide_paths
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
-from .errors import ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
+from .errors import BackendNotAvailable, ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
 from ..events import Events
 from ..outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
@@ -91,7 +91,19 @@ class SharedRuntime:
         try:
             return self.backends[spec.backend]
         except KeyError:
-            raise UnsupportedSlotCount(f"model '{spec.name}': backend '{spec.backend}' is not available") from None
+            raise BackendNotAvailable(backend_missing_message(spec.name, spec.backend)) from None
+
+
+# Backends that exist only to make tests deterministic (engine/testing/): named so that a production server refuses
+# them with the flag that enables them, instead of calling them unknown.
+TEST_BACKENDS = ("fixture",)
+
+
+def backend_missing_message(model: str, backend: str) -> str:
+    if backend in TEST_BACKENDS:
+        return (f"model '{model}': backend '{backend}' is a test backend; this server runs it only when started "
+                "with --enable-test-backends")
+    return f"model '{model}': backend '{backend}' is not available on this server"
 
 
 @dataclass(frozen=True)
@@ -716,8 +728,9 @@ class ModelEntry:
 
 def _as_request_error(name: str, error: BaseException) -> BaseException:
     """How a load failure reaches a request that needed the model: engine problems and unsupported slot
-    counts become ModelLoadFailed; residency and memory refusals keep their own reason."""
-    if isinstance(error, (EngineError, UnsupportedSlotCount)):
+    counts and backends this server does not run become ModelLoadFailed; residency and memory refusals keep
+    their own reason."""
+    if isinstance(error, (EngineError, UnsupportedSlotCount, BackendNotAvailable)):
         return ModelLoadFailed(name, error)
     if isinstance(error, ServiceError):
         return error

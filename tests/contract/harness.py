@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.fixture import FixtureBackend, FixtureControls, Gate
+from engine.testing.fixture import FixtureBackend, FixtureControls, Gate
 from engine.interface import CancelToken
 from engine.repository import ModelRepository
 from service.core.lifecycle import ModelState, ModelStatus, SharedRuntime

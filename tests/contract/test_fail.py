@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ExecutionError, ModelConfigError, OutOfDeviceMemoryError
-from engine.fixture import Defect
+from engine.testing.fixture import Defect
 from service.core.errors import ModelLoadFailed, ModelNotFound, UnsupportedSlotCount
 from service.core.lifecycle import ModelState
 

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.lifecycle import ModelState
 from service.options import ServerOptions
 from service.server import Server

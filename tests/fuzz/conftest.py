@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.testing import serve

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
 
-from engine.fixture import FixtureControls
+from engine.testing.fixture import FixtureControls
 
 ALLOWED = frozenset({"OK", "INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE"})
 CALL_TIMEOUT = 20.0  # seconds: the gRPC deadline of a call; a call still running then counts as a hang

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.fixture import FixtureControls
+from engine.testing.fixture import FixtureControls
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from client import _render as render
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.testing import serve
 
 from tests.contract.test_batching import write_batching_model

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.core.registry import Registration

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ExecutionError
-from engine.fixture import Defect, FixtureBackend
+from engine.testing.fixture import Defect, FixtureBackend
 from service.events import FIXED_KEYS, JsonFormatter
 from service.testing import serve
 from tests.shutdown.harness import ServerProcess

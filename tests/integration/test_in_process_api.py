@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from client import ClientError
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.server import Server
 from service.testing import RunningServer, serve
 

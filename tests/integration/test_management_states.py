@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 from google.protobuf import json_format
 
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2 as pb
 from service.testing import RunningServer, serve
 from tests.contract.harness import write_fixture_model

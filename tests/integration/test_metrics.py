@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.errors import ModelLoadError
-from engine.fixture import FixtureBackend
+from engine.testing.fixture import FixtureBackend
 from service.options import ServerOptions
 from service.testing import serve
 

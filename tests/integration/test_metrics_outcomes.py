@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from client import ClientError
-from engine.fixture import FixtureBackend
+from engine.testing.fixture import FixtureBackend
 from generated import grpc_service_pb2 as pb
 
 from ._support import CALL_TIMEOUT, stub, write_fixture_model

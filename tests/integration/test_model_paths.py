@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 
 from client import ClientError
 from engine.tensorrt import TensorRTBackend
-from engine.tensorrt.double import FakeDevice
+from engine.testing.tensorrt_double import FakeDevice
 from service.cli import build_parser, option_fields, security_lines
 from service.options import ServerOptions
 from service.testing import serve

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.lifecycle import ModelState
 from service.testing import serve
 

@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import ClientError, InferenceClient, ManagementClient
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.testing import serve
 from tests.contract.harness import write_fixture_model
 

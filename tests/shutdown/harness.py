@@ -63,7 +63,7 @@ def write_fixture_model(repository: Path, name: str, parameters: dict | None = N
 
 
 class FileGates:
-    """The test side of the fixture's cross-process file gates of one model (see engine/fixture.py)."""
+    """The test side of the fixture's cross-process file gates of one model (see engine/testing/fixture.py)."""
 
     def __init__(self, directory: Path, model: str) -> None:
         self.directory = Path(directory)
@@ -147,9 +147,11 @@ def outcome(future: futures.Future | grpc.Future, timeout: float = WAIT):
 class ServerProcess:
     """One `python -m service` process on 127.0.0.1:<free port>."""
 
-    def __init__(self, repository: Path, *flags: str, log_level: str = "INFO") -> None:
+    def __init__(self, repository: Path, *flags: str, log_level: str = "INFO", test_backends: bool = True) -> None:
+        # Shutdown tests hold fixture models' file gates, so the fixture backend is on unless a test says not.
         command = [sys.executable, "-m", "service", "--model-repository", str(repository), "--host", "127.0.0.1",
-                   "--port", "0", "--log-level", log_level, *flags]
+                   "--port", "0", "--log-level", log_level, *(["--enable-test-backends"] if test_backends else []),
+                   *flags]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -398,7 +400,7 @@ class InProcess:
     """
 
     def __init__(self, root: Path, models: dict[str, dict], backends: dict | None = None, **options) -> None:
-        from engine.fixture import FixtureBackend, FixtureControls
+        from engine.testing.fixture import FixtureBackend, FixtureControls
         from service.testing import serve
 
         for name, parameters in models.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.tensorrt.double import FakeDevice
+from engine.testing.tensorrt_double import FakeDevice
 
 
 @pytest.fixture

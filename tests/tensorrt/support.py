@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from engine.interface import BatchingSpec, ModelSpec, TensorSpec
-from engine.tensorrt.double import FakeDevice
+from engine.testing.tensorrt_double import FakeDevice
 
 BATCH = 8
 WIDTH = 16

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.tensorrt import api_names, double, protocols
+from engine.tensorrt import api_names, protocols
+from engine.testing import tensorrt_double as double
 from engine.tensorrt.api_names import BUILDER, CUDA_UTILS, CUDART, MODULE, REMOVED_IN_TRT11, RUNTIME
 from engine.tensorrt.cuda import STICKY_ERRORS
 

@@ -1,4 +1,4 @@
-"""The TensorRT backend end to end over the test double (engine/tensorrt/double/): loading plans and ONNX
+"""The TensorRT backend end to end over the test double (engine/testing/tensorrt_double/): loading plans and ONNX
 models, metadata, concurrent slots, capacity from measured memory, out-of-memory cleanup, cancellation, the plan
 cache, profile-per-slot mode, and the no-GPU path. Every test also fails if the backend broke a TensorRT/CUDA
 rule (the `device` fixture checks the double's violations).
@@ -20,7 +20,7 @@ from engine.interface import CancelToken, TensorSpec
 from engine.tensorrt import backend as backend_module
 from engine.tensorrt import create_backend
 from engine.tensorrt.backend import FALLBACK_HINT, TensorRTBackend
-from engine.tensorrt.double import FakeDevice
+from engine.testing.tensorrt_double import FakeDevice
 
 from . import support
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine import errors
-from engine.tensorrt.double import FakeDevice
+from engine.testing.tensorrt_double import FakeDevice
 
 from . import support
 from .test_backend import ACTIVATION, WEIGHTS, check_add_sub, make_backend, run

@@ -1,7 +1,7 @@
 """What a real engine's tensors can be, served or refused clearly (issue 15, items 2-5, and the batch dimension
 of dynamic batching): scalars, non-linear I/O formats, host-side shape tensors, outputs whose shape only the data
 decides, input shapes that do not fit each other, and the batch profile of a batching model. All over the test
-double, which behaves as TensorRT does in each case (engine/tensorrt/double/tensorrt_runtime.py)."""
+double, which behaves as TensorRT does in each case (engine/testing/tensorrt_double/tensorrt_runtime.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from engine.tensorrt.double import POISON, DoubleRuleViolation, FakeDevice
+from engine.testing.tensorrt_double import POISON, DoubleRuleViolation, FakeDevice
 
 from . import support
 

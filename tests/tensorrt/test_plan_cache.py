@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.tensorrt import backend as backend_module
-from engine.tensorrt.double import FakeDevice
+from engine.testing.tensorrt_double import FakeDevice
 
 from . import support
 from .test_backend import make_backend, run

@@ -1,4 +1,4 @@
-"""The TensorRT backend inside the whole server, over real gRPC: the test double (engine/tensorrt/double/) stands
+"""The TensorRT backend inside the whole server, over real gRPC: the test double (engine/testing/tensorrt_double/) stands
 for TensorRT and the CUDA runtime and enforces their rules (one thread per context, one enqueue in flight per
 context, no default stream, no buffer reuse while in flight); the `device` fixture fails the test if any rule was
 broken. A model directory with `platform: "tensorrt_plan"` (or `backend: "tensorrt"`) and a prebuilt model.plan
@@ -19,7 +19,7 @@ import pytest
 
 from client import ClientError
 from engine.tensorrt import TensorRTBackend, create_backend
-from engine.tensorrt.double import FakeDevice
+from engine.testing.tensorrt_double import FakeDevice
 from service.testing import serve
 
 from . import support

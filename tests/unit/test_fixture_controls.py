@@ -1,7 +1,7 @@
 """The fixture backend's controls: tests get an ordered event list; a served process keeps only counters, so
 a long run does not grow memory by one event per request (found by the soak)."""
 
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 
 
 def test_controls_given_by_a_test_keep_every_event_in_order():

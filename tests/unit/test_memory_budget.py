@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from engine.interface import ModelSpec
 from service.core.errors import MemoryLimit
 from service.events import Events

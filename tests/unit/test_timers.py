@@ -9,7 +9,7 @@ import weakref
 
 import numpy as np
 
-from engine.fixture import FixtureBackend, FixtureControls
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.testing import serve
 from service.timers import TimerQueue

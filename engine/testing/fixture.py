@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import datatypes
-from .errors import ExecutionCancelled, ExecutionError, ModelConfigError, ModelLoadError
-from .interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
+from engine import datatypes
+from engine.errors import ExecutionCancelled, ExecutionError, ModelConfigError, ModelLoadError
+from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
 
 POINTS = ("load", "clone", "prepare", "execute", "stream", "teardown")
 

@@ -40,7 +40,7 @@ def trt_module(device: FakeDevice, builder: bool) -> types.ModuleType:
 def double_backend(cache_dir: Path | str | None = None, **device_options: Any):
     """A TensorRTBackend over a fresh FakeDevice: (backend, device). For tests and the gRPC-level test server
     only (see engine.tensorrt.create_backend)."""
-    from ..backend import TensorRTBackend
+    from engine.tensorrt.backend import TensorRTBackend
     from .device import FakeDevice
 
     device = FakeDevice(**device_options)

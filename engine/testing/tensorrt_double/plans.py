@@ -39,7 +39,7 @@ def numpy_dtype(type_name: str) -> np.dtype:
     table = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
              "BOOL": np.bool_, "UINT8": np.uint8}
     if type_name == "BF16":
-        from ...datatypes import bfloat16
+        from engine.datatypes import bfloat16
 
         return np.dtype(bfloat16())
     if type_name not in table:
