@@ -104,7 +104,7 @@ class ServerOptions:
 
     def _model_root_problems(self) -> list[str]:
         """Keep the allowed roots as a tuple of Paths; each must be an existing folder."""
-        roots = tuple(Path(root) for root in self.allowed_model_roots)
+        roots = tuple(Path(root) for root in self.allowed_model_roots or ())  # argparse gives None for none
         object.__setattr__(self, "allowed_model_roots", roots)
         return [f"--allow-model-root {root} is not a folder" for root in roots if not root.is_dir()]
 
