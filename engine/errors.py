@@ -1,7 +1,9 @@
 """Errors raised by engines and the model repository.
 
-Engines raise these; they carry no transport data. The server maps each class to a status code in one table
-(`service/status_codes.py`). Messages name the problem for the client: they must not contain stack traces or
+Engines raise these; they carry no transport data. Each class a client may see names its reason (`error_reason`,
+as the server core's errors do: service/core/errors.py); the server maps each reason to a status code in one table
+(`service/status_codes.py`). One without a reason (EngineError, ExecutionError) reaches the client as INTERNAL
+with a generic message. Messages name the problem for the client: they must not contain stack traces or
 internal paths beyond the model's own files.
 """
 
@@ -11,33 +13,47 @@ from __future__ import annotations
 class EngineError(Exception):
     """Base of every engine and repository error."""
 
+    error_reason: str | None = None
+
 
 class ModelConfigError(EngineError):
     """A model's configuration or files are invalid (bad config.pbtxt, missing model file, I/O that does not
     match the model). Maps to INVALID_ARGUMENT for management calls."""
 
+    error_reason: str | None = "invalid_request_error"
+
 
 class ModelLoadError(EngineError):
     """Loading the engine or creating a slot's context failed for a reason that is not the request's fault."""
+
+    error_reason: str | None = "load_failed"
 
 
 class BackendUnavailableError(EngineError):
     """The backend cannot run on this machine (no CUDA device, TensorRT not installed).
     Maps to FAILED_PRECONDITION."""
 
+    error_reason: str | None = "backend_unavailable"
+
 
 class OutOfDeviceMemoryError(ModelLoadError):
     """An engine or context could not be allocated (for example TensorRT returned None for a context)."""
+
+    error_reason: str | None = "out_of_memory"
 
 
 class OutOfHostMemoryError(ModelLoadError):
     """Host memory for a context could not be allocated (for example TensorRT's pinned staging buffers:
     cudaHostAlloc failed). Maps like OutOfDeviceMemoryError, with a message that names host memory."""
 
+    error_reason: str | None = "out_of_memory"
+
 
 class InvalidInputError(EngineError):
     """A request's tensors do not fit the model (unknown or missing input, wrong datatype or shape).
     Maps to INVALID_ARGUMENT."""
+
+    error_reason: str | None = "invalid_request_error"
 
 
 class ExecutionError(EngineError):
@@ -49,6 +65,10 @@ class DeviceFailedError(ExecutionError):
     failed, and every later one would. The server takes the model out of service (the next request or load
     rebuilds it). Maps to UNAVAILABLE."""
 
+    error_reason: str | None = "device_failed"
+
 
 class ExecutionCancelled(EngineError):
     """The caller gave up and the backend stopped (or skipped) the run."""
+
+    error_reason: str | None = "cancelled"

@@ -21,6 +21,8 @@ _LENGTH = struct.Struct("<I")
 class TensorDecodeError(ValueError):
     """The bytes do not hold a tensor of the stated datatype and shape. The message names the problem."""
 
+    error_reason: str | None = "invalid_request_error"
+
 
 def element_count(shape) -> int:
     count = 1

@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .events import JsonFormatter, log_event
+from .core.events import JsonFormatter, log_event
 from .options import ServerOptions
 from .signals import Decision, SignalPipe, decide
 

@@ -18,9 +18,9 @@ from generated import grpc_service_pb2 as pb
 
 from .core.batching import BatchItem
 from .core.errors import InvalidRequest, ModelNotFound
-from .events import RejectionLog
+from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
-from .outcomes import REJECTIONS, outcome_of
+from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry
 from .shared_memory import SharedMemoryRegistry
 from .tensors import DecodedRequest, decode_request, encode_response

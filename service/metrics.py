@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .outcomes import STANDARD, SUCCESS
+from .core.outcomes import STANDARD, SUCCESS
 from .core.statistics import BUCKETS_SECONDS, StatisticsSnapshot
 
 POLL_SECONDS = 0.1  # how often the HTTP loop checks for shutdown: stop() waits up to this long
@@ -59,7 +59,7 @@ class SlotserveCollector(Collector):
     def __init__(self, registry, residency, events, cold_loads=None, dataplane=None) -> None:
         self._registry = registry  # service.core.registry.ModelRegistry
         self._residency = residency  # service.core.residency.Residency
-        self._events = events  # service.events.Events
+        self._events = events  # service.core.events.Events
         self._cold_loads = cold_loads  # service.core.residency.ColdLoadGuard or None
         self._dataplane = dataplane  # service.dataplane.Dataplane or None
 

@@ -26,7 +26,7 @@ from generated import grpc_service_pb2, management_pb2, management_pb2_grpc
 from . import tls
 from .auth import Authenticator
 from .dataplane import Dataplane
-from .events import log_event
+from .core.events import log_event
 from .core.lifecycle import SharedRuntime
 from .metrics import ServerMetrics, SlotserveCollector
 from .options import ServerOptions

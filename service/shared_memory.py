@@ -52,13 +52,19 @@ CUDA_UNSUPPORTED = ("slotserve does not support CUDA shared memory; use system s
 class RegionNotFound(ServiceError):
     """No region is registered under the name (NOT_FOUND, as Triton answers)."""
 
+    error_reason: str | None = "region_not_found"
+
 
 class SharedMemoryLimit(ServiceError):
     """Registering would map more than --shared-memory-max-bytes or MAX_REGIONS (RESOURCE_EXHAUSTED)."""
 
+    error_reason: str | None = "shared_memory_limit"
+
 
 class SharedMemoryUnsupported(ServiceError):
     """System shared memory is off on this server, or CUDA shared memory was asked for (UNIMPLEMENTED)."""
+
+    error_reason: str | None = "unimplemented"
 
 
 def disabled_message(what: str) -> str:

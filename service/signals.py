@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 
-from .events import log_event
+from .core.events import log_event
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FORCE_SIGNALS = (signal.SIGQUIT,)

@@ -1,6 +1,6 @@
-"""The one table from exceptions to gRPC status codes, and the helper that aborts an RPC with it.
+"""The one table from error reasons to gRPC status codes, and the helper that aborts an RPC with it.
 
-Every error a client can see passes through `describe`. Client-facing errors carry a google.rpc.ErrorInfo
+Every error a client can see passes through `describe`: its class names its reason, the table gives the code. Client-facing errors carry a google.rpc.ErrorInfo
 (domain "slotserve") whose reason names the contract's category (`invalid_request_error`, `server_busy`,
 `residency_limit`, `memory_limit`, ...). Anything not in the table is an internal error: the client gets a
 generic message with a reference, the log gets the traceback.
@@ -20,8 +20,9 @@ from grpc_status import rpc_status
 from engine import errors as engine_errors
 from engine.tensor_codec import TensorDecodeError
 
-from . import shared_memory
+from . import shared_memory  # noqa: F401  (its error classes are among those reasoned_classes finds)
 from .core import errors
+from .core.outcomes import reason_of
 
 _LOG = logging.getLogger(__name__)
 
@@ -37,37 +38,48 @@ MAX_MESSAGE_BYTES = 1024
 # of one short name with the opening quote of the next, and shorten the text between them).
 _QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
 
-# (exception class, status code, ErrorInfo reason or None). Lookup walks each error's MRO, so subclasses
-# listed here win over their bases.
-TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str | None], ...] = (
-    (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND, "model_not_found"),
-    (errors.InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
-    (shared_memory.RegionNotFound, grpc.StatusCode.NOT_FOUND, "region_not_found"),  # Triton's code for it
-    (shared_memory.SharedMemoryLimit, grpc.StatusCode.RESOURCE_EXHAUSTED, "shared_memory_limit"),
-    (shared_memory.SharedMemoryUnsupported, grpc.StatusCode.UNIMPLEMENTED, "unimplemented"),
-    (engine_errors.InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
-    (engine_errors.ModelConfigError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
-    (TensorDecodeError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
-    (errors.ManagementDisabled, grpc.StatusCode.PERMISSION_DENIED, "management_disabled"),
+# The one table from an error's reason (its class's `error_reason`: service/core/errors.py, engine/errors.py,
+# service/shared_memory.py) to the status code its client gets. A reason not here is a bug: a test checks every
+# class's reason has a row.
+TABLE: dict[str, grpc.StatusCode] = {
+    "model_not_found": grpc.StatusCode.NOT_FOUND,
+    "invalid_request_error": grpc.StatusCode.INVALID_ARGUMENT,
+    "region_not_found": grpc.StatusCode.NOT_FOUND,  # Triton's code for it
+    "shared_memory_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "unimplemented": grpc.StatusCode.UNIMPLEMENTED,
+    "management_disabled": grpc.StatusCode.PERMISSION_DENIED,
     # A missing token and a wrong one get the same status (DESIGN §5); the message says which, never a token.
-    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, "unauthenticated"),
-    (errors.ServerBusy, grpc.StatusCode.UNAVAILABLE, "server_busy"),
-    (errors.ResidencyLimit, grpc.StatusCode.UNAVAILABLE, "residency_limit"),
-    (errors.MemoryLimit, grpc.StatusCode.UNAVAILABLE, "memory_limit"),
-    (errors.ShuttingDown, grpc.StatusCode.UNAVAILABLE, "shutting_down"),
-    (errors.ModelNotLoadedYet, grpc.StatusCode.UNAVAILABLE, "model_not_loaded"),
-    (errors.RequestCancelled, grpc.StatusCode.CANCELLED, "cancelled"),
-    (engine_errors.ExecutionCancelled, grpc.StatusCode.CANCELLED, "cancelled"),
-    (errors.ModelLoadFailed, grpc.StatusCode.FAILED_PRECONDITION, "load_failed"),
-    (engine_errors.BackendUnavailableError, grpc.StatusCode.FAILED_PRECONDITION, "backend_unavailable"),
-    (engine_errors.OutOfDeviceMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED, "out_of_memory"),
-    (engine_errors.OutOfHostMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED, "out_of_memory"),
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "server_busy": grpc.StatusCode.UNAVAILABLE,
+    "residency_limit": grpc.StatusCode.UNAVAILABLE,
+    "memory_limit": grpc.StatusCode.UNAVAILABLE,
+    "shutting_down": grpc.StatusCode.UNAVAILABLE,
+    "model_not_loaded": grpc.StatusCode.UNAVAILABLE,
+    "cancelled": grpc.StatusCode.CANCELLED,
+    "load_failed": grpc.StatusCode.FAILED_PRECONDITION,
+    "backend_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
+    "out_of_memory": grpc.StatusCode.RESOURCE_EXHAUSTED,
     # The GPU's CUDA context broke under this request: retryable once the model is rebuilt (a later request does).
-    (engine_errors.DeviceFailedError, grpc.StatusCode.UNAVAILABLE, "device_failed"),
-    (engine_errors.ModelLoadError, grpc.StatusCode.FAILED_PRECONDITION, "load_failed"),
-)
+    "device_failed": grpc.StatusCode.UNAVAILABLE,
+}
 
-_BY_CLASS = {cls: (code, reason) for cls, code, reason in TABLE}
+# Where the error classes live: every class under these roots that sets its own `error_reason` is one a client
+# may see (docs/errors.md names each; tests/docs checks it).
+ERROR_ROOTS: tuple[type[BaseException], ...] = (errors.ServiceError, engine_errors.EngineError, TensorDecodeError)
+
+
+def reasoned_classes() -> dict[type[BaseException], str]:
+    """Every error class that names a reason of its own, with that reason (subclasses inherit it silently)."""
+    found: dict[type[BaseException], str] = {}
+    pending = list(ERROR_ROOTS)
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        reason = cls.__dict__.get("error_reason")
+        if isinstance(reason, str):
+            found[cls] = reason
+    return found
+
 
 # Errors whose own message could reveal internals: the client gets this instead.
 _GENERIC = {engine_errors.ExecutionError: "the model failed to execute this request; see the server log"}
@@ -75,10 +87,10 @@ _GENERIC = {engine_errors.ExecutionError: "the model failed to execute this requ
 
 def describe(error: BaseException) -> tuple[grpc.StatusCode, str, str | None]:
     """(code, client message, reason) for `error`. Unknown errors are logged with a reference id."""
+    reason = reason_of(error)
+    if reason is not None and reason in TABLE:
+        return TABLE[reason], bounded_message(str(error)), reason
     for cls in type(error).__mro__:
-        if cls in _BY_CLASS:
-            code, reason = _BY_CLASS[cls]
-            return code, bounded_message(str(error)), reason
         if cls in _GENERIC:
             _LOG.error("request failed: %s", error, exc_info=error.__cause__ or error)
             return grpc.StatusCode.INTERNAL, _GENERIC[cls], "internal"

@@ -1,5 +1,7 @@
-"""Domain errors of the server core. They carry no transport data; `service/status_codes.py` maps each class
-to a gRPC status code and error reason in one table.
+"""Domain errors of the server core. They carry no transport data. Each class a client may see names its reason
+(`error_reason`, the word of the google.rpc.ErrorInfo the client gets and of the request's outcome in statistics,
+metrics and log lines; a subclass without one has its base's); `service/status_codes.py` maps each reason to a
+gRPC status code in one table.
 
 Messages are written for the client: they name the model and the problem, never internal details.
 """
@@ -7,11 +9,20 @@ Messages are written for the client: they name the model and the problem, never 
 from __future__ import annotations
 
 
+# The CancelToken reason with which the server cancels calls at the end of its shutdown grace: work cut short with
+# it is reported as `shutting_down`, not as the client's cancellation (service/core/outcomes.py seen_by_client).
+SHUTDOWN_CANCEL_REASON = "shutdown"
+
+
 class ServiceError(Exception):
-    """Base of the server core's errors."""
+    """Base of the server core's errors. One without an `error_reason` of its own or of a base is internal."""
+
+    error_reason: str | None = None
 
 
 class ModelNotFound(ServiceError):
+    error_reason = "model_not_found"
+
     def __init__(self, name: str, version: str = "") -> None:
         # Triton's wording: stock clients and examples look for "Request for unknown model".
         what = f"'{name}' version {version}" if version else f"'{name}'"
@@ -22,6 +33,8 @@ class ModelNotFound(ServiceError):
 class InvalidRequest(ServiceError):
     """The request is malformed or asks for something the model or server cannot do (INVALID_ARGUMENT,
     reason invalid_request_error)."""
+
+    error_reason = "invalid_request_error"
 
 
 class UnsupportedSlotCount(InvalidRequest):
@@ -34,6 +47,8 @@ class BackendNotAvailable(InvalidRequest):
 
 
 class ManagementDisabled(ServiceError):
+    error_reason = "management_disabled"
+
     def __init__(self, operation: str) -> None:
         super().__init__(f"{operation} needs management enabled: start the server with --allow-management")
 
@@ -42,9 +57,13 @@ class Unauthenticated(ServiceError):
     """A token is required and the call had none or a wrong one (UNAUTHENTICATED, reason unauthenticated).
     The message never contains a token."""
 
+    error_reason = "unauthenticated"
+
 
 class ServerBusy(ServiceError):
     """Admission refused or timed out (UNAVAILABLE, reason server_busy)."""
+
+    error_reason = "server_busy"
 
 
 class AdmissionTimeout(ServerBusy):
@@ -62,25 +81,37 @@ class OverdueBlockers(ServerBusy):
 class ResidencyLimit(ServiceError):
     """No resident model could be retired to make room (UNAVAILABLE, reason residency_limit)."""
 
+    error_reason = "residency_limit"
+
 
 class MemoryLimit(ServiceError):
     """The pool would exceed --memory-budget (UNAVAILABLE, reason memory_limit)."""
+
+    error_reason = "memory_limit"
 
 
 class ShuttingDown(ServiceError):
     """The server is stopping and no longer admits this work (UNAVAILABLE, reason shutting_down)."""
 
+    error_reason = "shutting_down"
+
 
 class RequestCancelled(ServiceError):
     """The caller gave up (client cancellation, deadline or disconnect)."""
+
+    error_reason = "cancelled"
 
 
 class ModelNotLoadedYet(ServiceError):
     """Metadata was asked of a model whose inputs are only known once it has loaded (UNAVAILABLE)."""
 
+    error_reason = "model_not_loaded"
+
 
 class ModelLoadFailed(ServiceError):
     """A request needed the model loaded and the load failed. Wraps the engine error's message."""
+
+    error_reason = "load_failed"
 
     def __init__(self, name: str, cause: Exception) -> None:
         super().__init__(f"model '{name}' failed to load: {cause}")

@@ -36,8 +36,8 @@ from engine.repository import hide_paths
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
 from .errors import BackendNotAvailable, ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
-from ..events import Events
-from ..outcomes import outcome_of
+from .events import Events
+from .outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
 from .statistics import InferenceStatistics
 
@@ -488,7 +488,7 @@ class ModelEntry:
             try:
                 pool = self._build_reserved(spec, settings, primary)
             except BaseException as error:
-                reason = outcome_of(error)
+                reason = outcome_of(error)  # the reason a request for this model would be told
                 # An error outside the table (a backend bug) is logged with its traceback; known ones need none.
                 events.emit(_LOG, "load_failed", self.name, backend=spec.backend, reason=reason,
                             seconds=time.perf_counter() - started, error=str(error) or type(error).__name__,

@@ -9,7 +9,7 @@ Triton reports them: a model without dynamic batching runs one request per execu
 every request of a batch in one.
 
 For the metrics the same record also keeps, at no extra lock, how each failed request ended (its outcome, see
-service/outcomes.py) and histogram buckets of the queue and engine-run times of successful requests. Both
+service/core/outcomes.py) and histogram buckets of the queue and engine-run times of successful requests. Both
 ModelStatistics and /metrics therefore read one set of counters and always agree.
 """
 
@@ -117,7 +117,7 @@ class InferenceStatistics:
         totals[3] += output_ns
 
     def record_failure(self, total_ns: int, outcome: str = "failed") -> None:
-        """A request that did not succeed; `outcome` is how it ended (service.outcomes.outcome_of)."""
+        """A request that did not succeed; `outcome` is how it ended (service/core/outcomes.py outcome_of)."""
         with self._lock:
             self._fail_count += 1
             self._fail_ns += total_ns

@@ -10,22 +10,13 @@ import time
 
 import grpc
 
-from engine.errors import ExecutionCancelled
 from engine.interface import CancelToken
 
 from .. import status_codes
 from ..auth import Access, Authenticator
-from ..core.errors import ManagementDisabled, RequestCancelled, ServerBusy, ServiceError, ShuttingDown
-
-
-SHUTDOWN = "shutdown"
-
-
-def as_client_error(error: BaseException, token: CancelToken | None) -> BaseException:
-    """Work cut short by the server's own shutdown is reported as such, not as the client's cancellation."""
-    if token is not None and token.reason == SHUTDOWN and isinstance(error, (RequestCancelled, ExecutionCancelled)):
-        return ShuttingDown("shutting_down: the server stopped this call at the end of its shutdown grace")
-    return error
+from ..core.errors import SHUTDOWN_CANCEL_REASON as SHUTDOWN
+from ..core.errors import ManagementDisabled, ServerBusy, ServiceError
+from ..core.outcomes import seen_by_client as as_client_error
 
 
 class CallKind(enum.Enum):

@@ -1,4 +1,4 @@
-"""docs/operations.md lists every log event with its fields and level (service/events.py) and every metric the
+"""docs/operations.md lists every log event with its fields and level (service/core/events.py) and every metric the
 collector serves (service/metrics.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 
-from service import events
+from service.core import events
 from tests.docs.markdown import DOCS, ROOT, sections, table_rows
 
 PAGE = DOCS / "operations.md"

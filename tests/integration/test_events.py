@@ -18,7 +18,7 @@ import pytest
 
 from engine.errors import ExecutionError
 from engine.testing.fixture import Defect, FixtureBackend
-from service.events import FIXED_KEYS, JsonFormatter
+from service.core.events import FIXED_KEYS, JsonFormatter
 from service.testing import serve
 from tests.shutdown.harness import ServerProcess
 from tests.shutdown.harness import write_fixture_model as write_gated_fixture_model

@@ -1,5 +1,5 @@
-"""The event table, the JSON log format, the rejection log's rate limit, and request outcomes (service/events.py,
-service/outcomes.py), without a server."""
+"""The event table, the JSON log format, the rejection log's rate limit, and request outcomes (service/core/events.py,
+service/core/outcomes.py), without a server."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import logging
 import pytest
 
 from engine.interface import CancelToken
-from service import outcomes, status_codes
+from service import status_codes
+from service.core import outcomes
 from service.core import errors
-from service.events import EVENTS, FIXED_KEYS, JsonFormatter, RejectionLog, log_event
+from service.core.events import EVENTS, FIXED_KEYS, JsonFormatter, RejectionLog, log_event
 from service.servicers.common import SHUTDOWN
 
 SAMPLE_VALUES = {"seconds": 0.0451, "slots": 2, "backend": "onnxruntime", "models": ["h"], "count": 3,
@@ -106,10 +107,22 @@ def test_at_debug_every_rejection_is_logged(logger):
 
 # ---- outcomes ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cls, reason", [(cls, reason) for cls, _code, reason in status_codes.TABLE])
-def test_outcomes_use_the_reason_of_the_one_error_table(cls, reason):
+@pytest.mark.parametrize("cls, reason", sorted(status_codes.reasoned_classes().items(), key=lambda kv: kv[0].__name__),
+                         ids=lambda value: getattr(value, "__name__", value))
+def test_every_error_reason_has_a_status_code_and_is_the_outcome_counted(cls, reason):
+    assert reason in status_codes.TABLE, f"{cls.__name__}: reason {reason!r} has no status code"
     error = cls.__new__(cls)  # the class is what counts; constructors differ
     assert outcomes.outcome_of(error) == reason
+    assert status_codes.describe(error)[::2] == (status_codes.TABLE[reason], reason)
+
+
+def test_subclasses_without_a_reason_of_their_own_take_their_bases():
+    assert outcomes.outcome_of(errors.AdmissionTimeout("x")) == "server_busy"
+    assert outcomes.outcome_of(errors.UnsupportedSlotCount("x")) == "invalid_request_error"
+
+
+def test_every_reason_of_the_table_is_some_class_s():
+    assert set(status_codes.TABLE) == set(status_codes.reasoned_classes().values())
 
 
 def test_internal_errors_and_closed_streams_have_their_own_outcomes():
@@ -121,7 +134,7 @@ def test_internal_errors_and_closed_streams_have_their_own_outcomes():
 
 
 def test_a_cancellation_by_the_shutdown_counts_as_shutting_down_as_the_client_sees_it():
-    assert outcomes.SHUTDOWN_CANCEL_REASON == SHUTDOWN
+    assert errors.SHUTDOWN_CANCEL_REASON == SHUTDOWN
     token = CancelToken()
     token.cancel(SHUTDOWN)
     assert outcomes.outcome_of(errors.RequestCancelled("x"), token) == "shutting_down"

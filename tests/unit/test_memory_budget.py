@@ -11,7 +11,7 @@ import pytest
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from engine.interface import ModelSpec
 from service.core.errors import MemoryLimit
-from service.events import Events
+from service.core.events import Events
 from service.core.lifecycle import ModelEntry, ModelSettings, SharedRuntime
 from service.core.residency import ColdLoadGuard, Residency
 
