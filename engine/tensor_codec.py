@@ -17,6 +17,10 @@ from . import datatypes
 
 _LENGTH = struct.Struct("<I")
 
+# numpy makes arrays of at most this many dimensions (NPY_MAXDIMS, 64 since numpy 2.0); a shape of more is refused
+# by name before any array is made, since numpy's own ValueError would read as an internal error.
+MAX_RANK = 64
+
 
 class TensorDecodeError(ValueError):
     """The bytes do not hold a tensor of the stated datatype and shape. The message names the problem."""

@@ -24,7 +24,8 @@ import numpy as np
 
 from engine import datatypes
 from engine.interface import MAX_DIMENSION, MAX_ELEMENTS, ModelMetadata
-from engine.tensor_codec import TensorDecodeError, decode_raw, deserialize_bytes, encode_raw, element_count
+from engine.tensor_codec import (MAX_RANK, TensorDecodeError, decode_raw, deserialize_bytes, encode_raw,
+                                 element_count)
 from generated import grpc_service_pb2 as pb
 
 from .core.errors import InvalidRequest
@@ -173,7 +174,11 @@ _FIXED_SIZE = {name: datatypes.numpy_dtype(name) for name in datatypes.NAMES if 
 
 
 def _checked_elements(name: str, shape: tuple[int, ...]) -> int:
-    """The element count of `shape`; raises InvalidRequest for negative, absurd or oversized shapes."""
+    """The element count of `shape`; raises InvalidRequest for negative, absurd or oversized shapes, and for more
+    dimensions than numpy's MAX_RANK."""
+    if len(shape) > MAX_RANK:
+        raise InvalidRequest(f"input '{name}' has {len(shape)} dimensions; a tensor may have at most {MAX_RANK} "
+                             "(numpy's limit)")
     if shape:
         if min(shape) < 0:
             raise InvalidRequest(f"input '{name}' has a negative dimension in shape {list(shape)}")
