@@ -23,6 +23,7 @@ from .core.lifecycle import Lease, ModelEntry
 from .outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry
 from .shared_memory import SharedMemoryRegistry
+from . import wire
 from .tensors import DecodedRequest, decode_request, encode_response
 from .wire import InferRequest, InferResponse
 
@@ -94,11 +95,14 @@ class Dataplane:
         return deadline
 
     def infer(self, request: pb.ModelInferRequest | InferRequest, *, client_deadline: float | None = None,
-              cancel: CancelToken | None = None) -> pb.ModelInferResponse | InferResponse:
+              cancel: CancelToken | None = None,
+              serialize: bool = False) -> pb.ModelInferResponse | InferResponse | bytes:
         """Run one request to completion. Blocks while queued (until the admission deadline), while the model
         loads, and for the run (a batching model: for its batch's run). Returns the response message, or an
-        InferResponse (large outputs kept out of the message for the wire layer). Raises the core's errors (see
-        status_codes.py for how they map)."""
+        InferResponse (large outputs kept out of the message for the wire layer); with `serialize`, the
+        response's wire bytes (wire.serialize_infer_response), made before the request is counted, so that a
+        response that cannot be serialized is counted as failed rather than as a success. Raises the core's
+        errors (see status_codes.py for how they map)."""
         started = time.perf_counter_ns()
         request, raw_contents = _unwrap(request)
         entry = self._request_entry(request.model_name)
@@ -109,6 +113,8 @@ class Dataplane:
             decoded = decode_request(request, raw_contents, self.shared_memory)
             ran = self._run(entry, decoded, client_deadline, cancel, started)
             response = self._response(request, ran, decoded)
+            if serialize:
+                response = wire.serialize_infer_response(response)
         except BaseException as error:
             self._record_failure(entry, error, cancel, started)
             raise
