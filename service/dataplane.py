@@ -24,7 +24,8 @@ from .outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry
 from .shared_memory import SharedMemoryRegistry
 from . import wire
-from .tensors import DecodedRequest, decode_request, encode_response
+from .tensor_memory import Reservation, TensorMemory
+from .tensors import DecodedRequest, decode_request, decoded_bytes, encode_response, output_bytes
 from .wire import InferRequest, InferResponse
 
 _LOG = logging.getLogger(__name__)
@@ -43,9 +44,12 @@ def check_version(entry: ModelEntry, version: str) -> None:
 
 class Dataplane:
     def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic,
-                 shared_memory: SharedMemoryRegistry | None = None) -> None:
+                 shared_memory: SharedMemoryRegistry | None = None, tensor_memory: TensorMemory | None = None) -> None:
         self.registry = registry
         self.shared_memory = shared_memory
+        # Every request's tensors are accounted for from before decoding to its end (service/tensor_memory.py);
+        # without limits given, the account only counts.
+        self.tensor_memory = tensor_memory if tensor_memory is not None else TensorMemory()
         self._clock = clock
         self.rejections = RejectionLog(_LOG)
         self._unknown_lock = threading.Lock()  # guards: _unknown_model_requests
@@ -75,6 +79,17 @@ class Dataplane:
         entry.statistics.record_failure(time.perf_counter_ns() - started, outcome)
         if outcome in REJECTIONS:
             self.rejections.note(entry.name, outcome, str(error))
+
+    def _decode(self, request: pb.ModelInferRequest, raw_contents) -> tuple[Reservation, DecodedRequest]:
+        """Reserve the memory the request's tensors take (estimated from the message), then decode them. Raises
+        TensorMemoryLimit before anything is decoded, or decode_request's errors (the reservation released).
+        On success the caller releases both when the request ends."""
+        reservation = self.tensor_memory.reserve(decoded_bytes(request, raw_contents))
+        try:
+            return reservation, decode_request(request, raw_contents, self.shared_memory)
+        except BaseException:
+            reservation.release()
+            raise
 
     def resolve(self, name: str, version: str) -> ModelEntry:
         entry = self.registry.get(name)
@@ -107,20 +122,19 @@ class Dataplane:
         request, raw_contents = _unwrap(request)
         entry = self._request_entry(request.model_name)
         cancel = cancel or CancelToken()
-        decoded = None
+        reservation = decoded = None
         try:
             check_version(entry, request.model_version)
-            decoded = decode_request(request, raw_contents, self.shared_memory)
+            reservation, decoded = self._decode(request, raw_contents)
             ran = self._run(entry, decoded, client_deadline, cancel, started)
-            response = self._response(request, ran, decoded)
+            response = self._response(request, ran, decoded, reservation)
             if serialize:
                 response = wire.serialize_infer_response(response)
         except BaseException as error:
             self._record_failure(entry, error, cancel, started)
             raise
         finally:
-            if decoded is not None:
-                decoded.release()
+            _finish(reservation, decoded)
         self._record_success(entry, ran, started)
         return response
 
@@ -137,21 +151,21 @@ class Dataplane:
         entry = self._request_entry(request.model_name)
         recorded = False
         cancel = cancel or CancelToken()
-        decoded = None
+        reservation = decoded = None
         try:
             check_version(entry, request.model_version)
-            decoded = decode_request(request, raw_contents, self.shared_memory)
+            reservation, decoded = self._decode(request, raw_contents)
             if not entry.batches:
                 lease = entry.acquire_lease(
                     self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
                 if lease.pool.primary.streaming:
-                    yield from self._stream_from(entry, request, decoded, lease, cancel, started)
+                    yield from self._stream_from(entry, request, decoded, reservation, lease, cancel, started)
                     recorded = True
                     return
                 ran = self._run_on(lease, decoded, cancel)
             else:
                 ran = self._run(entry, decoded, client_deadline, cancel, started)
-            response = _as_message(self._response(request, ran, decoded))
+            response = _as_message(self._response(request, ran, decoded, reservation))
             # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right after
             # this answer never resumes the generator, and the answer was complete.
             self._record_success(entry, ran, started)
@@ -161,12 +175,11 @@ class Dataplane:
             if not recorded:
                 self._record_failure(entry, error, cancel, started)
             raise
-        finally:
-            if decoded is not None:
-                decoded.release()
+        finally:  # also when the stream goes away (the generator is closed at a yield)
+            _finish(reservation, decoded)
 
-    def _stream_from(self, entry: ModelEntry, request, decoded: DecodedRequest, lease: Lease, cancel: CancelToken,
-                     started: int) -> Iterator[pb.ModelInferResponse]:
+    def _stream_from(self, entry: ModelEntry, request, decoded: DecodedRequest, reservation: Reservation,
+                     lease: Lease, cancel: CancelToken, started: int) -> Iterator[pb.ModelInferResponse]:
         """A streaming model's responses, holding its slot until the last one is taken (or the generator is
         closed), then counted."""
         with lease:
@@ -176,7 +189,7 @@ class Dataplane:
             began = time.perf_counter_ns()
             for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
                 ran.outputs = outputs
-                yield _as_message(self._response(request, ran, decoded))
+                yield _as_message(self._response(request, ran, decoded, reservation))
             ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
 
@@ -222,7 +235,10 @@ class Dataplane:
             total_ns=finished - started, batch_size=ran.rows, executed=not ran.batched)
 
     @staticmethod
-    def _response(request: pb.ModelInferRequest, ran: _Ran, decoded: DecodedRequest):
+    def _response(request: pb.ModelInferRequest, ran: _Ran, decoded: DecodedRequest, reservation: Reservation):
+        """The response of a run; its outputs are counted in the request's reservation first (they are held
+        until the response is sent)."""
+        reservation.count_outputs(output_bytes(ran.outputs))
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=ran.version, id=request.id)
         return encode_response(response, ran.outputs, ran.metadata, decoded.output_regions)
 
@@ -240,6 +256,16 @@ class _Ran:
     batched: bool = False  # it ran in a batch, whose run is counted once by the batch
     outputs: dict | None = None
     finished_ns: int = field(default_factory=time.perf_counter_ns)  # when the run ended: the output time's start
+
+
+def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:
+    """The request has ended: let go of its regions and give its tensor memory back."""
+    try:
+        if decoded is not None:
+            decoded.release()
+    finally:
+        if reservation is not None:
+            reservation.release()
 
 
 def _unwrap(request) -> tuple[pb.ModelInferRequest, list | None]:

@@ -12,7 +12,7 @@ from engine import errors as engine_errors
 from engine.interface import CancelToken
 from engine.tensor_codec import TensorDecodeError
 
-from . import shared_memory
+from . import shared_memory, tensor_memory
 from .core import errors
 
 SUCCESS = "success"
@@ -31,6 +31,7 @@ _REASONS: dict[type[BaseException], str] = {
     shared_memory.RegionNotFound: "region_not_found",
     shared_memory.SharedMemoryLimit: "shared_memory_limit",
     shared_memory.SharedMemoryUnsupported: "unimplemented",
+    tensor_memory.TensorMemoryLimit: "tensor_memory_limit",
     engine_errors.InvalidInputError: "invalid_request_error",
     engine_errors.ModelConfigError: "invalid_request_error",
     TensorDecodeError: "invalid_request_error",
@@ -58,7 +59,7 @@ STANDARD = (SUCCESS, "server_busy", "residency_limit", "memory_limit", "shutting
 
 # Refusals: the request was turned away rather than run and failed. These get a (rate-limited) `rejected` line.
 REJECTIONS = frozenset({"server_busy", "residency_limit", "memory_limit", "shutting_down", "invalid_request_error",
-                        "model_not_found", "region_not_found"})
+                        "model_not_found", "region_not_found", "tensor_memory_limit"})
 
 
 def outcome_of(error: BaseException, cancel: CancelToken | None = None) -> str:

@@ -20,7 +20,7 @@ from grpc_status import rpc_status
 from engine import errors as engine_errors
 from engine.tensor_codec import TensorDecodeError
 
-from . import shared_memory
+from . import shared_memory, tensor_memory
 from .core import errors
 
 _LOG = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str | None], ...] = (
     (shared_memory.RegionNotFound, grpc.StatusCode.NOT_FOUND, "region_not_found"),  # Triton's code for it
     (shared_memory.SharedMemoryLimit, grpc.StatusCode.RESOURCE_EXHAUSTED, "shared_memory_limit"),
     (shared_memory.SharedMemoryUnsupported, grpc.StatusCode.UNIMPLEMENTED, "unimplemented"),
+    (tensor_memory.TensorMemoryLimit, grpc.StatusCode.RESOURCE_EXHAUSTED, "tensor_memory_limit"),
     (engine_errors.InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
     (engine_errors.ModelConfigError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),
     (TensorDecodeError, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error"),

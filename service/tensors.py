@@ -24,8 +24,8 @@ import numpy as np
 
 from engine import datatypes
 from engine.interface import MAX_DIMENSION, MAX_ELEMENTS, ModelMetadata
-from engine.tensor_codec import (MAX_RANK, TensorDecodeError, decode_raw, deserialize_bytes, encode_raw,
-                                 element_count)
+from engine.tensor_codec import (BYTES_ELEMENT_COST, MAX_RANK, TensorDecodeError, decode_raw, deserialize_bytes,
+                                 encode_raw, element_count)
 from generated import grpc_service_pb2 as pb
 
 from .core.errors import InvalidRequest
@@ -91,6 +91,69 @@ def decode_request(request: pb.ModelInferRequest, raw_contents=None,
         decoded.release()
         raise
     return decoded
+
+
+def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None) -> int:
+    """About how many bytes decoding `request`'s inputs takes and holds, told from the message alone (no tensor
+    bytes are read), for service/tensor_memory.py to refuse a request before that memory is taken.
+
+    A fixed-size input counts its nbytes (a raw one is a view of the received message, which the request holds
+    meanwhile; typed contents are copied); one in shared memory counts nothing (a view of the mapping). A BYTES
+    input counts BYTES_ELEMENT_COST per element plus its contents: raw or in a region, the contents less their
+    4-byte lengths; typed, the contents' serialized size. A malformed input counts no more than decoding it
+    allocates before refusing it (BYTES elements no more than its contents hold). Raises InvalidRequest for a
+    shape decode_request refuses; every other problem is left to decode_request."""
+    raw = request.raw_input_contents if raw_contents is None else raw_contents
+    tensors = request.inputs
+    one_per_input = len(raw) == len(tensors)
+    total = 0
+    next_raw = 0
+    for index in range(len(tensors)):
+        tensor = tensors[index]
+        placed = bool(tensor.parameters) and REGION in tensor.parameters
+        buffer = None
+        if raw and not placed:
+            position = index if one_per_input else next_raw
+            next_raw += 1
+            buffer = raw[position] if position < len(raw) else None
+        datatype = datatypes.BY_NAME.get(tensor.datatype)
+        if datatype is not None:
+            elements = _checked_elements(tensor.name, tuple(tensor.shape))
+            total += _input_bytes(tensor, datatype, elements, placed, buffer)
+    return total
+
+
+def _input_bytes(tensor, datatype: datatypes.DataType, elements: int, placed: bool, buffer) -> int:
+    """decoded_bytes of one input."""
+    if datatype.name != "BYTES":
+        if placed:
+            return 0
+        if buffer is not None:
+            return min(elements * datatype.itemsize, len(buffer))
+        if datatype.contents_field is None:
+            return 0
+        return min(elements, len(getattr(tensor.contents, datatype.contents_field))) * datatype.itemsize
+    if placed or buffer is not None:
+        size = _declared_size(tensor.parameters) if placed else len(buffer)
+        decodable = min(elements, size // 4)
+        return decodable * BYTES_ELEMENT_COST + max(0, size - 4 * decodable)
+    return min(elements, len(tensor.contents.bytes_contents)) * BYTES_ELEMENT_COST + tensor.contents.ByteSize()
+
+
+def _declared_size(parameters) -> int:
+    """A region slice's shared_memory_byte_size as given, 0 when it is missing or not an integer (decode refuses)."""
+    if BYTE_SIZE not in parameters:
+        return 0
+    parameter = parameters[BYTE_SIZE]
+    kind = parameter.WhichOneof("parameter_choice")
+    return max(0, getattr(parameter, kind)) if kind in ("int64_param", "uint64_param") else 0
+
+
+def output_bytes(outputs: dict[str, np.ndarray]) -> int:
+    """About how much memory the run's outputs hold: nbytes, and for BYTES (object arrays) BYTES_ELEMENT_COST per
+    element (their contents are not walked for this)."""
+    return sum(array.size * BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
+               for array in outputs.values() if isinstance(array, np.ndarray))
 
 
 def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
@@ -265,10 +328,8 @@ def _decode_typed(name: str, datatype: str, shape: tuple[int, ...], contents) ->
     if len(values) != count:
         raise InvalidRequest(
             f"input '{name}' shape {list(shape)} needs {count} elements, {expected} holds {len(values)}")
-    if datatype == "BYTES":
-        array = np.empty(count, dtype=object)
-        array[:] = list(values)
-        return array.reshape(shape)
+    if datatype == "BYTES":  # straight into the object array: a list of the elements first would add 8 bytes each
+        return np.fromiter(values, dtype=object, count=count).reshape(shape)
     try:
         return np.array(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
     except OverflowError:
