@@ -48,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-request-tensor-bytes", type=int, default=ServerOptions.max_request_tensor_bytes, metavar="BYTES",
         help="memory one request's decoded input tensors may take (estimated from the message before decoding; "
              "BYTES elements cost about 56 bytes each); a request above it is refused with RESOURCE_EXHAUSTED "
-             "(0 = no limit; default: 1 GiB)")
+             "; 0 = no limit (default: 1 GiB)")
     add("--max-inflight-tensor-bytes", type=int, default=ServerOptions.max_inflight_tensor_bytes, metavar="BYTES",
         help="memory the decoded tensors of all requests in flight may take together; a request that would pass "
-             "it is refused at once with RESOURCE_EXHAUSTED (0 = no limit; default: 4 GiB)")
+             "it is refused at once with RESOURCE_EXHAUSTED; 0 = no limit (default: 4 GiB)")
     add("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
         help="on SIGTERM/SIGINT, keep serving this long after health turns NOT_SERVING (default: 0)")
     add("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",

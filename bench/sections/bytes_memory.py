@@ -10,6 +10,7 @@ received message itself.
 
 from __future__ import annotations
 
+import shutil
 import struct
 import time
 
@@ -62,12 +63,16 @@ def measure_point(launcher: Launcher, repository, elements: int) -> dict:
     return point
 
 
-def section_bytes_memory(args, launcher: Launcher, table: Table, raw: dict) -> None:
+def bytes_repository():
+    """A repository holding a copy of the demo's simple_identity (a copy: model files must lie inside the
+    repository the server serves)."""
     repository = CACHE / "bytes_memory_repository"
-    repository.mkdir(parents=True, exist_ok=True)
-    link = repository / MODEL
-    if not link.exists():
-        link.symlink_to(DEMO_REPOSITORY / MODEL, target_is_directory=True)
+    shutil.copytree(DEMO_REPOSITORY / MODEL, repository / MODEL, dirs_exist_ok=True)
+    return repository
+
+
+def section_bytes_memory(args, launcher: Launcher, table: Table, raw: dict) -> None:
+    repository = bytes_repository()
     points = [measure_point(launcher, repository, elements) for elements in POINTS]
     raw["bytes_memory"] = points
     for point in points:
