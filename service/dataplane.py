@@ -84,7 +84,7 @@ class Dataplane:
         """Reserve the memory the request's tensors take (estimated from the message), then decode them. Raises
         TensorMemoryLimit before anything is decoded, or decode_request's errors (the reservation released).
         On success the caller releases both when the request ends."""
-        reservation = self.tensor_memory.reserve(decoded_bytes(request, raw_contents))
+        reservation = self.tensor_memory.reserve(decoded_bytes(request, raw_contents, self.shared_memory))
         try:
             return reservation, decode_request(request, raw_contents, self.shared_memory)
         except BaseException:

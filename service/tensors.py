@@ -29,7 +29,7 @@ from engine.tensor_codec import (BYTES_ELEMENT_COST, MAX_RANK, TensorDecodeError
 from generated import grpc_service_pb2 as pb
 
 from .core.errors import InvalidRequest
-from .shared_memory import Region, RegionSlice, SharedMemoryRegistry, disabled_message
+from .shared_memory import Region, RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
 from .wire import LARGE_MESSAGE_BYTES, InferResponse
 
 _TYPED_FIELDS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
@@ -93,7 +93,8 @@ def decode_request(request: pb.ModelInferRequest, raw_contents=None,
     return decoded
 
 
-def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None) -> int:
+def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None,
+                  shared_memory: SharedMemoryRegistry | None = None) -> int:
     """About how many bytes decoding `request`'s inputs takes and holds, told from the message alone (no tensor
     bytes are read), for service/tensor_memory.py to refuse a request before that memory is taken.
 
@@ -101,7 +102,8 @@ def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None) -> int:
     meanwhile; typed contents are copied); one in shared memory counts nothing (a view of the mapping). A BYTES
     input counts BYTES_ELEMENT_COST per element plus its contents: raw or in a region, the contents less their
     4-byte lengths; typed, the contents' serialized size. A malformed input counts no more than decoding it
-    allocates before refusing it (BYTES elements no more than its contents hold). Raises InvalidRequest for a
+    allocates before refusing it (BYTES elements no more than its contents hold; a region slice no more than
+    the registered region holds, nothing for a region that is not registered). Raises InvalidRequest for a
     shape decode_request refuses; every other problem is left to decode_request."""
     raw = request.raw_input_contents if raw_contents is None else raw_contents
     tensors = request.inputs
@@ -119,11 +121,12 @@ def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None) -> int:
         datatype = datatypes.BY_NAME.get(tensor.datatype)
         if datatype is not None:
             elements = _checked_elements(tensor.name, tuple(tensor.shape))
-            total += _input_bytes(tensor, datatype, elements, placed, buffer)
+            total += _input_bytes(tensor, datatype, elements, placed, buffer, shared_memory)
     return total
 
 
-def _input_bytes(tensor, datatype: datatypes.DataType, elements: int, placed: bool, buffer) -> int:
+def _input_bytes(tensor, datatype: datatypes.DataType, elements: int, placed: bool, buffer,
+                 shared_memory: SharedMemoryRegistry | None) -> int:
     """decoded_bytes of one input."""
     if datatype.name != "BYTES":
         if placed:
@@ -134,19 +137,34 @@ def _input_bytes(tensor, datatype: datatypes.DataType, elements: int, placed: bo
             return 0
         return min(elements, len(getattr(tensor.contents, datatype.contents_field))) * datatype.itemsize
     if placed or buffer is not None:
-        size = _declared_size(tensor.parameters) if placed else len(buffer)
+        size = _slice_size(tensor.parameters, shared_memory) if placed else len(buffer)
         decodable = min(elements, size // 4)
         return decodable * BYTES_ELEMENT_COST + max(0, size - 4 * decodable)
     return min(elements, len(tensor.contents.bytes_contents)) * BYTES_ELEMENT_COST + tensor.contents.ByteSize()
 
 
-def _declared_size(parameters) -> int:
-    """A region slice's shared_memory_byte_size as given, 0 when it is missing or not an integer (decode refuses)."""
-    if BYTE_SIZE not in parameters:
+def _slice_size(parameters, shared_memory: SharedMemoryRegistry | None) -> int:
+    """The bytes a region slice can give: shared_memory_byte_size, within what the named region holds past the
+    offset; 0 when decode_request would refuse the placement (no registry, an unknown region, a parameter
+    missing or not an integer). Looks the region up without holding it."""
+    place = _placement_or_none(parameters)
+    if place is None or shared_memory is None:
         return 0
-    parameter = parameters[BYTE_SIZE]
-    kind = parameter.WhichOneof("parameter_choice")
-    return max(0, getattr(parameter, kind)) if kind in ("int64_param", "uint64_param") else 0
+    name, offset, byte_size = place
+    if not name:
+        return 0
+    try:
+        (region,) = shared_memory.status(name)
+    except RegionNotFound:
+        return 0
+    return max(0, min(byte_size, region.byte_size - offset))
+
+
+def _placement_or_none(parameters) -> tuple[str, int, int] | None:
+    try:
+        return _placement("", parameters)
+    except InvalidRequest:
+        return None
 
 
 def output_bytes(outputs: dict[str, np.ndarray]) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from generated import grpc_service_pb2 as pb
 from service.core.errors import InvalidRequest
+from service.shared_memory import RegionInfo, RegionNotFound
 from service.tensor_memory import TensorMemory, TensorMemoryLimit
 from service.tensors import decode_request, decoded_bytes, output_bytes
 
@@ -146,13 +147,40 @@ def test_typed_bytes_count_each_element_and_at_least_their_contents():
     assert 3 * COST + 102 <= decoded_bytes(request) <= 3 * COST + 102 + 3 * 6  # a tag and a length each
 
 
+class _Regions:
+    """The one call decoded_bytes makes of the shared-memory registry: status(name)."""
+
+    def __init__(self, **sizes: int) -> None:
+        self.sizes = sizes
+
+    def status(self, name: str):
+        if name not in self.sizes:
+            raise RegionNotFound(name)
+        return [RegionInfo(name, "/key", 0, self.sizes[name])]
+
+
+def _in_region(request, name: str, datatype: str, region: str, size: int, offset: int = 0):
+    tensor = request.inputs.add(name=name, datatype=datatype, shape=[10])
+    tensor.parameters["shared_memory_region"].string_param = region
+    tensor.parameters["shared_memory_byte_size"].int64_param = size
+    tensor.parameters["shared_memory_offset"].int64_param = offset
+
+
 def test_inputs_in_shared_memory_count_only_bytes_elements():
     request = pb.ModelInferRequest(model_name="m")
-    for name, datatype, size in (("F", "FP32", 4096), ("S", "BYTES", 60)):
-        tensor = request.inputs.add(name=name, datatype=datatype, shape=[10])
-        tensor.parameters["shared_memory_region"].string_param = "r"
-        tensor.parameters["shared_memory_byte_size"].int64_param = size
-    assert decoded_bytes(request) == 10 * COST + 60 - 40
+    _in_region(request, "F", "FP32", "r", 40)
+    _in_region(request, "S", "BYTES", "r", 60)
+    assert decoded_bytes(request, shared_memory=_Regions(r=4096)) == 10 * COST + 60 - 40
+
+
+def test_a_region_slice_counts_no_more_than_the_region_holds():
+    """A byte size past the region (which decode refuses) counts only what the region holds past the offset; an
+    unknown region, or shared memory off, counts nothing (decode refuses those too)."""
+    request = pb.ModelInferRequest(model_name="m")
+    _in_region(request, "S", "BYTES", "r", 2**63 - 1, offset=8)
+    assert decoded_bytes(request, shared_memory=_Regions(r=58)) == 10 * COST + 50 - 40
+    assert decoded_bytes(request, shared_memory=_Regions(other=1 << 30)) == 0
+    assert decoded_bytes(request) == 0
 
 
 def test_a_bytes_shape_counts_no_more_elements_than_its_contents_can_hold():
