@@ -1,8 +1,10 @@
-"""The inference path, independent of the transport: find the model, decode, admit, run, encode, count.
+"""The inference path, independent of the transport: find the model, reserve the tensors' memory, decode, admit,
+run, encode (for ModelInfer: serialize), count.
 
 The gRPC servicer calls `infer` / `infer_stream` with the request message, the client's deadline and a cancel
-token; everything else (FIFO admission, lazy loading, statistics) happens here and below. Nothing here
-imports grpc.
+token; everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens here and
+below. A request's tensor memory is reserved before decoding (service/tensor_memory.py) and given back when it
+ends, whatever the end. Nothing here imports grpc.
 """
 
 from __future__ import annotations

@@ -67,32 +67,32 @@ class TensorMemory:
         """Reserve `nbytes` for one request, or raise TensorMemoryLimit (reserving nothing) when it exceeds the
         per-request limit, or the in-flight limit together with what the requests in flight hold. The caller
         must `release()` the reservation when the request ends."""
+        request_limit, in_flight_limit = self.request_limit, self.in_flight_limit
+        if request_limit and nbytes > request_limit:
+            with self._lock:
+                self._refused_request += 1
+            raise TensorMemoryLimit(f"{_needs(nbytes)}, more than {REQUEST_FLAG} ({request_limit}) allows one request")
         with self._lock:
-            problem = self._problem(nbytes)
-            if problem is None:
-                self._add(nbytes, 1)
+            held = self._in_flight
+            if not in_flight_limit or held + nbytes <= in_flight_limit:
+                self._in_flight = held = held + nbytes
+                self._requests += 1
+                if held > self._peak:
+                    self._peak = held
                 return Reservation(self, nbytes)
-        raise TensorMemoryLimit(problem)
-
-    def _problem(self, nbytes: int) -> str | None:
-        """Why `nbytes` cannot be reserved now (counted as a refusal), or None. Called under the lock."""
-        needs = f"the request's tensors take about {nbytes} bytes decoded"
-        if self.request_limit and nbytes > self.request_limit:
-            self._refused_request += 1
-            return f"{needs}, more than {REQUEST_FLAG} ({self.request_limit}) allows one request"
-        if self.in_flight_limit and self._in_flight + nbytes > self.in_flight_limit:
             self._refused_in_flight += 1
-            if nbytes > self.in_flight_limit:
-                return f"{needs}, more than {IN_FLIGHT_FLAG} ({self.in_flight_limit}) allows all requests together"
-            return (f"{needs}, and the requests in flight hold {self._in_flight} of the {self.in_flight_limit} bytes "
-                    f"{IN_FLIGHT_FLAG} allows them together; retry when fewer are running")
-        return None
+        if nbytes > in_flight_limit:
+            raise TensorMemoryLimit(
+                f"{_needs(nbytes)}, more than {IN_FLIGHT_FLAG} ({in_flight_limit}) allows all requests together")
+        raise TensorMemoryLimit(f"{_needs(nbytes)}, and the requests in flight hold {held} of the {in_flight_limit} "
+                                f"bytes {IN_FLIGHT_FLAG} allows them together; retry when fewer are running")
 
     def _add(self, nbytes: int, requests: int) -> None:
         """Called under the lock."""
         self._in_flight += nbytes
         self._requests += requests
-        self._peak = max(self._peak, self._in_flight)
+        if self._in_flight > self._peak:
+            self._peak = self._in_flight
 
     def _grow(self, nbytes: int) -> None:
         with self._lock:
@@ -108,9 +108,15 @@ class TensorMemory:
                                           self._refused_in_flight)
 
 
+def _needs(nbytes: int) -> str:
+    return f"the request's tensors take about {nbytes} bytes decoded"
+
+
 class Reservation:
     """One request's share of the account. Used by the request's own thread only (a stream's generator is resumed
     by one thread at a time), so it needs no lock of its own; the account's lock orders the figures."""
+
+    __slots__ = ("_account", "_inputs", "_outputs", "_released")
 
     def __init__(self, account: TensorMemory, nbytes: int) -> None:
         self._account = account

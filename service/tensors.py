@@ -98,8 +98,9 @@ def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None,
     """About how many bytes decoding `request`'s inputs takes and holds, told from the message alone (no tensor
     bytes are read), for service/tensor_memory.py to refuse a request before that memory is taken.
 
-    A fixed-size input counts its nbytes (a raw one is a view of the received message, which the request holds
-    meanwhile; typed contents are copied); one in shared memory counts nothing (a view of the mapping). A BYTES
+    A fixed-size input counts its nbytes (a raw one is a view of its raw entry, which the request holds
+    meanwhile: that entry's length is counted; typed contents are copied); one in shared memory counts nothing (a
+    view of the mapping). A BYTES
     input counts BYTES_ELEMENT_COST per element plus its contents: raw or in a region, the contents less their
     4-byte lengths; typed, the contents' serialized size. A malformed input counts no more than decoding it
     allocates before refusing it (BYTES elements no more than its contents hold; a region slice no more than
@@ -107,17 +108,25 @@ def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None,
     shape decode_request refuses; every other problem is left to decode_request."""
     raw = request.raw_input_contents if raw_contents is None else raw_contents
     tensors = request.inputs
-    one_per_input = len(raw) == len(tensors)
+    count = len(tensors)
     total = 0
-    next_raw = 0
-    for index in range(len(tensors)):
+    if len(raw) == count:  # every input raw, the common request: a fixed-size one holds its entry, nothing more
+        for index in range(count):
+            tensor = tensors[index]
+            if tensor.datatype == "BYTES":
+                total += _input_bytes(tensor, datatypes.BY_NAME["BYTES"],
+                                      _checked_elements(tensor.name, tuple(tensor.shape)), False, raw[index], None)
+            else:
+                total += len(raw[index])
+        return total
+    next_raw = 0  # otherwise raw entries belong to the inputs not in shared memory, in order
+    for index in range(count):
         tensor = tensors[index]
         placed = bool(tensor.parameters) and REGION in tensor.parameters
         buffer = None
         if raw and not placed:
-            position = index if one_per_input else next_raw
+            buffer = raw[next_raw] if next_raw < len(raw) else None
             next_raw += 1
-            buffer = raw[position] if position < len(raw) else None
         datatype = datatypes.BY_NAME.get(tensor.datatype)
         if datatype is not None:
             elements = _checked_elements(tensor.name, tuple(tensor.shape))

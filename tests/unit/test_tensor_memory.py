@@ -202,11 +202,14 @@ def test_the_estimate_bounds_what_decoding_keeps():
         assert kept <= decoded_bytes(request)
 
 
-def test_a_shape_decode_refuses_is_refused_the_same_way():
+def test_a_bytes_shape_decode_refuses_is_refused_the_same_way():
+    """A BYTES input's element count comes from its shape, so a shape decode refuses is refused here already (a
+    fixed-size raw input counts its entry's length and leaves its shape to decode)."""
     with pytest.raises(InvalidRequest, match="65 dimensions"):
-        decoded_bytes(_request(("A", "FP32", [1] * 65, bytes(4))))
+        decoded_bytes(_request(("A", "BYTES", [1] * 65, _bytes_raw([b"a"]))))
     with pytest.raises(InvalidRequest, match="negative dimension"):
-        decoded_bytes(_request(("A", "FP32", [-2], b"")))
+        decoded_bytes(_request(("A", "BYTES", [-2], b"")))
+    assert decoded_bytes(_request(("A", "FP32", [1] * 65, bytes(4)))) == 4
 
 
 def test_unknown_datatypes_and_missing_contents_count_nothing():
