@@ -33,6 +33,9 @@ talks to 127.0.0.1 only. Sections, in order (all by default):
              waiter running (beside the same hand-off through a bare threading.Lock).
   coldload   each demo model: RepositoryModelUnload, then the time RepositoryModelLoad takes to return (files
              in the page cache: this is engine build time, not disk time); and server start to ready.
+  bytes_memory
+             the peak RSS (VmHWM) rise of a fresh slotserve for one BYTES request to `simple_identity` of 2-byte
+             elements, about 11 and 34 MiB on the wire, and one past --max-request-tensor-bytes (refused).
 
 Output: one table (figure, value, target, met?) on stdout, the same as JSON in bench/results/latest.json, server
 logs in bench/results/logs/. Benchmarks print figures; nothing here fails a test. `--profile` also records
@@ -65,6 +68,7 @@ from bench.perf_analyzer import PERF_ANALYZER, PerfAnalyzer  # noqa: E402
 from bench.profiling import render_profile  # noqa: E402
 from bench.sections.admission import section_admission  # noqa: E402
 from bench.sections.batching import section_batching  # noqa: E402
+from bench.sections.bytes_memory import section_bytes_memory  # noqa: E402
 from bench.sections.coldload import section_coldload  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
@@ -74,7 +78,8 @@ from bench.sections.slots import section_slots  # noqa: E402
 from bench.servers import Launcher  # noqa: E402
 from bench.table import Table  # noqa: E402
 
-SECTIONS = ("simple", "identity", "shared_memory", "batching", "slots", "memory", "admission", "coldload")
+SECTIONS = ("simple", "identity", "shared_memory", "batching", "slots", "memory", "admission", "coldload",
+            "bytes_memory")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -135,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory": lambda: section_memory(args, launcher, table, raw),
             "admission": lambda: section_admission(args, table, raw),
             "coldload": lambda: section_coldload(args, launcher, table, raw),
+            "bytes_memory": lambda: section_bytes_memory(args, launcher, table, raw),
         }
         for section in args.sections:
             raw.setdefault("loadavg_1min", {})[section] = os.getloadavg()[0]

@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-workers", type=int, default=64, help="gRPC handler threads (default: %(default)s)")
     add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes,
         help="largest request or response message (default: 1 GiB)")
+    add("--max-request-tensor-bytes", type=int, default=ServerOptions.max_request_tensor_bytes, metavar="BYTES",
+        help="memory one request's decoded input tensors may take (estimated from the message before decoding; "
+             "BYTES elements cost about 56 bytes each); a request above it is refused with RESOURCE_EXHAUSTED "
+             "; 0 = no limit (default: 1 GiB)")
+    add("--max-inflight-tensor-bytes", type=int, default=ServerOptions.max_inflight_tensor_bytes, metavar="BYTES",
+        help="memory the decoded tensors of all requests in flight may take together; a request that would pass "
+             "it is refused at once with RESOURCE_EXHAUSTED; 0 = no limit (default: 4 GiB)")
     add("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
         help="on SIGTERM/SIGINT, keep serving this long after health turns NOT_SERVING (default: 0)")
     add("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
@@ -171,6 +178,8 @@ def option_fields(args: argparse.Namespace) -> dict:
         memory_budget=args.memory_budget,
         max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
         enable_test_backends=args.enable_test_backends,
+        max_request_tensor_bytes=args.max_request_tensor_bytes,
+        max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
         drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
         stream_write_timeout=args.stream_write_timeout, log_format=args.log_format,
         metrics_port=args.metrics_port, shared_memory=args.shared_memory,

@@ -1,8 +1,10 @@
-"""The inference path, independent of the transport: find the model, decode, admit, run, encode, count.
+"""The inference path, independent of the transport: find the model, reserve the tensors' memory, decode, admit,
+run, encode (for ModelInfer: serialize), count.
 
 The gRPC servicer calls `infer` / `infer_stream` with the request message, the client's deadline and a cancel
-token; everything else (FIFO admission, lazy loading, statistics) happens here and below. Nothing here
-imports grpc.
+token; everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens here and
+below. A request's tensor memory is reserved before decoding (service/tensor_memory.py) and given back when it
+ends, whatever the end. Nothing here imports grpc.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry
 from .shared_memory import SharedMemoryRegistry
-from .tensors import DecodedRequest, decode_request, encode_response
+from . import wire
+from .tensor_memory import Reservation, TensorMemory
+from .tensors import DecodedRequest, decode_request, decoded_bytes, encode_response, output_bytes
 from .wire import InferRequest, InferResponse
 
 _LOG = logging.getLogger(__name__)
@@ -42,9 +46,12 @@ def check_version(entry: ModelEntry, version: str) -> None:
 
 class Dataplane:
     def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic,
-                 shared_memory: SharedMemoryRegistry | None = None) -> None:
+                 shared_memory: SharedMemoryRegistry | None = None, tensor_memory: TensorMemory | None = None) -> None:
         self.registry = registry
         self.shared_memory = shared_memory
+        # Every request's tensors are accounted for from before decoding to its end (service/tensor_memory.py);
+        # without limits given, the account only counts.
+        self.tensor_memory = tensor_memory if tensor_memory is not None else TensorMemory()
         self._clock = clock
         self.rejections = RejectionLog(_LOG)
         self._unknown_lock = threading.Lock()  # guards: _unknown_model_requests
@@ -75,6 +82,17 @@ class Dataplane:
         if outcome in REJECTIONS:
             self.rejections.note(entry.name, outcome, str(error))
 
+    def _decode(self, request: pb.ModelInferRequest, raw_contents) -> tuple[Reservation, DecodedRequest]:
+        """Reserve the memory the request's tensors take (estimated from the message), then decode them. Raises
+        TensorMemoryLimit before anything is decoded, or decode_request's errors (the reservation released).
+        On success the caller releases both when the request ends."""
+        reservation = self.tensor_memory.reserve(decoded_bytes(request, raw_contents, self.shared_memory))
+        try:
+            return reservation, decode_request(request, raw_contents, self.shared_memory)
+        except BaseException:
+            reservation.release()
+            raise
+
     def resolve(self, name: str, version: str) -> ModelEntry:
         entry = self.registry.get(name)
         check_version(entry, version)
@@ -94,27 +112,31 @@ class Dataplane:
         return deadline
 
     def infer(self, request: pb.ModelInferRequest | InferRequest, *, client_deadline: float | None = None,
-              cancel: CancelToken | None = None) -> pb.ModelInferResponse | InferResponse:
+              cancel: CancelToken | None = None,
+              serialize: bool = False) -> pb.ModelInferResponse | InferResponse | bytes:
         """Run one request to completion. Blocks while queued (until the admission deadline), while the model
         loads, and for the run (a batching model: for its batch's run). Returns the response message, or an
-        InferResponse (large outputs kept out of the message for the wire layer). Raises the core's errors (see
-        status_codes.py for how they map)."""
+        InferResponse (large outputs kept out of the message for the wire layer); with `serialize`, the
+        response's wire bytes (wire.serialize_infer_response), made before the request is counted, so that a
+        response that cannot be serialized is counted as failed rather than as a success. Raises the core's
+        errors (see status_codes.py for how they map)."""
         started = time.perf_counter_ns()
         request, raw_contents = _unwrap(request)
         entry = self._request_entry(request.model_name)
         cancel = cancel or CancelToken()
-        decoded = None
+        reservation = decoded = None
         try:
             check_version(entry, request.model_version)
-            decoded = decode_request(request, raw_contents, self.shared_memory)
+            reservation, decoded = self._decode(request, raw_contents)
             ran = self._run(entry, decoded, client_deadline, cancel, started)
-            response = self._response(request, ran, decoded)
+            response = self._response(request, ran, decoded, reservation)
+            if serialize:
+                response = wire.serialize_infer_response(response)
         except BaseException as error:
             self._record_failure(entry, error, cancel, started)
             raise
         finally:
-            if decoded is not None:
-                decoded.release()
+            _finish(reservation, decoded)
         self._record_success(entry, ran, started)
         return response
 
@@ -131,21 +153,21 @@ class Dataplane:
         entry = self._request_entry(request.model_name)
         recorded = False
         cancel = cancel or CancelToken()
-        decoded = None
+        reservation = decoded = None
         try:
             check_version(entry, request.model_version)
-            decoded = decode_request(request, raw_contents, self.shared_memory)
+            reservation, decoded = self._decode(request, raw_contents)
             if not entry.batches:
                 lease = entry.acquire_lease(
                     self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
                 if lease.pool.primary.streaming:
-                    yield from self._stream_from(entry, request, decoded, lease, cancel, started)
+                    yield from self._stream_from(entry, request, decoded, reservation, lease, cancel, started)
                     recorded = True
                     return
                 ran = self._run_on(lease, decoded, cancel)
             else:
                 ran = self._run(entry, decoded, client_deadline, cancel, started)
-            response = _as_message(self._response(request, ran, decoded))
+            response = _as_message(self._response(request, ran, decoded, reservation))
             # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right after
             # this answer never resumes the generator, and the answer was complete.
             self._record_success(entry, ran, started)
@@ -155,12 +177,11 @@ class Dataplane:
             if not recorded:
                 self._record_failure(entry, error, cancel, started)
             raise
-        finally:
-            if decoded is not None:
-                decoded.release()
+        finally:  # also when the stream goes away (the generator is closed at a yield)
+            _finish(reservation, decoded)
 
-    def _stream_from(self, entry: ModelEntry, request, decoded: DecodedRequest, lease: Lease, cancel: CancelToken,
-                     started: int) -> Iterator[pb.ModelInferResponse]:
+    def _stream_from(self, entry: ModelEntry, request, decoded: DecodedRequest, reservation: Reservation,
+                     lease: Lease, cancel: CancelToken, started: int) -> Iterator[pb.ModelInferResponse]:
         """A streaming model's responses, holding its slot until the last one is taken (or the generator is
         closed), then counted."""
         with lease:
@@ -170,7 +191,7 @@ class Dataplane:
             began = time.perf_counter_ns()
             for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
                 ran.outputs = outputs
-                yield _as_message(self._response(request, ran, decoded))
+                yield _as_message(self._response(request, ran, decoded, reservation))
             ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
 
@@ -216,7 +237,10 @@ class Dataplane:
             total_ns=finished - started, batch_size=ran.rows, executed=not ran.batched)
 
     @staticmethod
-    def _response(request: pb.ModelInferRequest, ran: _Ran, decoded: DecodedRequest):
+    def _response(request: pb.ModelInferRequest, ran: _Ran, decoded: DecodedRequest, reservation: Reservation):
+        """The response of a run; its outputs are counted in the request's reservation first (they are held
+        until the response is sent)."""
+        reservation.count_outputs(output_bytes(ran.outputs))
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=ran.version, id=request.id)
         return encode_response(response, ran.outputs, ran.metadata, decoded.output_regions)
 
@@ -234,6 +258,16 @@ class _Ran:
     batched: bool = False  # it ran in a batch, whose run is counted once by the batch
     outputs: dict | None = None
     finished_ns: int = field(default_factory=time.perf_counter_ns)  # when the run ended: the output time's start
+
+
+def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:
+    """The request has ended: let go of its regions and give its tensor memory back."""
+    try:
+        if decoded is not None:
+            decoded.release()
+    finally:
+        if reservation is not None:
+            reservation.release()
 
 
 def _unwrap(request) -> tuple[pb.ModelInferRequest, list | None]:

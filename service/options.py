@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .auth import Secret, secret_of
 from .shared_memory import DEFAULT_MAX_BYTES, prefix_problem
+from .tensor_memory import DEFAULT_IN_FLIGHT_BYTES, DEFAULT_REQUEST_BYTES
 
 MAX_SLOTS = 16
 DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhead fits with room to spare
@@ -52,6 +53,9 @@ class ServerOptions:
     shared_memory: str = "none"
     shared_memory_prefix: str = "/"
     shared_memory_max_bytes: int = DEFAULT_MAX_BYTES
+    # Decoded request tensors (service/tensor_memory.py), bytes; 0 = no limit.
+    max_request_tensor_bytes: int = DEFAULT_REQUEST_BYTES
+    max_inflight_tensor_bytes: int = DEFAULT_IN_FLIGHT_BYTES
 
     def __post_init__(self) -> None:
         problems = self._normalize_security()
@@ -85,6 +89,10 @@ class ServerOptions:
             elif self.metrics_port == self.port != 0:
                 problems.append(f"--metrics-port must differ from --port ({self.port})")
         problems += self._shared_memory_problems()
+        for flag, value in (("--max-request-tensor-bytes", self.max_request_tensor_bytes),
+                            ("--max-inflight-tensor-bytes", self.max_inflight_tensor_bytes)):
+            if value < 0:
+                problems.append(f"{flag} must be >= 0 (0: no limit), got {value}")
         if self.log_format not in ("text", "json"):
             problems.append(f"--log-format must be text or json, got {self.log_format}")
         if problems:

@@ -37,6 +37,7 @@ from .timers import TimerQueue
 from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
 from .shared_memory import SharedMemoryRegistry
+from .tensor_memory import TensorMemory
 
 _LOG = logging.getLogger(__name__)
 
@@ -93,7 +94,8 @@ class Server:
         # System shared memory: a registry only when enabled (--shared-memory system).
         self.shared_memory = (SharedMemoryRegistry(options.shared_memory_prefix, options.shared_memory_max_bytes)
                               if options.shared_memory == "system" else None)
-        self.dataplane = Dataplane(self.registry, shared_memory=self.shared_memory)
+        self.dataplane = Dataplane(self.registry, shared_memory=self.shared_memory, tensor_memory=TensorMemory(
+            options.max_request_tensor_bytes, options.max_inflight_tensor_bytes))
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.
         self.metrics = ServerMetrics(SlotserveCollector(self.registry, self.residency, self.runtime.events,

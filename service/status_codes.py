@@ -20,7 +20,7 @@ from grpc_status import rpc_status
 from engine import errors as engine_errors
 from engine.tensor_codec import TensorDecodeError
 
-from . import shared_memory  # noqa: F401  (its error classes are among those reasoned_classes finds)
+from . import shared_memory, tensor_memory  # noqa: F401  (their error classes are among those reasoned_classes finds)
 from .core import errors
 from .core.outcomes import reason_of
 
@@ -39,13 +39,14 @@ MAX_MESSAGE_BYTES = 1024
 _QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
 
 # The one table from an error's reason (its class's `error_reason`: service/core/errors.py, engine/errors.py,
-# service/shared_memory.py) to the status code its client gets. A reason not here is a bug: a test checks every
+# service/shared_memory.py, service/tensor_memory.py) to the status code its client gets. A reason not here is a bug: a test checks every
 # class's reason has a row.
 TABLE: dict[str, grpc.StatusCode] = {
     "model_not_found": grpc.StatusCode.NOT_FOUND,
     "invalid_request_error": grpc.StatusCode.INVALID_ARGUMENT,
     "region_not_found": grpc.StatusCode.NOT_FOUND,  # Triton's code for it
     "shared_memory_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "tensor_memory_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,  # --max-request-tensor-bytes / --max-inflight-...
     "unimplemented": grpc.StatusCode.UNIMPLEMENTED,
     "management_disabled": grpc.StatusCode.PERMISSION_DENIED,
     # A missing token and a wrong one get the same status (DESIGN §5); the message says which, never a token.

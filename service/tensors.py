@@ -24,11 +24,12 @@ import numpy as np
 
 from engine import datatypes
 from engine.interface import MAX_DIMENSION, MAX_ELEMENTS, ModelMetadata
-from engine.tensor_codec import TensorDecodeError, decode_raw, deserialize_bytes, encode_raw, element_count
+from engine.tensor_codec import (BYTES_ELEMENT_COST, MAX_RANK, TensorDecodeError, decode_raw, deserialize_bytes,
+                                 encode_raw, element_count)
 from generated import grpc_service_pb2 as pb
 
 from .core.errors import InvalidRequest
-from .shared_memory import Region, RegionSlice, SharedMemoryRegistry, disabled_message
+from .shared_memory import Region, RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
 from .wire import LARGE_MESSAGE_BYTES, InferResponse
 
 _TYPED_FIELDS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
@@ -90,6 +91,96 @@ def decode_request(request: pb.ModelInferRequest, raw_contents=None,
         decoded.release()
         raise
     return decoded
+
+
+def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None,
+                  shared_memory: SharedMemoryRegistry | None = None) -> int:
+    """About how many bytes decoding `request`'s inputs takes and holds, told from the message alone (no tensor
+    bytes are read), for service/tensor_memory.py to refuse a request before that memory is taken.
+
+    A fixed-size input counts its nbytes (a raw one is a view of its raw entry, which the request holds
+    meanwhile: that entry's length is counted; typed contents are copied); one in shared memory counts nothing (a
+    view of the mapping). A BYTES
+    input counts BYTES_ELEMENT_COST per element plus its contents: raw or in a region, the contents less their
+    4-byte lengths; typed, the contents' serialized size. A malformed input counts no more than decoding it
+    allocates before refusing it (BYTES elements no more than its contents hold; a region slice no more than
+    the registered region holds, nothing for a region that is not registered). Raises InvalidRequest for a
+    shape decode_request refuses; every other problem is left to decode_request."""
+    raw = request.raw_input_contents if raw_contents is None else raw_contents
+    tensors = request.inputs
+    count = len(tensors)
+    total = 0
+    if len(raw) == count:  # every input raw, the common request: a fixed-size one holds its entry, nothing more
+        for index in range(count):
+            tensor = tensors[index]
+            if tensor.datatype == "BYTES":
+                total += _input_bytes(tensor, datatypes.BY_NAME["BYTES"],
+                                      _checked_elements(tensor.name, tuple(tensor.shape)), False, raw[index], None)
+            else:
+                total += len(raw[index])
+        return total
+    next_raw = 0  # otherwise raw entries belong to the inputs not in shared memory, in order
+    for index in range(count):
+        tensor = tensors[index]
+        placed = bool(tensor.parameters) and REGION in tensor.parameters
+        buffer = None
+        if raw and not placed:
+            buffer = raw[next_raw] if next_raw < len(raw) else None
+            next_raw += 1
+        datatype = datatypes.BY_NAME.get(tensor.datatype)
+        if datatype is not None:
+            elements = _checked_elements(tensor.name, tuple(tensor.shape))
+            total += _input_bytes(tensor, datatype, elements, placed, buffer, shared_memory)
+    return total
+
+
+def _input_bytes(tensor, datatype: datatypes.DataType, elements: int, placed: bool, buffer,
+                 shared_memory: SharedMemoryRegistry | None) -> int:
+    """decoded_bytes of one input."""
+    if datatype.name != "BYTES":
+        if placed:
+            return 0
+        if buffer is not None:
+            return min(elements * datatype.itemsize, len(buffer))
+        if datatype.contents_field is None:
+            return 0
+        return min(elements, len(getattr(tensor.contents, datatype.contents_field))) * datatype.itemsize
+    if placed or buffer is not None:
+        size = _slice_size(tensor.parameters, shared_memory) if placed else len(buffer)
+        decodable = min(elements, size // 4)
+        return decodable * BYTES_ELEMENT_COST + max(0, size - 4 * decodable)
+    return min(elements, len(tensor.contents.bytes_contents)) * BYTES_ELEMENT_COST + tensor.contents.ByteSize()
+
+
+def _slice_size(parameters, shared_memory: SharedMemoryRegistry | None) -> int:
+    """The bytes a region slice can give: shared_memory_byte_size, within what the named region holds past the
+    offset; 0 when decode_request would refuse the placement (no registry, an unknown region, a parameter
+    missing or not an integer). Looks the region up without holding it."""
+    place = _placement_or_none(parameters)
+    if place is None or shared_memory is None:
+        return 0
+    name, offset, byte_size = place
+    if not name:
+        return 0
+    try:
+        (region,) = shared_memory.status(name)
+    except RegionNotFound:
+        return 0
+    return max(0, min(byte_size, region.byte_size - offset))
+
+
+def _placement_or_none(parameters) -> tuple[str, int, int] | None:
+    try:
+        return _placement("", parameters)
+    except InvalidRequest:
+        return None
+
+
+def output_bytes(outputs: dict[str, np.ndarray]) -> int:
+    """About how much memory the run's outputs hold: nbytes, and for BYTES (object arrays) BYTES_ELEMENT_COST per
+    element (their contents are not walked for this)."""
+    return sum(array.size * BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
+               for array in outputs.values() if isinstance(array, np.ndarray))
 
 
 def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
@@ -173,7 +264,11 @@ _FIXED_SIZE = {name: datatypes.numpy_dtype(name) for name in datatypes.NAMES if 
 
 
 def _checked_elements(name: str, shape: tuple[int, ...]) -> int:
-    """The element count of `shape`; raises InvalidRequest for negative, absurd or oversized shapes."""
+    """The element count of `shape`; raises InvalidRequest for negative, absurd or oversized shapes, and for more
+    dimensions than numpy's MAX_RANK."""
+    if len(shape) > MAX_RANK:
+        raise InvalidRequest(f"input '{name}' has {len(shape)} dimensions; a tensor may have at most {MAX_RANK} "
+                             "(numpy's limit)")
     if shape:
         if min(shape) < 0:
             raise InvalidRequest(f"input '{name}' has a negative dimension in shape {list(shape)}")
@@ -260,10 +355,8 @@ def _decode_typed(name: str, datatype: str, shape: tuple[int, ...], contents) ->
     if len(values) != count:
         raise InvalidRequest(
             f"input '{name}' shape {list(shape)} needs {count} elements, {expected} holds {len(values)}")
-    if datatype == "BYTES":
-        array = np.empty(count, dtype=object)
-        array[:] = list(values)
-        return array.reshape(shape)
+    if datatype == "BYTES":  # straight into the object array: a list of the elements first would add 8 bytes each
+        return np.fromiter(values, dtype=object, count=count).reshape(shape)
     try:
         return np.array(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
     except OverflowError:

@@ -53,8 +53,17 @@ class InferResponse:
         """The whole response as one protobuf message (for paths that need one, e.g. streams)."""
         message = pb.ModelInferResponse()
         message.CopyFrom(self.message)
-        message.raw_output_contents.extend(bytes(memoryview(item).cast("B")) for item in self.raw_outputs)
+        message.raw_output_contents.extend(bytes(byte_view(item)) for item in self.raw_outputs)
         return message
+
+
+def byte_view(item) -> memoryview:
+    """A raw output's bytes as a flat memoryview, without copying. An array is viewed as uint8 first: the buffer
+    protocol cannot describe every dtype (ml_dtypes' bfloat16 has no buffer format, so `memoryview()` of a BF16
+    array raises). `item` is a C-contiguous array or a bytes-like object."""
+    if isinstance(item, np.ndarray):
+        return memoryview(item.reshape(-1).view(np.uint8))
+    return memoryview(item)
 
 
 def _varint(data, position: int) -> tuple[int, int]:
@@ -120,12 +129,15 @@ def parse_infer_request(data: bytes) -> InferRequest:
 
 
 def serialize_infer_response(response) -> bytes:
-    """Bytes of a ModelInferResponse, or of an InferResponse with its raw outputs appended (one copy each)."""
+    """Bytes of a ModelInferResponse, or of an InferResponse with its raw outputs appended (one copy each).
+    Bytes (a response the dataplane serialized already, so that a failure is counted as one) pass unchanged."""
+    if isinstance(response, bytes):
+        return response
     if isinstance(response, pb.ModelInferResponse):
         return response.SerializeToString()
     parts = [response.message.SerializeToString()]
     for item in response.raw_outputs:
-        buffer = memoryview(item).cast("B") if isinstance(item, np.ndarray) else memoryview(item)
+        buffer = byte_view(item)
         parts.append(_RAW_OUTPUT_TAG)
         parts.append(_encode_varint(buffer.nbytes))
         parts.append(buffer)

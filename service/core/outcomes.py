@@ -25,7 +25,7 @@ STANDARD = (SUCCESS, "server_busy", "residency_limit", "memory_limit", "shutting
 
 # Refusals: the request was turned away rather than run and failed. These get a (rate-limited) `rejected` line.
 REJECTIONS = frozenset({"server_busy", "residency_limit", "memory_limit", "shutting_down", "invalid_request_error",
-                        "model_not_found", "region_not_found"})
+                        "model_not_found", "region_not_found", "tensor_memory_limit"})
 
 
 def reason_of(error: BaseException) -> str | None:

@@ -124,7 +124,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc(inference=True)
     def ModelInfer(self, request, context, token):
-        return self._dataplane.infer(request, client_deadline=client_deadline(context), cancel=token)
+        # Serialized in the dataplane (the handler's serializer passes the bytes on): a failure is counted there.
+        return self._dataplane.infer(request, client_deadline=client_deadline(context), cancel=token, serialize=True)
 
     def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered on the stream; a failed one gets `error_message` and the stream goes on.

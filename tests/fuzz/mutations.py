@@ -150,6 +150,23 @@ def mutate_shape(draw, request):
     return f"inputs[{index}].shape={shape}"
 
 
+def mutate_rank(draw, request):
+    """A rank around and far past numpy's 64 dimensions: the input's own shape padded with ones (so the element
+    count, and the contents, still fit) or replaced by one of any dimensions."""
+    if not request.inputs:
+        return None
+    index = _pick(draw, request.inputs)
+    shape = list(request.inputs[index].shape)
+    rank = draw(st.one_of(st.sampled_from((63, 64, 65, 66, 100, 1000)), st.integers(60, 200)))
+    if draw(st.integers(0, 3)):
+        shape = shape + [1] * max(0, rank - len(shape))
+    else:
+        shape = draw(st.lists(DIMENSIONS, min_size=rank, max_size=rank))
+    del request.inputs[index].shape[:]
+    request.inputs[index].shape.extend(shape)
+    return f"inputs[{index}] rank {len(shape)}"
+
+
 def mutate_raw_length(draw, request):
     if not _uses_raw(request):
         return None
@@ -399,8 +416,9 @@ def mutate_shared_memory(draw, request):
 
 MUTATIONS: tuple[Callable, ...] = (
     mutate_model_name, mutate_version, mutate_id, mutate_input_name, mutate_drop_input, mutate_duplicate_input,
-    mutate_extra_input, mutate_datatype, mutate_shape, mutate_raw_length, mutate_raw_count, mutate_bytes_prefix,
-    mutate_typed_kind, mutate_typed_count, mutate_both, mutate_retype, mutate_clear_contents, mutate_timeout,
+    mutate_extra_input, mutate_datatype, mutate_shape, mutate_rank, mutate_raw_length, mutate_raw_count,
+    mutate_bytes_prefix, mutate_typed_kind, mutate_typed_count, mutate_both, mutate_retype, mutate_clear_contents,
+    mutate_timeout,
     mutate_parameters, mutate_tensor_parameters, mutate_output_unknown, mutate_output_duplicate,
     mutate_output_parameters, mutate_shared_memory,
 )
