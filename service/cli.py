@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .events import JsonFormatter, log_event
+from .events import JsonFormatter, QuietStreamHandler, log_event
 from .options import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ServerOptions
 from .signals import Decision, SignalPipe, decide
 
@@ -51,11 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-load-at-startup", dest="load_at_startup", action="store_false",
         help="register the repository's models without loading them; the first request loads each")
     add("--max-workers", type=int, default=64, metavar="N",
-        help="gRPC handler threads, 9..4096 (8 are kept for health, status and management calls; default: "
-             "%(default)s)")
+        help="gRPC handler threads, 9..4096; 8 of them are kept for health, status and management calls "
+             "(default: %(default)s)")
     add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes, metavar="BYTES",
-        help=f"largest request or response message, {MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES} (64 KiB to grpc's "
-             "limit, 2 GiB - 1; default: 1 GiB)")
+        help=f"largest request or response message, {MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}: 64 KiB up to "
+             "grpc's limit, 2 GiB - 1 (default: 1 GiB)")
     add("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
         help="on SIGTERM, SIGINT or SIGHUP, keep serving this long after health turns NOT_SERVING, "
              "0..31536000 (default: 0)")
@@ -143,7 +143,8 @@ def security_lines(options: ServerOptions) -> list[str]:
 
 
 def configure_logging(log_format: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    """Log to stderr; a broken stderr drops lines and never raises into the server (QuietStreamHandler)."""
+    handler = QuietStreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slotserve: {error}", file=sys.stderr)
         return 1
     signals.serving = True
-    print(f"slotserve listening on {server.address}", flush=True)
+    announce(f"slotserve listening on {server.address}", log)
     report = run_until_stopped(server, signals, log)
     if report is None:
         return 1  # the shutdown itself failed (its traceback is in the log)
@@ -212,6 +213,28 @@ def main(argv: list[str] | None = None) -> int:
         logging.shutdown()
         os._exit(0)
     return 0
+
+
+def announce(line: str, log: logging.Logger) -> None:
+    """Print `line` on stdout for whoever started the server (scripts and tests read the address there). A stdout
+    that cannot take it (its reader is gone: EPIPE; its terminal hung up: EIO; closed) must not stop a server that
+    is already serving: the line is dropped with a warning in the log, and stdout is pointed at /dev/null so that
+    neither a later write nor the interpreter's final flush fails."""
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        _discard_stdout()
+        log.warning("stdout is closed (its reader went away): %r not printed; serving on", line)
+
+
+def _discard_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())  # the bytes still buffered go to /dev/null at the final flush
+    except (OSError, ValueError, AttributeError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    finally:
+        os.close(devnull)
 
 
 def run_until_stopped(server, signals: SignalPipe, log: logging.Logger):
