@@ -11,8 +11,10 @@
     register MODEL [--source DIR] [--backend B] [--slots N] [--option k=v]
 
 `--json` (before or after the command) prints JSON instead of text. A failure prints one line on stderr,
-`error: UNAVAILABLE (server_busy): ...`, and exits 1; a command line that cannot be carried out exits 2.
-Every call waits for the server without limit unless --timeout is given.
+`error: UNAVAILABLE (server_busy): ...`, and exits 1 (a refused connection names the address and how to give
+another: --address or $SLOTSERVE_ADDRESS); a command line that cannot be carried out exits 2; output whose reader
+went away (`... | head`) ends quietly with 141, as a tool killed by SIGPIPE. Every call waits for the server
+without limit unless --timeout is given.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -86,11 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a TLS file that cannot be read
         return _fail(_os_error(error), 2)
     try:
-        return args.handler(session)
+        status = args.handler(session)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
+        return status
+    except BrokenPipeError:
+        return _output_gone()
     except UsageError as error:
         return _fail(str(error), 2)
     except ClientError as error:
-        return _fail(str(error), 1)
+        return _fail(_with_address_hint(str(error), error, args.address), 1)
     except OSError as error:
         return _fail(_os_error(error), 1)
     except KeyboardInterrupt:
@@ -99,6 +106,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{type(error).__name__}: {error}", 1)
     finally:
         session.close()
+
+
+# What grpc says when no connection could be made (refused, no route, unknown host), as opposed to an UNAVAILABLE
+# that a server answered itself (shutting down, busy).
+_NOT_CONNECTED = ("failed to connect", "connection refused", "dns resolution failed", "name resolution",
+                  "no route to host", "connect failed")
+
+
+def _with_address_hint(message: str, error: ClientError, address: str) -> str:
+    """A failure to connect says where the client looked and how to point it elsewhere."""
+    if error.code != "UNAVAILABLE" or not any(text in error.message.lower() for text in _NOT_CONNECTED):
+        return message
+    return (f"{message} (no server answers at {address}; point the client at another with --address HOST:PORT "
+            f"or ${ADDRESS_ENV})")
+
+
+def _output_gone() -> int:
+    """stdout's reader went away (`python -m client models | head`): stop quietly, as a Unix tool killed by
+    SIGPIPE does (exit 128 + 13), with stdout pointed at /dev/null so the interpreter's final flush of what is
+    still buffered cannot fail either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    finally:
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _os_error(error: OSError) -> str:
