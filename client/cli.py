@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -156,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m client", description="Operate a slotserve (or any KServe v2 gRPC) server.")
     parser.add_argument("--address", default=os.environ.get(ADDRESS_ENV, DEFAULT_ADDRESS),
                         help=f"server HOST:PORT (default: ${ADDRESS_ENV} or {DEFAULT_ADDRESS})")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
-                        help="deadline of each call in seconds (default: none)")
+    parser.add_argument("--timeout", type=_deadline_seconds, default=None, metavar="S",
+                        help="deadline of each call in seconds, more than 0 (default: none)")
     parser.add_argument("--token", default=None, metavar="TOKEN",
                         help=f"management bearer token (default: ${TOKEN_ENV})")
     parser.add_argument("--inference-token", default=None, metavar="TOKEN",
@@ -180,6 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_unload, _add_register):
         add(commands, json_flag)
     return parser
+
+
+def _deadline_seconds(text: str) -> float:
+    """--timeout: a finite number of seconds above 0 (NaN, infinities, 0 and negatives would end every call at
+    once with DEADLINE_EXCEEDED)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds more than 0, got {text}")
+    return value
+
+
+def _slot_count(text: str) -> int:
+    """--slots: a positive count (the server says how many it allows)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value < 1 << 32:
+        raise argparse.ArgumentTypeError(f"must be a slot count of at least 1, got {text}")
+    return value
 
 
 def _command(commands, name: str, json_flag, handler: Callable[[_Session], int], help_text: str):
@@ -237,7 +261,7 @@ def _add_load(commands, json_flag) -> None:
                        "load a model (RepositoryModelLoad; with --slots, management RegisterModel)")
     command.add_argument("model")
     command.add_argument("--config", metavar="JSON", help="a JSON ModelConfig replacing config.pbtxt")
-    command.add_argument("--slots", type=int, metavar="N", help="slot count (needs management)")
+    command.add_argument("--slots", type=_slot_count, metavar="N", help="slot count (needs management)")
 
 
 def _add_unload(commands, json_flag) -> None:
@@ -252,7 +276,7 @@ def _add_register(commands, json_flag) -> None:
     command.add_argument("model")
     command.add_argument("--source", default="", metavar="DIR", help="model directory (default: the repository's)")
     command.add_argument("--backend", default="", help="onnxruntime, tensorrt or fixture (default: config.pbtxt's)")
-    command.add_argument("--slots", type=int, metavar="N")
+    command.add_argument("--slots", type=_slot_count, metavar="N")
     command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="backend option")
     command.add_argument("--admission-timeout", type=float, metavar="S", help="seconds; 0 waits without limit")
     command.add_argument("--config", default="", metavar="JSON", help="a JSON ModelConfig replacing config.pbtxt")

@@ -105,3 +105,21 @@ def test_shape_errors_quote_the_whole_shape_sent(max_batch_size, shape, says):
     with pytest.raises(InvalidInputError) as info:
         metadata.check_request({"x": ("FP32", shape)}, [])
     assert says in str(info.value)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--timeout=nan", "health"], "error: argument --timeout: must be a number of seconds more than 0, got nan"),
+    (["--timeout=inf", "health"], "got inf"),
+    (["--timeout=-1", "health"], "got -1"),
+    (["--timeout=0", "health"], "got 0"),
+    (["--timeout=soon", "health"], "got soon"),
+    (["register", "m", "--slots=-1"], "error: argument --slots: must be a slot count of at least 1, got -1"),
+    (["load", "m", "--slots=0"], "got 0"),
+])
+def test_hostile_numbers_on_the_client_command_line_are_usage_errors(argv, says):
+    """NaN, infinite, zero and negative deadlines used to end every call at once with DEADLINE_EXCEEDED, and a
+    negative slot count with "ValueError: Value out of range"; now one usage line naming the flag, exit 2."""
+    done = subprocess.run([sys.executable, "-m", "client", "--address", f"127.0.0.1:{free_port()}", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=RUN_LIMIT)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
