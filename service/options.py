@@ -61,6 +61,8 @@ class ServerOptions:
     def __post_init__(self) -> None:
         problems = self._normalize_security()
         problems += self._number_problems()
+        if not isinstance(self.host, str) or not self.host.strip():
+            problems.append(f"--host must name an address (0.0.0.0 for every interface), got {self.host!r}")
         if self.metrics_port is not None and self.metrics_port == self.port != 0:
             problems.append(f"--metrics-port must differ from --port ({self.port})")
         problems += self._shared_memory_problems()

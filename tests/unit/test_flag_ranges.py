@@ -52,6 +52,7 @@ def test_every_numeric_flag_has_a_range():
     (["--port", "70000"], "--port must be 0..65535, got 70000"),
     (["--memory-budget", "-1"], "--memory-budget must be >= 0, got -1"),
     (["--max-concurrent-loads", "0"], "--max-concurrent-loads must be > 0, got 0"),
+    (["--host", ""], "--host must name an address (0.0.0.0 for every interface), got ''"),
 ])
 def test_a_value_out_of_range_is_refused_naming_the_flag_and_its_range(argv, says):
     with pytest.raises(ValueError) as info:
