@@ -11,15 +11,19 @@
     register MODEL [--source DIR] [--backend B] [--slots N] [--option k=v]
 
 `--json` (before or after the command) prints JSON instead of text. A failure prints one line on stderr,
-`error: UNAVAILABLE (server_busy): ...`, and exits 1; a command line that cannot be carried out exits 2.
-Every call waits for the server without limit unless --timeout is given.
+`error: UNAVAILABLE (server_busy): ...`, and exits 1 (a refused connection names the address and how to give
+another: --address or $SLOTSERVE_ADDRESS); a command line that cannot be carried out exits 2; output whose reader
+went away (`... | head`) ends quietly with 141, as a tool killed by SIGPIPE. Every call waits for the server
+without limit unless --timeout is given.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -86,11 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a TLS file that cannot be read
         return _fail(_os_error(error), 2)
     try:
-        return args.handler(session)
+        status = args.handler(session)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
+        return status
+    except BrokenPipeError:
+        return _output_gone()
     except UsageError as error:
         return _fail(str(error), 2)
     except ClientError as error:
-        return _fail(str(error), 1)
+        return _fail(_with_address_hint(str(error), error, args.address), 1)
     except OSError as error:
         return _fail(_os_error(error), 1)
     except KeyboardInterrupt:
@@ -99,6 +107,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{type(error).__name__}: {error}", 1)
     finally:
         session.close()
+
+
+# What grpc says when no connection could be made (refused, no route, unknown host), as opposed to an UNAVAILABLE
+# that a server answered itself (shutting down, busy).
+_NOT_CONNECTED = ("failed to connect", "connection refused", "dns resolution failed", "name resolution",
+                  "no route to host", "connect failed")
+
+
+def _with_address_hint(message: str, error: ClientError, address: str) -> str:
+    """A failure to connect says where the client looked and how to point it elsewhere."""
+    if error.code != "UNAVAILABLE" or not any(text in error.message.lower() for text in _NOT_CONNECTED):
+        return message
+    return (f"{message} (no server answers at {address}; point the client at another with --address HOST:PORT "
+            f"or ${ADDRESS_ENV})")
+
+
+def _output_gone() -> int:
+    """stdout's reader went away (`python -m client models | head`): stop quietly, as a Unix tool killed by
+    SIGPIPE does (exit 128 + 13), with stdout pointed at /dev/null so the interpreter's final flush of what is
+    still buffered cannot fail either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    finally:
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _os_error(error: OSError) -> str:
@@ -121,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m client", description="Operate a slotserve (or any KServe v2 gRPC) server.")
     parser.add_argument("--address", default=os.environ.get(ADDRESS_ENV, DEFAULT_ADDRESS),
                         help=f"server HOST:PORT (default: ${ADDRESS_ENV} or {DEFAULT_ADDRESS})")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
-                        help="deadline of each call in seconds (default: none)")
+    parser.add_argument("--timeout", type=_deadline_seconds, default=None, metavar="S",
+                        help="deadline of each call in seconds, more than 0 (default: none)")
     parser.add_argument("--token", default=None, metavar="TOKEN",
                         help=f"management bearer token (default: ${TOKEN_ENV})")
     parser.add_argument("--inference-token", default=None, metavar="TOKEN",
@@ -145,6 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_unload, _add_register):
         add(commands, json_flag)
     return parser
+
+
+def _deadline_seconds(text: str) -> float:
+    """--timeout: a finite number of seconds above 0 (NaN, infinities, 0 and negatives would end every call at
+    once with DEADLINE_EXCEEDED)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds more than 0, got {text}")
+    return value
+
+
+def _slot_count(text: str) -> int:
+    """--slots: a positive count (the server says how many it allows)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value < 1 << 32:
+        raise argparse.ArgumentTypeError(f"must be a slot count of at least 1, got {text}")
+    return value
 
 
 def _command(commands, name: str, json_flag, handler: Callable[[_Session], int], help_text: str):
@@ -202,7 +261,7 @@ def _add_load(commands, json_flag) -> None:
                        "load a model (RepositoryModelLoad; with --slots, management RegisterModel)")
     command.add_argument("model")
     command.add_argument("--config", metavar="JSON", help="a JSON ModelConfig replacing config.pbtxt")
-    command.add_argument("--slots", type=int, metavar="N", help="slot count (needs management)")
+    command.add_argument("--slots", type=_slot_count, metavar="N", help="slot count (needs management)")
 
 
 def _add_unload(commands, json_flag) -> None:
@@ -217,7 +276,7 @@ def _add_register(commands, json_flag) -> None:
     command.add_argument("model")
     command.add_argument("--source", default="", metavar="DIR", help="model directory (default: the repository's)")
     command.add_argument("--backend", default="", help="onnxruntime, tensorrt or fixture (default: config.pbtxt's)")
-    command.add_argument("--slots", type=int, metavar="N")
+    command.add_argument("--slots", type=_slot_count, metavar="N")
     command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="backend option")
     command.add_argument("--admission-timeout", type=float, metavar="S", help="seconds; 0 waits without limit")
     command.add_argument("--config", default="", metavar="JSON", help="a JSON ModelConfig replacing config.pbtxt")

@@ -114,6 +114,7 @@ class ModelMetadata:
 
     def _check_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
         expected = spec.shape
+        sent, wanted = list(shape), list(self.wire_shape(spec))  # as the client sees them: batch dimension included
         if self.max_batch_size > 0:
             if len(shape) != len(expected) + 1:
                 raise InvalidInputError(
@@ -128,8 +129,7 @@ class ModelMetadata:
                 f"input '{spec.name}' has shape {list(shape)}; the model expects {list(expected)}")
         for got, want in zip(shape, expected):
             if want != -1 and got != want:
-                raise InvalidInputError(
-                    f"input '{spec.name}' has shape {list(shape)}; the model expects {list(expected)}")
+                raise InvalidInputError(f"input '{spec.name}' has shape {sent}; the model expects {wanted}")
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,18 @@ def _ort():
     return onnxruntime
 
 
+# The most threads a session's pools may have: more is a typo, and ONNX Runtime does not refuse it (beyond an
+# int32 it raised a TypeError; 200 000 hung the load while it created threads, and 1024 spinning threads took
+# over 20 s to load on two cores).
+MAX_THREADS = 256
+
+
 def session_options(spec: ModelSpec):
     """The SessionOptions slotserve uses for `spec` (public so tests can build an identical session)."""
     ort = _ort()
     options = ort.SessionOptions()
-    options.intra_op_num_threads = _int_parameter(spec, "intra_op_num_threads", 1, minimum=0)
-    options.inter_op_num_threads = _int_parameter(spec, "inter_op_num_threads", 1, minimum=0)
+    options.intra_op_num_threads = _int_parameter(spec, "intra_op_num_threads", 1, minimum=0, maximum=MAX_THREADS)
+    options.inter_op_num_threads = _int_parameter(spec, "inter_op_num_threads", 1, minimum=0, maximum=MAX_THREADS)
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     level = spec.parameter("graph_optimization_level", "all")
     if level not in _OPTIMIZATION_LEVELS:
@@ -70,7 +76,7 @@ def _resident_bytes() -> int:
         return 0
 
 
-def _int_parameter(spec: ModelSpec, key: str, default: int, minimum: int) -> int:
+def _int_parameter(spec: ModelSpec, key: str, default: int, minimum: int, maximum: int | None = None) -> int:
     raw = spec.parameter(key)
     if raw is None or raw == "":
         return default
@@ -78,8 +84,9 @@ def _int_parameter(spec: ModelSpec, key: str, default: int, minimum: int) -> int
         value = int(raw)
     except ValueError:
         raise ModelConfigError(f"model '{spec.name}': parameter {key} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ModelConfigError(f"model '{spec.name}': parameter {key} must be >= {minimum}, got {value}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"{minimum}..{maximum}"
+        raise ModelConfigError(f"model '{spec.name}': parameter {key} must be {bounds}, got {value}")
     return value
 
 

@@ -204,6 +204,9 @@ def _refuse_unsupported_scheduling(config: model_config_pb2.ModelConfig, origin:
                "a request whose admission timeout passes is refused (REJECT)")
 
 
+MAX_QUEUE_DELAY_US = 60_000_000  # dynamic_batching.max_queue_delay_microseconds: more is a unit mistake
+
+
 def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> BatchingSpec | None:
     """The dynamic batching settings of a model, or None when it runs one request per engine call. Raises
     ModelConfigError for values that cannot work (a preferred size outside 1..max_batch_size)."""
@@ -220,6 +223,11 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
             raise ModelConfigError(
                 f"{origin}: dynamic_batching.preferred_batch_size {size} is outside 1..{config.max_batch_size} "
                 "(max_batch_size)")
+    if block.max_queue_delay_microseconds > MAX_QUEUE_DELAY_US:
+        # A batch waits for members until its earliest deadline; without one it would wait this long.
+        raise ModelConfigError(
+            f"{origin}: dynamic_batching.max_queue_delay_microseconds must be 0..{MAX_QUEUE_DELAY_US} (a minute), "
+            f"got {block.max_queue_delay_microseconds}")
     has_policy = block.HasField("default_queue_policy")
     policy = block.default_queue_policy
     return BatchingSpec(

@@ -10,13 +10,20 @@ import sys
 import threading
 from pathlib import Path
 
-from .core.events import JsonFormatter, log_event
-from .options import ServerOptions
+from .core.events import JsonFormatter, QuietStreamHandler, log_event
+from .options import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ServerOptions
 from .signals import Decision, SignalPipe, decide
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that a bad command line is one line on stderr (exit 2), like a value out of range."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="slotserve", description="Serve a model repository over the KServe v2 gRPC protocol.")
     add = parser.add_argument
     add("--model-repository", type=Path, default=Path("demo/model_repository"),
@@ -26,45 +33,51 @@ def build_parser() -> argparse.ArgumentParser:
              "default_model_filename, a symbolic link's target); repeatable. Without it every model file must "
              "resolve inside the repository")
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    add("--port", type=int, default=8001, help="port to listen on; 0 picks a free one (default: %(default)s)")
+    add("--port", type=int, default=8001, help="port to listen on, 0..65535; 0 picks a free one (default: %(default)s)")
     add("--parallel-jobs", type=int, metavar="N",
         help="select the parallel runtime: models get N slots by default (1..16) and management requests may "
              "set a slot count; without it every model has one slot")
     add("--allow-management", action="store_true",
         help="allow Management mutations and repository load/unload (status calls are always allowed)")
     add("--admission-timeout", type=float, default=0.0, metavar="SECONDS",
-        help="server ceiling and default of every model's admission timeout; 0 waits without limit")
-    add("--max-queue", type=int, default=0, metavar="N", help="queued requests per model; 0 = no limit")
-    add("--max-concurrent-loads", type=int, default=1, metavar="N", help="simultaneous cold loads (default 1)")
+        help="server ceiling and default of every model's admission timeout, 0..31536000 (a year); 0 waits "
+             "without limit")
+    add("--max-queue", type=int, default=0, metavar="N", help="queued requests per model, >= 0; 0 = no limit")
+    add("--max-concurrent-loads", type=int, default=1, metavar="N", help="simultaneous cold loads, >= 1 (default 1)")
     add("--max-resident-models", type=int, default=0, metavar="N",
-        help="models holding engines at once; loading one more retires the least recently used idle model "
+        help="models holding engines at once, >= 0; loading one more retires the least recently used idle model "
              "(0 = no limit)")
     add("--idle-unload", type=float, default=0.0, metavar="SECONDS",
-        help="retire a model idle and queue-free for this long (0 = never)")
+        help="retire a model idle and queue-free for this long, 0..31536000 (0 = never)")
     add("--memory-budget", type=int, default=0, metavar="BYTES",
-        help="memory all loaded pools may report together; a load beyond it retires idle models or fails "
+        help="memory all loaded pools may report together, >= 0; a load beyond it retires idle models or fails "
              "with memory_limit (0 = no budget)")
     add("--no-load-at-startup", dest="load_at_startup", action="store_false",
         help="register the repository's models without loading them; the first request loads each")
-    add("--max-workers", type=int, default=64, help="gRPC handler threads (default: %(default)s)")
-    add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes,
-        help="largest request or response message (default: 1 GiB)")
+    add("--max-workers", type=int, default=64, metavar="N",
+        help="gRPC handler threads, 9..4096; 8 of them are kept for health, status and management calls "
+             "(default: %(default)s)")
+    add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes, metavar="BYTES",
+        help=f"largest request or response message, {MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}: 64 KiB up to "
+             "grpc's limit, 2 GiB - 1 (default: 1 GiB)")
     add("--max-request-tensor-bytes", type=int, default=ServerOptions.max_request_tensor_bytes, metavar="BYTES",
         help="memory one request's decoded input tensors may take (estimated from the message before decoding; "
-             "BYTES elements cost about 56 bytes each); a request above it is refused with RESOURCE_EXHAUSTED "
-             "; 0 = no limit (default: 1 GiB)")
+             "BYTES elements cost about 56 bytes each); a request above it is refused with "
+             "RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 1 GiB)")
     add("--max-inflight-tensor-bytes", type=int, default=ServerOptions.max_inflight_tensor_bytes, metavar="BYTES",
         help="memory the decoded tensors of all requests in flight may take together; a request that would pass "
-             "it is refused at once with RESOURCE_EXHAUSTED; 0 = no limit (default: 4 GiB)")
+             "it is refused at once with RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 4 GiB)")
     add("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
-        help="on SIGTERM/SIGINT, keep serving this long after health turns NOT_SERVING (default: 0)")
+        help="on SIGTERM, SIGINT or SIGHUP, keep serving this long after health turns NOT_SERVING, "
+             "0..31536000 (default: 0)")
     add("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
         help="then, how long calls in progress (queued ones included) may finish before queued work is refused "
-             "and running work cancelled (default: %(default)s)")
+             "and running work cancelled, 0..31536000 (default: %(default)s)")
     add("--stream-write-timeout", type=float, default=30.0, metavar="SECONDS",
-        help="end a stream whose client does not take a message within this time (default: %(default)s)")
+        help="end a stream whose client does not take a message within this time, more than 0 and at most "
+             "31536000 (default: %(default)s)")
     add("--metrics-port", type=int, metavar="PORT",
-        help="serve Prometheus metrics over HTTP on --host:PORT (0 picks a free port; default: off)")
+        help="serve Prometheus metrics over HTTP on --host:PORT, 0..65535 (0 picks a free port; default: off)")
     add("--log-format", choices=("text", "json"), default="text",
         help="text: human-readable lines; json: one JSON object per line with time, level, logger, event, "
              "model, message and the event's fields (default: %(default)s)")
@@ -96,7 +109,7 @@ def add_shared_memory_flags(parser: argparse.ArgumentParser) -> None:
                             "names: a leading '/', no other '/'; default: any)")
     group.add_argument("--shared-memory-max-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
                        help="bytes mapped at once over all regions, counting unregistered regions that running "
-                            "requests still use; a register beyond it is refused (default: 1 GiB)")
+                            "requests still use, > 0; a register beyond it is refused (default: 1 GiB)")
 
 
 def add_security_flags(parser: argparse.ArgumentParser) -> None:
@@ -147,7 +160,8 @@ def security_lines(options: ServerOptions) -> list[str]:
 
 
 def configure_logging(log_format: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    """Log to stderr; a broken stderr drops lines and never raises into the server (QuietStreamHandler)."""
+    handler = QuietStreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
@@ -212,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slotserve: {error}", file=sys.stderr)
         return 1
     signals.serving = True
-    print(f"slotserve listening on {server.address}", flush=True)
+    announce(f"slotserve listening on {server.address}", log)
     report = run_until_stopped(server, signals, log)
     if report is None:
         return 1  # the shutdown itself failed (its traceback is in the log)
@@ -221,6 +235,28 @@ def main(argv: list[str] | None = None) -> int:
         logging.shutdown()
         os._exit(0)
     return 0
+
+
+def announce(line: str, log: logging.Logger) -> None:
+    """Print `line` on stdout for whoever started the server (scripts and tests read the address there). A stdout
+    that cannot take it (its reader is gone: EPIPE; its terminal hung up: EIO; closed) must not stop a server that
+    is already serving: the line is dropped with a warning in the log, and stdout is pointed at /dev/null so that
+    neither a later write nor the interpreter's final flush fails."""
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        _discard_stdout()
+        log.warning("stdout is closed (its reader went away): %r not printed; serving on", line)
+
+
+def _discard_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())  # the bytes still buffered go to /dev/null at the final flush
+    except (OSError, ValueError, AttributeError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    finally:
+        os.close(devnull)
 
 
 def run_until_stopped(server, signals: SignalPipe, log: logging.Logger):

@@ -11,6 +11,15 @@ from .tensor_memory import DEFAULT_IN_FLIGHT_BYTES, DEFAULT_REQUEST_BYTES
 
 MAX_SLOTS = 16
 DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhead fits with room to spare
+# grpc takes its message limits as C ints: a larger value kills the server with an OverflowError after every
+# model loaded. Below 64 KiB even a model's metadata or a management status may not fit.
+MIN_MESSAGE_BYTES = 64 << 10
+MAX_MESSAGE_BYTES = (1 << 31) - 1
+# The longest any duration flag (and a management admission timeout) may be: a year is longer than any wait an
+# operator means, and far below threading.TIMEOUT_MAX (~292 years), so sums of durations never overflow a wait.
+MAX_SECONDS = 365 * 24 * 3600
+MAX_WORKERS = 4096  # gRPC handler threads: each is an OS thread
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
@@ -60,43 +69,32 @@ class ServerOptions:
     def __post_init__(self) -> None:
         problems = self._normalize_security()
         problems += self._model_root_problems()
-        if self.parallel_jobs is not None and not 1 <= self.parallel_jobs <= MAX_SLOTS:
-            problems.append(f"--parallel-jobs must be 1..{MAX_SLOTS}, got {self.parallel_jobs}")
-        if self.admission_timeout < 0:
-            problems.append(f"--admission-timeout must be >= 0, got {self.admission_timeout}")
-        if self.max_queue < 0:
-            problems.append(f"--max-queue must be >= 0, got {self.max_queue}")
-        if self.max_concurrent_loads < 1:
-            problems.append(f"--max-concurrent-loads must be >= 1, got {self.max_concurrent_loads}")
-        if self.control_threads < 1 or self.max_workers <= self.control_threads:
-            problems.append(f"--max-workers ({self.max_workers}) must exceed the {self.control_threads} threads "
-                            "kept for control calls")
-        if self.max_resident_models < 0:
-            problems.append(f"--max-resident-models must be >= 0, got {self.max_resident_models}")
-        if self.idle_unload < 0:
-            problems.append(f"--idle-unload must be >= 0, got {self.idle_unload}")
-        if self.memory_budget < 0:
-            problems.append(f"--memory-budget must be >= 0, got {self.memory_budget}")
-        if self.drain_seconds < 0 or self.shutdown_grace < 0:
-            problems.append("--drain-seconds and --shutdown-grace must be >= 0")
-        if self.stream_write_timeout <= 0:
-            problems.append(f"--stream-write-timeout must be > 0, got {self.stream_write_timeout}")
-        if not 0 <= self.port <= 65535:
-            problems.append(f"--port must be 0..65535, got {self.port}")
-        if self.metrics_port is not None:
-            if not 0 <= self.metrics_port <= 65535:
-                problems.append(f"--metrics-port must be 0..65535, got {self.metrics_port}")
-            elif self.metrics_port == self.port != 0:
-                problems.append(f"--metrics-port must differ from --port ({self.port})")
+        problems += self._number_problems()
+        if not isinstance(self.host, str) or not self.host.strip():
+            problems.append(f"--host must name an address (0.0.0.0 for every interface), got {self.host!r}")
+        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+            problems.append(f"--metrics-port must differ from --port ({self.port})")
         problems += self._shared_memory_problems()
-        for flag, value in (("--max-request-tensor-bytes", self.max_request_tensor_bytes),
-                            ("--max-inflight-tensor-bytes", self.max_inflight_tensor_bytes)):
-            if value < 0:
-                problems.append(f"{flag} must be >= 0 (0: no limit), got {value}")
         if self.log_format not in ("text", "json"):
             problems.append(f"--log-format must be text or json, got {self.log_format}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _number_problems(self) -> list[str]:
+        """Every numeric option against its range (RANGES): NaN, infinities, negatives and values a layer below
+        cannot hold (grpc's int32 message limit) are refused here, before anything loads, each naming its flag
+        and its range. Comparisons are written so that NaN fails them."""
+        problems = []
+        for name, (flag, low, high, kind) in RANGES.items():
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL_NUMBERS:
+                continue
+            if name == "max_workers" and _in_range(self.control_threads, *RANGES["control_threads"][1:]):
+                low = self.control_threads + 1  # inference needs at least one thread of its own
+            if not _in_range(value, low, high, kind):
+                why = f" ({self.control_threads} of them are kept for control calls)" if name == "max_workers" else ""
+                problems.append(f"{flag} must be {range_text(low, high, kind)}{why}, got {value!r}")
+        return problems
 
     @property
     def inference_handlers(self) -> int:
@@ -124,8 +122,6 @@ class ServerOptions:
         problem = prefix_problem(self.shared_memory_prefix)
         if problem is not None:
             problems.append(problem)
-        if self.shared_memory_max_bytes <= 0:
-            problems.append(f"--shared-memory-max-bytes must be > 0, got {self.shared_memory_max_bytes}")
         return problems
 
     def _normalize_security(self) -> list[str]:
@@ -151,3 +147,61 @@ class ServerOptions:
         if self.tls_client_ca is not None and self.tls_cert is None:
             problems.append("--tls-client-ca needs --tls-cert and --tls-key")
         return problems
+
+
+# Every numeric option: field -> (flag, lowest, highest, kind). kind "int" takes integers only (highest None: no
+# upper bound, for counts and byte budgets that Python compares exactly); "seconds" a finite number of seconds;
+# "positive seconds" the same above 0. tests/unit/test_flag_ranges.py checks that every int or float flag of
+# service/cli.py is here.
+RANGES: dict[str, tuple[str, float, float | None, str]] = {
+    "port": ("--port", 0, MAX_PORT, "int"),
+    "parallel_jobs": ("--parallel-jobs", 1, MAX_SLOTS, "int"),
+    "admission_timeout": ("--admission-timeout", 0, MAX_SECONDS, "seconds"),
+    "max_queue": ("--max-queue", 0, None, "int"),
+    "max_concurrent_loads": ("--max-concurrent-loads", 1, None, "int"),
+    "max_workers": ("--max-workers", 2, MAX_WORKERS, "int"),
+    "control_threads": ("control_threads", 1, MAX_WORKERS - 1, "int"),
+    "max_message_bytes": ("--max-message-bytes", MIN_MESSAGE_BYTES, MAX_MESSAGE_BYTES, "int"),
+    "max_resident_models": ("--max-resident-models", 0, None, "int"),
+    "idle_unload": ("--idle-unload", 0, MAX_SECONDS, "seconds"),
+    "memory_budget": ("--memory-budget", 0, None, "int"),
+    "drain_seconds": ("--drain-seconds", 0, MAX_SECONDS, "seconds"),
+    "shutdown_grace": ("--shutdown-grace", 0, MAX_SECONDS, "seconds"),
+    "stream_write_timeout": ("--stream-write-timeout", 0, MAX_SECONDS, "positive seconds"),
+    "metrics_port": ("--metrics-port", 0, MAX_PORT, "int"),
+    "shared_memory_max_bytes": ("--shared-memory-max-bytes", 1, None, "int"),
+    "max_request_tensor_bytes": ("--max-request-tensor-bytes", 0, None, "int"),
+    "max_inflight_tensor_bytes": ("--max-inflight-tensor-bytes", 0, None, "int"),
+}
+OPTIONAL_NUMBERS = frozenset({"parallel_jobs", "metrics_port"})  # None: not set
+
+
+def _in_range(value: object, low: float, high: float | None, kind: str) -> bool:
+    if isinstance(value, bool):
+        return False
+    if kind == "int":
+        return isinstance(value, int) and low <= value and (high is None or value <= high)
+    if not isinstance(value, (int, float)):
+        return False
+    # Written so that NaN is out of range (every comparison with NaN is false).
+    return (low < value <= high) if kind == "positive seconds" else (low <= value <= high)
+
+
+def range_text(low: float, high: float | None, kind: str) -> str:
+    """How a range reads in a refusal: "0..65535", ">= 0", "0..31536000 seconds", "more than 0 and at most ..."."""
+    if kind == "int" and high is None:
+        return "> 0" if low == 1 else f">= {low}"
+    if kind == "int":
+        return f"{low}..{high}"
+    year = " (a year)" if high == MAX_SECONDS else ""
+    if kind == "positive seconds":
+        return f"more than 0 and at most {high} seconds{year}"
+    return f"{low}..{high} seconds{year}"
+
+
+def seconds_problem(name: str, value: float, *, zero: str) -> str | None:
+    """Why `value` cannot be the duration `name` (a management field), or None: like the duration flags it must
+    be a number of seconds 0..MAX_SECONDS (`zero` says what 0 means); NaN and infinities are refused."""
+    if _in_range(value, 0, MAX_SECONDS, "seconds"):
+        return None
+    return f"{name} must be {range_text(0, MAX_SECONDS, 'seconds')} (0 {zero}), got {value!r}"

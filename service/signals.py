@@ -9,10 +9,12 @@ blocks reading that pipe: it wakes for every signal, at once.
 
 The rules (`decide`):
 
-* SIGTERM or SIGINT while serving: start the shutdown (drain, grace, ...), on a thread of its own, so that the
-  main thread keeps listening.
-* SIGTERM again while shutting down: changes nothing (process supervisors send it twice: `timeout(1)` signals
-  its child and then its whole group, init systems signal a process group).
+* SIGTERM, SIGINT or SIGHUP while serving: start the shutdown (drain, grace, ...), on a thread of its own, so that
+  the main thread keeps listening. SIGHUP is a stop signal like SIGTERM: the terminal that started the server
+  hung up, and its default action (exit 129 at once) dropped every request in flight. A server started with
+  SIGHUP ignored (`nohup`) keeps ignoring it.
+* SIGTERM or SIGHUP again while shutting down: changes nothing (process supervisors send SIGTERM twice:
+  `timeout(1)` signals its child and then its whole group, init systems signal a process group).
 * SIGINT again while shutting down (Ctrl-C twice at a terminal), or SIGQUIT at any time: exit at once with
   128 + the signal's number, without draining.
 * Any of them before the server serves (during the startup loads): exit at once; nothing was served, so there
@@ -28,14 +30,14 @@ import signal
 
 from .core.events import log_event
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FORCE_SIGNALS = (signal.SIGQUIT,)
 _SHUTDOWN_DONE = 0  # the byte the shutdown thread writes when it has finished (no signal has number 0)
 
 
 class Decision(enum.Enum):
     START_SHUTDOWN = "start_shutdown"
-    IGNORE = "ignore"  # a repeated SIGTERM
+    IGNORE = "ignore"  # a repeated SIGTERM or SIGHUP
     EXIT_NOW = "exit_now"
 
 
@@ -65,6 +67,8 @@ class SignalPipe:
 
     def install(self) -> None:
         for signum in STOP_SIGNALS + FORCE_SIGNALS:
+            if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+                continue  # started under nohup (or told so by its supervisor): a hang-up is not for us
             signal.signal(signum, self._on_signal)
         signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -200,3 +201,16 @@ class JsonFormatter(logging.Formatter):
         elif record.exc_text:
             line["exception"] = record.exc_text
         return json.dumps(line, default=str)
+
+
+class QuietStreamHandler(logging.StreamHandler):
+    """A StreamHandler that drops a record when its stream is broken (EPIPE once the reader of a pipe is gone, EIO
+    after the terminal hung up, a closed file), instead of printing a "--- Logging error ---" traceback for every
+    line: logging must never stop or stall a server, and a broken stream leaves nowhere to report it. Any other
+    error (a bad format string) is reported as logging always does."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError) or (isinstance(error, ValueError) and "closed file" in str(error)):
+            return
+        super().handleError(record)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import queue
 import threading
 from collections.abc import Iterable, Mapping
@@ -137,8 +138,8 @@ class ModelRegistry:
         ceiling = self.policy.admission_timeout
         if requested is None:
             return ceiling
-        if requested < 0:
-            raise InvalidRequest(f"admission timeout must be >= 0 seconds, got {requested}")
+        if not 0 <= requested < math.inf:  # NaN fails this too: min(nan, ceiling) would be NaN, no limit at all
+            raise InvalidRequest(f"admission timeout must be a finite number of seconds >= 0, got {requested}")
         if ceiling > 0:
             return ceiling if requested == 0 else min(requested, ceiling)
         return requested

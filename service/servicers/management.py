@@ -6,8 +6,10 @@ from generated import management_pb2 as pb
 from generated import management_pb2_grpc as pb_grpc
 
 from ..auth import Access
+from ..core.errors import InvalidRequest
 from ..core.lifecycle import ModelState, ModelStatus
 from ..core.registry import ModelRegistry, Registration
+from ..options import seconds_problem
 from .common import CallTracker, ManagementGate, rpc
 
 _STATE = {
@@ -46,6 +48,20 @@ def status_message(status: ModelStatus) -> pb.ModelStatus:
     return message
 
 
+def _admission_timeout(request: pb.RegisterModelRequest) -> float | None:
+    """The request's admission timeout (None when absent). Raises InvalidRequest naming the field for NaN,
+    infinities, negatives and more than a year: `min(nan, ceiling)` is NaN, so a NaN used to escape the
+    server's --admission-timeout ceiling and wait without limit."""
+    if not request.HasField("admission_timeout_seconds"):
+        return None
+    value = request.admission_timeout_seconds
+    problem = seconds_problem("admission_timeout_seconds", value, zero="waits without limit, capped by the "
+                                                                      "server's --admission-timeout")
+    if problem is not None:
+        raise InvalidRequest(problem)
+    return value
+
+
 class ManagementServicer(pb_grpc.ModelManagementServicer):
     def __init__(self, registry: ModelRegistry, management: ManagementGate, calls: CallTracker) -> None:
         self._registry = registry
@@ -60,8 +76,7 @@ class ManagementServicer(pb_grpc.ModelManagementServicer):
             backend=request.backend,
             options=dict(request.options),
             slots=request.slots if request.HasField("slots") else None,
-            admission_timeout=(request.admission_timeout_seconds
-                               if request.HasField("admission_timeout_seconds") else None),
+            admission_timeout=_admission_timeout(request),
             config_json=request.config_json,
         )
         return status_message(self._registry.register(registration, cancel=token))

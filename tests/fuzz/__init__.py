@@ -44,4 +44,8 @@ server), valid_requests.py (requests that must succeed), mutations.py (what brea
 answer and the server afterwards are checked); the tests: test_infer_fuzz.py (unary, one at a time and in
 bursts), test_stream_fuzz.py, test_shared_memory_fuzz.py, test_undecodable_bytes.py, test_long_strings.py,
 test_absurd_shapes.py, test_message_size_limit.py.
+
+test_numbers_fuzz.py has a server of its own (management allowed, an admission ceiling): NaN, infinities, negatives
+and huge numbers in every numeric field of RegisterModel (admission_timeout_seconds, slots, backend options,
+config_json's numbers) and in every numeric flag of the server.
 """

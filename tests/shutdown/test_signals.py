@@ -17,7 +17,13 @@ hung work). slotserve closes those gaps and these tests check the stronger behav
 from __future__ import annotations
 
 import math
+import os
+import re
+import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
@@ -25,8 +31,8 @@ import pytest
 
 from client import InferenceClient
 
-from .harness import (VALUES, FileGates, assert_ok, assert_shutting_down, exit_bound, outcome, record_exit, slow_rows,
-                      wait_until, write_fixture_model, write_slow_onnx_model)
+from .harness import (ROOT, VALUES, FileGates, assert_ok, assert_shutting_down, exit_bound, outcome, record_exit,
+                      slow_rows, wait_until, write_fixture_model, write_slow_onnx_model)
 
 cell = pytest.mark.cell
 
@@ -366,3 +372,122 @@ def test_stream_whose_client_stopped_reading_does_not_hold_up_the_exit(tmp_path,
     with pytest.raises(grpc.RpcError):
         for _ in call:
             pass
+
+
+# ---- SIGHUP and a closed stdout (issue 19, item 9) ----------------------------------------------------------------
+
+def test_sighup_is_a_stop_signal_with_the_drain_like_sigterm(tmp_path, start_server, request):
+    """A hang-up of the terminal that started the server used to kill it at once (exit 129, no drain, no log),
+    dropping the request in flight. Now SIGHUP starts the documented shutdown: logged, health NOT_SERVING, the
+    drain served, the running request finishes with OK, exit 0; a second SIGHUP changes nothing."""
+    repository, gate_dir = fixture_repository(tmp_path, {"m": {}})
+    drain, grace = 1.0, 20.0
+    server = start_server(repository, "--drain-seconds", str(drain), "--shutdown-grace", str(grace))
+    gates = FileGates(gate_dir, "m")
+    gates.hold("execute")
+    running = server.infer_async("m", VALUES)
+    gates.wait_arrived("execute")
+
+    server.signal(signal.SIGHUP)
+    server.wait_log("received SIGHUP: shutting down")
+    wait_until(lambda: server.client.health() == "NOT_SERVING", "health NOT_SERVING", timeout=drain + 5)
+    server.process.send_signal(signal.SIGHUP)
+    server.wait_log("received SIGHUP again: already shutting down, the shutdown goes on")
+    server.wait_log("shutdown: no longer accepting calls")
+    assert server.process.poll() is None and not running.done()
+    gates.release("execute")
+    assert_ok(running)
+    assert_clean_exit(server, request, drain, grace)
+    assert server.exit_seconds >= drain
+
+
+class _BareProcess:
+    """`python -m service` started with the stdout and the command prefix a test chooses; its address is read
+    from the `serving` line of its log (stderr), since its stdout may be unreadable."""
+
+    _SERVING = re.compile(r" serving \S+ on (\S+)")
+
+    def __init__(self, repository, *, prefix: tuple[str, ...] = (), stdout=subprocess.DEVNULL) -> None:
+        command = [*prefix, sys.executable, "-m", "service", "--model-repository", str(repository),
+                   "--host", "127.0.0.1", "--port", "0", "--shutdown-grace", "5", "--enable-test-backends"]
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._lines: list[str] = []
+        self._lock = threading.Lock()  # guards: _lines
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        wait_until(lambda: self._SERVING.search(self.log) or self.process.poll() is not None, "the serving line")
+        match = self._SERVING.search(self.log)
+        assert match, f"exited {self.process.poll()} before serving:\n{self.log}"
+        self.address = match.group(1)
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            with self._lock:
+                self._lines.append(line.rstrip("\n"))
+
+    @property
+    def log(self) -> str:
+        with self._lock:
+            return "\n".join(self._lines)
+
+    def wait_exit(self) -> int:
+        code = self.process.wait(timeout=30)
+        self._reader.join(timeout=10)
+        return code
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process.stderr.close()
+
+
+@pytest.fixture
+def bare_processes():
+    started: list[_BareProcess] = []
+    yield lambda *args, **kwargs: started.append(_BareProcess(*args, **kwargs)) or started[-1]
+    for process in started:
+        process.close()
+        print(f"---- log of {process.address} ----\n{process.log}")
+
+
+def test_a_server_started_under_nohup_keeps_ignoring_sighup(tmp_path, bare_processes):
+    """`nohup` starts the server with SIGHUP ignored: the operator asked for hang-ups to pass it by, so the server
+    does not install its own handler for it. (An ignored signal is discarded when it is sent, so the server has
+    already not seen it when os.kill returns.) SIGTERM still stops it, with exit 0."""
+    if shutil.which("nohup") is None:
+        pytest.skip("nohup is not installed")
+    repository, _ = fixture_repository(tmp_path, {"m": {}})
+    server = bare_processes(repository, prefix=("nohup",))
+    os.kill(server.process.pid, signal.SIGHUP)
+    with InferenceClient(server.address, timeout=10) as client:
+        assert client.live()
+        np.testing.assert_array_equal(client.infer("m", {"INPUT0": VALUES})["OUTPUT0"], VALUES)
+    assert server.process.poll() is None and "SIGHUP" not in server.log
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait_exit() == 0, server.log
+
+
+def test_a_closed_stdout_does_not_stop_the_server(tmp_path, bare_processes):
+    """The server's stdout is a pipe whose reader is gone before the "listening" line: that print used to raise
+    BrokenPipeError and end the process with exit 1 after it had logged "serving". Now the line is dropped with
+    a warning: the server answers ServerLive and inference, then stops cleanly on SIGTERM (exit 0, no
+    traceback)."""
+    repository, _ = fixture_repository(tmp_path, {"m": {}})
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read the server's stdout
+    try:
+        server = bare_processes(repository, stdout=write_end)
+    finally:
+        os.close(write_end)
+    wait_until(lambda: "not printed; serving on" in server.log or server.process.poll() is not None,
+               "the server to get past its listening line")
+    with InferenceClient(server.address, timeout=10) as client:
+        assert client.live()
+        np.testing.assert_array_equal(client.infer("m", {"INPUT0": VALUES})["OUTPUT0"], VALUES)
+    assert server.process.poll() is None, server.log
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait_exit() == 0, server.log
+    assert "Traceback" not in server.log and "BrokenPipeError" not in server.log, server.log
+    assert "shutdown: done" in server.log

@@ -10,13 +10,14 @@ import pytest
 from service.signals import Decision, decide
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_stop_signal_while_serving_starts_the_shutdown(signum):
     assert decide(signum, shutting_down=False) is Decision.START_SHUTDOWN
 
 
-def test_sigterm_while_shutting_down_changes_nothing():
-    assert decide(signal.SIGTERM, shutting_down=True) is Decision.IGNORE
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_while_shutting_down_changes_nothing(signum):
+    assert decide(signum, shutting_down=True) is Decision.IGNORE
 
 
 def test_sigint_while_shutting_down_exits_now():
