@@ -42,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
              "with memory_limit (0 = no budget)")
     add("--no-load-at-startup", dest="load_at_startup", action="store_false",
         help="register the repository's models without loading them; the first request loads each")
-    add("--max-workers", type=int, default=64, help="gRPC handler threads (default: %(default)s)")
+    add("--max-workers", type=int, default=64,
+        help="gRPC handler threads kept (inference calls may use all but 8), and the calls one client connection "
+             "may have open at once (default: %(default)s)")
+    add("--max-concurrent-rpcs", type=int, default=ServerOptions.max_concurrent_rpcs, metavar="N",
+        help="calls open at once, of every kind, those still sending their request included (each holds a handler "
+             "thread); a call beyond it is refused at once with RESOURCE_EXHAUSTED (default: %(default)s)")
     add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes,
         help="largest request or response message (default: 1 GiB)")
     add("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
@@ -157,7 +162,8 @@ def option_fields(args: argparse.Namespace) -> dict:
         max_concurrent_loads=args.max_concurrent_loads, load_at_startup=args.load_at_startup,
         max_resident_models=args.max_resident_models, idle_unload=args.idle_unload,
         memory_budget=args.memory_budget,
-        max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
+        max_workers=args.max_workers, max_concurrent_rpcs=args.max_concurrent_rpcs,
+        max_message_bytes=args.max_message_bytes,
         drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
         stream_write_timeout=args.stream_write_timeout, log_format=args.log_format,
         metrics_port=args.metrics_port, shared_memory=args.shared_memory,

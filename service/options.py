@@ -23,7 +23,8 @@ class ServerOptions:
     max_queue: int = 0  # per-model limit of queued requests; 0 = none
     load_at_startup: bool = True  # load every repository model before reporting ready
     max_concurrent_loads: int = 1  # simultaneous cold loads across models
-    max_workers: int = 64  # gRPC handler threads
+    max_workers: int = 64  # gRPC handler threads kept (the handler budget below); one connection's calls at once
+    max_concurrent_rpcs: int = 1024  # calls open at once, all kinds; each holds a handler thread (service/server.py)
     control_threads: int = 8  # of max_workers, kept from inference: half for management, half for health and status
     max_message_bytes: int = DEFAULT_MESSAGE_BYTES
     reflection: bool = True
@@ -62,6 +63,9 @@ class ServerOptions:
         if self.control_threads < 1 or self.max_workers <= self.control_threads:
             problems.append(f"--max-workers ({self.max_workers}) must exceed the {self.control_threads} threads "
                             "kept for control calls")
+        if self.max_concurrent_rpcs < self.max_workers:
+            problems.append(f"--max-concurrent-rpcs ({self.max_concurrent_rpcs}) must be at least --max-workers "
+                            f"({self.max_workers})")
         if self.max_resident_models < 0:
             problems.append(f"--max-resident-models must be >= 0, got {self.max_resident_models}")
         if self.idle_unload < 0:
