@@ -43,11 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-load-at-startup", dest="load_at_startup", action="store_false",
         help="register the repository's models without loading them; the first request loads each")
     add("--max-workers", type=int, default=64,
-        help="gRPC handler threads kept (inference calls may use all but 8), and the calls one client connection "
-             "may have open at once (default: %(default)s)")
+        help="gRPC handler threads kept; inference calls may use all but 8 of them at once (default: %(default)s)")
     add("--max-concurrent-rpcs", type=int, default=ServerOptions.max_concurrent_rpcs, metavar="N",
         help="calls open at once, of every kind, those still sending their request included (each holds a handler "
-             "thread); a call beyond it is refused at once with RESOURCE_EXHAUSTED (default: %(default)s)")
+             "thread); a call beyond it is refused at once with RESOURCE_EXHAUSTED. One client connection may hold "
+             "a quarter of them, and at least --max-workers (default: %(default)s)")
     add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes,
         help="largest request or response message (default: 1 GiB)")
     add("--drain-seconds", type=float, default=0.0, metavar="SECONDS",

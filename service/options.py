@@ -9,6 +9,7 @@ from .auth import Secret, secret_of
 from .shared_memory import DEFAULT_MAX_BYTES, prefix_problem
 
 MAX_SLOTS = 16
+MAX_CONCURRENT_RPCS = 100_000  # each open call may hold a handler thread (about 45 KiB, docs/operations.md)
 DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhead fits with room to spare
 
 
@@ -23,7 +24,7 @@ class ServerOptions:
     max_queue: int = 0  # per-model limit of queued requests; 0 = none
     load_at_startup: bool = True  # load every repository model before reporting ready
     max_concurrent_loads: int = 1  # simultaneous cold loads across models
-    max_workers: int = 64  # gRPC handler threads kept (the handler budget below); one connection's calls at once
+    max_workers: int = 64  # gRPC handler threads kept; the handler budget (inference_handlers) is taken from them
     max_concurrent_rpcs: int = 1024  # calls open at once, all kinds; each holds a handler thread (service/server.py)
     control_threads: int = 8  # of max_workers, kept from inference: half for management, half for health and status
     max_message_bytes: int = DEFAULT_MESSAGE_BYTES
@@ -63,9 +64,9 @@ class ServerOptions:
         if self.control_threads < 1 or self.max_workers <= self.control_threads:
             problems.append(f"--max-workers ({self.max_workers}) must exceed the {self.control_threads} threads "
                             "kept for control calls")
-        if self.max_concurrent_rpcs < self.max_workers:
-            problems.append(f"--max-concurrent-rpcs ({self.max_concurrent_rpcs}) must be at least --max-workers "
-                            f"({self.max_workers})")
+        if not self.max_workers <= self.max_concurrent_rpcs <= MAX_CONCURRENT_RPCS:
+            problems.append(f"--max-concurrent-rpcs must be --max-workers ({self.max_workers})..{MAX_CONCURRENT_RPCS}"
+                            f", got {self.max_concurrent_rpcs}")
         if self.max_resident_models < 0:
             problems.append(f"--max-resident-models must be >= 0, got {self.max_resident_models}")
         if self.idle_unload < 0:

@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.handler_threads import LINGER_SECONDS
+from service.server import streams_per_connection
 from service.testing import serve
 from tests.integration._support import ROOT, from_raw, write_fixture_model
 
@@ -238,17 +239,18 @@ def test_calls_beyond_max_concurrent_rpcs_are_refused_at_once_and_admitted_again
                 channel.close()
 
 
-def test_one_connection_holds_at_most_max_workers_calls_and_others_are_not_held_up(repository):
-    with serve(repository, max_workers=16) as running:
-        with StalledCalls(running.address, 20, per_connection=20) as stalled:
-            assert eventually(lambda: waiting_for_a_request() == 16)
-            # The connection's 16 streams are taken: its next call waits in the client, not on the server.
+def test_one_connection_holds_at_most_a_quarter_of_max_concurrent_rpcs_and_others_are_not_held_up(repository):
+    with serve(repository, max_workers=16, max_concurrent_rpcs=80) as running:
+        assert streams_per_connection(running.server.options) == 20
+        with StalledCalls(running.address, 24, per_connection=24) as stalled:
+            assert eventually(lambda: waiting_for_a_request() == 20)
+            # The connection's 20 streams are taken: its next call waits in the client, not on the server.
             with pytest.raises(grpc.RpcError) as held:
                 pb_grpc.GRPCInferenceServiceStub(stalled.channels[0]).ServerLive(pb.ServerLiveRequest(), timeout=2)
             assert held.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             results = probe_times(running.address)
             assert _answered_in_time(results), results
-            assert waiting_for_a_request() == 16
+            assert waiting_for_a_request() == 20
 
 
 def test_shutdown_with_stalled_calls_open_keeps_its_bound_and_ends_them(repository):
@@ -264,3 +266,13 @@ def test_shutdown_with_stalled_calls_open_keeps_its_bound_and_ends_them(reposito
         threads = running.server.handler_threads
         assert eventually(lambda: threads.statistics().threads == 0), threads.statistics()
         assert waiting_for_a_request() == 0
+
+
+@pytest.mark.parametrize("value", ["63", "3000000000"])
+def test_max_concurrent_rpcs_outside_its_range_is_refused_before_anything_loads(repository, value):
+    result = subprocess.run([sys.executable, "-m", "service", "--model-repository", str(repository), "--port", "0",
+                             "--max-workers", "64", "--max-concurrent-rpcs", value],
+                            cwd=ROOT, capture_output=True, text=True, timeout=WAIT)
+    assert result.returncode == 2, result.stderr
+    assert f"--max-concurrent-rpcs must be --max-workers (64)..100000, got {value}" in result.stderr
+    assert "Traceback" not in result.stderr and "loaded" not in result.stderr
