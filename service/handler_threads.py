@@ -20,9 +20,9 @@ never stops accepting calls because a thread could not start.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
+import queue
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -62,22 +62,17 @@ class _Work:
             self.future.set_result(result)
 
 
-class _Waiter:
-    """An idle thread: woken alone (its own condition on the pool's lock) when a call is handed to it."""
-
-    __slots__ = ("wake", "work")
-
-    def __init__(self, lock: threading.Lock) -> None:
-        self.wake = threading.Condition(lock)
-        self.work: _Work | None = None
-
-
 class HandlerThreads(futures.Executor):
     """An executor that runs every submitted call at once on a thread of its own (see the module docstring).
 
     `submit` never blocks and never queues while threads can be started; it raises RuntimeError after
     `shutdown`, as ThreadPoolExecutor does. Threads are daemon threads, so a call abandoned at shutdown (hung in a
-    backend) never holds up the interpreter's exit."""
+    backend) never holds up the interpreter's exit.
+
+    How a call finds its thread, as in ThreadPoolExecutor: calls go through one queue; a thread about to wait on
+    it releases a token of `_idle_tokens`, and `submit` takes a token (never waiting) or else starts a thread.
+    So every queued call has a waiting thread of its own. A thread beyond `keep` that waited `linger` seconds
+    ends only if it can take a token back; otherwise a call is on its way to it."""
 
     def __init__(self, keep: int, *, linger: float = LINGER_SECONDS, name: str = "grpc-handler") -> None:
         if keep < 0 or linger < 0:
@@ -86,11 +81,12 @@ class HandlerThreads(futures.Executor):
         self._linger = linger
         self._name = name
         self._numbers = itertools.count(1)
-        self._lock = threading.Lock()  # guards: every field below and each _Waiter's work
-        self._idle: list[_Waiter] = []  # the most recently idle last: reused first, so the oldest retire
-        self._backlog: collections.deque[_Work] = collections.deque()  # only after a thread failed to start
+        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()  # None: end (shutdown)
+        self._idle_tokens = threading.Semaphore(0)  # one per waiting thread not yet claimed by a call
+        self._lock = threading.Lock()  # guards: every field below
         self._threads: set[threading.Thread] = set()
-        self._busy = 0
+        self._idle = 0  # threads waiting on the queue
+        self._backlog = 0  # calls queued with no thread for them (a thread could not start)
         self._peak = 0
         self._started = 0
         self._retired = 0
@@ -102,8 +98,8 @@ class HandlerThreads(futures.Executor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            self._busy += 1
-            if self._hand_to_idle_locked(work):
+            if self._idle_tokens.acquire(blocking=False):  # a waiting thread will take it
+                self._queue.put(work)
                 return work.future
             thread = threading.Thread(target=self._run, args=(work,), name=f"{self._name}-{next(self._numbers)}",
                                       daemon=True)
@@ -113,84 +109,101 @@ class HandlerThreads(futures.Executor):
         try:
             self._start(thread)
         except RuntimeError as error:  # "can't start new thread": out of memory or a pids limit
-            with self._lock:
-                self._threads.discard(thread)
-                self._started -= 1
-                self._start_failures += 1
-                if not self._hand_to_idle_locked(work):  # a thread may have gone idle meanwhile
-                    self._busy -= 1
-                    self._backlog.append(work)
-                backlog = len(self._backlog)
-            _LOG.warning("could not start a gRPC handler thread (%s); %d call(s) wait for a busy thread",
-                         error, backlog)
+            self._start_failed(thread, work, error)
         return work.future
 
     def _start(self, thread: threading.Thread) -> None:
         thread.start()
 
-    def _hand_to_idle_locked(self, work: _Work) -> bool:
-        if not self._idle:
-            return False
-        waiter = self._idle.pop()
-        waiter.work = work
-        waiter.wake.notify()
-        return True
+    def _start_failed(self, thread: threading.Thread, work: _Work, error: RuntimeError) -> None:
+        """Queue the call for the next thread that finishes its own (the backlog), and say so."""
+        with self._lock:
+            self._threads.discard(thread)
+            self._started -= 1
+            self._start_failures += 1
+            if self._closed:  # shut down meanwhile: no thread will take it
+                work.future.cancel()
+                return
+            self._backlog += 1
+            self._queue.put(work)
+            backlog = self._backlog
+        _LOG.warning("could not start a gRPC handler thread (%s); %d call(s) wait for a busy thread", error, backlog)
 
     def _run(self, work: _Work | None) -> None:
-        waiter = _Waiter(self._lock)
+        me = threading.current_thread()
         while work is not None:
             work.run()
             work = None  # let go of the call's objects before waiting for the next call
-            work = self._next_work(waiter)
+            work = self._next_work(me)
 
-    def _next_work(self, waiter: _Waiter) -> _Work | None:
-        """The next call for this thread, or None when it is to end (shut down, or idle too long beyond `keep`)."""
+    def _next_work(self, me: threading.Thread) -> _Work | None:
+        """The next call for this thread, or None when it is to end (shut down, or idle `linger` seconds while
+        more than `keep` threads are alive); a thread that ends has left `_threads` already."""
         with self._lock:
-            self._busy -= 1
-            if self._backlog:
-                self._busy += 1
-                return self._backlog.popleft()
             if self._closed:
-                return self._end_locked(waiter, idle=False)
-            self._idle.append(waiter)
-            while True:
-                waiter.wake.wait(self._linger)
-                if waiter.work is not None:  # handed a call (submit counted it busy)
-                    work, waiter.work = waiter.work, None
-                    return work
-                if self._closed:
-                    return self._end_locked(waiter, idle=True)
-                if len(self._threads) > self._keep:
-                    self._retired += 1
-                    return self._end_locked(waiter, idle=True)
-
-    def _end_locked(self, waiter: _Waiter, *, idle: bool) -> None:
-        if idle:
-            self._idle.remove(waiter)
-        self._threads.discard(threading.current_thread())
-        return None
+                self._threads.discard(me)
+                return None
+            if self._backlog:  # a call no thread was started for: taken without a token
+                self._backlog -= 1
+                work = self._queue.get()  # never waits: the call is queued already
+                if work is None:
+                    self._threads.discard(me)
+                return work
+            self._idle += 1
+            surplus = len(self._threads) > self._keep
+        self._idle_tokens.release()
+        while True:
+            try:
+                work = self._queue.get(timeout=self._linger) if surplus else self._queue.get()
+            except queue.Empty:
+                with self._lock:
+                    # Ending needs a token back; without one a call is on its way here.
+                    if len(self._threads) > self._keep and self._idle_tokens.acquire(blocking=False):
+                        self._idle -= 1
+                        self._threads.discard(me)
+                        self._retired += 1
+                        return None
+                    surplus = len(self._threads) > self._keep
+                continue
+            with self._lock:
+                self._idle -= 1
+                if work is None:  # shutdown's end marker
+                    self._threads.discard(me)
+            return work
 
     def statistics(self) -> HandlerThreadStatistics:
         with self._lock:
+            threads = len(self._threads)
             return HandlerThreadStatistics(
-                threads=len(self._threads), busy=self._busy, idle=len(self._idle), peak=self._peak,
-                started=self._started, retired=self._retired, backlog=len(self._backlog),
+                threads=threads, busy=threads - self._idle, idle=self._idle, peak=self._peak,
+                started=self._started, retired=self._retired, backlog=self._backlog,
                 start_failures=self._start_failures)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Refuse new calls and end idle threads; busy threads end after their call. `cancel_futures` cancels the
-        calls still in the backlog. `wait` joins every thread (without a timeout, like ThreadPoolExecutor)."""
+        calls not yet running (only a backlog has any). `wait` joins every thread (without a timeout, like
+        ThreadPoolExecutor). Idempotent."""
         with self._lock:
-            self._closed = True
-            for waiter in self._idle:
-                waiter.wake.notify()
-            cancelled = list(self._backlog) if cancel_futures else []
-            if cancel_futures:
-                self._backlog.clear()
-            threads = list(self._threads)
-        for work in cancelled:
-            work.future.cancel()
+            if self._closed:
+                threads = list(self._threads)
+            else:
+                self._closed = True
+                threads = list(self._threads)
+                if cancel_futures:
+                    self._cancel_queued_locked()
+                for _ in threads:  # one end marker per thread; a busy one reads it after its call
+                    self._queue.put(None)
         if wait:
             for thread in threads:
                 if thread is not threading.current_thread():
                     thread.join()
+
+    def _cancel_queued_locked(self) -> None:
+        while True:
+            try:
+                work = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if work is not None:
+                work.future.cancel()
+        self._backlog = 0

@@ -73,6 +73,21 @@ def test_threads_beyond_keep_end_after_linger_and_kept_threads_stay(pool):
     assert pool.statistics().started == 10
 
 
+def test_bursts_after_threads_retired_each_get_a_thread_per_call(pool):
+    """The idle accounting stays exact across bursts, retirements and reuse: a later burst never waits for a
+    thread that has ended."""
+    for burst in (30, 5, 40):
+        gate = threading.Event()
+        blocked = _blocked_calls(pool, burst, gate)  # fails unless every call of the burst starts at once
+        assert pool.submit(lambda: "still answered").result(timeout=WAIT) == "still answered"
+        gate.set()
+        for future in blocked:
+            future.result(timeout=WAIT)
+        _wait_for(lambda: pool.statistics().threads == 2, "the threads beyond keep=2 to end")
+    statistics = pool.statistics()
+    assert (statistics.busy, statistics.idle, statistics.backlog) == (0, 2, 0)
+
+
 def test_an_idle_thread_is_reused_rather_than_a_new_one_started():
     threads = HandlerThreads(keep=1, linger=WAIT)
     try:
