@@ -13,6 +13,10 @@ thread each while it lasts and nothing after. What bounds the threads is the gRP
 the per-connection stream limit; see `service/server.py` and docs/operations.md. The work inside a handler
 (inference, management) is bounded by `servicers/common.CallTracker`, not here.
 
+Threads keep the default stack size: only the pages a thread touches are resident (a stalled call measured about
+45 KiB), `threading.stack_size` would change every thread the process starts afterwards, and handler threads run
+engines (ONNX Runtime computes part of a graph on the calling thread) whose native stack use is not ours to bound.
+
 If the operating system refuses a thread (memory or a pids limit), the call waits in a backlog for the next
 thread that finishes its call, as it would in a fixed pool, and the refusal is logged and counted: the server
 never stops accepting calls because a thread could not start.
@@ -181,7 +185,7 @@ class HandlerThreads(futures.Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Refuse new calls and end idle threads; busy threads end after their call. `cancel_futures` cancels the
-        calls not yet running (only a backlog has any). `wait` joins every thread (without a timeout, like
+        calls queued but not yet taken by a thread. `wait` joins every thread (without a timeout, like
         ThreadPoolExecutor). Idempotent."""
         with self._lock:
             if self._closed:
