@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-workers", type=int, default=64, metavar="N",
         help="gRPC handler threads, 9..4096; 8 of them are kept for health, status and management calls "
              "(default: %(default)s)")
+    add("--max-concurrent-rpcs", type=int, default=ServerOptions.max_concurrent_rpcs, metavar="N",
+        help="calls open at once, of every kind, those still sending their request included (each holds a handler "
+             "thread); a call beyond it is refused at once with RESOURCE_EXHAUSTED. One client connection may hold "
+             "a quarter of them, and at least --max-workers; --max-workers..100000 (default: %(default)s)")
     add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes, metavar="BYTES",
         help=f"largest request or response message, {MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}: 64 KiB up to "
              "grpc's limit, 2 GiB - 1 (default: 1 GiB)")
@@ -190,7 +194,7 @@ def option_fields(args: argparse.Namespace) -> dict:
         max_concurrent_loads=args.max_concurrent_loads, load_at_startup=args.load_at_startup,
         max_resident_models=args.max_resident_models, idle_unload=args.idle_unload,
         memory_budget=args.memory_budget,
-        max_workers=args.max_workers, max_message_bytes=args.max_message_bytes,
+        max_workers=args.max_workers, max_concurrent_rpcs=args.max_concurrent_rpcs, max_message_bytes=args.max_message_bytes,
         enable_test_backends=args.enable_test_backends,
         max_request_tensor_bytes=args.max_request_tensor_bytes,
         max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,

@@ -10,6 +10,7 @@ from .shared_memory import DEFAULT_MAX_BYTES, prefix_problem
 from .tensor_memory import DEFAULT_IN_FLIGHT_BYTES, DEFAULT_REQUEST_BYTES
 
 MAX_SLOTS = 16
+MAX_CONCURRENT_RPCS = 100_000  # each open call may hold a handler thread (about 45 KiB, docs/operations.md)
 DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhead fits with room to spare
 # grpc takes its message limits as C ints: a larger value kills the server with an OverflowError after every
 # model loaded. Below 64 KiB even a model's metadata or a management status may not fit.
@@ -36,7 +37,8 @@ class ServerOptions:
     max_queue: int = 0  # per-model limit of queued requests; 0 = none
     load_at_startup: bool = True  # load every repository model before reporting ready
     max_concurrent_loads: int = 1  # simultaneous cold loads across models
-    max_workers: int = 64  # gRPC handler threads
+    max_workers: int = 64  # gRPC handler threads kept; the handler budget (inference_handlers) is taken from them
+    max_concurrent_rpcs: int = 1024  # calls open at once, all kinds; each holds a handler thread (service/server.py)
     control_threads: int = 8  # of max_workers, kept from inference: half for management, half for health and status
     max_message_bytes: int = DEFAULT_MESSAGE_BYTES
     reflection: bool = True
@@ -91,9 +93,13 @@ class ServerOptions:
                 continue
             if name == "max_workers" and _in_range(self.control_threads, *RANGES["control_threads"][1:]):
                 low = self.control_threads + 1  # inference needs at least one thread of its own
+            if name == "max_concurrent_rpcs" and _in_range(self.max_workers, *RANGES["max_workers"][1:]):
+                low = max(low, self.max_workers)  # every kept handler thread must be able to hold a call
             if not _in_range(value, low, high, kind):
                 why = f" ({self.control_threads} of them are kept for control calls)" if name == "max_workers" else ""
-                problems.append(f"{flag} must be {range_text(low, high, kind)}{why}, got {value!r}")
+                shown = (f"--max-workers ({low})..{high}" if name == "max_concurrent_rpcs" and low == self.max_workers
+                         else range_text(low, high, kind))
+                problems.append(f"{flag} must be {shown}{why}, got {value!r}")
         return problems
 
     @property
@@ -160,6 +166,7 @@ RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "max_queue": ("--max-queue", 0, None, "int"),
     "max_concurrent_loads": ("--max-concurrent-loads", 1, None, "int"),
     "max_workers": ("--max-workers", 2, MAX_WORKERS, "int"),
+    "max_concurrent_rpcs": ("--max-concurrent-rpcs", 1, MAX_CONCURRENT_RPCS, "int"),
     "control_threads": ("control_threads", 1, MAX_WORKERS - 1, "int"),
     "max_message_bytes": ("--max-message-bytes", MIN_MESSAGE_BYTES, MAX_MESSAGE_BYTES, "int"),
     "max_resident_models": ("--max-resident-models", 0, None, "int"),

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -27,6 +26,7 @@ from . import tls
 from .auth import Authenticator
 from .dataplane import Dataplane
 from .core.events import log_event
+from .handler_threads import HandlerThreads
 from .core.lifecycle import SharedRuntime
 from .metrics import ServerMetrics, SlotserveCollector
 from .options import ServerOptions
@@ -104,7 +104,7 @@ class Server:
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
         self.timers = TimerQueue("stream-write-timeouts")
-        self._executor: futures.ThreadPoolExecutor | None = None
+        self._executor: HandlerThreads | None = None
         self._grpc: grpc.Server | None = None
         self.port: int | None = None
         self._shutdown_lock = threading.Lock()  # guards: _shutdown_claimed
@@ -122,6 +122,11 @@ class Server:
         """The bound --metrics-port (the free port picked for 0), or None when metrics are not served."""
         return self.metrics.port
 
+    @property
+    def handler_threads(self) -> HandlerThreads | None:
+        """The gRPC handler threads (their `statistics()`), once the server is built."""
+        return self._executor
+
     def _start_metrics(self) -> None:
         """Serve /metrics when --metrics-port is set. Raises RuntimeError if its port cannot be bound."""
         port = self.options.metrics_port
@@ -133,12 +138,22 @@ class Server:
             raise RuntimeError(f"cannot serve metrics on {self.options.host}:{port}: {error}") from None
 
     def _build_grpc(self) -> grpc.Server:
+        """The gRPC server and its handler threads.
+
+        Every call gets a handler thread at once (`HandlerThreads`: grpcio reads a unary request on that thread,
+        so a fixed pool would let stalled calls take every thread and silence the health probes); --max-workers
+        threads are kept, more start on demand and end when idle. The threads are bounded by the calls open at
+        once, --max-concurrent-rpcs (beyond it grpcio refuses a call with RESOURCE_EXHAUSTED before it takes a
+        thread), and one connection holds at most `streams_per_connection` of them (HTTP/2
+        MAX_CONCURRENT_STREAMS: its further calls wait in the client), so one client cannot take the whole bound.
+        docs/operations.md ("Probes and stalled calls") has the figures."""
         limit = self.options.max_message_bytes
-        self._executor = futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc")
+        self._executor = HandlerThreads(keep=self.options.max_workers)
         server = grpc.server(
             self._executor,
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
-                     ("grpc.so_reuseport", 0)],
+                     ("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", streams_per_connection(self.options))],
+            maximum_concurrent_rpcs=self.options.max_concurrent_rpcs,
         )
         management = ManagementGate(self.options.allow_management,
                                     Authenticator(self.options.management_token, self.options.inference_token))
@@ -274,6 +289,14 @@ class Server:
     def wait(self) -> None:
         if self._grpc is not None:
             self._grpc.wait_for_termination()
+
+
+def streams_per_connection(options: ServerOptions) -> int:
+    """The calls one client connection may have open at once: a quarter of --max-concurrent-rpcs, so that one
+    client cannot take them all, but never fewer than --max-workers, so that one client can still use every
+    handler thread (a client near its connection's limit may see a call refused with UNAVAILABLE, "Stream
+    removed", as HTTP/2 refuses a stream beyond it)."""
+    return max(options.max_workers, options.max_concurrent_rpcs // 4)
 
 
 def _host_port(host: str, port: int) -> str:

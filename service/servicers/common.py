@@ -64,8 +64,10 @@ class CallTracker:
       disconnect, completion), and bounds the calls that can hold a handler thread for long, because the sync
       server pins a thread per call: inference calls (waiting for a slot, running, streaming) to
       `inference_limit`, and management calls (waiting for a model's earlier work; a bulk unload waits without
-      limit) to `management_limit`. The threads left over always serve health, readiness and status, so a
-      Kubernetes probe is answered however busy the server is. A call beyond its limit is refused at once.
+      limit) to `management_limit`, so that --max-workers threads cover them. Health, readiness and status are
+      not bounded: every call gets a thread at once (service/handler_threads.py, up to --max-concurrent-rpcs),
+      so a Kubernetes probe is answered however busy the server is, calls still waiting for their request
+      message included. A call beyond its limit is refused at once.
     * At shutdown, `cancel_all` fires every token and `wait_idle` waits, bounded, for handlers to return.
     """
 
