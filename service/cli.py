@@ -59,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
              "(default: %(default)s)")
     add("--max-concurrent-rpcs", type=int, default=ServerOptions.max_concurrent_rpcs, metavar="N",
         help="calls open at once, of every kind, those still sending their request included (each holds a handler "
-             "thread); a call beyond it is refused at once with RESOURCE_EXHAUSTED. One client connection may hold "
-             "a quarter of them, and at least --max-workers; --max-workers..100000 (default: %(default)s)")
+             "thread); a call beyond it is refused at once with RESOURCE_EXHAUSTED; --max-workers..100000 "
+             "(default: 1024, or --max-workers if larger)")
     add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes, metavar="BYTES",
         help=f"largest request or response message, {MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}: 64 KiB up to "
              "grpc's limit, 2 GiB - 1 (default: 1 GiB)")

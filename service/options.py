@@ -10,6 +10,7 @@ from .shared_memory import DEFAULT_MAX_BYTES, prefix_problem
 from .tensor_memory import DEFAULT_IN_FLIGHT_BYTES, DEFAULT_REQUEST_BYTES
 
 MAX_SLOTS = 16
+DEFAULT_CONCURRENT_RPCS = 1024
 MAX_CONCURRENT_RPCS = 100_000  # each open call may hold a handler thread (about 45 KiB, docs/operations.md)
 DEFAULT_MESSAGE_BYTES = 1 << 30  # 1 GiB: a 256 MiB tensor plus protocol overhead fits with room to spare
 # grpc takes its message limits as C ints: a larger value kills the server with an OverflowError after every
@@ -38,7 +39,9 @@ class ServerOptions:
     load_at_startup: bool = True  # load every repository model before reporting ready
     max_concurrent_loads: int = 1  # simultaneous cold loads across models
     max_workers: int = 64  # gRPC handler threads kept; the handler budget (inference_handlers) is taken from them
-    max_concurrent_rpcs: int = 1024  # calls open at once, all kinds; each holds a handler thread (service/server.py)
+    # Calls open at once, all kinds; each holds a handler thread (service/server.py). None: 1024, or --max-workers
+    # when that is larger (so raising --max-workers alone never makes the two disagree).
+    max_concurrent_rpcs: int | None = None
     control_threads: int = 8  # of max_workers, kept from inference: half for management, half for health and status
     max_message_bytes: int = DEFAULT_MESSAGE_BYTES
     reflection: bool = True
@@ -101,6 +104,13 @@ class ServerOptions:
                          else range_text(low, high, kind))
                 problems.append(f"{flag} must be {shown}{why}, got {value!r}")
         return problems
+
+    @property
+    def concurrent_rpcs(self) -> int:
+        """The bound on calls open at once that the gRPC server applies (--max-concurrent-rpcs or its default)."""
+        if self.max_concurrent_rpcs is not None:
+            return self.max_concurrent_rpcs
+        return max(DEFAULT_CONCURRENT_RPCS, self.max_workers)
 
     @property
     def inference_handlers(self) -> int:
@@ -180,7 +190,7 @@ RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "max_request_tensor_bytes": ("--max-request-tensor-bytes", 0, None, "int"),
     "max_inflight_tensor_bytes": ("--max-inflight-tensor-bytes", 0, None, "int"),
 }
-OPTIONAL_NUMBERS = frozenset({"parallel_jobs", "metrics_port"})  # None: not set
+OPTIONAL_NUMBERS = frozenset({"parallel_jobs", "metrics_port", "max_concurrent_rpcs"})  # None: not set
 
 
 def _in_range(value: object, low: float, high: float | None, kind: str) -> bool:

@@ -27,7 +27,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.handler_threads import LINGER_SECONDS
-from service.server import streams_per_connection
 from service.testing import serve
 from tests.integration._support import ROOT, from_raw, write_fixture_model
 
@@ -237,20 +236,6 @@ def test_calls_beyond_max_concurrent_rpcs_are_refused_at_once_and_admitted_again
                 assert live(pb.ServerLiveRequest(), timeout=WAIT).live
             finally:
                 channel.close()
-
-
-def test_one_connection_holds_at_most_a_quarter_of_max_concurrent_rpcs_and_others_are_not_held_up(repository):
-    with serve(repository, max_workers=16, max_concurrent_rpcs=80) as running:
-        assert streams_per_connection(running.server.options) == 20
-        with StalledCalls(running.address, 24, per_connection=24) as stalled:
-            assert eventually(lambda: waiting_for_a_request() == 20)
-            # The connection's 20 streams are taken: its next call waits in the client, not on the server.
-            with pytest.raises(grpc.RpcError) as held:
-                pb_grpc.GRPCInferenceServiceStub(stalled.channels[0]).ServerLive(pb.ServerLiveRequest(), timeout=2)
-            assert held.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            results = probe_times(running.address)
-            assert _answered_in_time(results), results
-            assert waiting_for_a_request() == 20
 
 
 def test_shutdown_with_stalled_calls_open_keeps_its_bound_and_ends_them(repository):
