@@ -279,8 +279,9 @@ class RegionSlice:
         try:
             while done < self.byte_size:  # the kernel reads at most ~2 GiB per call
                 count = os.preadv(descriptor, [view[done:]], self.start + done)
-                if count == 0:
-                    raise InvalidRequest(self._shrunk(self.byte_size, self.start + done, "nothing was read"))
+                if count == 0:  # the object ends at or before start + done (by fstat, where exactly)
+                    size = min(self.region.object_size(), self.start + done)
+                    raise InvalidRequest(self._shrunk(self.byte_size, size, "the request is refused"))
                 done += count
         except OSError as error:
             raise InvalidRequest(f"{self.what}: reading shared memory region '{self.region.name}' (key "

@@ -74,11 +74,11 @@ def mappings(key: str) -> int:
     return count
 
 
-def descriptors(key: str) -> int:
-    """How many descriptors of the shared-memory object `key` this process has open now."""
+def descriptors(key: str, pid: int | str = "self") -> int:
+    """How many descriptors of the shared-memory object `key` this process (or process `pid`) has open now."""
     target = f"/dev/shm/{key[1:]}"
     count = 0
-    for entry in os.scandir("/proc/self/fd"):
+    for entry in os.scandir(f"/proc/{pid}/fd"):
         try:
             link = os.readlink(entry.path)
         except FileNotFoundError:  # closed since the listing (the listing's own descriptor, for one)
