@@ -376,8 +376,9 @@ def test_shutdown_closes_every_region(tmp_path, shm):
 
 # ---- bad registrations ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["empty_name", "twice", "missing", "no_slash", "path", "bare_slash", "dot_dot",
-                                  "outside_prefix", "fifo", "folder", "zero_size", "past_the_end"])
+@pytest.mark.parametrize("case", ["empty_name", "long_name", "long_utf8_name", "huge_name", "long_key", "twice",
+                                  "missing", "no_slash", "path", "bare_slash", "dot_dot", "outside_prefix", "fifo",
+                                  "folder", "zero_size", "past_the_end"])
 def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(server, shm, case):
     existing = shm(4096)
     register(server.stub, "existing", existing.key, 4096, timeout=CALL_TIMEOUT)
@@ -386,6 +387,14 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
     name, key, offset, size = "r", target.key, 0, 100
     if case == "empty_name":
         name, says = "", ["needs a name"]
+    elif case == "long_name":
+        name, says = "n" * 256, ["name may be at most 255 bytes (UTF-8); this one has 256"]
+    elif case == "long_utf8_name":
+        name, says = "\u00e9" * 128, ["name may be at most 255 bytes (UTF-8); this one has 256"]
+    elif case == "huge_name":  # what once took 1 MiB of the server's memory per region
+        name, says = "n" * (1 << 20), [f"name may be at most 255 bytes (UTF-8); this one has {1 << 20}"]
+    elif case == "long_key":
+        key, says = PREFIX + "k" * 256, ["at most 255 bytes after the '/'"]
     elif case == "twice":
         name, says = "existing", ["'existing' is already registered", existing.key, "4096 bytes"]
     elif case == "missing":
@@ -421,9 +430,23 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
     assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
     for phrase in says:
         assert phrase in error.message, f"{phrase!r} not in {error.message!r}"
+    assert len(error.message) < 400
     assert status(server.stub) == {"existing": (existing.key, 0, 4096)}
     assert descriptors(target.key) == 0 and descriptors(existing.key) == 1
     assert server.registry.statistics().open_regions == 1
+
+
+def test_names_and_keys_of_255_bytes_are_accepted(server, shm):
+    """The bounds are NAME_MAX (255) bytes: a name that long registers and serves, as does a key of "/" and 255."""
+    source = shm(4096, "/" + (PREFIX[1:] + "k" * 255)[:255])
+    source.write(0, np.arange(4, dtype="<f4"))
+    name = "\u00e9" * 127 + "n"  # 255 bytes of UTF-8
+    register(server.stub, name, source.key, 4096, timeout=CALL_TIMEOUT)
+    request = pb.ModelInferRequest(model_name="identity_fp32")
+    in_region(request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4]), name, 16)
+    response = server.stub.ModelInfer(request, timeout=CALL_TIMEOUT)
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], "<f4"), np.arange(4))
+    assert status(server.stub) == {name: (source.key, 0, 4096)}
 
 
 def test_registering_beyond_the_byte_bound_is_refused_and_running_requests_count(server, shm):

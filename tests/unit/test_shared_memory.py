@@ -4,6 +4,9 @@ of the client's memory), outputs written whole or not at all, and what the regis
 
 from __future__ import annotations
 
+import resource
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -12,8 +15,10 @@ from generated import grpc_service_pb2 as pb
 from service.cli import build_parser, option_fields
 from service.core.errors import InvalidRequest
 from service.options import ServerOptions
-from service.shared_memory import (DEFAULT_MAX_BYTES, RegionNotFound, SharedMemoryLimit, SharedMemoryRegistry,
-                                   key_problem, prefix_problem)
+from service import shared_memory
+from service.shared_memory import (DEFAULT_MAX_BYTES, MAX_REGIONS, NAME_MAX, RegionNotFound, SharedMemoryLimit,
+                                   SharedMemoryRegistry, default_max_regions, key_problem, name_problem,
+                                   prefix_problem)
 from service.tensors import decode_request, encode_response
 from tests.integration._shm import ShmObject, descriptors, in_region, mappings
 
@@ -40,6 +45,59 @@ def shm():
 def test_keys_are_posix_shared_memory_names(key, problem):
     found = key_problem(key)
     assert (found is None) if problem is None else (problem in found), found
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("r", None), ("n" * 255, None), ("\u00e9" * 127 + "n", None), ("", "needs a name"),
+    ("n" * 256, "at most 255 bytes (UTF-8); this one has 256"), ("\u00e9" * 128, "this one has 256"),
+])
+def test_region_names_are_bounded_like_keys(name, problem):
+    found = name_problem(name)
+    assert (found is None) if problem is None else (problem in found), found
+    assert NAME_MAX == 255
+
+
+@pytest.mark.parametrize("soft, expected", [(64, 16), (1024, 256), (20000, MAX_REGIONS),
+                                            (resource.RLIM_INFINITY, MAX_REGIONS), (2, 1)])
+def test_the_region_bound_leaves_most_descriptors_to_the_rest_of_the_server(monkeypatch, soft, expected):
+    """Each open region holds a descriptor: under a low open-file limit the bound is a quarter of it, so regions
+    can never take the descriptors that connections need."""
+    monkeypatch.setattr(shared_memory.resource, "getrlimit", lambda which: (soft, resource.RLIM_INFINITY))
+    assert default_max_regions() == expected
+    assert SharedMemoryRegistry().max_regions == expected
+
+
+def test_the_registry_keeps_nothing_of_a_region_after_it_is_unregistered(shm):
+    """Names, keys and regions are freed at unregister (what 300 regions of 1 MiB names once kept: 250 MiB).
+    Counted with tracemalloc, by where the memory was allocated: this file and service/shared_memory.py only, so
+    other threads of the test process cannot disturb the figures."""
+    source = shm(4096)
+    registry = SharedMemoryRegistry()
+    sites = [tracemalloc.Filter(True, __file__), tracemalloc.Filter(True, shared_memory.__file__)]
+
+    def held() -> int:
+        return sum(stat.size for stat in tracemalloc.take_snapshot().filter_traces(sites).statistics("filename"))
+
+    tracemalloc.start()
+    try:
+        before = held()
+        names = [f"{index:03d}" + "n" * (NAME_MAX - 3) for index in range(300)]
+        for name in names:
+            registry.register(name, source.key, 0, 4096)
+        del names
+        registered = held() - before
+        assert descriptors(source.key) == 300
+        for index in range(300):
+            registry.unregister(f"{index:03d}" + "n" * (NAME_MAX - 3))
+        left = held() - before
+    finally:
+        tracemalloc.stop()
+    assert registered > 300 * NAME_MAX, registered  # the names and regions were counted while registered
+    # What stays is the emptied table's own slots (a dict does not shrink on removal), not the regions.
+    assert left < 32 * 1024, (registered, left)
+    statistics = registry.statistics()
+    assert (statistics.regions, statistics.open_regions, statistics.open_bytes) == (0, 0, 0)
+    assert descriptors(source.key) == 0
 
 
 def test_options_refuse_what_cannot_work():
