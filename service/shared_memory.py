@@ -405,7 +405,7 @@ class SharedMemoryRegistry:
         if not current:
             raise InvalidRequest(
                 f"shared memory region '{region.name}' was unregistered after this request was accepted and "
-                "before it ran; nothing was read from it or written to it")
+                "before it ran; nothing was written to it")
 
     def statistics(self) -> SharedMemoryStatistics:
         with self._lock:
