@@ -286,8 +286,6 @@ class RegionSlice:
         except OSError as error:
             raise InvalidRequest(f"{self.what}: reading shared memory region '{self.region.name}' (key "
                                  f"{self.region.key!r}) failed: {_reason(error)}") from None
-        finally:
-            view.release()
 
     def _shrunk(self, needed: int, size: int, consequence: str) -> str:
         region = self.region

@@ -57,7 +57,7 @@ class DecodedRequest:
     def check_regions(self) -> None:
         """Call when the request is about to run. Raises InvalidRequest if a region it names was unregistered
         since it was decoded (while it waited for a slot): it is refused rather than run on memory its client
-        has let go; nothing was read from or written to the region yet."""
+        has let go; nothing was written to the region yet."""
         for region in self.regions:
             region.check_current()
 
