@@ -454,9 +454,10 @@ def _open(name: str, key: str, offset: int, byte_size: int) -> int:
     Returns the descriptor. Raises InvalidRequest naming what is wrong (nothing left open then)."""
     where = f"shared memory region '{name}': key {key!r}"
     try:
-        # O_NONBLOCK and O_NOCTTY: whatever the name turns out to be (shm_open adds O_NOFOLLOW), opening it must not
-        # wait (a FIFO, a device) nor make it the server's terminal. Neither changes reads and writes of a regular
-        # file.
+        # O_NONBLOCK: opening must never wait, neither for a lease another process holds on the object (without
+        # it, open blocks for /proc/sys/fs/lease-break-time, 45 s by default, pinning a handler thread) nor on a
+        # FIFO or a device; O_NOCTTY: nor make one the server's terminal (shm_open adds O_NOFOLLOW). Neither flag
+        # changes reads and writes of a regular file.
         descriptor = _posixshmem.shm_open(key, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY, 0)
     except FileNotFoundError:
         raise InvalidRequest(f"{where} does not exist (create it with shm_open first)") from None
@@ -482,5 +483,8 @@ def _reason(error: Exception) -> str:
             return "it is a symbolic link, not a shared-memory object"
         if error.errno == errno.EINVAL:  # the name is valid (checked first), so it names a folder
             return "it is not a shared-memory object"
+        if error.errno == errno.EWOULDBLOCK:  # O_NONBLOCK: the open would have waited up to lease-break-time
+            return ("another process holds a lease on it (fcntl F_SETLEASE); opening it would wait for that "
+                    "process to let go")
         return error.strerror or str(error)
     return str(error)

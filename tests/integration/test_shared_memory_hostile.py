@@ -13,10 +13,14 @@ fixture's file gates; nothing is ordered by sleeping.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
+import grpc
 import numpy as np
 import pytest
 
+from client import ClientError
 from generated import grpc_service_pb2 as pb
 from tests.shutdown.harness import FileGates, ServerProcess, assert_ok, outcome, write_fixture_model
 
@@ -75,6 +79,11 @@ def shm(server):
     for item in objects:
         wait_until(lambda: descriptors(item.key, server.process.pid) == 0, f"the server to close {item.key}")
         item.close()
+
+
+def status(server) -> set[str]:
+    response = server.stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(), timeout=CALL_TIMEOUT)
+    return set(response.regions)
 
 
 def assert_alive(server) -> None:
@@ -216,3 +225,42 @@ def test_the_server_never_maps_a_region(server, shm):
     with open(f"/proc/{server.process.pid}/maps") as maps:
         assert item.path.name not in maps.read()
     assert descriptors(item.key, server.process.pid) == 1
+
+
+LEASE_HOLDER = """
+import fcntl, os, signal, sys
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # the kernel tells a lease holder with SIGIO that someone opens
+descriptor = os.open(sys.argv[1], os.O_RDONLY)
+try:
+    fcntl.fcntl(descriptor, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+except OSError as error:
+    print(f"no lease: {error}", flush=True)
+    sys.exit(0)
+print("leased", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_registering_an_object_another_process_holds_a_lease_on_is_refused_at_once(server, tmp_path):
+    """A read lease (fcntl F_SETLEASE) makes every open for writing wait until the holder lets go or the kernel's
+    lease-break-time (45 s) passes: a register must not pin a handler thread that long, so it is refused at once."""
+    item = ShmObject(4096)
+    holder = subprocess.Popen([sys.executable, "-c", LEASE_HOLDER, str(item.path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        said = holder.stdout.readline().strip()
+        if said != "leased":
+            pytest.skip(f"this kernel gives no lease on /dev/shm objects ({said})")
+        # The deadline is well below the 45 s an open would wait: a server that waits answers DEADLINE_EXCEEDED.
+        with pytest.raises(grpc.RpcError) as info:
+            server.stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(
+                name="leased", key=item.key, byte_size=4096), timeout=30)
+        error = ClientError.from_rpc_error(info.value)
+        assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
+        assert "holds a lease on it" in error.message and "'leased'" in error.message, error.message
+        assert descriptors(item.key, server.process.pid) == 0
+        assert "leased" not in status(server)
+    finally:
+        holder.kill()
+        holder.wait(timeout=CALL_TIMEOUT)
+        item.close()
