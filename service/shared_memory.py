@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import mmap
 import os
 import resource
 import stat
@@ -55,6 +56,8 @@ from .core.errors import InvalidRequest, ServiceError
 DEFAULT_MAX_BYTES = 1 << 30  # --shared-memory-max-bytes: as much as one request message may carry by default
 MAX_REGIONS = 4096  # open at once, at most; fewer when the open-file limit is low (see `default_max_regions`)
 NAME_MAX = 255  # bytes (UTF-8) of a region's name, and of a POSIX shared-memory key after its "/" (the file name)
+_PAGE = mmap.PAGESIZE
+_ITEM_ALIGNMENT = 64  # an input read from a region starts on a multiple of this (every datatype's alignment)
 CUDA_UNSUPPORTED = ("slotserve does not support CUDA shared memory; use system shared memory (start the server "
                     "with --shared-memory system). CUDA IPC is planned for the TensorRT engine")
 
@@ -222,7 +225,7 @@ class RegionSlice:
         """The slice's bytes read into a new read-only array of `dtype` and `shape` (one copy, made now: later
         changes to the object are not seen). The caller has checked that the slice holds exactly that many bytes.
         Raises InvalidRequest, naming region and sizes, when the object no longer holds the whole slice."""
-        data = np.empty(self.byte_size, np.uint8)  # numpy aligns it for every dtype
+        data = self._read_buffer()
         self._read_into(data)
         array = data.view(dtype).reshape(shape)
         array.flags.writeable = False
@@ -230,7 +233,7 @@ class RegionSlice:
 
     def buffer(self) -> memoryview:
         """The slice's bytes (read now, one copy) as a read-only memoryview. Raises as `array` does."""
-        data = bytearray(self.byte_size)
+        data = self._read_buffer()
         self._read_into(data)
         return memoryview(data).toreadonly()
 
@@ -269,6 +272,18 @@ class RegionSlice:
         size = self.region.object_size()
         if self.start + length > size:
             raise InvalidRequest(self._shrunk(length, size, "the output written there is lost"))
+
+    def _read_buffer(self) -> np.ndarray:
+        """An empty buffer of `byte_size` bytes placed for the kernel's copy: at the same offset within a page as
+        the slice's start in the object, so that source and target line up (the copy runs several times faster
+        than into numpy's own placement, 16 bytes past a page boundary, on x86 at least); where that offset
+        would misalign the tensor's items, at a page boundary."""
+        within = self.start % _PAGE
+        if within % _ITEM_ALIGNMENT:
+            within = 0
+        raw = np.empty(self.byte_size + _PAGE, np.uint8)
+        skip = (within - raw.ctypes.data) % _PAGE
+        return raw[skip:skip + self.byte_size]
 
     def _read_into(self, target) -> None:
         """Fill `target` (a writable buffer of `byte_size` bytes) from the slice. A read at or past the object's
