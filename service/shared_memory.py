@@ -14,8 +14,8 @@ the end returns fewer bytes (the request fails naming the region and both sizes)
 the object. No size check before the use is needed for safety, so there is no race to lose. A write still
 checks the size first (`RegionSlice.check_object`) and after, so that a shrunk region is refused rather than
 silently grown back; a shrink that lands between that check and the write makes the write extend the object
-again, never beyond the end of the region it registered. The price is one copy of each input (which used to be
-a view of a mapping): figures in docs/speed.md.
+again, never beyond the end of the region it registered. The price: each input is copied (a mapping gave a
+view), and the kernel's copies run slower than a memcpy into a mapping on some machines (docs/speed.md).
 
 A region's descriptor is opened when it is registered and closed when the last holder lets go. Its holders are
 the registry (from register to unregister) and every request that uses it (from decoding to the end of its
@@ -45,7 +45,6 @@ import os
 import resource
 import stat
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import _posixshmem  # CPython's own binding of shm_open (what multiprocessing.shared_memory uses)
