@@ -15,7 +15,8 @@ talks to 127.0.0.1 only. Sections, in order (all by default):
              `identity_fp32` at 1, 16 and 64 MiB, concurrency 1 and 4, on one slotserve started with
              `--shared-memory system`: perf_analyzer `--shared-memory system` (input and output in regions)
              against the gRPC path, alternating point by point; MB/s as above; ratio = median of the per-round
-             ratios shared memory / gRPC; beside them this machine's single-thread memcpy rate (64 MiB, warm).
+             ratios shared memory / gRPC; beside them this machine's single-thread memcpy rate (64 MiB, warm)
+             and the preadv / pwrite rates of a /dev/shm object (the server's two copies through a region).
   batching   the demo's weight-bound `mlp` (one row per request), perf_analyzer at concurrency 16 and 1: slotserve
              with `dynamic_batching { }` against the same weights without it (one server, --parallel-jobs 2)
              and against PyTriton (Triton's dynamic batcher, 2 instances, one onnxruntime session with the same

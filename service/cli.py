@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_shared_memory_flags(parser: argparse.ArgumentParser) -> None:
     """System shared memory (service/shared_memory.py): off by default, because registering a region makes the
-    server map host memory a client names."""
+    server read and write host memory a client names."""
     from .shared_memory import DEFAULT_MAX_BYTES
 
     group = parser.add_argument_group("shared memory")
@@ -105,14 +105,14 @@ def add_shared_memory_flags(parser: argparse.ArgumentParser) -> None:
         "--shared-memory", choices=("none", "system"), default="none",
         help="system: clients on this host may register POSIX shared-memory regions and pass tensors in them "
              "instead of in messages (Triton's system shared memory extension). Off by default: registering makes "
-             "the server map memory a client names, so enable it only where every client that can reach the port "
-             "is trusted to share this host's memory (e.g. a sidecar sharing the pod's /dev/shm); with "
+             "the server read and write memory a client names, so enable it only where every client that can reach "
+             "the port is trusted to share this host's memory (e.g. a sidecar sharing the pod's /dev/shm); with "
              "--inference-token, registering needs that token (default: %(default)s)")
     group.add_argument("--shared-memory-prefix", default="/", metavar="PREFIX",
-                       help="map only keys starting with PREFIX, e.g. /slotserve_ (keys are POSIX shared-memory "
+                       help="use only keys starting with PREFIX, e.g. /slotserve_ (keys are POSIX shared-memory "
                             "names: a leading '/', no other '/'; default: any)")
     group.add_argument("--shared-memory-max-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
-                       help="bytes mapped at once over all regions, counting unregistered regions that running "
+                       help="bytes registered at once over all regions, counting unregistered regions that running "
                             "requests still use, > 0; a register beyond it is refused (default: 1 GiB)")
 
 
@@ -154,7 +154,7 @@ def security_lines(options: ServerOptions) -> list[str]:
                           tls.describe(options))
     if options.shared_memory == "system":
         lines.append(f"shared memory: system, keys starting with {options.shared_memory_prefix!r}, at most "
-                     f"{options.shared_memory_max_bytes} bytes mapped at once")
+                     f"{options.shared_memory_max_bytes} bytes registered at once")
     else:
         lines.append("shared memory: off (start with --shared-memory system to enable it)")
     roots = options.allowed_model_roots

@@ -5,8 +5,8 @@ request. Raw inputs are decoded without copying (`np.frombuffer` over the reques
 
 With system shared memory (service/shared_memory.py), a tensor may instead name a registered region through its
 parameters `shared_memory_region`, `shared_memory_byte_size` and `shared_memory_offset`, as Triton defines them:
-such an input has no contents (raw_input_contents holds one entry per *other* input, in order), and is a numpy
-view over the mapping (no copy); such a requested output is written into the region (one copy) after the run,
+such an input has no contents (raw_input_contents holds one entry per *other* input, in order), and is read into
+an array of its own (one copy); such a requested output is written into the region (one copy) after the run,
 and the response names it (datatype, shape) with an empty raw_output_contents entry, as Triton's does. BYTES
 tensors use the protocol's serialized form there too. The decoded request holds a reference to every region it
 names until `DecodedRequest.release`.
@@ -58,7 +58,7 @@ class DecodedRequest:
     def check_regions(self) -> None:
         """Call when the request is about to run. Raises InvalidRequest if a region it names was unregistered
         since it was decoded (while it waited for a slot): it is refused rather than run on memory its client
-        has let go; nothing was read from or written to the region yet."""
+        has let go; nothing was written to the region yet."""
         for region in self.regions:
             region.check_current()
 
@@ -325,7 +325,7 @@ def _hold_slice(decoded: DecodedRequest, what: str, place: tuple[str, int, int],
 
 def _region_input(decoded: DecodedRequest, name: str, datatype: str, shape: tuple[int, ...], elements: int,
                   place: tuple[str, int, int], shared_memory: SharedMemoryRegistry | None) -> np.ndarray:
-    """An input read from shared memory: a read-only view of the mapping (BYTES elements are copied out)."""
+    """An input read from shared memory into a read-only array of its own (BYTES elements are copied out)."""
     what = f"input '{name}'"
     region_slice = _hold_slice(decoded, what, place, shared_memory)
     if datatype == "BYTES":
@@ -443,6 +443,7 @@ def _write_regions(to_write: list) -> None:
             raise InvalidRequest(
                 f"output '{name}' needs {needed} bytes and shared memory region '{target.region.name}' gives it "
                 f"{target.byte_size} ({BYTE_SIZE}); ask for at least {needed}")
+        target.check_object(needed)  # its client may have shrunk the object since registering the region
     for _name, target, item, dtype in to_write:
         target.write(item, dtype)
 

@@ -3,14 +3,18 @@ memory (perf_analyzer `--shared-memory system`) against the gRPC path, on one sl
 `--shared-memory system`, alternating point by point; beside them, this machine's single-thread memcpy rate.
 
 MB/s = request payload bytes per second (the output carries as many back). With shared memory the tensor is copied
-twice (ONNX Runtime's Identity writes its output, which the server copies into the output region; the input is
-read in place), so the rate is bound by how fast the machine copies memory: memcpy is the ceiling to compare with.
+three times: the server reads the input out of the client's object (`os.preadv` through its descriptor; it never
+maps a region, see service/shared_memory.py), ONNX Runtime's Identity writes its output, and the server writes
+that into the output region (`os.pwrite`). So the rate is bound by how fast the machine copies memory; beside
+memcpy the section measures those two kernel copies on a /dev/shm object of the same size.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
+import _posixshmem
 import numpy as np
 
 from ..common import DEMO_REPOSITORY, log
@@ -39,6 +43,31 @@ def memcpy_mb_per_s(size: int = 64 << 20, repeats: int = 15) -> list[float]:
     return rates
 
 
+def kernel_copy_mb_per_s(size: int = 64 << 20, repeats: int = 15) -> tuple[list[float], list[float]]:
+    """Single-thread rates of what the server does with a region: `os.preadv` out of a /dev/shm object into a warm
+    buffer, and `os.pwrite` from a warm buffer into the object (its pages already allocated), MB/s per repeat."""
+    key = f"/slotserve_bench_{os.getpid()}"
+    descriptor = _posixshmem.shm_open(key, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        _posixshmem.shm_unlink(key)  # gone from /dev/shm at once; the descriptor keeps it until closed
+        source = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+        spare = np.empty(size + 4096, np.uint8)  # the target starts on a page, as the server places its reads
+        target = spare[(-spare.ctypes.data) % 4096:][:size]
+        os.pwrite(descriptor, source, 0)  # allocate the object's pages first
+        os.preadv(descriptor, [target], 0)  # and fault the buffer's in
+        reads, writes = [], []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            os.preadv(descriptor, [target], 0)
+            reads.append(size / (time.perf_counter() - started) / 1e6)
+            started = time.perf_counter()
+            os.pwrite(descriptor, source, 0)
+            writes.append(size / (time.perf_counter() - started) / 1e6)
+        return reads, writes
+    finally:
+        os.close(descriptor)
+
+
 def _flags(path: str, elements: int) -> list[str]:
     if path == "gRPC":
         return []
@@ -48,10 +77,16 @@ def _flags(path: str, elements: int) -> list[str]:
 def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict) -> None:
     points = {(path, size, c): [] for path in PATHS for size in SHM_SIZES for c in SHM_CONCURRENCY}
     memcpy: list[float] = []
+    preadv: list[float] = []
+    pwrite: list[float] = []
     with launcher.slotserve("slotserve-shm", DEMO_REPOSITORY, ["--shared-memory", "system"]) as server:
         for round_index in range(args.rounds):
             memcpy += memcpy_mb_per_s()
-            log(f"shared memory round {round_index + 1}/{args.rounds}: memcpy {median(memcpy):.0f} MB/s")
+            reads, writes = kernel_copy_mb_per_s()
+            preadv += reads
+            pwrite += writes
+            log(f"shared memory round {round_index + 1}/{args.rounds}: memcpy {median(memcpy):.0f} MB/s, preadv "
+                f"{median(preadv):.0f} MB/s, pwrite {median(pwrite):.0f} MB/s")
             order = PATHS if round_index % 2 == 0 else PATHS[::-1]
             for size, elements in SHM_SIZES.items():
                 for c in SHM_CONCURRENCY:
@@ -64,9 +99,13 @@ def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Tab
                             + (f"{point['mb_per_s']:.0f} MB/s, " if ok(point) else "") + describe(point))
     raw["shared_memory"] = {f"{path} {size} c={c}": runs for (path, size, c), runs in points.items()}
     raw["memcpy_mb_per_s"] = memcpy
+    raw["shm_preadv_mb_per_s"] = preadv
+    raw["shm_pwrite_mb_per_s"] = pwrite
     ceiling = median(memcpy)
     table.add("shared_memory", "single-thread memcpy MB/s (64 MiB, warm): the ceiling", fmt(ceiling),
               mb_per_s=ceiling)
+    table.add("shared_memory", "single-thread preadv / pwrite MB/s of a /dev/shm object (64 MiB, warm)",
+              f"{fmt(median(preadv))} / {fmt(median(pwrite))}", preadv=median(preadv), pwrite=median(pwrite))
     for size in SHM_SIZES:
         for c in SHM_CONCURRENCY:
             s, g = points[("shared memory", size, c)], points[("gRPC", size, c)]

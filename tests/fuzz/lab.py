@@ -49,7 +49,7 @@ MAX_BATCH = 8
 LARGE_WIDTH = {"simple_identity": 6_000, "identity_fp32": 20_000, "gated": 20_000}
 
 
-# System shared memory: the server maps only keys under SHM_PREFIX. REGIONS are registered at startup (name ->
+# System shared memory: the server uses only keys under SHM_PREFIX. REGIONS are registered at startup (name ->
 # size); every test may name fuzz_in for inputs (random bytes, never written) and fuzz_out for outputs; only
 # test_shared_memory_fuzz writes seq_in and names seq_out. REGION_OBJECTS (filled by conftest.py) holds each
 # region's object, so an answer can be checked against what the region holds.

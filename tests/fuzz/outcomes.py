@@ -190,7 +190,7 @@ def assert_server_clean(running, stub, ledger: Ledger, before: dict[str, tuple[i
         assert status.queued_requests == 0, f"{status.model_id}: {status.queued_requests} request(s) still queued"
     shared = running.server.shared_memory.statistics()
     assert shared.holds == 0, f"{shared.holds} region reference(s) still held"
-    assert shared.regions == shared.mapped_regions == len(REGIONS), shared
+    assert shared.regions == shared.open_regions == len(REGIONS), shared
     after = statistics(running)
     for name in MODELS:
         success = after[name][0] - before[name][0]

@@ -1,8 +1,9 @@
-"""POSIX shared-memory objects made as a client makes them, for the shared-memory tests; and what the process has
-mapped (/proc/self/maps), to show that regions are mapped and unmapped when they should be.
+"""POSIX shared-memory objects made as a client makes them, for the shared-memory tests; and which descriptors of
+them the process has open (/proc/self/fd), to show that regions are opened and closed when they should be, and
+that nothing maps them (/proc/self/maps).
 
-The test side never maps an object itself (it reads and writes through a descriptor with pread/pwrite), so every
-mapping of a key that /proc/self/maps shows is the server's.
+The test side never maps an object, and opens one only for the length of one read or write, so every descriptor
+of a key that /proc/self/fd shows while a test counts them is the server's.
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ def mappings(key: str) -> int:
             fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
             if len(fields) == 6 and fields[5].rstrip("\n") in (target, target + " (deleted)"):
                 count += 1
+    return count
+
+
+def descriptors(key: str, pid: int | str = "self") -> int:
+    """How many descriptors of the shared-memory object `key` this process (or process `pid`) has open now."""
+    target = f"/dev/shm/{key[1:]}"
+    count = 0
+    for entry in os.scandir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(entry.path)
+        except FileNotFoundError:  # closed since the listing (the listing's own descriptor, for one)
+            continue
+        if link in (target, target + " (deleted)"):
+            count += 1
     return count
 
 

@@ -1,7 +1,7 @@
 """System shared memory through a real server (`--shared-memory system`): the three calls as Triton defines them,
-tensors in regions (inputs read from the mapping, outputs written into it), mixed with raw and typed contents,
-streams, what is mapped when (counted in /proc/self/maps), and every bad input refused with a message that names
-the region and the numbers, changing nothing.
+tensors in regions (inputs read from the object, outputs written into it), mixed with raw and typed contents,
+streams, which descriptors are open when (counted in /proc/self/fd), and every bad input refused with a message
+that names the region and the numbers, changing nothing.
 
 Expected values are computed here with numpy from what the test wrote into the regions.
 """
@@ -22,7 +22,7 @@ from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.testing import serve
 
-from ._shm import ShmObject, in_region, mappings, register, wait_until
+from ._shm import ShmObject, descriptors, in_region, mappings, register, wait_until
 from ._support import CALL_TIMEOUT, demo_subset, rpc_error, write_fixture_model
 
 PREFIX = "/slotserve_test_"
@@ -63,11 +63,11 @@ def lab(tmp_path_factory):
 @pytest.fixture
 def server(lab):
     """The module's server, left as found: after each test every region is unregistered, no request holds one and
-    nothing stays mapped."""
+    nothing stays open."""
     yield lab
     lab.controls.release_all()
     lab.stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=CALL_TIMEOUT)
-    wait_until(lambda: lab.registry.statistics().mapped_regions == 0, "every region unmapped")
+    wait_until(lambda: lab.registry.statistics().open_regions == 0, "every region closed")
     assert lab.registry.statistics().holds == 0
 
 
@@ -132,13 +132,14 @@ def test_register_status_unregister_as_triton_defines_them(server, shm):
     register(server.stub, "second", second.key, 1000, offset=8000, timeout=CALL_TIMEOUT)
     assert status(server.stub) == {"first": (first.key, 0, 4096), "second": (second.key, 8000, 1000)}
     assert status(server.stub, "second") == {"second": (second.key, 8000, 1000)}
-    assert mappings(first.key) == mappings(second.key) == 1
+    assert descriptors(first.key) == descriptors(second.key) == 1
+    assert mappings(first.key) == mappings(second.key) == 0  # never mapped: read and written through the descriptor
     unregister(server.stub, "first")
     assert status(server.stub) == {"second": (second.key, 8000, 1000)}
-    assert mappings(first.key) == 0  # nothing held it: unmapped at unregister
+    assert descriptors(first.key) == 0  # nothing held it: closed at unregister
     unregister(server.stub, "never-registered")  # OK, as in Triton
     unregister(server.stub)  # every region
-    assert status(server.stub) == {} and mappings(second.key) == 0
+    assert status(server.stub) == {} and descriptors(second.key) == 0
 
 
 def test_status_of_an_unknown_region_is_not_found_in_tritons_words(server):
@@ -152,12 +153,12 @@ def test_server_metadata_lists_the_extension(server):
     assert "system_shared_memory" in metadata.extensions and "cuda_shared_memory" not in metadata.extensions
 
 
-def test_one_region_under_two_names_is_mapped_twice_and_each_reads_its_own_range(server, shm):
+def test_one_region_under_two_names_is_opened_twice_and_each_reads_its_own_range(server, shm):
     source = shm(8192)
     source.write(4096, np.arange(4, dtype="<f4"))
     register(server.stub, "whole", source.key, 8192, timeout=CALL_TIMEOUT)
     register(server.stub, "tail", source.key, 4096, offset=4096, timeout=CALL_TIMEOUT)
-    assert mappings(source.key) == 2
+    assert descriptors(source.key) == 2
     for region, offset in (("whole", 4096), ("tail", 0)):
         request = pb.ModelInferRequest(model_name="identity_fp32")
         in_region(request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4]), region, 16, offset)
@@ -299,7 +300,7 @@ def test_a_streaming_model_writes_each_response_into_the_region(server, shm):
     assert server.registry.statistics().holds == 0
 
 
-# ---- what is mapped, and when -----------------------------------------------------------------------------------
+# ---- what is open, and when -------------------------------------------------------------------------------------
 
 def gated_request(region: str | None, values: np.ndarray, output_region: str | None = None) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="gated")
@@ -318,24 +319,24 @@ def test_unregistering_a_region_a_running_request_uses_unmaps_it_when_the_reques
     source = shm(values.nbytes)
     source.write(0, values)
     register(server.stub, "live", source.key, values.nbytes, timeout=CALL_TIMEOUT)
-    assert mappings(source.key) == 1
+    assert descriptors(source.key) == 1
     gate = server.controls.gate("gated", "execute").hold()
     running = server.stub.ModelInfer.future(gated_request("live", values), timeout=CALL_TIMEOUT)
     gate.wait_blocked(1)
     unregister(server.stub, "live")
-    # At once for new requests; the running one keeps its mapping.
+    # At once for new requests; the running one keeps its descriptor.
     assert status(server.stub) == {}
     error = rpc_error(server.stub.ModelInfer, gated_request("live", values))
     assert (error.code, error.reason) == ("NOT_FOUND", "region_not_found")
-    assert mappings(source.key) == 1
+    assert descriptors(source.key) == 1
     statistics = server.registry.statistics()
-    assert (statistics.regions, statistics.mapped_regions, statistics.holds) == (0, 1, 1)
+    assert (statistics.regions, statistics.open_regions, statistics.holds) == (0, 1, 1)
     gate.release()
     response = running.result(timeout=CALL_TIMEOUT)
     np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], "<f4"), values)
-    wait_until(lambda: mappings(source.key) == 0, "the mapping to go with the request")
+    wait_until(lambda: descriptors(source.key) == 0, "the descriptor to go with the request")
     statistics = server.registry.statistics()
-    assert (statistics.mapped_regions, statistics.mapped_bytes, statistics.holds) == (0, 0, 0)
+    assert (statistics.open_regions, statistics.open_bytes, statistics.holds) == (0, 0, 0)
 
 
 def test_a_region_unregistered_while_its_request_waits_for_a_slot_is_refused_and_nothing_is_written(server, shm):
@@ -359,24 +360,25 @@ def test_a_region_unregistered_while_its_request_waits_for_a_slot_is_refused_and
     assert error.code == "INVALID_ARGUMENT"
     assert "region 'queued_in' was unregistered after this request was accepted and before it ran" in error.message
     assert target.read(0, values.nbytes) == b"\xee" * values.nbytes
-    wait_until(lambda: mappings(source.key) == 0, "the unregistered region to be unmapped")
+    wait_until(lambda: descriptors(source.key) == 0, "the unregistered region to be closed")
 
 
-def test_shutdown_unmaps_every_region(tmp_path, shm):
+def test_shutdown_closes_every_region(tmp_path, shm):
     source = shm(4096)
     repository = demo_subset(tmp_path / "repository", "identity_fp32")
     with serve(repository, shared_memory="system") as running:
         register(pb_grpc.GRPCInferenceServiceStub(running.client.channel), "r", source.key, 4096,
                  timeout=CALL_TIMEOUT)
-        assert mappings(source.key) == 1
-    assert mappings(source.key) == 0
-    assert running.server.shared_memory.statistics().mapped_regions == 0
+        assert descriptors(source.key) == 1
+    assert descriptors(source.key) == 0
+    assert running.server.shared_memory.statistics().open_regions == 0
 
 
 # ---- bad registrations ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["empty_name", "twice", "missing", "no_slash", "path", "bare_slash", "dot_dot",
-                                  "outside_prefix", "fifo", "folder", "zero_size", "past_the_end"])
+@pytest.mark.parametrize("case", ["empty_name", "long_name", "long_utf8_name", "huge_name", "long_key", "twice",
+                                  "missing", "no_slash", "path", "bare_slash", "dot_dot", "outside_prefix", "fifo",
+                                  "folder", "zero_size", "past_the_end"])
 def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(server, shm, case):
     existing = shm(4096)
     register(server.stub, "existing", existing.key, 4096, timeout=CALL_TIMEOUT)
@@ -385,6 +387,14 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
     name, key, offset, size = "r", target.key, 0, 100
     if case == "empty_name":
         name, says = "", ["needs a name"]
+    elif case == "long_name":
+        name, says = "n" * 256, ["name may be at most 255 bytes (UTF-8); this one has 256"]
+    elif case == "long_utf8_name":
+        name, says = "\u00e9" * 128, ["name may be at most 255 bytes (UTF-8); this one has 256"]
+    elif case == "huge_name":  # what once took 1 MiB of the server's memory per region
+        name, says = "n" * (1 << 20), [f"name may be at most 255 bytes (UTF-8); this one has {1 << 20}"]
+    elif case == "long_key":
+        key, says = PREFIX + "k" * 256, ["at most 255 bytes after the '/'"]
     elif case == "twice":
         name, says = "existing", ["'existing' is already registered", existing.key, "4096 bytes"]
     elif case == "missing":
@@ -420,9 +430,23 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
     assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
     for phrase in says:
         assert phrase in error.message, f"{phrase!r} not in {error.message!r}"
+    assert len(error.message) < 400
     assert status(server.stub) == {"existing": (existing.key, 0, 4096)}
-    assert mappings(target.key) == 0 and mappings(existing.key) == 1
-    assert server.registry.statistics().mapped_regions == 1
+    assert descriptors(target.key) == 0 and descriptors(existing.key) == 1
+    assert server.registry.statistics().open_regions == 1
+
+
+def test_names_and_keys_of_255_bytes_are_accepted(server, shm):
+    """The bounds are NAME_MAX (255) bytes: a name that long registers and serves, as does a key of "/" and 255."""
+    source = shm(4096, "/" + (PREFIX[1:] + "k" * 255)[:255])
+    source.write(0, np.arange(4, dtype="<f4"))
+    name = "\u00e9" * 127 + "n"  # 255 bytes of UTF-8
+    register(server.stub, name, source.key, 4096, timeout=CALL_TIMEOUT)
+    request = pb.ModelInferRequest(model_name="identity_fp32")
+    in_region(request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4]), name, 16)
+    response = server.stub.ModelInfer(request, timeout=CALL_TIMEOUT)
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], "<f4"), np.arange(4))
+    assert status(server.stub) == {name: (source.key, 0, 4096)}
 
 
 def test_registering_beyond_the_byte_bound_is_refused_and_running_requests_count(server, shm):
@@ -431,9 +455,9 @@ def test_registering_beyond_the_byte_bound_is_refused_and_running_requests_count
     error = rpc_error(server.stub.SystemSharedMemoryRegister,
                       pb.SystemSharedMemoryRegisterRequest(name="more", key=more.key, byte_size=8192))
     assert (error.code, error.reason) == ("RESOURCE_EXHAUSTED", "shared_memory_limit")
-    assert f"takes 8192 bytes and {MAX_BYTES - 4096} are mapped already" in error.message
+    assert f"it takes 8192 bytes and {MAX_BYTES - 4096} are registered already" in error.message
     assert f"--shared-memory-max-bytes is {MAX_BYTES}" in error.message
-    assert "more" not in status(server.stub) and mappings(more.key) == 0
+    assert "more" not in status(server.stub) and descriptors(more.key) == 0
     register(server.stub, "more", more.key, 4096, timeout=CALL_TIMEOUT)  # what fits is still accepted
 
 
@@ -497,7 +521,7 @@ def test_a_bad_request_is_refused_naming_region_and_numbers_and_changes_nothing(
     assert target.read(0, target.size) == b"\xee" * target.size  # no output written
     assert status(server.stub) == before
     statistics = server.registry.statistics()
-    assert (statistics.holds, statistics.mapped_regions) == (0, 2)
+    assert (statistics.holds, statistics.open_regions) == (0, 2)
     # The same regions still serve a valid request.
     server.stub.ModelInfer(simple_in_regions(1, "in", "out"), timeout=CALL_TIMEOUT)
     np.testing.assert_array_equal(target.array(0, "<i4", (1, 16)), a + b)
@@ -512,10 +536,10 @@ def test_registering_needs_the_inference_token_when_one_is_set(tmp_path, shm):
         stub = pb_grpc.GRPCInferenceServiceStub(running.client.channel)
         error = rpc_error(stub.SystemSharedMemoryRegister,
                           pb.SystemSharedMemoryRegisterRequest(name="r", key=source.key, byte_size=4096))
-        assert error.code == "UNAUTHENTICATED" and mappings(source.key) == 0
+        assert error.code == "UNAUTHENTICATED" and descriptors(source.key) == 0
         register(stub, "r", source.key, 4096, timeout=CALL_TIMEOUT,
                  metadata=(("authorization", "Bearer secret-token"),))
-        assert mappings(source.key) == 1
+        assert descriptors(source.key) == 1
 
 
 def test_without_the_flag_a_request_naming_a_region_is_refused_saying_how_to_enable_it(tmp_path):

@@ -2,7 +2,7 @@
 shared-memory flows (clients/tritonclient_shm.py) and perf_analyzer `--shared-memory system`.
 
 The server runs in this process, so after each client the test also reads the server's shared-memory registry:
-the client's requests took region references, and nothing stays registered, held or mapped.
+the client's requests took region references, and nothing stays registered, held or open.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def server(slotserve, demo_repository):
 
 def assert_nothing_left(server) -> None:
     registry = server.server.shared_memory
-    wait_until(lambda: registry.statistics().mapped_regions == 0, "every region unmapped")
+    wait_until(lambda: registry.statistics().open_regions == 0, "every region closed")
     statistics = registry.statistics()
-    assert (statistics.regions, statistics.holds, statistics.lingering) == (0, 0, 0), statistics
+    assert (statistics.regions, statistics.holds, statistics.open_bytes) == (0, 0, 0), statistics
 
 
 def test_tritonclient_simple_flow_with_inputs_and_outputs_in_system_shared_memory(server, run_client):
