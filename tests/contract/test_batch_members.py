@@ -40,6 +40,36 @@ def batching(tmp_path):
         item.close()
 
 
+# ---- the small parts -----------------------------------------------------------------------------------------
+
+def test_describe_batching_names_the_rows_the_delay_and_the_preferred_sizes():
+    from types import SimpleNamespace
+
+    from engine.interface import BatchingSpec
+    from service.core.batching import describe_batching
+
+    spec = SimpleNamespace(max_batch_size=8, batching=BatchingSpec(max_queue_delay_us=2500,
+                                                                   preferred_batch_sizes=(2, 4)))
+    assert describe_batching(spec) == "up to 8 rows, delay 2500 us, preferred 2/4"
+    assert describe_batching(SimpleNamespace(max_batch_size=4, batching=BatchingSpec())) == "up to 4 rows, delay 0 us"
+    assert describe_batching(SimpleNamespace(max_batch_size=0, batching=None)) == ""
+
+
+def test_an_item_without_an_outcome_says_so_instead_of_answering_nothing():
+    item = _item(1.0, 1, CancelToken())
+    with pytest.raises(RuntimeError, match="the batch ended without an outcome"):
+        item.outcome()
+
+
+def test_a_detached_run_token_no_longer_follows_the_members():
+    tokens = [CancelToken() for _ in range(2)]
+    run = EveryoneGaveUp(tokens)
+    run.detach()
+    for token in tokens:
+        token.cancel("client")
+    assert not run.cancelled
+
+
 # ---- all but one gave up ------------------------------------------------------------------------------------
 
 def test_the_run_is_cancelled_only_once_every_member_gave_up():
@@ -190,17 +220,84 @@ def test_the_same_outputs_asked_in_another_order_batch_together_and_other_output
         lab.close()
 
 
-# ---- a backend fault ------------------------------------------------------------------------------------------
+# ---- a backend fault, and a run nobody awaits any more -----------------------------------------------------
 
-def test_after_a_backend_fault_every_member_gets_the_fault_itself(batching):
+class _Interrupt(BaseException):
+    """Stands in for KeyboardInterrupt or another asynchronous exception raised inside the backend's run."""
+
+
+@pytest.mark.parametrize("fault", [RuntimeError, _Interrupt], ids=["a-backend-bug", "an-asynchronous-exception"])
+def test_after_a_backend_fault_every_member_gets_the_fault_itself(batching, fault):
     env = batching({"m": {}})
     running, prepare = start_busy(env, "m")
     members = [env.infer("m", rows_of(float(i)), name=f"member{i}") for i in range(3)]
     env.wait_queued_requests("m", 3)
-    env.lab.gate("m", "execute").fail_arrival(2, RuntimeError("the backend broke"))  # the batch's run
+    env.lab.gate("m", "execute").fail_arrival(2, fault("the backend broke"))  # the batch's run
     prepare.release()
     running.result()
     errors = [member.error() for member in members]
-    assert all(isinstance(error, RuntimeError) and "the backend broke" in str(error) for error in errors), errors
-    assert {describe(error)[0].name for error in errors} == {"INTERNAL"}
+    assert all(isinstance(error, fault) and "the backend broke" in str(error) for error in errors), errors
+    if fault is RuntimeError:
+        assert {describe(error)[0].name for error in errors} == {"INTERNAL"}
     assert env.lab.status("m").active_slots == 0
+
+
+def test_a_batch_whose_every_member_gave_up_before_it_ran_is_not_run_and_its_leader_is_told_so(batching):
+    """Every member gives up between the batch's grant and its run (forced through the leader's pool lookup):
+    nothing runs, the leader's caller (the only one still waiting) gets CANCELLED naming it, the slot comes back."""
+    env = batching({"m": {}})
+    running, prepare = start_busy(env, "m")
+    tokens = [CancelToken() for _ in range(2)]
+    members = [env.infer("m", rows_of(float(i)), cancel=tokens[i], name=f"member{i}") for i in range(2)]
+    env.wait_queued_requests("m", 2)
+    entry = env.entry("m")
+    ensure_pool = entry._ensure_pool
+
+    def everyone_gives_up_first(cancel):
+        for token in tokens:
+            token.cancel("client")
+        return ensure_pool(cancel)
+
+    entry._ensure_pool = everyone_gives_up_first
+    prepare.release()
+    running.result()
+    leader, other = (member.error() for member in members)
+    assert describe(other)[0].name == "CANCELLED"  # it left by itself, or was told by its leader first
+    assert describe(leader)[0].name == "CANCELLED" and "every request of the batch gave up before it ran" in str(
+        leader), leader
+    assert env.controls.batches("m") == [1]  # only the busy request ran
+    env.lab.wait_status("m", lambda s: s.active_slots == 0, "the slot back")
+
+
+# ---- the run's timings -----------------------------------------------------------------------------------------
+
+def test_a_batch_records_its_stacking_and_run_times_once_and_within_the_wall_clock(batching):
+    import time
+
+    env = batching({"m": {}})
+    started = time.perf_counter_ns()
+    execute, tokens, members = run_a_held_batch(env, 2)
+    execute.release()
+    for member in members:
+        member.result()
+    wall = time.perf_counter_ns() - started
+    stats = env.entry("m").statistics.snapshot()
+    two = [size for size in stats.batch_stats if size.batch_size == 2]
+    assert len(two) == 1 and two[0].count == 1
+    for total in (two[0].compute_input_ns, two[0].compute_infer_ns, two[0].compute_output_ns):
+        assert 0 <= total <= wall, (total, wall)
+    assert two[0].compute_infer_ns > 0  # the run itself was held at its gate
+    # Each member's own record (ModelStatistics' compute_input / compute_infer, from its BatchItem) too.
+    assert stats.success.count == 3  # the busy request and the two members
+    for duration in (stats.compute_input, stats.compute_infer, stats.queue):
+        assert duration.count == 3 and 0 <= duration.ns <= 3 * wall, (duration, wall)
+
+
+# ---- a streaming model cannot batch -------------------------------------------------------------------------------
+
+def test_a_request_to_a_streaming_model_with_dynamic_batching_is_refused_naming_why(batching):
+    env = batching({"s": {"parameters": {"capacity": "1", "stream_responses": "2"}}})
+    error = env.infer("s", rows_of(1.0)).error()
+    assert isinstance(error, InvalidRequest), error
+    assert "streams its responses, which dynamic batching does not support" in str(error)
+    assert env.controls.batches("s") == []  # nothing ran
