@@ -229,7 +229,9 @@ class Server:
            (ONNX Runtime runs are terminated; engines that cannot be interrupted finish their run);
         5. handler threads get `margin` seconds to return; a call still hung in a backend is abandoned and logged;
         6. the engines of every model nobody holds are closed (a model held by an abandoned call is left).
-        No registry, model or socket lock is held while waiting for handlers.
+        No registry, model or socket lock is held while waiting for handlers. Every wait ends by one deadline
+        counted from this call's start, min(0.5, margin / 2) s before the bound, so that the steps after the
+        last wait and the process's exit fit inside the bound too.
         """
         with self._shutdown_lock:  # check and claim in one step: two callers must not both run it
             claimed_already, self._shutdown_claimed = self._shutdown_claimed, True
@@ -243,24 +245,29 @@ class Server:
         self.state.shutting_down = True
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         log_event(_LOG, "shutdown_draining", drain_seconds=drain)
-        if drain > 0:
-            threading.Event().wait(drain)  # keep serving while load balancers move away
-        stopped = self._grpc.stop(grace + 2 * margin) if self._grpc is not None else None
-        bound = time.monotonic() + grace + 2 * margin  # every later wait ends by then
+        # Every wait ends by `bound`, counted from the start (a step that began late cannot push it back), and
+        # `finish` before drain + grace + 2 x margin: the steps after the last wait (executor, timers, metrics)
+        # and the process's exit need that time, and a supervisor's grace set to the bound must not run out.
+        finish = min(0.5, margin / 2)
+        bound = started + drain + grace + 2 * margin - finish
 
-        def left(limit: float) -> float:
+        def left(limit: float = float("inf")) -> float:
             return max(0.0, min(limit, bound - time.monotonic()))
 
+        if drain > 0:
+            threading.Event().wait(drain)  # keep serving while load balancers move away
+        # gRPC cancels the calls still running when its stop grace runs out: at the bound.
+        stopped = self._grpc.stop(left()) if self._grpc is not None else None
         log_event(_LOG, "shutdown_closed_to_new_calls", calls=self.calls.active, grace_seconds=grace)
         # The reaper retires nothing more; a retirement it is in the middle of finishes on its own (its teardown
         # can be slow), and must not hold up the steps below: it is not waited for here.
         self.residency.stop(timeout=0.0)
-        if not self.calls.wait_idle(grace):
+        if not self.calls.wait_idle(max(0.0, started + drain + grace - time.monotonic())):
             log_event(_LOG, "shutdown_grace_over", calls=self.calls.active)
             for entry in self.registry.entries():
                 entry.admission.close()
             self.calls.cancel_all(SHUTDOWN)
-            self.calls.wait_idle(margin)
+            self.calls.wait_idle(left(margin))
         abandoned_calls = self.calls.active
         if abandoned_calls:
             log_event(_LOG, "shutdown_calls_abandoned", calls=abandoned_calls)

@@ -148,10 +148,15 @@ class Residency:
     def check_budget(self, entry, pool) -> None:
         """After a pool is built: fit it under --memory-budget, retiring LRU idle models if needed, and reserve
         its bytes until it is published (`on_published`) or its load fails (`cancel`).
-        Raises MemoryLimit (the caller frees the pool and publishes nothing)."""
+        Raises MemoryLimit (the caller frees the pool and publishes nothing); at once, evicting nobody, for a
+        pool larger than the whole budget, which no eviction could make room for."""
         if self.memory_budget <= 0:
             return
         needed = pool.memory_bytes()
+        if needed > self.memory_budget:
+            raise MemoryLimit(
+                f"memory_limit: model '{entry.name}' needs {needed} bytes, more than the whole "
+                f"{self.memory_budget}-byte budget (--memory-budget); no model was evicted for it")
         while True:
             with self._lock:
                 used = self._bytes_held_locked(exclude=entry)
