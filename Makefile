@@ -17,7 +17,7 @@ REPOSITORY ?= $(DEMO_REPOSITORY)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto models run test contract stress docs node-deps bench soak gpu-check lock clean
+.PHONY: help setup proto models run test contract stress docs node-deps bench soak gpu-check lock clean mutate
 
 help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
@@ -30,6 +30,7 @@ help:
 	@echo "make models   build the demo model repository into $(DEMO_REPOSITORY)"
 	@echo "make bench    measure speed against a bare grpcio server (prints a table, writes bench/results/)"
 	@echo "make soak     mixed traffic, faults and reloads for SOAK_SECONDS (default 300), then an audit"
+	@echo "make mutate   plant one bug at a time in the core and run its tests: kill rate per module, survivors"
 	@echo "make gpu-check  on an NVIDIA GPU machine: install the TensorRT extra the driver runs, build, compare with ONNX Runtime, time slots"
 
 setup: $(VENV)/.editable $(TRT_API_CU12)/.stamp
@@ -107,6 +108,13 @@ bench: setup models
 SOAK_SECONDS ?= 300
 soak: setup models
 	$(PY) soak/run.py --seconds $(SOAK_SECONDS)
+
+# A mutation run of the core (not a test, not part of `make test`: tens of minutes on two cores): one planted bug at
+# a time in service/core/admission.py, batching.py and residency.py, each module's tests run against it; prints the
+# kill rate per module and the survivors (docs/architecture.md, "Mutation run"). MUTATE_ARGS="--module batching".
+MUTATE_ARGS ?=
+mutate: setup
+	$(PY) -m tests.mutation.run $(MUTATE_ARGS)
 
 # On a machine with an NVIDIA GPU: asks the driver which TensorRT extra it runs (tensorrt-cu12 or tensorrt-cu13;
 # engine/tensorrt/driver.py says which and why, or why neither), installs it into a venv of its own (the test venv

@@ -63,7 +63,8 @@ LAST_RESULT = HERE / "last-result.txt"
 
 # Each module's tests, fastest-killing first (pytest runs them in this order with -x). In-process only: no test
 # here starts a server process or binds a fixed port, so mutants can run side by side.
-_CORE_UNIT = ["tests/unit/test_batch_delay_wakeups.py", "tests/unit/test_admission_interrupted.py"]
+_CORE_UNIT = ["tests/unit/test_admission_edges.py", "tests/unit/test_batch_delay_wakeups.py",
+              "tests/unit/test_admission_interrupted.py"]
 SUBSETS: dict[str, list[str]] = {
     "admission": [
         *_CORE_UNIT,

@@ -18,8 +18,8 @@ class Caller:
     """One `acquire` on its own thread. `outcome` is the returned ticket or the exception it raised (any
     BaseException: KeyboardInterrupt included, which the test then inspects)."""
 
-    def __init__(self, controller: AdmissionController, kind: TicketKind = TicketKind.REQUEST,
-                 deadline: float | None = None, *, name: str = "caller", **options) -> None:
+    def __init__(self, controller: AdmissionController, *, kind: TicketKind = TicketKind.REQUEST,
+                 deadline: float | None = None, name: str = "caller", **options) -> None:
         self.token = options.pop("cancel", None) or CancelToken()
         self.outcome = None
         self.done = threading.Event()

@@ -50,7 +50,7 @@ def test_an_interrupted_acquire_keeps_no_place_and_no_slot(monkeypatch, kind, af
     controller = AdmissionController("m", 1)
     holder = controller.acquire(REQUEST, None)
     monkeypatch.setattr(admission_module, "threading", _interrupting_threading("victim", after_grant))
-    victim = Caller(controller, kind, None, name="victim")
+    victim = Caller(controller, kind=kind, name="victim")
     if after_grant:
         wait_queued(controller, 1)
         controller.release(holder)  # the slot is handed to the victim, which is interrupted as it wakes
