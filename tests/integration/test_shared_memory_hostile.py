@@ -74,11 +74,14 @@ def shm(server):
         item.write(0, b"\xee" * item.size)
         register(server.stub, name, item.key, REGION_SIZE, offset=REGION_OFFSET, timeout=CALL_TIMEOUT)
         return item
-    yield make
-    server.stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=CALL_TIMEOUT)
-    for item in objects:
-        wait_until(lambda: descriptors(item.key, server.process.pid) == 0, f"the server to close {item.key}")
-        item.close()
+    try:
+        yield make
+        server.stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=CALL_TIMEOUT)
+        for item in objects:
+            wait_until(lambda: descriptors(item.key, server.process.pid) == 0, f"the server to close {item.key}")
+    finally:  # a server that died leaves them too
+        for item in objects:
+            item.close()
 
 
 def status(server) -> set[str]:
