@@ -99,8 +99,9 @@ def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None,
     bytes are read), for service/tensor_memory.py to refuse a request before that memory is taken.
 
     A fixed-size input counts its nbytes (a raw one is a view of its raw entry, which the request holds
-    meanwhile: that entry's length is counted; typed contents are copied); one in shared memory counts nothing (a
-    view of the mapping). A BYTES
+    meanwhile: that entry's length is counted; typed contents are copied); one in shared memory counts its
+    nbytes too, at most what the registered region holds past its offset (it is read into the server's own
+    memory: regions are never mapped, see service/shared_memory.py). A BYTES
     input counts BYTES_ELEMENT_COST per element plus its contents: raw or in a region, the contents less their
     4-byte lengths; typed, the contents' serialized size. A malformed input counts no more than decoding it
     allocates before refusing it (BYTES elements no more than its contents hold; a region slice no more than
@@ -138,8 +139,8 @@ def _input_bytes(tensor, datatype: datatypes.DataType, elements: int, placed: bo
                  shared_memory: SharedMemoryRegistry | None) -> int:
     """decoded_bytes of one input."""
     if datatype.name != "BYTES":
-        if placed:
-            return 0
+        if placed:  # read from the region into a buffer of the server's own, at decode
+            return min(elements * datatype.itemsize, _slice_size(tensor.parameters, shared_memory))
         if buffer is not None:
             return min(elements * datatype.itemsize, len(buffer))
         if datatype.contents_field is None:

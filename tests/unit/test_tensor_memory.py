@@ -166,11 +166,20 @@ def _in_region(request, name: str, datatype: str, region: str, size: int, offset
     tensor.parameters["shared_memory_offset"].int64_param = offset
 
 
-def test_inputs_in_shared_memory_count_only_bytes_elements():
+def test_inputs_in_shared_memory_count_what_reading_them_allocates():
+    """Regions are read into the server's own memory (never mapped), so a fixed-size input there costs its
+    nbytes like a raw one, and a BYTES one its elements and contents."""
     request = pb.ModelInferRequest(model_name="m")
     _in_region(request, "F", "FP32", "r", 40)
     _in_region(request, "S", "BYTES", "r", 60)
-    assert decoded_bytes(request, shared_memory=_Regions(r=4096)) == 10 * COST + 60 - 40
+    assert decoded_bytes(request, shared_memory=_Regions(r=4096)) == 40 + 10 * COST + 60 - 40
+
+
+def test_a_fixed_size_region_input_counts_no_more_than_the_region_holds():
+    request = pb.ModelInferRequest(model_name="m")
+    _in_region(request, "F", "FP32", "r", 40, offset=16)
+    assert decoded_bytes(request, shared_memory=_Regions(r=36)) == 20
+    assert decoded_bytes(request, shared_memory=_Regions(other=1 << 30)) == 0
 
 
 def test_a_region_slice_counts_no_more_than_the_region_holds():
