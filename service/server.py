@@ -256,8 +256,10 @@ class Server:
 
         if drain > 0:
             threading.Event().wait(drain)  # keep serving while load balancers move away
-        # gRPC cancels the calls still running when its stop grace runs out: at the bound.
-        stopped = self._grpc.stop(left()) if self._grpc is not None else None
+        # gRPC cancels the calls still running when its stop grace runs out: a little before the bound, so that
+        # the last wait below (until the bound) sees it done; ending both at the bound raced, and a hung call let
+        # go just after the shutdown returned could still answer its client OK.
+        stopped = self._grpc.stop(max(0.0, left() - finish / 2)) if self._grpc is not None else None
         log_event(_LOG, "shutdown_closed_to_new_calls", calls=self.calls.active, grace_seconds=grace)
         # The reaper retires nothing more; a retirement it is in the middle of finishes on its own (its teardown
         # can be slow), and must not hold up the steps below: it is not waited for here.
