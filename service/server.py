@@ -206,7 +206,7 @@ class Server:
         5. handler threads get `margin` seconds to return; a call still hung in a backend is abandoned and logged;
         6. the engines of every model nobody holds are closed (a model held by an abandoned call is left).
         No registry, model or socket lock is held while waiting for handlers. Every wait ends by one deadline
-        counted from this call's start, min(0.5, margin / 2) s before the bound, so that the steps after the
+        counted from this call's start, min(1, margin / 2) s before the bound, so that the steps after the
         last wait and the process's exit fit inside the bound too.
         """
         with self._shutdown_lock:  # check and claim in one step: two callers must not both run it
@@ -224,7 +224,7 @@ class Server:
         # Every wait ends by `bound`, counted from the start (a step that began late cannot push it back), and
         # `finish` before drain + grace + 2 x margin: the steps after the last wait (executor, timers, metrics)
         # and the process's exit need that time, and a supervisor's grace set to the bound must not run out.
-        finish = min(0.5, margin / 2)
+        finish = min(1.0, margin / 2)
         bound = started + drain + grace + 2 * margin - finish
 
         def left(limit: float = float("inf")) -> float:
@@ -232,8 +232,9 @@ class Server:
 
         if drain > 0:
             threading.Event().wait(drain)  # keep serving while load balancers move away
-        # gRPC cancels the calls still running when its stop grace runs out: at the bound.
-        stopped = self._grpc.stop(left()) if self._grpc is not None else None
+        # gRPC cancels the calls still running when its stop grace runs out: half the finishing time before the
+        # bound, so that the last wait (for gRPC to have stopped) sees them answered.
+        stopped = self._grpc.stop(max(0.0, left() - finish / 2)) if self._grpc is not None else None
         log_event(_LOG, "shutdown_closed_to_new_calls", calls=self.calls.active, grace_seconds=grace)
         # The reaper retires nothing more; a retirement it is in the middle of finishes on its own (its teardown
         # can be slow), and must not hold up the steps below: it is not waited for here.
