@@ -85,6 +85,7 @@ SUBSETS: dict[str, list[str]] = {
         "tests/contract/test_stream_statistics.py",
     ],
     "residency": [
+        "tests/unit/test_residency_edges.py",
         "tests/unit/test_residency_gaps.py",
         "tests/contract/test_memory_budget_never_fits.py",
         "tests/unit/test_core_smaller_defects.py",
