@@ -1,8 +1,8 @@
 """A mutation run of the core (`make mutate`): plant one small, plausible bug at a time in service/core/admission.py,
 batching.py and residency.py, run the tests that exercise that module, and count the bugs they catch.
 
-    python -m tests.mutation.run                      every module (prints a table, the survivors, writes
-                                                      tests/mutation/last-result.txt)
+    python -m tests.mutation.run                      every module: a table, the survivors; each module's
+                                                      result is kept in tests/mutation/last-result.txt
     python -m tests.mutation.run --module batching    one module
     python -m tests.mutation.run --list               the mutants, without running anything
     python -m tests.mutation.run --only KEY ...       just these mutants (keys as printed), verbose
@@ -85,6 +85,7 @@ SUBSETS: dict[str, list[str]] = {
         "tests/contract/test_stream_statistics.py",
     ],
     "residency": [
+        "tests/unit/test_residency_edges.py",
         "tests/unit/test_residency_gaps.py",
         "tests/contract/test_memory_budget_never_fits.py",
         "tests/unit/test_core_smaller_defects.py",
@@ -350,27 +351,50 @@ def _equivalents() -> dict[str, str]:
     return named
 
 
-def _report(results: dict[str, list[Outcome]], named: dict[str, str], baselines: dict[str, float]) -> str:
-    out = ["module      mutants  killed  timeout  equivalent  survived  kill rate (of non-equivalent)"]
-    survivors, stale = [], []
-    for module, outcomes in results.items():
-        killed = sum(o.verdict == "killed" for o in outcomes)
-        timeouts = sum(o.verdict == "timeout" for o in outcomes)
-        equivalent = [o for o in outcomes if o.verdict == "survived" and o.mutant.key in named]
-        survived = [o for o in outcomes if o.verdict in ("survived", "error") and o.mutant.key not in named]
-        stale += [o for o in outcomes if o.verdict in ("killed", "timeout") and o.mutant.key in named]
-        counted = len(outcomes) - len(equivalent)
-        rate = 100.0 * (killed + timeouts) / counted if counted else 100.0
-        out.append(f"{module:<11} {len(outcomes):>7}  {killed:>6}  {timeouts:>7}  {len(equivalent):>10}  "
-                   f"{len(survived):>8}  {rate:5.1f} %   (subset {baselines.get(module, 0):.0f} s unmutated)")
-        survivors += survived
-    if survivors:
-        out.append("\nsurvivors (a bug no test caught, or an equivalent mutant not yet named in equivalents.txt):")
-        out += [f"  {o.verdict:<8} line {o.mutant.line:<4} {o.mutant.key}" for o in survivors]
-    if stale:
-        out.append("\nnamed as equivalent but killed (remove from equivalents.txt):")
-        out += [f"  line {o.mutant.line:<4} {o.mutant.key}" for o in stale]
+HEADER = "module      mutants  killed  timeout  equivalent  survived  kill rate (of non-equivalent)"
+
+
+def _module_report(module: str, outcomes: list[Outcome], named: dict[str, str], baseline: float) -> str:
+    """One module's table row, then its survivors and any equivalents a test now kills."""
+    killed = sum(o.verdict == "killed" for o in outcomes)
+    timeouts = sum(o.verdict == "timeout" for o in outcomes)
+    equivalent = [o for o in outcomes if o.verdict == "survived" and o.mutant.key in named]
+    survived = [o for o in outcomes if o.verdict in ("survived", "error") and o.mutant.key not in named]
+    stale = [o for o in outcomes if o.verdict in ("killed", "timeout") and o.mutant.key in named]
+    counted = len(outcomes) - len(equivalent)
+    rate = 100.0 * (killed + timeouts) / counted if counted else 100.0
+    out = [f"{module:<11} {len(outcomes):>7}  {killed:>6}  {timeouts:>7}  {len(equivalent):>10}  "
+           f"{len(survived):>8}  {rate:5.1f} %   (subset {baseline:.0f} s unmutated)"]
+    out += [f"    survivor  {o.verdict:<8} line {o.mutant.line:<4} {o.mutant.key}" for o in survived]
+    out += [f"    named equivalent but killed (take it out of equivalents.txt): {o.mutant.key}" for o in stale]
     return "\n".join(out)
+
+
+def _report(results: dict[str, list[Outcome]], named: dict[str, str], baselines: dict[str, float]) -> str:
+    """The table of this run; a survivor is a bug no test caught, or an equivalent mutant not named yet."""
+    blocks = [_module_report(module, outcomes, named, baselines.get(module, 0.0))
+              for module, outcomes in results.items()]
+    return "\n".join([HEADER, *blocks])
+
+
+def _record(results, named, baselines) -> None:
+    """Keep each module's latest full run in LAST_RESULT (a run of one module replaces only its own block)."""
+    blocks: dict[str, str] = {}
+    if LAST_RESULT.exists():
+        current = None
+        for line in LAST_RESULT.read_text().splitlines():
+            if line.startswith("## "):
+                current = line[3:].split(",")[0]
+                blocks[current] = line
+            elif current is not None:
+                blocks[current] += "\n" + line
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    for module, outcomes in results.items():
+        blocks[module] = (f"## {module}, run {stamp} UTC\n" + HEADER + "\n"
+                          + _module_report(module, outcomes, named, baselines.get(module, 0.0)))
+    text = "\n\n".join(blocks[module].strip() for module in SUBSETS if module in blocks)
+    LAST_RESULT.write_text("# The last full run of each module of `make mutate` (python -m tests.mutation.run); "
+                           "docs/architecture.md says how to read it.\n\n" + text + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,9 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[module] = list(pool.map(one, found))
     report = _report(results, named, baselines)
     print("\n" + report)
-    if not args.only and not args.module:
-        LAST_RESULT.write_text(f"# make mutate, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC "
-                               f"(python -m tests.mutation.run)\n{report}\n")
+    if not args.only:
+        _record(results, named, baselines)
     return 0
 
 
