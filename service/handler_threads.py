@@ -9,8 +9,9 @@ large message slowly) hold every thread, and every later call, health probes inc
 `HandlerThreads` never queues a call: `submit` hands it to an idle thread or starts a new one. Threads beyond
 `keep` end once they have been idle for `linger` seconds, so a burst of stalled calls costs one mostly idle
 thread each while it lasts and nothing after. What bounds the threads is the gRPC server's
-`maximum_concurrent_rpcs` (a call beyond it is refused with RESOURCE_EXHAUSTED before it reaches an executor); see `service/server.py` and docs/operations.md. The work inside a handler
-(inference, management) is bounded by `servicers/common.CallTracker`, not here.
+`maximum_concurrent_rpcs` (a call beyond it is refused with RESOURCE_EXHAUSTED before it reaches an executor);
+see `service/server.py` and docs/operations.md. The work inside a handler (inference, management) is bounded by
+`servicers/common.CallTracker`, not here.
 
 Threads keep the default stack size: only the pages a thread touches are resident (a stalled call measured about
 45 KiB), `threading.stack_size` would change every thread the process starts afterwards, and handler threads run
