@@ -11,13 +11,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine.fixture import FixtureBackend
 from engine.interface import Backend
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from engine.repository import ModelRepository
@@ -27,7 +25,8 @@ from generated import grpc_service_pb2, management_pb2, management_pb2_grpc
 from . import tls
 from .auth import Authenticator
 from .dataplane import Dataplane
-from .events import log_event
+from .core.events import log_event
+from .handler_threads import HandlerThreads
 from .core.lifecycle import SharedRuntime
 from .metrics import ServerMetrics, SlotserveCollector
 from .options import ServerOptions
@@ -38,6 +37,7 @@ from .timers import TimerQueue
 from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
 from .shared_memory import SharedMemoryRegistry
+from .tensor_memory import TensorMemory
 
 _LOG = logging.getLogger(__name__)
 
@@ -47,10 +47,17 @@ INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceS
 MANAGEMENT_SERVICE = management_pb2.DESCRIPTOR.services_by_name["ModelManagement"].full_name
 
 
-def default_backends() -> dict[str, Backend]:
-    """The backends every server has. The TensorRT backend imports TensorRT and probes the GPU only when a
-    TensorRT model loads; without them that load fails with FAILED_PRECONDITION."""
-    return {"onnxruntime": OnnxRuntimeBackend(), "fixture": FixtureBackend(), "tensorrt": TensorRTBackend()}
+def default_backends(*, test_backends: bool = False) -> dict[str, Backend]:
+    """The backends a server has. The TensorRT backend imports TensorRT and probes the GPU only when a
+    TensorRT model loads; without them that load fails with FAILED_PRECONDITION. The test doubles
+    (engine/testing/: the fixture backend) are imported and added only with `test_backends`
+    (--enable-test-backends); without it a model naming them is refused by name."""
+    backends: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(), "tensorrt": TensorRTBackend()}
+    if test_backends:
+        from engine.testing import test_backends as make_test_backends
+
+        backends.update(make_test_backends())
+    return backends
 
 
 @dataclass(frozen=True)
@@ -74,19 +81,21 @@ class Server:
 
     def __init__(self, options: ServerOptions, backends: Mapping[str, Backend] | None = None) -> None:
         self.options = options
-        all_backends = dict(backends if backends is not None else default_backends())
+        all_backends = dict(backends if backends is not None
+                            else default_backends(test_backends=options.enable_test_backends))
         all_backends.update(options.extra_backends)
         self.residency = Residency(lambda: self.registry.entries(), max_resident_models=options.max_resident_models,
                                    memory_budget=options.memory_budget, idle_unload=options.idle_unload)
         self.runtime = SharedRuntime(backends=all_backends, max_queue=options.max_queue,
                                      cold_loads=ColdLoadGuard(options.max_concurrent_loads), residency=self.residency)
-        self.repository = ModelRepository(options.model_repository)
+        self.repository = ModelRepository(options.model_repository, allowed_roots=options.allowed_model_roots)
         self.registry = ModelRegistry(self.repository, self.runtime, RegistryPolicy(
             parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout))
         # System shared memory: a registry only when enabled (--shared-memory system).
         self.shared_memory = (SharedMemoryRegistry(options.shared_memory_prefix, options.shared_memory_max_bytes)
                               if options.shared_memory == "system" else None)
-        self.dataplane = Dataplane(self.registry, shared_memory=self.shared_memory)
+        self.dataplane = Dataplane(self.registry, shared_memory=self.shared_memory, tensor_memory=TensorMemory(
+            options.max_request_tensor_bytes, options.max_inflight_tensor_bytes))
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.
         self.metrics = ServerMetrics(SlotserveCollector(self.registry, self.residency, self.runtime.events,
@@ -95,7 +104,7 @@ class Server:
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
         self.timers = TimerQueue("stream-write-timeouts")
-        self._executor: futures.ThreadPoolExecutor | None = None
+        self._executor: HandlerThreads | None = None
         self._grpc: grpc.Server | None = None
         self.port: int | None = None
         self._shutdown_lock = threading.Lock()  # guards: _shutdown_claimed
@@ -113,6 +122,11 @@ class Server:
         """The bound --metrics-port (the free port picked for 0), or None when metrics are not served."""
         return self.metrics.port
 
+    @property
+    def handler_threads(self) -> HandlerThreads | None:
+        """The gRPC handler threads (their `statistics()`), once the server is built."""
+        return self._executor
+
     def _start_metrics(self) -> None:
         """Serve /metrics when --metrics-port is set. Raises RuntimeError if its port cannot be bound."""
         port = self.options.metrics_port
@@ -124,12 +138,22 @@ class Server:
             raise RuntimeError(f"cannot serve metrics on {self.options.host}:{port}: {error}") from None
 
     def _build_grpc(self) -> grpc.Server:
+        """The gRPC server and its handler threads.
+
+        Every call gets a handler thread at once (`HandlerThreads`: grpcio reads a unary request on that thread,
+        so a fixed pool would let stalled calls take every thread and silence the health probes); --max-workers
+        threads are kept, more start on demand and end when idle. The threads are bounded by the calls open at
+        once, --max-concurrent-rpcs (beyond it grpcio refuses a call with RESOURCE_EXHAUSTED before it takes a
+        thread). No per-connection stream limit: HTTP/2 refuses a stream beyond it, and a client's next call
+        racing the close of its last one then fails with UNAVAILABLE (the fuzz tests saw it). docs/operations.md ("Probes and stalled calls") has the
+        figures."""
         limit = self.options.max_message_bytes
-        self._executor = futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc")
+        self._executor = HandlerThreads(keep=self.options.max_workers)
         server = grpc.server(
             self._executor,
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                      ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=self.options.concurrent_rpcs,
         )
         management = ManagementGate(self.options.allow_management,
                                     Authenticator(self.options.management_token, self.options.inference_token))
@@ -232,8 +256,9 @@ class Server:
 
         if drain > 0:
             threading.Event().wait(drain)  # keep serving while load balancers move away
-        # gRPC cancels the calls still running when its stop grace runs out: half the finishing time before the
-        # bound, so that the last wait (for gRPC to have stopped) sees them answered.
+        # gRPC cancels the calls still running when its stop grace runs out: a little before the bound, so that
+        # the last wait below (until the bound) sees it done; ending both at the bound raced, and a hung call let
+        # go just after the shutdown returned could still answer its client OK.
         stopped = self._grpc.stop(max(0.0, left() - finish / 2)) if self._grpc is not None else None
         log_event(_LOG, "shutdown_closed_to_new_calls", calls=self.calls.active, grace_seconds=grace)
         # The reaper retires nothing more; a retirement it is in the middle of finishes on its own (its teardown
