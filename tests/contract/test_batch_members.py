@@ -98,6 +98,27 @@ def test_a_batch_whose_every_member_but_one_gave_up_still_runs_for_that_one(batc
     assert env.lab.status("m").active_slots == 0
 
 
+def test_a_member_that_wakes_at_its_admission_deadline_while_its_batch_runs_waits_on_for_its_result(batching):
+    """A member's deadline bounds its queueing only. Its timed wait (0.3 s, on a fake clock that stands still, so
+    it is never due) ends while its batch runs: it must go back to waiting for its leader, not give up."""
+    import time
+
+    env = batching({"m": {}})
+    running, prepare = start_busy(env, "m")
+    execute = env.lab.gate("m", "execute").hold_from(2)
+    members = [env.infer("m", rows_of(float(i)), timeout_us=300_000, name=f"member{i}") for i in range(3)]
+    env.wait_queued_requests("m", 3)
+    prepare.release()
+    running.result()
+    execute.wait_blocked(1)  # granted as one batch, running
+    woke = time.monotonic() + 1.0  # each member's 0.3 s wait has ended at least once by then
+    env.lab.wait_until(lambda: time.monotonic() > woke, "a second of the members' timed waits")
+    execute.release()
+    for index, member in enumerate(members):
+        np.testing.assert_array_equal(member.result(), rows_of(float(index)))
+    assert env.controls.batches("m") == [1, 3]
+
+
 # ---- members that left before the run, or failed their own check ------------------------------------------
 
 def _item(value: float, rows: int, token: CancelToken, before_run=None) -> BatchItem:

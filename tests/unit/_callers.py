@@ -11,7 +11,7 @@ from collections.abc import Callable
 from engine.interface import CancelToken
 from service.core.admission import AdmissionController, TicketKind
 
-WAIT = 10.0  # seconds a caller may take to be woken before the test reports a missing wake-up
+WAIT = 20.0  # seconds a caller may take to be woken before the test reports a missing wake-up (a busy machine)
 
 
 class Caller:
