@@ -38,14 +38,23 @@ from generated import model_config_pb2  # noqa: E402
 
 VERSION = "1"
 _NUMPY = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
-    "FP32": np.float32, "FP64": np.float64,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
 }
 
 
 def _datatype(config_type: int) -> str:
-    name = model_config_pb2.DataType.Name(config_type)[len("TYPE_"):]
+    name = model_config_pb2.DataType.Name(config_type)[len("TYPE_") :]
     return "BYTES" if name == "STRING" else name
 
 
@@ -58,8 +67,9 @@ class BareModel:
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(directory / VERSION / "model.onnx"), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(directory / VERSION / "model.onnx"), options, providers=["CPUExecutionProvider"]
+        )
         self.dtypes = {t.name: _NUMPY[_datatype(t.data_type)] for t in self.config.input}
         self.output_types = {t.name: _datatype(t.data_type) for t in self.config.output}
         self.output_names = [t.name for t in self.config.output]
@@ -67,8 +77,11 @@ class BareModel:
         self.metadata = pb.ModelMetadataResponse(name=self.name, versions=[VERSION], platform="onnxruntime_onnx")
         for tensors, target in ((self.config.input, self.metadata.inputs), (self.config.output, self.metadata.outputs)):
             for tensor in tensors:
-                target.add(name=tensor.name, datatype=_datatype(tensor.data_type),
-                           shape=([-1] if batch else []) + list(tensor.dims))
+                target.add(
+                    name=tensor.name,
+                    datatype=_datatype(tensor.data_type),
+                    shape=([-1] if batch else []) + list(tensor.dims),
+                )
         self.count = 0
 
 
@@ -105,8 +118,9 @@ class BareServicer(pb_grpc.GRPCInferenceServiceServicer):
         names = [request.name] if request.name else sorted(self.models)
         for name in names:
             model = self._model(name, context)
-            stats = response.model_stats.add(name=model.name, version=VERSION, inference_count=model.count,
-                                             execution_count=model.count)
+            stats = response.model_stats.add(
+                name=model.name, version=VERSION, inference_count=model.count, execution_count=model.count
+            )
             for field in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
                 getattr(stats.inference_stats, field).count = model.count
         return response
@@ -114,8 +128,10 @@ class BareServicer(pb_grpc.GRPCInferenceServiceServicer):
     def ModelInfer(self, request, context):
         model = self.models[request.model_name]
         raw = request.raw_input_contents
-        feed = {tensor.name: np.frombuffer(raw[i], dtype=model.dtypes[tensor.name]).reshape(tensor.shape)
-                for i, tensor in enumerate(request.inputs)}
+        feed = {
+            tensor.name: np.frombuffer(raw[i], dtype=model.dtypes[tensor.name]).reshape(tensor.shape)
+            for i, tensor in enumerate(request.inputs)
+        }
         names = [o.name for o in request.outputs] or model.output_names
         results = model.session.run(names, feed)
         response = pb.ModelInferResponse(model_name=model.name, model_version=VERSION, id=request.id)
@@ -139,9 +155,14 @@ def main(argv: list[str] | None = None) -> int:
         model = BareModel(args.model_repository / name)
         models[model.name] = model
     limit = 1 << 30
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers),
-                         options=[("grpc.max_receive_message_length", limit),
-                                  ("grpc.max_send_message_length", limit), ("grpc.so_reuseport", 0)])
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=args.workers),
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(BareServicer(models), server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     server.start()

@@ -27,7 +27,6 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-
 def infer_request(model: str, tensors: list[tuple[str, str, np.ndarray]]) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name=model)
     for name, datatype, array in tensors:
@@ -38,5 +37,6 @@ def infer_request(model: str, tensors: list[tuple[str, str, np.ndarray]]) -> pb.
 
 def channel(address: str) -> grpc.Channel:
     limit = 1 << 30
-    return grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", limit),
-                                                   ("grpc.max_send_message_length", limit)])
+    return grpc.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    )

@@ -36,8 +36,15 @@ def machine_info() -> dict:
             pass
     versions["perf_analyzer"] = perf_analyzer_version()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True)
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu": cpu, "memory": memory, "kernel": platform.release(),
-            "loadavg_start": list(os.getloadavg()), "versions": versions,
-            "git": (commit.stdout.strip() or "unknown") + ("+dirty" if dirty.stdout.strip() else "")}
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    )
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "memory": memory,
+        "kernel": platform.release(),
+        "loadavg_start": list(os.getloadavg()),
+        "versions": versions,
+        "git": (commit.stdout.strip() or "unknown") + ("+dirty" if dirty.stdout.strip() else ""),
+    }

@@ -30,17 +30,39 @@ class PerfAnalyzer:
         self.workdir = workdir
         self._runs = 0
 
-    def run(self, address: str, model: str, concurrency: int, shape: str | None = None,
-            extra: Sequence[str] = (), interval_ms: int | None = None) -> dict:
+    def run(
+        self,
+        address: str,
+        model: str,
+        concurrency: int,
+        shape: str | None = None,
+        extra: Sequence[str] = (),
+        interval_ms: int | None = None,
+    ) -> dict:
         """One perf_analyzer point (`extra`: more of its flags; `interval_ms`: a longer window for this point).
         Returns the CSV row's figures, or {"error": ...}."""
         interval_ms = interval_ms or self.interval_ms
         self._runs += 1
         out = self.workdir / f"pa-{self._runs}.csv"
-        command = [str(PERF_ANALYZER), "-i", "grpc", "-u", address, "-m", model,
-                   "--concurrency-range", f"{concurrency}:{concurrency}",
-                   "--measurement-interval", str(interval_ms), "--stability-percentage", "1000",
-                   "--max-trials", str(self.trials), "-f", str(out)]
+        command = [
+            str(PERF_ANALYZER),
+            "-i",
+            "grpc",
+            "-u",
+            address,
+            "-m",
+            model,
+            "--concurrency-range",
+            f"{concurrency}:{concurrency}",
+            "--measurement-interval",
+            str(interval_ms),
+            "--stability-percentage",
+            "1000",
+            "--max-trials",
+            str(self.trials),
+            "-f",
+            str(out),
+        ]
         if shape:
             command += ["--shape", shape]
         command += list(extra)
@@ -55,8 +77,11 @@ class PerfAnalyzer:
             saved.write_text(" ".join(command) + "\n\n" + result.stdout + "\n" + result.stderr)
             lines = [line.strip() for line in (result.stdout + result.stderr).splitlines() if line.strip()]
             errors = [line for line in lines if re.search(r"error|fail|unable|abort", line, re.I)] or lines[-3:]
-            return {"error": f"perf_analyzer exit {result.returncode}: " + " | ".join(errors[:3])[:400]
-                    + f" (output: {saved.relative_to(ROOT)})"}
+            return {
+                "error": f"perf_analyzer exit {result.returncode}: "
+                + " | ".join(errors[:3])[:400]
+                + f" (output: {saved.relative_to(ROOT)})"
+            }
         with open(out, newline="") as handle:
             rows = list(csv.DictReader(handle))
         if not rows:
@@ -68,28 +93,46 @@ class PerfAnalyzer:
 
         return {
             "infer_per_s": float(row["Inferences/Second"]),
-            "p50_ms": us("p50 latency") / 1000, "p90_ms": us("p90 latency") / 1000,
+            "p50_ms": us("p50 latency") / 1000,
+            "p90_ms": us("p90 latency") / 1000,
             "p99_ms": us("p99 latency") / 1000,
-            "client_send_us": us("Client Send"), "network_server_us": us("Network+Server Send/Recv"),
-            "server_queue_us": us("Server Queue"), "server_compute_input_us": us("Server Compute Input"),
+            "client_send_us": us("Client Send"),
+            "network_server_us": us("Network+Server Send/Recv"),
+            "server_queue_us": us("Server Queue"),
+            "server_compute_input_us": us("Server Compute Input"),
             "server_compute_infer_us": us("Server Compute Infer"),
-            "server_compute_output_us": us("Server Compute Output"), "client_recv_us": us("Client Recv"),
+            "server_compute_output_us": us("Server Compute Output"),
+            "client_recv_us": us("Client Recv"),
         }
 
 
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def measure(pa: PerfAnalyzer, server: ServerProcess, model: str, concurrency: int, shape: str | None = None,
-            extra: Sequence[str] = (), interval_ms: int | None = None):
+def measure(
+    pa: PerfAnalyzer,
+    server: ServerProcess,
+    model: str,
+    concurrency: int,
+    shape: str | None = None,
+    extra: Sequence[str] = (),
+    interval_ms: int | None = None,
+):
     point = pa.run(server.address, model, concurrency, shape, extra, interval_ms)
     if not ok(point):
         point["error"] = server.explain(point["error"])
     return point
 
 
-def measure_fp32_bytes(pa: PerfAnalyzer, server: ServerProcess, model: str, concurrency: int, elements: int,
-                       extra: Sequence[str] = (), interval_ms: int | None = None) -> dict:
+def measure_fp32_bytes(
+    pa: PerfAnalyzer,
+    server: ServerProcess,
+    model: str,
+    concurrency: int,
+    elements: int,
+    extra: Sequence[str] = (),
+    interval_ms: int | None = None,
+) -> dict:
     """`measure` with an FP32 input of `elements` values, adding `mb_per_s` (request payload bytes per second)."""
     point = measure(pa, server, model, concurrency, f"INPUT0:{elements}", extra, interval_ms)
     if ok(point):
@@ -100,6 +143,7 @@ def measure_fp32_bytes(pa: PerfAnalyzer, server: ServerProcess, model: str, conc
 def describe(point: dict) -> str:
     if not ok(point):
         return "ERROR " + point["error"]
-    return (f"{point['infer_per_s']:.1f} infer/s, p50 {point['p50_ms']:.2f} ms, p99 {point['p99_ms']:.2f} ms "
-            f"(server queue {point['server_queue_us']:.0f} us, infer {point['server_compute_infer_us']:.0f} us)")
-
+    return (
+        f"{point['infer_per_s']:.1f} infer/s, p50 {point['p50_ms']:.2f} ms, p99 {point['p99_ms']:.2f} ms "
+        f"(server queue {point['server_queue_us']:.0f} us, infer {point['server_compute_infer_us']:.0f} us)"
+    )

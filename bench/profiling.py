@@ -35,14 +35,30 @@ def profile_servers(args, servers: dict[str, ServerProcess], pa: PerfAnalyzer) -
         return {"error": "py-spy not found"}
     profiles = {}
     duration = max(3, int(pa.trials * pa.interval_ms / 1000))
-    plan = [("slotserve", "gil", ["--gil"]), ("slotserve", "gil-native", ["--gil", "--native"]),
-            ("bare", "gil", ["--gil"])]
+    plan = [
+        ("slotserve", "gil", ["--gil"]),
+        ("slotserve", "gil-native", ["--gil", "--native"]),
+        ("bare", "gil", ["--gil"]),
+    ]
     for name, mode, flags in plan:
         label = f"{name} {mode}"
         server = servers[name]
         out = RESULTS / f"profile-simple-c16-{name}-{mode}.raw"
-        command = [py_spy, "record", "-p", str(server.pid), "-d", str(duration), "-r", str(PROFILE_RATE),
-                   "-f", "raw", "-o", str(out), *flags]
+        command = [
+            py_spy,
+            "record",
+            "-p",
+            str(server.pid),
+            "-d",
+            str(duration),
+            "-r",
+            str(PROFILE_RATE),
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+            *flags,
+        ]
         recorder = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         point = pa.run(server.address, "simple", 16)
         try:
@@ -67,7 +83,7 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)
 
 def _frame_key(frame: str) -> str:
     if frame.startswith("0x") and frame.endswith(")"):
-        return "[" + frame[frame.find("(") + 1:-1] + "]"  # an unsymbolized native frame: keep the library
+        return "[" + frame[frame.find("(") + 1 : -1] + "]"  # an unsymbolized native frame: keep the library
     match = _FRAME.match(frame)
     if not match:
         return frame
@@ -75,7 +91,7 @@ def _frame_key(frame: str) -> str:
     for marker in ("site-packages/", str(ROOT) + "/", "/lib/python3"):
         index = path.find(marker)
         if index >= 0:
-            path = path[index + len(marker):] if marker != "/lib/python3" else "stdlib:" + path.rsplit("/", 1)[-1]
+            path = path[index + len(marker) :] if marker != "/lib/python3" else "stdlib:" + path.rsplit("/", 1)[-1]
             break
     return f"{match.group('function')} ({path})"
 
@@ -96,16 +112,20 @@ def summarize_profile(path: Path, top: int = 25) -> dict:
         own[frames[-1]] += n
         for frame in set(frames):
             inclusive[frame] += n
-    return {"samples": total,
-            "self": [(f, n, 100 * n / total) for f, n in own.most_common(top)] if total else [],
-            "inclusive": [(f, n, 100 * n / total) for f, n in inclusive.most_common(top)] if total else []}
+    return {
+        "samples": total,
+        "self": [(f, n, 100 * n / total) for f, n in own.most_common(top)] if total else [],
+        "inclusive": [(f, n, 100 * n / total) for f, n in inclusive.most_common(top)] if total else [],
+    }
 
 
 def render_profile(label: str, summary: dict) -> str:
     point = summary.get("perf_analyzer_while_profiling") or {}
-    lines = [f"py-spy on {label}, simple c=16: {summary['samples']} samples with the GIL held "
-             f"(~{100 * summary.get('gil_busy', float('nan')):.0f} % of the time); "
-             f"{fmt(point.get('infer_per_s', float('nan')))} infer/s while profiled"]
+    lines = [
+        f"py-spy on {label}, simple c=16: {summary['samples']} samples with the GIL held "
+        f"(~{100 * summary.get('gil_busy', float('nan')):.0f} % of the time); "
+        f"{fmt(point.get('infer_per_s', float('nan')))} infer/s while profiled"
+    ]
     for kind in ("self", "inclusive"):
         lines.append(f"\ntop {kind}:")
         lines += [f"  {pct:5.1f} %  {frame}" for frame, _n, pct in summary[kind]]

@@ -79,23 +79,38 @@ from bench.sections.slots import section_slots  # noqa: E402
 from bench.servers import Launcher  # noqa: E402
 from bench.table import Table  # noqa: E402
 
-SECTIONS = ("simple", "identity", "shared_memory", "batching", "slots", "memory", "admission", "coldload",
-            "bytes_memory")
+SECTIONS = (
+    "simple",
+    "identity",
+    "shared_memory",
+    "batching",
+    "slots",
+    "memory",
+    "admission",
+    "coldload",
+    "bytes_memory",
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="slotserve benchmarks (issue 7); see the module docstring.")
-    parser.add_argument("--quick", action="store_true",
-                        help="one round, 1 s windows, fewer repeats (about 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="one round, 1 s windows, fewer repeats (about 2 minutes)")
     parser.add_argument("--rounds", type=int, help="round-robin rounds per paired figure (default 3, quick 1)")
     parser.add_argument("--interval-ms", type=int, help="perf_analyzer measurement window (default 2000, quick 1000)")
     parser.add_argument("--trials", type=int, default=3, help="perf_analyzer windows per point (default 3)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
-    parser.add_argument("--slotserve-args", default="",
-                        help="extra flags for the slotserve under test in the simple, identity, shared_memory and "
-                             "coldload sections (default: none, i.e. what `make run` gives: one slot per model)")
-    parser.add_argument("--slotserve-root", type=Path, default=ROOT,
-                        help="checkout whose `service` package runs as slotserve (default: this one)")
+    parser.add_argument(
+        "--slotserve-args",
+        default="",
+        help="extra flags for the slotserve under test in the simple, identity, shared_memory and "
+        "coldload sections (default: none, i.e. what `make run` gives: one slot per model)",
+    )
+    parser.add_argument(
+        "--slotserve-root",
+        type=Path,
+        default=ROOT,
+        help="checkout whose `service` package runs as slotserve (default: this one)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy both servers during a c=16 simple run")
     parser.add_argument("--py-spy", help="path of the py-spy executable (default: bench/.venv-pa/bin, then PATH)")
     parser.add_argument("--json", type=Path, default=RESULTS / "latest.json")
@@ -127,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     info = machine_info()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     launcher = Launcher(args.slotserve_root, shlex.split(args.slotserve_args))
     table, raw, errors = Table(), {}, {}
     with tempfile.TemporaryDirectory(prefix="slotserve-bench-") as scratch:
@@ -154,18 +169,25 @@ def main(argv: list[str] | None = None) -> int:
                 table.add(section, f"{section} section", f"FAILED: {errors[section][:120]}")
     info["loadavg_end"] = list(os.getloadavg())
     runtime = time.perf_counter() - started
-    settings = {"rounds": args.rounds, "interval_ms": args.interval_ms, "trials": args.trials,
-                "quick": args.quick, "slotserve_args": args.slotserve_args,
-                "slotserve_root": str(args.slotserve_root), "runtime_s": round(runtime, 1)}
-    header = (f"slotserve bench, {date}: {info['nproc']} CPU(s) {info['cpu']}, load avg "
-              f"{info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}; git {info['git']}; "
-              f"{args.rounds} round(s) x {args.trials} x {args.interval_ms} ms windows, "
-              f"{info['versions']['perf_analyzer']}"
-              f"; slotserve flags: {args.slotserve_args or '(defaults)'}"
-              + (f"; slotserve from {args.slotserve_root}" if args.slotserve_root != ROOT else "")
-              + f"; {runtime:.0f} s")
-    document = {"date": date, "machine": info, "settings": settings, "rows": table.rows, "raw": raw,
-                "errors": errors}
+    settings = {
+        "rounds": args.rounds,
+        "interval_ms": args.interval_ms,
+        "trials": args.trials,
+        "quick": args.quick,
+        "slotserve_args": args.slotserve_args,
+        "slotserve_root": str(args.slotserve_root),
+        "runtime_s": round(runtime, 1),
+    }
+    header = (
+        f"slotserve bench, {date}: {info['nproc']} CPU(s) {info['cpu']}, load avg "
+        f"{info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}; git {info['git']}; "
+        f"{args.rounds} round(s) x {args.trials} x {args.interval_ms} ms windows, "
+        f"{info['versions']['perf_analyzer']}"
+        f"; slotserve flags: {args.slotserve_args or '(defaults)'}"
+        + (f"; slotserve from {args.slotserve_root}" if args.slotserve_root != ROOT else "")
+        + f"; {runtime:.0f} s"
+    )
+    document = {"date": date, "machine": info, "settings": settings, "rows": table.rows, "raw": raw, "errors": errors}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(document, indent=2, default=str) + "\n")
     print(header)
@@ -173,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     for mode, summary in (raw.get("profile") or {}).items():
         if isinstance(summary, dict) and "self" in summary:
             print()
-            print(render_profile(mode, {**summary, "self": summary["self"][:12],
-                                        "inclusive": summary["inclusive"][:15]}), end="")
+            print(
+                render_profile(mode, {**summary, "self": summary["self"][:12], "inclusive": summary["inclusive"][:15]}),
+                end="",
+            )
     print(f"(JSON: {args.json})")
     return 0
 

@@ -43,13 +43,15 @@ class ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.environment)
         started = time.perf_counter()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.process = subprocess.Popen(self.argv, cwd=self.cwd, stdout=out, stderr=err,
-                                            stdin=subprocess.DEVNULL, env=env)
+            self.process = subprocess.Popen(
+                self.argv, cwd=self.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env
+            )
         deadline = started + timeout
         while time.perf_counter() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.label} exited with {self.process.returncode} before listening; "
-                                   f"see {self.stderr_path}")
+                raise RuntimeError(
+                    f"{self.label} exited with {self.process.returncode} before listening; see {self.stderr_path}"
+                )
             match = re.search(r"listening on (\S+):(\d+)", self.stdout_path.read_text(errors="replace"))
             if match:
                 host = match.group(1).strip("[]")
@@ -128,13 +130,30 @@ class Launcher:
         self.slotserve_args = slotserve_args
 
     def slotserve(self, label: str, repository: Path, extra: list[str] = (), *, default_args: bool = True):
-        argv = [sys.executable, "-m", "service", "--model-repository", str(repository), "--port", "0",
-                *(self.slotserve_args if default_args else []), *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "service",
+            "--model-repository",
+            str(repository),
+            "--port",
+            "0",
+            *(self.slotserve_args if default_args else []),
+            *extra,
+        ]
         return ServerProcess(label, argv, self.slotserve_root)
 
     def bare(self, label: str = "bare"):
-        argv = [sys.executable, str(BENCH / "bare_server.py"), "--port", "0",
-                "--model-repository", str(DEMO_REPOSITORY), "--models", "simple,identity_fp32"]
+        argv = [
+            sys.executable,
+            str(BENCH / "bare_server.py"),
+            "--port",
+            "0",
+            "--model-repository",
+            str(DEMO_REPOSITORY),
+            "--models",
+            "simple,identity_fp32",
+        ]
         return ServerProcess(label, argv, ROOT)
 
 

@@ -50,15 +50,15 @@ class Table:
     def __init__(self) -> None:
         self.rows: list[dict] = []
 
-    def add(self, section: str, figure: str, value: str, target: str = "", met: bool | None = None,
-            **data) -> None:
-        self.rows.append({"section": section, "figure": figure, "value": value, "target": target,
-                          "met": met, **data})
+    def add(self, section: str, figure: str, value: str, target: str = "", met: bool | None = None, **data) -> None:
+        self.rows.append({"section": section, "figure": figure, "value": value, "target": target, "met": met, **data})
 
     def render(self) -> str:
         headers = ("figure", "value", "target", "met?")
-        cells = [(r["figure"], r["value"], r["target"] or "-",
-                  "" if r["met"] is None else ("yes" if r["met"] else "NO")) for r in self.rows]
+        cells = [
+            (r["figure"], r["value"], r["target"] or "-", "" if r["met"] is None else ("yes" if r["met"] else "NO"))
+            for r in self.rows
+        ]
         widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
         line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |"
         rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
@@ -68,4 +68,3 @@ class Table:
 
 def met_if(value: float, predicate) -> bool | None:
     return None if value != value else bool(predicate(value))
-

@@ -57,8 +57,9 @@ def parse_parameters(items: Iterable[str]) -> dict[str, Any]:
     return result
 
 
-def load_inputs(specs: Iterable[str], explicit: Mapping[str, str],
-                model_datatypes: Callable[[], Mapping[str, str]]) -> dict[str, np.ndarray]:
+def load_inputs(
+    specs: Iterable[str], explicit: Mapping[str, str], model_datatypes: Callable[[], Mapping[str, str]]
+) -> dict[str, np.ndarray]:
     """Arrays for --input NAME=PATH.npy / NAME=JSON values.
 
     A .npy array keeps its dtype unless --datatype names one. A JSON value takes its --datatype, else the
@@ -86,8 +87,10 @@ def _npy_input(name: str, path: str, datatype: str | None) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
     except ValueError as error:
-        raise UsageError(f"--input {name}: {path} is not a plain .npy array ({error}); save BYTES as a "
-                         "fixed-width bytes or str array (dtype 'S' or 'U')") from None
+        raise UsageError(
+            f"--input {name}: {path} is not a plain .npy array ({error}); save BYTES as a "
+            "fixed-width bytes or str array (dtype 'S' or 'U')"
+        ) from None
     if not isinstance(array, np.ndarray):
         raise UsageError(f"--input {name}: {path} holds several arrays; give one .npy file per input")
     return array if datatype is None else _cast(name, array, datatype)

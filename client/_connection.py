@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from ._security import Tokens, TLSSettings
+from ._security import TLSSettings, Tokens
 from .errors import ClientError
 
 # Tensors easily pass gRPC's 4 MiB default receive limit; the server enforces its own limits.
@@ -48,9 +48,17 @@ class Connection:
     (see client._security): `metadata` for ordinary calls, `management_metadata` for management ones.
     """
 
-    def __init__(self, address: str, *, channel: grpc.Channel | None, timeout: float | None,
-                 metadata: Metadata = (), compression: grpc.Compression | str | None = None,
-                 tls: TLSSettings | None = None, tokens: Tokens = Tokens()) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        channel: grpc.Channel | None,
+        timeout: float | None,
+        metadata: Metadata = (),
+        compression: grpc.Compression | str | None = None,
+        tls: TLSSettings | None = None,
+        tokens: Tokens = Tokens(),
+    ) -> None:
         if channel is not None and tls is not None:
             raise ValueError("TLS settings apply to a channel the client opens; a channel passed in has its own")
         self.address = address
@@ -66,8 +74,9 @@ class Connection:
         """Seconds for one call: the call's own timeout, else the client's default (None: no deadline)."""
         return self.timeout if timeout is None else timeout
 
-    def unary(self, method: Callable[..., Any], request: Any, timeout: float | None = None, *,
-              management: bool = False) -> Any:
+    def unary(
+        self, method: Callable[..., Any], request: Any, timeout: float | None = None, *, management: bool = False
+    ) -> Any:
         """Invoke a unary stub method; blocks until the response or the deadline. Raises ClientError.
         `management` marks a call of the management or repository protocols (it sends the management token)."""
         metadata = self.management_metadata if management else self.metadata
@@ -85,5 +94,6 @@ class Connection:
 def _open_channel(address: str, tls: TLSSettings | None, compression: grpc.Compression | None) -> grpc.Channel:
     if tls is None:
         return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS, compression=compression)
-    return grpc.secure_channel(address, tls.credentials(), options=_CHANNEL_OPTIONS + tls.channel_options(),
-                               compression=compression)
+    return grpc.secure_channel(
+        address, tls.credentials(), options=_CHANNEL_OPTIONS + tls.channel_options(), compression=compression
+    )

@@ -70,6 +70,7 @@ def message_data(message: Message) -> dict[str, Any]:
 
 # ---- statuses --------------------------------------------------------------------------------------------------
 
+
 def status_data(status: ModelStatus) -> dict[str, Any]:
     return asdict(status)
 
@@ -77,21 +78,25 @@ def status_data(status: ModelStatus) -> dict[str, Any]:
 def status_block(status: ModelStatus) -> str:
     """A ModelStatus as a key/value block for people."""
     state = f"{status.state} ({'loaded' if status.loaded else 'not loaded'})"
-    slots = f"{status.slots} (active {status.active_slots}, queued {status.queued_requests}, max parallel " \
-            f"{_MISSING if status.max_parallel_slots is None else status.max_parallel_slots})"
+    slots = (
+        f"{status.slots} (active {status.active_slots}, queued {status.queued_requests}, max parallel "
+        f"{_MISSING if status.max_parallel_slots is None else status.max_parallel_slots})"
+    )
     admission = "no limit" if status.admission_timeout_seconds == 0 else f"{status.admission_timeout_seconds:g} s"
-    return key_values([
-        ("model", status.model_id),
-        ("state", state),
-        ("slots", slots),
-        ("backend", status.backend or None),
-        ("version", status.version or None),
-        ("source", status.source or None),
-        ("admission timeout", admission),
-        ("memory", None if status.memory_bytes is None else byte_size(status.memory_bytes)),
-        ("dynamic batching", batching_words(status.batching)),
-        ("last error", status.last_error or None),
-    ])
+    return key_values(
+        [
+            ("model", status.model_id),
+            ("state", state),
+            ("slots", slots),
+            ("backend", status.backend or None),
+            ("version", status.version or None),
+            ("source", status.source or None),
+            ("admission timeout", admission),
+            ("memory", None if status.memory_bytes is None else byte_size(status.memory_bytes)),
+            ("dynamic batching", batching_words(status.batching)),
+            ("last error", status.last_error or None),
+        ]
+    )
 
 
 def batching_words(batching) -> str | None:
@@ -117,6 +122,7 @@ def byte_size(count: int) -> str:
 
 
 # ---- tensors ---------------------------------------------------------------------------------------------------
+
 
 def tensor_heading(name: str, array: np.ndarray) -> str:
     return f"{name}  {datatypes.from_numpy(array.dtype)}  {list(array.shape)}"
@@ -187,13 +193,19 @@ STATS_HEADERS = ("MODEL", "VERSION", "INFERENCES", "EXECUTIONS", "SUCCESS", "FAI
 def stats_row(stats) -> list[Any]:
     """One table row of an inference.ModelStatistics message."""
     inference = stats.inference_stats
-    return [stats.name, stats.version or _MISSING, stats.inference_count, stats.execution_count,
-            inference.success.count, inference.fail.count, _average_ms(inference.queue),
-            _average_ms(inference.compute_infer)]
+    return [
+        stats.name,
+        stats.version or _MISSING,
+        stats.inference_count,
+        stats.execution_count,
+        inference.success.count,
+        inference.fail.count,
+        _average_ms(inference.queue),
+        _average_ms(inference.compute_infer),
+    ]
 
 
 def _average_ms(duration) -> str:
     if duration.count == 0:
         return _MISSING
     return f"{duration.ns / duration.count / 1e6:.3f} ms"
-

@@ -39,8 +39,7 @@ class Tokens:
     management: str = ""
 
     def __repr__(self) -> str:
-        return (f"Tokens(inference={'***' if self.inference else None}, "
-                f"management={'***' if self.management else None})")
+        return f"Tokens(inference={'***' if self.inference else None}, management={'***' if self.management else None})"
 
     def metadata(self, *, management: bool = False) -> tuple[tuple[str, str], ...]:
         """The authorization header for a call (none when the client has no token)."""
@@ -59,20 +58,29 @@ class TLSSettings:
     server_name: str | None = None
 
     def __repr__(self) -> str:  # the key is secret; the rest is long
-        return (f"TLSSettings(ca={self.root_certificates is not None}, "
-                f"client_cert={self.certificate_chain is not None}, server_name={self.server_name!r})")
+        return (
+            f"TLSSettings(ca={self.root_certificates is not None}, "
+            f"client_cert={self.certificate_chain is not None}, server_name={self.server_name!r})"
+        )
 
     def credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(root_certificates=self.root_certificates,
-                                            private_key=self.private_key,
-                                            certificate_chain=self.certificate_chain)
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.root_certificates,
+            private_key=self.private_key,
+            certificate_chain=self.certificate_chain,
+        )
 
     def channel_options(self) -> tuple[tuple[str, str], ...]:
         return (("grpc.ssl_target_name_override", self.server_name),) if self.server_name else ()
 
 
-def tls_settings(tls: bool = False, tls_ca: PEM | None = None, tls_cert: PEM | None = None,
-                 tls_key: PEM | None = None, tls_server_name: str | None = None) -> TLSSettings | None:
+def tls_settings(
+    tls: bool = False,
+    tls_ca: PEM | None = None,
+    tls_cert: PEM | None = None,
+    tls_key: PEM | None = None,
+    tls_server_name: str | None = None,
+) -> TLSSettings | None:
     """TLSSettings when `tls` is set or any TLS argument is given, else None (plaintext).
 
     Raises ValueError when only one of tls_cert/tls_key is given, OSError when a file cannot be read.
@@ -81,8 +89,12 @@ def tls_settings(tls: bool = False, tls_ca: PEM | None = None, tls_cert: PEM | N
         return None
     if (tls_cert is None) != (tls_key is None):
         raise ValueError("tls_cert and tls_key go together (a client certificate needs its key)")
-    return TLSSettings(root_certificates=_pem(tls_ca), private_key=_pem(tls_key),
-                       certificate_chain=_pem(tls_cert), server_name=tls_server_name or None)
+    return TLSSettings(
+        root_certificates=_pem(tls_ca),
+        private_key=_pem(tls_key),
+        certificate_chain=_pem(tls_cert),
+        server_name=tls_server_name or None,
+    )
 
 
 def _pem(value: PEM | None) -> bytes | None:

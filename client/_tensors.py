@@ -23,9 +23,15 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _UINT64_MAX = 2**64 - 1
 
 
-def build_request(model: str, inputs: Mapping[str, Any], outputs: Iterable[str] | None = None, *,
-                  version: str = "", request_id: str = "",
-                  parameters: Mapping[str, Any] | None = None) -> pb.ModelInferRequest:
+def build_request(
+    model: str,
+    inputs: Mapping[str, Any],
+    outputs: Iterable[str] | None = None,
+    *,
+    version: str = "",
+    request_id: str = "",
+    parameters: Mapping[str, Any] | None = None,
+) -> pb.ModelInferRequest:
     """A ModelInferRequest with every input raw. `outputs` None or empty asks for every output."""
     request = pb.ModelInferRequest(model_name=model, model_version=version, id=request_id)
     set_parameters(request.parameters, parameters or {})
@@ -43,8 +49,9 @@ def datatype_of(name: str, array: np.ndarray) -> str:
     try:
         return datatypes.from_numpy(array.dtype)
     except KeyError:
-        raise ClientError("INVALID_ARGUMENT", f"input '{name}': numpy dtype {array.dtype} has no KServe datatype") \
-            from None
+        raise ClientError(
+            "INVALID_ARGUMENT", f"input '{name}': numpy dtype {array.dtype} has no KServe datatype"
+        ) from None
 
 
 def set_parameters(target, parameters: Mapping[str, Any]) -> None:
@@ -64,8 +71,9 @@ def _set_parameter(parameter: pb.InferParameter, key: str, value: Any) -> None:
     elif isinstance(value, str):
         parameter.string_param = value
     else:
-        raise ClientError("INVALID_ARGUMENT", f"parameter '{key}': {type(value).__name__} is not bool, int, "
-                                              "float or str")
+        raise ClientError(
+            "INVALID_ARGUMENT", f"parameter '{key}': {type(value).__name__} is not bool, int, float or str"
+        )
 
 
 def _set_int_parameter(parameter: pb.InferParameter, key: str, value: int) -> None:
@@ -85,8 +93,9 @@ def decode_response(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     """
     raw = response.raw_output_contents
     if raw and len(raw) != len(response.outputs):
-        raise ClientError("INTERNAL", f"malformed response: {len(raw)} raw contents for "
-                                      f"{len(response.outputs)} outputs")
+        raise ClientError(
+            "INTERNAL", f"malformed response: {len(raw)} raw contents for {len(response.outputs)} outputs"
+        )
     if raw:
         return {tensor.name: _decode_raw(tensor, raw[index]) for index, tensor in enumerate(response.outputs)}
     return {tensor.name: _decode_typed(tensor) for tensor in response.outputs}
@@ -106,13 +115,19 @@ def _decode_typed(tensor: pb.ModelInferResponse.InferOutputTensor) -> np.ndarray
     if kind is None:
         raise _unknown_datatype(tensor)
     if kind.contents_field is None:
-        raise ClientError("INTERNAL", f"malformed response: output '{tensor.name}': {kind.name} has no typed "
-                                      "contents and no raw contents were sent")
+        raise ClientError(
+            "INTERNAL",
+            f"malformed response: output '{tensor.name}': {kind.name} has no typed "
+            "contents and no raw contents were sent",
+        )
     values = list(getattr(tensor.contents, kind.contents_field))
     shape = tuple(tensor.shape)
     if len(values) != tensor_codec.element_count(shape):
-        raise ClientError("INTERNAL", f"malformed response: output '{tensor.name}': shape {list(shape)} holds "
-                                      f"{tensor_codec.element_count(shape)} elements, contents hold {len(values)}")
+        raise ClientError(
+            "INTERNAL",
+            f"malformed response: output '{tensor.name}': shape {list(shape)} holds "
+            f"{tensor_codec.element_count(shape)} elements, contents hold {len(values)}",
+        )
     try:
         return _typed_array(values, kind.name).reshape(shape)
     except (OverflowError, ValueError) as error:
@@ -128,5 +143,6 @@ def _typed_array(values: list, datatype: str) -> np.ndarray:
 
 
 def _unknown_datatype(tensor: pb.ModelInferResponse.InferOutputTensor) -> ClientError:
-    return ClientError("INTERNAL", f"malformed response: output '{tensor.name}' has unknown datatype "
-                                   f"'{tensor.datatype}'")
+    return ClientError(
+        "INTERNAL", f"malformed response: output '{tensor.name}' has unknown datatype '{tensor.datatype}'"
+    )

@@ -34,9 +34,9 @@ from google.protobuf import text_format
 
 from . import _render as render
 from ._cli_inputs import UsageError, load_inputs, parse_datatypes, parse_options, parse_parameters
+from ._security import INFERENCE_TOKEN_ENV
 from .errors import ClientError
 from .inference import InferenceClient
-from ._security import INFERENCE_TOKEN_ENV
 from .management import TOKEN_ENV, ManagementClient
 
 ADDRESS_ENV = "SLOTSERVE_ADDRESS"
@@ -58,17 +58,28 @@ class _Session:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         # One channel (TLS or not) serves both clients; each call carries the token its kind needs.
-        self.inference = InferenceClient(args.address, timeout=args.timeout, token=args.inference_token,
-                                         management_token=args.token, tls=args.tls, tls_ca=args.tls_ca,
-                                         tls_cert=args.tls_cert, tls_key=args.tls_key,
-                                         tls_server_name=args.tls_server_name)
+        self.inference = InferenceClient(
+            args.address,
+            timeout=args.timeout,
+            token=args.inference_token,
+            management_token=args.token,
+            tls=args.tls,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_server_name=args.tls_server_name,
+        )
         self._management: ManagementClient | None = None
 
     @property
     def management(self) -> ManagementClient:
         if self._management is None:
-            self._management = ManagementClient(channel=self.inference.channel, timeout=self.args.timeout,
-                                                token=self.args.token, inference_token=self.args.inference_token)
+            self._management = ManagementClient(
+                channel=self.inference.channel,
+                timeout=self.args.timeout,
+                token=self.args.token,
+                inference_token=self.args.inference_token,
+            )
         return self._management
 
     def close(self) -> None:
@@ -111,16 +122,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # What grpc says when no connection could be made (refused, no route, unknown host), as opposed to an UNAVAILABLE
 # that a server answered itself (shutting down, busy).
-_NOT_CONNECTED = ("failed to connect", "connection refused", "dns resolution failed", "name resolution",
-                  "no route to host", "connect failed")
+_NOT_CONNECTED = (
+    "failed to connect",
+    "connection refused",
+    "dns resolution failed",
+    "name resolution",
+    "no route to host",
+    "connect failed",
+)
 
 
 def _with_address_hint(message: str, error: ClientError, address: str) -> str:
     """A failure to connect says where the client looked and how to point it elsewhere."""
     if error.code != "UNAVAILABLE" or not any(text in error.message.lower() for text in _NOT_CONNECTED):
         return message
-    return (f"{message} (no server answers at {address}; point the client at another with --address HOST:PORT "
-            f"or ${ADDRESS_ENV})")
+    return (
+        f"{message} (no server answers at {address}; point the client at another with --address HOST:PORT "
+        f"or ${ADDRESS_ENV})"
+    )
 
 
 def _output_gone() -> int:
@@ -152,33 +171,57 @@ def _out(text: str) -> None:
 
 # ---- the parser ------------------------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line. Each subcommand sets `handler(session) -> exit status`."""
     parser = _Parser(prog="python -m client", description="Operate a slotserve (or any KServe v2 gRPC) server.")
-    parser.add_argument("--address", default=os.environ.get(ADDRESS_ENV, DEFAULT_ADDRESS),
-                        help=f"server HOST:PORT (default: ${ADDRESS_ENV} or {DEFAULT_ADDRESS})")
-    parser.add_argument("--timeout", type=_deadline_seconds, default=None, metavar="S",
-                        help="deadline of each call in seconds, more than 0 (default: none)")
-    parser.add_argument("--token", default=None, metavar="TOKEN",
-                        help=f"management bearer token (default: ${TOKEN_ENV})")
-    parser.add_argument("--inference-token", default=None, metavar="TOKEN",
-                        help=f"inference bearer token, for servers started with --inference-token "
-                             f"(default: ${INFERENCE_TOKEN_ENV})")
+    parser.add_argument(
+        "--address",
+        default=os.environ.get(ADDRESS_ENV, DEFAULT_ADDRESS),
+        help=f"server HOST:PORT (default: ${ADDRESS_ENV} or {DEFAULT_ADDRESS})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_deadline_seconds,
+        default=None,
+        metavar="S",
+        help="deadline of each call in seconds, more than 0 (default: none)",
+    )
+    parser.add_argument(
+        "--token", default=None, metavar="TOKEN", help=f"management bearer token (default: ${TOKEN_ENV})"
+    )
+    parser.add_argument(
+        "--inference-token",
+        default=None,
+        metavar="TOKEN",
+        help=f"inference bearer token, for servers started with --inference-token (default: ${INFERENCE_TOKEN_ENV})",
+    )
     tls = parser.add_argument_group("TLS (any of these connects with TLS)")
     tls.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's root CAs")
     tls.add_argument("--tls-ca", metavar="FILE", help="PEM CA bundle that signed the server's certificate")
     tls.add_argument("--tls-cert", metavar="FILE", help="PEM client certificate (mutual TLS; with --tls-key)")
     tls.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
-    tls.add_argument("--tls-server-name", metavar="NAME",
-                     help="check the server's certificate against NAME instead of the address's host")
+    tls.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="check the server's certificate against NAME instead of the address's host",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     # SUPPRESS keeps a subcommand's unset --json from overwriting a global --json.
     json_flag = _Parser(add_help=False)
-    json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                           help="print JSON instead of text")
+    json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_health, _add_models, _add_metadata, _add_config, _add_stats, _add_infer, _add_load,
-                _add_unload, _add_register):
+    for add in (
+        _add_health,
+        _add_models,
+        _add_metadata,
+        _add_config,
+        _add_stats,
+        _add_infer,
+        _add_load,
+        _add_unload,
+        _add_register,
+    ):
         add(commands, json_flag)
     return parser
 
@@ -242,23 +285,44 @@ def _add_stats(commands, json_flag) -> None:
 def _add_infer(commands, json_flag) -> None:
     command = _command(commands, "infer", json_flag, _infer, "run one inference")
     command.add_argument("model")
-    command.add_argument("--input", action="append", required=True, metavar="NAME=PATH.npy|NAME=JSON",
-                         help="an input tensor: a .npy file, or JSON such as '[[1,2,3]]' (repeat per input)")
-    command.add_argument("--datatype", action="append", default=[], metavar="NAME=TYPE",
-                         help="datatype of a JSON input (default: the model's, from its metadata), or a "
-                              ".npy input's conversion (default: the file's dtype)")
-    command.add_argument("--output", action="append", default=[], metavar="NAME",
-                         help="request only this output (repeat; default: every output)")
+    command.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="NAME=PATH.npy|NAME=JSON",
+        help="an input tensor: a .npy file, or JSON such as '[[1,2,3]]' (repeat per input)",
+    )
+    command.add_argument(
+        "--datatype",
+        action="append",
+        default=[],
+        metavar="NAME=TYPE",
+        help="datatype of a JSON input (default: the model's, from its metadata), or a "
+        ".npy input's conversion (default: the file's dtype)",
+    )
+    command.add_argument(
+        "--output",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="request only this output (repeat; default: every output)",
+    )
     command.add_argument("--output-dir", metavar="DIR", help="write each output to DIR/NAME.npy")
-    command.add_argument("--parameter", action="append", default=[], metavar="KEY=VALUE",
-                         help="a request parameter, e.g. timeout=500000 (microseconds)")
+    command.add_argument(
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a request parameter, e.g. timeout=500000 (microseconds)",
+    )
     command.add_argument("--version", default="")
     command.add_argument("--id", default="", help="request id")
 
 
 def _add_load(commands, json_flag) -> None:
-    command = _command(commands, "load", json_flag, _load,
-                       "load a model (RepositoryModelLoad; with --slots, management RegisterModel)")
+    command = _command(
+        commands, "load", json_flag, _load, "load a model (RepositoryModelLoad; with --slots, management RegisterModel)"
+    )
     command.add_argument("model")
     command.add_argument("--config", metavar="JSON", help="a JSON ModelConfig replacing config.pbtxt")
     command.add_argument("--slots", type=_slot_count, metavar="N", help="slot count (needs management)")
@@ -271,8 +335,9 @@ def _add_unload(commands, json_flag) -> None:
 
 
 def _add_register(commands, json_flag) -> None:
-    command = _command(commands, "register", json_flag, _register,
-                       "register or reconfigure a model, then load it (management)")
+    command = _command(
+        commands, "register", json_flag, _register, "register or reconfigure a model, then load it (management)"
+    )
     command.add_argument("model")
     command.add_argument("--source", default="", metavar="DIR", help="model directory (default: the repository's)")
     command.add_argument("--backend", default="", help="onnxruntime, tensorrt or fixture (default: config.pbtxt's)")
@@ -283,6 +348,7 @@ def _add_register(commands, json_flag) -> None:
 
 
 # ---- the commands ----------------------------------------------------------------------------------------------
+
 
 def _health(session: _Session) -> int:
     client = session.inference
@@ -342,8 +408,7 @@ def _model_rows(index, statuses, *, ready_only: bool) -> list[dict[str, Any]]:
     is the finer one, e.g. RECONFIGURING). Registered models outside the index are added."""
     rows: dict[str, dict[str, Any]] = {}
     for entry in index:
-        rows[entry.name] = {"name": entry.name, "version": entry.version, "state": entry.state,
-                            "reason": entry.reason}
+        rows[entry.name] = {"name": entry.name, "version": entry.version, "state": entry.state, "reason": entry.reason}
     for model_id, status in (statuses or {}).items():
         if ready_only and status.state != "READY":
             continue
@@ -359,12 +424,20 @@ def _metadata(session: _Session) -> int:
     if session.args.json:
         _out(render.to_json(_metadata_data(metadata)))
         return 0
-    _out(render.key_values([("model", metadata.name), ("platform", metadata.platform or None),
-                            ("versions", ", ".join(metadata.versions) or None)]))
+    _out(
+        render.key_values(
+            [
+                ("model", metadata.name),
+                ("platform", metadata.platform or None),
+                ("versions", ", ".join(metadata.versions) or None),
+            ]
+        )
+    )
     for title, tensors in (("inputs", metadata.inputs), ("outputs", metadata.outputs)):
         _out(f"{title}:")
-        _out(_indent(render.table(["NAME", "DATATYPE", "SHAPE"],
-                                  [[t.name, t.datatype, list(t.shape)] for t in tensors])))
+        _out(
+            _indent(render.table(["NAME", "DATATYPE", "SHAPE"], [[t.name, t.datatype, list(t.shape)] for t in tensors]))
+        )
     return 0
 
 
@@ -401,8 +474,14 @@ def _stats(session: _Session) -> int:
 def _infer(session: _Session) -> int:
     args = session.args
     inputs = load_inputs(args.input, parse_datatypes(args.datatype), lambda: _input_datatypes(session))
-    outputs = session.inference.infer(args.model, inputs, args.output or None, version=args.version,
-                                      request_id=args.id, parameters=parse_parameters(args.parameter))
+    outputs = session.inference.infer(
+        args.model,
+        inputs,
+        args.output or None,
+        version=args.version,
+        request_id=args.id,
+        parameters=parse_parameters(args.parameter),
+    )
     saved = _save_outputs(outputs, args.output_dir) if args.output_dir else {}
     if args.json:
         data = {name: render.tensor_data(array) for name, array in outputs.items()}
@@ -484,10 +563,15 @@ def _unload(session: _Session) -> int:
 
 def _register(session: _Session) -> int:
     args = session.args
-    status = session.management.register(args.model, source=args.source, backend=args.backend,
-                                         options=parse_options(args.option), slots=args.slots,
-                                         admission_timeout=args.admission_timeout,
-                                         config_json=_checked_json(args.config) or "")
+    status = session.management.register(
+        args.model,
+        source=args.source,
+        backend=args.backend,
+        options=parse_options(args.option),
+        slots=args.slots,
+        admission_timeout=args.admission_timeout,
+        config_json=_checked_json(args.config) or "",
+    )
     _print_status(session, status)
     return 0
 

@@ -31,8 +31,15 @@ class ClientError(Exception):
         request_id: the request id a stream echoed with a per-request error, or None.
     """
 
-    def __init__(self, code: str, message: str = "", reason: str | None = None, *, domain: str | None = None,
-                 request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str = "",
+        reason: str | None = None,
+        *,
+        domain: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
         super().__init__(code, message, reason)
         self.code = code
         self.message = message
@@ -45,14 +52,14 @@ class ClientError(Exception):
         # One line, whatever the server put in its message.
         message = " ".join(self.message.split())
         if self.reason and message.startswith(f"{self.reason}: "):
-            message = message[len(self.reason) + 2:]  # slotserve's messages name their reason first: once is enough
+            message = message[len(self.reason) + 2 :]  # slotserve's messages name their reason first: once is enough
         return f"{head}: {message}" if message else head
 
     def __repr__(self) -> str:
         return f"ClientError(code={self.code!r}, message={self.message!r}, reason={self.reason!r})"
 
     @classmethod
-    def from_rpc_error(cls, error: grpc.RpcError) -> "ClientError":
+    def from_rpc_error(cls, error: grpc.RpcError) -> ClientError:
         """The ClientError for a failed call. Never raises, whatever the error holds."""
         code = _code_name(error)
         message = _details(error)
@@ -106,4 +113,3 @@ def _parse_status(metadata) -> status_pb2.Status | None:
             except Exception:  # noqa: BLE001 - see _rich_status
                 return None
     return None
-

@@ -103,16 +103,35 @@ class InferenceClient:
     threads share the channel.
     """
 
-    def __init__(self, address: str = "127.0.0.1:8001", *, timeout: float | None = None,
-                 channel: grpc.Channel | None = None, compression: grpc.Compression | str | None = None,
-                 metadata: Metadata = (), token: str | None = None, management_token: str | None = None,
-                 tls: bool = False, tls_ca: PEM | None = None, tls_cert: PEM | None = None,
-                 tls_key: PEM | None = None, tls_server_name: str | None = None) -> None:
-        tokens = Tokens(inference=token_from(token, INFERENCE_TOKEN_ENV),
-                        management=token_from(management_token, MANAGEMENT_TOKEN_ENV))
-        self._connection = Connection(address, channel=channel, timeout=timeout, metadata=metadata,
-                                      compression=compression, tokens=tokens,
-                                      tls=tls_settings(tls, tls_ca, tls_cert, tls_key, tls_server_name))
+    def __init__(
+        self,
+        address: str = "127.0.0.1:8001",
+        *,
+        timeout: float | None = None,
+        channel: grpc.Channel | None = None,
+        compression: grpc.Compression | str | None = None,
+        metadata: Metadata = (),
+        token: str | None = None,
+        management_token: str | None = None,
+        tls: bool = False,
+        tls_ca: PEM | None = None,
+        tls_cert: PEM | None = None,
+        tls_key: PEM | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
+        tokens = Tokens(
+            inference=token_from(token, INFERENCE_TOKEN_ENV),
+            management=token_from(management_token, MANAGEMENT_TOKEN_ENV),
+        )
+        self._connection = Connection(
+            address,
+            channel=channel,
+            timeout=timeout,
+            metadata=metadata,
+            compression=compression,
+            tokens=tokens,
+            tls=tls_settings(tls, tls_ca, tls_cert, tls_key, tls_server_name),
+        )
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._connection.channel)
         self._health = health_pb2_grpc.HealthStub(self._connection.channel)
 
@@ -125,7 +144,7 @@ class InferenceClient:
         """Close the channel if this client opened it (in-flight calls are cancelled). Idempotent."""
         self._connection.close()
 
-    def __enter__(self) -> "InferenceClient":
+    def __enter__(self) -> InferenceClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -133,9 +152,17 @@ class InferenceClient:
 
     # ---- inference -------------------------------------------------------------------------------------------
 
-    def infer(self, model: str, inputs: Inputs, outputs: list[str] | None = None, *, version: str = "",
-              request_id: str = "", parameters: Mapping[str, Any] | None = None,
-              timeout: float | None = None) -> dict[str, np.ndarray]:
+    def infer(
+        self,
+        model: str,
+        inputs: Inputs,
+        outputs: list[str] | None = None,
+        *,
+        version: str = "",
+        request_id: str = "",
+        parameters: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, np.ndarray]:
         """Run one inference and return its outputs by name.
 
         `inputs` maps names to arrays (or anything np.asarray accepts); the datatype follows the dtype
@@ -144,13 +171,19 @@ class InferenceClient:
         (microseconds, may only shorten the model's admission timeout). `timeout` here is the gRPC deadline in
         seconds. Raw outputs are read-only views over the response. Raises ClientError.
         """
-        request = build_request(model, inputs, outputs, version=version, request_id=request_id,
-                                parameters=parameters)
+        request = build_request(model, inputs, outputs, version=version, request_id=request_id, parameters=parameters)
         return decode_response(self._connection.unary(self._stub.ModelInfer, request, timeout))
 
-    def stream_infer(self, model: str, requests: Iterable[Inputs], outputs: list[str] | None = None, *,
-                     version: str = "", parameters: Mapping[str, Any] | None = None,
-                     timeout: float | None = None) -> Iterator[dict[str, np.ndarray] | ClientError]:
+    def stream_infer(
+        self,
+        model: str,
+        requests: Iterable[Inputs],
+        outputs: list[str] | None = None,
+        *,
+        version: str = "",
+        parameters: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[dict[str, np.ndarray] | ClientError]:
         """Send each input dict of `requests` on one ModelStreamInfer call; yield each response as it arrives.
 
         A request the server refuses yields a ClientError item (code "UNKNOWN", `request_id` set to the
@@ -162,8 +195,9 @@ class InferenceClient:
         """
         failures: list[BaseException] = []
         messages = _stream_requests(model, requests, outputs, version, parameters, failures)
-        call = self._stub.ModelStreamInfer(messages, timeout=self._connection.deadline(timeout),
-                                           metadata=self._connection.metadata)
+        call = self._stub.ModelStreamInfer(
+            messages, timeout=self._connection.deadline(timeout), metadata=self._connection.metadata
+        )
         try:
             for response in call:
                 yield _stream_item(response)
@@ -210,17 +244,24 @@ class InferenceClient:
         """ModelMetadata. Raises ClientError."""
         request = pb.ModelMetadataRequest(name=model, version=version)
         response = self._connection.unary(self._stub.ModelMetadata, request, timeout)
-        return ModelMetadata(response.name, tuple(response.versions), response.platform,
-                             _tensor_metadata(response.inputs), _tensor_metadata(response.outputs))
+        return ModelMetadata(
+            response.name,
+            tuple(response.versions),
+            response.platform,
+            _tensor_metadata(response.inputs),
+            _tensor_metadata(response.outputs),
+        )
 
-    def model_config(self, model: str, version: str = "", *,
-                     timeout: float | None = None) -> model_config_pb2.ModelConfig:
+    def model_config(
+        self, model: str, version: str = "", *, timeout: float | None = None
+    ) -> model_config_pb2.ModelConfig:
         """ModelConfig, as the `inference.ModelConfig` message. Raises ClientError."""
         request = pb.ModelConfigRequest(name=model, version=version)
         return self._connection.unary(self._stub.ModelConfig, request, timeout).config
 
-    def statistics(self, model: str = "", version: str = "", *,
-                   timeout: float | None = None) -> list[pb.ModelStatistics]:
+    def statistics(
+        self, model: str = "", version: str = "", *, timeout: float | None = None
+    ) -> list[pb.ModelStatistics]:
         """ModelStatistics messages; an empty `model` asks for every model. Raises ClientError."""
         request = pb.ModelStatisticsRequest(name=model, version=version)
         return list(self._connection.unary(self._stub.ModelStatistics, request, timeout).model_stats)
@@ -230,12 +271,12 @@ class InferenceClient:
     def repository_index(self, ready_only: bool = False, *, timeout: float | None = None) -> list[RepositoryModel]:
         """RepositoryIndex; `ready_only` lists only ready models. Sends the management token (a server started with
         one asks for it). Raises ClientError."""
-        response = self._connection.unary(self._stub.RepositoryIndex, pb.RepositoryIndexRequest(ready=ready_only),
-                                          timeout, management=True)
+        response = self._connection.unary(
+            self._stub.RepositoryIndex, pb.RepositoryIndexRequest(ready=ready_only), timeout, management=True
+        )
         return [RepositoryModel(m.name, m.version, m.state, m.reason) for m in response.models]
 
-    def load(self, model: str, config: str | Mapping[str, Any] | None = None, *,
-             timeout: float | None = None) -> None:
+    def load(self, model: str, config: str | Mapping[str, Any] | None = None, *, timeout: float | None = None) -> None:
         """RepositoryModelLoad; blocks until the model is loaded (or refused).
 
         `config` (a JSON string, or a dict serialized to JSON) replaces the repository's config.pbtxt for this
@@ -258,15 +299,19 @@ def _tensor_metadata(tensors) -> tuple[TensorMetadata, ...]:
     return tuple(TensorMetadata(t.name, t.datatype, tuple(t.shape)) for t in tensors)
 
 
-def _stream_requests(model: str, requests: Iterable[Inputs], outputs: list[str] | None, version: str,
-                     parameters: Mapping[str, Any] | None,
-                     failures: list[BaseException]) -> Iterator[pb.ModelInferRequest]:
+def _stream_requests(
+    model: str,
+    requests: Iterable[Inputs],
+    outputs: list[str] | None,
+    version: str,
+    parameters: Mapping[str, Any] | None,
+    failures: list[BaseException],
+) -> Iterator[pb.ModelInferRequest]:
     """The request messages of a stream. An exception here would be swallowed by gRPC's sending thread (the
     call just gets cancelled), so it is kept in `failures` for the caller's thread and the sending side ends."""
     try:
         for index, inputs in enumerate(requests):
-            yield build_request(model, inputs, outputs, version=version, request_id=str(index),
-                                parameters=parameters)
+            yield build_request(model, inputs, outputs, version=version, request_id=str(index), parameters=parameters)
     except Exception as error:  # noqa: BLE001 - re-raised in the caller's thread by stream_infer
         failures.append(error)
 

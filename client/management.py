@@ -50,7 +50,7 @@ class ModelStatus:
     batching: Batching | None = None  # dynamic batching settings; None: one request per engine call
 
     @classmethod
-    def from_proto(cls, message: pb.ModelStatus) -> "ModelStatus":
+    def from_proto(cls, message: pb.ModelStatus) -> ModelStatus:
         """The dataclass for a ModelStatus message; unset optional fields become None."""
         return cls(
             model_id=message.model_id,
@@ -81,9 +81,14 @@ class Batching:
     allow_timeout_override: bool
 
     @classmethod
-    def from_proto(cls, message: pb.DynamicBatching) -> "Batching":
-        return cls(message.max_batch_size, message.max_queue_delay_microseconds,
-                   tuple(message.preferred_batch_sizes), message.max_queue_size, message.allow_timeout_override)
+    def from_proto(cls, message: pb.DynamicBatching) -> Batching:
+        return cls(
+            message.max_batch_size,
+            message.max_queue_delay_microseconds,
+            tuple(message.preferred_batch_sizes),
+            message.max_queue_size,
+            message.allow_timeout_override,
+        )
 
 
 def _state_name(value: int) -> str:
@@ -112,40 +117,69 @@ class ManagementClient:
         tls, tls_ca, tls_cert, tls_key, tls_server_name: TLS, as for InferenceClient.
     """
 
-    def __init__(self, address: str = "127.0.0.1:8001", *, timeout: float | None = None,
-                 channel: grpc.Channel | None = None, token: str | None = None, metadata: Metadata = (),
-                 inference_token: str | None = None, tls: bool = False, tls_ca: PEM | None = None,
-                 tls_cert: PEM | None = None, tls_key: PEM | None = None,
-                 tls_server_name: str | None = None) -> None:
-        tokens = Tokens(inference=token_from(inference_token, INFERENCE_TOKEN_ENV),
-                        management=token_from(token, MANAGEMENT_TOKEN_ENV))
-        self._connection = Connection(address, channel=channel, timeout=timeout, metadata=metadata,
-                                      tokens=tokens, tls=tls_settings(tls, tls_ca, tls_cert, tls_key,
-                                                                      tls_server_name))
+    def __init__(
+        self,
+        address: str = "127.0.0.1:8001",
+        *,
+        timeout: float | None = None,
+        channel: grpc.Channel | None = None,
+        token: str | None = None,
+        metadata: Metadata = (),
+        inference_token: str | None = None,
+        tls: bool = False,
+        tls_ca: PEM | None = None,
+        tls_cert: PEM | None = None,
+        tls_key: PEM | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
+        tokens = Tokens(
+            inference=token_from(inference_token, INFERENCE_TOKEN_ENV),
+            management=token_from(token, MANAGEMENT_TOKEN_ENV),
+        )
+        self._connection = Connection(
+            address,
+            channel=channel,
+            timeout=timeout,
+            metadata=metadata,
+            tokens=tokens,
+            tls=tls_settings(tls, tls_ca, tls_cert, tls_key, tls_server_name),
+        )
         self._stub = pb_grpc.ModelManagementStub(self._connection.channel)
 
     def close(self) -> None:
         """Close the channel if this client opened it. Idempotent."""
         self._connection.close()
 
-    def __enter__(self) -> "ManagementClient":
+    def __enter__(self) -> ManagementClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def register(self, model_id: str, *, source: str = "", backend: str = "",
-                 options: Mapping[str, str] | None = None, slots: int | None = None,
-                 admission_timeout: float | None = None, config_json: str | Mapping[str, Any] = "",
-                 timeout: float | None = None) -> ModelStatus:
+    def register(
+        self,
+        model_id: str,
+        *,
+        source: str = "",
+        backend: str = "",
+        options: Mapping[str, str] | None = None,
+        slots: int | None = None,
+        admission_timeout: float | None = None,
+        config_json: str | Mapping[str, Any] = "",
+        timeout: float | None = None,
+    ) -> ModelStatus:
         """RegisterModel: register a new id or reconfigure an existing one, then load it; the model's status.
 
         Blocks while the server waits for an exclusive lease and loads. `slots`/`admission_timeout` None leave
         the server's choice; `config_json` (JSON text or a dict) replaces config.pbtxt. Raises ClientError.
         """
-        request = pb.RegisterModelRequest(model_id=model_id, source=source, backend=backend,
-                                          options={key: str(value) for key, value in (options or {}).items()},
-                                          config_json=_json_text(config_json))
+        request = pb.RegisterModelRequest(
+            model_id=model_id,
+            source=source,
+            backend=backend,
+            options={key: str(value) for key, value in (options or {}).items()},
+            config_json=_json_text(config_json),
+        )
         if slots is not None:
             request.slots = slots
         if admission_timeout is not None:
@@ -159,8 +193,13 @@ class ManagementClient:
         response = self._connection.unary(self._stub.UnloadModel, request, timeout, management=True)
         return ModelStatus.from_proto(response)
 
-    def unload_many(self, model_ids: Iterable[str] = (), *, all: bool = False,  # noqa: A002 - the proto's name
-                    timeout: float | None = None) -> tuple[list[str], list[str]]:
+    def unload_many(
+        self,
+        model_ids: Iterable[str] = (),
+        *,
+        all: bool = False,  # noqa: A002 - the proto's name
+        timeout: float | None = None,
+    ) -> tuple[list[str], list[str]]:
         """UnloadModels: (unloaded ids, ids not registered). `all` selects every registered model.
 
         Blocks until every selected model drained, without a server-side limit. Raises ClientError.

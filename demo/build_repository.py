@@ -78,8 +78,16 @@ MLP_WIDTHS = (1024, 4096, 4096, 1024)  # input, two hidden layers, output
 MLP_MAX_BATCH_SIZE = 16
 MLP_SEED = 20261201
 
-MODEL_NAMES = ("simple", "simple_string", "simple_int8", "simple_identity", "identity_fp32", "matmul_chain",
-               "silero_vad", "mlp")
+MODEL_NAMES = (
+    "simple",
+    "simple_string",
+    "simple_int8",
+    "simple_identity",
+    "identity_fp32",
+    "matmul_chain",
+    "silero_vad",
+    "mlp",
+)
 
 _CONFIG_HEADER = "# Written by demo/build_repository.py (make models); edits are lost on the next build.\n"
 _CONFIG_TYPE = {
@@ -129,7 +137,8 @@ def _value_info(tensor: Tensor, max_batch_size: int) -> onnx.ValueInfoProto:
 
 def _serialize(graph: onnx.GraphProto) -> bytes:
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION, producer_name=PRODUCER)
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION, producer_name=PRODUCER
+    )
     onnx.checker.check_model(model, full_check=True)
     # deterministic=True keeps rebuilds byte-identical.
     return model.SerializeToString(deterministic=True)
@@ -137,10 +146,12 @@ def _serialize(graph: onnx.GraphProto) -> bytes:
 
 def _graph(name: str, nodes, inputs, outputs, max_batch_size: int, initializers=()) -> onnx.GraphProto:
     return helper.make_graph(
-        nodes, name,
+        nodes,
+        name,
         [_value_info(t, max_batch_size) for t in inputs],
         [_value_info(t, max_batch_size) for t in outputs],
-        list(initializers))
+        list(initializers),
+    )
 
 
 def config_text(model: BuiltModel) -> str:
@@ -238,8 +249,11 @@ def matmul_chain_weights() -> list[np.ndarray]:
     Each is scaled by 1/sqrt(its input width) so activations keep unit-order magnitude through the Tanh layers
     (neither saturating nor vanishing), which keeps the output a meaningful check."""
     rng = np.random.default_rng(MATMUL_SEED)
-    shapes = [(MATMUL_IO_WIDTH, MATMUL_WIDTH)] + [(MATMUL_WIDTH, MATMUL_WIDTH)] * MATMUL_LAYERS + [
-        (MATMUL_WIDTH, MATMUL_IO_WIDTH)]
+    shapes = (
+        [(MATMUL_IO_WIDTH, MATMUL_WIDTH)]
+        + [(MATMUL_WIDTH, MATMUL_WIDTH)] * MATMUL_LAYERS
+        + [(MATMUL_WIDTH, MATMUL_IO_WIDTH)]
+    )
     return [(rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32) for shape in shapes]
 
 
@@ -266,7 +280,7 @@ def mlp_weights() -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(MLP_SEED)
     layers = []
     for fan_in, fan_out in zip(MLP_WIDTHS, MLP_WIDTHS[1:]):
-        weight = (rng.standard_normal((fan_in, fan_out), dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in)))
+        weight = rng.standard_normal((fan_in, fan_out), dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in))
         layers.append((weight, (rng.standard_normal(fan_out, dtype=np.float32) * np.float32(0.01))))
     return layers
 
@@ -277,17 +291,22 @@ def build_mlp() -> BuiltModel:
     nodes, initializers, current = [], [], "INPUT0"
     layers = mlp_weights()
     for index, (weight, bias) in enumerate(layers):
-        initializers += [numpy_helper.from_array(weight, f"weight{index}"), numpy_helper.from_array(bias, f"bias{index}")]
+        initializers += [
+            numpy_helper.from_array(weight, f"weight{index}"),
+            numpy_helper.from_array(bias, f"bias{index}"),
+        ]
         last = index == len(layers) - 1
         nodes.append(helper.make_node("MatMul", [current, f"weight{index}"], [f"product{index}"]))
-        nodes.append(helper.make_node("Add", [f"product{index}", f"bias{index}"],
-                                      ["OUTPUT0" if last else f"linear{index}"]))
+        nodes.append(
+            helper.make_node("Add", [f"product{index}", f"bias{index}"], ["OUTPUT0" if last else f"linear{index}"])
+        )
         if not last:
             nodes.append(helper.make_node("Relu", [f"linear{index}"], [f"activation{index}"]))
             current = f"activation{index}"
     graph = _graph("mlp", nodes, inputs, outputs, max_batch_size=MLP_MAX_BATCH_SIZE, initializers=initializers)
-    return BuiltModel("mlp", MLP_MAX_BATCH_SIZE, inputs, outputs, _serialize(graph),
-                      config_extra="dynamic_batching { }\n")
+    return BuiltModel(
+        "mlp", MLP_MAX_BATCH_SIZE, inputs, outputs, _serialize(graph), config_extra="dynamic_batching { }\n"
+    )
 
 
 def mlp_reference(rows: np.ndarray) -> np.ndarray:
@@ -322,14 +341,25 @@ def download_silero_wheel(cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     # Download into a private folder, then move: concurrent builds sharing the cache never see a partial wheel.
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-                   f"silero-vad=={SILERO_VERSION}", "-d", scratch]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--quiet",
+            f"silero-vad=={SILERO_VERSION}",
+            "-d",
+            scratch,
+        ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         downloaded = Path(scratch) / SILERO_WHEEL
         if result.returncode != 0 or not downloaded.is_file():
             detail = (result.stderr or result.stdout).strip()[-2000:]
-            raise BuildError(f"could not download silero-vad=={SILERO_VERSION} with pip "
-                             f"(exit {result.returncode}):\n{detail}")
+            raise BuildError(
+                f"could not download silero-vad=={SILERO_VERSION} with pip (exit {result.returncode}):\n{detail}"
+            )
         os.replace(downloaded, wheel)
     return wheel
 
@@ -343,8 +373,10 @@ def extract_silero(wheel: Path) -> bytes:
         raise BuildError(f"{wheel} is not a usable silero-vad wheel ({error}); delete it to download again") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != SILERO_SHA256:
-        raise BuildError(f"{SILERO_MEMBER} in {wheel} has sha256 {digest}, expected {SILERO_SHA256}: this is not "
-                         f"the published silero-vad {SILERO_VERSION} checkpoint (delete the wheel to download again)")
+        raise BuildError(
+            f"{SILERO_MEMBER} in {wheel} has sha256 {digest}, expected {SILERO_SHA256}: this is not "
+            f"the published silero-vad {SILERO_VERSION} checkpoint (delete the wheel to download again)"
+        )
     return data
 
 
@@ -366,8 +398,16 @@ def build_repository(output: Path | str, cache: Path | str | None = None) -> lis
     output = Path(output)
     cache = Path(cache) if cache is not None else default_cache(output)
     output.mkdir(parents=True, exist_ok=True)
-    builders = (build_simple, build_simple_string, build_simple_int8, build_simple_identity, build_identity_fp32,
-                build_matmul_chain, lambda: build_silero_vad(cache), build_mlp)
+    builders = (
+        build_simple,
+        build_simple_string,
+        build_simple_int8,
+        build_simple_identity,
+        build_identity_fp32,
+        build_matmul_chain,
+        lambda: build_silero_vad(cache),
+        build_mlp,
+    )
     return [write_model(output, build()) for build in builders]
 
 
@@ -393,10 +433,14 @@ def measure_matmul_chain(model_file: Path, runs: int = 50) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo.build_repository", description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, type=Path, help="repository folder to (re)build")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="where the silero-vad wheel is kept (default: .cache beside --output)")
-    parser.add_argument("--measure", action="store_true",
-                        help="also print matmul_chain's median ms per call with one onnxruntime thread")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="where the silero-vad wheel is kept (default: .cache beside --output)"
+    )
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="also print matmul_chain's median ms per call with one onnxruntime thread",
+    )
     args = parser.parse_args(argv)
     try:
         directories = build_repository(args.output, args.cache)

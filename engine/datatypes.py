@@ -7,7 +7,7 @@ elements are `bytes`. BF16 uses `ml_dtypes.bfloat16` (a dependency of onnx), imp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -60,7 +60,7 @@ _PLAIN_NUMPY = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def bfloat16() -> np.dtype:
     """The numpy dtype for BF16 (from ml_dtypes)."""
     import ml_dtypes
@@ -90,13 +90,35 @@ def from_numpy(dtype: np.dtype) -> str:
 
 # ONNX tensor element types (onnx.TensorProto values) by KServe name; the ONNX Runtime type strings follow.
 ONNX_ELEMENT_TYPE = {
-    "FP32": 1, "UINT8": 2, "INT8": 3, "UINT16": 4, "INT16": 5, "INT32": 6, "INT64": 7, "BYTES": 8,
-    "BOOL": 9, "FP16": 10, "FP64": 11, "UINT32": 12, "UINT64": 13, "BF16": 16,
+    "FP32": 1,
+    "UINT8": 2,
+    "INT8": 3,
+    "UINT16": 4,
+    "INT16": 5,
+    "INT32": 6,
+    "INT64": 7,
+    "BYTES": 8,
+    "BOOL": 9,
+    "FP16": 10,
+    "FP64": 11,
+    "UINT32": 12,
+    "UINT64": 13,
+    "BF16": 16,
 }
 
 ORT_TYPE_STRING = {
-    "tensor(float)": "FP32", "tensor(uint8)": "UINT8", "tensor(int8)": "INT8", "tensor(uint16)": "UINT16",
-    "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64", "tensor(string)": "BYTES",
-    "tensor(bool)": "BOOL", "tensor(float16)": "FP16", "tensor(double)": "FP64", "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64", "tensor(bfloat16)": "BF16",
+    "tensor(float)": "FP32",
+    "tensor(uint8)": "UINT8",
+    "tensor(int8)": "INT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(string)": "BYTES",
+    "tensor(bool)": "BOOL",
+    "tensor(float16)": "FP16",
+    "tensor(double)": "FP64",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(bfloat16)": "BF16",
 }

@@ -96,8 +96,7 @@ class ModelMetadata:
             if spec is None:
                 raise InvalidInputError(f"unknown input '{name}'; the model takes {sorted(known)}")
             if datatype != spec.datatype:
-                raise InvalidInputError(
-                    f"input '{name}' has datatype {datatype}, the model expects {spec.datatype}")
+                raise InvalidInputError(f"input '{name}' has datatype {datatype}, the model expects {spec.datatype}")
             self._check_shape(spec, shape)
         for spec in self.inputs:
             if spec.name not in inputs and not spec.optional:
@@ -109,8 +108,7 @@ class ModelMetadata:
         produced = self._outputs_by_name  # type: ignore[attr-defined]
         for name in outputs:
             if name not in produced:
-                raise InvalidInputError(
-                    f"unknown requested output '{name}'; the model produces {sorted(produced)}")
+                raise InvalidInputError(f"unknown requested output '{name}'; the model produces {sorted(produced)}")
 
     def _check_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
         expected = spec.shape
@@ -119,14 +117,15 @@ class ModelMetadata:
             if len(shape) != len(expected) + 1:
                 raise InvalidInputError(
                     f"input '{spec.name}' has shape {list(shape)}; the model expects "
-                    f"{list(self.wire_shape(spec))} (a batch dimension, then {list(expected)})")
+                    f"{list(self.wire_shape(spec))} (a batch dimension, then {list(expected)})"
+                )
             if shape[0] < 1 or shape[0] > self.max_batch_size:
                 raise InvalidInputError(
-                    f"input '{spec.name}' has batch size {shape[0]}; the model accepts 1..{self.max_batch_size}")
+                    f"input '{spec.name}' has batch size {shape[0]}; the model accepts 1..{self.max_batch_size}"
+                )
             shape = shape[1:]
         elif len(shape) != len(expected):
-            raise InvalidInputError(
-                f"input '{spec.name}' has shape {list(shape)}; the model expects {list(expected)}")
+            raise InvalidInputError(f"input '{spec.name}' has shape {list(shape)}; the model expects {list(expected)}")
         for got, want in zip(shape, expected):
             if want != -1 and got != want:
                 raise InvalidInputError(f"input '{spec.name}' has shape {sent}; the model expects {wanted}")

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from . import datatypes
-from .errors import ExecutionCancelled, ExecutionError, InvalidInputError, ModelConfigError, ModelLoadError
+from .errors import ExecutionCancelled, ExecutionError, InvalidInputError, ModelConfigError
 from .interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
 from .repository import hide_paths, shown_path
 
@@ -56,7 +56,8 @@ def session_options(spec: ModelSpec):
     level = spec.parameter("graph_optimization_level", "all")
     if level not in _OPTIMIZATION_LEVELS:
         raise ModelConfigError(
-            f"model '{spec.name}': graph_optimization_level must be one of {', '.join(_OPTIMIZATION_LEVELS)}")
+            f"model '{spec.name}': graph_optimization_level must be one of {', '.join(_OPTIMIZATION_LEVELS)}"
+        )
     options.graph_optimization_level = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -98,8 +99,9 @@ def _model_tensor(node, origin: str) -> TensorSpec:
     return TensorSpec(node.name, datatype, shape)
 
 
-def _reconcile(declared: tuple[TensorSpec, ...], actual: list[TensorSpec], max_batch_size: int, kind: str,
-               origin: str) -> tuple[TensorSpec, ...]:
+def _reconcile(
+    declared: tuple[TensorSpec, ...], actual: list[TensorSpec], max_batch_size: int, kind: str, origin: str
+) -> tuple[TensorSpec, ...]:
     """The model's tensors as served: the declared ones checked against the model, or the model's own
     (auto-completed) when the configuration declares none."""
     by_name = {t.name: t for t in actual}
@@ -110,7 +112,8 @@ def _reconcile(declared: tuple[TensorSpec, ...], actual: list[TensorSpec], max_b
             return tensor.shape
         if not tensor.shape:
             raise ModelConfigError(
-                f"{origin}: {kind} '{tensor.name}' has no batch dimension but max_batch_size is {max_batch_size}")
+                f"{origin}: {kind} '{tensor.name}' has no batch dimension but max_batch_size is {max_batch_size}"
+            )
         return tensor.shape[1:]
 
     if not declared:
@@ -118,17 +121,19 @@ def _reconcile(declared: tuple[TensorSpec, ...], actual: list[TensorSpec], max_b
     for spec in declared:
         model = by_name.get(spec.name)
         if model is None:
-            raise ModelConfigError(
-                f"{origin}: {kind} '{spec.name}' is not in the model; it has {sorted(by_name)}")
+            raise ModelConfigError(f"{origin}: {kind} '{spec.name}' is not in the model; it has {sorted(by_name)}")
         if model.datatype != spec.datatype:
             raise ModelConfigError(
-                f"{origin}: {kind} '{spec.name}' is {model.datatype} in the model, {spec.datatype} in the config")
+                f"{origin}: {kind} '{spec.name}' is {model.datatype} in the model, {spec.datatype} in the config"
+            )
         model_dims = served_shape(model)
         if len(model_dims) != len(spec.shape) or any(
-                m != -1 and d != -1 and m != d for m, d in zip(model_dims, spec.shape)):
+            m != -1 and d != -1 and m != d for m, d in zip(model_dims, spec.shape)
+        ):
             raise ModelConfigError(
                 f"{origin}: {kind} '{spec.name}' has dims {list(model_dims)} in the model "
-                f"({'after the batch dimension' if batch else 'no batching'}), {list(spec.shape)} in the config")
+                f"({'after the batch dimension' if batch else 'no batching'}), {list(spec.shape)} in the config"
+            )
     if kind == "input":
         missing = sorted(set(by_name) - {s.name for s in declared})
         if missing:
@@ -140,11 +145,11 @@ def _to_ort_input(name: str, array: np.ndarray) -> np.ndarray:
     if array.dtype != object:
         return array
     try:
-        return np.array([element.decode("utf-8") for element in array.reshape(-1)], dtype=object).reshape(
-            array.shape)
+        return np.array([element.decode("utf-8") for element in array.reshape(-1)], dtype=object).reshape(array.shape)
     except UnicodeDecodeError:
         raise InvalidInputError(
-            f"input '{name}': ONNX string tensors hold text and an element is not valid UTF-8") from None
+            f"input '{name}': ONNX string tensors hold text and an element is not valid UTF-8"
+        ) from None
 
 
 def _from_ort_output(array: np.ndarray) -> np.ndarray:
@@ -192,8 +197,9 @@ class OnnxRuntimeContext(Context):
     def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
         model = self._model
         names = list(outputs) if outputs else model.output_names
-        feed = inputs if not model.string_inputs else {
-            name: _to_ort_input(name, array) for name, array in inputs.items()}
+        feed = (
+            inputs if not model.string_inputs else {name: _to_ort_input(name, array) for name, array in inputs.items()}
+        )
         if cancel.cancelled:
             raise ExecutionCancelled("the caller gave up before the run started")
         terminate = functools.partial(self._terminate, self._begin_run())
@@ -259,8 +265,10 @@ class OnnxRuntimeBackend(Backend):
             _LOG.error("%s: onnxruntime could not load %s: %s", origin, spec.model_file, error)
             # ONNX Runtime's text quotes absolute paths (the file, its external data): the client gets them
             # relative to the repository.
-            raise ModelConfigError(f"{origin}: onnxruntime could not load {shown_path(spec.model_file, spec.roots)}: "
-                                   f"{hide_paths(str(error).splitlines()[0], spec.roots)[:300]}") from None
+            raise ModelConfigError(
+                f"{origin}: onnxruntime could not load {shown_path(spec.model_file, spec.roots)}: "
+                f"{hide_paths(str(error).splitlines()[0], spec.roots)[:300]}"
+            ) from None
         inputs = [_model_tensor(node, origin) for node in session.get_inputs()]
         outputs = [_model_tensor(node, origin) for node in session.get_outputs()]
         metadata = ModelMetadata(

@@ -80,8 +80,9 @@ class ModelRoots:
             what = f"{field} '{self.shown(lexical)}' leads outside through a symbolic link: it"
         else:
             what = f"{field} '{given.as_posix()}'"  # the caller's own words (a request's, or config.pbtxt's)
-        raise ModelConfigError(f"{origin}: {what} must be inside the model repository or a root allowed with "
-                               f"{ALLOW_ROOT_FLAG}")
+        raise ModelConfigError(
+            f"{origin}: {what} must be inside the model repository or a root allowed with {ALLOW_ROOT_FLAG}"
+        )
 
     def shown(self, path: Path) -> str:
         """`path` as a client may read it: relative to the repository ("m/1/model.onnx"), or to an allowed root,
@@ -126,8 +127,8 @@ def check_model_name(name: str) -> None:
     """Raise ModelConfigError unless `name` is a usable model id (letters, digits, `_.-`; no path parts)."""
     if not _MODEL_NAME.match(name or ""):
         raise ModelConfigError(
-            f"invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter "
-            "or digit")
+            f"invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
 
 
 def parse_config_text(text: str, origin: str) -> model_config_pb2.ModelConfig:
@@ -179,14 +180,17 @@ def _tensor_specs(entries, kind: str, origin: str) -> tuple[TensorSpec, ...]:
 def _refuse_unsupported_scheduling(config: model_config_pb2.ModelConfig, origin: str) -> None:
     """Scheduling settings slotserve does not implement are refused by name, never skipped: a model that asks
     for them would otherwise run with a behaviour it did not ask for."""
+
     def refuse(field: str, why: str) -> None:
         raise ModelConfigError(f"{origin}: {field} is not supported by slotserve ({why})")
 
     if config.HasField("sequence_batching"):
         refuse("sequence_batching", "stateful sequences are not implemented; use dynamic_batching or none")
     if config.model_transaction_policy.decoupled:
-        refuse("model_transaction_policy.decoupled", "every request gets one response, or a stream of them from a "
-                                                     "model that streams (ModelStreamInfer)")
+        refuse(
+            "model_transaction_policy.decoupled",
+            "every request gets one response, or a stream of them from a model that streams (ModelStreamInfer)",
+        )
     if config.HasField("ensemble_scheduling"):
         refuse("ensemble_scheduling", "ensembles are not implemented; call the models one after the other")
     for tensor in config.input:
@@ -200,8 +204,10 @@ def _refuse_unsupported_scheduling(config: model_config_pb2.ModelConfig, origin:
     if batching.priority_queue_policy:
         refuse("dynamic_batching.priority_queue_policy", "requests are served in arrival order, one level")
     if batching.default_queue_policy.timeout_action != model_config_pb2.ModelQueuePolicy.REJECT:
-        refuse("dynamic_batching.default_queue_policy.timeout_action DELAY",
-               "a request whose admission timeout passes is refused (REJECT)")
+        refuse(
+            "dynamic_batching.default_queue_policy.timeout_action DELAY",
+            "a request whose admission timeout passes is refused (REJECT)",
+        )
 
 
 MAX_QUEUE_DELAY_US = 60_000_000  # dynamic_batching.max_queue_delay_microseconds: more is a unit mistake
@@ -213,8 +219,10 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
     if not config.HasField("dynamic_batching"):
         return None
     if config.max_batch_size == 0:
-        _LOG.warning("%s: dynamic_batching ignored: max_batch_size is 0, so requests have no batch dimension to "
-                     "stack along", origin)
+        _LOG.warning(
+            "%s: dynamic_batching ignored: max_batch_size is 0, so requests have no batch dimension to stack along",
+            origin,
+        )
         return None
     block = config.dynamic_batching
     preferred = sorted(set(int(size) for size in block.preferred_batch_size))
@@ -222,12 +230,14 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
         if not 1 <= size <= config.max_batch_size:
             raise ModelConfigError(
                 f"{origin}: dynamic_batching.preferred_batch_size {size} is outside 1..{config.max_batch_size} "
-                "(max_batch_size)")
+                "(max_batch_size)"
+            )
     if block.max_queue_delay_microseconds > MAX_QUEUE_DELAY_US:
         # A batch waits for members until its earliest deadline; without one it would wait this long.
         raise ModelConfigError(
             f"{origin}: dynamic_batching.max_queue_delay_microseconds must be 0..{MAX_QUEUE_DELAY_US} (a minute), "
-            f"got {block.max_queue_delay_microseconds}")
+            f"got {block.max_queue_delay_microseconds}"
+        )
     has_policy = block.HasField("default_queue_policy")
     policy = block.default_queue_policy
     return BatchingSpec(
@@ -245,13 +255,15 @@ def _select_backend(config: model_config_pb2.ModelConfig, version_dir: Path | No
     if config.backend:
         if config.backend not in KNOWN_BACKENDS:
             raise ModelConfigError(
-                f"{origin}: unknown backend '{config.backend}'; slotserve has {', '.join(KNOWN_BACKENDS)}")
+                f"{origin}: unknown backend '{config.backend}'; slotserve has {', '.join(KNOWN_BACKENDS)}"
+            )
         return config.backend
     if config.platform:
         backend = _PLATFORM_BACKEND.get(config.platform)
         if backend is None:
             raise ModelConfigError(
-                f"{origin}: unsupported platform '{config.platform}'; use one of {sorted(_PLATFORM_BACKEND)}")
+                f"{origin}: unsupported platform '{config.platform}'; use one of {sorted(_PLATFORM_BACKEND)}"
+            )
         return backend
     if version_dir is not None:
         if (version_dir / "model.onnx").exists():
@@ -270,7 +282,11 @@ def _latest_version(directory: Path) -> tuple[str, Path | None]:
 
 
 def spec_from_config(
-    name: str, directory: Path | None, config: model_config_pb2.ModelConfig, backend: str | None = None, *,
+    name: str,
+    directory: Path | None,
+    config: model_config_pb2.ModelConfig,
+    backend: str | None = None,
+    *,
     roots: ModelRoots,
 ) -> ModelSpec:
     """Build a ModelSpec from a parsed config. `backend` (a management request's choice) overrides the
@@ -323,8 +339,9 @@ def spec_from_config(
     )
 
 
-def _model_file(config: model_config_pb2.ModelConfig, backend: str, version_dir: Path, roots: ModelRoots,
-                origin: str) -> Path:
+def _model_file(
+    config: model_config_pb2.ModelConfig, backend: str, version_dir: Path, roots: ModelRoots, origin: str
+) -> Path:
     """The model file's real path, checked inside `roots` before anything looks at it. Raises
     ModelConfigError for a file outside them or a missing one (named relative to the repository)."""
     field = "default_model_filename" if config.default_model_filename else "model file"
@@ -333,8 +350,9 @@ def _model_file(config: model_config_pb2.ModelConfig, backend: str, version_dir:
     if backend == "tensorrt" and not config.default_model_filename:
         candidates.append("model.onnx")  # without a plan TensorRT builds (and caches) an engine from ONNX
     for candidate in candidates:
-        model_file = roots.resolve(candidate, field if candidate == filename else "model file", origin=origin,
-                                   base=version_dir)
+        model_file = roots.resolve(
+            candidate, field if candidate == filename else "model file", origin=origin, base=version_dir
+        )
         if model_file.exists():
             return model_file
     raise ModelConfigError(f"{origin}: model file {roots.shown(version_dir / filename)} not found")

@@ -52,7 +52,8 @@ def decode_raw(buffer: bytes, datatype: str, shape: tuple[int, ...], name: str) 
     expected = count * dtype.itemsize
     if len(buffer) != expected:
         raise TensorDecodeError(
-            f"input '{name}': shape {list(shape)} of {datatype} needs {expected} bytes, got {len(buffer)}")
+            f"input '{name}': shape {list(shape)} of {datatype} needs {expected} bytes, got {len(buffer)}"
+        )
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
@@ -96,7 +97,7 @@ def serialize_bytes(array: np.ndarray) -> bytes:
         size = len(element)
         pack_into(out, position, size)
         position += 4
-        out[position:position + size] = element
+        out[position : position + size] = element
         position += size
     return bytes(out)
 
@@ -150,7 +151,8 @@ def _split_elements(view: memoryview, count: int, name: str) -> np.ndarray:
     while offset < end:
         if index == count:
             raise TensorDecodeError(
-                f"input '{name}': shape holds {count} BYTES elements, the contents hold more than {count}")
+                f"input '{name}': shape holds {count} BYTES elements, the contents hold more than {count}"
+            )
         if offset + 4 > end:
             raise TensorDecodeError(f"input '{name}': BYTES element {index} has a truncated length prefix")
         (length,) = unpack_from(view, offset)
@@ -158,12 +160,12 @@ def _split_elements(view: memoryview, count: int, name: str) -> np.ndarray:
         stop = offset + length
         if stop > end:
             raise TensorDecodeError(
-                f"input '{name}': BYTES element {index} declares {length} bytes, only {end - offset} remain")
+                f"input '{name}': BYTES element {index} declares {length} bytes, only {end - offset} remain"
+            )
         if result is not None:
             result[index] = view[offset:stop].tobytes()
         index += 1
         offset = stop
     if index != count:
-        raise TensorDecodeError(
-            f"input '{name}': shape holds {count} BYTES elements, the contents hold {index}")
+        raise TensorDecodeError(f"input '{name}': shape holds {count} BYTES elements, the contents hold {index}")
     return result

@@ -159,22 +159,29 @@ class Authenticator:
             return
         problem = "a wrong bearer token" if presented else "no bearer token"
         _LOG.info("refused %s from %s: %s", operation, context.peer(), problem)
-        raise Unauthenticated(f"{operation} needs the {kind} token (metadata 'authorization: Bearer <token>'); "
-                              f"the call had {problem}")
+        raise Unauthenticated(
+            f"{operation} needs the {kind} token (metadata 'authorization: Bearer <token>'); the call had {problem}"
+        )
 
 
-def describe(management_allowed: bool, management_token: Secret | None, inference_token: Secret | None,
-             tls: str) -> list[str]:
+def describe(
+    management_allowed: bool, management_token: Secret | None, inference_token: Secret | None, tls: str
+) -> list[str]:
     """Startup banner lines saying who may call what (never a token)."""
     if not management_allowed:
         management = "management: disabled (start with --allow-management to enable it)"
     elif management_token is None and inference_token is not None:
         management = "management: enabled for holders of the inference token (no --management-token)"
     elif management_token is None:
-        management = ("management: ENABLED WITHOUT A TOKEN: anyone who reaches the port may register, load and "
-                      "unload models (set --management-token-file)")
+        management = (
+            "management: ENABLED WITHOUT A TOKEN: anyone who reaches the port may register, load and "
+            "unload models (set --management-token-file)"
+        )
     else:
         management = "management: enabled, bearer token required"
-    inference = ("inference: bearer token required (health probes and ModelReady stay open)"
-                 if inference_token is not None else "inference: open (no --inference-token)")
+    inference = (
+        "inference: bearer token required (health probes and ModelReady stay open)"
+        if inference_token is not None
+        else "inference: open (no --inference-token)"
+    )
     return [management, inference, f"transport: {tls}"]

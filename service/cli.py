@@ -23,75 +23,171 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="slotserve", description="Serve a model repository over the KServe v2 gRPC protocol.")
+    parser = _Parser(prog="slotserve", description="Serve a model repository over the KServe v2 gRPC protocol.")
     add = parser.add_argument
-    add("--model-repository", type=Path, default=Path("demo/model_repository"),
-        help="folder of <model>/config.pbtxt + <model>/<version>/model.* (default: %(default)s)")
-    add("--allow-model-root", dest="allowed_model_roots", action="append", type=Path, metavar="PATH",
+    add(
+        "--model-repository",
+        type=Path,
+        default=Path("demo/model_repository"),
+        help="folder of <model>/config.pbtxt + <model>/<version>/model.* (default: %(default)s)",
+    )
+    add(
+        "--allow-model-root",
+        dest="allowed_model_roots",
+        action="append",
+        type=Path,
+        metavar="PATH",
         help="a folder outside the repository that model files may also be in (a management request's source, a "
-             "default_model_filename, a symbolic link's target); repeatable. Without it every model file must "
-             "resolve inside the repository")
+        "default_model_filename, a symbolic link's target); repeatable. Without it every model file must "
+        "resolve inside the repository",
+    )
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=int, default=8001, help="port to listen on, 0..65535; 0 picks a free one (default: %(default)s)")
-    add("--parallel-jobs", type=int, metavar="N",
+    add(
+        "--parallel-jobs",
+        type=int,
+        metavar="N",
         help="select the parallel runtime: models get N slots by default (1..16) and management requests may "
-             "set a slot count; without it every model has one slot")
-    add("--allow-management", action="store_true",
-        help="allow Management mutations and repository load/unload (status calls are always allowed)")
-    add("--admission-timeout", type=float, default=0.0, metavar="SECONDS",
+        "set a slot count; without it every model has one slot",
+    )
+    add(
+        "--allow-management",
+        action="store_true",
+        help="allow Management mutations and repository load/unload (status calls are always allowed)",
+    )
+    add(
+        "--admission-timeout",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
         help="server ceiling and default of every model's admission timeout, 0..31536000 (a year); 0 waits "
-             "without limit")
+        "without limit",
+    )
     add("--max-queue", type=int, default=0, metavar="N", help="queued requests per model, >= 0; 0 = no limit")
     add("--max-concurrent-loads", type=int, default=1, metavar="N", help="simultaneous cold loads, >= 1 (default 1)")
-    add("--max-resident-models", type=int, default=0, metavar="N",
+    add(
+        "--max-resident-models",
+        type=int,
+        default=0,
+        metavar="N",
         help="models holding engines at once, >= 0; loading one more retires the least recently used idle model "
-             "(0 = no limit)")
-    add("--idle-unload", type=float, default=0.0, metavar="SECONDS",
-        help="retire a model idle and queue-free for this long, 0..31536000 (0 = never)")
-    add("--memory-budget", type=int, default=0, metavar="BYTES",
+        "(0 = no limit)",
+    )
+    add(
+        "--idle-unload",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="retire a model idle and queue-free for this long, 0..31536000 (0 = never)",
+    )
+    add(
+        "--memory-budget",
+        type=int,
+        default=0,
+        metavar="BYTES",
         help="memory all loaded pools may report together, >= 0; a load beyond it retires idle models or fails "
-             "with memory_limit (0 = no budget)")
-    add("--no-load-at-startup", dest="load_at_startup", action="store_false",
-        help="register the repository's models without loading them; the first request loads each")
-    add("--max-workers", type=int, default=64, metavar="N",
+        "with memory_limit (0 = no budget)",
+    )
+    add(
+        "--no-load-at-startup",
+        dest="load_at_startup",
+        action="store_false",
+        help="register the repository's models without loading them; the first request loads each",
+    )
+    add(
+        "--max-workers",
+        type=int,
+        default=64,
+        metavar="N",
         help="gRPC handler threads, 9..4096; 8 of them are kept for health, status and management calls "
-             "(default: %(default)s)")
-    add("--max-concurrent-rpcs", type=int, default=ServerOptions.max_concurrent_rpcs, metavar="N",
+        "(default: %(default)s)",
+    )
+    add(
+        "--max-concurrent-rpcs",
+        type=int,
+        default=ServerOptions.max_concurrent_rpcs,
+        metavar="N",
         help="calls open at once, of every kind, those still sending their request included (each holds a handler "
-             "thread); a call beyond it is refused at once with RESOURCE_EXHAUSTED; --max-workers..100000 "
-             "(default: 1024, or --max-workers if larger)")
-    add("--max-message-bytes", type=int, default=ServerOptions.max_message_bytes, metavar="BYTES",
+        "thread); a call beyond it is refused at once with RESOURCE_EXHAUSTED; --max-workers..100000 "
+        "(default: 1024, or --max-workers if larger)",
+    )
+    add(
+        "--max-message-bytes",
+        type=int,
+        default=ServerOptions.max_message_bytes,
+        metavar="BYTES",
         help=f"largest request or response message, {MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}: 64 KiB up to "
-             "grpc's limit, 2 GiB - 1 (default: 1 GiB)")
-    add("--max-request-tensor-bytes", type=int, default=ServerOptions.max_request_tensor_bytes, metavar="BYTES",
+        "grpc's limit, 2 GiB - 1 (default: 1 GiB)",
+    )
+    add(
+        "--max-request-tensor-bytes",
+        type=int,
+        default=ServerOptions.max_request_tensor_bytes,
+        metavar="BYTES",
         help="memory one request's decoded input tensors may take (estimated from the message before decoding; "
-             "BYTES elements cost about 56 bytes each); a request above it is refused with "
-             "RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 1 GiB)")
-    add("--max-inflight-tensor-bytes", type=int, default=ServerOptions.max_inflight_tensor_bytes, metavar="BYTES",
+        "BYTES elements cost about 56 bytes each); a request above it is refused with "
+        "RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 1 GiB)",
+    )
+    add(
+        "--max-inflight-tensor-bytes",
+        type=int,
+        default=ServerOptions.max_inflight_tensor_bytes,
+        metavar="BYTES",
         help="memory the decoded tensors of all requests in flight may take together; a request that would pass "
-             "it is refused at once with RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 4 GiB)")
-    add("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
+        "it is refused at once with RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 4 GiB)",
+    )
+    add(
+        "--drain-seconds",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
         help="on SIGTERM, SIGINT or SIGHUP, keep serving this long after health turns NOT_SERVING, "
-             "0..31536000 (default: 0)")
-    add("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+        "0..31536000 (default: 0)",
+    )
+    add(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
         help="then, how long calls in progress (queued ones included) may finish before queued work is refused "
-             "and running work cancelled, 0..31536000 (default: %(default)s)")
-    add("--stream-write-timeout", type=float, default=30.0, metavar="SECONDS",
+        "and running work cancelled, 0..31536000 (default: %(default)s)",
+    )
+    add(
+        "--stream-write-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
         help="end a stream whose client does not take a message within this time, more than 0 and at most "
-             "31536000 (default: %(default)s)")
-    add("--metrics-port", type=int, metavar="PORT",
-        help="serve Prometheus metrics over HTTP on --host:PORT, 0..65535 (0 picks a free port; default: off)")
-    add("--log-format", choices=("text", "json"), default="text",
+        "31536000 (default: %(default)s)",
+    )
+    add(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics over HTTP on --host:PORT, 0..65535 (0 picks a free port; default: off)",
+    )
+    add(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
         help="text: human-readable lines; json: one JSON object per line with time, level, logger, event, "
-             "model, message and the event's fields (default: %(default)s)")
-    add("--enable-test-backends", action="store_true",
-        help="also serve models of the test doubles (backend \"fixture\", engine/testing/): for test suites "
-             "that start the server as a process; never in production")
+        "model, message and the event's fields (default: %(default)s)",
+    )
+    add(
+        "--enable-test-backends",
+        action="store_true",
+        help='also serve models of the test doubles (backend "fixture", engine/testing/): for test suites '
+        "that start the server as a process; never in production",
+    )
     add_security_flags(parser)
     add_shared_memory_flags(parser)
-    add("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
-        help="the lowest level logged, in any case; DEBUG also logs every rejected request (default: %(default)s)")
+    add(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="the lowest level logged, in any case; DEBUG also logs every rejected request (default: %(default)s)",
+    )
     return parser
 
 
@@ -102,35 +198,56 @@ def add_shared_memory_flags(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("shared memory")
     group.add_argument(
-        "--shared-memory", choices=("none", "system"), default="none",
+        "--shared-memory",
+        choices=("none", "system"),
+        default="none",
         help="system: clients on this host may register POSIX shared-memory regions and pass tensors in them "
-             "instead of in messages (Triton's system shared memory extension). Off by default: registering makes "
-             "the server read and write memory a client names, so enable it only where every client that can reach "
-             "the port is trusted to share this host's memory (e.g. a sidecar sharing the pod's /dev/shm); with "
-             "--inference-token, registering needs that token (default: %(default)s)")
-    group.add_argument("--shared-memory-prefix", default="/", metavar="PREFIX",
-                       help="use only keys starting with PREFIX, e.g. /slotserve_ (keys are POSIX shared-memory "
-                            "names: a leading '/', no other '/'; default: any)")
-    group.add_argument("--shared-memory-max-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
-                       help="bytes registered at once over all regions, counting unregistered regions that running "
-                            "requests still use, > 0; a register beyond it is refused (default: 1 GiB)")
+        "instead of in messages (Triton's system shared memory extension). Off by default: registering makes "
+        "the server read and write memory a client names, so enable it only where every client that can reach "
+        "the port is trusted to share this host's memory (e.g. a sidecar sharing the pod's /dev/shm); with "
+        "--inference-token, registering needs that token (default: %(default)s)",
+    )
+    group.add_argument(
+        "--shared-memory-prefix",
+        default="/",
+        metavar="PREFIX",
+        help="use only keys starting with PREFIX, e.g. /slotserve_ (keys are POSIX shared-memory "
+        "names: a leading '/', no other '/'; default: any)",
+    )
+    group.add_argument(
+        "--shared-memory-max-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        metavar="BYTES",
+        help="bytes registered at once over all regions, counting unregistered regions that running "
+        "requests still use, > 0; a register beyond it is refused (default: 1 GiB)",
+    )
 
 
 def add_security_flags(parser: argparse.ArgumentParser) -> None:
     """Tokens (service/auth.py) and TLS (service/tls.py). A token file is preferred: a token given on the
     command line is visible to every local user in the process list."""
     group = parser.add_argument_group("authentication and TLS")
-    for kind, what in (("management", "management and repository calls, status included (needs --allow-management)"),
-                       ("inference", "every other call except health probes (the management token works too)")):
+    for kind, what in (
+        ("management", "management and repository calls, status included (needs --allow-management)"),
+        ("inference", "every other call except health probes (the management token works too)"),
+    ):
         token = group.add_mutually_exclusive_group()
-        token.add_argument(f"--{kind}-token", metavar="TOKEN",
-                           help=f"require 'authorization: Bearer TOKEN' on {what}")
-        token.add_argument(f"--{kind}-token-file", type=Path, metavar="PATH",
-                           help=f"as --{kind}-token, read from a file (trailing newline ignored; preferred)")
+        token.add_argument(f"--{kind}-token", metavar="TOKEN", help=f"require 'authorization: Bearer TOKEN' on {what}")
+        token.add_argument(
+            f"--{kind}-token-file",
+            type=Path,
+            metavar="PATH",
+            help=f"as --{kind}-token, read from a file (trailing newline ignored; preferred)",
+        )
     group.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve TLS with this PEM certificate chain")
     group.add_argument("--tls-key", type=Path, metavar="FILE", help="the PEM private key of --tls-cert")
-    group.add_argument("--tls-client-ca", type=Path, metavar="FILE",
-                       help="mutual TLS: require client certificates signed by this PEM CA")
+    group.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="FILE",
+        help="mutual TLS: require client certificates signed by this PEM CA",
+    )
 
 
 def security_options(args: argparse.Namespace) -> dict:
@@ -141,8 +258,9 @@ def security_options(args: argparse.Namespace) -> dict:
     options = {"tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca}
     for kind in ("management", "inference"):
         path = getattr(args, f"{kind}_token_file")
-        options[f"{kind}_token"] = (read_token_file(path, f"--{kind}-token-file") if path is not None
-                                    else getattr(args, f"{kind}_token"))
+        options[f"{kind}_token"] = (
+            read_token_file(path, f"--{kind}-token-file") if path is not None else getattr(args, f"{kind}_token")
+        )
     return options
 
 
@@ -150,24 +268,32 @@ def security_lines(options: ServerOptions) -> list[str]:
     """What the startup banner says about who may call what and how the port is secured."""
     from . import auth, tls
 
-    lines = auth.describe(options.allow_management, options.management_token, options.inference_token,
-                          tls.describe(options))
+    lines = auth.describe(
+        options.allow_management, options.management_token, options.inference_token, tls.describe(options)
+    )
     if options.shared_memory == "system":
-        lines.append(f"shared memory: system, keys starting with {options.shared_memory_prefix!r}, at most "
-                     f"{options.shared_memory_max_bytes} bytes registered at once")
+        lines.append(
+            f"shared memory: system, keys starting with {options.shared_memory_prefix!r}, at most "
+            f"{options.shared_memory_max_bytes} bytes registered at once"
+        )
     else:
         lines.append("shared memory: off (start with --shared-memory system to enable it)")
     roots = options.allowed_model_roots
-    lines.append("model files: inside the repository" + (
-        f" and {', '.join(str(root) for root in roots)} (--allow-model-root)" if roots else " only"))
+    lines.append(
+        "model files: inside the repository"
+        + (f" and {', '.join(str(root) for root in roots)} (--allow-model-root)" if roots else " only")
+    )
     return lines
 
 
 def configure_logging(log_format: str, level: str) -> None:
     """Log to stderr; a broken stderr drops lines and never raises into the server (QuietStreamHandler)."""
     handler = QuietStreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter()
+        if log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
@@ -187,22 +313,35 @@ def scope_lines(options: ServerOptions) -> list[str]:
 def option_fields(args: argparse.Namespace) -> dict:
     """The ServerOptions fields the parsed command line gives. Raises ValueError for unreadable token files."""
     return dict(
-        model_repository=args.model_repository, host=args.host, port=args.port,
+        model_repository=args.model_repository,
+        host=args.host,
+        port=args.port,
         allowed_model_roots=tuple(args.allowed_model_roots or ()),
-        parallel_jobs=args.parallel_jobs, allow_management=args.allow_management,
-        admission_timeout=args.admission_timeout, max_queue=args.max_queue,
-        max_concurrent_loads=args.max_concurrent_loads, load_at_startup=args.load_at_startup,
-        max_resident_models=args.max_resident_models, idle_unload=args.idle_unload,
+        parallel_jobs=args.parallel_jobs,
+        allow_management=args.allow_management,
+        admission_timeout=args.admission_timeout,
+        max_queue=args.max_queue,
+        max_concurrent_loads=args.max_concurrent_loads,
+        load_at_startup=args.load_at_startup,
+        max_resident_models=args.max_resident_models,
+        idle_unload=args.idle_unload,
         memory_budget=args.memory_budget,
-        max_workers=args.max_workers, max_concurrent_rpcs=args.max_concurrent_rpcs, max_message_bytes=args.max_message_bytes,
+        max_workers=args.max_workers,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
+        max_message_bytes=args.max_message_bytes,
         enable_test_backends=args.enable_test_backends,
         max_request_tensor_bytes=args.max_request_tensor_bytes,
         max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
-        drain_seconds=args.drain_seconds, shutdown_grace=args.shutdown_grace,
-        stream_write_timeout=args.stream_write_timeout, log_format=args.log_format,
-        metrics_port=args.metrics_port, shared_memory=args.shared_memory,
-        shared_memory_prefix=args.shared_memory_prefix, shared_memory_max_bytes=args.shared_memory_max_bytes,
-        **security_options(args))
+        drain_seconds=args.drain_seconds,
+        shutdown_grace=args.shutdown_grace,
+        stream_write_timeout=args.stream_write_timeout,
+        log_format=args.log_format,
+        metrics_port=args.metrics_port,
+        shared_memory=args.shared_memory,
+        shared_memory_prefix=args.shared_memory_prefix,
+        shared_memory_max_bytes=args.shared_memory_max_bytes,
+        **security_options(args),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

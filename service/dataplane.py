@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from engine.interface import CancelToken, ModelMetadata
 from generated import grpc_service_pb2 as pb
 
+from . import wire
 from .core.batching import BatchItem
 from .core.errors import InvalidRequest, ModelNotFound
 from .core.events import RejectionLog
@@ -25,7 +26,6 @@ from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry
 from .shared_memory import SharedMemoryRegistry
-from . import wire
 from .tensor_memory import Reservation, TensorMemory
 from .tensors import DecodedRequest, decode_request, decoded_bytes, encode_response, output_bytes
 from .wire import InferRequest, InferResponse
@@ -39,14 +39,20 @@ def check_version(entry: ModelEntry, version: str) -> None:
         return
     if not version.isdigit():
         # Triton's wording: tritonclient's explicit int8 example recognises the refusal by it.
-        raise InvalidRequest(f"failed to get model version from specified version string '{version}': "
-                             "a model version is a number")
+        raise InvalidRequest(
+            f"failed to get model version from specified version string '{version}': a model version is a number"
+        )
     raise ModelNotFound(entry.name, version)
 
 
 class Dataplane:
-    def __init__(self, registry: ModelRegistry, clock: Callable[[], float] = time.monotonic,
-                 shared_memory: SharedMemoryRegistry | None = None, tensor_memory: TensorMemory | None = None) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        clock: Callable[[], float] = time.monotonic,
+        shared_memory: SharedMemoryRegistry | None = None,
+        tensor_memory: TensorMemory | None = None,
+    ) -> None:
         self.registry = registry
         self.shared_memory = shared_memory
         # Every request's tensors are accounted for from before decoding to its end (service/tensor_memory.py);
@@ -73,8 +79,9 @@ class Dataplane:
                 self._unknown_model_requests += 1
             raise
 
-    def _record_failure(self, entry: ModelEntry, error: BaseException, cancel: CancelToken | None,
-                        started: int) -> None:
+    def _record_failure(
+        self, entry: ModelEntry, error: BaseException, cancel: CancelToken | None, started: int
+    ) -> None:
         """Count a request that did not succeed under its outcome; a refusal also gets a (rate-limited) log line
         with the message its client got (never internal details: those are logged where they arise)."""
         outcome = outcome_of(error, cancel)
@@ -111,9 +118,14 @@ class Dataplane:
             deadline = _earliest(deadline, now + timeout_us / 1e6)
         return deadline
 
-    def infer(self, request: pb.ModelInferRequest | InferRequest, *, client_deadline: float | None = None,
-              cancel: CancelToken | None = None,
-              serialize: bool = False) -> pb.ModelInferResponse | InferResponse | bytes:
+    def infer(
+        self,
+        request: pb.ModelInferRequest | InferRequest,
+        *,
+        client_deadline: float | None = None,
+        cancel: CancelToken | None = None,
+        serialize: bool = False,
+    ) -> pb.ModelInferResponse | InferResponse | bytes:
         """Run one request to completion. Blocks while queued (until the admission deadline), while the model
         loads, and for the run (a batching model: for its batch's run). Returns the response message, or an
         InferResponse (large outputs kept out of the message for the wire layer); with `serialize`, the
@@ -140,8 +152,9 @@ class Dataplane:
         self._record_success(entry, ran, started)
         return response
 
-    def infer_stream(self, request: pb.ModelInferRequest, *, client_deadline: float | None = None,
-                     cancel: CancelToken | None = None) -> Iterator[pb.ModelInferResponse]:
+    def infer_stream(
+        self, request: pb.ModelInferRequest, *, client_deadline: float | None = None, cancel: CancelToken | None = None
+    ) -> Iterator[pb.ModelInferResponse]:
         """Responses for one request on a stream: one for an ordinary model, several for a streaming model.
 
         A streaming model's lease is held until the last response is taken from this generator, the generator
@@ -158,8 +171,7 @@ class Dataplane:
             check_version(entry, request.model_version)
             reservation, decoded = self._decode(request, raw_contents)
             if not entry.batches:
-                lease = entry.acquire_lease(
-                    self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
+                lease = entry.acquire_lease(self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
                 if lease.pool.primary.streaming:
                     yield from self._stream_from(entry, request, decoded, reservation, lease, cancel, started)
                     recorded = True
@@ -180,8 +192,16 @@ class Dataplane:
         finally:  # also when the stream goes away (the generator is closed at a yield)
             _finish(reservation, decoded)
 
-    def _stream_from(self, entry: ModelEntry, request, decoded: DecodedRequest, reservation: Reservation,
-                     lease: Lease, cancel: CancelToken, started: int) -> Iterator[pb.ModelInferResponse]:
+    def _stream_from(
+        self,
+        entry: ModelEntry,
+        request,
+        decoded: DecodedRequest,
+        reservation: Reservation,
+        lease: Lease,
+        cancel: CancelToken,
+        started: int,
+    ) -> Iterator[pb.ModelInferResponse]:
         """A streaming model's responses, holding its slot until the last one is taken (or the generator is
         closed), then counted."""
         with lease:
@@ -195,8 +215,14 @@ class Dataplane:
             ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
 
-    def _run(self, entry: ModelEntry, decoded: DecodedRequest, client_deadline: float | None, cancel: CancelToken,
-             started: int) -> _Ran:
+    def _run(
+        self,
+        entry: ModelEntry,
+        decoded: DecodedRequest,
+        client_deadline: float | None,
+        cancel: CancelToken,
+        started: int,
+    ) -> _Ran:
         """Admit and run a request that answers once: alone on a slot, or in a batch (a batching model)."""
         deadline = self.admission_deadline(entry, decoded.timeout_us, client_deadline)
         if not entry.batches:
@@ -205,11 +231,24 @@ class Dataplane:
         if metadata is not None:  # bad input is refused before it can join a batch
             metadata.check_request(decoded.signature, decoded.outputs)
         rows = next((shape[0] for _, shape in decoded.signature.values() if shape), 1)
-        item = entry.run_batched(BatchItem(decoded.inputs, decoded.signature, decoded.outputs, rows, cancel,
-                                           before_run=decoded.check_regions), deadline, cancel)
+        item = entry.run_batched(
+            BatchItem(
+                decoded.inputs, decoded.signature, decoded.outputs, rows, cancel, before_run=decoded.check_regions
+            ),
+            deadline,
+            cancel,
+        )
         outputs = item.outcome()
-        return _Ran(item.metadata, item.version, item.started_ns - started, item.input_ns, item.infer_ns, rows,
-                    batched=True, outputs=outputs)
+        return _Ran(
+            item.metadata,
+            item.version,
+            item.started_ns - started,
+            item.input_ns,
+            item.infer_ns,
+            rows,
+            batched=True,
+            outputs=outputs,
+        )
 
     @staticmethod
     def _run_on(lease: Lease, decoded: DecodedRequest, cancel: CancelToken) -> _Ran:
@@ -225,16 +264,29 @@ class Dataplane:
             executed = time.perf_counter_ns()
         finally:
             lease.release()
-        return _Ran(lease.metadata, lease.version, lease.queue_ns, ran - checked, executed - ran,
-                    decoded.batch_size(lease.metadata), outputs=outputs)
+        return _Ran(
+            lease.metadata,
+            lease.version,
+            lease.queue_ns,
+            ran - checked,
+            executed - ran,
+            decoded.batch_size(lease.metadata),
+            outputs=outputs,
+        )
 
     @staticmethod
     def _record_success(entry: ModelEntry, ran: _Ran, started: int, counted_output: bool = True) -> None:
         finished = time.perf_counter_ns()
         output_ns = finished - ran.finished_ns if counted_output else 0
         entry.statistics.record_success(
-            queue_ns=ran.queue_ns, input_ns=ran.input_ns, infer_ns=ran.infer_ns, output_ns=output_ns,
-            total_ns=finished - started, batch_size=ran.rows, executed=not ran.batched)
+            queue_ns=ran.queue_ns,
+            input_ns=ran.input_ns,
+            infer_ns=ran.infer_ns,
+            output_ns=output_ns,
+            total_ns=finished - started,
+            batch_size=ran.rows,
+            executed=not ran.batched,
+        )
 
     @staticmethod
     def _response(request: pb.ModelInferRequest, ran: _Ran, decoded: DecodedRequest, reservation: Reservation):

@@ -105,8 +105,9 @@ class HandlerThreads(futures.Executor):
             if self._idle_tokens.acquire(blocking=False):  # a waiting thread will take it
                 self._queue.put(work)
                 return work.future
-            thread = threading.Thread(target=self._run, args=(work,), name=f"{self._name}-{next(self._numbers)}",
-                                      daemon=True)
+            thread = threading.Thread(
+                target=self._run, args=(work,), name=f"{self._name}-{next(self._numbers)}", daemon=True
+            )
             self._threads.add(thread)
             self._started += 1
             self._peak = max(self._peak, len(self._threads))
@@ -179,9 +180,15 @@ class HandlerThreads(futures.Executor):
         with self._lock:
             threads = len(self._threads)
             return HandlerThreadStatistics(
-                threads=threads, busy=threads - self._idle, idle=self._idle, peak=self._peak,
-                started=self._started, retired=self._retired, backlog=self._backlog,
-                start_failures=self._start_failures)
+                threads=threads,
+                busy=threads - self._idle,
+                idle=self._idle,
+                peak=self._peak,
+                started=self._started,
+                retired=self._retired,
+                backlog=self._backlog,
+                start_failures=self._start_failures,
+            )
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Refuse new calls and end idle threads; busy threads end after their call. `cancel_futures` cancels the

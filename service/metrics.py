@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -39,16 +39,28 @@ REQUEST_TIMEOUT = 10.0  # seconds a scrape connection may stall before its threa
 
 # Lifecycle counters: metric name (without _total), the event counted, and what it means.
 LIFECYCLE_COUNTERS = (
-    ("slotserve_model_loads", "loaded", "Loads that published a complete pool (first request, register, "
-                                        "repository load, reconfiguration with a new engine)."),
-    ("slotserve_model_load_failures", "load_failed", "Loads that published nothing: engine or configuration "
-                                                     "errors, residency_limit and memory_limit refusals."),
-    ("slotserve_model_reconfigurations", "reconfigured", "Reconfigurations committed (in place or with a new "
-                                                         "engine)."),
-    ("slotserve_model_unloads", "unloaded", "Unloads asked for by an operator (UnloadModel, bulk unload, "
-                                            "RepositoryModelUnload) that freed a loaded pool."),
-    ("slotserve_model_evictions", "evicted", "Idle models retired to make room for another model's load "
-                                             "(--max-resident-models or --memory-budget)."),
+    (
+        "slotserve_model_loads",
+        "loaded",
+        "Loads that published a complete pool (first request, register, "
+        "repository load, reconfiguration with a new engine).",
+    ),
+    (
+        "slotserve_model_load_failures",
+        "load_failed",
+        "Loads that published nothing: engine or configuration errors, residency_limit and memory_limit refusals.",
+    ),
+    ("slotserve_model_reconfigurations", "reconfigured", "Reconfigurations committed (in place or with a new engine)."),
+    (
+        "slotserve_model_unloads",
+        "unloaded",
+        "Unloads asked for by an operator (UnloadModel, bulk unload, RepositoryModelUnload) that freed a loaded pool.",
+    ),
+    (
+        "slotserve_model_evictions",
+        "evicted",
+        "Idle models retired to make room for another model's load (--max-resident-models or --memory-budget).",
+    ),
     ("slotserve_model_idle_retirements", "idle_retired", "Models retired after --idle-unload seconds idle."),
 )
 
@@ -68,52 +80,75 @@ class SlotserveCollector(Collector):
         observed = [(entry.name, entry.status(), entry.statistics.snapshot()) for entry in entries]
         yield from _model_gauges(observed)
         yield _requests(observed)
-        yield _histogram("slotserve_model_admission_wait_seconds",
-                         "Seconds from a successful request's arrival at its model until it held a slot "
-                         "(queueing, plus waiting for a cold load).",
-                         observed, lambda s: (s.queue_buckets, s.queue.ns))
-        yield _histogram("slotserve_model_compute_seconds",
-                         "Seconds the engine ran a successful request (a streaming model: until its last "
-                         "response).",
-                         observed, lambda s: (s.infer_buckets, s.compute_infer.ns))
+        yield _histogram(
+            "slotserve_model_admission_wait_seconds",
+            "Seconds from a successful request's arrival at its model until it held a slot "
+            "(queueing, plus waiting for a cold load).",
+            observed,
+            lambda s: (s.queue_buckets, s.queue.ns),
+        )
+        yield _histogram(
+            "slotserve_model_compute_seconds",
+            "Seconds the engine ran a successful request (a streaming model: until its last response).",
+            observed,
+            lambda s: (s.infer_buckets, s.compute_infer.ns),
+        )
         yield from _executions(observed)
         yield from _lifecycle_counters([name for name, _, _ in observed], self._events.counts())
         yield from self._server_metrics()
 
     def _server_metrics(self) -> Iterator[Metric]:
         residency = self._residency
-        yield GaugeMetricFamily("slotserve_resident_models",
-                                "Models holding a loaded pool (engine and slots) right now.",
-                                value=len(residency.resident_names()))
-        yield GaugeMetricFamily("slotserve_memory_bytes",
-                                "Memory the loaded pools report together (what --memory-budget limits).",
-                                value=residency.memory_in_use())
-        yield GaugeMetricFamily("slotserve_memory_budget_bytes", "--memory-budget; 0 = no budget.",
-                                value=residency.memory_budget)
-        yield GaugeMetricFamily("slotserve_max_resident_models", "--max-resident-models; 0 = no limit.",
-                                value=residency.max_resident_models)
+        yield GaugeMetricFamily(
+            "slotserve_resident_models",
+            "Models holding a loaded pool (engine and slots) right now.",
+            value=len(residency.resident_names()),
+        )
+        yield GaugeMetricFamily(
+            "slotserve_memory_bytes",
+            "Memory the loaded pools report together (what --memory-budget limits).",
+            value=residency.memory_in_use(),
+        )
+        yield GaugeMetricFamily(
+            "slotserve_memory_budget_bytes", "--memory-budget; 0 = no budget.", value=residency.memory_budget
+        )
+        yield GaugeMetricFamily(
+            "slotserve_max_resident_models", "--max-resident-models; 0 = no limit.", value=residency.max_resident_models
+        )
         if self._cold_loads is not None:
             running, waiting = self._cold_loads.statistics()
             yield GaugeMetricFamily("slotserve_cold_loads_running", "Cold loads in progress.", value=running)
-            yield GaugeMetricFamily("slotserve_cold_loads_waiting",
-                                    "Cold loads waiting for --max-concurrent-loads.", value=waiting)
+            yield GaugeMetricFamily(
+                "slotserve_cold_loads_waiting", "Cold loads waiting for --max-concurrent-loads.", value=waiting
+            )
         if self._dataplane is not None:
-            yield CounterMetricFamily("slotserve_unknown_model_requests",
-                                      "Inference requests naming a model that is not registered (NOT_FOUND).",
-                                      value=self._dataplane.unknown_model_requests)
+            yield CounterMetricFamily(
+                "slotserve_unknown_model_requests",
+                "Inference requests naming a model that is not registered (NOT_FOUND).",
+                value=self._dataplane.unknown_model_requests,
+            )
 
 
 def _model_gauges(observed) -> Iterator[Metric]:
     """Per-model state read from ModelStatus."""
     gauges = (
-        ("slotserve_model_loaded", "1 while the model holds a loaded pool, else 0.",
-         lambda status: 1 if status.loaded else 0),
+        (
+            "slotserve_model_loaded",
+            "1 while the model holds a loaded pool, else 0.",
+            lambda status: 1 if status.loaded else 0,
+        ),
         ("slotserve_model_slots", "Configured slot count.", lambda status: status.slots),
         ("slotserve_model_active_slots", "Slots held by requests right now.", lambda status: status.active_slots),
-        ("slotserve_model_queued_requests", "Requests waiting in the model's FIFO queue for a slot.",
-         lambda status: status.queued_requests),
-        ("slotserve_model_memory_bytes", "Memory the model's loaded pool reports (0 when unloaded).",
-         lambda status: status.memory_bytes or 0),
+        (
+            "slotserve_model_queued_requests",
+            "Requests waiting in the model's FIFO queue for a slot.",
+            lambda status: status.queued_requests,
+        ),
+        (
+            "slotserve_model_memory_bytes",
+            "Memory the model's loaded pool reports (0 when unloaded).",
+            lambda status: status.memory_bytes or 0,
+        ),
     )
     for name, documentation, value in gauges:
         family = GaugeMetricFamily(name, documentation, labels=["model"])
@@ -129,7 +164,8 @@ def _requests(observed) -> Metric:
         "Finished inference requests by outcome: success, or the error reason the client got (server_busy, "
         "residency_limit, memory_limit, shutting_down, invalid_request_error, model_not_found, cancelled, "
         "load_failed, ...), or failed for an internal error.",
-        labels=["model", "outcome"])
+        labels=["model", "outcome"],
+    )
     for model, _, snapshot in observed:
         for outcome, count in _outcomes(snapshot).items():
             family.add_metric([model, outcome], count)
@@ -165,10 +201,14 @@ def _executions(observed) -> Iterator[Metric]:
     """Engine runs per model, and the rows each took (one request per run on a model without batching; a
     batching model runs each batch of requests once)."""
     executions = CounterMetricFamily(
-        "slotserve_model_executions", "Engine runs (executions): one per request on a model without dynamic "
-        "batching, one per batch on a batching model.", labels=["model"])
+        "slotserve_model_executions",
+        "Engine runs (executions): one per request on a model without dynamic "
+        "batching, one per batch on a batching model.",
+        labels=["model"],
+    )
     sizes = HistogramMetricFamily(
-        "slotserve_model_batch_size", "Rows (batch dimension) each engine run took.", labels=["model"])
+        "slotserve_model_batch_size", "Rows (batch dimension) each engine run took.", labels=["model"]
+    )
     for model, _, snapshot in observed:
         executions.add_metric([model], snapshot.execution_count)
         buckets, rows = [], 0
@@ -210,8 +250,9 @@ class ServerMetrics:
         Raises OSError if it cannot be bound."""
         with self._lock:
             httpd = _http_server(host, port, make_wsgi_app(self.registry))
-            thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": POLL_SECONDS},
-                                      name="metrics-http", daemon=True)
+            thread = threading.Thread(
+                target=httpd.serve_forever, kwargs={"poll_interval": POLL_SECONDS}, name="metrics-http", daemon=True
+            )
             thread.start()
             self._httpd, self._thread = httpd, thread
             self.port = httpd.server_port

@@ -100,8 +100,11 @@ class ServerOptions:
                 low = max(low, self.max_workers)  # every kept handler thread must be able to hold a call
             if not _in_range(value, low, high, kind):
                 why = f" ({self.control_threads} of them are kept for control calls)" if name == "max_workers" else ""
-                shown = (f"--max-workers ({low})..{high}" if name == "max_concurrent_rpcs" and low == self.max_workers
-                         else range_text(low, high, kind))
+                shown = (
+                    f"--max-workers ({low})..{high}"
+                    if name == "max_concurrent_rpcs" and low == self.max_workers
+                    else range_text(low, high, kind)
+                )
                 problems.append(f"{flag} must be {shown}{why}, got {value!r}")
         return problems
 
@@ -133,8 +136,10 @@ class ServerOptions:
     def _shared_memory_problems(self) -> list[str]:
         problems = []
         if self.shared_memory not in ("none", "system"):
-            problems.append(f"--shared-memory must be none or system, got {self.shared_memory}"
-                            + (" (CUDA shared memory is not supported yet)" if self.shared_memory == "cuda" else ""))
+            problems.append(
+                f"--shared-memory must be none or system, got {self.shared_memory}"
+                + (" (CUDA shared memory is not supported yet)" if self.shared_memory == "cuda" else "")
+            )
         problem = prefix_problem(self.shared_memory_prefix)
         if problem is not None:
             problems.append(problem)
@@ -156,8 +161,9 @@ class ServerOptions:
         if self.management_token is not None and not self.allow_management:
             # One switch decides whether management exists; the token only decides who may use it. A token
             # without the switch is a misconfiguration, so it is refused instead of silently changing either.
-            problems.append("--management-token needs --allow-management (the token restricts management; "
-                            "it does not enable it)")
+            problems.append(
+                "--management-token needs --allow-management (the token restricts management; it does not enable it)"
+            )
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:

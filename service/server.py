@@ -24,20 +24,20 @@ from generated import grpc_service_pb2, management_pb2, management_pb2_grpc
 
 from . import tls
 from .auth import Authenticator
-from .dataplane import Dataplane
 from .core.events import log_event
-from .handler_threads import HandlerThreads
 from .core.lifecycle import SharedRuntime
-from .metrics import ServerMetrics, SlotserveCollector
-from .options import ServerOptions
 from .core.registry import ModelRegistry, RegistryPolicy
 from .core.residency import ColdLoadGuard, Residency
+from .dataplane import Dataplane
+from .handler_threads import HandlerThreads
+from .metrics import ServerMetrics, SlotserveCollector
+from .options import ServerOptions
 from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
-from .timers import TimerQueue
 from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
 from .shared_memory import SharedMemoryRegistry
 from .tensor_memory import TensorMemory
+from .timers import TimerQueue
 
 _LOG = logging.getLogger(__name__)
 
@@ -81,25 +81,46 @@ class Server:
 
     def __init__(self, options: ServerOptions, backends: Mapping[str, Backend] | None = None) -> None:
         self.options = options
-        all_backends = dict(backends if backends is not None
-                            else default_backends(test_backends=options.enable_test_backends))
+        all_backends = dict(
+            backends if backends is not None else default_backends(test_backends=options.enable_test_backends)
+        )
         all_backends.update(options.extra_backends)
-        self.residency = Residency(lambda: self.registry.entries(), max_resident_models=options.max_resident_models,
-                                   memory_budget=options.memory_budget, idle_unload=options.idle_unload)
-        self.runtime = SharedRuntime(backends=all_backends, max_queue=options.max_queue,
-                                     cold_loads=ColdLoadGuard(options.max_concurrent_loads), residency=self.residency)
+        self.residency = Residency(
+            lambda: self.registry.entries(),
+            max_resident_models=options.max_resident_models,
+            memory_budget=options.memory_budget,
+            idle_unload=options.idle_unload,
+        )
+        self.runtime = SharedRuntime(
+            backends=all_backends,
+            max_queue=options.max_queue,
+            cold_loads=ColdLoadGuard(options.max_concurrent_loads),
+            residency=self.residency,
+        )
         self.repository = ModelRepository(options.model_repository, allowed_roots=options.allowed_model_roots)
-        self.registry = ModelRegistry(self.repository, self.runtime, RegistryPolicy(
-            parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout))
+        self.registry = ModelRegistry(
+            self.repository,
+            self.runtime,
+            RegistryPolicy(parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout),
+        )
         # System shared memory: a registry only when enabled (--shared-memory system).
-        self.shared_memory = (SharedMemoryRegistry(options.shared_memory_prefix, options.shared_memory_max_bytes)
-                              if options.shared_memory == "system" else None)
-        self.dataplane = Dataplane(self.registry, shared_memory=self.shared_memory, tensor_memory=TensorMemory(
-            options.max_request_tensor_bytes, options.max_inflight_tensor_bytes))
+        self.shared_memory = (
+            SharedMemoryRegistry(options.shared_memory_prefix, options.shared_memory_max_bytes)
+            if options.shared_memory == "system"
+            else None
+        )
+        self.dataplane = Dataplane(
+            self.registry,
+            shared_memory=self.shared_memory,
+            tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
+        )
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.
-        self.metrics = ServerMetrics(SlotserveCollector(self.registry, self.residency, self.runtime.events,
-                                                        self.runtime.cold_loads, self.dataplane))
+        self.metrics = ServerMetrics(
+            SlotserveCollector(
+                self.registry, self.residency, self.runtime.events, self.runtime.cold_loads, self.dataplane
+            )
+        )
         self.state = ServerState()
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
@@ -151,21 +172,38 @@ class Server:
         self._executor = HandlerThreads(keep=self.options.max_workers)
         server = grpc.server(
             self._executor,
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
-                     ("grpc.so_reuseport", 0)],
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", 0),
+            ],
             maximum_concurrent_rpcs=self.options.concurrent_rpcs,
         )
-        management = ManagementGate(self.options.allow_management,
-                                    Authenticator(self.options.management_token, self.options.inference_token))
+        management = ManagementGate(
+            self.options.allow_management, Authenticator(self.options.management_token, self.options.inference_token)
+        )
         add_inference_servicer(
-            InferenceServicer(self.registry, self.dataplane, self.calls, management, self.state, VERSION,
-                              self.timers, self.options.stream_write_timeout, self.shared_memory), server)
+            InferenceServicer(
+                self.registry,
+                self.dataplane,
+                self.calls,
+                management,
+                self.state,
+                VERSION,
+                self.timers,
+                self.options.stream_write_timeout,
+                self.shared_memory,
+            ),
+            server,
+        )
         management_pb2_grpc.add_ModelManagementServicer_to_server(
-            ManagementServicer(self.registry, management, self.calls), server)
+            ManagementServicer(self.registry, management, self.calls), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.options.reflection:
             reflection.enable_server_reflection(
-                (INFERENCE_SERVICE, MANAGEMENT_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+                (INFERENCE_SERVICE, MANAGEMENT_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            )
         return server
 
     def start(self) -> int:
@@ -191,8 +229,11 @@ class Server:
         try:
             address = f"{self._bind_host()}:{self.options.port}"
             # With TLS the port speaks only TLS: a plaintext client cannot complete a handshake.
-            self.port = (self._grpc.add_insecure_port(address) if credentials is None
-                         else self._grpc.add_secure_port(address, credentials))
+            self.port = (
+                self._grpc.add_insecure_port(address)
+                if credentials is None
+                else self._grpc.add_secure_port(address, credentials)
+            )
         except RuntimeError as error:
             # Nothing serves: release what startup built (threads, loaded engines) before raising.
             self.residency.stop()
@@ -204,8 +245,14 @@ class Server:
         self.state.ready = True
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         metrics = self.metrics_port
-        log_event(_LOG, "serving", version=VERSION, repository=str(self.repository.root), address=self.address,
-                  metrics_address=None if metrics is None else _host_port(self.options.host, metrics))
+        log_event(
+            _LOG,
+            "serving",
+            version=VERSION,
+            repository=str(self.repository.root),
+            address=self.address,
+            metrics_address=None if metrics is None else _host_port(self.options.host, metrics),
+        )
         return self.port
 
     def _bind_host(self) -> str:
@@ -216,8 +263,9 @@ class Server:
         for service in ("", INFERENCE_SERVICE, MANAGEMENT_SERVICE):
             self.health.set(service, status)
 
-    def shutdown(self, *, drain_seconds: float | None = None, grace: float | None = None,
-                 margin: float = SHUTDOWN_MARGIN) -> ShutdownReport:
+    def shutdown(
+        self, *, drain_seconds: float | None = None, grace: float | None = None, margin: float = SHUTDOWN_MARGIN
+    ) -> ShutdownReport:
         """Stop in the documented order; blocks for at most drain + grace + 2 x margin seconds. Idempotent: a
         second call waits for the first and returns its report.
 

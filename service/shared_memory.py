@@ -38,6 +38,7 @@ a system call, nor across anything a request does with a region.
 
 from __future__ import annotations
 
+import _posixshmem  # CPython's own binding of shm_open (what multiprocessing.shared_memory uses)
 import enum
 import errno
 import mmap
@@ -47,7 +48,6 @@ import stat
 import threading
 from dataclasses import dataclass
 
-import _posixshmem  # CPython's own binding of shm_open (what multiprocessing.shared_memory uses)
 import numpy as np
 
 from .core.errors import InvalidRequest, ServiceError
@@ -57,8 +57,10 @@ MAX_REGIONS = 4096  # open at once, at most; fewer when the open-file limit is l
 NAME_MAX = 255  # bytes (UTF-8) of a region's name, and of a POSIX shared-memory key after its "/" (the file name)
 _PAGE = mmap.PAGESIZE
 _ITEM_ALIGNMENT = 64  # an input read from a region starts on a multiple of this (every datatype's alignment)
-CUDA_UNSUPPORTED = ("slotserve does not support CUDA shared memory; use system shared memory (start the server "
-                    "with --shared-memory system). CUDA IPC is planned for the TensorRT engine")
+CUDA_UNSUPPORTED = (
+    "slotserve does not support CUDA shared memory; use system shared memory (start the server "
+    "with --shared-memory system). CUDA IPC is planned for the TensorRT engine"
+)
 
 
 class RegionNotFound(ServiceError):
@@ -80,8 +82,10 @@ class SharedMemoryUnsupported(ServiceError):
 
 
 def disabled_message(what: str) -> str:
-    return (f"{what}: system shared memory is off on this server; start it with --shared-memory system (off by "
-            "default: it lets clients have the server read and write host memory they name)")
+    return (
+        f"{what}: system shared memory is off on this server; start it with --shared-memory system (off by "
+        "default: it lets clients have the server read and write host memory they name)"
+    )
 
 
 def default_max_regions() -> int:
@@ -129,8 +133,9 @@ def prefix_problem(prefix: str) -> str | None:
     """Why `prefix` cannot be --shared-memory-prefix (None when it can): keys are POSIX names, so a prefix is "/"
     followed by the start of a name."""
     if not prefix.startswith("/") or "/" in prefix[1:] or "\x00" in prefix:
-        return (f"--shared-memory-prefix must be '/' followed by the start of a name, without another '/'; "
-                f"got {prefix!r}")
+        return (
+            f"--shared-memory-prefix must be '/' followed by the start of a name, without another '/'; got {prefix!r}"
+        )
     return None
 
 
@@ -166,8 +171,9 @@ class Region:
 
     __slots__ = ("name", "key", "offset", "byte_size", "state", "_descriptor", "_holders", "_registry")
 
-    def __init__(self, registry: SharedMemoryRegistry, name: str, key: str, offset: int, byte_size: int,
-                 descriptor: int) -> None:
+    def __init__(
+        self, registry: SharedMemoryRegistry, name: str, key: str, offset: int, byte_size: int, descriptor: int
+    ) -> None:
         self.name = name
         self.key = key
         self.offset = offset  # where the region begins in its object
@@ -188,7 +194,8 @@ class Region:
             # shortens a quoted stretch longer than 120 characters).
             raise InvalidRequest(
                 f"{what}: shared memory region '{self.name}' holds {self.byte_size} bytes; shared_memory_offset "
-                f"{offset} + shared_memory_byte_size {byte_size} = {offset + byte_size} is past its end")
+                f"{offset} + shared_memory_byte_size {byte_size} = {offset + byte_size} is past its end"
+            )
         return RegionSlice(self, offset, byte_size, what)
 
     def release(self) -> None:
@@ -276,8 +283,10 @@ class RegionSlice:
                     raise OSError(errno.EIO, "the write made no progress")
                 done += written
         except OSError as error:
-            raise InvalidRequest(f"{self.what}: writing into shared memory region '{self.region.name}' (key "
-                                 f"{self.region.key!r}) failed: {_reason(error)}") from None
+            raise InvalidRequest(
+                f"{self.what}: writing into shared memory region '{self.region.name}' (key "
+                f"{self.region.key!r}) failed: {_reason(error)}"
+            ) from None
         size = self.region.object_size()
         if self.start + length > size:
             raise InvalidRequest(self._shrunk(length, size, "the output written there is lost"))
@@ -292,7 +301,7 @@ class RegionSlice:
             within = 0
         raw = np.empty(self.byte_size + _PAGE, np.uint8)
         skip = (within - raw.ctypes.data) % _PAGE
-        return raw[skip:skip + self.byte_size]
+        return raw[skip : skip + self.byte_size]
 
     def _read_into(self, target) -> None:
         """Fill `target` (a writable buffer of `byte_size` bytes) from the slice. A read at or past the object's
@@ -308,16 +317,20 @@ class RegionSlice:
                     raise InvalidRequest(self._shrunk(self.byte_size, size, "the request is refused"))
                 done += count
         except OSError as error:
-            raise InvalidRequest(f"{self.what}: reading shared memory region '{self.region.name}' (key "
-                                 f"{self.region.key!r}) failed: {_reason(error)}") from None
+            raise InvalidRequest(
+                f"{self.what}: reading shared memory region '{self.region.name}' (key "
+                f"{self.region.key!r}) failed: {_reason(error)}"
+            ) from None
 
     def _shrunk(self, needed: int, size: int, consequence: str) -> str:
         region = self.region
-        return (f"{self.what}: shared memory region '{region.name}' (key {region.key!r}) was registered as "
-                f"{region.byte_size} bytes from offset {region.offset} of its object (it held at least "
-                f"{region.offset + region.byte_size} bytes then); this tensor needs bytes {self.start} to "
-                f"{self.start + needed} of the object, which now holds {size} bytes (shrunk since it was "
-                f"registered); {consequence}")
+        return (
+            f"{self.what}: shared memory region '{region.name}' (key {region.key!r}) was registered as "
+            f"{region.byte_size} bytes from offset {region.offset} of its object (it held at least "
+            f"{region.offset + region.byte_size} bytes then); this tensor needs bytes {self.start} to "
+            f"{self.start + needed} of the object, which now holds {size} bytes (shrunk since it was "
+            f"registered); {consequence}"
+        )
 
 
 class SharedMemoryRegistry:
@@ -355,8 +368,10 @@ class SharedMemoryRegistry:
         if problem is not None:
             raise InvalidRequest(f"shared memory region '{name}': key {key!r} is refused: {problem}")
         if not key.startswith(self.prefix):
-            raise InvalidRequest(f"shared memory region '{name}': key {key!r} is refused: this server uses only "
-                                 f"keys starting with {self.prefix!r} (--shared-memory-prefix)")
+            raise InvalidRequest(
+                f"shared memory region '{name}': key {key!r} is refused: this server uses only "
+                f"keys starting with {self.prefix!r} (--shared-memory-prefix)"
+            )
         if byte_size <= 0:
             raise InvalidRequest(f"shared memory region '{name}': byte_size must be > 0, got {byte_size}")
         with self._lock:
@@ -427,13 +442,19 @@ class SharedMemoryRegistry:
         if not current:
             raise InvalidRequest(
                 f"shared memory region '{region.name}' was unregistered after this request was accepted and "
-                "before it ran; nothing was written to it")
+                "before it ran; nothing was written to it"
+            )
 
     def statistics(self) -> SharedMemoryStatistics:
         with self._lock:
             return SharedMemoryStatistics(
-                regions=len(self._regions), registered_bytes=sum(r.byte_size for r in self._regions.values()),
-                open_regions=self._open_regions, open_bytes=self._open_bytes, holds=self._holds, taken=self._taken)
+                regions=len(self._regions),
+                registered_bytes=sum(r.byte_size for r in self._regions.values()),
+                open_regions=self._open_regions,
+                open_bytes=self._open_bytes,
+                holds=self._holds,
+                taken=self._taken,
+            )
 
     # ---- internals --------------------------------------------------------------------------------------------
 
@@ -442,19 +463,22 @@ class SharedMemoryRegistry:
         if region is not None:
             raise InvalidRequest(
                 f"shared memory region '{name}' is already registered (key {region.key!r}, offset {region.offset},"
-                f" {region.byte_size} bytes); unregister it first")
+                f" {region.byte_size} bytes); unregister it first"
+            )
 
     def _check_bounds(self, name: str, byte_size: int) -> None:
         if self._open_regions >= self.max_regions:
             raise SharedMemoryLimit(
                 f"shared memory region '{name}' is refused: {self._open_regions} regions are open (registered, "
                 f"and unregistered ones that requests still use), the most this server keeps at once "
-                f"({self.max_regions})")
+                f"({self.max_regions})"
+            )
         if self._open_bytes + byte_size > self.max_bytes:
             raise SharedMemoryLimit(
                 f"shared memory region '{name}' is refused: it takes {byte_size} bytes and {self._open_bytes} are "
                 f"registered already (counting unregistered regions that requests still use); "
-                f"--shared-memory-max-bytes is {self.max_bytes}")
+                f"--shared-memory-max-bytes is {self.max_bytes}"
+            )
 
     def _let_go(self, region: Region, *, by_request: bool) -> None:
         """One holder (a request, or the registry at unregister) is done with `region`; the last one closes its
@@ -494,7 +518,8 @@ def _open(name: str, key: str, offset: int, byte_size: int) -> int:
         if offset + byte_size > info.st_size:
             raise InvalidRequest(
                 f"{where}: offset {offset} + byte_size {byte_size} = {offset + byte_size} is past the end of the "
-                f"object ({info.st_size} bytes)")
+                f"object ({info.st_size} bytes)"
+            )
     except BaseException:
         os.close(descriptor)
         raise
@@ -508,7 +533,9 @@ def _reason(error: Exception) -> str:
         if error.errno == errno.EINVAL:  # the name is valid (checked first), so it names a folder
             return "it is not a shared-memory object"
         if error.errno == errno.EWOULDBLOCK:  # O_NONBLOCK: the open would have waited up to lease-break-time
-            return ("another process holds a lease on it (fcntl F_SETLEASE); opening it would wait for that "
-                    "process to let go")
+            return (
+                "another process holds a lease on it (fcntl F_SETLEASE); opening it would wait for that "
+                "process to let go"
+            )
         return error.strerror or str(error)
     return str(error)

@@ -106,7 +106,7 @@ def bounded_message(message: str) -> str:
     encoded = message.encode("utf-8")
     if len(encoded) <= MAX_MESSAGE_BYTES:
         return message
-    return encoded[:MAX_MESSAGE_BYTES - 40].decode("utf-8", "ignore") + f"... ({len(encoded)} bytes, cut)"
+    return encoded[: MAX_MESSAGE_BYTES - 40].decode("utf-8", "ignore") + f"... ({len(encoded)} bytes, cut)"
 
 
 def _shorten_quoted(match: re.Match[str]) -> str:

@@ -85,9 +85,12 @@ class TensorMemory:
             self._refused_in_flight += 1
         if nbytes > in_flight_limit:
             raise TensorMemoryLimit(
-                f"{_needs(nbytes)}, more than {IN_FLIGHT_FLAG} ({in_flight_limit}) allows all requests together")
-        raise TensorMemoryLimit(f"{_needs(nbytes)}, and the requests in flight hold {held} of the {in_flight_limit} "
-                                f"bytes {IN_FLIGHT_FLAG} allows them together; retry when fewer are running")
+                f"{_needs(nbytes)}, more than {IN_FLIGHT_FLAG} ({in_flight_limit}) allows all requests together"
+            )
+        raise TensorMemoryLimit(
+            f"{_needs(nbytes)}, and the requests in flight hold {held} of the {in_flight_limit} "
+            f"bytes {IN_FLIGHT_FLAG} allows them together; retry when fewer are running"
+        )
 
     def _add(self, nbytes: int, requests: int) -> None:
         """Called under the lock."""
@@ -106,8 +109,9 @@ class TensorMemory:
 
     def statistics(self) -> TensorMemoryStatistics:
         with self._lock:
-            return TensorMemoryStatistics(self._in_flight, self._requests, self._peak, self._refused_request,
-                                          self._refused_in_flight)
+            return TensorMemoryStatistics(
+                self._in_flight, self._requests, self._peak, self._refused_request, self._refused_in_flight
+            )
 
 
 def _needs(nbytes: int) -> str:

@@ -24,16 +24,31 @@ import numpy as np
 
 from engine import datatypes
 from engine.interface import MAX_DIMENSION, MAX_ELEMENTS, ModelMetadata
-from engine.tensor_codec import (BYTES_ELEMENT_COST, MAX_RANK, TensorDecodeError, decode_raw, deserialize_bytes,
-                                 encode_raw, element_count)
+from engine.tensor_codec import (
+    BYTES_ELEMENT_COST,
+    MAX_RANK,
+    TensorDecodeError,
+    decode_raw,
+    deserialize_bytes,
+    element_count,
+    encode_raw,
+)
 from generated import grpc_service_pb2 as pb
 
 from .core.errors import InvalidRequest
 from .shared_memory import Region, RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
 from .wire import LARGE_MESSAGE_BYTES, InferResponse
 
-_TYPED_FIELDS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
-                 "fp32_contents", "fp64_contents", "bytes_contents")
+_TYPED_FIELDS = (
+    "bool_contents",
+    "int_contents",
+    "int64_contents",
+    "uint_contents",
+    "uint64_contents",
+    "fp32_contents",
+    "fp64_contents",
+    "bytes_contents",
+)
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
@@ -73,16 +88,18 @@ class DecodedRequest:
                 region.release()
 
 
-def decode_request(request: pb.ModelInferRequest, raw_contents=None,
-                   shared_memory: SharedMemoryRegistry | None = None) -> DecodedRequest:
+def decode_request(
+    request: pb.ModelInferRequest, raw_contents=None, shared_memory: SharedMemoryRegistry | None = None
+) -> DecodedRequest:
     """Decode every input and the request parameters. `raw_contents` (buffers, one per input not in shared
     memory) replaces the message's own raw_input_contents when the wire layer kept them out of it;
     `shared_memory` is the server's registry (None: shared memory is off). Raises InvalidRequest or
     RegionNotFound, holding no region reference then; on success the caller must `release()` the result."""
     decoded = DecodedRequest({}, {}, [], 0)
     try:
-        _decode_inputs(decoded, request, request.raw_input_contents if raw_contents is None else raw_contents,
-                       shared_memory)
+        _decode_inputs(
+            decoded, request, request.raw_input_contents if raw_contents is None else raw_contents, shared_memory
+        )
         if request.outputs:
             decoded.outputs = _requested_outputs(request, decoded, shared_memory)
         if request.parameters:
@@ -93,8 +110,9 @@ def decode_request(request: pb.ModelInferRequest, raw_contents=None,
     return decoded
 
 
-def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None,
-                  shared_memory: SharedMemoryRegistry | None = None) -> int:
+def decoded_bytes(
+    request: pb.ModelInferRequest, raw_contents=None, shared_memory: SharedMemoryRegistry | None = None
+) -> int:
     """About how many bytes decoding `request`'s inputs takes and holds, told from the message alone (no tensor
     bytes are read), for service/tensor_memory.py to refuse a request before that memory is taken.
 
@@ -115,8 +133,14 @@ def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None,
         for index in range(count):
             tensor = tensors[index]
             if tensor.datatype == "BYTES":
-                total += _input_bytes(tensor, datatypes.BY_NAME["BYTES"],
-                                      _checked_elements(tensor.name, tuple(tensor.shape)), False, raw[index], None)
+                total += _input_bytes(
+                    tensor,
+                    datatypes.BY_NAME["BYTES"],
+                    _checked_elements(tensor.name, tuple(tensor.shape)),
+                    False,
+                    raw[index],
+                    None,
+                )
             else:
                 total += len(raw[index])
         return total
@@ -135,8 +159,14 @@ def decoded_bytes(request: pb.ModelInferRequest, raw_contents=None,
     return total
 
 
-def _input_bytes(tensor, datatype: datatypes.DataType, elements: int, placed: bool, buffer,
-                 shared_memory: SharedMemoryRegistry | None) -> int:
+def _input_bytes(
+    tensor,
+    datatype: datatypes.DataType,
+    elements: int,
+    placed: bool,
+    buffer,
+    shared_memory: SharedMemoryRegistry | None,
+) -> int:
     """decoded_bytes of one input."""
     if datatype.name != "BYTES":
         if placed:  # read from the region into a buffer of the server's own, at decode
@@ -180,12 +210,16 @@ def _placement_or_none(parameters) -> tuple[str, int, int] | None:
 def output_bytes(outputs: dict[str, np.ndarray]) -> int:
     """About how much memory the run's outputs hold: nbytes, and for BYTES (object arrays) BYTES_ELEMENT_COST per
     element (their contents are not walked for this)."""
-    return sum(array.size * BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
-               for array in outputs.values() if isinstance(array, np.ndarray))
+    return sum(
+        array.size * BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
+        for array in outputs.values()
+        if isinstance(array, np.ndarray)
+    )
 
 
-def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
-                   shared_memory: SharedMemoryRegistry | None) -> None:
+def _decode_inputs(
+    decoded: DecodedRequest, request: pb.ModelInferRequest, raw, shared_memory: SharedMemoryRegistry | None
+) -> None:
     tensors = request.inputs
     count = len(tensors)
     # raw_input_contents holds one entry per input not in shared memory. The inputs in shared memory are looked
@@ -204,24 +238,28 @@ def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
         datatype = tensor.datatype
         if datatype not in datatypes.BY_NAME:
             raise InvalidRequest(
-                f"input '{name}' has unknown datatype '{datatype}'; use one of {', '.join(datatypes.NAMES)}")
+                f"input '{name}' has unknown datatype '{datatype}'; use one of {', '.join(datatypes.NAMES)}"
+            )
         shape = tuple(tensor.shape)
         elements = _checked_elements(name, shape)
         place = _placement(f"input '{name}'", tensor.parameters) if tensor.parameters else None
         if place is not None:
             if tensor.HasField("contents"):
-                raise InvalidRequest(f"input '{name}' has typed contents and names shared memory region "
-                                     f"'{place[0]}'; use one or the other")
+                raise InvalidRequest(
+                    f"input '{name}' has typed contents and names shared memory region "
+                    f"'{place[0]}'; use one or the other"
+                )
             if raw and one_per_input:
                 raise InvalidRequest(
                     f"input '{name}' names shared memory region '{place[0]}' and has a raw_input_contents entry "
-                    "too; an input in shared memory takes none")
+                    "too; an input in shared memory takes none"
+                )
             array = _region_input(decoded, name, datatype, shape, elements, place, shared_memory)
         elif raw:
             if tensor.HasField("contents"):
                 raise InvalidRequest(
-                    f"input '{name}' has typed contents while the request uses raw_input_contents; use one or the "
-                    "other")
+                    f"input '{name}' has typed contents while the request uses raw_input_contents; use one or the other"
+                )
             buffer = raw[next_raw]
             next_raw += 1
             dtype = _FIXED_SIZE.get(datatype)
@@ -229,7 +267,8 @@ def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
                 if len(buffer) != elements * dtype.itemsize:
                     raise InvalidRequest(
                         f"input '{name}': shape {list(shape)} of {datatype} needs {elements * dtype.itemsize} "
-                        f"bytes, got {len(buffer)}")
+                        f"bytes, got {len(buffer)}"
+                    )
                 array = np.frombuffer(buffer, dtype).reshape(shape)
             else:
                 try:
@@ -239,8 +278,9 @@ def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
         elif tensor.HasField("contents"):
             array = _decode_typed(name, datatype, shape, tensor.contents)
         else:
-            raise InvalidRequest(f"input '{name}' has no contents (neither raw_input_contents, contents nor a "
-                                 "shared memory region)")
+            raise InvalidRequest(
+                f"input '{name}' has no contents (neither raw_input_contents, contents nor a shared memory region)"
+            )
         inputs[name] = array
         signature[name] = (datatype, shape)
 
@@ -248,16 +288,19 @@ def _decode_inputs(decoded: DecodedRequest, request: pb.ModelInferRequest, raw,
 def _check_raw_count(tensors, entries: int) -> None:
     """Raise InvalidRequest unless raw_input_contents' `entries` are one per input not in shared memory."""
     count = len(tensors)
-    placed = sum(1 for tensor in tensors
-                 if tensor.parameters and _placement(f"input '{tensor.name}'", tensor.parameters) is not None)
+    placed = sum(
+        1
+        for tensor in tensors
+        if tensor.parameters and _placement(f"input '{tensor.name}'", tensor.parameters) is not None
+    )
     if entries == count - placed:
         return
     if placed:
         raise InvalidRequest(
             f"raw_input_contents has {entries} entries for the {count - placed} inputs not in shared memory "
-            f"(of {count}); send one per such input, in order")
-    raise InvalidRequest(
-        f"raw_input_contents has {entries} entries for {count} inputs; send one per input, in order")
+            f"(of {count}); send one per such input, in order"
+        )
+    raise InvalidRequest(f"raw_input_contents has {entries} entries for {count} inputs; send one per input, in order")
 
 
 # Fixed-size datatypes decoded inline (BF16 and BYTES go through the codec).
@@ -268,8 +311,9 @@ def _checked_elements(name: str, shape: tuple[int, ...]) -> int:
     """The element count of `shape`; raises InvalidRequest for negative, absurd or oversized shapes, and for more
     dimensions than numpy's MAX_RANK."""
     if len(shape) > MAX_RANK:
-        raise InvalidRequest(f"input '{name}' has {len(shape)} dimensions; a tensor may have at most {MAX_RANK} "
-                             "(numpy's limit)")
+        raise InvalidRequest(
+            f"input '{name}' has {len(shape)} dimensions; a tensor may have at most {MAX_RANK} (numpy's limit)"
+        )
     if shape:
         if min(shape) < 0:
             raise InvalidRequest(f"input '{name}' has a negative dimension in shape {list(shape)}")
@@ -298,8 +342,11 @@ def _placement(what: str, parameters) -> tuple[str, int, int] | None:
         raise InvalidRequest(f"{what}: '{REGION}' must be a string_param (the region's name)")
     if BYTE_SIZE not in parameters:
         raise InvalidRequest(f"{what} names shared memory region '{region.string_param}' without '{BYTE_SIZE}'")
-    return (region.string_param, _integer(what, parameters, OFFSET) if OFFSET in parameters else 0,
-            _integer(what, parameters, BYTE_SIZE))
+    return (
+        region.string_param,
+        _integer(what, parameters, OFFSET) if OFFSET in parameters else 0,
+        _integer(what, parameters, BYTE_SIZE),
+    )
 
 
 def _integer(what: str, parameters, key: str) -> int:
@@ -313,8 +360,9 @@ def _integer(what: str, parameters, key: str) -> int:
     return value
 
 
-def _hold_slice(decoded: DecodedRequest, what: str, place: tuple[str, int, int],
-                shared_memory: SharedMemoryRegistry | None) -> RegionSlice:
+def _hold_slice(
+    decoded: DecodedRequest, what: str, place: tuple[str, int, int], shared_memory: SharedMemoryRegistry | None
+) -> RegionSlice:
     """Take a reference to the named region for the request (kept in `decoded.regions`) and check the range."""
     name, offset, byte_size = place
     if shared_memory is None:
@@ -324,8 +372,15 @@ def _hold_slice(decoded: DecodedRequest, what: str, place: tuple[str, int, int],
     return region.slice(offset, byte_size, what)
 
 
-def _region_input(decoded: DecodedRequest, name: str, datatype: str, shape: tuple[int, ...], elements: int,
-                  place: tuple[str, int, int], shared_memory: SharedMemoryRegistry | None) -> np.ndarray:
+def _region_input(
+    decoded: DecodedRequest,
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    elements: int,
+    place: tuple[str, int, int],
+    shared_memory: SharedMemoryRegistry | None,
+) -> np.ndarray:
     """An input read from shared memory into a read-only array of its own (BYTES elements are copied out)."""
     what = f"input '{name}'"
     region_slice = _hold_slice(decoded, what, place, shared_memory)
@@ -340,7 +395,8 @@ def _region_input(decoded: DecodedRequest, name: str, datatype: str, shape: tupl
     if region_slice.byte_size != needed:
         raise InvalidRequest(
             f"{what} in shared memory region '{place[0]}': shape {list(shape)} of {datatype} needs {needed} bytes, "
-            f"{BYTE_SIZE} is {region_slice.byte_size}")
+            f"{BYTE_SIZE} is {region_slice.byte_size}"
+        )
     return region_slice.array(dtype, shape)
 
 
@@ -355,7 +411,8 @@ def _decode_typed(name: str, datatype: str, shape: tuple[int, ...], contents) ->
     count = element_count(shape)
     if len(values) != count:
         raise InvalidRequest(
-            f"input '{name}' shape {list(shape)} needs {count} elements, {expected} holds {len(values)}")
+            f"input '{name}' shape {list(shape)} needs {count} elements, {expected} holds {len(values)}"
+        )
     if datatype == "BYTES":  # straight into the object array: a list of the elements first would add 8 bytes each
         return np.fromiter(values, dtype=object, count=count).reshape(shape)
     try:
@@ -364,8 +421,9 @@ def _decode_typed(name: str, datatype: str, shape: tuple[int, ...], contents) ->
         raise InvalidRequest(f"input '{name}': a value in {expected} does not fit {datatype}") from None
 
 
-def _requested_outputs(request: pb.ModelInferRequest, decoded: DecodedRequest,
-                       shared_memory: SharedMemoryRegistry | None) -> list[str]:
+def _requested_outputs(
+    request: pb.ModelInferRequest, decoded: DecodedRequest, shared_memory: SharedMemoryRegistry | None
+) -> list[str]:
     names = []
     for output in request.outputs:
         if output.name in names:
@@ -394,8 +452,12 @@ def _timeout_us(request: pb.ModelInferRequest) -> int:
     return value
 
 
-def encode_response(response: pb.ModelInferResponse, outputs: dict[str, np.ndarray],
-                    metadata: ModelMetadata, regions: dict[str, RegionSlice] | None = None):
+def encode_response(
+    response: pb.ModelInferResponse,
+    outputs: dict[str, np.ndarray],
+    metadata: ModelMetadata,
+    regions: dict[str, RegionSlice] | None = None,
+):
     """Add `outputs` to `response` as raw contents, in the model's output order, typed as the model declares
     them. Small outputs go into the message (returned); when they add up to LARGE_MESSAGE_BYTES or more, the
     arrays are kept out of it and an InferResponse is returned, which the wire layer serializes with one copy.
@@ -429,8 +491,9 @@ def encode_response(response: pb.ModelInferResponse, outputs: dict[str, np.ndarr
     if to_write:
         _write_regions(to_write)
     if size >= LARGE_MESSAGE_BYTES:
-        return InferResponse(response, [np.ascontiguousarray(item) if type(item) is np.ndarray else item
-                                        for item in raw])
+        return InferResponse(
+            response, [np.ascontiguousarray(item) if type(item) is np.ndarray else item for item in raw]
+        )
     response.raw_output_contents.extend([item.tobytes() if type(item) is np.ndarray else item for item in raw])
     return response
 
@@ -443,7 +506,8 @@ def _write_regions(to_write: list) -> None:
         if needed > target.byte_size:
             raise InvalidRequest(
                 f"output '{name}' needs {needed} bytes and shared memory region '{target.region.name}' gives it "
-                f"{target.byte_size} ({BYTE_SIZE}); ask for at least {needed}")
+                f"{target.byte_size} ({BYTE_SIZE}); ask for at least {needed}"
+            )
         target.check_object(needed)  # its client may have shrunk the object since registering the region
     for _name, target, item, dtype in to_write:
         target.write(item, dtype)
@@ -453,7 +517,9 @@ def _output_plan(metadata: ModelMetadata) -> list[tuple[str, str, np.dtype | Non
     """(name, datatype, numpy dtype or None for BYTES) per output, computed once per metadata object."""
     plan = metadata.__dict__.get("_output_plan")
     if plan is None:
-        plan = [(t.name, t.datatype, None if t.datatype == "BYTES" else datatypes.numpy_dtype(t.datatype))
-                for t in metadata.outputs]
+        plan = [
+            (t.name, t.datatype, None if t.datatype == "BYTES" else datatypes.numpy_dtype(t.datatype))
+            for t in metadata.outputs
+        ]
         object.__setattr__(metadata, "_output_plan", plan)
     return plan

@@ -60,10 +60,17 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def serve(model_repository: str | Path, *, backends: Mapping[str, Backend] | None = None,
-          stop_grace: float = 5.0, tls_ca: str | Path | bytes | None = None,
-          tls_client_cert: str | Path | bytes | None = None, tls_client_key: str | Path | bytes | None = None,
-          tls_server_name: str | None = None, **options) -> Iterator[RunningServer]:
+def serve(
+    model_repository: str | Path,
+    *,
+    backends: Mapping[str, Backend] | None = None,
+    stop_grace: float = 5.0,
+    tls_ca: str | Path | bytes | None = None,
+    tls_client_cert: str | Path | bytes | None = None,
+    tls_client_key: str | Path | bytes | None = None,
+    tls_server_name: str | None = None,
+    **options,
+) -> Iterator[RunningServer]:
     """Start a server on 127.0.0.1:<free port> with `options` (the fields of ServerOptions, e.g.
     parallel_jobs=2, allow_management=True, load_at_startup=False, management_token="t", tls_cert=path).
     `backends` adds or replaces backends by name (for example a FixtureBackend with the test's
@@ -73,11 +80,23 @@ def serve(model_repository: str | Path, *, backends: Mapping[str, Backend] | Non
     from client import InferenceClient, ManagementClient
 
     options.setdefault("enable_test_backends", True)  # the harness is for tests: fixture models load
-    settings = ServerOptions(model_repository=Path(model_repository), host="127.0.0.1",
-                             port=options.pop("port", 0), extra_backends=dict(backends or {}), **options)
+    settings = ServerOptions(
+        model_repository=Path(model_repository),
+        host="127.0.0.1",
+        port=options.pop("port", 0),
+        extra_backends=dict(backends or {}),
+        **options,
+    )
     # ServerOptions keeps only the tokens' digests; the clients get the strings the caller passed.
-    client_options = _client_options(settings, options.get("inference_token"), options.get("management_token"),
-                                     tls_ca, tls_client_cert, tls_client_key, tls_server_name)
+    client_options = _client_options(
+        settings,
+        options.get("inference_token"),
+        options.get("management_token"),
+        tls_ca,
+        tls_client_cert,
+        tls_client_key,
+        tls_server_name,
+    )
     server = Server(settings)
     server.start()
     address = f"127.0.0.1:{server.port}"
@@ -92,8 +111,9 @@ def serve(model_repository: str | Path, *, backends: Mapping[str, Backend] | Non
         server.stop(grace=stop_grace)
 
 
-def _client_options(settings: ServerOptions, inference_token, management_token, tls_ca, tls_cert, tls_key,
-                    server_name) -> dict[str, Any]:
+def _client_options(
+    settings: ServerOptions, inference_token, management_token, tls_ca, tls_cert, tls_key, server_name
+) -> dict[str, Any]:
     """InferenceClient keywords that match the server: its tokens (as strings; "" sends none, so the
     environment's tokens never leak into a test) and TLS."""
     for token in (inference_token, management_token):
@@ -101,8 +121,12 @@ def _client_options(settings: ServerOptions, inference_token, management_token, 
             raise TypeError("serve() needs tokens as strings, to give them to its clients")
     options: dict[str, Any] = {"token": inference_token or "", "management_token": management_token or ""}
     if settings.tls_cert is not None:
-        options.update(tls_ca=tls_ca if tls_ca is not None else settings.tls_cert, tls_cert=tls_cert,
-                       tls_key=tls_key, tls_server_name=server_name)
+        options.update(
+            tls_ca=tls_ca if tls_ca is not None else settings.tls_cert,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_server_name=server_name,
+        )
     elif any(value is not None for value in (tls_ca, tls_cert, tls_key, server_name)):
         raise ValueError("client TLS settings given for a server without tls_cert")
     return options
@@ -122,10 +146,13 @@ except ImportError:  # pytest is only needed for the fixture
     pytest = None
 
 if pytest is not None:
+
     @pytest.fixture
     def slotserve():
         """A factory: `slotserve(repository, **options) -> RunningServer`; every server stops after the test."""
         with contextlib.ExitStack() as stack:
+
             def start(model_repository, **options) -> RunningServer:
                 return stack.enter_context(serve(model_repository, **options))
+
             yield start

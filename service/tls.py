@@ -35,8 +35,9 @@ def server_credentials(options: ServerOptions) -> grpc.ServerCredentials | None:
     if options.tls_client_ca is not None:
         client_ca = _read(options.tls_client_ca, "--tls-client-ca")
         _check_certificates(options.tls_client_ca, "--tls-client-ca")
-    return grpc.ssl_server_credentials([(key, certificate)], root_certificates=client_ca,
-                                       require_client_auth=client_ca is not None)
+    return grpc.ssl_server_credentials(
+        [(key, certificate)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 def describe(options: ServerOptions) -> str:
@@ -78,8 +79,9 @@ def _check_pair(cert: Path, key: Path) -> None:
     except ssl.SSLError as error:
         if getattr(error, "reason", None) == "KEY_VALUES_MISMATCH":
             raise TLSConfigError(f"--tls-key {key} does not match the certificate in --tls-cert {cert}") from None
-        raise TLSConfigError(f"--tls-key {key}: not a usable PEM private key for --tls-cert {cert} "
-                             f"({_reason(error)})") from None
+        raise TLSConfigError(
+            f"--tls-key {key}: not a usable PEM private key for --tls-cert {cert} ({_reason(error)})"
+        ) from None
 
 
 class _EncryptedKey(Exception):

@@ -17,8 +17,15 @@ from pathlib import Path
 
 from .repository import REGISTERED, STREAMING_MODELS
 
-FAULT_STATUSES = ("INTERNAL", "UNKNOWN", "MALFORMED_RESPONSE", "NO_ANSWER", "CLIENT_TIMEOUT", "DATA_LOSS",
-                  "UNIMPLEMENTED")
+FAULT_STATUSES = (
+    "INTERNAL",
+    "UNKNOWN",
+    "MALFORMED_RESPONSE",
+    "NO_ANSWER",
+    "CLIENT_TIMEOUT",
+    "DATA_LOSS",
+    "UNIMPLEMENTED",
+)
 
 
 @dataclass
@@ -71,8 +78,9 @@ def audit_logs(paths: list[Path]) -> Audit:
             status, kind = final["status"], request["kind"]
             audit.statuses[kind][status] += 1
             if status in FAULT_STATUSES:
-                audit.faults.append(f"{request_id} {kind} {request['model']} {request['op']}: {status} "
-                                    f"{final.get('message', '')}")
+                audit.faults.append(
+                    f"{request_id} {kind} {request['model']} {request['op']}: {status} {final.get('message', '')}"
+                )
             if kind == "mgmt":
                 audit.ops[f"{request['op']} {status}"] += 1
                 continue

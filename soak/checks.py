@@ -60,6 +60,7 @@ PLATEAU_MIN_SECONDS = 120.0  # shorter main phases are too short to tell growth 
 @dataclass
 class Snapshot:
     """The server process at one moment: /proc figures (VmRSS KiB, Threads, fds), threads by name, fds by kind."""
+
     figures: dict[str, int]
     threads: Counter
     fds: Counter
@@ -68,6 +69,7 @@ class Snapshot:
 @dataclass
 class Measured:
     """What one soak run measured (soak/run.py fills it in)."""
+
     roles: list[str]
     threads: int  # per client process
     warmup: float
@@ -120,8 +122,9 @@ the server knows the engine's answers are complete only when it asks for the nex
 which a cancelled stream never returns from. Other models' stream answers are counted before they are sent."""
 
 
-def evaluate(measured: Measured, audit: Audit, rss_growth_mib: float, rss_plateau_mib: float
-             ) -> tuple[Checks, Checks, list[str]]:
+def evaluate(
+    measured: Measured, audit: Audit, rss_growth_mib: float, rss_plateau_mib: float
+) -> tuple[Checks, Checks, list[str]]:
     """(the figures and checks, the per-model reconciliation table, details of the problems found)."""
     checks = Checks()
     crashed = _requests(checks, measured, audit)
@@ -129,36 +132,45 @@ def evaluate(measured: Measured, audit: Audit, rss_growth_mib: float, rss_platea
     _end_state(checks, measured)
     _resources(checks, measured, rss_growth_mib, rss_plateau_mib)
     shutdown_bound = SHUTDOWN_GRACE + 8
-    checks.check("SIGTERM: exit code, seconds", f"{measured.exit_code}, {measured.exit_seconds:.1f}",
-                 f"0, <= {shutdown_bound:.0f}", measured.exit_code == 0 and measured.exit_seconds <= shutdown_bound)
-    details = (audit.faults[:10] + audit.missing[:10] + audit.duplicated[:10] + audit.odd_events[:10]
-               + crashed[:10])
+    checks.check(
+        "SIGTERM: exit code, seconds",
+        f"{measured.exit_code}, {measured.exit_seconds:.1f}",
+        f"0, <= {shutdown_bound:.0f}",
+        measured.exit_code == 0 and measured.exit_seconds <= shutdown_bound,
+    )
+    details = audit.faults[:10] + audit.missing[:10] + audit.duplicated[:10] + audit.odd_events[:10] + crashed[:10]
     return checks, per_model, details
 
 
 def _requests(checks: Checks, m: Measured, audit: Audit) -> list[str]:
     """Every request got exactly one final status and none meant a server fault. Returns the crashed clients."""
-    checks.figure("traffic seconds (warm-up + main)",
-                  f"{m.traffic_seconds:.0f} ({m.warmup:.0f} + {m.main_seconds:.0f})")
+    checks.figure(
+        "traffic seconds (warm-up + main)", f"{m.traffic_seconds:.0f} ({m.warmup:.0f} + {m.main_seconds:.0f})"
+    )
     checks.figure("client processes (role x threads)", f"{len(m.roles)} x {m.threads}, twice (warm-up, main)")
     crashed = [f"{run.name}: exit {run.code}" for run in m.runs if run.code != 0]
     checks.check("client processes that failed or overran", len(crashed), "0", not crashed)
     kinds = {kind: sum(counter.values()) for kind, counter in audit.statuses.items()}
-    checks.figure("requests sent (infer / stream / management)",
-                  f"{audit.sent} ({kinds.get('infer', 0)} / {kinds.get('stream', 0)} / {kinds.get('mgmt', 0)})")
+    checks.figure(
+        "requests sent (infer / stream / management)",
+        f"{audit.sent} ({kinds.get('infer', 0)} / {kinds.get('stream', 0)} / {kinds.get('mgmt', 0)})",
+    )
     checks.figure("requests per second", f"{audit.sent / max(m.traffic_seconds, 1):.0f}")
     checks.check("final statuses logged", audit.done, f"= sent ({audit.sent})", audit.done == audit.sent)
     checks.check("requests without a final status", len(audit.missing), "0", not audit.missing)
     checks.check("requests with more than one final status", len(audit.duplicated), "0", not audit.duplicated)
     checks.check("final statuses of requests never sent", len(audit.orphans), "0", not audit.orphans)
     checks.check("unexpected events in client logs", len(audit.odd_events), "0", not audit.odd_events)
-    checks.check("answers that mean a server fault", len(audit.faults), f"0 ({'/'.join(FAULT_STATUSES[:3])}...)",
-                 not audit.faults)
+    checks.check(
+        "answers that mean a server fault",
+        len(audit.faults),
+        f"0 ({'/'.join(FAULT_STATUSES[:3])}...)",
+        not audit.faults,
+    )
     for kind in ("infer", "stream", "mgmt"):
         counter = audit.statuses.get(kind, Counter())
         checks.figure(f"{kind} statuses", ", ".join(f"{s} {n}" for s, n in counter.most_common()) or "-")
-    checks.figure("saturation burst (fx_slow, gate shut)",
-                  ", ".join(f"{s} {n}" for s, n in m.saturation.most_common()))
+    checks.figure("saturation burst (fx_slow, gate shut)", ", ".join(f"{s} {n}" for s, n in m.saturation.most_common()))
     checks.figure("fx_slow gate shut (times)", m.gate_shut_count)
     return crashed
 
@@ -166,18 +178,44 @@ def _requests(checks: Checks, m: Measured, audit: Audit) -> list[str]:
 def _reconciliation(checks: Checks, m: Measured, audit: Audit) -> Checks:
     """Per model, the server's success and failure counts against what the clients saw (the module docstring)."""
     miscounted = 0
-    per_model = Checks(("model", "server success", "server fail", "sent", "OK", "OK, stream then abandoned",
-                        "refused", "gave up", "handler busy", "reconciles"))
+    per_model = Checks(
+        (
+            "model",
+            "server success",
+            "server fail",
+            "sent",
+            "OK",
+            "OK, stream then abandoned",
+            "refused",
+            "gave up",
+            "handler busy",
+            "reconciles",
+        )
+    )
     for model in REGISTERED:
         tally = audit.per_model.get(model, Tally())
         success, fail = m.statistics.get(model, (0, 0))
         reached_max = tally.sent - tally.handler_busy
-        ok = (tally.ok - tally.ok_abandoned <= success <= tally.ok + tally.gave_up and fail >= tally.refused
-              and reached_max - tally.gave_up <= success + fail <= reached_max)
+        ok = (
+            tally.ok - tally.ok_abandoned <= success <= tally.ok + tally.gave_up
+            and fail >= tally.refused
+            and reached_max - tally.gave_up <= success + fail <= reached_max
+        )
         miscounted += max(0, tally.ok - success)
-        per_model.rows.append((model, str(success), str(fail), str(tally.sent), str(tally.ok),
-                               str(tally.ok_abandoned), str(tally.refused), str(tally.gave_up),
-                               str(tally.handler_busy), "yes" if ok else "NO"))
+        per_model.rows.append(
+            (
+                model,
+                str(success),
+                str(fail),
+                str(tally.sent),
+                str(tally.ok),
+                str(tally.ok_abandoned),
+                str(tally.refused),
+                str(tally.gave_up),
+                str(tally.handler_busy),
+                "yes" if ok else "NO",
+            )
+        )
         if not ok:
             checks.failed.append(f"{model}: the server's counts do not reconcile with the clients' (see the table)")
     checks.figure("OK answers the server counted as failed (at least)", f"{miscounted} (see note 1)")
@@ -195,9 +233,11 @@ def _end_state(checks: Checks, m: Measured) -> None:
     checks.check("models stuck in a transition", ", ".join(stuck) or 0, "0", not stuck)
     checks.figure("model states at the end", ", ".join(f"{s} {n}" for s, n in sorted(states.items())))
     log_text = m.server_log
-    checks.figure("server log: evictions / load failures / ERROR lines",
-                  f"{log_text.count('evicted')} / {log_text.count('load failed') + log_text.count('failed to load')}"
-                  f" / {sum(1 for line in log_text.splitlines() if ' ERROR ' in line)}")
+    checks.figure(
+        "server log: evictions / load failures / ERROR lines",
+        f"{log_text.count('evicted')} / {log_text.count('load failed') + log_text.count('failed to load')}"
+        f" / {sum(1 for line in log_text.splitlines() if ' ERROR ' in line)}",
+    )
     internal = log_text.count("internal error (reference")
     checks.check("server log: internal errors", internal, "0", internal == 0)
 
@@ -208,25 +248,34 @@ def _resources(checks: Checks, m: Measured, rss_growth_mib: float, rss_plateau_m
     thread_bound = min(baseline["Threads"] + THREAD_SLACK, start["Threads"] + MAX_WORKERS + THREAD_SLACK)
     # fds: the baseline holds what the process opens once and keeps (ONNX Runtime's usage database: three fds
     # under ~/.cache/Microsoft, opened with the first session), so the end is compared with it.
-    checks.check("threads: start / baseline / end (peak)",
-                 f"{start['Threads']} / {baseline['Threads']} / {end['Threads']} "
-                 f"({max(sampler.peak('Threads', p) for p in ('warmup', 'main'))})",
-                 f"end <= {thread_bound}", end["Threads"] <= thread_bound)
+    checks.check(
+        "threads: start / baseline / end (peak)",
+        f"{start['Threads']} / {baseline['Threads']} / {end['Threads']} "
+        f"({max(sampler.peak('Threads', p) for p in ('warmup', 'main'))})",
+        f"end <= {thread_bound}",
+        end["Threads"] <= thread_bound,
+    )
     checks.figure("threads by name: start / baseline / end", trio(m.start.threads, m.baseline.threads, m.end.threads))
-    checks.figure("fds that changed: start / baseline / end",
-                  trio(m.start.fds, m.baseline.fds, m.end.fds, changed=True))
+    checks.figure(
+        "fds that changed: start / baseline / end", trio(m.start.fds, m.baseline.fds, m.end.fds, changed=True)
+    )
     fd_bound = baseline["fds"] + FD_SLACK
-    checks.check("open fds: start / baseline / end (peak)",
-                 f"{start['fds']} / {baseline['fds']} / {end['fds']} "
-                 f"({max(sampler.peak('fds', p) for p in ('warmup', 'main'))})", f"end <= {fd_bound}",
-                 end["fds"] <= fd_bound)
+    checks.check(
+        "open fds: start / baseline / end (peak)",
+        f"{start['fds']} / {baseline['fds']} / {end['fds']} "
+        f"({max(sampler.peak('fds', p) for p in ('warmup', 'main'))})",
+        f"end <= {fd_bound}",
+        end["fds"] <= fd_bound,
+    )
     rss_bound = baseline["VmRSS"] + rss_growth_mib * 1024
     main_peak = sampler.peak("VmRSS", "main")
     checks.figure("VmRSS: start / warm-up peak", f"{mib(start['VmRSS'])} / {mib(sampler.peak('VmRSS', 'warmup'))}")
-    checks.check("VmRSS: baseline / main-phase peak / end",
-                 f"{mib(baseline['VmRSS'])} / {mib(main_peak)} / {mib(end['VmRSS'])}",
-                 f"<= {mib(rss_bound)} (baseline + {rss_growth_mib:.0f} MiB)",
-                 main_peak <= rss_bound and end["VmRSS"] <= rss_bound)
+    checks.check(
+        "VmRSS: baseline / main-phase peak / end",
+        f"{mib(baseline['VmRSS'])} / {mib(main_peak)} / {mib(end['VmRSS'])}",
+        f"<= {mib(rss_bound)} (baseline + {rss_growth_mib:.0f} MiB)",
+        main_peak <= rss_bound and end["VmRSS"] <= rss_bound,
+    )
     main_samples = [(t, f["VmRSS"]) for t, p, f in sampler.samples if p == "main"]
     if len(main_samples) > 10:
         times, values = np.array([s[0] for s in main_samples]), np.array([s[1] for s in main_samples]) / 1024
@@ -235,19 +284,27 @@ def _resources(checks: Checks, m: Measured, rss_growth_mib: float, rss_plateau_m
         fifth = len(values) // 5
         first, last = float(np.percentile(values[:fifth], 25)), float(np.percentile(values[-fifth:], 25))
         if m.main_seconds >= PLATEAU_MIN_SECONDS:
-            checks.check("VmRSS lower quartile: first / last fifth of main", f"{first:.1f} / {last:.1f} MiB",
-                         f"last <= first + {rss_plateau_mib:.0f} MiB", last <= first + rss_plateau_mib)
+            checks.check(
+                "VmRSS lower quartile: first / last fifth of main",
+                f"{first:.1f} / {last:.1f} MiB",
+                f"last <= first + {rss_plateau_mib:.0f} MiB",
+                last <= first + rss_plateau_mib,
+            )
         else:
-            checks.figure("VmRSS lower quartile: first / last fifth of main",
-                          f"{first:.1f} / {last:.1f} MiB (checked when the main phase lasts "
-                          f">= {PLATEAU_MIN_SECONDS:.0f} s)")
+            checks.figure(
+                "VmRSS lower quartile: first / last fifth of main",
+                f"{first:.1f} / {last:.1f} MiB (checked when the main phase lasts >= {PLATEAU_MIN_SECONDS:.0f} s)",
+            )
 
 
 def trio(start: Counter, baseline: Counter, end: Counter, *, changed: bool = False) -> str:
     """'name a/b/c' for each key (only keys whose count changed, with `changed`)."""
     keys = sorted(set(start) | set(baseline) | set(end))
-    parts = [f"{Path(k).name or k} {start[k]}/{baseline[k]}/{end[k]}" for k in keys
-             if not changed or len({start[k], baseline[k], end[k]}) > 1]
+    parts = [
+        f"{Path(k).name or k} {start[k]}/{baseline[k]}/{end[k]}"
+        for k in keys
+        if not changed or len({start[k], baseline[k], end[k]}) > 1
+    ]
     return ", ".join(parts) or "none"
 
 

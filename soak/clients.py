@@ -36,8 +36,9 @@ class ClientRun:
     code: int | None = None
 
 
-def run_clients(server: Server, work: Path, phase: str, seconds: float, roles: list[str], threads: int,
-                seed: int) -> list[ClientRun]:
+def run_clients(
+    server: Server, work: Path, phase: str, seconds: float, roles: list[str], threads: int, seed: int
+) -> list[ClientRun]:
     """Start one process per role, wait for all (killed 60 s past their time); their exit codes recorded."""
     runs = []
     try:
@@ -45,10 +46,29 @@ def run_clients(server: Server, work: Path, phase: str, seconds: float, roles: l
             name = f"{phase}-c{index}-{role}"
             log, stderr = work / f"{name}.jsonl", work / f"{name}.stderr"
             process = subprocess.Popen(
-                [sys.executable, str(ROOT / "soak" / "traffic.py"), "--address", server.address, "--role", role,
-                 "--seconds", str(seconds), "--threads", str(threads), "--log", str(log), "--name", name,
-                 "--seed", str(seed * 100 + index)],
-                cwd=ROOT, env=environment(), stdout=subprocess.DEVNULL, stderr=stderr.open("w"))
+                [
+                    sys.executable,
+                    str(ROOT / "soak" / "traffic.py"),
+                    "--address",
+                    server.address,
+                    "--role",
+                    role,
+                    "--seconds",
+                    str(seconds),
+                    "--threads",
+                    str(threads),
+                    "--log",
+                    str(log),
+                    "--name",
+                    name,
+                    "--seed",
+                    str(seed * 100 + index),
+                ],
+                cwd=ROOT,
+                env=environment(),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr.open("w"),
+            )
             runs.append(ClientRun(name, role, log, process, stderr))
         deadline = time.monotonic() + seconds + 60
         for run in runs:
@@ -64,7 +84,6 @@ def run_clients(server: Server, work: Path, phase: str, seconds: float, roles: l
                 run.process.kill()
                 run.process.wait(timeout=10)
     return runs
-
 
 
 class Orchestrator:
@@ -125,9 +144,15 @@ class Orchestrator:
                     failure = ClientError.from_rpc_error(error)
                     status, reason, message = failure.code, failure.reason, failure.message
                 outcomes[status] += 1
-                self._write(event="done", id=request_id, status=status, reason=reason,
-                            gave_up=status in ("DEADLINE_EXCEEDED", "CANCELLED", "CLIENT_TIMEOUT"),
-                            handler_busy="inference handler threads" in message, message=message[:200])
+                self._write(
+                    event="done",
+                    id=request_id,
+                    status=status,
+                    reason=reason,
+                    gave_up=status in ("DEADLINE_EXCEEDED", "CANCELLED", "CLIENT_TIMEOUT"),
+                    handler_busy="inference handler threads" in message,
+                    message=message[:200],
+                )
         finally:
             release.touch()
         return outcomes

@@ -30,5 +30,3 @@ class GateFlapper(threading.Thread):
         self._halt.set()
         self.join(timeout=10)
         self.release.touch()
-
-

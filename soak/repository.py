@@ -45,5 +45,3 @@ def build_repository(work: Path) -> tuple[Path, Path]:
     (gates / "fx_slow.execute.hold").touch()  # the gate exists; the fault thread opens and shuts it
     (gates / "fx_slow.execute.release").touch()
     return repository, gates
-
-

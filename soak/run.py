@@ -32,7 +32,8 @@ from pathlib import Path
 # The project's packages, also when slotserve is not installed in this Python; and not this folder, whose module
 # names (server, clients, ...) are too plain to sit first on the path.
 sys.path[:] = [str(Path(__file__).resolve().parents[1])] + [
-    entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
+    entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent
+]
 
 from soak.audit import audit_logs  # noqa: E402
 from soak.checks import NOTES, Measured, Snapshot, evaluate  # noqa: E402
@@ -45,16 +46,27 @@ from soak.server import MAX_WORKERS, Sampler, Server  # noqa: E402
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Bounded soak of slotserve (see the module docstring).")
     parser.add_argument("--seconds", type=float, default=300.0, help="traffic time, warm-up included (default 300)")
-    parser.add_argument("--roles", default=",".join(DEFAULT_ROLES),
-                        help="one client process per role: infer, stream, ops (default %(default)s)")
+    parser.add_argument(
+        "--roles",
+        default=",".join(DEFAULT_ROLES),
+        help="one client process per role: infer, stream, ops (default %(default)s)",
+    )
     parser.add_argument("--threads", type=int, default=3, help="threads per client process (default 3)")
     parser.add_argument("--work-dir", type=Path, help="where the repository and logs go (default: a new temp folder)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rss-growth-mib", type=float, default=64.0,
-                        help="VmRSS may exceed the post-warm-up baseline by this much (default 64)")
-    parser.add_argument("--rss-plateau-mib", type=float, default=16.0,
-                        help="the lower quartile of VmRSS over the main phase's last fifth may exceed that over its "
-                             "first fifth by this much (default 16)")
+    parser.add_argument(
+        "--rss-growth-mib",
+        type=float,
+        default=64.0,
+        help="VmRSS may exceed the post-warm-up baseline by this much (default 64)",
+    )
+    parser.add_argument(
+        "--rss-plateau-mib",
+        type=float,
+        default=16.0,
+        help="the lower quartile of VmRSS over the main phase's last fifth may exceed that over its "
+        "first fifth by this much (default 16)",
+    )
     args = parser.parse_args()
     args.roles = [r.strip() for r in args.roles.split(",") if r.strip()]
     if args.seconds < 10 or not args.roles or any(r not in ("infer", "stream", "ops") for r in args.roles):
@@ -70,8 +82,11 @@ def soak(args: argparse.Namespace, work: Path) -> Measured:
     """Phases 1-5 and 7 (the module docstring): run the server under traffic and measure it."""
     warmup = min(60.0, max(5.0, args.seconds * 0.2))
     main_seconds = args.seconds - warmup
-    print(f"soak: {args.seconds:.0f} s of traffic ({warmup:.0f} s warm-up), clients {args.roles} x {args.threads} "
-          f"threads; work folder {work}", flush=True)
+    print(
+        f"soak: {args.seconds:.0f} s of traffic ({warmup:.0f} s warm-up), clients {args.roles} x {args.threads} "
+        f"threads; work folder {work}",
+        flush=True,
+    )
     repository, gates = build_repository(work)
 
     server = Server(repository, work / "server.log")
@@ -120,10 +135,24 @@ def soak(args: argparse.Namespace, work: Path) -> Measured:
         for t, p, f in sampler.samples:
             handle.write(f"{t - began:.2f},{p},{f['VmRSS']},{f['Threads']},{f['fds']}\n")
     return Measured(
-        roles=args.roles, threads=args.threads, warmup=warmup, main_seconds=main_seconds,
-        traffic_seconds=traffic_seconds, runs=runs, saturation=saturation, gate_shut_count=flapper.shut_count,
-        models=models, statistics=statistics, server_log=server.log_path.read_text(), start=start,
-        baseline=baseline, end=end, sampler=sampler, exit_code=exit_code, exit_seconds=exit_seconds)
+        roles=args.roles,
+        threads=args.threads,
+        warmup=warmup,
+        main_seconds=main_seconds,
+        traffic_seconds=traffic_seconds,
+        runs=runs,
+        saturation=saturation,
+        gate_shut_count=flapper.shut_count,
+        models=models,
+        statistics=statistics,
+        server_log=server.log_path.read_text(),
+        start=start,
+        baseline=baseline,
+        end=end,
+        sampler=sampler,
+        exit_code=exit_code,
+        exit_seconds=exit_seconds,
+    )
 
 
 def main() -> int:

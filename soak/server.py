@@ -24,10 +24,27 @@ from .repository import ROOT
 
 MAX_WORKERS = 32
 SHUTDOWN_GRACE = 10.0
-SERVER_FLAGS = ["--parallel-jobs", "2", "--allow-management", "--max-resident-models", "3", "--idle-unload", "4",
-                "--admission-timeout", "2", "--max-queue", "32", "--max-workers", str(MAX_WORKERS),
-                "--no-load-at-startup", "--shutdown-grace", str(SHUTDOWN_GRACE), "--stream-write-timeout", "10",
-                "--enable-test-backends"]  # its fx_* models are fixture models
+SERVER_FLAGS = [
+    "--parallel-jobs",
+    "2",
+    "--allow-management",
+    "--max-resident-models",
+    "3",
+    "--idle-unload",
+    "4",
+    "--admission-timeout",
+    "2",
+    "--max-queue",
+    "32",
+    "--max-workers",
+    str(MAX_WORKERS),
+    "--no-load-at-startup",
+    "--shutdown-grace",
+    str(SHUTDOWN_GRACE),
+    "--stream-write-timeout",
+    "10",
+    "--enable-test-backends",
+]  # its fx_* models are fixture models
 WAIT = 30.0  # seconds any wait for a state may take
 _LISTENING = re.compile(r"slotserve listening on (\S+)")
 _ENV_DROP = ("SLOTSERVE_MANAGEMENT_TOKEN", "SLOTSERVE_INFERENCE_TOKEN")
@@ -42,12 +59,23 @@ def environment() -> dict[str, str]:
 
 class Server:
     def __init__(self, repository: Path, log_path: Path) -> None:
-        command = [sys.executable, "-m", "service", "--model-repository", str(repository), "--host", "127.0.0.1",
-                   "--port", "0", *SERVER_FLAGS]
+        command = [
+            sys.executable,
+            "-m",
+            "service",
+            "--model-repository",
+            str(repository),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *SERVER_FLAGS,
+        ]
         self.log_path = log_path
         self._log = log_path.open("w")
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                        env=environment())
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True, env=environment()
+        )
         self.pid = self.process.pid
         lines: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -55,6 +83,7 @@ class Server:
             for line in self.process.stdout:
                 lines.put(line)
             lines.put(None)
+
         self._reader = threading.Thread(target=read, name="server-stdout", daemon=True)
         self._reader.start()
         deadline = time.monotonic() + 60
@@ -125,7 +154,6 @@ class Server:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=10)
         self._log.close()
-
 
 
 class Sampler(threading.Thread):

@@ -76,16 +76,32 @@ class Log:
     def sent(self, request_id: str, kind: str, model: str, op: str) -> None:
         self.write(event="sent", id=request_id, kind=kind, model=model, op=op)
 
-    def done(self, request_id: str, status: str, *, reason: str | None = None, message: str = "",
-             gave_up: bool = False, abandoned_after: bool = False) -> None:
-        self.write(event="done", id=request_id, status=status, reason=reason, gave_up=gave_up,
-                   handler_busy="inference handler threads" in message, abandoned_after=abandoned_after,
-                   message=message[:200])
+    def done(
+        self,
+        request_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        message: str = "",
+        gave_up: bool = False,
+        abandoned_after: bool = False,
+    ) -> None:
+        self.write(
+            event="done",
+            id=request_id,
+            status=status,
+            reason=reason,
+            gave_up=gave_up,
+            handler_busy="inference handler threads" in message,
+            abandoned_after=abandoned_after,
+            message=message[:200],
+        )
 
     def failed(self, request_id: str, error: grpc.RpcError | ClientError) -> None:
         failure = error if isinstance(error, ClientError) else ClientError.from_rpc_error(error)
-        self.done(request_id, failure.code, reason=failure.reason, message=failure.message,
-                  gave_up=failure.code in GAVE_UP)
+        self.done(
+            request_id, failure.code, reason=failure.reason, message=failure.message, gave_up=failure.code in GAVE_UP
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -93,6 +109,7 @@ class Log:
 
 
 # ---- requests ---------------------------------------------------------------------------------------------------
+
 
 def infer_request(model: str, rng: random.Random, request_id: str, *, large: bool = False) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name=model, id=request_id)
@@ -131,10 +148,12 @@ def malformed_request(rng: random.Random, request_id: str) -> tuple[str, pb.Mode
 
 # ---- the roles --------------------------------------------------------------------------------------------------
 
+
 class Worker:
     def __init__(self, address: str, log: Log, seed: int, until: float) -> None:
-        self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1),
-                                                               ("grpc.max_send_message_length", -1)])
+        self.channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        )
         self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
         self.management = mpb_grpc.ModelManagementStub(self.channel)
         self.log = log
@@ -147,8 +166,15 @@ class Worker:
 
     # unary inference -------------------------------------------------------------------------------------------
 
-    def unary(self, model: str, request: pb.ModelInferRequest, *, deadline: float = CALL_DEADLINE,
-              op: str = "infer", cancel_after: float | None = None) -> None:
+    def unary(
+        self,
+        model: str,
+        request: pb.ModelInferRequest,
+        *,
+        deadline: float = CALL_DEADLINE,
+        op: str = "infer",
+        cancel_after: float | None = None,
+    ) -> None:
         request_id = request.id
         self.log.sent(request_id, "infer", model, op)
         future = self.stub.ModelInfer.future(request, timeout=deadline)
@@ -179,12 +205,20 @@ class Worker:
             model = rng.choice(ONNX_MODELS + ("fx_echo", "fx_flaky"))
             self.unary(model, infer_request(model, rng, new_id()))
         elif roll < 0.55:  # the gated model, with a deadline shorter than some of its gate's holds
-            self.unary("fx_slow", infer_request("fx_slow", rng, new_id()), deadline=rng.uniform(0.2, 1.5),
-                       op="infer_short_deadline")
+            self.unary(
+                "fx_slow",
+                infer_request("fx_slow", rng, new_id()),
+                deadline=rng.uniform(0.2, 1.5),
+                op="infer_short_deadline",
+            )
         elif roll < 0.65:  # explicit cancellation, early or late
             model = rng.choice(("fx_slow", "identity_fp32", "simple"))
-            self.unary(model, infer_request(model, rng, new_id(), large=True), op="infer_cancel",
-                       cancel_after=rng.uniform(0.0, 0.05))
+            self.unary(
+                model,
+                infer_request(model, rng, new_id(), large=True),
+                op="infer_cancel",
+                cancel_after=rng.uniform(0.0, 0.05),
+            )
         elif roll < 0.70:
             model, request = malformed_request(rng, new_id())
             self.unary(model, request, op="infer_malformed")
@@ -266,8 +300,13 @@ class Worker:
             if request_id in finished:
                 continue
             if ended_with is not None:
-                self.log.done(request_id, ended_with.code, reason=ended_with.reason, message=ended_with.message,
-                              gave_up=ended_with.code in GAVE_UP)
+                self.log.done(
+                    request_id,
+                    ended_with.code,
+                    reason=ended_with.reason,
+                    message=ended_with.message,
+                    gave_up=ended_with.code in GAVE_UP,
+                )
             elif cancel_early:
                 self.log.done(request_id, "CANCELLED", message="stream cancelled by the client", gave_up=True)
             else:
@@ -294,24 +333,32 @@ class Worker:
             self.management_call("register_slots", model, m.RegisterModel, request)
         elif roll < 0.40:  # the fault: fx_flaky's load fails while its fail_load option is set
             fault = rng.random() < 0.5
-            request = mpb.RegisterModelRequest(model_id="fx_flaky", options={"fail_load": "soak" if fault else ""},
-                                               slots=rng.randint(1, 2))
-            self.management_call("register_fault_on" if fault else "register_fault_off", "fx_flaky",
-                                 m.RegisterModel, request)
+            request = mpb.RegisterModelRequest(
+                model_id="fx_flaky", options={"fail_load": "soak" if fault else ""}, slots=rng.randint(1, 2)
+            )
+            self.management_call(
+                "register_fault_on" if fault else "register_fault_off", "fx_flaky", m.RegisterModel, request
+            )
         elif roll < 0.55:
             self.management_call("unload", model, m.UnloadModel, mpb.UnloadModelRequest(model_id=model))
         elif roll < 0.65:
             chosen = rng.sample(LOADABLE, rng.randint(2, 4)) + (["no_such_model"] if rng.random() < 0.3 else [])
-            self.management_call("unload_many", ",".join(chosen), m.UnloadModels,
-                                 mpb.UnloadModelsRequest(model_ids=chosen))
+            self.management_call(
+                "unload_many", ",".join(chosen), m.UnloadModels, mpb.UnloadModelsRequest(model_ids=chosen)
+            )
         elif roll < 0.68:
             self.management_call("unload_all", "*", m.UnloadModels, mpb.UnloadModelsRequest(all=True))
         elif roll < 0.78:
-            self.management_call("repository_load", model, self.stub.RepositoryModelLoad,
-                                 pb.RepositoryModelLoadRequest(model_name=model))
+            self.management_call(
+                "repository_load", model, self.stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name=model)
+            )
         elif roll < 0.83:
-            self.management_call("repository_unload", model, self.stub.RepositoryModelUnload,
-                                 pb.RepositoryModelUnloadRequest(model_name=model))
+            self.management_call(
+                "repository_unload",
+                model,
+                self.stub.RepositoryModelUnload,
+                pb.RepositoryModelUnloadRequest(model_name=model),
+            )
         elif roll < 0.90:
             self.management_call("list", "*", m.ListModels, mpb.ListModelsRequest())
         else:

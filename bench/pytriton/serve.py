@@ -48,10 +48,13 @@ def main() -> int:
     # perf_analyzer reads ModelStatistics, which PyTriton restricts to a token by default.
     security = TritonSecurityConfig(restricted_endpoints=[])
     with Triton(config=config, security_config=security) as triton:
-        triton.bind(model_name="mlp", infer_func=[infer] * args.instances,
-                    inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(1024,))],
-                    outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(1024,))],
-                    config=ModelConfig(max_batch_size=args.max_batch_size, batcher=DynamicBatcher()))
+        triton.bind(
+            model_name="mlp",
+            infer_func=[infer] * args.instances,
+            inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(1024,))],
+            outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(1024,))],
+            config=ModelConfig(max_batch_size=args.max_batch_size, batcher=DynamicBatcher()),
+        )
         print(f"listening on 127.0.0.1:{args.grpc_port}", flush=True)
         triton.serve()
     return 0

@@ -122,21 +122,43 @@ def section_admission(args, table: Table, raw: dict) -> None:
 
     handoff_admission = handoff(False, args.handoff_repeats)
     handoff_lock = handoff(True, args.handoff_repeats)
-    result["handoff_admission_us"] = {"p50": median(handoff_admission),
-                                      "p99": float(np.percentile(handoff_admission, 99)) if handoff_admission
-                                      else float("nan"), "n": len(handoff_admission)}
-    result["handoff_lock_us"] = {"p50": median(handoff_lock),
-                                 "p99": float(np.percentile(handoff_lock, 99)) if handoff_lock else float("nan"),
-                                 "n": len(handoff_lock)}
+    result["handoff_admission_us"] = {
+        "p50": median(handoff_admission),
+        "p99": float(np.percentile(handoff_admission, 99)) if handoff_admission else float("nan"),
+        "n": len(handoff_admission),
+    }
+    result["handoff_lock_us"] = {
+        "p50": median(handoff_lock),
+        "p99": float(np.percentile(handoff_lock, 99)) if handoff_lock else float("nan"),
+        "n": len(handoff_lock),
+    }
     raw["admission"] = result
     log(f"admission: {json.dumps(result)}")
-    table.add("admission", "acquire+release, uncontended (us per pair)", fmt(uncontended, 2), "<= 20 us",
-              met_if(uncontended, lambda v: v <= 20), us=uncontended)
-    table.add("admission", "acquire+release, 4 threads on 1 slot (us per pair, wall)",
-              fmt(median(result["contended_1slot_us"]), 1), us=median(result["contended_1slot_us"]))
-    table.add("admission", "acquire+release, 4 threads on 4 slots (us per pair, wall)",
-              fmt(median(result["contended_4slots_us"]), 2), us=median(result["contended_4slots_us"]))
+    table.add(
+        "admission",
+        "acquire+release, uncontended (us per pair)",
+        fmt(uncontended, 2),
+        "<= 20 us",
+        met_if(uncontended, lambda v: v <= 20),
+        us=uncontended,
+    )
+    table.add(
+        "admission",
+        "acquire+release, 4 threads on 1 slot (us per pair, wall)",
+        fmt(median(result["contended_1slot_us"]), 1),
+        us=median(result["contended_1slot_us"]),
+    )
+    table.add(
+        "admission",
+        "acquire+release, 4 threads on 4 slots (us per pair, wall)",
+        fmt(median(result["contended_4slots_us"]), 2),
+        us=median(result["contended_4slots_us"]),
+    )
     a, b = result["handoff_admission_us"], result["handoff_lock_us"]
-    table.add("admission", "hand-off release -> waiter running, p50 / p99 us",
-              f"{fmt(a['p50'], 1)} / {fmt(a['p99'], 1)} (bare threading.Lock: {fmt(b['p50'], 1)} / {fmt(b['p99'], 1)})",
-              p50=a["p50"], p99=a["p99"])
+    table.add(
+        "admission",
+        "hand-off release -> waiter running, p50 / p99 us",
+        f"{fmt(a['p50'], 1)} / {fmt(a['p99'], 1)} (bare threading.Lock: {fmt(b['p50'], 1)} / {fmt(b['p99'], 1)})",
+        p50=a["p50"],
+        p99=a["p99"],
+    )

@@ -27,8 +27,12 @@ from ..servers import Launcher, ServerProcess
 from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, met_if, paired_ratio
 
 PYTRITON_PYTHON = BENCH / ".venv-pytriton" / "bin" / "python"
-MLP_POINTS = (("batched", "slotserve", "mlp"), ("unbatched", "slotserve", "mlp_unbatched"),
-              ("pytriton", "pytriton", "mlp"), ("delayed", "slotserve", "mlp_delayed"))
+MLP_POINTS = (
+    ("batched", "slotserve", "mlp"),
+    ("unbatched", "slotserve", "mlp_unbatched"),
+    ("pytriton", "pytriton", "mlp"),
+    ("delayed", "slotserve", "mlp_delayed"),
+)
 # What a delay buys: the same weights with a 10 ms delay and a preferred size of half the concurrency.
 DELAYED_BLOCK = "dynamic_batching { max_queue_delay_microseconds: 10000 preferred_batch_size: 8 }\n"
 # The repositories below link to the demo's weights: the server must allow that folder.
@@ -40,22 +44,25 @@ def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, r
     points: dict[tuple[str, int], list[dict]] = {}
     with contextlib.ExitStack() as stack:
         servers = {
-            "slotserve": stack.enter_context(launcher.slotserve("slotserve-mlp", mlp_repository,
-                                                                ["--parallel-jobs", "2", *ALLOW_DEMO],
-                                                                default_args=False)),
+            "slotserve": stack.enter_context(
+                launcher.slotserve(
+                    "slotserve-mlp", mlp_repository, ["--parallel-jobs", "2", *ALLOW_DEMO], default_args=False
+                )
+            ),
             "pytriton": stack.enter_context(_pytriton(scratch)),
-            "simple+block": stack.enter_context(launcher.slotserve("slotserve-simple-block", simple_repository,
-                                                                   ALLOW_DEMO)),
+            "simple+block": stack.enter_context(
+                launcher.slotserve("slotserve-simple-block", simple_repository, ALLOW_DEMO)
+            ),
             "bare": stack.enter_context(launcher.bare()),
         }
         for round_index in range(args.rounds):
             flip = round_index % 2 == 1
             for c in (16, 1):
-                for label, server, model in (MLP_POINTS[::-1] if flip else MLP_POINTS):
+                for label, server, model in MLP_POINTS[::-1] if flip else MLP_POINTS:
                     point = measure(pa, servers[server], model, c)
                     points.setdefault((label, c), []).append(point)
                     log(f"batching round {round_index + 1}/{args.rounds} c={c} {label}: " + describe(point))
-            for name in (("bare", "simple+block") if flip else ("simple+block", "bare")):
+            for name in ("bare", "simple+block") if flip else ("simple+block", "bare"):
                 point = measure(pa, servers[name], "simple", 16)
                 points.setdefault((name, 16), []).append(point)
                 log(f"batching round {round_index + 1}/{args.rounds} simple c=16 {name}: " + describe(point))
@@ -70,9 +77,11 @@ def _repositories(scratch: Path) -> tuple[Path, Path]:
     The weights are symlinked, not copied."""
     mlp_repository, simple_repository = scratch / "batching-mlp", scratch / "batching-simple"
     demo_config = (DEMO_REPOSITORY / "mlp" / "config.pbtxt").read_text()
-    variants = (("mlp", demo_config),
-                ("mlp_unbatched", demo_config.replace("dynamic_batching { }\n", "")),
-                ("mlp_delayed", demo_config.replace("dynamic_batching { }\n", DELAYED_BLOCK)))
+    variants = (
+        ("mlp", demo_config),
+        ("mlp_unbatched", demo_config.replace("dynamic_batching { }\n", "")),
+        ("mlp_delayed", demo_config.replace("dynamic_batching { }\n", DELAYED_BLOCK)),
+    )
     for name, config in variants:
         config = config.replace('name: "mlp"', f'name: "{name}"')
         (mlp_repository / name).mkdir(parents=True)
@@ -81,7 +90,8 @@ def _repositories(scratch: Path) -> tuple[Path, Path]:
     (simple_repository / "simple").mkdir(parents=True)
     (simple_repository / "simple" / "1").symlink_to(DEMO_REPOSITORY / "simple" / "1", target_is_directory=True)
     (simple_repository / "simple" / "config.pbtxt").write_text(
-        (DEMO_REPOSITORY / "simple" / "config.pbtxt").read_text() + "dynamic_batching { }\n")
+        (DEMO_REPOSITORY / "simple" / "config.pbtxt").read_text() + "dynamic_batching { }\n"
+    )
     return mlp_repository, simple_repository
 
 
@@ -91,9 +101,18 @@ def _pytriton(scratch: Path) -> ServerProcess:
     with socket.socket() as probe:  # Triton takes a fixed port: pick a free one
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [str(PYTRITON_PYTHON), str(BENCH / "pytriton" / "serve.py"),
-            "--model", str(DEMO_REPOSITORY / "mlp" / "1" / "model.onnx"), "--grpc-port", str(port),
-            "--instances", "2", "--max-batch-size", "16"]
+    argv = [
+        str(PYTRITON_PYTHON),
+        str(BENCH / "pytriton" / "serve.py"),
+        "--model",
+        str(DEMO_REPOSITORY / "mlp" / "1" / "model.onnx"),
+        "--grpc-port",
+        str(port),
+        "--instances",
+        "2",
+        "--max-batch-size",
+        "16",
+    ]
     server = ServerProcess("pytriton-mlp", argv, scratch)
     # Triton's python backend stub links libpython: it must find the interpreter's own, not the system's.
     server.environment = {"LD_LIBRARY_PATH": _libdir()}
@@ -109,8 +128,11 @@ def _libdir() -> str:
 def _batch_sizes(server: ServerProcess, model: str) -> dict[int, int]:
     """Executions per batch size, from the server's ModelStatistics (as Triton reports them)."""
     with channel(server.address) as connection:
-        stats = pb_grpc.GRPCInferenceServiceStub(connection).ModelStatistics(
-            pb.ModelStatisticsRequest(name=model), timeout=RPC_TIMEOUT).model_stats[0]
+        stats = (
+            pb_grpc.GRPCInferenceServiceStub(connection)
+            .ModelStatistics(pb.ModelStatisticsRequest(name=model), timeout=RPC_TIMEOUT)
+            .model_stats[0]
+        )
     return {int(entry.batch_size): int(entry.compute_infer.count) for entry in stats.batch_stats}
 
 
@@ -122,33 +144,71 @@ def _rows(table: Table, points: dict, batch_sizes: dict[int, int]) -> None:
     note = f" [{errors[0][:100]}]" if errors else ""
     labels = ("batched", "unbatched", "pytriton", "delayed")
     for c in (16, 1):
-        table.add("batching", f"mlp c={c}: infer/s batched, unbatched, PyTriton, batched with a 10 ms delay",
-                  ", ".join(fmt(value(label, c, "infer_per_s")) for label in labels) + note)
-        table.add("batching", f"mlp c={c}: p50 / p99 ms, same order",
-                  ", ".join(f"{fmt_ms(value(label, c, 'p50_ms'))} / {fmt_ms(value(label, c, 'p99_ms'))}"
-                            for label in labels))
+        table.add(
+            "batching",
+            f"mlp c={c}: infer/s batched, unbatched, PyTriton, batched with a 10 ms delay",
+            ", ".join(fmt(value(label, c, "infer_per_s")) for label in labels) + note,
+        )
+        table.add(
+            "batching",
+            f"mlp c={c}: p50 / p99 ms, same order",
+            ", ".join(f"{fmt_ms(value(label, c, 'p50_ms'))} / {fmt_ms(value(label, c, 'p99_ms'))}" for label in labels),
+        )
     speedup = paired_ratio(points[("batched", 16)], points[("unbatched", 16)], "infer_per_s")
-    table.add("batching", "mlp c=16, 2 slots: batched / unbatched infer/s", fmt_x(speedup), ">= 3.5x",
-              met_if(speedup, lambda v: v >= 3.5), ratio=speedup)
+    table.add(
+        "batching",
+        "mlp c=16, 2 slots: batched / unbatched infer/s",
+        fmt_x(speedup),
+        ">= 3.5x",
+        met_if(speedup, lambda v: v >= 3.5),
+        ratio=speedup,
+    )
     versus = paired_ratio(points[("batched", 16)], points[("pytriton", 16)], "infer_per_s")
-    table.add("batching", "mlp c=16: slotserve batched / PyTriton infer/s", fmt_x(versus), ">= 1.3x",
-              met_if(versus, lambda v: v >= 1.3), ratio=versus)
+    table.add(
+        "batching",
+        "mlp c=16: slotserve batched / PyTriton infer/s",
+        fmt_x(versus),
+        ">= 1.3x",
+        met_if(versus, lambda v: v >= 1.3),
+        ratio=versus,
+    )
     ahead = paired_ratio(points[("batched", 1)], points[("pytriton", 1)], "infer_per_s")
-    table.add("batching", "mlp c=1: slotserve batched / PyTriton infer/s", fmt_x(ahead), "> 1.0x",
-              met_if(ahead, lambda v: v > 1.0), ratio=ahead)
+    table.add(
+        "batching",
+        "mlp c=1: slotserve batched / PyTriton infer/s",
+        fmt_x(ahead),
+        "> 1.0x",
+        met_if(ahead, lambda v: v > 1.0),
+        ratio=ahead,
+    )
     p99 = paired_ratio(points[("batched", 1)], points[("unbatched", 1)], "p99_ms")
-    table.add("batching", "mlp c=1: p99 batched / unbatched", fmt_x(p99), "<= 1.1x", met_if(p99, lambda v: v <= 1.1),
-              ratio=p99)
+    table.add(
+        "batching",
+        "mlp c=1: p99 batched / unbatched",
+        fmt_x(p99),
+        "<= 1.1x",
+        met_if(p99, lambda v: v <= 1.1),
+        ratio=p99,
+    )
     simple = paired_ratio(points[("simple+block", 16)], points[("bare", 16)], "infer_per_s")
-    table.add("batching", "simple c=16 with dynamic_batching { }: infer/s slotserve / bare",
-              f"{fmt(value('simple+block', 16, 'infer_per_s'))} / {fmt(value('bare', 16, 'infer_per_s'))} = "
-              f"{fmt_x(simple)}", ">= 0.90", met_if(simple, lambda v: v >= 0.90), ratio=simple)
+    table.add(
+        "batching",
+        "simple c=16 with dynamic_batching { }: infer/s slotserve / bare",
+        f"{fmt(value('simple+block', 16, 'infer_per_s'))} / {fmt(value('bare', 16, 'infer_per_s'))} = {fmt_x(simple)}",
+        ">= 0.90",
+        met_if(simple, lambda v: v >= 0.90),
+        ratio=simple,
+    )
     delayed = paired_ratio(points[("delayed", 16)], points[("unbatched", 16)], "infer_per_s")
-    table.add("batching", "mlp c=16, 2 slots: batched with a 10 ms delay / unbatched infer/s", fmt_x(delayed),
-              ratio=delayed)
+    table.add(
+        "batching", "mlp c=16, 2 slots: batched with a 10 ms delay / unbatched infer/s", fmt_x(delayed), ratio=delayed
+    )
     for model, sizes in batch_sizes.items():
         executions = sum(sizes.values())
         rows = sum(size * count for size, count in sizes.items())
-        table.add("batching", f"{model} batch sizes seen, c=16 and c=1 (size: executions)",
-                  ", ".join(f"{size}: {count}" for size, count in sorted(sizes.items()))
-                  + (f"; mean {rows / executions:.1f} rows per execution" if executions else ""))
+        table.add(
+            "batching",
+            f"{model} batch sizes seen, c=16 and c=1 (size: executions)",
+            ", ".join(f"{size}: {count}" for size, count in sorted(sizes.items()))
+            + (f"; mean {rows / executions:.1f} rows per execution" if executions else ""),
+        )

@@ -50,15 +50,26 @@ def measure_point(launcher: Launcher, repository, elements: int) -> dict:
             started = time.perf_counter()
             try:
                 response = stub.ModelInfer(request, timeout=RPC_TIMEOUT)
-                outcome = "OK" if len(response.raw_output_contents[0]) == len(request.raw_input_contents[0]) \
+                outcome = (
+                    "OK"
+                    if len(response.raw_output_contents[0]) == len(request.raw_input_contents[0])
                     else "OK but wrong size"
+                )
             except grpc.RpcError as error:
                 outcome = f"{error.code().name}: {error.details()[:160]}"
             seconds = time.perf_counter() - started
             after = server.hwm_kib()
     rise = (after - before) * 1024
-    point = {"elements": elements, "wire_bytes": wire, "hwm_before_kib": before, "hwm_after_kib": after,
-             "rise_bytes": rise, "rise_per_wire_byte": rise / wire, "seconds": seconds, "outcome": outcome}
+    point = {
+        "elements": elements,
+        "wire_bytes": wire,
+        "hwm_before_kib": before,
+        "hwm_after_kib": after,
+        "rise_bytes": rise,
+        "rise_per_wire_byte": rise / wire,
+        "seconds": seconds,
+        "outcome": outcome,
+    }
     log(f"bytes_memory {elements} elements: {point}")
     return point
 
@@ -76,9 +87,11 @@ def section_bytes_memory(args, launcher: Launcher, table: Table, raw: dict) -> N
     points = [measure_point(launcher, repository, elements) for elements in POINTS]
     raw["bytes_memory"] = points
     for point in points:
-        table.add("bytes_memory",
-                  f"BYTES request of {point['elements'] / 1e6:.1f} M 2-byte elements ({point['wire_bytes'] / MIB:.0f} "
-                  "MiB on the wire): server peak RSS rise",
-                  f"{point['rise_bytes'] / MIB:.0f} MiB = {point['rise_per_wire_byte']:.0f}x the wire size, "
-                  f"{point['seconds']:.1f} s, {point['outcome'][:60]}",
-                  **point)
+        table.add(
+            "bytes_memory",
+            f"BYTES request of {point['elements'] / 1e6:.1f} M 2-byte elements ({point['wire_bytes'] / MIB:.0f} "
+            "MiB on the wire): server peak RSS rise",
+            f"{point['rise_bytes'] / MIB:.0f} MiB = {point['rise_per_wire_byte']:.0f}x the wire size, "
+            f"{point['seconds']:.1f} s, {point['outcome'][:60]}",
+            **point,
+        )

@@ -26,11 +26,11 @@ def section_coldload(args, launcher: Launcher, table: Table, raw: dict) -> None:
                 error = None
                 for _ in range(args.coldload_repeats):
                     try:
-                        stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name=model),
-                                                   timeout=RPC_TIMEOUT)
+                        stub.RepositoryModelUnload(
+                            pb.RepositoryModelUnloadRequest(model_name=model), timeout=RPC_TIMEOUT
+                        )
                         started = time.perf_counter()
-                        stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name=model),
-                                                 timeout=RPC_TIMEOUT)
+                        stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name=model), timeout=RPC_TIMEOUT)
                         elapsed = time.perf_counter() - started
                         if not stub.ModelReady(pb.ModelReadyRequest(name=model), timeout=30).ready:
                             error = "not ready after RepositoryModelLoad"
@@ -43,8 +43,15 @@ def section_coldload(args, launcher: Launcher, table: Table, raw: dict) -> None:
     raw["coldload"] = result
     for model in models:
         entry = result[model]
-        table.add("coldload", f"cold load {model} (unload, then RepositoryModelLoad) ms",
-                  fmt_ms(median(entry["ms"])) + (f" [{entry['error'][:80]}]" if entry["error"] else ""),
-                  ms=median(entry["ms"]))
-    table.add("coldload", "server start to ready, all demo models loaded (s)",
-              f"{result['server_start_to_ready_s']:.2f}", s=result["server_start_to_ready_s"])
+        table.add(
+            "coldload",
+            f"cold load {model} (unload, then RepositoryModelLoad) ms",
+            fmt_ms(median(entry["ms"])) + (f" [{entry['error'][:80]}]" if entry["error"] else ""),
+            ms=median(entry["ms"]),
+        )
+    table.add(
+        "coldload",
+        "server start to ready, all demo models loaded (s)",
+        f"{result['server_start_to_ready_s']:.2f}",
+        s=result["server_start_to_ready_s"],
+    )

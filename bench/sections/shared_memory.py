@@ -11,10 +11,10 @@ memcpy the section measures those two kernel copies on a /dev/shm object of the 
 
 from __future__ import annotations
 
+import _posixshmem
 import os
 import time
 
-import _posixshmem
 import numpy as np
 
 from ..common import DEMO_REPOSITORY, log
@@ -52,7 +52,7 @@ def kernel_copy_mb_per_s(size: int = 64 << 20, repeats: int = 15) -> tuple[list[
         _posixshmem.shm_unlink(key)  # gone from /dev/shm at once; the descriptor keeps it until closed
         source = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
         spare = np.empty(size + 4096, np.uint8)  # the target starts on a page, as the server places its reads
-        target = spare[(-spare.ctypes.data) % 4096:][:size]
+        target = spare[(-spare.ctypes.data) % 4096 :][:size]
         os.pwrite(descriptor, source, 0)  # allocate the object's pages first
         os.preadv(descriptor, [target], 0)  # and fault the buffer's in
         reads, writes = [], []
@@ -85,27 +85,37 @@ def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Tab
             reads, writes = kernel_copy_mb_per_s()
             preadv += reads
             pwrite += writes
-            log(f"shared memory round {round_index + 1}/{args.rounds}: memcpy {median(memcpy):.0f} MB/s, preadv "
-                f"{median(preadv):.0f} MB/s, pwrite {median(pwrite):.0f} MB/s")
+            log(
+                f"shared memory round {round_index + 1}/{args.rounds}: memcpy {median(memcpy):.0f} MB/s, preadv "
+                f"{median(preadv):.0f} MB/s, pwrite {median(pwrite):.0f} MB/s"
+            )
             order = PATHS if round_index % 2 == 0 else PATHS[::-1]
             for size, elements in SHM_SIZES.items():
                 for c in SHM_CONCURRENCY:
                     for path in order:
                         window = max(pa.interval_ms, LARGE_WINDOW_MS) if elements >= SHM_SIZES["64 MiB"] else None
-                        point = measure_fp32_bytes(pa, server, "identity_fp32", c, elements, _flags(path, elements),
-                                                   window)
+                        point = measure_fp32_bytes(
+                            pa, server, "identity_fp32", c, elements, _flags(path, elements), window
+                        )
                         points[(path, size, c)].append(point)
-                        log(f"shared memory round {round_index + 1}/{args.rounds} {size} c={c} {path}: "
-                            + (f"{point['mb_per_s']:.0f} MB/s, " if ok(point) else "") + describe(point))
+                        log(
+                            f"shared memory round {round_index + 1}/{args.rounds} {size} c={c} {path}: "
+                            + (f"{point['mb_per_s']:.0f} MB/s, " if ok(point) else "")
+                            + describe(point)
+                        )
     raw["shared_memory"] = {f"{path} {size} c={c}": runs for (path, size, c), runs in points.items()}
     raw["memcpy_mb_per_s"] = memcpy
     raw["shm_preadv_mb_per_s"] = preadv
     raw["shm_pwrite_mb_per_s"] = pwrite
     ceiling = median(memcpy)
-    table.add("shared_memory", "single-thread memcpy MB/s (64 MiB, warm): the ceiling", fmt(ceiling),
-              mb_per_s=ceiling)
-    table.add("shared_memory", "single-thread preadv / pwrite MB/s of a /dev/shm object (64 MiB, warm)",
-              f"{fmt(median(preadv))} / {fmt(median(pwrite))}", preadv=median(preadv), pwrite=median(pwrite))
+    table.add("shared_memory", "single-thread memcpy MB/s (64 MiB, warm): the ceiling", fmt(ceiling), mb_per_s=ceiling)
+    table.add(
+        "shared_memory",
+        "single-thread preadv / pwrite MB/s of a /dev/shm object (64 MiB, warm)",
+        f"{fmt(median(preadv))} / {fmt(median(pwrite))}",
+        preadv=median(preadv),
+        pwrite=median(pwrite),
+    )
     for size in SHM_SIZES:
         for c in SHM_CONCURRENCY:
             s, g = points[("shared memory", size, c)], points[("gRPC", size, c)]
@@ -113,10 +123,15 @@ def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Tab
             ratio = paired_ratio(s, g, "mb_per_s")
             target = size == "16 MiB"
             shm_rate = column_median(s, "mb_per_s")
-            table.add("shared_memory", f"identity_fp32 {size} c={c} MB/s, shared memory / gRPC",
-                      f"{fmt(shm_rate)} / {fmt(column_median(g, 'mb_per_s'))} = {fmt_x(ratio)}"
-                      f" ({100 * shm_rate / ceiling:.0f} % of memcpy; p50 {fmt_ms(column_median(s, 'p50_ms'))} / "
-                      f"{fmt_ms(column_median(g, 'p50_ms'))} ms)" + (f" [{error[:100]}]" if error else ""),
-                      f"ratio >= {TARGET:g}" if target else "",
-                      met_if(ratio, lambda v: v >= TARGET) if target else None,
-                      ratio=ratio, shared_memory=shm_rate, grpc=column_median(g, "mb_per_s"))
+            table.add(
+                "shared_memory",
+                f"identity_fp32 {size} c={c} MB/s, shared memory / gRPC",
+                f"{fmt(shm_rate)} / {fmt(column_median(g, 'mb_per_s'))} = {fmt_x(ratio)}"
+                f" ({100 * shm_rate / ceiling:.0f} % of memcpy; p50 {fmt_ms(column_median(s, 'p50_ms'))} / "
+                f"{fmt_ms(column_median(g, 'p50_ms'))} ms)" + (f" [{error[:100]}]" if error else ""),
+                f"ratio >= {TARGET:g}" if target else "",
+                met_if(ratio, lambda v: v >= TARGET) if target else None,
+                ratio=ratio,
+                shared_memory=shm_rate,
+                grpc=column_median(g, "mb_per_s"),
+            )

@@ -22,8 +22,10 @@ def section_simple(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw
     names = [name for name, _ in SIMPLE_VARIANTS] + ["bare"]
     points = {(server, c): [] for server in names for c in SIMPLE_CONCURRENCY}
     with contextlib.ExitStack() as stack:
-        servers = {name: stack.enter_context(launcher.slotserve(f"{name}-simple", DEMO_REPOSITORY, list(flags)))
-                   for name, flags in SIMPLE_VARIANTS}
+        servers = {
+            name: stack.enter_context(launcher.slotserve(f"{name}-simple", DEMO_REPOSITORY, list(flags)))
+            for name, flags in SIMPLE_VARIANTS
+        }
         servers["bare"] = stack.enter_context(launcher.bare())
         for round_index in range(args.rounds):
             order = names if round_index % 2 == 0 else names[::-1]
@@ -45,25 +47,47 @@ def _simple_rows(table: Table, raw: dict, label: str, c: int, s: list[dict], b: 
     error = first_error(s) or first_error(b)
     tput = paired_ratio(s, b, "infer_per_s")
     p99 = paired_ratio(s, b, "p99_ms")
-    table.add("simple", f"simple c={c} infer/s, {label} / bare",
-              f"{fmt(column_median(s, 'infer_per_s'))} / {fmt(column_median(b, 'infer_per_s'))} "
-              f"= {fmt_x(tput)}" + (f" [{error[:100]}]" if error else ""),
-              "ratio >= 0.90" if c == 16 else "", met_if(tput, lambda v: v >= 0.90) if c == 16 else None,
-              ratio=tput, slotserve=column_median(s, "infer_per_s"), bare=column_median(b, "infer_per_s"))
-    table.add("simple", f"simple c={c} p50 ms, {label} / bare",
-              f"{fmt_ms(column_median(s, 'p50_ms'))} / {fmt_ms(column_median(b, 'p50_ms'))}",
-              slotserve=column_median(s, "p50_ms"), bare=column_median(b, "p50_ms"))
-    table.add("simple", f"simple c={c} p99 ms, {label} / bare",
-              f"{fmt_ms(column_median(s, 'p99_ms'))} / {fmt_ms(column_median(b, 'p99_ms'))} = {fmt_x(p99)}",
-              "ratio <= 1.2" if c == 1 else "", met_if(p99, lambda v: v <= 1.2) if c == 1 else None,
-              ratio=p99, slotserve=column_median(s, "p99_ms"), bare=column_median(b, "p99_ms"))
+    table.add(
+        "simple",
+        f"simple c={c} infer/s, {label} / bare",
+        f"{fmt(column_median(s, 'infer_per_s'))} / {fmt(column_median(b, 'infer_per_s'))} "
+        f"= {fmt_x(tput)}" + (f" [{error[:100]}]" if error else ""),
+        "ratio >= 0.90" if c == 16 else "",
+        met_if(tput, lambda v: v >= 0.90) if c == 16 else None,
+        ratio=tput,
+        slotserve=column_median(s, "infer_per_s"),
+        bare=column_median(b, "infer_per_s"),
+    )
+    table.add(
+        "simple",
+        f"simple c={c} p50 ms, {label} / bare",
+        f"{fmt_ms(column_median(s, 'p50_ms'))} / {fmt_ms(column_median(b, 'p50_ms'))}",
+        slotserve=column_median(s, "p50_ms"),
+        bare=column_median(b, "p50_ms"),
+    )
+    table.add(
+        "simple",
+        f"simple c={c} p99 ms, {label} / bare",
+        f"{fmt_ms(column_median(s, 'p99_ms'))} / {fmt_ms(column_median(b, 'p99_ms'))} = {fmt_x(p99)}",
+        "ratio <= 1.2" if c == 1 else "",
+        met_if(p99, lambda v: v <= 1.2) if c == 1 else None,
+        ratio=p99,
+        slotserve=column_median(s, "p99_ms"),
+        bare=column_median(b, "p99_ms"),
+    )
     queue = column_median(s, "server_queue_us")
     infer = column_median(s, "server_compute_infer_us")
     inp, outp = column_median(s, "server_compute_input_us"), column_median(s, "server_compute_output_us")
     raw.setdefault("simple_server_side_us", {})[f"{label} c={c}"] = {
-        "queue": queue, "compute_input": inp, "compute_infer": infer, "compute_output": outp}
+        "queue": queue,
+        "compute_input": inp,
+        "compute_infer": infer,
+        "compute_output": outp,
+    }
     if c == max(SIMPLE_CONCURRENCY):
-        table.add("simple", f"simple c={c} {label}'s own statistics, us per request",
-                  f"queue {fmt(queue)}, input {fmt(inp)}, infer {fmt(infer)}, output {fmt(outp)} "
-                  f"(1 / throughput = {fmt(1e6 / column_median(s, 'infer_per_s'))})")
-
+        table.add(
+            "simple",
+            f"simple c={c} {label}'s own statistics, us per request",
+            f"queue {fmt(queue)}, input {fmt(inp)}, infer {fmt(infer)}, output {fmt(outp)} "
+            f"(1 / throughput = {fmt(1e6 / column_median(s, 'infer_per_s'))})",
+        )

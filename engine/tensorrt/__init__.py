@@ -46,7 +46,8 @@ def create_backend(options: Mapping[str, str] | None = None) -> TensorRTBackend:
         backend, device = double_backend(
             cache_dir=cache_dir,
             total_memory=int(options.get("double_memory", 1 << 30)),
-            device_count=int(options.get("double_device_count", 1)))
+            device_count=int(options.get("double_device_count", 1)),
+        )
         backend.double_device = device  # type: ignore[attr-defined]
         return backend
     return TensorRTBackend(cache_dir=cache_dir)

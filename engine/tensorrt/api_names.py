@@ -19,19 +19,44 @@ MODULE = ""
 
 # The TensorRT runtime: present in both `tensorrt` and the runtime-only `tensorrt_lean`, in 10.x and 11.x.
 RUNTIME: dict[str, tuple[str, ...]] = {
-    MODULE: ("Logger", "Runtime", "ICudaEngine", "IExecutionContext", "IOutputAllocator", "TensorIOMode",
-             "TensorLocation", "DataType", "__version__"),
+    MODULE: (
+        "Logger",
+        "Runtime",
+        "ICudaEngine",
+        "IExecutionContext",
+        "IOutputAllocator",
+        "TensorIOMode",
+        "TensorLocation",
+        "DataType",
+        "__version__",
+    ),
     "Logger": ("WARNING",),
     "Runtime": ("deserialize_cuda_engine",),
     "ICudaEngine": (
-        "num_io_tensors", "get_tensor_name", "get_tensor_mode", "get_tensor_dtype", "get_tensor_shape",
-        "get_tensor_location", "is_shape_inference_io", "get_tensor_vectorized_dim",
-        "get_tensor_components_per_element", "get_tensor_format_desc", "get_tensor_profile_shape",
-        "num_optimization_profiles", "device_memory_size_v2", "create_execution_context",
+        "num_io_tensors",
+        "get_tensor_name",
+        "get_tensor_mode",
+        "get_tensor_dtype",
+        "get_tensor_shape",
+        "get_tensor_location",
+        "is_shape_inference_io",
+        "get_tensor_vectorized_dim",
+        "get_tensor_components_per_element",
+        "get_tensor_format_desc",
+        "get_tensor_profile_shape",
+        "num_optimization_profiles",
+        "device_memory_size_v2",
+        "create_execution_context",
     ),
     "IExecutionContext": (
-        "set_input_shape", "get_tensor_shape", "get_tensor_strides", "set_tensor_address", "set_output_allocator",
-        "infer_shapes", "execute_async_v3", "set_optimization_profile_async",
+        "set_input_shape",
+        "get_tensor_shape",
+        "get_tensor_strides",
+        "set_tensor_address",
+        "set_output_allocator",
+        "infer_shapes",
+        "execute_async_v3",
+        "set_optimization_profile_async",
     ),
     # IOutputAllocator's methods (reallocate_output_async, notify_shape) are ours to implement: the base class
     # exposes none (TensorRT looks them up on the subclass, python/src/infer/pyCore.cpp PyOutputAllocator).
@@ -45,15 +70,27 @@ RUNTIME: dict[str, tuple[str, ...]] = {
 # The builder and the ONNX parser: only in the full `tensorrt` package (not in `tensorrt_lean`), so they are
 # checked against the published stubs. None of these names is among TensorRT 11's removals (REMOVED_IN_TRT11).
 BUILDER: dict[str, tuple[str, ...]] = {
-    MODULE: ("Builder", "OnnxParser", "INetworkDefinition", "ITensor", "IBuilderConfig", "IOptimizationProfile",
-             "ITimingCache", "MemoryPoolType"),
-    "Builder": ("create_network", "create_builder_config", "create_optimization_profile",
-                "build_serialized_network"),
+    MODULE: (
+        "Builder",
+        "OnnxParser",
+        "INetworkDefinition",
+        "ITensor",
+        "IBuilderConfig",
+        "IOptimizationProfile",
+        "ITimingCache",
+        "MemoryPoolType",
+    ),
+    "Builder": ("create_network", "create_builder_config", "create_optimization_profile", "build_serialized_network"),
     "OnnxParser": ("parse_from_file", "num_errors", "get_error"),
     "INetworkDefinition": ("num_inputs", "get_input"),
     "ITensor": ("name",),
-    "IBuilderConfig": ("set_memory_pool_limit", "add_optimization_profile", "create_timing_cache",
-                       "set_timing_cache", "get_timing_cache"),
+    "IBuilderConfig": (
+        "set_memory_pool_limit",
+        "add_optimization_profile",
+        "create_timing_cache",
+        "set_timing_cache",
+        "get_timing_cache",
+    ),
     "IOptimizationProfile": ("set_shape",),
     "ITimingCache": ("serialize",),
     "MemoryPoolType": ("WORKSPACE",),
@@ -63,11 +100,28 @@ BUILDER: dict[str, tuple[str, ...]] = {
 # cudart` is gone in 13.x). Every function returns a tuple whose first item is a cudaError_t.
 CUDART: dict[str, tuple[str, ...]] = {
     MODULE: (
-        "cudaDriverGetVersion", "cudaRuntimeGetVersion", "cudaGetDeviceCount", "cudaSetDevice",
-        "cudaGetDeviceProperties", "cudaGetErrorName", "cudaMemGetInfo", "cudaDeviceReset", "cudaDeviceSynchronize",
-        "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaFreeHost", "cudaMemcpyAsync",
-        "cudaStreamCreateWithFlags", "cudaStreamSynchronize", "cudaStreamDestroy",
-        "cudaError_t", "cudaMemcpyKind", "cudaDeviceProp", "cudaStreamNonBlocking", "cudaHostAllocDefault",
+        "cudaDriverGetVersion",
+        "cudaRuntimeGetVersion",
+        "cudaGetDeviceCount",
+        "cudaSetDevice",
+        "cudaGetDeviceProperties",
+        "cudaGetErrorName",
+        "cudaMemGetInfo",
+        "cudaDeviceReset",
+        "cudaDeviceSynchronize",
+        "cudaMalloc",
+        "cudaFree",
+        "cudaHostAlloc",
+        "cudaFreeHost",
+        "cudaMemcpyAsync",
+        "cudaStreamCreateWithFlags",
+        "cudaStreamSynchronize",
+        "cudaStreamDestroy",
+        "cudaError_t",
+        "cudaMemcpyKind",
+        "cudaDeviceProp",
+        "cudaStreamNonBlocking",
+        "cudaHostAllocDefault",
     ),
     "cudaError_t": ("cudaSuccess", "cudaErrorMemoryAllocation"),
     "cudaMemcpyKind": ("cudaMemcpyHostToDevice", "cudaMemcpyDeviceToHost"),
@@ -81,21 +135,34 @@ CUDA_UTILS: dict[str, tuple[str, ...]] = {
 
 # Removed in TensorRT 11 (NVIDIA's 10.x -> 11.x migration guide; python/src/infer/pyCore.cpp). The backend must
 # use none of them; the 10.13 stubs still list them, so this list is what catches a regression to them.
-REMOVED_IN_TRT11: frozenset[str] = frozenset({
-    "ICudaEngine.device_memory_size",
-    "ICudaEngine.get_device_memory_size_for_profile",
-    "ICudaEngine.create_execution_context_without_device_memory",
-    "NetworkDefinitionCreationFlag.EXPLICIT_BATCH",
-    "BuilderFlag.FP16", "BuilderFlag.INT8", "BuilderFlag.BF16", "BuilderFlag.FP8", "BuilderFlag.INT4",
-    "BuilderFlag.FP4", "BuilderFlag.OBEY_PRECISION_CONSTRAINTS", "BuilderFlag.PREFER_PRECISION_CONSTRAINTS",
-    "IBuilderConfig.int8_calibrator",
-    "Builder.platform_has_fast_fp16", "Builder.platform_has_fast_int8", "Builder.platform_has_tf32",
-    "ICudaEngine.weight_streaming_budget",
-    "PreviewFeature.PROFILE_SHARING_0806",
-    # Removed already in 10.0 (the binding-index API).
-    "ICudaEngine.get_binding_index", "ICudaEngine.get_binding_shape", "IExecutionContext.execute_async_v2",
-    "IExecutionContext.execute_async", "IExecutionContext.set_binding_shape",
-})
+REMOVED_IN_TRT11: frozenset[str] = frozenset(
+    {
+        "ICudaEngine.device_memory_size",
+        "ICudaEngine.get_device_memory_size_for_profile",
+        "ICudaEngine.create_execution_context_without_device_memory",
+        "NetworkDefinitionCreationFlag.EXPLICIT_BATCH",
+        "BuilderFlag.FP16",
+        "BuilderFlag.INT8",
+        "BuilderFlag.BF16",
+        "BuilderFlag.FP8",
+        "BuilderFlag.INT4",
+        "BuilderFlag.FP4",
+        "BuilderFlag.OBEY_PRECISION_CONSTRAINTS",
+        "BuilderFlag.PREFER_PRECISION_CONSTRAINTS",
+        "IBuilderConfig.int8_calibrator",
+        "Builder.platform_has_fast_fp16",
+        "Builder.platform_has_fast_int8",
+        "Builder.platform_has_tf32",
+        "ICudaEngine.weight_streaming_budget",
+        "PreviewFeature.PROFILE_SHARING_0806",
+        # Removed already in 10.0 (the binding-index API).
+        "ICudaEngine.get_binding_index",
+        "ICudaEngine.get_binding_shape",
+        "IExecutionContext.execute_async_v2",
+        "IExecutionContext.execute_async",
+        "IExecutionContext.set_binding_shape",
+    }
+)
 
 
 def qualified(names: dict[str, tuple[str, ...]]) -> list[str]:

@@ -53,9 +53,16 @@ from typing import Any, cast
 
 from ..errors import BackendUnavailableError, ModelConfigError, ModelLoadError
 from ..interface import Backend, ModelSpec
-from ..repository import hide_paths, shown_path
-from .builder import DEFAULT_WORKSPACE, PARAM_CACHE_DIR, PARAM_WORKSPACE, PlanCache, build_plan, default_cache_dir, \
-    write_atomic
+from ..repository import shown_path
+from .builder import (
+    DEFAULT_WORKSPACE,
+    PARAM_CACHE_DIR,
+    PARAM_WORKSPACE,
+    PlanCache,
+    build_plan,
+    default_cache_dir,
+    write_atomic,
+)
 from .cuda import CudaError, CudaRuntime, real_cuda_utils
 from .driver import insufficient_driver_message
 from .engine_io import origin
@@ -69,10 +76,14 @@ _LOG = logging.getLogger(__name__)
 
 PARAM_DEVICE = "trt_device"
 
-FALLBACK_HINT = ('To serve this model directory on the CPU with ONNX Runtime instead, set backend: "onnxruntime" '
-                 'in its config.pbtxt (the directory needs 1/model.onnx).')
-INSTALL_HINT = ("Install the GPU extra that fits the NVIDIA driver: `pip install .[tensorrt-cu12]` (driver 525 or "
-                "newer) or `.[tensorrt-cu13]` (driver 580 or newer); `make gpu-check` picks it.")
+FALLBACK_HINT = (
+    'To serve this model directory on the CPU with ONNX Runtime instead, set backend: "onnxruntime" '
+    "in its config.pbtxt (the directory needs 1/model.onnx)."
+)
+INSTALL_HINT = (
+    "Install the GPU extra that fits the NVIDIA driver: `pip install .[tensorrt-cu12]` (driver 525 or "
+    "newer) or `.[tensorrt-cu13]` (driver 580 or newer); `make gpu-check` picks it."
+)
 
 __all__ = ["FALLBACK_HINT", "PlanRejected", "TensorRTBackend", "TensorRTModel", "tensorrt_cuda_major"]
 
@@ -122,8 +133,14 @@ class TensorRTBackend(Backend):
 
     name = "tensorrt"
 
-    def __init__(self, trt_module: Any = None, cudart_module: Any = None, *, cuda_utils_module: Any = None,
-                 cache_dir: Path | str | None = None) -> None:
+    def __init__(
+        self,
+        trt_module: Any = None,
+        cudart_module: Any = None,
+        *,
+        cuda_utils_module: Any = None,
+        cache_dir: Path | str | None = None,
+    ) -> None:
         self._trt_module = trt_module
         self._cudart_module = cudart_module
         self._cuda_utils_module = cuda_utils_module
@@ -146,7 +163,8 @@ class TensorRTBackend(Backend):
             if module is None:
                 raise BackendUnavailableError(
                     f"{where}: the TensorRT backend needs cuda-python (cuda.bindings), which is not installed. "
-                    f"{INSTALL_HINT} {FALLBACK_HINT}")
+                    f"{INSTALL_HINT} {FALLBACK_HINT}"
+                )
             self._cudart_module = module
             self._cuda_utils_module = real_cuda_utils()
         return CudaRuntime(module, self._cuda_utils_module)
@@ -156,7 +174,8 @@ class TensorRTBackend(Backend):
         if module is None:
             raise BackendUnavailableError(
                 f"{where}: the TensorRT backend needs the tensorrt package, which is not installed. "
-                f"{INSTALL_HINT} {FALLBACK_HINT}")
+                f"{INSTALL_HINT} {FALLBACK_HINT}"
+            )
         self._trt_module = module
         return module
 
@@ -191,7 +210,8 @@ class TensorRTBackend(Backend):
         except CudaError as error:
             raise ModelLoadError(
                 f"{where}: GPU {device} still fails after a device reset ({error}); restart the server to use it again "
-                "(NVIDIA documents that only a new process is sure to clear such an error)") from None
+                "(NVIDIA documents that only a new process is sure to clear such an error)"
+            ) from None
 
     def _probe(self, cuda: CudaRuntime, device: int, where: str) -> None:
         """Check the CUDA device before anything touches TensorRT: a Runtime made without a device segfaults."""
@@ -200,14 +220,17 @@ class TensorRTBackend(Backend):
             if reason == "cudaErrorInsufficientDriver":
                 driver, runtime = cuda.versions()
                 if driver and runtime and driver // 1000 < runtime // 1000:
-                    raise BackendUnavailableError(f"{where}: {insufficient_driver_message(driver, runtime)}. "
-                                                  f"{FALLBACK_HINT}")
+                    raise BackendUnavailableError(
+                        f"{where}: {insufficient_driver_message(driver, runtime)}. {FALLBACK_HINT}"
+                    )
             raise BackendUnavailableError(
-                f"{where}: the TensorRT backend needs an NVIDIA GPU and none is usable here ({reason}). "
-                f"{FALLBACK_HINT}")
+                f"{where}: the TensorRT backend needs an NVIDIA GPU and none is usable here ({reason}). {FALLBACK_HINT}"
+            )
         if device >= count:
-            raise ModelConfigError(f"{where}: parameter {PARAM_DEVICE} is {device}, but only {count} CUDA "
-                                   f"device{'s' if count != 1 else ''} found")
+            raise ModelConfigError(
+                f"{where}: parameter {PARAM_DEVICE} is {device}, but only {count} CUDA "
+                f"device{'s' if count != 1 else ''} found"
+            )
 
     # -- load
 
@@ -234,8 +257,9 @@ class TensorRTBackend(Backend):
             health.leave(spec.name)
             raise
 
-    def _load(self, spec: ModelSpec, trt: TensorRTRuntimeModule, cuda: CudaRuntime, device: int,
-              health: DeviceHealth) -> TensorRTModel:
+    def _load(
+        self, spec: ModelSpec, trt: TensorRTRuntimeModule, cuda: CudaRuntime, device: int, health: DeviceHealth
+    ) -> TensorRTModel:
         where = origin(spec)
         try:
             cuda.use_device(device)
@@ -271,20 +295,28 @@ class TensorRTBackend(Backend):
             return spec.roots.resolve(explicit, f"parameter {PARAM_CACHE_DIR}", origin=origin(spec))
         return self._cache_dir or default_cache_dir()
 
-    def _plan_key(self, spec: ModelSpec, trt: TensorRTRuntimeModule, cuda: CudaRuntime, device: int,
-                  profile: Any, workspace: int) -> str:
+    def _plan_key(
+        self, spec: ModelSpec, trt: TensorRTRuntimeModule, cuda: CudaRuntime, device: int, profile: Any, workspace: int
+    ) -> str:
         path = spec.model_file
         assert path is not None
         major, minor = cuda.compute_capability(device)
-        return cache_key({
-            "onnx": file_sha256(path), "external_data": external_data_sha256(path),
-            "tensorrt": str(trt.__version__), "tensorrt_cuda": tensorrt_cuda_major(trt),
-            "gpu": cuda.device_name(device), "compute_capability": f"{major}.{minor}",
-            "profile": profile.describe(), "workspace": workspace,
-        })
+        return cache_key(
+            {
+                "onnx": file_sha256(path),
+                "external_data": external_data_sha256(path),
+                "tensorrt": str(trt.__version__),
+                "tensorrt_cuda": tensorrt_cuda_major(trt),
+                "gpu": cuda.device_name(device),
+                "compute_capability": f"{major}.{minor}",
+                "profile": profile.describe(),
+                "workspace": workspace,
+            }
+        )
 
-    def _plan(self, spec: ModelSpec, trt: TensorRTRuntimeModule, logger: Any, cuda: CudaRuntime,
-              device: int) -> tuple[bytes, str, Path | None]:
+    def _plan(
+        self, spec: ModelSpec, trt: TensorRTRuntimeModule, logger: Any, cuda: CudaRuntime, device: int
+    ) -> tuple[bytes, str, Path | None]:
         """(plan bytes, "prebuilt" | "cache" | "built", cache path when it came from the cache)."""
         path = spec.model_file
         assert path is not None
@@ -304,12 +336,19 @@ class TensorRTBackend(Backend):
                 raise BackendUnavailableError(
                     f"{where}: building an engine from {path.name} needs the full tensorrt package (the installed "
                     f"runtime-only tensorrt_lean has no builder). {INSTALL_HINT} Or put a model.plan built for this "
-                    f"GPU and TensorRT {trt.__version__} in the version directory. {FALLBACK_HINT}")
+                    f"GPU and TensorRT {trt.__version__} in the version directory. {FALLBACK_HINT}"
+                )
             timing_path = cache.timing_path(str(trt.__version__), gpu)
-            _LOG.info("%s: building a TensorRT engine from %s (%d profile%s); this can take minutes",
-                      where, path.name, profile.count, "s" if profile.count != 1 else "")
-            plan, timing = build_plan(cast(TensorRTBuilderModule, trt), logger, path, profile, workspace,
-                                      cache.read(timing_path), where)
+            _LOG.info(
+                "%s: building a TensorRT engine from %s (%d profile%s); this can take minutes",
+                where,
+                path.name,
+                profile.count,
+                "s" if profile.count != 1 else "",
+            )
+            plan, timing = build_plan(
+                cast(TensorRTBuilderModule, trt), logger, path, profile, workspace, cache.read(timing_path), where
+            )
             try:
                 write_atomic(plan_path, plan)
                 write_atomic(timing_path, timing)

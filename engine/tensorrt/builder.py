@@ -81,8 +81,9 @@ class PlanCache:
             pass
 
 
-def _parse(trt: TensorRTBuilderModule, builder: Any, logger: Any, onnx_path: Path, profile: ProfileSpec,
-           origin: str) -> tuple[Any, Any]:
+def _parse(
+    trt: TensorRTBuilderModule, builder: Any, logger: Any, onnx_path: Path, profile: ProfileSpec, origin: str
+) -> tuple[Any, Any]:
     """Parse the ONNX file into a network; check its inputs are the ones the profile covers."""
     network = builder.create_network(0)  # 0: explicit batch is the only mode in 10.x; EXPLICIT_BATCH is gone in 11
     parser = trt.OnnxParser(network, logger)
@@ -94,13 +95,21 @@ def _parse(trt: TensorRTBuilderModule, builder: Any, logger: Any, onnx_path: Pat
     expected = {r.name for r in profile.inputs}
     if names != expected:
         raise ModelConfigError(
-            f"{origin}: TensorRT's parse of {onnx_path.name} has inputs {sorted(names)}, expected {sorted(expected)}")
+            f"{origin}: TensorRT's parse of {onnx_path.name} has inputs {sorted(names)}, expected {sorted(expected)}"
+        )
     # The parser refers to the network; both must stay alive until the build is done.
     return network, parser
 
 
-def build_plan(trt: TensorRTBuilderModule, logger: Any, onnx_path: Path, profile: ProfileSpec, workspace: int,
-               timing_cache: bytes | None, origin: str) -> tuple[bytes, bytes]:
+def build_plan(
+    trt: TensorRTBuilderModule,
+    logger: Any,
+    onnx_path: Path,
+    profile: ProfileSpec,
+    workspace: int,
+    timing_cache: bytes | None,
+    origin: str,
+) -> tuple[bytes, bytes]:
     """Build a serialized engine from `onnx_path` with `profile` (repeated profile.count times).
 
     Returns (plan, serialized timing cache). Blocks for the whole build (TensorRT releases the GIL meanwhile).

@@ -25,16 +25,26 @@ import numpy as np
 
 from .protocols import CudaRuntimeModule, CudaUtilsModule
 
-
 # Errors that leave the process's CUDA context unusable: every later call on the device returns them ("sticky").
 # cuda-bindings documents each as "This leaves the process in an inconsistent state and any further CUDA work will
 # return the same error. To continue using CUDA, the process must be terminated and relaunched."
-STICKY_ERRORS = frozenset({
-    "cudaErrorIllegalAddress", "cudaErrorLaunchTimeout", "cudaErrorAssert", "cudaErrorHardwareStackError",
-    "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress", "cudaErrorInvalidAddressSpace", "cudaErrorInvalidPc",
-    "cudaErrorLaunchFailure", "cudaErrorContained", "cudaErrorTensorMemoryLeak", "cudaErrorMpsClientTerminated",
-    "cudaErrorExternalDevice",
-})
+STICKY_ERRORS = frozenset(
+    {
+        "cudaErrorIllegalAddress",
+        "cudaErrorLaunchTimeout",
+        "cudaErrorAssert",
+        "cudaErrorHardwareStackError",
+        "cudaErrorIllegalInstruction",
+        "cudaErrorMisalignedAddress",
+        "cudaErrorInvalidAddressSpace",
+        "cudaErrorInvalidPc",
+        "cudaErrorLaunchFailure",
+        "cudaErrorContained",
+        "cudaErrorTensorMemoryLeak",
+        "cudaErrorMpsClientTerminated",
+        "cudaErrorExternalDevice",
+    }
+)
 
 
 class CudaError(Exception):
@@ -164,7 +174,8 @@ class CudaRuntime:
         """Pinned (page-locked) host memory: asynchronous copies need it (from pageable memory they are
         staged and synchronous)."""
         (pointer,) = self._check(
-            self.module.cudaHostAlloc(max(1, nbytes), self.module.cudaHostAllocDefault), "cudaHostAlloc")
+            self.module.cudaHostAlloc(max(1, nbytes), self.module.cudaHostAllocDefault), "cudaHostAlloc"
+        )
         return int(pointer)
 
     def free_host(self, pointer: int) -> None:
@@ -172,21 +183,26 @@ class CudaRuntime:
 
     def copy_to_device_async(self, device_pointer: int, host_pointer: int, nbytes: int, stream: Any) -> None:
         kind = self.module.cudaMemcpyKind.cudaMemcpyHostToDevice
-        self._check(self.module.cudaMemcpyAsync(device_pointer, host_pointer, nbytes, kind, stream),
-                    "cudaMemcpyAsync(host to device)")
+        self._check(
+            self.module.cudaMemcpyAsync(device_pointer, host_pointer, nbytes, kind, stream),
+            "cudaMemcpyAsync(host to device)",
+        )
 
     def copy_to_host_async(self, host_pointer: int, device_pointer: int, nbytes: int, stream: Any) -> None:
         kind = self.module.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        self._check(self.module.cudaMemcpyAsync(host_pointer, device_pointer, nbytes, kind, stream),
-                    "cudaMemcpyAsync(device to host)")
+        self._check(
+            self.module.cudaMemcpyAsync(host_pointer, device_pointer, nbytes, kind, stream),
+            "cudaMemcpyAsync(device to host)",
+        )
 
     # -- streams
 
     def stream_create(self) -> Any:
         """A non-blocking stream: it never implicitly synchronizes with the legacy default stream, so one slot's
         work never waits for another's."""
-        (stream,) = self._check(self.module.cudaStreamCreateWithFlags(self.module.cudaStreamNonBlocking),
-                                "cudaStreamCreateWithFlags")
+        (stream,) = self._check(
+            self.module.cudaStreamCreateWithFlags(self.module.cudaStreamNonBlocking), "cudaStreamCreateWithFlags"
+        )
         return stream
 
     def stream_handle(self, stream: Any) -> int:

@@ -54,8 +54,13 @@ def nvidia_smi() -> tuple[str, tuple[tuple[int, int], ...]]:
     if shutil.which("nvidia-smi") is None:
         return "", ()
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return "", ()
     version, capabilities = "", []
@@ -85,18 +90,19 @@ def driver_cuda_version() -> int:
 
 
 def describe_driver(cuda_version: int, driver_version: str = "") -> str:
-    """"driver 550.54.15 (CUDA 12.4)", or "a driver for CUDA 12.4" when nvidia-smi gave no version."""
+    """ "driver 550.54.15 (CUDA 12.4)", or "a driver for CUDA 12.4" when nvidia-smi gave no version."""
     cuda = f"CUDA {cuda_version_text(cuda_version)}"
     return f"driver {driver_version} ({cuda})" if driver_version else f"a driver for {cuda}"
 
 
-def choose_extra(cuda_version: int, driver_version: str = "",
-                 capabilities: tuple[tuple[int, int], ...] = ()) -> Extra:
+def choose_extra(cuda_version: int, driver_version: str = "", capabilities: tuple[tuple[int, int], ...] = ()) -> Extra:
     """The extra with the newest CUDA major that the driver supports and every GPU can run. Raises NoUsableDriver
     naming the driver found and the one needed."""
     if cuda_version <= 0:
-        raise NoUsableDriver("no NVIDIA driver found (libcuda.so.1 is missing); TensorRT needs an NVIDIA GPU with "
-                             f"driver {EXTRAS[12].min_driver} or newer")
+        raise NoUsableDriver(
+            "no NVIDIA driver found (libcuda.so.1 is missing); TensorRT needs an NVIDIA GPU with "
+            f"driver {EXTRAS[12].min_driver} or newer"
+        )
     for major in sorted(EXTRAS, reverse=True):
         extra = EXTRAS[major]
         if cuda_version // 1000 >= major and all(cc >= extra.min_compute_capability for cc in capabilities):
@@ -104,7 +110,8 @@ def choose_extra(cuda_version: int, driver_version: str = "",
     oldest = EXTRAS[min(EXTRAS)]
     raise NoUsableDriver(
         f"the NVIDIA {describe_driver(cuda_version, driver_version)} is too old: slotserve's TensorRT extras need "
-        f"CUDA {oldest.cuda_major} or newer, that is driver {oldest.min_driver} or newer")
+        f"CUDA {oldest.cuda_major} or newer, that is driver {oldest.min_driver} or newer"
+    )
 
 
 def insufficient_driver_message(driver_cuda: int, runtime_cuda: int) -> str:
@@ -112,16 +119,23 @@ def insufficient_driver_message(driver_cuda: int, runtime_cuda: int) -> str:
     driver_version, capabilities = nvidia_smi()
     found = describe_driver(driver_cuda, driver_version)
     needed = EXTRAS.get(runtime_cuda // 1000)
-    need = (f"a driver for CUDA {runtime_cuda // 1000}.x ({needed.min_driver} or newer)" if needed
-            else f"a driver for CUDA {cuda_version_text(runtime_cuda)}")
-    message = (f"the installed cuda-python is built for CUDA {cuda_version_text(runtime_cuda)} and needs {need}, "
-               f"but this machine has {found}")
+    need = (
+        f"a driver for CUDA {runtime_cuda // 1000}.x ({needed.min_driver} or newer)"
+        if needed
+        else f"a driver for CUDA {cuda_version_text(runtime_cuda)}"
+    )
+    message = (
+        f"the installed cuda-python is built for CUDA {cuda_version_text(runtime_cuda)} and needs {need}, "
+        f"but this machine has {found}"
+    )
     try:
         fitting = choose_extra(driver_cuda, driver_version, capabilities)
     except NoUsableDriver as error:
         return f"{message}; {error}"
-    return (f"{message}. Install the extra this driver supports: `pip install .[{fitting.name}]` ({fitting.tensorrt}, "
-            f"CUDA {fitting.cuda_major}; `make gpu-check` picks it), or upgrade the driver")
+    return (
+        f"{message}. Install the extra this driver supports: `pip install .[{fitting.name}]` ({fitting.tensorrt}, "
+        f"CUDA {fitting.cuda_major}; `make gpu-check` picks it), or upgrade the driver"
+    )
 
 
 def main() -> int:
@@ -132,8 +146,11 @@ def main() -> int:
     except NoUsableDriver as error:
         print(f"gpu-check: {error}", file=sys.stderr)
         return 3
-    print(f"gpu-check: the NVIDIA {describe_driver(cuda_version, driver_version)} runs {extra.tensorrt} for "
-          f"CUDA {extra.cuda_major}: using the {extra.name} extra", file=sys.stderr)
+    print(
+        f"gpu-check: the NVIDIA {describe_driver(cuda_version, driver_version)} runs {extra.tensorrt} for "
+        f"CUDA {extra.cuda_major}: using the {extra.name} extra",
+        file=sys.stderr,
+    )
     print(extra.name)
     return 0
 

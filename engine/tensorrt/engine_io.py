@@ -24,11 +24,21 @@ from .protocols import CudaEngine, TensorRTRuntimeModule
 
 # TensorRT DataType member name -> KServe datatype. Types without a KServe name (FP8, INT4, FP4, E8M0) are
 # refused at load.
-KSERVE_TYPE = {"FLOAT": "FP32", "HALF": "FP16", "BF16": "BF16", "INT8": "INT8", "INT32": "INT32",
-               "INT64": "INT64", "BOOL": "BOOL", "UINT8": "UINT8"}
+KSERVE_TYPE = {
+    "FLOAT": "FP32",
+    "HALF": "FP16",
+    "BF16": "BF16",
+    "INT8": "INT8",
+    "INT32": "INT32",
+    "INT64": "INT64",
+    "BOOL": "BOOL",
+    "UINT8": "UINT8",
+}
 
-LINEAR_ONLY = ("slotserve serves linear (row-major) I/O only: build the plan without --inputIOFormats / "
-               "--outputIOFormats (or with :chw), or from the ONNX model")
+LINEAR_ONLY = (
+    "slotserve serves linear (row-major) I/O only: build the plan without --inputIOFormats / "
+    "--outputIOFormats (or with :chw), or from the ONNX model"
+)
 
 # (min, opt, max) shapes of one input in one optimization profile, batch dimension included.
 ProfileRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
@@ -72,7 +82,8 @@ def _check_location(trt: TensorRTRuntimeModule, engine: CudaEngine, name: str, k
         raise ModelConfigError(
             f"{where}: {kind} '{name}' is a shape tensor (TensorRT reads it in host memory while it infers shapes); "
             "slotserve serves engines whose inputs and outputs are all device tensors. Fold that shape into the "
-            "model (constant folding, e.g. with onnxsim or polygraphy surgeon), or serve it with ONNX Runtime")
+            "model (constant folding, e.g. with onnxsim or polygraphy surgeon), or serve it with ONNX Runtime"
+        )
 
 
 def _check_format(engine: CudaEngine, name: str, kind: str, where: str) -> None:
@@ -81,7 +92,8 @@ def _check_format(engine: CudaEngine, name: str, kind: str, where: str) -> None:
     if vectorized != -1 or components != 1:
         raise ModelConfigError(
             f"{where}: {kind} '{name}' uses the I/O format {engine.get_tensor_format_desc(name)!r} (vectorized "
-            f"along dimension {vectorized}, {components} components per element); {LINEAR_ONLY}")
+            f"along dimension {vectorized}, {components} components per element); {LINEAR_ONLY}"
+        )
 
 
 def io_tensors(trt: TensorRTRuntimeModule, engine: CudaEngine, where: str) -> list[IoTensor]:
@@ -98,11 +110,16 @@ def io_tensors(trt: TensorRTRuntimeModule, engine: CudaEngine, where: str) -> li
         type_name = engine.get_tensor_dtype(name).name
         datatype = KSERVE_TYPE.get(type_name)
         if datatype is None:
-            raise ModelConfigError(f"{where}: {kind} '{name}' has TensorRT type {type_name}, which has no KServe "
-                                   f"datatype; supported: {', '.join(sorted(KSERVE_TYPE))}")
+            raise ModelConfigError(
+                f"{where}: {kind} '{name}' has TensorRT type {type_name}, which has no KServe "
+                f"datatype; supported: {', '.join(sorted(KSERVE_TYPE))}"
+            )
         _check_format(engine, name, kind, where)
-        tensors.append(IoTensor(name, kind == "input", datatype, datatypes.numpy_dtype(datatype),
-                                dims(engine.get_tensor_shape(name))))
+        tensors.append(
+            IoTensor(
+                name, kind == "input", datatype, datatypes.numpy_dtype(datatype), dims(engine.get_tensor_shape(name))
+            )
+        )
     if not any(t.is_input for t in tensors) or not any(not t.is_input for t in tensors):
         raise ModelConfigError(f"{where}: the engine has no inputs or no outputs")
     return tensors
@@ -110,8 +127,9 @@ def io_tensors(trt: TensorRTRuntimeModule, engine: CudaEngine, where: str) -> li
 
 def profile_ranges(engine: CudaEngine, io: list[IoTensor], profiles: Sequence[int]) -> dict[str, list[ProfileRange]]:
     """{input name: [(min, opt, max) per profile in `profiles`]}."""
-    return {t.name: [profile_range(engine.get_tensor_profile_shape(t.name, p)) for p in profiles]
-            for t in io if t.is_input}
+    return {
+        t.name: [profile_range(engine.get_tensor_profile_shape(t.name, p)) for p in profiles] for t in io if t.is_input
+    }
 
 
 def profile_range(shapes: Sequence[Sequence[int]]) -> ProfileRange:
@@ -126,7 +144,8 @@ def _served(tensor: IoTensor, max_batch_size: int, where: str) -> TensorSpec:
     if not tensor.shape or tensor.shape[0] not in (-1, 1) or (tensor.shape[0] == 1 and max_batch_size != 1):
         raise ModelConfigError(
             f"{where}: max_batch_size is {max_batch_size}, but the engine's '{tensor.name}' has shape "
-            f"{list(tensor.shape)}, without a dynamic first (batch) dimension")
+            f"{list(tensor.shape)}, without a dynamic first (batch) dimension"
+        )
     return TensorSpec(tensor.name, tensor.datatype, tensor.shape[1:])
 
 
@@ -139,11 +158,18 @@ def check_batch_ranges(ranges: dict[str, list[ProfileRange]], max_batch_size: in
             if low[0] > 1 or high[0] < max_batch_size:
                 raise ModelConfigError(
                     f"{where}: the engine's profile {index} allows batch sizes {low[0]}..{high[0]} for '{name}', "
-                    f"but max_batch_size {max_batch_size} needs 1..{max_batch_size}")
+                    f"but max_batch_size {max_batch_size} needs 1..{max_batch_size}"
+                )
 
 
-def _reconcile(declared: tuple[TensorSpec, ...], actual: list[TensorSpec], kind: str, where: str,
-               ranges: dict[str, list[ProfileRange]], batching: bool) -> tuple[TensorSpec, ...]:
+def _reconcile(
+    declared: tuple[TensorSpec, ...],
+    actual: list[TensorSpec],
+    kind: str,
+    where: str,
+    ranges: dict[str, list[ProfileRange]],
+    batching: bool,
+) -> tuple[TensorSpec, ...]:
     """The tensors as served: the config's, checked against the engine, or the engine's when the config
     declares none. A fixed config dimension over a dynamic engine one must lie inside every profile used."""
     by_name = {t.name: t for t in actual}
@@ -155,19 +181,23 @@ def _reconcile(declared: tuple[TensorSpec, ...], actual: list[TensorSpec], kind:
             raise ModelConfigError(f"{where}: {kind} '{spec.name}' is not in the engine; it has {sorted(by_name)}")
         if model.datatype != spec.datatype:
             raise ModelConfigError(
-                f"{where}: {kind} '{spec.name}' is {model.datatype} in the engine, {spec.datatype} in the config")
+                f"{where}: {kind} '{spec.name}' is {model.datatype} in the engine, {spec.datatype} in the config"
+            )
         if len(model.shape) != len(spec.shape) or any(
-                m != -1 and d != -1 and m != d for m, d in zip(model.shape, spec.shape)):
+            m != -1 and d != -1 and m != d for m, d in zip(model.shape, spec.shape)
+        ):
             raise ModelConfigError(
                 f"{where}: {kind} '{spec.name}' has dims {list(model.shape)} in the engine "
-                f"({'after the batch dimension' if batching else 'no batching'}), {list(spec.shape)} in the config")
+                f"({'after the batch dimension' if batching else 'no batching'}), {list(spec.shape)} in the config"
+            )
         skip = 1 if batching else 0
         for low, _, high in ranges.get(spec.name, ()):
             for index, dim in enumerate(spec.shape):
                 if dim != -1 and not low[index + skip] <= dim <= high[index + skip]:
                     raise ModelConfigError(
                         f"{where}: {kind} '{spec.name}' dimension {index} is {dim} in the config, outside the "
-                        f"engine's profile range {low[index + skip]}..{high[index + skip]}")
+                        f"engine's profile range {low[index + skip]}..{high[index + skip]}"
+                    )
     if kind == "input":
         missing = sorted(set(by_name) - {s.name for s in declared})
         if missing:

@@ -61,38 +61,67 @@ class Setup:
 def _silero_inputs(rng: np.random.Generator) -> dict[str, np.ndarray]:
     # One 32 ms chunk at 16 kHz with the 64-sample context the silero wrapper prepends, a fresh state, and the
     # sample rate: an INT64 scalar (a 0-d tensor end to end).
-    return {"input": (0.1 * rng.standard_normal((1, 576))).astype(np.float32),
-            "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
+    return {
+        "input": (0.1 * rng.standard_normal((1, 576))).astype(np.float32),
+        "state": np.zeros((2, 1, 128), np.float32),
+        "sr": np.array(16000, np.int64),
+    }
 
 
 SETUPS = {
     # Silero takes chunks of exactly 512 samples (+64 of context) at 16 kHz, for up to 4 streams at once here.
-    "silero_vad": Setup({"trt_profile_min": "input:1x576;state:2x1x128",
-                         "trt_profile_opt": "input:1x576;state:2x1x128",
-                         "trt_profile_max": "input:4x576;state:2x4x128"}, _silero_inputs),
+    "silero_vad": Setup(
+        {
+            "trt_profile_min": "input:1x576;state:2x1x128",
+            "trt_profile_opt": "input:1x576;state:2x1x128",
+            "trt_profile_max": "input:4x576;state:2x4x128",
+        },
+        _silero_inputs,
+    ),
 }
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m engine.tensorrt.gpu_check",
-                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.tensorrt.gpu_check", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--repository", required=True, type=Path, help="model repository (demo.build_repository)")
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                        help="comma-separated model names (default: %(default)s)")
+    parser.add_argument(
+        "--models", default=",".join(DEFAULT_MODELS), help="comma-separated model names (default: %(default)s)"
+    )
     parser.add_argument("--slots", default="1,2,4", help="slot counts to measure (default: %(default)s)")
     parser.add_argument("--iterations", type=int, default=200, help="requests per slot per measurement")
     parser.add_argument("--batch", type=int, default=1, help="batch size of the requests of batching models")
-    parser.add_argument("--dynamic-size", type=int, default=4096,
-                        help="size used for variable (-1) dimensions in requests (default: %(default)s)")
-    parser.add_argument("--dynamic-max", type=int, default=65536,
-                        help="trt_default_dim_max given to models that set no range for a -1 dimension")
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="plan cache directory (the backend's own, like $SLOTSERVE_TRT_CACHE)")
+    parser.add_argument(
+        "--dynamic-size",
+        type=int,
+        default=4096,
+        help="size used for variable (-1) dimensions in requests (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dynamic-max",
+        type=int,
+        default=65536,
+        help="trt_default_dim_max given to models that set no range for a -1 dimension",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="plan cache directory (the backend's own, like $SLOTSERVE_TRT_CACHE)",
+    )
     parser.add_argument("--rtol", type=float, default=2e-2, help="relative tolerance for floating-point outputs")
-    parser.add_argument("--atol", type=float, default=2e-2,
-                        help="absolute tolerance for floating-point outputs (TensorRT may use TF32/FP16 kernels)")
-    parser.add_argument("--checks", default=",".join(CHECKS),
-                        help="extra checks: data_dependent, batching (default: %(default)s; '' for none)")
+    parser.add_argument(
+        "--atol",
+        type=float,
+        default=2e-2,
+        help="absolute tolerance for floating-point outputs (TensorRT may use TF32/FP16 kernels)",
+    )
+    parser.add_argument(
+        "--checks",
+        default=",".join(CHECKS),
+        help="extra checks: data_dependent, batching (default: %(default)s; '' for none)",
+    )
     parser.add_argument("--double", action="store_true", help="use the GPU-less test double (checks the code path)")
     args = parser.parse_args(argv)
     try:
@@ -133,8 +162,9 @@ def sample_inputs(model: TensorRTModel, batch: int, dynamic_size: int, seed: int
     return inputs
 
 
-def compare(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray], rtol: float,
-            atol: float) -> tuple[bool, list[str]]:
+def compare(
+    expected: dict[str, np.ndarray], actual: dict[str, np.ndarray], rtol: float, atol: float
+) -> tuple[bool, list[str]]:
     """(all outputs match, one line of detail per output)."""
     ok, details = True, []
     for name, want in expected.items():
@@ -154,8 +184,7 @@ def compare(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray], rtol
     return ok, details
 
 
-def throughput(model: LoadedModel, inputs: dict[str, np.ndarray], slots: int,
-               iterations: int) -> tuple[float, float]:
+def throughput(model: LoadedModel, inputs: dict[str, np.ndarray], slots: int, iterations: int) -> tuple[float, float]:
     """(requests per second, median latency in ms) with `slots` contexts, one thread each, all started
     together. Blocks for the measurement."""
     contexts = [model.create_context() for _ in range(slots)]
@@ -199,8 +228,9 @@ def throughput(model: LoadedModel, inputs: dict[str, np.ndarray], slots: int,
     return slots * iterations / elapsed, 1000.0 * statistics.median(latencies)
 
 
-def _spec(repository: ModelRepository, name: str, backend: str, args: argparse.Namespace,
-          batching: BatchingSpec | None = None) -> ModelSpec:
+def _spec(
+    repository: ModelRepository, name: str, backend: str, args: argparse.Namespace, batching: BatchingSpec | None = None
+) -> ModelSpec:
     spec = repository.read(name, backend=backend)
     if batching is not None:
         spec = dataclasses.replace(spec, batching=batching)
@@ -213,8 +243,9 @@ def _spec(repository: ModelRepository, name: str, backend: str, args: argparse.N
     return dataclasses.replace(spec, parameters=parameters)
 
 
-def _run_both(model: LoadedModel, reference: LoadedModel,
-              inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def _run_both(
+    model: LoadedModel, reference: LoadedModel, inputs: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(TensorRT's outputs, ONNX Runtime's outputs) for `inputs`, each on a fresh slot."""
     context, reference_context = model.create_context(), reference.create_context()
     try:
@@ -231,12 +262,17 @@ def check_model(backend: TensorRTBackend, repository: ModelRepository, name: str
     reference = OnnxRuntimeBackend().load(_spec(repository, name, "onnxruntime", args))
     try:
         capacity = model.capacity
-        print(f"{name}: engine plan {model.plan_source}; weights {capacity.weights_bytes / MiB:.1f} MiB, "
-              f"{capacity.per_slot_bytes / MiB:.1f} MiB device memory and {capacity.host_bytes_per_slot / MiB:.1f} "
-              f"MiB pinned host memory per slot, capacity {model.max_parallel_slots} ({', '.join(capacity.notes)})")
+        print(
+            f"{name}: engine plan {model.plan_source}; weights {capacity.weights_bytes / MiB:.1f} MiB, "
+            f"{capacity.per_slot_bytes / MiB:.1f} MiB device memory and {capacity.host_bytes_per_slot / MiB:.1f} "
+            f"MiB pinned host memory per slot, capacity {model.max_parallel_slots} ({', '.join(capacity.notes)})"
+        )
         make_inputs = SETUPS.get(name, Setup()).inputs
-        inputs = (make_inputs(np.random.default_rng(len(name))) if make_inputs is not None
-                  else sample_inputs(model, args.batch, args.dynamic_size, seed=len(name)))
+        inputs = (
+            make_inputs(np.random.default_rng(len(name)))
+            if make_inputs is not None
+            else sample_inputs(model, args.batch, args.dynamic_size, seed=len(name))
+        )
         actual, expected = _run_both(model, reference, inputs)
         matched, details = compare(expected, actual, args.rtol, args.atol)
         print(f"{name}: outputs vs ONNX Runtime: {'; '.join(details)}")
@@ -257,9 +293,11 @@ def check_model(backend: TensorRTBackend, repository: ModelRepository, name: str
 def write_nonzero_model(root: Path) -> str:
     """`root/nonzero/`: OUTPUT0 = NonZero(INPUT0), FP32 [8, 8] -> INT64 [2, -1], the -1 decided by the data."""
     graph = helper.make_graph(
-        [helper.make_node("NonZero", ["INPUT0"], ["OUTPUT0"])], "nonzero",
+        [helper.make_node("NonZero", ["INPUT0"], ["OUTPUT0"])],
+        "nonzero",
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [8, 8])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.INT64, [2, "count"])])
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.INT64, [2, "count"])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     (root / "nonzero" / "1").mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, str(root / "nonzero" / "1" / "model.onnx"))
@@ -289,8 +327,9 @@ def check_data_dependent(backend: TensorRTBackend, args: argparse.Namespace) -> 
             reference.close()
 
 
-def check_batching(backend: TensorRTBackend, repository: ModelRepository, args: argparse.Namespace,
-                   name: str = "simple") -> bool:
+def check_batching(
+    backend: TensorRTBackend, repository: ModelRepository, args: argparse.Namespace, name: str = "simple"
+) -> bool:
     """`name` as a dynamically batching model (preferred batch size 4): the profile's batch range is 1, 4,
     max_batch_size, and every stacked batch size runs and matches ONNX Runtime."""
     batching = BatchingSpec(preferred_batch_sizes=(4,))
@@ -306,8 +345,10 @@ def check_batching(backend: TensorRTBackend, repository: ModelRepository, args: 
             matched &= ok
             if not ok:
                 failed.append(f"batch {batch}: {'; '.join(detail)}")
-        print(f"batching ({name}, plan {model.plan_source}): profile batch sizes min {low}, opt {opt}, max {high}; "
-              f"stacked batches 1..{model.metadata.max_batch_size}: " + ("ok" if matched else " | ".join(failed)))
+        print(
+            f"batching ({name}, plan {model.plan_source}): profile batch sizes min {low}, opt {opt}, max {high}; "
+            f"stacked batches 1..{model.metadata.max_batch_size}: " + ("ok" if matched else " | ".join(failed))
+        )
         return matched and opt == 4
     finally:
         model.close()

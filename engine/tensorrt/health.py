@@ -54,7 +54,8 @@ class DeviceHealth:
         return DeviceFailedError(
             f"model '{model}': GPU {self.device} failed ({fault.error}, first seen by model '{fault.model}'), so its "
             "CUDA context is unusable; the model was taken out of service and is rebuilt on a fresh context by the "
-            "next request or load once every model on that GPU is unloaded")
+            "next request or load once every model on that GPU is unloaded"
+        )
 
     def check(self, model: str) -> None:
         """Raise DeviceFailedError if the device failed. One attribute read when it did not."""
@@ -68,8 +69,13 @@ class DeviceHealth:
             if first:
                 self._fault = DeviceFault(error, model)
         if first:
-            _LOG.error("GPU %d failed with %s in model '%s': every model on it is refused until they are all "
-                       "unloaded and the device is reset", self.device, error, model)
+            _LOG.error(
+                "GPU %d failed with %s in model '%s': every model on it is refused until they are all "
+                "unloaded and the device is reset",
+                self.device,
+                error,
+                model,
+            )
         return self.refusal(model)
 
     def enter(self, model: str, recover: Callable[[], None]) -> None:
@@ -83,11 +89,16 @@ class DeviceHealth:
                     raise ModelLoadError(
                         f"model '{model}': GPU {self.device} failed ({fault.error}, first seen by model "
                         f"'{fault.model}'); it is reset once every model on it is unloaded, and these are still "
-                        f"loaded: {', '.join(sorted(self._holders))}")
+                        f"loaded: {', '.join(sorted(self._holders))}"
+                    )
                 recover()
-                _LOG.warning("GPU %d was reset after %s; models are rebuilt on a fresh CUDA context (NVIDIA documents "
-                             "that only a new process is sure to clear such an error: restart the server if errors "
-                             "recur)", self.device, fault.error)
+                _LOG.warning(
+                    "GPU %d was reset after %s; models are rebuilt on a fresh CUDA context (NVIDIA documents "
+                    "that only a new process is sure to clear such an error: restart the server if errors "
+                    "recur)",
+                    self.device,
+                    fault.error,
+                )
                 self._fault = None
             self._holders[model] += 1
 

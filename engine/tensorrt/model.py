@@ -80,9 +80,20 @@ class TensorRTModel(LoadedModel):
 
     interruptible = False  # enqueued GPU work cannot be cancelled
 
-    def __init__(self, spec: ModelSpec, trt: TensorRTRuntimeModule, runtime: TrtRuntime, cuda: CudaRuntime,
-                 device: int, health: DeviceHealth, engine: CudaEngine, io: list[IoTensor], metadata: ModelMetadata,
-                 profiles: list[int], source: str) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        trt: TensorRTRuntimeModule,
+        runtime: TrtRuntime,
+        cuda: CudaRuntime,
+        device: int,
+        health: DeviceHealth,
+        engine: CudaEngine,
+        io: list[IoTensor],
+        metadata: ModelMetadata,
+        profiles: list[int],
+        source: str,
+    ) -> None:
         self.name = spec.name
         self.trt = trt
         self.cuda = cuda
@@ -103,8 +114,17 @@ class TensorRTModel(LoadedModel):
         self.max_parallel_slots = 1
 
     @classmethod
-    def open(cls, spec: ModelSpec, trt: TensorRTRuntimeModule, runtime: TrtRuntime, cuda: CudaRuntime,
-             device: int, health: DeviceHealth, plan: bytes, source: str) -> TensorRTModel:
+    def open(
+        cls,
+        spec: ModelSpec,
+        trt: TensorRTRuntimeModule,
+        runtime: TrtRuntime,
+        cuda: CudaRuntime,
+        device: int,
+        health: DeviceHealth,
+        plan: bytes,
+        source: str,
+    ) -> TensorRTModel:
         """Deserialize `plan`, validate it against `spec`, measure one slot. Frees everything on failure (the
         caller still holds `health` for this model, and releases it then)."""
         where = origin(spec)
@@ -116,12 +136,14 @@ class TensorRTModel(LoadedModel):
                 raise OutOfDeviceMemoryError(f"{where}: not enough GPU memory for the engine's weights")
             raise PlanRejected(
                 f"{where}: TensorRT could not deserialize the engine; a plan only runs on the TensorRT version and "
-                f"GPU compute capability that built it (TensorRT {trt.__version__} here; see the server log)")
+                f"GPU compute capability that built it (TensorRT {trt.__version__} here; see the server log)"
+            )
         free_after, _ = cuda.memory_info()
         try:
             io = engine_io.io_tensors(trt, engine, where)
-            profiles = list(range(engine.num_optimization_profiles)) if bool_parameter(
-                spec, PARAM_PROFILE_PER_SLOT) else [0]
+            profiles = (
+                list(range(engine.num_optimization_profiles)) if bool_parameter(spec, PARAM_PROFILE_PER_SLOT) else [0]
+            )
             ranges = engine_io.profile_ranges(engine, io, profiles)
             engine_io.check_batch_ranges(ranges, spec.max_batch_size, where)
             metadata = engine_io.metadata(spec, io, ranges)
@@ -138,10 +160,17 @@ class TensorRTModel(LoadedModel):
             release_frames(error)
             raise
         capacity = model.capacity
-        _LOG.info("%s: TensorRT engine ready (plan %s): weights %.1f MiB, %.1f MiB GPU memory and %.1f MiB pinned "
-                  "host memory per slot, capacity %d (%s)", where, source, capacity.weights_bytes / 2**20,
-                  capacity.per_slot_bytes / 2**20, capacity.host_bytes_per_slot / 2**20, model.max_parallel_slots,
-                  ", ".join(capacity.notes))
+        _LOG.info(
+            "%s: TensorRT engine ready (plan %s): weights %.1f MiB, %.1f MiB GPU memory and %.1f MiB pinned "
+            "host memory per slot, capacity %d (%s)",
+            where,
+            source,
+            capacity.weights_bytes / 2**20,
+            capacity.per_slot_bytes / 2**20,
+            capacity.host_bytes_per_slot / 2**20,
+            model.max_parallel_slots,
+            ", ".join(capacity.notes),
+        )
         return model
 
     def _measure(self, spec: ModelSpec, weights: int, plan_size: int) -> None:
@@ -162,8 +191,11 @@ class TensorRTModel(LoadedModel):
         per_slot = max(free_before - free_with_probe, known, 1)
         free, _ = self.cuda.memory_info()
         reserve = int_parameter(spec, PARAM_RESERVE, DEFAULT_RESERVE, minimum=0)
-        limits = {"memory": max(1, (free - reserve) // per_slot), "16": MAX_SLOTS,
-                  PARAM_MAX_SLOTS: int_parameter(spec, PARAM_MAX_SLOTS, MAX_SLOTS, minimum=1)}
+        limits = {
+            "memory": max(1, (free - reserve) // per_slot),
+            "16": MAX_SLOTS,
+            PARAM_MAX_SLOTS: int_parameter(spec, PARAM_MAX_SLOTS, MAX_SLOTS, minimum=1),
+        }
         pinned_limit = int_parameter(spec, PARAM_PINNED_LIMIT, default_pinned_limit(), minimum=0)
         if pinned_limit and host_per_slot:
             limits["pinned host memory"] = max(1, pinned_limit // host_per_slot)
@@ -172,8 +204,13 @@ class TensorRTModel(LoadedModel):
         if self.profile_per_slot:
             limits["optimization profiles"] = len(self._free_profiles)
         # weights: measured around deserialization, or the plan size when other activity hid the difference.
-        self.capacity = Capacity(weights if weights > 0 else plan_size, per_slot, host_per_slot, min(limits.values()),
-                                 [f"{k}={v}" for k, v in limits.items()])
+        self.capacity = Capacity(
+            weights if weights > 0 else plan_size,
+            per_slot,
+            host_per_slot,
+            min(limits.values()),
+            [f"{k}={v}" for k, v in limits.items()],
+        )
         self.max_parallel_slots = self.capacity.max_parallel_slots
 
     # -- LoadedModel
@@ -189,8 +226,10 @@ class TensorRTModel(LoadedModel):
             if self._closed:
                 raise ModelLoadError(f"{origin(self.name)}: the engine is closed")
             if not self._free_profiles:
-                raise ModelLoadError(f"{origin(self.name)}: every optimization profile is in use by a slot "
-                                     "(profile-per-slot mode allows one slot per profile)")
+                raise ModelLoadError(
+                    f"{origin(self.name)}: every optimization profile is in use by a slot "
+                    "(profile-per-slot mode allows one slot per profile)"
+                )
             profile = self._free_profiles.pop(0) if self.profile_per_slot else self._free_profiles[0]
         try:
             slot = TensorRTContext(self, profile)
@@ -247,8 +286,7 @@ class TensorRTModel(LoadedModel):
             self._closed = True
             leftover = list(self._contexts)
         if leftover:
-            _LOG.warning("%s: closing %d slot context(s) left open before the engine", origin(self.name),
-                         len(leftover))
+            _LOG.warning("%s: closing %d slot context(s) left open before the engine", origin(self.name), len(leftover))
         for slot in reversed(leftover):
             slot.close()
         if self.health.fault is None:

@@ -68,8 +68,7 @@ class ProfileSpec:
     count: int = 1
 
     def describe(self) -> dict[str, object]:
-        return {"count": self.count,
-                "inputs": [[r.name, list(r.min), list(r.opt), list(r.max)] for r in self.inputs]}
+        return {"count": self.count, "inputs": [[r.name, list(r.min), list(r.opt), list(r.max)] for r in self.inputs]}
 
 
 def _origin(spec: ModelSpec) -> str:
@@ -120,8 +119,8 @@ def parse_shapes(spec: ModelSpec, key: str) -> dict[str, tuple[int, ...]]:
                 raise ValueError
         except ValueError:
             raise ModelConfigError(
-                f"{_origin(spec)}: parameter {key}: entry {entry!r} is not NAME:DxD (dims >= 0, no batch "
-                "dimension)") from None
+                f"{_origin(spec)}: parameter {key}: entry {entry!r} is not NAME:DxD (dims >= 0, no batch dimension)"
+            ) from None
         shapes[name.strip()] = shape
     return shapes
 
@@ -149,11 +148,13 @@ def _batch_range(spec: ModelSpec, name: str, network_dim: int) -> tuple[int, int
     if network_dim != -1 and not (network_dim == 1 and batch == 1):
         raise ModelConfigError(
             f"{_origin(spec)}: input '{name}' has a fixed first dimension {network_dim} in the ONNX model, but "
-            f"max_batch_size is {batch}: export the model with a dynamic batch dimension")
+            f"max_batch_size is {batch}: export the model with a dynamic batch dimension"
+        )
     preferred = spec.batching.largest_preferred if spec.batching is not None else 0
     if preferred > batch:
-        raise ModelConfigError(f"{_origin(spec)}: dynamic_batching's preferred_batch_size {preferred} exceeds "
-                               f"max_batch_size {batch}")
+        raise ModelConfigError(
+            f"{_origin(spec)}: dynamic_batching's preferred_batch_size {preferred} exceeds max_batch_size {batch}"
+        )
     # The batch size the server forms most often under load: the largest preferred one (it waits for it), else
     # the most it may stack.
     opt = int_parameter(spec, PARAM_OPT_BATCH, preferred or batch, minimum=1)
@@ -170,18 +171,21 @@ def _fixed_dims(spec: ModelSpec, name: str, network: tuple[int, ...]) -> tuple[i
     if len(declared.shape) != len(network):
         raise ModelConfigError(
             f"{_origin(spec)}: input '{name}' has {len(network)} dimensions in the ONNX model (after the batch "
-            f"dimension, if any) but dims {list(declared.shape)} in the config")
+            f"dimension, if any) but dims {list(declared.shape)} in the config"
+        )
     merged = []
     for index, (net, cfg) in enumerate(zip(network, declared.shape)):
         if net != -1 and cfg != -1 and net != cfg:
             raise ModelConfigError(
-                f"{_origin(spec)}: input '{name}' dimension {index} is {net} in the ONNX model, {cfg} in the config")
+                f"{_origin(spec)}: input '{name}' dimension {index} is {net} in the ONNX model, {cfg} in the config"
+            )
         merged.append(net if net != -1 else cfg)
     return tuple(merged)
 
 
-def _dim_range(spec: ModelSpec, name: str, index: int, rest: tuple[int, ...],
-               given: tuple[tuple[int, ...] | None, ...]) -> tuple[int, int, int]:
+def _dim_range(
+    spec: ModelSpec, name: str, index: int, rest: tuple[int, ...], given: tuple[tuple[int, ...] | None, ...]
+) -> tuple[int, int, int]:
     """[min, opt, max] of non-batch dimension `index` of `rest`. `given` holds the parameter shapes (min, opt,
     max) for this input, None where a parameter does not name it."""
     fixed = rest[index]
@@ -191,7 +195,8 @@ def _dim_range(spec: ModelSpec, name: str, index: int, rest: tuple[int, ...],
             if value is not None and value != fixed:
                 raise ModelConfigError(
                     f"{_origin(spec)}: parameter {key} gives input '{name}' dimension {index} as {value}, but "
-                    f"that dimension is fixed at {fixed}")
+                    f"that dimension is fixed at {fixed}"
+                )
         return fixed, fixed, fixed
     low, opt, high = picked
     if high is None:
@@ -200,13 +205,15 @@ def _dim_range(spec: ModelSpec, name: str, index: int, rest: tuple[int, ...],
         example = "x".join("64" if d == -1 else str(d) for d in rest)
         raise ModelConfigError(
             f"{_origin(spec)}: input '{name}' dimension {index} is variable (-1), and TensorRT needs its range: set "
-            f"parameter {PARAM_MAX} (and optionally {PARAM_MIN}, {PARAM_OPT}), e.g. {PARAM_MAX}: \"{name}:{example}\" "
-            f"(shapes without the batch dimension), or {PARAM_DEFAULT_DIM_MAX} for every variable dimension")
+            f'parameter {PARAM_MAX} (and optionally {PARAM_MIN}, {PARAM_OPT}), e.g. {PARAM_MAX}: "{name}:{example}" '
+            f"(shapes without the batch dimension), or {PARAM_DEFAULT_DIM_MAX} for every variable dimension"
+        )
     low = 1 if low is None else low
     opt = high if opt is None else opt
     if not low <= opt <= high:
         raise ModelConfigError(
-            f"{_origin(spec)}: input '{name}' dimension {index}: need min <= opt <= max, got {low}, {opt}, {high}")
+            f"{_origin(spec)}: input '{name}' dimension {index}: need min <= opt <= max, got {low}, {opt}, {high}"
+        )
     return low, opt, high
 
 
@@ -227,14 +234,16 @@ def profile_for(spec: ModelSpec, network_inputs: list[tuple[str, tuple[int, ...]
         if batching and not shape:
             raise ModelConfigError(
                 f"{_origin(spec)}: input '{name}' is a scalar in the ONNX model, but max_batch_size is "
-                f"{spec.max_batch_size}")
+                f"{spec.max_batch_size}"
+            )
         rest = _fixed_dims(spec, name, shape[1:] if batching else shape)
         mine = tuple(g.get(name) for g in given)
         for key, value in zip((PARAM_MIN, PARAM_OPT, PARAM_MAX), mine):
             if value is not None and len(value) != len(rest):
                 raise ModelConfigError(
                     f"{_origin(spec)}: parameter {key} gives input '{name}' {len(value)} dimensions; it has "
-                    f"{len(rest)} (without the batch dimension)")
+                    f"{len(rest)} (without the batch dimension)"
+                )
         dims = [_dim_range(spec, name, i, rest, mine) for i in range(len(rest))]
         if batching:
             dims.insert(0, _batch_range(spec, name, shape[0]))

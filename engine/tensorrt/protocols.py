@@ -221,12 +221,18 @@ class CudaUtilsModule(Protocol):
 
 # Which Protocol covers which owner of api_names (for the conformance test).
 RUNTIME_PROTOCOLS: dict[str, type] = {
-    "": TensorRTRuntimeModule, "Runtime": TrtRuntime, "ICudaEngine": CudaEngine,
+    "": TensorRTRuntimeModule,
+    "Runtime": TrtRuntime,
+    "ICudaEngine": CudaEngine,
     "IExecutionContext": ExecutionContext,
 }
 BUILDER_PROTOCOLS: dict[str, type] = {
-    "Builder": Builder, "OnnxParser": OnnxParser, "INetworkDefinition": NetworkDefinition,
-    "ITensor": NetworkTensor, "IBuilderConfig": BuilderConfig, "IOptimizationProfile": OptimizationProfile,
+    "Builder": Builder,
+    "OnnxParser": OnnxParser,
+    "INetworkDefinition": NetworkDefinition,
+    "ITensor": NetworkTensor,
+    "IBuilderConfig": BuilderConfig,
+    "IOptimizationProfile": OptimizationProfile,
     "ITimingCache": TimingCache,
 }
 CUDART_PROTOCOLS: dict[str, type] = {"": CudaRuntimeModule}

@@ -29,8 +29,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import datatypes
-from ..errors import (ExecutionCancelled, ExecutionError, InvalidInputError, ModelConfigError, ModelLoadError,
-                      OutOfDeviceMemoryError, OutOfHostMemoryError)
+from ..errors import (
+    ExecutionCancelled,
+    ExecutionError,
+    InvalidInputError,
+    ModelConfigError,
+    ModelLoadError,
+    OutOfDeviceMemoryError,
+    OutOfHostMemoryError,
+)
 from ..interface import CancelToken, Context, Outputs
 from .cuda import CudaError, CudaRuntime, host_view
 from .engine_io import LINEAR_ONLY, IoTensor, dims, origin, row_major_strides, volume
@@ -47,7 +54,8 @@ def load_error(where: str, error: CudaError) -> ModelLoadError:
     if error.out_of_memory and error.host_memory:
         return OutOfHostMemoryError(
             f"{where}: out of pinned host memory ({error}): the operating system would not page-lock the staging "
-            "buffers of another slot; use fewer slots, or lower trt_pinned_memory_limit_bytes")
+            "buffers of another slot; use fewer slots, or lower trt_pinned_memory_limit_bytes"
+        )
     if error.out_of_memory:
         return OutOfDeviceMemoryError(f"{where}: out of GPU memory ({error})")
     return ModelLoadError(f"{where}: CUDA error while loading: {error}")
@@ -69,8 +77,7 @@ def output_allocator_class(trt: TensorRTRuntimeModule) -> type:
             self.shapes: dict[str, tuple[int, ...]] = {}
             self.failure: str | None = None
 
-        def reallocate_output_async(self, tensor_name: str, memory: int, size: int, alignment: int,
-                                    stream: int) -> int:
+        def reallocate_output_async(self, tensor_name: str, memory: int, size: int, alignment: int, stream: int) -> int:
             current = self.buffers.get(tensor_name)
             if current is not None and current[1] >= size:
                 return current[0]
@@ -204,8 +211,10 @@ class TensorRTContext(Context):
             if tensor.is_input:
                 largest = model.profile_shapes(tensor.name, self.profile)[2]
                 if not context.set_input_shape(tensor.name, largest):
-                    raise ModelLoadError(f"{origin(model.name)}: TensorRT refused the profile's max shape "
-                                         f"{list(largest)} for '{tensor.name}'")
+                    raise ModelLoadError(
+                        f"{origin(model.name)}: TensorRT refused the profile's max shape "
+                        f"{list(largest)} for '{tensor.name}'"
+                    )
                 shapes.append((tensor, largest))
         for tensor in model.io:
             if not tensor.is_input:
@@ -224,7 +233,8 @@ class TensorRTContext(Context):
             raise ModelConfigError(
                 f"{origin(self._model.name)}: {'input' if tensor.is_input else 'output'} '{tensor.name}' uses the "
                 f"I/O format {engine.get_tensor_format_desc(tensor.name)!r} (strides {list(strides)} for shape "
-                f"{list(shape)}); {LINEAR_ONLY}")
+                f"{list(shape)}); {LINEAR_ONLY}"
+            )
 
     # -- execute
 
@@ -262,7 +272,7 @@ class TensorRTContext(Context):
         for name, array in arrays.items():
             buffer = self._buffers[name]
             assert buffer.view is not None
-            buffer.view[:array.nbytes] = array.reshape(-1).view(np.uint8)
+            buffer.view[: array.nbytes] = array.reshape(-1).view(np.uint8)
         # Last point where a request can be dropped for free: after this the GPU owns the slot until it drains.
         if cancel.cancelled:
             raise ExecutionCancelled("the caller gave up before the run was enqueued")
@@ -274,8 +284,9 @@ class TensorRTContext(Context):
             raise ExecutionCancelled("the caller gave up while the run was on the GPU; its result was dropped")
         return {name: self._read_output(name, shapes[name]) for name in names}
 
-    def _check_request(self, inputs: Mapping[str, np.ndarray],
-                       outputs: Sequence[str]) -> tuple[dict[str, np.ndarray], list[str]]:
+    def _check_request(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> tuple[dict[str, np.ndarray], list[str]]:
         model = self._model
         arrays = {}
         for tensor in model.io:
@@ -287,7 +298,8 @@ class TensorRTContext(Context):
             if array.dtype != tensor.dtype:
                 raise InvalidInputError(
                     f"input '{tensor.name}' has datatype {datatypes.from_numpy(array.dtype)}, the model expects "
-                    f"{tensor.datatype}")
+                    f"{tensor.datatype}"
+                )
             # np.require keeps a 0-d array 0-d (np.ascontiguousarray would make it shape [1]): scalars stay scalars.
             arrays[tensor.name] = np.require(array, requirements="C")
         unknown = sorted(set(inputs) - set(arrays))
@@ -306,7 +318,8 @@ class TensorRTContext(Context):
                 low, _, high = self._model.profile_shapes(name, self.profile)
                 raise InvalidInputError(
                     f"input '{name}' has shape {list(array.shape)}; the engine accepts shapes from {list(low)} to "
-                    f"{list(high)}")
+                    f"{list(high)}"
+                )
 
     def _infer_shapes(self, arrays: dict[str, np.ndarray]) -> None:
         """Each input shape lies in the profile; whether they fit each other (dimensions the model ties together,
@@ -324,8 +337,9 @@ class TensorRTContext(Context):
         if unset:
             raise ExecutionError(f"{origin(self._model.name)}: TensorRT says inputs {sorted(unset)} are not set")
 
-    def _enqueue(self, arrays: dict[str, np.ndarray], names: list[str], shapes: dict[str, tuple[int, ...]],
-                 cancel: CancelToken) -> CudaError | str | None:
+    def _enqueue(
+        self, arrays: dict[str, np.ndarray], names: list[str], shapes: dict[str, tuple[int, ...]], cancel: CancelToken
+    ) -> CudaError | str | None:
         """Queue copy-in, inference and copy-out on the slot's stream. Returns what failed, or None. Never raises
         for CUDA/TensorRT failures: the caller must drain the stream whatever happened here. `shapes` gets the
         data-dependent outputs' shapes once TensorRT reported them."""

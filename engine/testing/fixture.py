@@ -110,8 +110,10 @@ class Gate:
     def _wait(self, predicate, timeout: float, what: str) -> None:
         with self._cond:
             if not self._cond.wait_for(predicate, timeout):
-                raise GateTimeout(f"gate '{self.name}': waited {timeout} s for {what}; "
-                                  f"arrivals={self._arrivals} blocked={self._blocked}")
+                raise GateTimeout(
+                    f"gate '{self.name}': waited {timeout} s for {what}; "
+                    f"arrivals={self._arrivals} blocked={self._blocked}"
+                )
 
     @property
     def arrivals(self) -> int:
@@ -136,9 +138,11 @@ class Gate:
         """
         woken = None
         if cancel is not None:
+
             def woken() -> None:
                 with self._cond:
                     self._cond.notify_all()
+
             cancel.add_callback(woken)
         try:
             with self._cond:
@@ -317,8 +321,9 @@ class FixtureContext(Context):
 
 
 class FixtureModel(LoadedModel):
-    def __init__(self, spec: ModelSpec, controls: FixtureControls, settings: _Settings,
-                 metadata: ModelMetadata) -> None:
+    def __init__(
+        self, spec: ModelSpec, controls: FixtureControls, settings: _Settings, metadata: ModelMetadata
+    ) -> None:
         self.name = spec.name
         self.parameters = spec.parameters
         self.controls = controls

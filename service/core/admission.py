@@ -87,11 +87,34 @@ class Ticket:
     several tickets at once (bulk unload).
     """
 
-    __slots__ = ("kind", "state", "deadline", "arrived_at", "granted_at", "refusal", "waker", "on_change", "seq",
-                 "rows", "key", "payload", "leader", "members", "left")
+    __slots__ = (
+        "kind",
+        "state",
+        "deadline",
+        "arrived_at",
+        "granted_at",
+        "refusal",
+        "waker",
+        "on_change",
+        "seq",
+        "rows",
+        "key",
+        "payload",
+        "leader",
+        "members",
+        "left",
+    )
 
-    def __init__(self, kind: TicketKind, arrived_at: float, deadline: float | None, seq: int, rows: int = 1,
-                 key: Hashable | None = None, payload: object = None) -> None:
+    def __init__(
+        self,
+        kind: TicketKind,
+        arrived_at: float,
+        deadline: float | None,
+        seq: int,
+        rows: int = 1,
+        key: Hashable | None = None,
+        payload: object = None,
+    ) -> None:
         self.kind = kind
         self.state = TicketState.QUEUED
         self.deadline = deadline
@@ -148,8 +171,9 @@ class BatchRule:
 
     def complete(self, rows: int) -> bool:
         """A batch of `rows` goes without waiting longer: it reached a preferred size, or cannot grow."""
-        return rows >= self.max_rows or rows in self.preferred or (
-            bool(self.preferred) and rows >= self.largest_preferred)
+        return (
+            rows >= self.max_rows or rows in self.preferred or (bool(self.preferred) and rows >= self.largest_preferred)
+        )
 
 
 @dataclass(frozen=True)
@@ -189,8 +213,18 @@ class AdmissionCore:
 
     # ---- arrivals -------------------------------------------------------------------------------------------
 
-    def arrive(self, kind: TicketKind, now: float, deadline: float | None, *, overdue_after: float = 0.0,
-               max_queue: int = 0, rows: int = 1, key: Hashable | None = None, payload: object = None) -> Ticket:
+    def arrive(
+        self,
+        kind: TicketKind,
+        now: float,
+        deadline: float | None,
+        *,
+        overdue_after: float = 0.0,
+        max_queue: int = 0,
+        rows: int = 1,
+        key: Hashable | None = None,
+        payload: object = None,
+    ) -> Ticket:
         """Admit, queue or refuse a new caller. Returns its ticket (GRANTED, QUEUED or REFUSED).
 
         `overdue_after` > 0 enables the overdue-blocker rule; `max_queue` > 0 bounds queued requests. `rows`,
@@ -451,8 +485,7 @@ def refusal_error(ticket: Ticket, model: str) -> Exception:
     if ticket.refusal is Refusal.QUEUE_FULL:
         return QueueFull(f"server_busy: the queue of model '{model}' is full")
     if ticket.refusal is Refusal.OVERDUE:
-        return OverdueBlockers(
-            f"server_busy: every busy slot of model '{model}' has run past the admission timeout")
+        return OverdueBlockers(f"server_busy: every busy slot of model '{model}' has run past the admission timeout")
     return ShuttingDown(f"model '{model}' is not admitting work: the server is shutting down")
 
 
@@ -463,8 +496,14 @@ class AdmissionController:
     `clock` is monotonic seconds; deadlines passed in are on the same clock.
     """
 
-    def __init__(self, model: str, capacity: int, lock: threading.Lock | None = None,
-                 clock: Callable[[], float] = time.monotonic, batching: BatchRule | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        capacity: int,
+        lock: threading.Lock | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        batching: BatchRule | None = None,
+    ) -> None:
         self.model = model
         self._lock = lock or threading.Lock()  # guards: _core (and the model state that shares it)
         self._core = AdmissionCore(capacity, batching)
@@ -475,9 +514,18 @@ class AdmissionController:
         """The state machine. Caller must hold the model lock."""
         return self._core
 
-    def acquire(self, kind: TicketKind, deadline: float | None, *, overdue_after: float = 0.0,
-                max_queue: int = 0, cancel=None, rows: int = 1, key: Hashable | None = None,
-                payload: object = None) -> Ticket:
+    def acquire(
+        self,
+        kind: TicketKind,
+        deadline: float | None,
+        *,
+        overdue_after: float = 0.0,
+        max_queue: int = 0,
+        cancel=None,
+        rows: int = 1,
+        key: Hashable | None = None,
+        payload: object = None,
+    ) -> Ticket:
         """Wait for a lease of `kind`, in FIFO order, until `deadline` (None: no limit).
 
         Blocks without holding the model lock. Returns the GRANTED ticket; the caller must `release` it. On a
@@ -490,8 +538,16 @@ class AdmissionController:
         """
         with self._lock:
             now = self._clock()
-            ticket = self._core.arrive(kind, now, deadline, overdue_after=overdue_after, max_queue=max_queue,
-                                       rows=rows, key=key, payload=payload)
+            ticket = self._core.arrive(
+                kind,
+                now,
+                deadline,
+                overdue_after=overdue_after,
+                max_queue=max_queue,
+                rows=rows,
+                key=key,
+                payload=payload,
+            )
             if ticket.state is TicketState.QUEUED:
                 ticket.waker = threading.Lock()
                 ticket.waker.acquire()
@@ -503,8 +559,9 @@ class AdmissionController:
             raise refusal_error(ticket, self.model)
         return self._wait(ticket, cancel)
 
-    def arrive_locked(self, kind: TicketKind, deadline: float | None,
-                      on_change: Callable[[Ticket], None] | None = None) -> Ticket:
+    def arrive_locked(
+        self, kind: TicketKind, deadline: float | None, on_change: Callable[[Ticket], None] | None = None
+    ) -> Ticket:
         """Enqueue without waiting (for callers that wait on several tickets, such as bulk unload).
 
         Caller holds the model lock. `on_change` is called under the lock when the ticket is granted, expired,
@@ -517,8 +574,10 @@ class AdmissionController:
     def _wait(self, ticket: Ticket, cancel) -> Ticket:
         on_cancel = None
         if cancel is not None:
+
             def on_cancel() -> None:
                 self.cancel_queued(ticket)
+
             cancel.add_callback(on_cancel)
         try:
             while True:
@@ -583,8 +642,7 @@ class AdmissionController:
 
     def _departure_error(self, ticket: Ticket) -> Exception:
         if ticket.state is TicketState.EXPIRED:
-            return AdmissionTimeout(
-                f"server_busy: model '{self.model}' had no free slot before the admission deadline")
+            return AdmissionTimeout(f"server_busy: model '{self.model}' had no free slot before the admission deadline")
         if ticket.state is TicketState.CANCELLED:
             return RequestCancelled(f"the caller gave up while queued for model '{self.model}'")
         return refusal_error(ticket, self.model)

@@ -33,8 +33,9 @@ def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | No
     """The admission core's rule for a model's batching settings (None: no batching)."""
     if spec is None or max_batch_size <= 0:
         return None
-    return BatchRule(max_rows=max_batch_size, delay=spec.max_queue_delay_us / 1e6,
-                     preferred=frozenset(spec.preferred_batch_sizes))
+    return BatchRule(
+        max_rows=max_batch_size, delay=spec.max_queue_delay_us / 1e6, preferred=frozenset(spec.preferred_batch_sizes)
+    )
 
 
 def describe_batching(spec) -> str:
@@ -51,8 +52,10 @@ def describe_batching(spec) -> str:
 def batch_key(signature: Mapping[str, tuple[str, tuple[int, ...]]], outputs: Sequence[str]) -> Hashable:
     """What requests must share to be stacked: every input's datatype and shape after the batch dimension, and
     the requested outputs (in any order)."""
-    return (tuple(sorted((name, datatype, shape[1:]) for name, (datatype, shape) in signature.items())),
-            tuple(sorted(outputs)))
+    return (
+        tuple(sorted((name, datatype, shape[1:]) for name, (datatype, shape) in signature.items())),
+        tuple(sorted(outputs)),
+    )
 
 
 @dataclass(eq=False)
@@ -119,6 +122,7 @@ class EveryoneGaveUp(CancelToken):
                 everyone = len(self._gone) == len(self._tokens)
             if everyone:
                 self.cancel(self._tokens[index].reason)
+
         return gone
 
     def detach(self) -> None:
@@ -136,8 +140,12 @@ def run_batch(lease, items: Sequence[BatchItem], run_cancel: CancelToken, statis
     for item in items:
         item.started_ns, item.metadata, item.version = started, metadata, lease.version
         if lease.pool.primary.streaming:
-            item.fail(InvalidRequest(f"model '{lease.entry.name}' streams its responses, which dynamic batching "
-                                     "does not support: remove dynamic_batching from its configuration"))
+            item.fail(
+                InvalidRequest(
+                    f"model '{lease.entry.name}' streams its responses, which dynamic batching "
+                    "does not support: remove dynamic_batching from its configuration"
+                )
+            )
         elif not item.cancel.cancelled:
             _checked(item, metadata, live)
     if not live:
@@ -161,8 +169,12 @@ def run_batch(lease, items: Sequence[BatchItem], run_cancel: CancelToken, statis
     split(outputs, live)
     for item in live:
         item.input_ns, item.infer_ns, item.batch_rows = stacked - started, executed - stacked, rows
-    statistics.record_execution(batch_size=rows, input_ns=stacked - started, infer_ns=executed - stacked,
-                                output_ns=time.perf_counter_ns() - executed)
+    statistics.record_execution(
+        batch_size=rows,
+        input_ns=stacked - started,
+        infer_ns=executed - stacked,
+        output_ns=time.perf_counter_ns() - executed,
+    )
 
 
 def _checked(item: BatchItem, metadata: ModelMetadata, live: list[BatchItem]) -> None:

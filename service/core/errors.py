@@ -8,7 +8,6 @@ Messages are written for the client: they name the model and the problem, never 
 
 from __future__ import annotations
 
-
 # The CancelToken reason with which the server cancels calls at the end of its shutdown grace: work cut short with
 # it is reported as `shutting_down`, not as the client's cancellation (service/core/outcomes.py seen_by_client).
 SHUTDOWN_CANCEL_REASON = "shutdown"

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 # The keys every JSON line has; an event's own fields never use these names (tests/unit/test_events.py checks).
 FIXED_KEYS = ("time", "level", "logger", "event", "model", "message")
@@ -67,19 +67,25 @@ _INFO, _WARNING, _ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
 EVENTS: dict[str, EventSpec] = {
     # -- models --
-    "registered": EventSpec(_INFO, ("backend", "slots", "source"),
-                            "registered ({backend}, {slots} slot(s))"),
+    "registered": EventSpec(_INFO, ("backend", "slots", "source"), "registered ({backend}, {slots} slot(s))"),
     "not_loaded_at_startup": EventSpec(_ERROR, ("error",), "not loaded at startup: {error}"),
-    "load_started": EventSpec(_INFO, ("backend", "slots", "cause"),
-                              "loading {slots} slot(s) on {backend} ({cause})"),
-    "loaded": EventSpec(_INFO, ("backend", "slots", "seconds", "memory_bytes", "batching"),
-                        lambda f: f"loaded {f['slots']} slot(s) on {f['backend']} in {f['seconds']:.3f} s"
-                                  + (f"; dynamic batching: {f['batching']}" if f.get("batching") else "")),
-    "load_failed": EventSpec(_WARNING, ("backend", "reason", "seconds", "error"),
-                             "load failed after {seconds:.3f} s ({reason}): {error}"),
-    "reconfigured": EventSpec(_INFO, ("slots", "in_place"),
-                              lambda f: f"reconfigured {'in place' if f['in_place'] else 'with a new engine'} "
-                                        f"({f['slots']} slot(s))"),
+    "load_started": EventSpec(_INFO, ("backend", "slots", "cause"), "loading {slots} slot(s) on {backend} ({cause})"),
+    "loaded": EventSpec(
+        _INFO,
+        ("backend", "slots", "seconds", "memory_bytes", "batching"),
+        lambda f: (
+            f"loaded {f['slots']} slot(s) on {f['backend']} in {f['seconds']:.3f} s"
+            + (f"; dynamic batching: {f['batching']}" if f.get("batching") else "")
+        ),
+    ),
+    "load_failed": EventSpec(
+        _WARNING, ("backend", "reason", "seconds", "error"), "load failed after {seconds:.3f} s ({reason}): {error}"
+    ),
+    "reconfigured": EventSpec(
+        _INFO,
+        ("slots", "in_place"),
+        lambda f: f"reconfigured {'in place' if f['in_place'] else 'with a new engine'} ({f['slots']} slot(s))",
+    ),
     "reconfigure_refused": EventSpec(_WARNING, ("error",), "reconfiguration refused before commit: {error}"),
     "unloaded": EventSpec(_INFO, ("seconds",), "unloaded in {seconds:.3f} s"),
     "evicted": EventSpec(_INFO, ("reason", "for_model", "seconds"), _evicted_text),
@@ -90,30 +96,39 @@ EVENTS: dict[str, EventSpec] = {
     # -- the server --
     "serving": EventSpec(_INFO, ("version", "repository", "address", "metrics_address"), _serving_text),
     "shutdown_signal": EventSpec(_INFO, ("signal",), "received {signal}: shutting down"),
-    "shutdown_signal_repeated": EventSpec(_INFO, ("signal",),
-                                          "received {signal} again: already shutting down, the shutdown goes on"),
+    "shutdown_signal_repeated": EventSpec(
+        _INFO, ("signal",), "received {signal} again: already shutting down, the shutdown goes on"
+    ),
     "shutdown_forced": EventSpec(_WARNING, ("signal",), "received {signal}: exiting at once, without draining"),
-    "shutdown_draining": EventSpec(_INFO, ("drain_seconds",),
-                                   "shutdown: health NOT_SERVING; draining for {drain_seconds:.1f} s"),
+    "shutdown_draining": EventSpec(
+        _INFO, ("drain_seconds",), "shutdown: health NOT_SERVING; draining for {drain_seconds:.1f} s"
+    ),
     "shutdown_closed_to_new_calls": EventSpec(
-        _INFO, ("calls", "grace_seconds"),
-        "shutdown: no longer accepting calls; {calls} in progress get {grace_seconds:.1f} s to finish"),
+        _INFO,
+        ("calls", "grace_seconds"),
+        "shutdown: no longer accepting calls; {calls} in progress get {grace_seconds:.1f} s to finish",
+    ),
     "shutdown_grace_over": EventSpec(
-        _INFO, ("calls",), "shutdown: grace over; refusing queued work and cancelling {calls} call(s)"),
-    "shutdown_calls_abandoned": EventSpec(_ERROR, ("calls",),
-                                          "shutdown: abandoning {calls} call(s) hung in a backend"),
+        _INFO, ("calls",), "shutdown: grace over; refusing queued work and cancelling {calls} call(s)"
+    ),
+    "shutdown_calls_abandoned": EventSpec(_ERROR, ("calls",), "shutdown: abandoning {calls} call(s) hung in a backend"),
     "shutdown_reaper_abandoned": EventSpec(
-        _ERROR, (), "shutdown: the idle reaper is still tearing a model down; not waiting for it"),
+        _ERROR, (), "shutdown: the idle reaper is still tearing a model down; not waiting for it"
+    ),
     "shutdown_engines_left_open": EventSpec(
-        _ERROR, ("models",),
-        lambda f: f"shutdown: engines of {', '.join(f['models'])} left open: still held by hung calls"),
-    "shutdown_done": EventSpec(_INFO, ("seconds", "closed_models"),
-                               "shutdown: done in {seconds:.3f} s ({closed_models} engine(s) closed)"),
+        _ERROR,
+        ("models",),
+        lambda f: f"shutdown: engines of {', '.join(f['models'])} left open: still held by hung calls",
+    ),
+    "shutdown_done": EventSpec(
+        _INFO, ("seconds", "closed_models"), "shutdown: done in {seconds:.3f} s ({closed_models} engine(s) closed)"
+    ),
 }
 
 
-def log_event(logger: logging.Logger, event: str, model: str | None = None, *,
-              exc_info: BaseException | None = None, **fields) -> None:
+def log_event(
+    logger: logging.Logger, event: str, model: str | None = None, *, exc_info: BaseException | None = None, **fields
+) -> None:
     """Log `event` (a key of EVENTS) as one line: a sentence for people, with the event name, model and fields
     attached to the record for the JSON formatter; `exc_info` adds a traceback (an unexpected error). Costs one
     dictionary lookup when the level is off."""
@@ -123,8 +138,9 @@ def log_event(logger: logging.Logger, event: str, model: str | None = None, *,
     text = spec.render(fields)
     if model is not None:
         text = f"model '{model}': {text}"
-    logger.log(spec.level, "%s", text, exc_info=exc_info,
-               extra={"event": event, "model": model, "event_fields": fields})
+    logger.log(
+        spec.level, "%s", text, exc_info=exc_info, extra={"event": event, "model": model, "event_fields": fields}
+    )
 
 
 class Events:
@@ -135,8 +151,15 @@ class Events:
         self._lock = threading.Lock()  # guards: _counts
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
 
-    def emit(self, logger: logging.Logger, event: str, model: str | None = None, *,
-             exc_info: BaseException | None = None, **fields) -> None:
+    def emit(
+        self,
+        logger: logging.Logger,
+        event: str,
+        model: str | None = None,
+        *,
+        exc_info: BaseException | None = None,
+        **fields,
+    ) -> None:
         if model is not None:
             with self._lock:
                 self._counts[(event, model)] += 1
@@ -158,8 +181,9 @@ class RejectionLog:
     its own line.
     """
 
-    def __init__(self, logger: logging.Logger, interval: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._logger = logger
         self.interval = interval
         self._clock = clock
@@ -187,7 +211,8 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+            "time": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
             .replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,

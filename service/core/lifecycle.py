@@ -33,7 +33,7 @@ from engine.errors import DeviceFailedError, EngineError
 from engine.interface import Backend, BatchingSpec, CancelToken, Context, ModelMetadata, ModelSpec
 from engine.repository import hide_paths
 
-from .admission import AdmissionController, Ticket, TicketKind, TicketState
+from .admission import AdmissionController, Ticket, TicketKind
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
 from .errors import BackendNotAvailable, ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
 from .events import Events
@@ -101,8 +101,10 @@ TEST_BACKENDS = ("fixture",)
 
 def backend_missing_message(model: str, backend: str) -> str:
     if backend in TEST_BACKENDS:
-        return (f"model '{model}': backend '{backend}' is a test backend; this server runs it only when started "
-                "with --enable-test-backends")
+        return (
+            f"model '{model}': backend '{backend}' is a test backend; this server runs it only when started "
+            "with --enable-test-backends"
+        )
     return f"model '{model}': backend '{backend}' is not available on this server"
 
 
@@ -262,8 +264,9 @@ class ModelEntry:
         self._init: _InitAttempt | None = None
         self._last_error = ""
         self.last_used = self._clock()  # for LRU eviction; written without the lock (a float store)
-        self.admission = AdmissionController(spec.name, settings.slots, self._lock, self._clock,
-                                             batch_rule(spec.batching, spec.max_batch_size))
+        self.admission = AdmissionController(
+            spec.name, settings.slots, self._lock, self._clock, batch_rule(spec.batching, spec.max_batch_size)
+        )
         self.statistics = InferenceStatistics()
 
     # ---- observation ----------------------------------------------------------------------------------------
@@ -344,8 +347,12 @@ class ModelEntry:
         arrived = time.perf_counter_ns()
         settings = self._committed.settings
         ticket = self.admission.acquire(
-            TicketKind.REQUEST, deadline, overdue_after=settings.admission_timeout,
-            max_queue=self._max_queue(settings), cancel=cancel)
+            TicketKind.REQUEST,
+            deadline,
+            overdue_after=settings.admission_timeout,
+            max_queue=self._max_queue(settings),
+            cancel=cancel,
+        )
         try:
             pool = self._ensure_pool(cancel)
             context = pool.take()
@@ -373,8 +380,15 @@ class ModelEntry:
         """
         settings = self._committed.settings
         ticket = self.admission.acquire(
-            TicketKind.REQUEST, deadline, overdue_after=settings.admission_timeout,
-            max_queue=self._max_queue(settings), cancel=cancel, rows=item.rows, key=item.key, payload=item)
+            TicketKind.REQUEST,
+            deadline,
+            overdue_after=settings.admission_timeout,
+            max_queue=self._max_queue(settings),
+            cancel=cancel,
+            rows=item.rows,
+            key=item.key,
+            payload=item,
+        )
         if ticket.is_member:
             return item  # released by its leader: the outcome is posted
         # (No members: the model's batching was reconfigured away while this request arrived; it runs alone.)
@@ -467,8 +481,9 @@ class ModelEntry:
 
     # ---- loading and publication (callers hold a lease; no lock held while building) ------------------------
 
-    def _load(self, spec: ModelSpec, settings: ModelSettings, primary=None, *, cause: str,
-              cancel: CancelToken | None = None) -> SlotPool:
+    def _load(
+        self, spec: ModelSpec, settings: ModelSettings, primary=None, *, cause: str, cancel: CancelToken | None = None
+    ) -> SlotPool:
         """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
         memory budget checked. `cause` says why, for the log. Raises the backend's errors, ResidencyLimit or
         MemoryLimit; on failure nothing stays reserved or built. Emits load_started, then loaded or
@@ -490,13 +505,27 @@ class ModelEntry:
             except BaseException as error:
                 reason = outcome_of(error)  # the reason a request for this model would be told
                 # An error outside the table (a backend bug) is logged with its traceback; known ones need none.
-                events.emit(_LOG, "load_failed", self.name, backend=spec.backend, reason=reason,
-                            seconds=time.perf_counter() - started, error=str(error) or type(error).__name__,
-                            exc_info=error if reason == "failed" else None)
+                events.emit(
+                    _LOG,
+                    "load_failed",
+                    self.name,
+                    backend=spec.backend,
+                    reason=reason,
+                    seconds=time.perf_counter() - started,
+                    error=str(error) or type(error).__name__,
+                    exc_info=error if reason == "failed" else None,
+                )
                 raise
-            events.emit(_LOG, "loaded", self.name, backend=spec.backend, slots=pool.capacity,
-                        seconds=time.perf_counter() - started, memory_bytes=pool.memory_bytes(),
-                        batching=describe_batching(spec))
+            events.emit(
+                _LOG,
+                "loaded",
+                self.name,
+                backend=spec.backend,
+                slots=pool.capacity,
+                seconds=time.perf_counter() - started,
+                memory_bytes=pool.memory_bytes(),
+                batching=describe_batching(spec),
+            )
             return pool
         finally:
             if guard is not None:
@@ -560,9 +589,12 @@ class ModelEntry:
         """A manager's exclusive lease, after every earlier lease (FIFO). Raises like acquire_lease's
         admission step."""
         settings = self._committed.settings
-        return self.admission.acquire(TicketKind.MANAGER, deadline,
-                                      overdue_after=settings.admission_timeout if deadline is not None else 0.0,
-                                      cancel=cancel)
+        return self.admission.acquire(
+            TicketKind.MANAGER,
+            deadline,
+            overdue_after=settings.admission_timeout if deadline is not None else 0.0,
+            cancel=cancel,
+        )
 
     def release_exclusive(self, ticket: Ticket) -> None:
         self.admission.release(ticket)
@@ -606,8 +638,7 @@ class ModelEntry:
         except BaseException as error:
             with self._lock:
                 self._transition_locked(old_state)  # pre-commit failure: back to where it was
-            self._runtime.events.emit(_LOG, "reconfigure_refused", self.name,
-                                      error=str(error) or type(error).__name__)
+            self._runtime.events.emit(_LOG, "reconfigure_refused", self.name, error=str(error) or type(error).__name__)
             raise
         if replacement is not None:
             self._commit_resized(spec, settings, old_pool, replacement)

@@ -20,12 +20,32 @@ FAILED = "failed"  # the client got INTERNAL: the details are only in the log
 
 # Outcomes a model's request counter reports from the start, at zero, so rates over them exist before the first
 # such request. Other reasons (out_of_memory, ...) appear once they happen.
-STANDARD = (SUCCESS, "server_busy", "residency_limit", "memory_limit", "shutting_down", "invalid_request_error",
-            "model_not_found", "cancelled", "load_failed", FAILED)
+STANDARD = (
+    SUCCESS,
+    "server_busy",
+    "residency_limit",
+    "memory_limit",
+    "shutting_down",
+    "invalid_request_error",
+    "model_not_found",
+    "cancelled",
+    "load_failed",
+    FAILED,
+)
 
 # Refusals: the request was turned away rather than run and failed. These get a (rate-limited) `rejected` line.
-REJECTIONS = frozenset({"server_busy", "residency_limit", "memory_limit", "shutting_down", "invalid_request_error",
-                        "model_not_found", "region_not_found", "tensor_memory_limit"})
+REJECTIONS = frozenset(
+    {
+        "server_busy",
+        "residency_limit",
+        "memory_limit",
+        "shutting_down",
+        "invalid_request_error",
+        "model_not_found",
+        "region_not_found",
+        "tensor_memory_limit",
+    }
+)
 
 
 def reason_of(error: BaseException) -> str | None:
@@ -51,5 +71,3 @@ def outcome_of(error: BaseException, cancel: CancelToken | None = None) -> str:
     """The outcome of a request that raised `error`; `cancel` is the request's token (its reason tells a
     shutdown's cancellation from the client's)."""
     return reason_of(seen_by_client(error, cancel)) or FAILED
-
-

@@ -49,7 +49,7 @@ class SlotPool:
     def give_back(self, context: Context) -> None:
         self._free.put(context)
 
-    def grown(self, slots: int) -> "SlotPool":
+    def grown(self, slots: int) -> SlotPool:
         """A pool over the same engine with `slots` contexts: existing contexts are kept, new ones built,
         surplus ones closed. Only valid while no context is lent (the caller holds the exclusive lease).
         Raises what create_context raises, after closing the contexts it built."""
@@ -63,12 +63,12 @@ class SlotPool:
             raise
         return SlotPool(self.spec, self.primary, kept + built)
 
-    def close_added(self, original: "SlotPool") -> None:
+    def close_added(self, original: SlotPool) -> None:
         """Close the contexts this pool (made by `original.grown`) built beyond `original`'s."""
         kept = {id(c) for c in original._contexts}
         close_contexts([c for c in self._contexts if id(c) not in kept], self.spec.name)
 
-    def close_surplus(self, successor: "SlotPool") -> None:
+    def close_surplus(self, successor: SlotPool) -> None:
         """Close the contexts of this pool that `successor` (made by `grown`) did not keep."""
         kept = {id(c) for c in successor._contexts}
         close_contexts([c for c in self._contexts if id(c) not in kept], self.spec.name)
@@ -103,12 +103,14 @@ def check_slot_count(spec: ModelSpec, slots: int, explicit: bool, capacity: int)
     if explicit:
         raise UnsupportedSlotCount(
             f"model '{spec.name}' supports at most {capacity} slot{'s' if capacity != 1 else ''} "
-            f"on the {spec.backend} backend; {slots} were requested")
+            f"on the {spec.backend} backend; {slots} were requested"
+        )
     return capacity
 
 
-def build_pool(backend: Backend, spec: ModelSpec, slots: int, explicit: bool,
-               primary: LoadedModel | None = None) -> SlotPool:
+def build_pool(
+    backend: Backend, spec: ModelSpec, slots: int, explicit: bool, primary: LoadedModel | None = None
+) -> SlotPool:
     """Load (or take over `primary`) and build `slots` contexts. Blocks for the whole build.
 
     Raises the backend's errors or UnsupportedSlotCount; on any failure everything built is freed, contexts

@@ -57,8 +57,9 @@ class Registration:
 
 
 class ModelRegistry:
-    def __init__(self, repository: ModelRepository, runtime: SharedRuntime,
-                 policy: RegistryPolicy | None = None) -> None:
+    def __init__(
+        self, repository: ModelRepository, runtime: SharedRuntime, policy: RegistryPolicy | None = None
+    ) -> None:
         self.repository = repository
         self.runtime = runtime
         self.policy = policy or RegistryPolicy()
@@ -86,8 +87,9 @@ class ModelRegistry:
 
     def _read_spec(self, registration: Registration, current: ModelEntry | None) -> ModelSpec:
         source = registration.source or (current.settings.source if current is not None else "")
-        spec = self.repository.read(registration.name, source=source, config_json=registration.config_json,
-                                    backend=registration.backend)
+        spec = self.repository.read(
+            registration.name, source=source, config_json=registration.config_json, backend=registration.backend
+        )
         if registration.options:
             spec = _with_options(spec, registration.options)
         return spec
@@ -111,9 +113,13 @@ class ModelRegistry:
         batching = spec.batching
         if timeout is None and batching is not None and batching.default_timeout_us > 0:
             timeout = batching.default_timeout_us / 1e6  # dynamic_batching's default_queue_policy
-        return ModelSettings(slots=slots, explicit_slots=explicit, admission_timeout=self.effective_timeout(timeout),
-                             source=registration.source,
-                             max_queue=batching.max_queue_size if batching and batching.max_queue_size else None)
+        return ModelSettings(
+            slots=slots,
+            explicit_slots=explicit,
+            admission_timeout=self.effective_timeout(timeout),
+            source=registration.source,
+            max_queue=batching.max_queue_size if batching and batching.max_queue_size else None,
+        )
 
     def _slot_count(self, spec: ModelSpec, requested: int | None) -> tuple[int, bool]:
         jobs = self.policy.parallel_jobs
@@ -121,10 +127,14 @@ class ModelRegistry:
             if requested is not None:
                 raise UnsupportedSlotCount(
                     f"model '{spec.name}': an explicit slot count ({requested}) needs the parallel runtime; "
-                    "start the server with --parallel-jobs N")
+                    "start the server with --parallel-jobs N"
+                )
             if spec.instance_count not in (None, 1):
-                _LOG.warning("model '%s': instance_group count %s ignored: without --parallel-jobs every model "
-                             "has one slot", spec.name, spec.instance_count)
+                _LOG.warning(
+                    "model '%s': instance_group count %s ignored: without --parallel-jobs every model has one slot",
+                    spec.name,
+                    spec.instance_count,
+                )
             return 1, False
         count = requested if requested is not None else spec.instance_count
         if count is None:
@@ -150,8 +160,9 @@ class ModelRegistry:
 
     # ---- register / reconfigure -----------------------------------------------------------------------------
 
-    def register(self, registration: Registration, *, load: bool = True,
-                 cancel: CancelToken | None = None) -> ModelStatus:
+    def register(
+        self, registration: Registration, *, load: bool = True, cancel: CancelToken | None = None
+    ) -> ModelStatus:
         """Register a new id or reconfigure an existing one, then load it (unless `load` is False for a new id).
 
         Validation (files, configuration, slot count against the mode) happens before anything is published or
@@ -167,8 +178,9 @@ class ModelRegistry:
         # manager queued behind it may change the model the moment it is.
         entry, ticket = self._publish_or_find(spec, settings)
         if ticket is not None:
-            self.runtime.events.emit(_LOG, "registered", entry.name, backend=spec.backend, slots=settings.slots,
-                                     source=settings.source)
+            self.runtime.events.emit(
+                _LOG, "registered", entry.name, backend=spec.backend, slots=settings.slots, source=settings.source
+            )
             try:
                 if load:
                     entry.load_leased()
@@ -221,8 +233,9 @@ class ModelRegistry:
             entry.release_exclusive(ticket)
         return status
 
-    def unload_many(self, names: Iterable[str] = (), *, all_models: bool = False,
-                    cancel: CancelToken | None = None) -> tuple[list[str], list[str]]:
+    def unload_many(
+        self, names: Iterable[str] = (), *, all_models: bool = False, cancel: CancelToken | None = None
+    ) -> tuple[list[str], list[str]]:
         """Bulk unload. Returns (unloaded ids, each once, in selection order; unknown ids).
 
         Takes a snapshot of the selection, publishes an exclusive barrier on every selected model in one short

@@ -62,11 +62,13 @@ class ColdLoadGuard:
             waiter = _GuardWaiter()
             self._waiting.append(waiter)
         if cancel is not None:
+
             def leave() -> None:  # idempotent, as token callbacks must be
                 with self._lock:
                     if waiter in self._waiting:
                         self._waiting.remove(waiter)
                         waiter.lock.release()
+
             cancel.add_callback(leave)
         try:
             waiter.lock.acquire()  # released by `release` (granted: its place is handed over) or by `leave`
@@ -108,8 +110,15 @@ class ColdLoadGuard:
 class Residency:
     """The resident-model limit and the memory budget. `entries` lists every registered model entry."""
 
-    def __init__(self, entries: Callable[[], list], *, max_resident_models: int = 0, memory_budget: int = 0,
-                 idle_unload: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        entries: Callable[[], list],
+        *,
+        max_resident_models: int = 0,
+        memory_budget: int = 0,
+        idle_unload: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._entries = entries
         self.max_resident_models = max_resident_models
         self.memory_budget = memory_budget
@@ -143,7 +152,8 @@ class Residency:
             if not self._evict_one(candidates, entry, "max_resident_models") and not self._moved(departures):
                 raise ResidencyLimit(
                     f"residency_limit: {self.max_resident_models} model(s) are resident and none is idle; "
-                    f"model '{entry.name}' was not loaded")
+                    f"model '{entry.name}' was not loaded"
+                )
 
     def check_budget(self, entry, pool) -> None:
         """After a pool is built: fit it under --memory-budget, retiring LRU idle models if needed, and reserve
@@ -156,7 +166,8 @@ class Residency:
         if needed > self.memory_budget:
             raise MemoryLimit(
                 f"memory_limit: model '{entry.name}' needs {needed} bytes, more than the whole "
-                f"{self.memory_budget}-byte budget (--memory-budget); no model was evicted for it")
+                f"{self.memory_budget}-byte budget (--memory-budget); no model was evicted for it"
+            )
         while True:
             with self._lock:
                 used = self._bytes_held_locked(exclude=entry)
@@ -168,7 +179,8 @@ class Residency:
             if not self._evict_one(candidates, entry, "memory_budget") and not self._moved(departures):
                 raise MemoryLimit(
                     f"memory_limit: model '{entry.name}' needs {needed} bytes; {used} of the "
-                    f"{self.memory_budget}-byte budget are held by models that are loading or not idle")
+                    f"{self.memory_budget}-byte budget are held by models that are loading or not idle"
+                )
 
     def _bytes_held_locked(self, exclude) -> int:
         """Bytes of published pools and reservations, `exclude`'s own left out (it is being replaced)."""

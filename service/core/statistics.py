@@ -22,8 +22,26 @@ from dataclasses import dataclass
 
 # Upper bounds (seconds) of the admission-wait and compute histograms: 100 µs (a warm slot) to a minute (a slow
 # cold load behind a queue). Observations above the last bound land in the +Inf bucket.
-BUCKETS_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                   5.0, 10.0, 30.0, 60.0)
+BUCKETS_SECONDS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 _BOUNDS_NS = tuple(round(bound * 1e9) for bound in BUCKETS_SECONDS)
 
 
@@ -78,8 +96,17 @@ class InferenceStatistics:
         self._queue_buckets = [0] * (len(_BOUNDS_NS) + 1)
         self._infer_buckets = [0] * (len(_BOUNDS_NS) + 1)
 
-    def record_success(self, *, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int, total_ns: int,
-                       batch_size: int, executed: bool = True) -> None:
+    def record_success(
+        self,
+        *,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        total_ns: int,
+        batch_size: int,
+        executed: bool = True,
+    ) -> None:
         """A successful request of `batch_size` rows. `executed`: it ran alone, so its run is counted as an
         execution of that size too; a request in a batch passes False (its batch's run is counted once, by
         `record_execution`)."""
@@ -139,6 +166,7 @@ class InferenceStatistics:
                 failures=dict(self._failures),
                 queue_buckets=tuple(self._queue_buckets),
                 infer_buckets=tuple(self._infer_buckets),
-                batch_stats=tuple(BatchSizeStatistics(size, *self._executions[size])
-                                  for size in sorted(self._executions)),
+                batch_stats=tuple(
+                    BatchSizeStatistics(size, *self._executions[size]) for size in sorted(self._executions)
+                ),
             )

@@ -14,7 +14,6 @@ from engine.interface import CancelToken
 
 from .. import status_codes
 from ..auth import Access, Authenticator
-from ..core.errors import SHUTDOWN_CANCEL_REASON as SHUTDOWN
 from ..core.errors import ManagementDisabled, ServerBusy, ServiceError
 from ..core.outcomes import seen_by_client as as_client_error
 
@@ -53,7 +52,9 @@ def rpc(method=None, *, inference: bool = False, access: Access = Access.READ):
                 status_codes.abort(context, as_client_error(error, token))
             finally:
                 self._calls.end(token, kind)
+
         return handler
+
     return wrap(method) if method is not None else wrap
 
 

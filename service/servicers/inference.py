@@ -7,18 +7,17 @@ import logging
 import grpc
 from google.protobuf import message_factory
 
+from engine.errors import EngineError, ModelConfigError
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
 
 from .. import status_codes
 from ..auth import Access
-from ..dataplane import Dataplane, check_version
-from engine.errors import EngineError, ModelConfigError
-
 from ..core.errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
+from ..dataplane import Dataplane, check_version
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
 from ..timers import TimerQueue
 from ..wire import parse_infer_request, serialize_infer_response
@@ -44,9 +43,18 @@ _INDEX_STATE = {
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, registry: ModelRegistry, dataplane: Dataplane, calls: CallTracker,
-                 management: ManagementGate, server_state, version: str, timers: TimerQueue,
-                 write_timeout: float, shared_memory: SharedMemoryRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        dataplane: Dataplane,
+        calls: CallTracker,
+        management: ManagementGate,
+        server_state,
+        version: str,
+        timers: TimerQueue,
+        write_timeout: float,
+        shared_memory: SharedMemoryRegistry | None = None,
+    ) -> None:
         self._registry = registry
         self._shared_memory = shared_memory
         self._extensions = EXTENSIONS + ((SYSTEM_SHARED_MEMORY,) if shared_memory is not None else ())
@@ -91,9 +99,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         metadata, spec = view.metadata, view.spec
         if metadata is None and not spec.inputs:
             raise ModelNotLoadedYet(
-                f"model '{entry.name}' has not been loaded yet and its configuration declares no inputs")
-        response = pb.ModelMetadataResponse(name=entry.name, versions=[spec.version],
-                                            platform=spec.platform)
+                f"model '{entry.name}' has not been loaded yet and its configuration declares no inputs"
+            )
+        response = pb.ModelMetadataResponse(name=entry.name, versions=[spec.version], platform=spec.platform)
         if metadata is not None:
             inputs, outputs, batch = metadata.inputs, metadata.outputs, metadata.max_batch_size
         else:
@@ -151,6 +159,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         def on_cancel() -> None:  # idempotent: a token may run a callback twice
             if token.reason == SHUTDOWN and not stop_timer:
                 stop_timer.append(self._timers.arm(SHUTDOWN_STREAM_SECONDS, context.cancel))
+
         token.add_callback(on_cancel)
         try:
             deadline = client_deadline(context)
@@ -176,8 +185,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             _code, message, _reason = status_codes.describe(as_client_error(error, cancel))
             yield pb.ModelStreamInferResponse(
                 error_message=message,
-                infer_response=pb.ModelInferResponse(model_name=request.model_name,
-                                                     model_version=request.model_version, id=request.id))
+                infer_response=pb.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version, id=request.id
+                ),
+            )
         finally:
             responses.close()
 
@@ -195,8 +206,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             reason = ""
             if status.state is ModelState.UNLOADED:
                 reason = status.last_error or "unloaded"
-            response.models.add(name=entry.name, version=status.version,
-                                 state=_INDEX_STATE[status.state], reason=reason)
+            response.models.add(
+                name=entry.name, version=status.version, state=_INDEX_STATE[status.state], reason=reason
+            )
         if not request.ready:
             for name in self._registry.repository.names():
                 if name not in registered:
@@ -231,15 +243,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @rpc
     def SystemSharedMemoryRegister(self, request, context, token):
         self._system_shared_memory("SystemSharedMemoryRegister").register(
-            request.name, request.key, request.offset, request.byte_size)
+            request.name, request.key, request.offset, request.byte_size
+        )
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc
     def SystemSharedMemoryStatus(self, request, context, token):
         response = pb.SystemSharedMemoryStatusResponse()
         for region in self._system_shared_memory("SystemSharedMemoryStatus").status(request.name):
-            response.regions[region.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
-                name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size))
+            response.regions[region.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size
+                )
+            )
         return response
 
     @rpc
@@ -278,8 +294,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def LogSettings(self, request, context):
         self._management.abort_unless(Access.READ, "LogSettings", context)
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; "
-                                                     "use --log-format")
+        context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; use --log-format"
+        )
 
 
 def _load_failed(name: str, why: str) -> Exception:
@@ -303,8 +320,11 @@ def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
             for tensor in metadata.outputs:
                 config.output.add(name=tensor.name, data_type=_config_type(tensor.datatype), dims=tensor.shape)
     del config.instance_group[:]
-    kind = (model_config_pb2.ModelInstanceGroup.KIND_GPU if spec.backend == "tensorrt"
-            else model_config_pb2.ModelInstanceGroup.KIND_CPU)
+    kind = (
+        model_config_pb2.ModelInstanceGroup.KIND_GPU
+        if spec.backend == "tensorrt"
+        else model_config_pb2.ModelInstanceGroup.KIND_CPU
+    )
     config.instance_group.add(count=view.status.slots, kind=kind)
     return config
 
@@ -329,8 +349,11 @@ def _add_statistics(target, entry: ModelEntry) -> None:
         getattr(stats, field).ns = duration.ns
     for batch in snapshot.batch_stats:
         added = target.batch_stats.add(batch_size=batch.batch_size)
-        for duration, ns in ((added.compute_input, batch.compute_input_ns), (added.compute_infer, batch.compute_infer_ns),
-                             (added.compute_output, batch.compute_output_ns)):
+        for duration, ns in (
+            (added.compute_input, batch.compute_input_ns),
+            (added.compute_infer, batch.compute_infer_ns),
+            (added.compute_output, batch.compute_output_ns),
+        ):
             duration.count, duration.ns = batch.count, ns
 
 
@@ -351,11 +374,13 @@ def add_inference_servicer(servicer: InferenceServicer, server: grpc.Server) -> 
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
         factory = _HANDLER_FACTORY[(method.client_streaming, method.server_streaming)]
-        handlers[method.name] = factory(getattr(servicer, method.name),
-                                        request_deserializer=request_class.FromString,
-                                        response_serializer=response_class.SerializeToString)
+        handlers[method.name] = factory(
+            getattr(servicer, method.name),
+            request_deserializer=request_class.FromString,
+            response_serializer=response_class.SerializeToString,
+        )
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer, request_deserializer=parse_infer_request,
-        response_serializer=serialize_infer_response)
+        servicer.ModelInfer, request_deserializer=parse_infer_request, response_serializer=serialize_infer_response
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)

@@ -41,10 +41,15 @@ def status_message(status: ModelStatus) -> pb.ModelStatus:
         message.memory_bytes = status.memory_bytes
     batching = status.batching
     if batching is not None:
-        message.batching.CopyFrom(pb.DynamicBatching(
-            max_batch_size=status.max_batch_size, max_queue_delay_microseconds=batching.max_queue_delay_us,
-            preferred_batch_sizes=batching.preferred_batch_sizes, max_queue_size=batching.max_queue_size,
-            allow_timeout_override=batching.allow_timeout_override))
+        message.batching.CopyFrom(
+            pb.DynamicBatching(
+                max_batch_size=status.max_batch_size,
+                max_queue_delay_microseconds=batching.max_queue_delay_us,
+                preferred_batch_sizes=batching.preferred_batch_sizes,
+                max_queue_size=batching.max_queue_size,
+                allow_timeout_override=batching.allow_timeout_override,
+            )
+        )
     return message
 
 
@@ -55,8 +60,9 @@ def _admission_timeout(request: pb.RegisterModelRequest) -> float | None:
     if not request.HasField("admission_timeout_seconds"):
         return None
     value = request.admission_timeout_seconds
-    problem = seconds_problem("admission_timeout_seconds", value, zero="waits without limit, capped by the "
-                                                                      "server's --admission-timeout")
+    problem = seconds_problem(
+        "admission_timeout_seconds", value, zero="waits without limit, capped by the server's --admission-timeout"
+    )
     if problem is not None:
         raise InvalidRequest(problem)
     return value
@@ -87,8 +93,7 @@ class ManagementServicer(pb_grpc.ModelManagementServicer):
 
     @rpc(access=Access.MANAGE)
     def UnloadModels(self, request, context, token):
-        unloaded, not_found = self._registry.unload_many(request.model_ids, all_models=request.all,
-                                                         cancel=token)
+        unloaded, not_found = self._registry.unload_many(request.model_ids, all_models=request.all, cancel=token)
         return pb.UnloadModelsResponse(unloaded=unloaded, not_found=not_found)
 
     # Status calls change nothing (no --allow-management needed) but belong to the management protocol: with

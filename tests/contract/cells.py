@@ -82,13 +82,14 @@ def _cell(path: Path, line: int, row: dict[str, str]) -> Cell:
     except ValueError as error:
         raise CellsFileError(f"{where}: {error}") from None
     if (mark is Mark.PLAIN) == bool(row["reason"]):
-        raise CellsFileError(f"{where}: a reason is required for a marked cell and only for one "
-                             f"(mark {mark.value!r}, reason {row['reason']!r})")
+        raise CellsFileError(
+            f"{where}: a reason is required for a marked cell and only for one "
+            f"(mark {mark.value!r}, reason {row['reason']!r})"
+        )
     return Cell(row["id"], row["where"], row["expected"], row["seed_label"], origin, mark, row["reason"])
 
 
 def read_shared_contract(path: Path = SHARED_CELLS_FILE) -> list[tuple[str, ...]]:
     """The contract's rows (its own four columns), in its order."""
     with path.open(newline="") as handle:
-        return [tuple(row[column] for column in CONTRACT_COLUMNS)
-                for row in csv.DictReader(handle, delimiter="\t")]
+        return [tuple(row[column] for column in CONTRACT_COLUMNS) for row in csv.DictReader(handle, delimiter="\t")]

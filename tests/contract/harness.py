@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.testing.fixture import FixtureBackend, FixtureControls, Gate
 from engine.interface import CancelToken
 from engine.repository import ModelRepository
+from engine.testing.fixture import FixtureBackend, FixtureControls, Gate
 from service.core.lifecycle import ModelState, ModelStatus, SharedRuntime
 from service.core.registry import ModelRegistry, Registration, RegistryPolicy
 from service.core.residency import ColdLoadGuard, Residency
@@ -51,7 +51,7 @@ class FakeClock:
 class Op:
     """An operation running on its own thread."""
 
-    def __init__(self, name: str, target: Callable[[], object], lab: "Lab") -> None:
+    def __init__(self, name: str, target: Callable[[], object], lab: Lab) -> None:
         self.name = name
         self._lab = lab
         self._value = None
@@ -71,7 +71,7 @@ class Op:
     def done(self) -> bool:
         return self._done.is_set()
 
-    def wait(self, timeout: float = WAIT) -> "Op":
+    def wait(self, timeout: float = WAIT) -> Op:
         if not self._done.wait(timeout):
             raise AssertionError(f"operation {self.name} did not finish within {timeout} s")
         return self
@@ -97,23 +97,45 @@ def write_fixture_model(root: Path, name: str, parameters: dict | None = None, m
 
 
 class Lab:
-    def __init__(self, root: Path, models: dict[str, dict] | None = None, *, parallel_jobs: int | None = 2,
-                 admission_timeout: float = 0.0, max_queue: int = 0, max_concurrent_loads: int = 1,
-                 load: bool = True, clock: Callable[[], float] = time.monotonic, max_resident_models: int = 0,
-                 memory_budget: int = 0, idle_unload: float = 0.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        models: dict[str, dict] | None = None,
+        *,
+        parallel_jobs: int | None = 2,
+        admission_timeout: float = 0.0,
+        max_queue: int = 0,
+        max_concurrent_loads: int = 1,
+        load: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        max_resident_models: int = 0,
+        memory_budget: int = 0,
+        idle_unload: float = 0.0,
+    ) -> None:
         self.root = Path(root)
         for name, parameters in (models or {"a": {}, "b": {}}).items():
             write_fixture_model(self.root, name, parameters)
         self.controls = FixtureControls()
         self.clock = clock
-        self.residency = Residency(lambda: self.registry.entries(), max_resident_models=max_resident_models,
-                                   memory_budget=memory_budget, idle_unload=idle_unload, clock=clock)
-        self.runtime = SharedRuntime(backends={"fixture": FixtureBackend(self.controls)}, max_queue=max_queue,
-                                     cold_loads=ColdLoadGuard(max_concurrent_loads), clock=clock,
-                                     residency=self.residency)
-        self.registry = ModelRegistry(ModelRepository(self.root), self.runtime,
-                                      RegistryPolicy(parallel_jobs=parallel_jobs,
-                                                     admission_timeout=admission_timeout))
+        self.residency = Residency(
+            lambda: self.registry.entries(),
+            max_resident_models=max_resident_models,
+            memory_budget=memory_budget,
+            idle_unload=idle_unload,
+            clock=clock,
+        )
+        self.runtime = SharedRuntime(
+            backends={"fixture": FixtureBackend(self.controls)},
+            max_queue=max_queue,
+            cold_loads=ColdLoadGuard(max_concurrent_loads),
+            clock=clock,
+            residency=self.residency,
+        )
+        self.registry = ModelRegistry(
+            ModelRepository(self.root),
+            self.runtime,
+            RegistryPolicy(parallel_jobs=parallel_jobs, admission_timeout=admission_timeout),
+        )
         self.residency.start()
         self.registry.register_repository(load=load)
         self._lock = threading.Lock()  # guards: _ops, _counter
@@ -129,9 +151,17 @@ class Lab:
             self._ops.append(op)
         return op
 
-    def infer(self, model: str, value: float = 1.0, *, timeout: float | None = None,
-              cancel: CancelToken | None = None, name: str | None = None) -> Op:
+    def infer(
+        self,
+        model: str,
+        value: float = 1.0,
+        *,
+        timeout: float | None = None,
+        cancel: CancelToken | None = None,
+        name: str | None = None,
+    ) -> Op:
         """A request: admission (with the model's timeout, or `timeout` seconds), load if needed, execute."""
+
         def run():
             entry = self.registry.get(model)
             deadline = None
@@ -142,18 +172,19 @@ class Lab:
             token = cancel or CancelToken()
             with entry.acquire_lease(deadline, token) as lease:
                 return lease.execute({"INPUT0": np.full(2, value, np.float32)}, [], token)
+
         return self.start(name or f"infer:{model}", run)
 
     def register(self, model: str, name: str | None = None, **registration) -> Op:
-        return self.start(name or f"register:{model}",
-                          lambda: self.registry.register(Registration(name=model, **registration)))
+        return self.start(
+            name or f"register:{model}", lambda: self.registry.register(Registration(name=model, **registration))
+        )
 
     def unload(self, model: str, name: str | None = None) -> Op:
         return self.start(name or f"unload:{model}", lambda: self.registry.unload(model))
 
     def unload_many(self, models: list[str], name: str | None = None, cancel: CancelToken | None = None) -> Op:
-        return self.start(name or "bulk:" + ",".join(models),
-                          lambda: self.registry.unload_many(models, cancel=cancel))
+        return self.start(name or "bulk:" + ",".join(models), lambda: self.registry.unload_many(models, cancel=cancel))
 
     # ---- observation ----------------------------------------------------------------------------------------
 
@@ -185,8 +216,10 @@ class Lab:
     def wait_queued(self, model: str, *, requests: int = 0, managers: int = 0) -> None:
         """Wait until exactly `requests` inference requests and `managers` management tickets wait in `model`'s
         admission queue (both counts must match: a test states the whole queue it expects)."""
-        self.wait_until(lambda: self.queue(model) == (requests, managers),
-                        f"{requests} requests and {managers} managers queued on {model}")
+        self.wait_until(
+            lambda: self.queue(model) == (requests, managers),
+            f"{requests} requests and {managers} managers queued on {model}",
+        )
 
     def wait_active(self, model: str, count: int) -> None:
         self.wait_status(model, lambda s: s.active_slots == count, f"{count} active slots on {model}")
@@ -210,6 +243,7 @@ class Lab:
             ticket = acquire(*args, **kwargs)
             log.append(threading.current_thread().name.split("#")[0])
             return ticket
+
         admission.acquire = logged_acquire
         return log
 
@@ -225,6 +259,7 @@ class Lab:
 
 # ---- helpers for the two-model matrix (tests/contract/test_two_*.py); additive, used by those files ----------
 
+
 def admission_stats(lab: Lab, model: str):
     """The admission statistics of `model` (queued requests and queued managers counted apart)."""
     return lab.registry.get(model).admission.statistics()
@@ -239,12 +274,14 @@ def wait_admission(lab: Lab, model: str, predicate: Callable[[object], bool], wh
 def infer_logged(lab: Lab, model: str, log: list, label: str, value: float = 1.0) -> Op:
     """A request like `Lab.infer` (no admission deadline) that appends `label` to `log` at the moment its lease
     is granted, while it holds the lease: with one slot, `log` is the grant order."""
+
     def run():
         entry = lab.registry.get(model)
         token = CancelToken()
         with entry.acquire_lease(None, token) as lease:
             log.append(label)
             return lease.execute({"INPUT0": np.full(2, value, np.float32)}, [], token)
+
     return lab.start(label, run)
 
 

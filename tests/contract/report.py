@@ -46,9 +46,12 @@ _run_key = pytest.StashKey[_Run]()
 
 
 def pytest_addoption(parser):
-    parser.addoption("--contract-report", action="store_true",
-                     help="after the run, list every contract cell as covered, improved, not applicable or NOT "
-                          "covered, then the totals per origin (contract, slotserve)")
+    parser.addoption(
+        "--contract-report",
+        action="store_true",
+        help="after the run, list every contract cell as covered, improved, not applicable or NOT "
+        "covered, then the totals per origin (contract, slotserve)",
+    )
 
 
 def pytest_configure(config):
@@ -65,8 +68,10 @@ def pytest_collection_modifyitems(config, items):
                 if cell is None:
                     raise pytest.UsageError(f"{item.nodeid}: unknown contract cell {cell_id!r}")
                 if not cell.testable:
-                    raise pytest.UsageError(f"{item.nodeid}: cell {cell_id} is marked not applicable in "
-                                            f"cells.tsv ({cell.reason}); no test can cover it")
+                    raise pytest.UsageError(
+                        f"{item.nodeid}: cell {cell_id} is marked not applicable in "
+                        f"cells.tsv ({cell.reason}); no test can cover it"
+                    )
                 run.marked.add(cell_id)
 
 
@@ -86,8 +91,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     run.reporter = terminalreporter
     write = terminalreporter.write_line
     write("")
-    write("contract coverage (covered or improved: a test marked with the cell passed; improved: slotserve does "
-          "better than the contract; not applicable: slotserve does not have the feature):")
+    write(
+        "contract coverage (covered or improved: a test marked with the cell passed; improved: slotserve does "
+        "better than the contract; not applicable: slotserve does not have the feature):"
+    )
     width = max(len(cell.id) for cell in run.cells)
     for cell in run.cells:
         state = run.state(cell)

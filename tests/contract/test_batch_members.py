@@ -42,14 +42,16 @@ def batching(tmp_path):
 
 # ---- the small parts -----------------------------------------------------------------------------------------
 
+
 def test_describe_batching_names_the_rows_the_delay_and_the_preferred_sizes():
     from types import SimpleNamespace
 
     from engine.interface import BatchingSpec
     from service.core.batching import describe_batching
 
-    spec = SimpleNamespace(max_batch_size=8, batching=BatchingSpec(max_queue_delay_us=2500,
-                                                                   preferred_batch_sizes=(2, 4)))
+    spec = SimpleNamespace(
+        max_batch_size=8, batching=BatchingSpec(max_queue_delay_us=2500, preferred_batch_sizes=(2, 4))
+    )
     assert describe_batching(spec) == "up to 8 rows, delay 2500 us, preferred 2/4"
     assert describe_batching(SimpleNamespace(max_batch_size=4, batching=BatchingSpec())) == "up to 4 rows, delay 0 us"
     assert describe_batching(SimpleNamespace(max_batch_size=0, batching=None)) == ""
@@ -71,6 +73,7 @@ def test_a_detached_run_token_no_longer_follows_the_members():
 
 
 # ---- all but one gave up ------------------------------------------------------------------------------------
+
 
 def test_the_run_is_cancelled_only_once_every_member_gave_up():
     tokens = [CancelToken() for _ in range(3)]
@@ -121,6 +124,7 @@ def test_a_member_that_wakes_at_its_admission_deadline_while_its_batch_runs_wait
 
 # ---- members that left before the run, or failed their own check ------------------------------------------
 
+
 def _item(value: float, rows: int, token: CancelToken, before_run=None) -> BatchItem:
     array = rows_of(value, rows)
     return BatchItem({"INPUT0": array}, {"INPUT0": ("FP32", array.shape)}, [], rows, token, before_run)
@@ -150,9 +154,11 @@ def test_a_member_that_does_not_run_is_not_computed_and_its_rows_are_not_counted
         raise InvalidRequest("invalid_request_error: the member's input region was unregistered")
 
     tokens = [CancelToken() for _ in range(3)]
-    items = [_item(0.0, 1, tokens[0], leader_checks),
-             _item(1.0, 2, tokens[1], region_gone if how == "failed-its-own-check" else None),
-             _item(2.0, 1, tokens[2])]
+    items = [
+        _item(0.0, 1, tokens[0], leader_checks),
+        _item(1.0, 2, tokens[1], region_gone if how == "failed-its-own-check" else None),
+        _item(2.0, 1, tokens[2]),
+    ]
     ops = _queue_items(env, items)
     prepare.release()
     running.result()
@@ -178,16 +184,25 @@ def test_a_member_that_does_not_run_is_not_computed_and_its_rows_are_not_counted
 
 # ---- requested outputs ----------------------------------------------------------------------------------------
 
+
 def _write_two_output_model(root) -> None:
     directory = root / "two"
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.pbtxt").write_text("\n".join([
-        'name: "two"', 'backend: "fixture"', "max_batch_size: 8",
-        'input { name: "INPUT0" data_type: TYPE_FP32 dims: -1 }',
-        'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: -1 }',
-        'output { name: "OUTPUT1" data_type: TYPE_FP32 dims: -1 }',
-        'parameters { key: "capacity" value { string_value: "1" } }',
-        "dynamic_batching { }"]) + "\n")
+    (directory / "config.pbtxt").write_text(
+        "\n".join(
+            [
+                'name: "two"',
+                'backend: "fixture"',
+                "max_batch_size: 8",
+                'input { name: "INPUT0" data_type: TYPE_FP32 dims: -1 }',
+                'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: -1 }',
+                'output { name: "OUTPUT1" data_type: TYPE_FP32 dims: -1 }',
+                'parameters { key: "capacity" value { string_value: "1" } }',
+                "dynamic_batching { }",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _asking(array: np.ndarray, outputs: list[str]) -> pb.ModelInferRequest:
@@ -200,8 +215,10 @@ def _asking(array: np.ndarray, outputs: list[str]) -> pb.ModelInferRequest:
 
 
 def _decoded(response) -> dict[str, np.ndarray]:
-    return {tensor.name: np.frombuffer(raw, np.float32).reshape(tuple(tensor.shape))
-            for tensor, raw in zip(response.outputs, response.raw_output_contents)}
+    return {
+        tensor.name: np.frombuffer(raw, np.float32).reshape(tuple(tensor.shape))
+        for tensor, raw in zip(response.outputs, response.raw_output_contents)
+    }
 
 
 def test_the_batch_key_ignores_the_order_of_the_requested_outputs():
@@ -213,8 +230,9 @@ def test_the_batch_key_ignores_the_order_of_the_requested_outputs():
 def test_the_same_outputs_asked_in_another_order_batch_together_and_other_outputs_do_not(tmp_path):
     root = tmp_path / "repository"
     _write_two_output_model(root)
-    from .harness import Lab
     from service.dataplane import Dataplane
+
+    from .harness import Lab
 
     lab = Lab(root, {"plain": {}})
     try:
@@ -227,8 +245,9 @@ def test_the_same_outputs_asked_in_another_order_batch_together_and_other_output
         for index, outputs in enumerate(asks):
             message = _asking(rows_of(float(index)), outputs)
             ops.append(lab.start(f"ask{index}", lambda m=message: dataplane.infer(m, cancel=CancelToken())))
-            lab.wait_until(lambda n=index + 1: lab.registry.get("two").admission.statistics().queued == n,
-                           f"{index + 1} queued")
+            lab.wait_until(
+                lambda n=index + 1: lab.registry.get("two").admission.statistics().queued == n, f"{index + 1} queued"
+            )
         prepare.release()
         busy.result()
         for index, (op, outputs) in enumerate(zip(ops, asks)):
@@ -242,6 +261,7 @@ def test_the_same_outputs_asked_in_another_order_batch_together_and_other_output
 
 
 # ---- a backend fault, and a run nobody awaits any more -----------------------------------------------------
+
 
 class _Interrupt(BaseException):
     """Stands in for KeyboardInterrupt or another asynchronous exception raised inside the backend's run."""
@@ -285,12 +305,14 @@ def test_a_batch_whose_every_member_gave_up_before_it_ran_is_not_run_and_its_lea
     leader, other = (member.error() for member in members)
     assert describe(other)[0].name == "CANCELLED"  # it left by itself, or was told by its leader first
     assert describe(leader)[0].name == "CANCELLED" and "every request of the batch gave up before it ran" in str(
-        leader), leader
+        leader
+    ), leader
     assert env.controls.batches("m") == [1]  # only the busy request ran
     env.lab.wait_status("m", lambda s: s.active_slots == 0, "the slot back")
 
 
 # ---- the run's timings -----------------------------------------------------------------------------------------
+
 
 def test_a_batch_records_its_stacking_and_run_times_once_and_within_the_wall_clock(batching):
     import time
@@ -315,6 +337,7 @@ def test_a_batch_records_its_stacking_and_run_times_once_and_within_the_wall_clo
 
 
 # ---- a streaming model cannot batch -------------------------------------------------------------------------------
+
 
 def test_a_request_to_a_streaming_model_with_dynamic_batching_is_refused_naming_why(batching):
     env = batching({"s": {"parameters": {"capacity": "1", "stream_responses": "2"}}})

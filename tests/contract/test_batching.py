@@ -12,9 +12,9 @@ import pytest
 from engine.errors import ExecutionError
 from engine.interface import CancelToken
 from generated import grpc_service_pb2 as pb
-from service.dataplane import Dataplane
 from service.core.errors import AdmissionTimeout, RequestCancelled, ResidencyLimit
 from service.core.lifecycle import ModelState
+from service.dataplane import Dataplane
 from service.status_codes import describe
 
 from .harness import FakeClock, Lab
@@ -22,15 +22,28 @@ from .harness import FakeClock, Lab
 cell = pytest.mark.cell
 
 
-def write_batching_model(root, name: str, max_batch_size: int = 8, *, delay_us: int = 0, preferred=(),
-                         block: bool = True, extra: str = "", parameters: dict | None = None) -> None:
+def write_batching_model(
+    root,
+    name: str,
+    max_batch_size: int = 8,
+    *,
+    delay_us: int = 0,
+    preferred=(),
+    block: bool = True,
+    extra: str = "",
+    parameters: dict | None = None,
+) -> None:
     """A fixture model (output = input) with INPUT0 FP32 [-1] after the batch dimension, and a
     dynamic_batching block unless `block` is False."""
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
-    lines = [f'name: "{name}"', 'backend: "fixture"', f"max_batch_size: {max_batch_size}",
-             'input { name: "INPUT0" data_type: TYPE_FP32 dims: -1 }',
-             'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: -1 }']
+    lines = [
+        f'name: "{name}"',
+        'backend: "fixture"',
+        f"max_batch_size: {max_batch_size}",
+        'input { name: "INPUT0" data_type: TYPE_FP32 dims: -1 }',
+        'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: -1 }',
+    ]
     for key, value in (parameters or {"capacity": "1"}).items():
         lines.append(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}')
     if block:
@@ -70,18 +83,29 @@ class Batching:
         self.dataplane = Dataplane(self.lab.registry, clock=self.clock)
         self.controls = self.lab.controls
 
-    def infer(self, model: str, array: np.ndarray, *, cancel: CancelToken | None = None, name: str = "",
-              timeout_us: int = 0, datatype: str = "FP32"):
+    def infer(
+        self,
+        model: str,
+        array: np.ndarray,
+        *,
+        cancel: CancelToken | None = None,
+        name: str = "",
+        timeout_us: int = 0,
+        datatype: str = "FP32",
+    ):
         message = request(model, array, datatype, timeout_us)
-        return self.lab.start(name or f"infer:{model}",
-                              lambda: output(self.dataplane.infer(message, cancel=cancel or CancelToken())))
+        return self.lab.start(
+            name or f"infer:{model}", lambda: output(self.dataplane.infer(message, cancel=cancel or CancelToken()))
+        )
 
     def entry(self, model: str):
         return self.lab.registry.get(model)
 
     def wait_queued_requests(self, model: str, count: int) -> None:
-        self.lab.wait_until(lambda: self.entry(model).admission.statistics().queued_requests == count,
-                            f"{count} requests queued on {model}")
+        self.lab.wait_until(
+            lambda: self.entry(model).admission.statistics().queued_requests == count,
+            f"{count} requests queued on {model}",
+        )
 
     def poke(self, model: str) -> None:
         self.entry(model).admission.poke()
@@ -274,11 +298,13 @@ def test_rows_add_up_to_max_batch_size_and_a_request_that_would_pass_it_leads_th
 def test_batching_settings_change_in_place_with_the_engine_kept(batching):
     env = batching({"m": {"delay_us": 10_000_000, "preferred": (4,)}}, parallel_jobs=1)
     loads = env.controls.count("m", "load")
-    config = ('{"name": "m", "backend": "fixture", "max_batch_size": 8, '
-              '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}], '
-              '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}], '
-              '"parameters": {"capacity": {"string_value": "1"}}, '
-              '"dynamic_batching": {"preferred_batch_size": [2], "max_queue_delay_microseconds": "10000000"}}')
+    config = (
+        '{"name": "m", "backend": "fixture", "max_batch_size": 8, '
+        '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}], '
+        '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}], '
+        '"parameters": {"capacity": {"string_value": "1"}}, '
+        '"dynamic_batching": {"preferred_batch_size": [2], "max_queue_delay_microseconds": "10000000"}}'
+    )
     status = env.lab.register("m", config_json=config).result()
     assert status.state is ModelState.READY and env.controls.count("m", "load") == loads  # weights stayed
     assert env.entry("m").spec.batching.preferred_batch_sizes == (2,)
@@ -356,16 +382,21 @@ def test_without_the_block_or_without_a_batch_dimension_each_request_runs_alone(
 
 
 @cell("BATCH.16")
-@pytest.mark.parametrize("block, field", [
-    ("dynamic_batching { priority_levels: 2 }", "dynamic_batching.priority_levels"),
-    ("dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "timeout_action DELAY"),
-    ("sequence_batching { }", "sequence_batching"),
-    ('dynamic_batching { }\ninput { name: "R" data_type: TYPE_FP32 dims: -1 allow_ragged_batch: true }',
-     "allow_ragged_batch"),
-    ("dynamic_batching { preferred_batch_size: 16 }", "preferred_batch_size 16 is outside 1..8"),
-    ("model_transaction_policy { decoupled: true }", "model_transaction_policy.decoupled"),
-    ("ensemble_scheduling { }", "ensemble_scheduling"),
-])
+@pytest.mark.parametrize(
+    "block, field",
+    [
+        ("dynamic_batching { priority_levels: 2 }", "dynamic_batching.priority_levels"),
+        ("dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "timeout_action DELAY"),
+        ("sequence_batching { }", "sequence_batching"),
+        (
+            'dynamic_batching { }\ninput { name: "R" data_type: TYPE_FP32 dims: -1 allow_ragged_batch: true }',
+            "allow_ragged_batch",
+        ),
+        ("dynamic_batching { preferred_batch_size: 16 }", "preferred_batch_size 16 is outside 1..8"),
+        ("model_transaction_policy { decoupled: true }", "model_transaction_policy.decoupled"),
+        ("ensemble_scheduling { }", "ensemble_scheduling"),
+    ],
+)
 def test_settings_slotserve_does_not_implement_are_refused_at_load_naming_the_field(tmp_path, block, field):
     from engine.repository import ModelRepository
 
@@ -379,8 +410,14 @@ def test_settings_slotserve_does_not_implement_are_refused_at_load_naming_the_fi
 
 
 def test_the_queue_policy_maps_onto_the_queue_limit_and_the_admission_timeout(batching):
-    env = batching({"m": {"extra": "default_queue_policy { max_queue_size: 1 "
-                               "default_timeout_microseconds: 3000000 allow_timeout_override: false }"}})
+    env = batching(
+        {
+            "m": {
+                "extra": "default_queue_policy { max_queue_size: 1 "
+                "default_timeout_microseconds: 3000000 allow_timeout_override: false }"
+            }
+        }
+    )
     settings = env.entry("m").settings
     assert (settings.max_queue, settings.admission_timeout) == (1, 3.0)
     running, gate = start_busy(env, "m")

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from generated import grpc_service_pb2 as pb
-
 from tests.shutdown.harness import InProcess, outcome
 
 from .test_batching import request, rows_of, write_batching_model
@@ -127,8 +126,9 @@ def test_requests_with_tensors_in_shared_memory_batch_and_each_writes_its_own_ro
         in_region(refused.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2]), "gone", 8)
         lost = served.stub.ModelInfer.future(refused, timeout=30)
         served.wait_core("m", lambda s: s.queued_requests == 4, "the fourth queued")
-        served.stub.SystemSharedMemoryUnregister(pb_messages.SystemSharedMemoryUnregisterRequest(name="gone"),
-                                                 timeout=10)
+        served.stub.SystemSharedMemoryUnregister(
+            pb_messages.SystemSharedMemoryUnregisterRequest(name="gone"), timeout=10
+        )
         prepare.release()
         assert outcome(running)[0] == "OK"
         for index, member in enumerate(members):

@@ -35,6 +35,7 @@ def test_invalid_replacement_is_rejected_before_any_live_change(lab_factory):
 def test_slot_schema_is_rejected_before_a_new_entry_is_published(lab_factory):
     lab = lab_factory({"a": {}}, parallel_jobs=2)
     from tests.contract.harness import write_fixture_model
+
     write_fixture_model(lab.root, "fresh")
     for slots in (0, 17):
         with pytest.raises(UnsupportedSlotCount, match="1..16"):
@@ -52,6 +53,7 @@ def test_unsupported_capacity_on_existing_registration_keeps_everything(lab_fact
     with pytest.raises(UnsupportedSlotCount, match="at most 4") as refused:
         lab.register("a", slots=5).result()
     from service.status_codes import describe
+
     code, _message, reason = describe(refused.value)
     assert code.name == "INVALID_ARGUMENT" and reason == "invalid_request_error"
     after = lab.status("a")
@@ -180,6 +182,7 @@ def test_streaming_failure_after_first_response_releases_the_lease(lab_factory):
     import numpy as np
 
     from engine.interface import CancelToken
+
     lab = lab_factory({"s": {"capacity": 1, "stream_responses": 3}}, parallel_jobs=1)
     lab.gate("s", "stream").fail_arrival(2, ExecutionError("stream broke"))
     entry = lab.registry.get("s")
@@ -196,11 +199,13 @@ def test_streaming_failure_after_first_response_releases_the_lease(lab_factory):
 def test_failed_publication_leaves_no_dangling_entry(lab_factory, monkeypatch):
     lab = lab_factory({"a": {}})
     from tests.contract.harness import write_fixture_model
+
     write_fixture_model(lab.root, "fresh")
     import service.core.registry as registry_module
 
     def failing_entry(*args, **kwargs):
         raise MemoryError("allocation failed")
+
     monkeypatch.setattr(registry_module, "ModelEntry", failing_entry)
     with pytest.raises(MemoryError):
         lab.register("fresh").result()

@@ -16,7 +16,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 @pytest.mark.parametrize("call", ["unload", "register"])
 def test_a_single_model_management_call_waits_up_to_the_admission_timeout_and_bulk_unload_without_limit(
-        lab_factory, call):
+    lab_factory, call
+):
     lab = lab_factory({"a": {"capacity": 1}}, parallel_jobs=1, admission_timeout=0.25)
     execute = lab.gate("a", "execute").hold()
     holder = lab.infer("a", name="holder")

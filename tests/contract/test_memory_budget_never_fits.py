@@ -14,8 +14,9 @@ from .harness import FakeClock
 @pytest.mark.parametrize("how", ["request", "registration"])
 def test_a_pool_larger_than_the_whole_budget_is_refused_and_nobody_is_evicted(lab_factory, how):
     clock = FakeClock()
-    lab = lab_factory({"small": {"memory_bytes": 60}, "huge": {"memory_bytes": 150}}, load=False,
-                      memory_budget=100, clock=clock)
+    lab = lab_factory(
+        {"small": {"memory_bytes": 60}, "huge": {"memory_bytes": 150}}, load=False, memory_budget=100, clock=clock
+    )
     lab.infer("small").result()  # resident, idle, least recently used: the eviction victim a budget would take
     clock.now += 1
     refused = (lab.infer("huge") if how == "request" else lab.register("huge")).error()
@@ -32,8 +33,11 @@ def test_a_pool_larger_than_the_whole_budget_is_refused_and_nobody_is_evicted(la
 
 def test_a_resize_larger_than_the_whole_budget_is_refused_and_nobody_is_evicted(lab_factory):
     # m costs 100 + 10 per slot: 110 at one slot, 140 at four, which the 120-byte budget can never hold.
-    lab = lab_factory({"m": {"memory_bytes": 100, "slot_memory_bytes": 10, "capacity": 4},
-                       "idle": {"memory_bytes": 10}}, parallel_jobs=1, memory_budget=120)
+    lab = lab_factory(
+        {"m": {"memory_bytes": 100, "slot_memory_bytes": 10, "capacity": 4}, "idle": {"memory_bytes": 10}},
+        parallel_jobs=1,
+        memory_budget=120,
+    )
     assert lab.residency.memory_in_use() == 120
     before = lab.status("m")
     refused = lab.register("m", slots=4).error()

@@ -261,7 +261,10 @@ def test_status_during_load_never_exposes_a_partial_pool_and_changes_nothing(lab
             assert status.loaded is False and status.max_parallel_slots is None and status.memory_bytes is None
             assert status.slots == 3
             assert (status.active_slots, status.queued_requests, status.manager_active) == (
-                before.active_slots, before.queued_requests, before.manager_active)
+                before.active_slots,
+                before.queued_requests,
+                before.manager_active,
+            )
         assert entry.known_metadata() is None
         if phase_gate is load:
             load.release()
@@ -276,8 +279,9 @@ def test_status_during_load_never_exposes_a_partial_pool_and_changes_nothing(lab
     def watch():
         while not stop.is_set():
             status = lab.status("m")
-            observations.append((status.loaded, status.max_parallel_slots, status.state,
-                                 lab.controls.live_contexts("m")))
+            observations.append(
+                (status.loaded, status.max_parallel_slots, status.state, lab.controls.live_contexts("m"))
+            )
             time.sleep(0.0002)  # ordering-free: sampling only; no event is ordered by it
 
     watcher = threading.Thread(target=watch)

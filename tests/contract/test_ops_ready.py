@@ -27,12 +27,14 @@ def events_of(lab, model: str) -> list[str]:
 
 def config_json(capacity: int, output_type: str = "TYPE_INT32") -> str:
     """A replacement configuration that changes the engine: another advertised capacity and output type."""
-    return json.dumps({
-        "backend": "fixture",
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-        "output": [{"name": "OUTPUT0", "data_type": output_type, "dims": [-1]}],
-        "parameters": {"capacity": {"string_value": str(capacity)}},
-    })
+    return json.dumps(
+        {
+            "backend": "fixture",
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "output": [{"name": "OUTPUT0", "data_type": output_type, "dims": [-1]}],
+            "parameters": {"capacity": {"string_value": str(capacity)}},
+        }
+    )
 
 
 def ready_lab(lab_factory, models=None, **options):

@@ -37,12 +37,14 @@ def events_of(lab, model: str) -> list[str]:
 
 
 def config_json(capacity: int, output_type: str) -> str:
-    return json.dumps({
-        "backend": "fixture",
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-        "output": [{"name": "OUTPUT0", "data_type": output_type, "dims": [-1]}],
-        "parameters": {"capacity": {"string_value": str(capacity)}},
-    })
+    return json.dumps(
+        {
+            "backend": "fixture",
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "output": [{"name": "OUTPUT0", "data_type": output_type, "dims": [-1]}],
+            "parameters": {"capacity": {"string_value": str(capacity)}},
+        }
+    )
 
 
 NEW_CONFIG = config_json(NEW["capacity"], "TYPE_INT32")
@@ -57,8 +59,9 @@ class Reconfiguring:
         status = lab.status("m")
         assert status.state is ModelState.READY and status.slots == OLD["slots"]
         self.gate = lab.gate("m", {"probe": "load", "teardown": "teardown", "replacement": "clone"}[phase]).hold()
-        self.register = lab.register("m", config_json=NEW_CONFIG, slots=NEW["slots"], name="reconfigure",
-                                     **registration)
+        self.register = lab.register(
+            "m", config_json=NEW_CONFIG, slots=NEW["slots"], name="reconfigure", **registration
+        )
         self.slots = NEW["slots"]
         self.gate.wait_blocked(1)
         status = lab.status("m")
@@ -158,7 +161,8 @@ def test_later_registration_queues_and_runs_exclusively_in_scheduler_order(recon
 
 @cell("OPS.reconfiguring.register")
 def test_later_registration_answers_its_own_ready_config_even_when_a_queued_unload_runs_at_once(
-        lab_factory, monkeypatch):
+    lab_factory, monkeypatch
+):
     """The response of a registration describes its own outcome ("200 final ready config"). Here an unload
     queued behind the later registration is allowed to run between the registration's release of its lease and
     the building of its response: an interleaving the scheduler may produce at any time."""
@@ -182,7 +186,11 @@ def test_later_registration_answers_its_own_ready_config_even_when_a_queued_unlo
     assert unload.result().loaded is False
     result = later.result()
     assert (result.state, result.loaded, result.slots, result.max_parallel_slots) == (
-        ModelState.READY, True, 4, OLD["capacity"]), f"registration answered {result}"
+        ModelState.READY,
+        True,
+        4,
+        OLD["capacity"],
+    ), f"registration answered {result}"
 
 
 # ---- unload ---------------------------------------------------------------------------------------------------
@@ -214,7 +222,7 @@ def test_unload_queues_and_retires_the_replacement_after_it_drains(reconfiguring
     events = events_of(lab, "m")
     last_execute = len(events) - 1 - events[::-1].index("execute")
     # the replacement (its contexts, then its engine) was torn down after the request it served
-    assert events[last_execute + 1:] == ["close_context"] * reconfiguring.slots + ["close_engine"]
+    assert events[last_execute + 1 :] == ["close_context"] * reconfiguring.slots + ["close_engine"]
 
 
 # ---- bulk unload ----------------------------------------------------------------------------------------------
@@ -250,10 +258,17 @@ def test_bulk_barrier_queues_behind_the_manager_while_unrelated_ready_model_reti
 
 def old_or_new(status) -> str:
     """Which complete configuration a status shows; fails on a mix."""
-    old = (status.slots == OLD["slots"] and status.admission_timeout == 0.0
-           and status.loaded and status.max_parallel_slots == OLD["capacity"])
-    new = (status.slots == NEW["slots"] and status.admission_timeout == 7.0
-           and status.max_parallel_slots == (NEW["capacity"] if status.loaded else None))
+    old = (
+        status.slots == OLD["slots"]
+        and status.admission_timeout == 0.0
+        and status.loaded
+        and status.max_parallel_slots == OLD["capacity"]
+    )
+    new = (
+        status.slots == NEW["slots"]
+        and status.admission_timeout == 7.0
+        and status.max_parallel_slots == (NEW["capacity"] if status.loaded else None)
+    )
     assert old != new, f"status mixes old and new configuration: {status}"
     return "old" if old else "new"
 
@@ -277,8 +292,9 @@ def test_status_while_reconfiguring_shows_old_or_new_complete_metadata_never_a_m
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        register = lab.register("m", config_json=NEW_CONFIG, slots=NEW["slots"], admission_timeout=7.0,
-                                name="reconfigure")
+        register = lab.register(
+            "m", config_json=NEW_CONFIG, slots=NEW["slots"], admission_timeout=7.0, name="reconfigure"
+        )
         # before the commit: the private probe runs; status shows the old configuration, complete
         load.wait_blocked(1)
         for _ in range(20):

@@ -27,12 +27,14 @@ def events_of(lab, model: str) -> list[str]:
 
 
 def config_json(capacity: int, output_type: str) -> str:
-    return json.dumps({
-        "backend": "fixture",
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-        "output": [{"name": "OUTPUT0", "data_type": output_type, "dims": [-1]}],
-        "parameters": {"capacity": {"string_value": str(capacity)}},
-    })
+    return json.dumps(
+        {
+            "backend": "fixture",
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "output": [{"name": "OUTPUT0", "data_type": output_type, "dims": [-1]}],
+            "parameters": {"capacity": {"string_value": str(capacity)}},
+        }
+    )
 
 
 def assert_logically_unloaded(status) -> None:
@@ -79,7 +81,7 @@ def test_request_queues_then_reloads_after_teardown_and_runs(unloading):
     assert lab.controls.count("m", "load") == 2 and lab.controls.live_engines("m") == 1
     events = events_of(lab, "m")
     # teardown finished (engine closed) before the reload, which came before the run
-    assert events[events.index("close_engine"):] == ["close_engine", "load", "clone", "clone", "execute"]
+    assert events[events.index("close_engine") :] == ["close_engine", "load", "clone", "clone", "execute"]
 
 
 # ---- register / reconfigure -----------------------------------------------------------------------------------
@@ -167,7 +169,8 @@ def test_second_unload_answers_unloaded_even_when_a_later_request_reloads_at_onc
     np.testing.assert_array_equal(request.result()["OUTPUT0"], expected(3.0))
     result = second.result()
     assert result.loaded is False and result.state is ModelState.UNLOADED, (
-        f"unload answered {result.state.value}/loaded={result.loaded}")
+        f"unload answered {result.state.value}/loaded={result.loaded}"
+    )
 
 
 # ---- bulk unload ----------------------------------------------------------------------------------------------

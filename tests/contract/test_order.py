@@ -136,8 +136,16 @@ def test_managers_queue_in_order_and_later_unload_retires_the_replacement(lab_fa
     # the reconfiguration grew the pool to two contexts, the unload closed both and the engine, and the reload
     # built a new engine with three
     events = [event for model, event in lab.controls.events if model == "a"]
-    assert events[events.index("execute") + 1:] == [
-        "clone", "close_context", "close_context", "close_engine", "load", "clone", "clone", "clone"]
+    assert events[events.index("execute") + 1 :] == [
+        "clone",
+        "close_context",
+        "close_context",
+        "close_engine",
+        "load",
+        "clone",
+        "clone",
+        "clone",
+    ]
 
 
 @cell("ORDER.05")
@@ -198,6 +206,7 @@ def test_bulk_snapshot_misses_later_registrations_and_per_model_order_governs(la
     lab.wait_queued("a", managers=2)
     # a registration published after the bulk's snapshot is not part of it
     from tests.contract.harness import write_fixture_model
+
     write_fixture_model(lab.root, "c")
     registered_c = lab.register("c").result()
     assert registered_c.loaded

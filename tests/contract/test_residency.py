@@ -47,8 +47,7 @@ def test_loading_at_the_limit_retires_the_least_recently_used_idle_model(lab_fac
 @cell("OPS.ready.evict")
 def test_a_busy_or_queued_ready_model_is_never_evicted(lab_factory):
     clock = FakeClock()
-    lab = lab_factory({"a": {"capacity": 1}, "b": {}}, parallel_jobs=1, load=False, max_resident_models=1,
-                      clock=clock)
+    lab = lab_factory({"a": {"capacity": 1}, "b": {}}, parallel_jobs=1, load=False, max_resident_models=1, clock=clock)
     execute = lab.gate("a", "execute").hold()
     busy = lab.infer("a", name="busy")
     execute.wait_blocked(1)
@@ -65,8 +64,7 @@ def test_a_busy_or_queued_ready_model_is_never_evicted(lab_factory):
 
 @cell("OPS.unloaded.evict")
 def test_an_unloaded_model_is_no_victim_and_stays_unloaded(lab_factory):
-    lab = lab_factory({"m": {}, "busy": {"capacity": 1}, "new": {}}, parallel_jobs=1, load=False,
-                      max_resident_models=1)
+    lab = lab_factory({"m": {}, "busy": {"capacity": 1}, "new": {}}, parallel_jobs=1, load=False, max_resident_models=1)
     execute = lab.gate("busy", "execute").hold()
     holder = lab.infer("busy")
     execute.wait_blocked(1)
@@ -81,8 +79,9 @@ def test_an_unloaded_model_is_no_victim_and_stays_unloaded(lab_factory):
 
 @cell("OPS.loading.evict")
 def test_a_loading_model_is_skipped_and_keeps_loading(lab_factory):
-    lab = lab_factory({"m": {}, "idle": {}, "y": {}, "z": {}}, load=False, max_resident_models=2,
-                      max_concurrent_loads=3)
+    lab = lab_factory(
+        {"m": {}, "idle": {}, "y": {}, "z": {}}, load=False, max_resident_models=2, max_concurrent_loads=3
+    )
     lab.infer("idle").result()
     load_m = lab.gate("m", "load").hold()
     loading = lab.infer("m", name="m-loading")
@@ -162,8 +161,13 @@ def test_residency_refusal_is_503_and_publishes_no_partial_pool(lab_factory):
 @cell("FAIL.08")
 def test_memory_refusal_keeps_the_eviction_it_already_made(lab_factory):
     clock = FakeClock()
-    lab = lab_factory({"v1": {"memory_bytes": 100}, "v2": {"memory_bytes": 100, "capacity": 1},
-                       "y": {"memory_bytes": 200}}, parallel_jobs=1, load=False, memory_budget=250, clock=clock)
+    lab = lab_factory(
+        {"v1": {"memory_bytes": 100}, "v2": {"memory_bytes": 100, "capacity": 1}, "y": {"memory_bytes": 200}},
+        parallel_jobs=1,
+        load=False,
+        memory_budget=250,
+        clock=clock,
+    )
     lab.infer("v1").result()
     clock.now += 1
     lab.infer("v2").result()

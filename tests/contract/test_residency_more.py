@@ -21,10 +21,16 @@ def _reason(error: BaseException) -> tuple[str, str]:
 
 # ---- 6. a request waiting on a refused cold load ------------------------------------------------------------
 
+
 @cell("FAIL.08")
 def test_a_request_waiting_on_a_cold_load_refused_for_the_residency_limit_gets_residency_limit_too(lab_factory):
-    lab = lab_factory({"m": {"capacity": 1}, "y": {"capacity": 2}}, parallel_jobs=2, load=False,
-                      max_resident_models=1, max_concurrent_loads=1)
+    lab = lab_factory(
+        {"m": {"capacity": 1}, "y": {"capacity": 2}},
+        parallel_jobs=2,
+        load=False,
+        max_resident_models=1,
+        max_concurrent_loads=1,
+    )
     # m takes the only cold-load place (held at its load gate) and will then stay busy executing, so it is
     # resident and never idle when y's load asks for room.
     m_execute = lab.gate("m", "execute").hold()
@@ -60,16 +66,19 @@ def test_a_request_waiting_on_a_cold_load_refused_for_the_residency_limit_gets_r
 
 # ---- 7. a resize held to the memory budget ------------------------------------------------------------------
 
+
 @cell("OPS.ready.evict")
 def test_a_resize_over_the_memory_budget_evicts_an_idle_model(lab_factory):
     # m costs 100 + 10 per slot; at 1 slot (110) it fits beside the idle model (50) in 180, at 4 slots (140) it
     # does not: the idle model is evicted and the resize goes through in place.
-    lab = lab_factory({"m": {"memory_bytes": 100, "slot_memory_bytes": 10, "capacity": 4},
-                       "idle": {"memory_bytes": 50}}, parallel_jobs=1, memory_budget=180)
+    lab = lab_factory(
+        {"m": {"memory_bytes": 100, "slot_memory_bytes": 10, "capacity": 4}, "idle": {"memory_bytes": 50}},
+        parallel_jobs=1,
+        memory_budget=180,
+    )
     assert lab.residency.memory_in_use() == 160
     status = lab.register("m", slots=4).result()
-    assert (status.state, status.slots, status.max_parallel_slots, status.memory_bytes) == (
-        ModelState.READY, 4, 4, 140)
+    assert (status.state, status.slots, status.max_parallel_slots, status.memory_bytes) == (ModelState.READY, 4, 4, 140)
     assert lab.controls.count("m", "load") == 1  # resized over the live engine
     assert lab.controls.live_contexts("m") == 4
     idle = lab.status("idle")
@@ -81,8 +90,14 @@ def test_a_resize_over_the_memory_budget_evicts_an_idle_model(lab_factory):
 
 @cell("FAIL.08")
 def test_a_resize_over_the_memory_budget_without_an_idle_victim_fails_and_the_old_pool_keeps_serving(lab_factory):
-    lab = lab_factory({"m": {"memory_bytes": 100, "slot_memory_bytes": 10, "capacity": 4},
-                       "busy": {"memory_bytes": 50, "capacity": 1}}, parallel_jobs=1, memory_budget=180)
+    lab = lab_factory(
+        {
+            "m": {"memory_bytes": 100, "slot_memory_bytes": 10, "capacity": 4},
+            "busy": {"memory_bytes": 50, "capacity": 1},
+        },
+        parallel_jobs=1,
+        memory_budget=180,
+    )
     execute = lab.gate("busy", "execute").hold()
     holder = lab.infer("busy")
     execute.wait_blocked(1)  # the only other model is busy: nothing can be evicted
@@ -108,11 +123,17 @@ def test_a_resize_over_the_memory_budget_without_an_idle_victim_fails_and_the_ol
 
 # ---- 8. a load over the memory budget evicts the least recently used idle model -----------------------------
 
+
 @cell("OPS.ready.evict")
 def test_a_load_over_the_memory_budget_evicts_the_least_recently_used_idle_model(lab_factory):
     clock = FakeClock()
-    lab = lab_factory({"a": {"memory_bytes": 100}, "b": {"memory_bytes": 100}, "c": {"memory_bytes": 150}},
-                      parallel_jobs=1, load=False, memory_budget=250, clock=clock)
+    lab = lab_factory(
+        {"a": {"memory_bytes": 100}, "b": {"memory_bytes": 100}, "c": {"memory_bytes": 150}},
+        parallel_jobs=1,
+        load=False,
+        memory_budget=250,
+        clock=clock,
+    )
     lab.infer("a").result()
     clock.now += 1
     lab.infer("b").result()

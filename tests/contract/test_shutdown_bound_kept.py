@@ -9,7 +9,6 @@ import signal
 import time
 
 from service.server import SHUTDOWN_MARGIN
-
 from tests.shutdown.harness import ServerProcess, outcome, write_fixture_model
 
 

@@ -25,9 +25,19 @@ from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.lifecycle import ModelState
 from service.options import ServerOptions
 from service.server import Server
-from tests.shutdown.harness import (VALUES, WAIT, Background, InProcess, assert_ok, assert_shutting_down, outcome,
-                                    refuses_new_connections, wait_stopped_accepting, wait_until,
-                                    write_fixture_model)
+from tests.shutdown.harness import (
+    VALUES,
+    WAIT,
+    Background,
+    InProcess,
+    assert_ok,
+    assert_shutting_down,
+    outcome,
+    refuses_new_connections,
+    wait_stopped_accepting,
+    wait_until,
+    write_fixture_model,
+)
 
 cell = pytest.mark.cell
 
@@ -50,6 +60,7 @@ def events_of(lab: InProcess, model: str) -> list[str]:
 
 
 # ---- the Shutdown column: shutdown while M is in each state -----------------------------------------------------
+
 
 @cell("OPS.unloaded.shutdown")
 def test_shutdown_with_an_unloaded_model_never_loads_it_and_refuses_new_calls_to_it(inproc):
@@ -109,8 +120,15 @@ def test_shutdown_of_a_ready_model_joins_its_running_work_then_closes_contexts_t
     assert_ok(running)
     report = shutdown.result()
     assert report.closed_models == ["m"] and report.abandoned_calls == 0
-    assert events_of(lab, "m") == ["load", "clone", "clone", "execute", "close_context", "close_context",
-                                   "close_engine"]
+    assert events_of(lab, "m") == [
+        "load",
+        "clone",
+        "clone",
+        "execute",
+        "close_context",
+        "close_context",
+        "close_engine",
+    ]
 
 
 @cell("OPS.reconfiguring.shutdown")
@@ -136,7 +154,7 @@ def test_reconfiguration_in_progress_at_shutdown_finishes_and_its_client_gets_th
 
 @cell("OPS.reconfiguring.shutdown", "TIME.09")
 def test_reconfiguration_hung_past_the_grace_is_abandoned_and_the_shutdown_still_returns_in_bound(inproc):
-    """"Hung work can block exit" in the contract; here it cannot: a replacement load that does not return is
+    """ "Hung work can block exit" in the contract; here it cannot: a replacement load that does not return is
     abandoned after grace + margin, reported, and its model's engine left alone (it is held)."""
     lab = inproc({"m": {}}, parallel_jobs=2, allow_management=True)
     load = lab.gate("m", "load").hold()
@@ -171,6 +189,7 @@ def test_unload_tearing_down_at_shutdown_finishes_and_its_client_gets_the_result
 
 # ---- the Shutting down row: each operation while the server shuts down ------------------------------------------
 
+
 @cell("OPS.shutting-down.infer")
 def test_inference_while_shutting_down_served_during_drain_refused_after_and_queued_work_still_runs(inproc):
     """During the drain (health NOT_SERVING) new calls and connections are served; once the listener closes a
@@ -186,6 +205,7 @@ def test_inference_while_shutting_down_served_during_drain_refused_after_and_que
     wait_until(lambda: lab.client.health() == "NOT_SERVING", "health NOT_SERVING", timeout=5)
     assert lab.client.ready() is False
     from client import InferenceClient
+
     with InferenceClient(lab.address, timeout=5) as fresh:  # a new connection during the drain
         np.testing.assert_array_equal(fresh.infer("n", {"INPUT0": VALUES})["OUTPUT0"], VALUES)
     wait_stopped_accepting(lab.address)
@@ -226,6 +246,7 @@ def test_reconfiguration_still_queued_at_the_grace_is_refused_unavailable_shutti
     lab.wait_core("m", lambda s: s.queued_managers == 1, "the reconfiguration queued")
     report = lab.shutdown(grace=0.3, margin=MARGIN).result()
     from client import ClientError
+
     with pytest.raises(ClientError) as refused:
         manager.result(timeout=WAIT)
     assert (refused.value.code, refused.value.reason) == ("UNAVAILABLE", "shutting_down")
@@ -317,8 +338,7 @@ def test_eviction_and_idle_retirement_while_shutting_down(inproc):
     """During the drain a cold load may still retire an idle model (try-acquire eviction, --max-resident-models
     1); at the stop the idle reaper thread stops and is joined; the remaining engine is destroyed only after
     its last request, by the shutdown itself."""
-    lab = inproc({"a": {}, "b": {}}, parallel_jobs=1, load_at_startup=False, max_resident_models=1,
-                 idle_unload=3600.0)
+    lab = inproc({"a": {}, "b": {}}, parallel_jobs=1, load_at_startup=False, max_resident_models=1, idle_unload=3600.0)
     assert_ok(lab.infer("a", VALUES))  # a resident and idle
     execute = lab.gate("b", "execute").hold()
     shutdown = lab.shutdown(drain=1.0, grace=20.0)
@@ -340,8 +360,7 @@ def test_eviction_and_idle_retirement_while_shutting_down(inproc):
 
 
 @cell("OPS.shutting-down.status")
-def test_status_while_shutting_down_answers_during_drain_is_refused_at_once_after_and_stays_readable_in_process(
-        inproc):
+def test_status_while_shutting_down_answers_during_drain_is_refused_at_once_after_and_stays_readable_in_process(inproc):
     """Stronger than "no guaranteed response": during the drain GetModel/ListModels answer with live counters;
     after the stop a status call is refused at once (UNAVAILABLE, never a hang); the registry's own status
     stays readable by an embedding program during and after the shutdown and ends unloaded."""
@@ -390,6 +409,7 @@ def test_a_second_shutdown_waits_for_the_first_and_changes_no_ownership(inproc):
 
 # ---- TIME.09: queued work, a cold load, a manager, a hung backend at the grace ----------------------------------
 
+
 @cell("TIME.09")
 def test_at_the_grace_queued_requests_are_refused_and_running_ones_cancelled(inproc):
     lab = inproc({"m": {}}, parallel_jobs=1)
@@ -435,6 +455,7 @@ def test_at_the_grace_a_request_waiting_for_a_cold_load_is_refused_and_a_hung_lo
 
 # ---- TIME.08: a program that embeds the server -------------------------------------------------------------------
 
+
 @cell("TIME.08")
 def test_embedding_program_shutdown_stops_its_callers_and_joins_its_workers_before_returning(tmp_path):
     """A program that builds `Server` itself (as service.testing and the CLI do): its `shutdown()` stops the
@@ -443,14 +464,19 @@ def test_embedding_program_shutdown_stops_its_callers_and_joins_its_workers_befo
     what it did. (Once the stand-in for TIME.10, a custom frontend listener, which slotserve does not have: see
     cells.tsv.)"""
     from client import InferenceClient
-
     from generated import grpc_service_pb2_grpc as pb_grpc
     from tests.shutdown.harness import infer_request
 
     write_fixture_model(tmp_path, "m")
     controls = FixtureControls()
-    options = ServerOptions(model_repository=tmp_path, host="127.0.0.1", port=0, parallel_jobs=1,
-                            idle_unload=3600.0, extra_backends={"fixture": FixtureBackend(controls)})
+    options = ServerOptions(
+        model_repository=tmp_path,
+        host="127.0.0.1",
+        port=0,
+        parallel_jobs=1,
+        idle_unload=3600.0,
+        extra_backends={"fixture": FixtureBackend(controls)},
+    )
     server = Server(options)
     server.start()
     address = f"127.0.0.1:{server.port}"

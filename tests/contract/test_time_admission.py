@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from service.dataplane import Dataplane
 from service.core.errors import AdmissionTimeout, OverdueBlockers
 from service.core.lifecycle import ModelState
+from service.dataplane import Dataplane
 
 from .harness import FakeClock
 

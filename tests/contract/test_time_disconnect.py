@@ -28,8 +28,18 @@ from engine.errors import ExecutionCancelled
 from engine.interface import Backend, Context, LoadedModel, ModelMetadata, TensorSpec
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from generated import grpc_service_pb2_grpc as pb_grpc
-from tests.shutdown.harness import (ROOT, VALUES, WAIT, InProcess, assert_ok, infer_request, outcome, slow_rows,
-                                    wait_until, write_slow_onnx_model)
+from tests.shutdown.harness import (
+    ROOT,
+    VALUES,
+    WAIT,
+    InProcess,
+    assert_ok,
+    infer_request,
+    outcome,
+    slow_rows,
+    wait_until,
+    write_slow_onnx_model,
+)
 
 cell = pytest.mark.cell
 
@@ -44,6 +54,7 @@ def assert_clean(lab: InProcess, model: str) -> None:
 
 
 # ---- TIME.04: a caller that gives up while queued or while waiting for initialization ---------------------------
+
 
 @cell("TIME.04")
 def test_queued_request_cancelled_by_its_client_leaves_the_queue_at_once_and_the_next_waiter_moves_up(inproc):
@@ -118,8 +129,12 @@ def test_client_process_killed_while_queued_its_waiter_leaves_at_once(inproc):
     execute = lab.gate("m", "execute").hold()
     holder = lab.infer("m", VALUES)
     execute.wait_blocked(1)
-    process = subprocess.Popen([sys.executable, "-c", _QUEUED_CLIENT, lab.address], cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _QUEUED_CLIENT, lab.address],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         lab.wait_status("m", lambda s: s.queued_requests == 1, "the other process's request queued")
         process.kill()
@@ -161,6 +176,7 @@ def test_request_waiting_for_another_requests_initialization_can_be_cancelled(in
 
 
 # ---- TIME.05: a caller that gives up while its request executes --------------------------------------------------
+
 
 class _RunWatch:
     """Records each real ONNX Runtime run: rows, when it started, how long it took, whether it raised."""
@@ -287,7 +303,7 @@ def test_request_cancelled_before_its_run_starts_is_skipped(inproc):
 class _UninterruptibleContext(Context):
     """Like TensorRT after enqueue: the work, once started, cannot be interrupted; it runs until `finish`."""
 
-    def __init__(self, backend: "_Uninterruptible") -> None:
+    def __init__(self, backend: _Uninterruptible) -> None:
         self._backend = backend
 
     def execute(self, inputs, outputs, cancel):
@@ -302,10 +318,9 @@ class _UninterruptibleModel(LoadedModel):
     max_parallel_slots = 1
     interruptible = False
 
-    def __init__(self, backend: "_Uninterruptible") -> None:
+    def __init__(self, backend: _Uninterruptible) -> None:
         self._backend = backend
-        self.metadata = ModelMetadata((TensorSpec("INPUT0", "FP32", (-1,)),),
-                                      (TensorSpec("OUTPUT0", "FP32", (-1,)),))
+        self.metadata = ModelMetadata((TensorSpec("INPUT0", "FP32", (-1,)),), (TensorSpec("OUTPUT0", "FP32", (-1,)),))
 
     def create_context(self) -> Context:
         return _UninterruptibleContext(self._backend)
@@ -346,6 +361,7 @@ def test_engine_that_cannot_be_interrupted_drops_the_result_and_returns_the_slot
 
 
 # ---- TIME.06: streams --------------------------------------------------------------------------------------------
+
 
 @cell("TIME.06")
 def test_stream_abandoned_midway_releases_its_lease(inproc):
@@ -392,8 +408,9 @@ def test_stream_whose_client_stops_reading_is_ended_by_the_write_timeout(inproc)
     (1 s here) cancels the call and the slot is freed within the timeout plus a margin."""
     write_timeout = 1.0
     lab = inproc({"s": {"stream_responses": 200}}, parallel_jobs=1, stream_write_timeout=write_timeout)
-    channel = grpc.insecure_channel(lab.address, options=[("grpc.max_receive_message_length", -1),
-                                                          ("grpc.max_send_message_length", -1)])
+    channel = grpc.insecure_channel(
+        lab.address, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    )
     try:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         call = stub.ModelStreamInfer(iter([infer_request("s", np.ones(1 << 20, np.float32))]), timeout=60)
@@ -414,14 +431,16 @@ def test_stream_whose_client_stops_reading_is_ended_by_the_write_timeout(inproc)
 
 # ---- TIME.07 / TIME.08: shutdown of stalled I/O and of running handlers (in-process; signals: tests/shutdown) ----
 
+
 @cell("TIME.07")
 def test_shutdown_cancels_the_socket_io_of_stalled_streams_then_joins_their_handlers(inproc):
     """At shutdown, a stream whose client stopped reading (non-reading response; write timeout 30 s) and a
     stream whose client keeps its sending side open after its request (live body, the handler waiting for
     the next request). Neither holds up the shutdown: at the grace their socket I/O is cancelled (1 s after
     the grace), every handler returns and is joined (nothing abandoned) and the engines are closed."""
-    lab = inproc({"s": {"stream_responses": 200}, "t": {"stream_responses": 1}}, parallel_jobs=2,
-                 stream_write_timeout=30.0)
+    lab = inproc(
+        {"s": {"stream_responses": 200}, "t": {"stream_responses": 1}}, parallel_jobs=2, stream_write_timeout=30.0
+    )
     channel = grpc.insecure_channel(lab.address, options=[("grpc.max_receive_message_length", -1)])
     keep_open = threading.Event()
 
@@ -499,6 +518,7 @@ def test_shutdown_waits_for_an_active_handler_and_an_active_stream_then_destroys
     shutdown = lab.shutdown(grace=20.0)
     wait_until(lambda: lab.server.state.shutting_down, "shutdown started", timeout=5)
     from tests.shutdown.harness import wait_stopped_accepting
+
     wait_stopped_accepting(lab.address)
     assert not shutdown.done()
     assert lab.controls.live_engines("m") == 1 and lab.controls.live_engines("s") == 1  # runtime outlives work

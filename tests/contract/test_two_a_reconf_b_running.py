@@ -26,8 +26,11 @@ def _a_reconf_b_running(lab_factory):
     b_execute = lab.gate("b", "execute").hold()
     b_running = lab.infer("b", 1.0, name="b-running")
     b_execute.wait_blocked(1)
-    base = {"load": lab.controls.count("a", "load"), "close_engine": lab.controls.count("a", "close_engine"),
-            "mark": len(lab.controls.events)}
+    base = {
+        "load": lab.controls.count("a", "load"),
+        "close_engine": lab.controls.count("a", "close_engine"),
+        "mark": len(lab.controls.events),
+    }
     a_teardown = lab.gate("a", "teardown").hold()
     reconfigure = lab.register("a", options={"tag": "v2"}, name="reconfigure")
     a_teardown.wait_blocked(1)

@@ -158,6 +158,7 @@ def _pause_after_release(lab, model: str, thread_prefix: str, until, what: str) 
         original(ticket)
         if threading.current_thread().name.startswith(thread_prefix):
             lab.wait_status(model, until, what)
+
     entry.release_exclusive = release_exclusive
 
 

@@ -117,6 +117,7 @@ def test_overlapping_reversed_bulk_orders_behind_the_first_deduplicates_and_does
             unloaded = original()  # runs under the bulk's exclusive lease on `model`
             calls.append((model, threading.current_thread().name.split("#")[0], unloaded))
             return unloaded
+
         entry.unload_leased = recorded  # observation only: wraps the entry's own method
     second = lab.unload_many(["b", "a", "b", "zz", "a"], name="second-bulk")  # reversed, duplicated, unknown
     for model in "ab":
@@ -127,7 +128,9 @@ def test_overlapping_reversed_bulk_orders_behind_the_first_deduplicates_and_does
     for model in "ab":
         # on every shared model the first bulk's barrier came first; the second found nothing left to free
         assert [(bulk, unloaded) for name, bulk, unloaded in calls if name == model] == [
-            ("first-bulk", True), ("second-bulk", False)]
+            ("first-bulk", True),
+            ("second-bulk", False),
+        ]
         assert lab.status(model).state is ModelState.UNLOADED
         assert lab.controls.count(model, "close_engine") == closed[model] + 1
         stats = admission_stats(lab, model)
@@ -183,6 +186,7 @@ def test_bulk_arriving_mid_publication_of_another_still_orders_behind_it_on_ever
         def recorded(original=original, model=model):
             calls.append((model, threading.current_thread().name.split("#")[0]))
             return original()
+
         entry.unload_leased = recorded
     a_admission = lab.registry.get("a").admission
     arrive_locked = a_admission.arrive_locked
@@ -194,9 +198,12 @@ def test_bulk_arriving_mid_publication_of_another_still_orders_behind_it_on_ever
             # The first bulk has published on A only. Start the reversed bulk and hold the first one here until
             # the second either publishes on B (it got ahead) or waits for the publication mutex.
             second.append(lab.unload_many(["b", "a"], name="second-bulk"))
-            lab.wait_until(lambda: watched.contended >= 1 or admission_stats(lab, "b").queued_managers >= 1,
-                           "the second bulk to publish on B or wait for the first bulk's publication")
+            lab.wait_until(
+                lambda: watched.contended >= 1 or admission_stats(lab, "b").queued_managers >= 1,
+                "the second bulk to publish on B or wait for the first bulk's publication",
+            )
         return ticket
+
     a_admission.arrive_locked = arrive_then_let_the_second_bulk_in
     first = lab.unload_many(["a", "b"], name="first-bulk")
     lab.wait_until(lambda: bool(second), "the second bulk started")

@@ -41,6 +41,7 @@ class PageError(ValueError):
 
 # ---- generated parts inside hand-written pages ------------------------------------------------------------------
 
+
 def markers(name: str) -> tuple[str, str]:
     return f"<!-- generated: {name} -->\n", f"<!-- end generated: {name} -->\n"
 
@@ -148,12 +149,28 @@ def collect_cell_marks() -> dict[str, list[str]]:
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / "marks.json"
         completed = subprocess.run(
-            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-             "-p", "tests.docs.cell_marks"],
-            cwd=ROOT, env={**os.environ, ENVIRONMENT: str(output)}, capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--collect-only",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "tests.docs.cell_marks",
+            ],
+            cwd=ROOT,
+            env={**os.environ, ENVIRONMENT: str(output)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if completed.returncode != 0 or not output.exists():
-            raise PageError(f"collecting the tests failed (exit {completed.returncode}):\n"
-                            f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
+            raise PageError(
+                f"collecting the tests failed (exit {completed.returncode}):\n"
+                f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
+            )
         return json.loads(output.read_text())
 
 
@@ -163,8 +180,10 @@ def behaviour_tables(cells: list[Cell], words: dict[str, str], marks: dict[str, 
     refused by pytest itself, at collection: tests/contract/report.py.)"""
     ids = [c.id for c in cells]
     if set(words) != set(ids):
-        raise PageError(f"{BEHAVIOUR_WORDS.name} must describe exactly the cells of cells.tsv: missing "
-                        f"{sorted(set(ids) - set(words))}, unknown {sorted(set(words) - set(ids))}")
+        raise PageError(
+            f"{BEHAVIOUR_WORDS.name} must describe exactly the cells of cells.tsv: missing "
+            f"{sorted(set(ids) - set(words))}, unknown {sorted(set(words) - set(ids))}"
+        )
     ungrouped = [cell_id for cell_id in ids if cell_id.split(".", 1)[0] not in GROUPS]
     if ungrouped:
         raise PageError(f"cells outside the groups {list(GROUPS)}: {ungrouped}")
@@ -179,17 +198,30 @@ def behaviour_tables(cells: list[Cell], words: dict[str, str], marks: dict[str, 
     lines = []
     for origin in Origin:
         of_origin = [c for c in cells if c.origin is origin]
-        summary = ", ".join(f"{counts[origin, state]} {state}" for state in ("covered", "improved", "not applicable")
-                            if counts[origin, state])
-        lines.append(f"* {'The contract' if origin is Origin.CONTRACT else 'slotserve'}'s cells: "
-                     f"{len(of_origin)} ({summary}).")
+        summary = ", ".join(
+            f"{counts[origin, state]} {state}"
+            for state in ("covered", "improved", "not applicable")
+            if counts[origin, state]
+        )
+        lines.append(
+            f"* {'The contract' if origin is Origin.CONTRACT else 'slotserve'}'s cells: {len(of_origin)} ({summary})."
+        )
     for prefix, (heading, about) in GROUPS.items():
         group = [c for c in cells if c.id.split(".", 1)[0] == prefix]
-        lines += ["", f"## {heading}", "", about, "", "| cell | situation | what slotserve does | shown by |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            f"## {heading}",
+            "",
+            about,
+            "",
+            "| cell | situation | what slotserve does | shown by |",
+            "|---|---|---|---|",
+        ]
         for c in group:
-            lines.append(f"| {c.id} | {cell(c.where.replace(' x ', ' × '))} | {cell(_does(c, words[c.id]))} | "
-                         f"{_shown_by(c, tests[c.id])} |")
+            lines.append(
+                f"| {c.id} | {cell(c.where.replace(' x ', ' × '))} | {cell(_does(c, words[c.id]))} | "
+                f"{_shown_by(c, tests[c.id])} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -60,7 +60,7 @@ def table_rows(text: str, header: str) -> list[list[str]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         cells = re.split(r"(?<!\\)\|", line.strip()[1:-1])

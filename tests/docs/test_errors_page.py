@@ -15,8 +15,10 @@ ANY_OTHER = "any other exception"
 def documented() -> list[tuple[str, str, set[str]]]:
     """(status, reason, exception class names) of each row of the page's status table."""
     rows = table_rows(PAGE.read_text(), "| situation | status | reason | raised as |")
-    return [(status, reason.strip("`"), set(re.findall(r"`(\w+)`", raised)) or {ANY_OTHER})
-            for _situation, status, reason, raised in rows]
+    return [
+        (status, reason.strip("`"), set(re.findall(r"`(\w+)`", raised)) or {ANY_OTHER})
+        for _situation, status, reason, raised in rows
+    ]
 
 
 def test_every_class_of_the_table_is_documented_with_its_status_and_reason():

@@ -9,16 +9,28 @@ import pytest
 
 from tests.contract.cells import read_cells
 from tests.docs import generate
-from tests.docs.generate import (BEHAVIOUR_PAGE, COMMAND_LINE_PAGE, PageError, behaviour_tables, flag_tables,
-                                 generated_part, read_words, with_part)
+from tests.docs.generate import (
+    BEHAVIOUR_PAGE,
+    COMMAND_LINE_PAGE,
+    PageError,
+    behaviour_tables,
+    flag_tables,
+    generated_part,
+    read_words,
+    with_part,
+)
 from tests.docs.markdown import table_rows
 
 
 def all_rows(text: str, header: str) -> list[list[str]]:
     """The rows of every table of `text` whose header starts with `header`."""
     lines = text.splitlines()
-    return [row for i, line in enumerate(lines) if line.startswith(header)
-            for row in table_rows("\n".join(lines[i:]), header)]
+    return [
+        row
+        for i, line in enumerate(lines)
+        if line.startswith(header)
+        for row in table_rows("\n".join(lines[i:]), header)
+    ]
 
 
 def test_the_command_line_page_is_current():
@@ -37,8 +49,11 @@ def test_the_command_line_page_lists_every_flag_with_its_default():
 
     part = generated_part(COMMAND_LINE_PAGE.read_text(), "flags", COMMAND_LINE_PAGE)
     shown = {row[0].strip("`").split()[0]: row[1] for row in all_rows(part, "| flag |")}
-    flags = {max(action.option_strings, key=len): action for action in build_parser()._actions
-             if action.option_strings and action.dest != "help"}
+    flags = {
+        max(action.option_strings, key=len): action
+        for action in build_parser()._actions
+        if action.option_strings and action.dest != "help"
+    }
     assert set(shown) == set(flags)
     assert shown["--port"] == "8001" and shown["--parallel-jobs"] == "not set"
     assert shown["--allow-management"] == shown["--no-load-at-startup"] == "off"
@@ -46,6 +61,7 @@ def test_the_command_line_page_lists_every_flag_with_its_default():
 
 
 # ---- the generator -------------------------------------------------------------------------------------------
+
 
 def test_a_page_without_its_markers_is_refused(tmp_path):
     page = tmp_path / "page.md"
@@ -68,8 +84,12 @@ def test_flag_tables_expand_the_help_and_show_defaults_apart():
     parser.add_argument("--quiet", action="store_true", help="say less")
     parser.add_argument("--bare")
     rows = table_rows(flag_tables(parser), "| flag |")
-    assert rows == [["`--seconds S`", "30", "how long"], ["`--mode a|b`", "`a`", "which one"],
-                    ["`--quiet`", "off", "say less"], ["`--bare BARE`", "not set", "-"]]
+    assert rows == [
+        ["`--seconds S`", "30", "how long"],
+        ["`--mode a|b`", "`a`", "which one"],
+        ["`--quiet`", "off", "say less"],
+        ["`--bare BARE`", "not set", "-"],
+    ]
 
 
 CELLS = read_cells()
@@ -101,11 +121,13 @@ def test_marked_cells_are_shown_as_improved_or_not_applicable():
 
 def test_the_words_file_is_well_formed(tmp_path):
     path = tmp_path / "behaviour.tsv"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         id\tslotserve
         A.1\tdoes one thing
         A.1\tdoes another
-    """))
+    """)
+    )
     with pytest.raises(PageError, match="A.1 is listed twice"):
         read_words(path)
     path.write_text("id\twords\nA.1\tx\n")

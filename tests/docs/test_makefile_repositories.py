@@ -23,8 +23,14 @@ DEMO = "demo/model_repository"
 def dry_run(*arguments: str) -> list[str]:
     """The command lines `make -n -B ARGUMENTS` prints (make's own notices left out)."""
     environment = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    done = subprocess.run(["make", "--no-print-directory", "-n", "-B", *arguments], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", *arguments],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return [line for line in done.stdout.splitlines() if line.strip() and not line.startswith("make")]
 
@@ -62,8 +68,9 @@ def test_run_without_a_repository_builds_the_demo_into_its_own_folder_and_serves
 
 
 def test_clean_removes_the_demo_repository_and_nothing_given_on_the_command_line(users_repository):
-    removals = [shlex.split(line) for line in dry_run("clean", f"REPOSITORY={users_repository}")
-                if line.startswith("rm ")]
+    removals = [
+        shlex.split(line) for line in dry_run("clean", f"REPOSITORY={users_repository}") if line.startswith("rm ")
+    ]
     assert removals and any(DEMO in words for words in removals), removals
     assert not any(users_repository in words for words in removals), removals
 

@@ -32,7 +32,10 @@ def test_the_fixed_json_keys_are_the_pages():
 
 def test_every_metric_is_documented():
     table = table_rows(sections(PAGE)["Metrics"], "| metric | type | meaning |")
-    documented = {re.sub(r"_total$", "", re.sub(r"\{.*\}", "", name))
-                  for row in table for name in re.findall(r"`(slotserve_[^`]+)`", row[0])}
+    documented = {
+        re.sub(r"_total$", "", re.sub(r"\{.*\}", "", name))
+        for row in table
+        for name in re.findall(r"`(slotserve_[^`]+)`", row[0])
+    }
     served = set(re.findall(r'"(slotserve_\w+)"', (ROOT / "service" / "metrics.py").read_text()))
     assert documented == served

@@ -20,20 +20,33 @@ from .lab import DEMO_MODELS, MAX_BATCH, REGION_OBJECTS, REGIONS, SHM_PREFIX, La
 @pytest.fixture(scope="package")
 def lab(tmp_path_factory):
     repository = demo_subset(tmp_path_factory.mktemp("fuzz") / "repository", *DEMO_MODELS)
-    write_fixture_model(repository, "gated", inputs=[("INPUT0", "FP32", [-1])], outputs=[("OUTPUT0", "FP32", [-1])],
-                        max_batch_size=MAX_BATCH)
+    write_fixture_model(
+        repository,
+        "gated",
+        inputs=[("INPUT0", "FP32", [-1])],
+        outputs=[("OUTPUT0", "FP32", [-1])],
+        max_batch_size=MAX_BATCH,
+    )
     controls = FixtureControls()
     # One slot and a queue of one per model: concurrent examples meet waits and queue-full refusals. System shared
     # memory is on, with the regions of lab.REGIONS registered.
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=1, max_queue=1,
-               shared_memory="system", shared_memory_prefix=SHM_PREFIX) as server:
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        parallel_jobs=1,
+        max_queue=1,
+        shared_memory="system",
+        shared_memory_prefix=SHM_PREFIX,
+    ) as server:
         stub = pb_grpc.GRPCInferenceServiceStub(server.client.channel)
         try:
             for name, size in REGIONS.items():
                 REGION_OBJECTS[name] = ShmObject(size, f"{SHM_PREFIX}{name}_{os.getpid()}")
                 REGION_OBJECTS[name].write(0, np.random.default_rng(size).bytes(size))
-                stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(
-                    name=name, key=REGION_OBJECTS[name].key, byte_size=size), timeout=30)
+                stub.SystemSharedMemoryRegister(
+                    pb.SystemSharedMemoryRegisterRequest(name=name, key=REGION_OBJECTS[name].key, byte_size=size),
+                    timeout=30,
+                )
             yield Lab(server, controls)
         finally:
             controls.release_all()
@@ -50,4 +63,3 @@ def running(lab):
 @pytest.fixture(scope="package")
 def stub(running) -> pb_grpc.GRPCInferenceServiceStub:
     return pb_grpc.GRPCInferenceServiceStub(running.client.channel)
-

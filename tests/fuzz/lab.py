@@ -24,9 +24,16 @@ def examples(count: int) -> int:
     return max(1, int(count * SCALE))
 
 
-FUZZ = settings(deadline=None, print_blob=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.large_base_example, HealthCheck.filter_too_much])
+FUZZ = settings(
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
+        HealthCheck.filter_too_much,
+    ],
+)
 
 
 @dataclass(frozen=True)
@@ -62,4 +69,3 @@ REGION_OBJECTS: dict = {}  # region name -> tests.integration._shm.ShmObject
 class Lab:
     running: object  # service.testing.RunningServer
     controls: FixtureControls
-

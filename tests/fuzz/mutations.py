@@ -16,24 +16,49 @@ from .valid_requests import CONTENT_FIELDS, DATATYPES, ITEMSIZE, PARAMETER_KINDS
 
 # Strategies for the pieces mutations put in.
 ODD_NAMES = st.one_of(
-    st.sampled_from(("", "SIMPLE", "simple ", " simple", "simple\x00", "simple/1", "../simple", "simple_identity2",
-                     "matmul_chain", "silero_vad", "identity_fp32\n", "x" * 1000, "\u00e9\u6a21\u578b", "*"))
-    , st.text(max_size=40))
-VERSIONS = st.one_of(st.sampled_from(("0", "2", "01", "1 ", " 1", "abc", "-1", "1.0", "99999999999999999999999",
-                                      "\u0661", "\u00b2", "1\x00")), st.text(max_size=12))
-INPUT_NAMES = st.one_of(st.sampled_from(("INPUT0", "INPUT1", "INPUT2", "OUTPUT0", "input0", "", "INPUT0 ")),
-                        st.text(max_size=20))
-DATATYPE_STRINGS = st.one_of(st.sampled_from(DATATYPES),
-                             st.sampled_from(("", "int32", "INT33", "FLOAT", "TYPE_INT32", "STRING", "FP8", "INT",
-                                              "BYTES\x00", "FP 32")),
-                             st.text(max_size=10))
-DIMENSIONS = st.one_of(st.sampled_from((-1, 0, 1, 8, 9, 16, 17, 2**31, 2**34, 2**40, 2**40 + 1, 2**62, 2**63 - 1,
-                                        -2**63)),
-                       st.integers(-2**63, 2**63 - 1), st.integers(-3, 40))
+    st.sampled_from(
+        (
+            "",
+            "SIMPLE",
+            "simple ",
+            " simple",
+            "simple\x00",
+            "simple/1",
+            "../simple",
+            "simple_identity2",
+            "matmul_chain",
+            "silero_vad",
+            "identity_fp32\n",
+            "x" * 1000,
+            "\u00e9\u6a21\u578b",
+            "*",
+        )
+    ),
+    st.text(max_size=40),
+)
+VERSIONS = st.one_of(
+    st.sampled_from(
+        ("0", "2", "01", "1 ", " 1", "abc", "-1", "1.0", "99999999999999999999999", "\u0661", "\u00b2", "1\x00")
+    ),
+    st.text(max_size=12),
+)
+INPUT_NAMES = st.one_of(
+    st.sampled_from(("INPUT0", "INPUT1", "INPUT2", "OUTPUT0", "input0", "", "INPUT0 ")), st.text(max_size=20)
+)
+DATATYPE_STRINGS = st.one_of(
+    st.sampled_from(DATATYPES),
+    st.sampled_from(("", "int32", "INT33", "FLOAT", "TYPE_INT32", "STRING", "FP8", "INT", "BYTES\x00", "FP 32")),
+    st.text(max_size=10),
+)
+DIMENSIONS = st.one_of(
+    st.sampled_from((-1, 0, 1, 8, 9, 16, 17, 2**31, 2**34, 2**40, 2**40 + 1, 2**62, 2**63 - 1, -(2**63))),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-3, 40),
+)
 FIELD_VALUES = {
     "bool_contents": st.booleans(),
-    "int_contents": st.integers(-2**31, 2**31 - 1),
-    "int64_contents": st.integers(-2**63, 2**63 - 1),
+    "int_contents": st.integers(-(2**31), 2**31 - 1),
+    "int64_contents": st.integers(-(2**63), 2**63 - 1),
     "uint_contents": st.integers(0, 2**32 - 1),
     "uint64_contents": st.integers(0, 2**64 - 1),
     "fp32_contents": st.floats(width=32),
@@ -46,14 +71,17 @@ FIELD_VALUES = {
 def parameter_values(draw, parameter: pb.InferParameter) -> str:
     """Set `parameter` to any kind with any value; returns a description."""
     kind = draw(st.sampled_from(PARAMETER_KINDS))
-    value = draw({
-        "bool_param": st.booleans(),
-        "int64_param": st.one_of(st.sampled_from((-1, 0, 1, 1000, 2**63 - 1, -2**63, 10**12)),
-                                 st.integers(-2**63, 2**63 - 1)),
-        "string_param": st.one_of(st.sampled_from(("5", "1000", "", "-1", "inf")), st.text(max_size=10)),
-        "double_param": st.floats(),
-        "uint64_param": st.one_of(st.sampled_from((0, 1, 2**63, 2**64 - 1)), st.integers(0, 2**64 - 1)),
-    }[kind])
+    value = draw(
+        {
+            "bool_param": st.booleans(),
+            "int64_param": st.one_of(
+                st.sampled_from((-1, 0, 1, 1000, 2**63 - 1, -(2**63), 10**12)), st.integers(-(2**63), 2**63 - 1)
+            ),
+            "string_param": st.one_of(st.sampled_from(("5", "1000", "", "-1", "inf")), st.text(max_size=10)),
+            "double_param": st.floats(),
+            "uint64_param": st.one_of(st.sampled_from((0, 1, 2**63, 2**64 - 1)), st.integers(0, 2**64 - 1)),
+        }[kind]
+    )
     setattr(parameter, kind, value)
     return f"{kind}={value!r}"
 
@@ -174,7 +202,7 @@ def mutate_raw_length(draw, request):
     entry = request.raw_input_contents[index]
     how = draw(st.sampled_from(("truncate", "extend", "random", "empty")))
     if how == "truncate":
-        entry = entry[:draw(st.integers(0, max(0, len(entry) - 1)))]
+        entry = entry[: draw(st.integers(0, max(0, len(entry) - 1)))]
     elif how == "extend":
         entry = entry + draw(st.binary(min_size=1, max_size=9))
     elif how == "random":
@@ -218,7 +246,7 @@ def mutate_bytes_prefix(draw, request):
         element = draw(st.binary(max_size=8))
         entry = entry + struct.pack("<I", len(element)) + element
     else:
-        entry = entry[:draw(st.integers(0, max(0, len(entry) - 1)))]
+        entry = entry[: draw(st.integers(0, max(0, len(entry) - 1)))]
     request.raw_input_contents[index] = entry
     return f"raw[{index}] BYTES {how}"
 
@@ -248,7 +276,7 @@ def mutate_typed_count(draw, request):
     kind = draw(st.sampled_from(present))
     values = getattr(contents, kind)
     if draw(st.booleans()):
-        del values[draw(st.integers(0, len(values) - 1)):]
+        del values[draw(st.integers(0, len(values) - 1)) :]
     else:
         values.extend(draw(st.lists(FIELD_VALUES[kind], min_size=1, max_size=5)))
     return f"inputs[{index}].{kind} count -> {len(values)}"
@@ -282,8 +310,9 @@ def mutate_retype(draw, request):
             elements = draw(st.lists(st.binary(max_size=6), min_size=count, max_size=count))
             request.raw_input_contents[index] = b"".join(struct.pack("<I", len(e)) + e for e in elements)
         else:
-            request.raw_input_contents[index] = draw(st.binary(min_size=count * ITEMSIZE[datatype],
-                                                               max_size=count * ITEMSIZE[datatype]))
+            request.raw_input_contents[index] = draw(
+                st.binary(min_size=count * ITEMSIZE[datatype], max_size=count * ITEMSIZE[datatype])
+            )
     else:
         tensor.ClearField("contents")
         kind = TYPED_FIELD.get(datatype) or draw(st.sampled_from(CONTENT_FIELDS))
@@ -307,8 +336,12 @@ def mutate_timeout(draw, request):
 
 
 def mutate_parameters(draw, request):
-    key = draw(st.one_of(st.sampled_from(("priority", "sequence_id", "binary_data_output", "Timeout", "timeout ",
-                                          "headers", "")), st.text(max_size=12)))
+    key = draw(
+        st.one_of(
+            st.sampled_from(("priority", "sequence_id", "binary_data_output", "Timeout", "timeout ", "headers", "")),
+            st.text(max_size=12),
+        )
+    )
     return f"parameter {key!r} " + draw(parameter_values(request.parameters[key]))
 
 
@@ -316,8 +349,14 @@ def mutate_tensor_parameters(draw, request):
     if not request.inputs:
         return None
     index = _pick(draw, request.inputs)
-    key = draw(st.one_of(st.sampled_from(("shared_memory_region", "shared_memory_byte_size",
-                                          "shared_memory_offset", "binary_data_size", "")), st.text(max_size=12)))
+    key = draw(
+        st.one_of(
+            st.sampled_from(
+                ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset", "binary_data_size", "")
+            ),
+            st.text(max_size=12),
+        )
+    )
     return f"inputs[{index}] parameter {key!r} " + draw(parameter_values(request.inputs[index].parameters[key]))
 
 
@@ -338,18 +377,25 @@ def mutate_output_parameters(draw, request):
     if not request.outputs:
         request.outputs.add(name=draw(st.sampled_from(("OUTPUT0", "OUTPUT1"))))
     index = _pick(draw, request.outputs)
-    key = draw(st.one_of(st.sampled_from(("classification", "binary_data", "shared_memory_region",
-                                          "shared_memory_byte_size", "")), st.text(max_size=12)))
-    return (f"outputs[{index}] parameter {key!r} "
-            + draw(parameter_values(request.outputs[index].parameters[key])))
+    key = draw(
+        st.one_of(
+            st.sampled_from(("classification", "binary_data", "shared_memory_region", "shared_memory_byte_size", "")),
+            st.text(max_size=12),
+        )
+    )
+    return f"outputs[{index}] parameter {key!r} " + draw(parameter_values(request.outputs[index].parameters[key]))
 
 
 # Inputs name fuzz_in and outputs fuzz_out, never the other way round: fuzz_in must keep its bytes, so that an
 # answer can be checked against them while other requests write fuzz_out.
-UNKNOWN_REGIONS = st.one_of(st.sampled_from(("missing", "", "FUZZ_IN", "fuzz_in ", "fuzz_out\x00", "seq")),
-                            st.text(max_size=12).filter(lambda name: name not in REGIONS))
-SHM_NUMBERS = st.one_of(st.sampled_from((-1, 0, 1, 3, 4, 16, 64, 65535, 65536, 65537, 2**31, 2**63 - 1, -2**63)),
-                        st.integers(-2**63, 2**63 - 1))
+UNKNOWN_REGIONS = st.one_of(
+    st.sampled_from(("missing", "", "FUZZ_IN", "fuzz_in ", "fuzz_out\x00", "seq")),
+    st.text(max_size=12).filter(lambda name: name not in REGIONS),
+)
+SHM_NUMBERS = st.one_of(
+    st.sampled_from((-1, 0, 1, 3, 4, 16, 64, 65535, 65536, 65537, 2**31, 2**63 - 1, -(2**63))),
+    st.integers(-(2**63), 2**63 - 1),
+)
 
 
 def _tensor_bytes(request: pb.ModelInferRequest, index: int) -> int | None:
@@ -409,18 +455,39 @@ def mutate_shared_memory(draw, request):
         parts.append("size " + _number(draw, parameters["shared_memory_byte_size"], exact))
     if draw(st.booleans()):
         room = REGIONS["fuzz_in"] - (exact or 0)
-        parts.append("offset " + _number(draw, parameters["shared_memory_offset"],
-                                         draw(st.integers(0, room)) if room >= 0 else None))
+        parts.append(
+            "offset "
+            + _number(draw, parameters["shared_memory_offset"], draw(st.integers(0, room)) if room >= 0 else None)
+        )
     return f"{what} in shared memory: {', '.join(parts)}"
 
 
 MUTATIONS: tuple[Callable, ...] = (
-    mutate_model_name, mutate_version, mutate_id, mutate_input_name, mutate_drop_input, mutate_duplicate_input,
-    mutate_extra_input, mutate_datatype, mutate_shape, mutate_rank, mutate_raw_length, mutate_raw_count,
-    mutate_bytes_prefix, mutate_typed_kind, mutate_typed_count, mutate_both, mutate_retype, mutate_clear_contents,
+    mutate_model_name,
+    mutate_version,
+    mutate_id,
+    mutate_input_name,
+    mutate_drop_input,
+    mutate_duplicate_input,
+    mutate_extra_input,
+    mutate_datatype,
+    mutate_shape,
+    mutate_rank,
+    mutate_raw_length,
+    mutate_raw_count,
+    mutate_bytes_prefix,
+    mutate_typed_kind,
+    mutate_typed_count,
+    mutate_both,
+    mutate_retype,
+    mutate_clear_contents,
     mutate_timeout,
-    mutate_parameters, mutate_tensor_parameters, mutate_output_unknown, mutate_output_duplicate,
-    mutate_output_parameters, mutate_shared_memory,
+    mutate_parameters,
+    mutate_tensor_parameters,
+    mutate_output_unknown,
+    mutate_output_duplicate,
+    mutate_output_parameters,
+    mutate_shared_memory,
 )
 
 
@@ -428,11 +495,11 @@ MUTATIONS: tuple[Callable, ...] = (
 def cases(draw) -> Case:
     """A valid request (about one in six) or one with one to four mutations."""
     case = draw(valid_requests())
-    mutations = [] if draw(st.integers(0, 5)) == 0 else draw(st.lists(st.sampled_from(MUTATIONS), min_size=1,
-                                                                       max_size=4))
+    mutations = (
+        [] if draw(st.integers(0, 5)) == 0 else draw(st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=4))
+    )
     for mutation in mutations:
         what = mutation(draw, case.request)
         if what is not None:
             case.mutations.append(what)
     return case
-

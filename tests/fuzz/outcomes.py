@@ -25,7 +25,7 @@ def parse_bytes(buffer: bytes) -> list[bytes]:
         (length,) = struct.unpack_from("<I", buffer, offset)
         offset += 4
         assert offset + length <= len(buffer), "BYTES output element longer than the contents"
-        elements.append(bytes(buffer[offset:offset + length]))
+        elements.append(bytes(buffer[offset : offset + length]))
         offset += length
     return elements
 
@@ -36,10 +36,13 @@ def placement(tensor) -> tuple[str, int, int] | None:
     if "shared_memory_region" not in parameters:
         return None
     offset = parameters["shared_memory_offset"] if "shared_memory_offset" in parameters else None
-    return (parameters["shared_memory_region"].string_param,
-            getattr(offset, offset.WhichOneof("parameter_choice")) if offset is not None else 0,
-            getattr(parameters["shared_memory_byte_size"],
-                    parameters["shared_memory_byte_size"].WhichOneof("parameter_choice")))
+    return (
+        parameters["shared_memory_region"].string_param,
+        getattr(offset, offset.WhichOneof("parameter_choice")) if offset is not None else 0,
+        getattr(
+            parameters["shared_memory_byte_size"], parameters["shared_memory_byte_size"].WhichOneof("parameter_choice")
+        ),
+    )
 
 
 def region_bytes(region: str, offset: int, size: int) -> bytes:
@@ -82,8 +85,9 @@ def expected_outputs(request: pb.ModelInferRequest) -> dict[str, tuple[str, list
     return {"OUTPUT0": request_input(request, "INPUT0")}
 
 
-def check_response(request: pb.ModelInferRequest, response: pb.ModelInferResponse, *,
-                   read_regions: bool = False) -> None:
+def check_response(
+    request: pb.ModelInferRequest, response: pb.ModelInferResponse, *, read_regions: bool = False
+) -> None:
     """An OK response is well-formed and correct for the request that produced it. An output asked for in a
     shared-memory region has an empty raw entry; `read_regions` (only where no other request can have written the
     region since) also checks what the region holds."""
@@ -91,8 +95,9 @@ def check_response(request: pb.ModelInferRequest, response: pb.ModelInferRespons
     model = MODELS[request.model_name]
     produced = dict(model.outputs)
     names = [tensor.name for tensor in response.outputs]
-    assert len(response.raw_output_contents) == len(response.outputs), \
+    assert len(response.raw_output_contents) == len(response.outputs), (
         f"{len(response.raw_output_contents)} raw_output_contents for {len(response.outputs)} outputs"
+    )
     assert len(set(names)) == len(names), f"duplicate outputs {names}"
     wanted = {output.name for output in request.outputs} or set(produced)
     assert set(names) == wanted, f"outputs {names}, asked for {sorted(wanted)}"
@@ -111,16 +116,18 @@ def check_response(request: pb.ModelInferRequest, response: pb.ModelInferRespons
             if not read_regions:
                 continue
             region, offset, _ = place
-            size = (len(b"".join(struct.pack("<I", len(e)) + e for e in values)) if datatype == "BYTES"
-                    else math.prod(shape) * 4)
+            size = (
+                len(b"".join(struct.pack("<I", len(e)) + e for e in values))
+                if datatype == "BYTES"
+                else math.prod(shape) * 4
+            )
             raw = region_bytes(region, offset, size)
         if datatype == "BYTES":
             assert parse_bytes(raw) == list(values), f"{tensor.name} differs from the input"
         else:
             assert len(raw) == math.prod(shape) * 4, f"{tensor.name}: {len(raw)} bytes for shape {shape}"
             got = np.frombuffer(raw, dtype=_dtype(datatype))
-            assert got.tobytes() == np.asarray(values, dtype=_dtype(datatype)).tobytes(), \
-                f"{tensor.name} values differ"
+            assert got.tobytes() == np.asarray(values, dtype=_dtype(datatype)).tobytes(), f"{tensor.name} values differ"
 
 
 def known_version(request: pb.ModelInferRequest) -> bool:
@@ -165,8 +172,10 @@ def check_status(case: Case, code: str, error: ClientError | None, *, alone: boo
 
 def statistics(running) -> dict[str, tuple[int, int]]:
     """(success count, fail count) per model from ModelStatistics."""
-    return {s.name: (s.inference_stats.success.count, s.inference_stats.fail.count)
-            for s in running.client.statistics(timeout=10)}
+    return {
+        s.name: (s.inference_stats.success.count, s.inference_stats.fail.count)
+        for s in running.client.statistics(timeout=10)
+    }
 
 
 def wait_idle(running, timeout: float = 10.0) -> list:
@@ -196,8 +205,9 @@ def assert_server_clean(running, stub, ledger: Ledger, before: dict[str, tuple[i
         success = after[name][0] - before[name][0]
         fail = after[name][1] - before[name][1]
         assert success == ledger.ok[name], f"{name}: {success} successes counted, {ledger.ok[name]} OK seen"
-        assert ledger.reached[name] <= fail <= ledger.known_model[name], \
+        assert ledger.reached[name] <= fail <= ledger.known_model[name], (
             f"{name}: {fail} failures counted, {ledger.reached[name]}..{ledger.known_model[name]} expected"
+        )
     first = np.arange(32, dtype=np.int32).reshape(2, 16)
     second = np.full((2, 16), 7, dtype=np.int32)
     outputs = running.client.infer("simple", {"INPUT0": first, "INPUT1": second}, timeout=CALL_TIMEOUT)
@@ -213,7 +223,6 @@ def summary(ledger: Ledger) -> str:
     return ", ".join(f"{code} {count}" for code, count in sorted(ledger.statuses.items()))
 
 
-
 def fp32_request(elements: int, *, typed: bool = False) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="identity_fp32")
     tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, elements])
@@ -225,9 +234,9 @@ def fp32_request(elements: int, *, typed: bool = False) -> pb.ModelInferRequest:
     return request
 
 
-
 def small_request_succeeds(stub) -> None:
     response = stub.ModelInfer(fp32_request(4), timeout=CALL_TIMEOUT)
-    assert np.frombuffer(response.raw_output_contents[0], "<f4").tolist() == np.linspace(
-        -1, 1, 4, dtype=np.float32).tolist()
-
+    assert (
+        np.frombuffer(response.raw_output_contents[0], "<f4").tolist()
+        == np.linspace(-1, 1, 4, dtype=np.float32).tolist()
+    )

@@ -74,8 +74,9 @@ def ranked_request(how: str, rank: int, datatype: str = "FP32") -> pb.ModelInfer
 @pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
 @pytest.mark.parametrize("how", ["raw", "typed", "shared_memory"])
 @pytest.mark.parametrize("rank", [MAX_RANK + 1, 100, 1000])
-def test_a_rank_beyond_numpys_is_invalid_argument_naming_the_limit_and_logs_no_traceback(stub, caplog, how,
-                                                                                         datatype, rank):
+def test_a_rank_beyond_numpys_is_invalid_argument_naming_the_limit_and_logs_no_traceback(
+    stub, caplog, how, datatype, rank
+):
     caplog.set_level(logging.WARNING)
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(ranked_request(how, rank, datatype), timeout=CALL_TIMEOUT)
@@ -89,8 +90,9 @@ def test_a_rank_beyond_numpys_is_invalid_argument_naming_the_limit_and_logs_no_t
 def test_a_rank_of_exactly_the_limit_is_served(slotserve, tmp_path):
     """The bound is numpy's and no lower: a model of 64 variable dimensions gets a 64-dimension input and
     answers it."""
-    write_fixture_model(tmp_path, "rank64", inputs=[("INPUT0", "FP32", [-1] * MAX_RANK)],
-                        outputs=[("OUTPUT0", "FP32", [-1] * MAX_RANK)])
+    write_fixture_model(
+        tmp_path, "rank64", inputs=[("INPUT0", "FP32", [-1] * MAX_RANK)], outputs=[("OUTPUT0", "FP32", [-1] * MAX_RANK)]
+    )
     running = slotserve(tmp_path)
     request = ranked_request("raw", MAX_RANK)
     request.model_name = "rank64"

@@ -50,14 +50,18 @@ def test_infer_fuzz_concurrent(lab, running, stub):
     before = statistics(running)
 
     @settings(FUZZ, max_examples=examples(130))
-    @given(batch=st.lists(st.tuples(st.one_of(cases(), gated_requests()), st.booleans()), min_size=2, max_size=12),
-           hold=st.booleans())
+    @given(
+        batch=st.lists(st.tuples(st.one_of(cases(), gated_requests()), st.booleans()), min_size=2, max_size=12),
+        hold=st.booleans(),
+    )
     def burst(batch: list[tuple[Case, bool]], hold: bool) -> None:
         gate = lab.controls.gate("gated", "execute")
         if hold:
             gate.hold()  # the request that takes gated's one slot stays there; the next queues, later ones are refused
-        futures = [stub.ModelInfer.future(case.request, timeout=CALL_TIMEOUT if bounded else NO_DEADLINE)
-                   for case, bounded in batch]
+        futures = [
+            stub.ModelInfer.future(case.request, timeout=CALL_TIMEOUT if bounded else NO_DEADLINE)
+            for case, bounded in batch
+        ]
         held = [i for i, (case, _) in enumerate(batch) if case.request.model_name == "gated"]
         order = [i for i in range(len(batch)) if i not in held] + held  # gated's answers last, after the release
         try:
@@ -86,4 +90,3 @@ def test_infer_fuzz_concurrent(lab, running, stub):
     burst()
     print(f"\nconcurrent fuzz: {sum(ledger.statuses.values())} requests: {summary(ledger)}")
     assert_server_clean(running, stub, ledger, before)
-

@@ -25,17 +25,19 @@ def _long(field: str, text: str) -> pb.ModelInferRequest:
     return request
 
 
-@pytest.mark.parametrize("field, text, code", [
-    ("model_name", "x" * 10_000, "NOT_FOUND"),
-    ("model_name", "\u00e9" * 3_000, "NOT_FOUND"),
-    ("input_name", "I" * 10_000, "INVALID_ARGUMENT"),
-    ("datatype", "D" * 10_000, "INVALID_ARGUMENT"),
-    ("output_name", "O" * 10_000, "INVALID_ARGUMENT"),
-])
+@pytest.mark.parametrize(
+    "field, text, code",
+    [
+        ("model_name", "x" * 10_000, "NOT_FOUND"),
+        ("model_name", "\u00e9" * 3_000, "NOT_FOUND"),
+        ("input_name", "I" * 10_000, "INVALID_ARGUMENT"),
+        ("datatype", "D" * 10_000, "INVALID_ARGUMENT"),
+        ("output_name", "O" * 10_000, "INVALID_ARGUMENT"),
+    ],
+)
 def test_a_long_string_in_a_request_keeps_its_status(stub, field, text, code):
     """Found by the fuzzer (a 10,000-character model name came back RESOURCE_EXHAUSTED, not NOT_FOUND)."""
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(_long(field, text), timeout=CALL_TIMEOUT)
     assert info.value.code().name == code, info.value.details()[:300]
     assert f"({len(text)} characters)" in info.value.details()  # the string is shortened, its length named
-

@@ -15,7 +15,6 @@ from tests.integration._support import demo_subset
 from .lab import CALL_TIMEOUT
 from .outcomes import fp32_request, small_request_succeeds, wait_idle
 
-
 LIMIT = 1 << 20  # --max-message-bytes for the size tests
 
 
@@ -34,10 +33,11 @@ def _code(call: Callable[[], object]) -> tuple[str, str]:
     return "OK", ""
 
 
-
-@pytest.mark.parametrize("elements, typed", [(LIMIT // 4 + 1000, False), (4 * LIMIT, False),
-                                             (LIMIT // 4 + 1000, True)],
-                         ids=["just_over_raw", "four_times_raw", "just_over_typed"])
+@pytest.mark.parametrize(
+    "elements, typed",
+    [(LIMIT // 4 + 1000, False), (4 * LIMIT, False), (LIMIT // 4 + 1000, True)],
+    ids=["just_over_raw", "four_times_raw", "just_over_typed"],
+)
 def test_oversize_request_is_refused_by_the_configured_limit(limited, elements, typed):
     stub = pb_grpc.GRPCInferenceServiceStub(limited.client.channel)
     request = fp32_request(elements, typed=typed)
@@ -81,6 +81,7 @@ def test_oversize_stream_message_ends_the_stream_with_resource_exhausted(limited
     def consume() -> None:
         for answer in stub.ModelStreamInfer(iter(requests), timeout=CALL_TIMEOUT):
             answers.append(answer)
+
     code, details = _code(consume)
     assert code == "RESOURCE_EXHAUSTED", (code, details)
     assert len(answers) <= 1 and all(not a.error_message for a in answers)

@@ -43,7 +43,9 @@ CEILING = 2.0  # the server's --admission-timeout
 YEAR = 365 * 24 * 3600
 BATCHER = "batcher"  # a fixture model with a batch dimension, reconfigured through config_json
 BATCHER_CONFIG = {
-    "name": BATCHER, "backend": "fixture", "max_batch_size": 8,
+    "name": BATCHER,
+    "backend": "fixture",
+    "max_batch_size": 8,
     "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
     "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
 }
@@ -55,11 +57,17 @@ def numbers(tmp_path_factory):
     """(running server, ModelManagement stub, fixture controls): the demo `simple` (ONNX Runtime) and `batcher`,
     the parallel runtime, management allowed, an admission ceiling of CEILING seconds."""
     repository = demo_subset(tmp_path_factory.mktemp("numbers") / "repository", "simple")
-    write_fixture_model(repository, BATCHER, inputs=[("INPUT0", "FP32", [-1])], outputs=[("OUTPUT0", "FP32", [-1])],
-                        max_batch_size=8)
+    write_fixture_model(
+        repository, BATCHER, inputs=[("INPUT0", "FP32", [-1])], outputs=[("OUTPUT0", "FP32", [-1])], max_batch_size=8
+    )
     controls = FixtureControls()
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=1, allow_management=True,
-               admission_timeout=CEILING) as running:
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        parallel_jobs=1,
+        allow_management=True,
+        admission_timeout=CEILING,
+    ) as running:
         try:
             yield running, mpb_grpc.ModelManagementStub(running.client.channel), controls
         finally:
@@ -95,11 +103,18 @@ def assert_serves(running, model: str) -> None:
 
 
 def comparable(status) -> tuple:
-    return (status.loaded, status.state, status.slots, status.admission_timeout_seconds, status.backend,
-            status.batching.SerializeToString())
+    return (
+        status.loaded,
+        status.state,
+        status.slots,
+        status.admission_timeout_seconds,
+        status.backend,
+        status.batching.SerializeToString(),
+    )
 
 
 # ---- the reported defect, kept as explicit tests ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("value", BAD_SECONDS, ids=repr)
 def test_a_non_finite_negative_or_huge_admission_timeout_is_refused_by_name(numbers, value):
@@ -137,17 +152,45 @@ def test_after_a_refused_nan_the_model_still_waits_at_most_the_ceiling(numbers):
 
 # ---- the fuzz ---------------------------------------------------------------------------------------------------
 
-SECONDS = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
-    BAD_SECONDS + [0.0, -0.0, 5e-324, CEILING, CEILING * 2, float(YEAR)]))
+SECONDS = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(BAD_SECONDS + [0.0, -0.0, 5e-324, CEILING, CEILING * 2, float(YEAR)]),
+)
 NUMBER_TEXT = st.one_of(
-    st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "-1", "-0", "0", "1", "2", "1e309", "1.5", "",
-                     "256", "257", str(2 ** 31), str(2 ** 63), str(2 ** 64), "-" + str(2 ** 63), "99999999999"]),
-    st.integers(-2 ** 70, 2 ** 70).map(str))
-ORT_OPTIONS = st.dictionaries(st.sampled_from(["intra_op_num_threads", "inter_op_num_threads",
-                                               "max_parallel_slots"]), NUMBER_TEXT, max_size=2)
-JSON_NUMBER = st.one_of(st.sampled_from([math.nan, math.inf, -math.inf, -1, 0, 1, 2, 8, 9, 1.5, -0.5, 2 ** 31,
-                                         2 ** 64, 1e300]),
-                        st.integers(-2 ** 65, 2 ** 65))
+    st.sampled_from(
+        [
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "Infinity",
+            "-1",
+            "-0",
+            "0",
+            "1",
+            "2",
+            "1e309",
+            "1.5",
+            "",
+            "256",
+            "257",
+            str(2**31),
+            str(2**63),
+            str(2**64),
+            "-" + str(2**63),
+            "99999999999",
+        ]
+    ),
+    st.integers(-(2**70), 2**70).map(str),
+)
+ORT_OPTIONS = st.dictionaries(
+    st.sampled_from(["intra_op_num_threads", "inter_op_num_threads", "max_parallel_slots"]), NUMBER_TEXT, max_size=2
+)
+JSON_NUMBER = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf, -1, 0, 1, 2, 8, 9, 1.5, -0.5, 2**31, 2**64, 1e300]),
+    st.integers(-(2**65), 2**65),
+)
 
 
 @st.composite
@@ -155,8 +198,15 @@ def batcher_config(draw) -> str:
     """The batcher's configuration with one to three of its numbers replaced by hostile ones."""
     config = json.loads(json.dumps(BATCHER_CONFIG))
     config["dynamic_batching"] = {}
-    for field in draw(st.lists(st.sampled_from(["max_batch_size", "instance_count", "dims", "delay", "preferred",
-                                                "default_timeout", "max_queue_size"]), min_size=1, max_size=3)):
+    for field in draw(
+        st.lists(
+            st.sampled_from(
+                ["max_batch_size", "instance_count", "dims", "delay", "preferred", "default_timeout", "max_queue_size"]
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    ):
         value = draw(JSON_NUMBER)
         if field == "max_batch_size":
             config["max_batch_size"] = value
@@ -181,7 +231,7 @@ def registrations(draw) -> dict:
     seconds = draw(SECONDS)
     if seconds is not None:
         fields["admission_timeout_seconds"] = seconds
-    slots = draw(st.one_of(st.none(), st.sampled_from([0, 1, 2, 16, 17, 2 ** 32 - 1]), st.integers(0, 2 ** 32 - 1)))
+    slots = draw(st.one_of(st.none(), st.sampled_from([0, 1, 2, 16, 17, 2**32 - 1]), st.integers(0, 2**32 - 1)))
     if slots is not None:
         fields["slots"] = slots
     if model == "simple":
@@ -228,15 +278,22 @@ def test_hostile_numbers_in_management_fields_are_refused_by_name_or_served(numb
 
 # ---- every numeric flag -----------------------------------------------------------------------------------------
 
+
 def numeric_flags() -> dict[str, type]:
-    return {action.option_strings[0]: action.type for action in build_parser()._actions
-            if action.option_strings and action.type in (int, float)}
+    return {
+        action.option_strings[0]: action.type
+        for action in build_parser()._actions
+        if action.option_strings and action.type in (int, float)
+    }
 
 
-HOSTILE_FLOAT = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
-                          st.sampled_from([math.nan, math.inf, -math.inf, -0.0, -1.0, -1e-300, 1e300, YEAR + 1.0]))
-HOSTILE_INT = st.one_of(st.integers(-2 ** 70, 2 ** 70),
-                        st.sampled_from([-1, 0, 1, 2 ** 31 - 1, 2 ** 31, 3_000_000_000, 2 ** 63, 65536, 65535]))
+HOSTILE_FLOAT = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([math.nan, math.inf, -math.inf, -0.0, -1.0, -1e-300, 1e300, YEAR + 1.0]),
+)
+HOSTILE_INT = st.one_of(
+    st.integers(-(2**70), 2**70), st.sampled_from([-1, 0, 1, 2**31 - 1, 2**31, 3_000_000_000, 2**63, 65536, 65535])
+)
 
 
 def test_hostile_numbers_in_every_numeric_flag_are_refused_naming_the_flag():
@@ -262,7 +319,7 @@ def test_hostile_numbers_in_every_numeric_flag_are_refused_naming_the_flag():
         if "port" in flag:
             assert accepted <= 65535
         if flag == "--max-message-bytes":
-            assert 0 < accepted < 2 ** 31
+            assert 0 < accepted < 2**31
         if kinds[flag] is float:
             assert accepted <= threading.TIMEOUT_MAX / 4  # sums of drain, grace and margins still fit a wait
 

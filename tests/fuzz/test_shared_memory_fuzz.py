@@ -110,32 +110,57 @@ def test_valid_requests_with_tensors_in_regions_succeed(running, stub):
         check_response(request, response, read_regions=True)
 
     one()
-    print(f"\nshared-memory fuzz: {sum(ledger.statuses.values())} requests, "
-          f"{running.server.shared_memory.statistics().taken - taken} region references: {summary(ledger)}")
+    print(
+        f"\nshared-memory fuzz: {sum(ledger.statuses.values())} requests, "
+        f"{running.server.shared_memory.statistics().taken - taken} region references: {summary(ledger)}"
+    )
     assert_server_clean(running, stub, ledger, before)
 
 
-NAMES = st.one_of(st.sampled_from(("", "fuzz_in", "new", "new ", "\u00e9", "x" * 255, "x" * 256, "\u00e9" * 128,
-                                   "x" * 300)), st.text(max_size=12))
-SIZES = st.one_of(st.sampled_from((0, 1, 4095, 4096, 4097, 8192, 2**31, 2**63 - 1, 2**63, 2**64 - 1)),
-                  st.integers(0, 2**64 - 1))
+NAMES = st.one_of(
+    st.sampled_from(("", "fuzz_in", "new", "new ", "\u00e9", "x" * 255, "x" * 256, "\u00e9" * 128, "x" * 300)),
+    st.text(max_size=12),
+)
+SIZES = st.one_of(
+    st.sampled_from((0, 1, 4095, 4096, 4097, 8192, 2**31, 2**63 - 1, 2**63, 2**64 - 1)), st.integers(0, 2**64 - 1)
+)
 
 
 @st.composite
 def registrations(draw, real_key: str) -> pb.SystemSharedMemoryRegisterRequest:
-    key = draw(st.one_of(
-        st.just(real_key), st.just(real_key), st.sampled_from(
-            ("", "/", "/.", "/..", "relative", f"/dev/shm{real_key}", real_key + "/", real_key[1:], real_key + " ",
-             SHM_PREFIX + "missing", "/elsewhere", "//" + real_key[1:], "/" + "x" * 300, real_key + "\x00")),
-        st.text(max_size=20)))
-    return pb.SystemSharedMemoryRegisterRequest(name=draw(NAMES), key=key, offset=draw(SIZES),
-                                                byte_size=draw(SIZES))
+    key = draw(
+        st.one_of(
+            st.just(real_key),
+            st.just(real_key),
+            st.sampled_from(
+                (
+                    "",
+                    "/",
+                    "/.",
+                    "/..",
+                    "relative",
+                    f"/dev/shm{real_key}",
+                    real_key + "/",
+                    real_key[1:],
+                    real_key + " ",
+                    SHM_PREFIX + "missing",
+                    "/elsewhere",
+                    "//" + real_key[1:],
+                    "/" + "x" * 300,
+                    real_key + "\x00",
+                )
+            ),
+            st.text(max_size=20),
+        )
+    )
+    return pb.SystemSharedMemoryRegisterRequest(name=draw(NAMES), key=key, offset=draw(SIZES), byte_size=draw(SIZES))
 
 
 def test_generated_registrations(running, stub):
     real = ShmObject(8192, f"{SHM_PREFIX}register_fuzz")
     codes: dict[str, int] = {}
     try:
+
         @settings(FUZZ, max_examples=examples(400))
         @given(request=registrations(real.key))
         def one(request: pb.SystemSharedMemoryRegisterRequest) -> None:
@@ -149,14 +174,20 @@ def test_generated_registrations(running, stub):
                 assert code in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"), error
                 assert error.domain == "slotserve", error
             codes[code] = codes.get(code, 0) + 1
-            fits = (request.key == real.key and request.name and len(request.name.encode()) <= 255
-                    and request.name not in REGIONS and 0 < request.byte_size
-                    and request.offset + request.byte_size <= real.size)
+            fits = (
+                request.key == real.key
+                and request.name
+                and len(request.name.encode()) <= 255
+                and request.name not in REGIONS
+                and 0 < request.byte_size
+                and request.offset + request.byte_size <= real.size
+            )
             assert (code == "OK") == bool(fits), f"{code} for {request}"
             if code == "OK":
                 assert descriptors(real.key) == 1
-                stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name=request.name),
-                                                  timeout=CALL_TIMEOUT)
+                stub.SystemSharedMemoryUnregister(
+                    pb.SystemSharedMemoryUnregisterRequest(name=request.name), timeout=CALL_TIMEOUT
+                )
             assert descriptors(real.key) == 0
 
         one()
@@ -204,11 +235,31 @@ def resizes(draw) -> Resize:
     tensor_offset = draw(st.integers(0, region_size - 4 * count))
     start = region_offset + tensor_offset
     end = start + 4 * count
-    edges = {0, max(0, region_offset - 1), region_offset, start, start + 1, end - 1, end, end + 1, object_size - 1,
-             object_size, object_size + 1, object_size + 4096, 4 * object_size}
+    edges = {
+        0,
+        max(0, region_offset - 1),
+        region_offset,
+        start,
+        start + 1,
+        end - 1,
+        end,
+        end + 1,
+        object_size - 1,
+        object_size,
+        object_size + 1,
+        object_size + 4096,
+        4 * object_size,
+    }
     new_size = draw(st.one_of(st.sampled_from(sorted(edges)), st.integers(0, 2 * object_size)))
-    return Resize(object_size, region_offset, region_size, tensor_offset, count, new_size,
-                  draw(st.sampled_from(("input", "output", "both"))))
+    return Resize(
+        object_size,
+        region_offset,
+        region_size,
+        tensor_offset,
+        count,
+        new_size,
+        draw(st.sampled_from(("input", "output", "both"))),
+    )
 
 
 def test_a_region_resized_between_register_and_use(running, stub):
@@ -225,9 +276,12 @@ def test_a_region_resized_between_register_and_use(running, stub):
         try:
             item.write(0, b"\xee" * case.object_size)
             item.write(case.start, values)
-            stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(
-                name="resized", key=item.key, offset=case.region_offset, byte_size=case.region_size),
-                timeout=CALL_TIMEOUT)
+            stub.SystemSharedMemoryRegister(
+                pb.SystemSharedMemoryRegisterRequest(
+                    name="resized", key=item.key, offset=case.region_offset, byte_size=case.region_size
+                ),
+                timeout=CALL_TIMEOUT,
+            )
             os.truncate(item.path, case.new_size)
             request = pb.ModelInferRequest(model_name="identity_fp32")
             tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, case.count])
@@ -258,13 +312,17 @@ def test_a_region_resized_between_register_and_use(running, stub):
             else:
                 assert (error.reason, error.domain) == ("invalid_request_error", "slotserve"), error
                 tensor_name = "output 'OUTPUT0'" if case.where == "output" else "input 'INPUT0'"
-                for phrase in (f"{tensor_name}: shared memory region 'resized'",
-                               f"needs bytes {case.start} to {case.end}", f"now holds {case.new_size} bytes"):
+                for phrase in (
+                    f"{tensor_name}: shared memory region 'resized'",
+                    f"needs bytes {case.start} to {case.end}",
+                    f"now holds {case.new_size} bytes",
+                ):
                     assert phrase in error.message, f"{phrase!r} not in {error.message!r}"
             assert os.stat(item.path).st_size == case.new_size  # the server never grows an object
         finally:
-            stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name="resized"),
-                                              timeout=CALL_TIMEOUT)
+            stub.SystemSharedMemoryUnregister(
+                pb.SystemSharedMemoryUnregisterRequest(name="resized"), timeout=CALL_TIMEOUT
+            )
             item.close()
         assert descriptors(item.key) == 0
 

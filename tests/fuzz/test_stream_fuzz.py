@@ -33,8 +33,9 @@ def test_stream_fuzz(running, stub):
             code = "OK" if not answer.error_message else "ERROR"
             ledger.record(case.request, code)
             if answer.error_message:
-                assert not answer.error_message.startswith(INTERNAL_MESSAGES), \
+                assert not answer.error_message.startswith(INTERNAL_MESSAGES), (
                     f"internal error {answer.error_message!r} for {case!r}"
+                )
                 assert answer.infer_response.id == case.request.id
                 assert case.mutations, f"valid request failed on a stream: {answer.error_message!r}"
             else:
@@ -44,4 +45,3 @@ def test_stream_fuzz(running, stub):
     stream()
     print(f"\nstream fuzz: {sum(ledger.statuses.values())} requests: {summary(ledger)}")
     assert_server_clean(running, stub, ledger, before)
-

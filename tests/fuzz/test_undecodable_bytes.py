@@ -46,8 +46,14 @@ def unknown_fields(draw) -> bytes:
         payload = draw(st.binary(max_size=40))
         body = _varint(len(payload)) + payload
     elif wire_type == 3:  # a group: fields of its own, then the end-group tag of the same number
-        inner = b"".join(draw(st.lists(st.builds(lambda n, v: _varint(n << 3) + _varint(v), st.integers(1, 50),
-                                                 st.integers(0, 2**32)), max_size=3)))
+        inner = b"".join(
+            draw(
+                st.lists(
+                    st.builds(lambda n, v: _varint(n << 3) + _varint(v), st.integers(1, 50), st.integers(0, 2**32)),
+                    max_size=3,
+                )
+            )
+        )
         body = inner + _varint((number << 3) | 4)
     elif wire_type == 5:
         body = draw(st.binary(min_size=4, max_size=4))
@@ -79,7 +85,7 @@ def _hostile_bytes(draw) -> bytes:
         base = draw(valid_requests())
     data = bytearray(base.request.SerializeToString())
     if how == "truncated":
-        return bytes(data[:draw(st.integers(0, max(0, len(data) - 1)))])
+        return bytes(data[: draw(st.integers(0, max(0, len(data) - 1)))])
     if how == "flipped":
         for _ in range(draw(st.integers(1, 6))):
             data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))

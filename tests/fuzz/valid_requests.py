@@ -15,16 +15,61 @@ from generated import grpc_service_pb2 as pb
 
 from .lab import LARGE_WIDTH, MAX_BATCH, MODELS
 
-DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
-             "FP64", "BF16", "BYTES")
-ITEMSIZE = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
-            "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2}
-TYPED_FIELD = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
-               "UINT32": "uint_contents", "UINT64": "uint64_contents", "INT8": "int_contents",
-               "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
-               "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
-CONTENT_FIELDS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
-                  "fp32_contents", "fp64_contents", "bytes_contents")
+DATATYPES = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
+)
+ITEMSIZE = {
+    "BOOL": 1,
+    "UINT8": 1,
+    "UINT16": 2,
+    "UINT32": 4,
+    "UINT64": 8,
+    "INT8": 1,
+    "INT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "FP16": 2,
+    "FP32": 4,
+    "FP64": 8,
+    "BF16": 2,
+}
+TYPED_FIELD = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+CONTENT_FIELDS = (
+    "bool_contents",
+    "int_contents",
+    "int64_contents",
+    "uint_contents",
+    "uint64_contents",
+    "fp32_contents",
+    "fp64_contents",
+    "bytes_contents",
+)
 PARAMETER_KINDS = ("bool_param", "int64_param", "string_param", "double_param", "uint64_param")
 
 
@@ -53,16 +98,18 @@ TEXT_POOL = ("a", "Z", "0", " ", "\x00", "\n", "\u00e9", "\u6a21", "\U0001f600",
 def _values(datatype: str, shape: tuple[int, ...], rng: np.random.Generator, *, specials: bool) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "INT32":
-        flat = rng.integers(-2**31, 2**31, count, dtype=np.int64).astype(np.int32)
-        flat[:min(count, 2)] = [-2**31, 2**31 - 1][:min(count, 2)]
+        flat = rng.integers(-(2**31), 2**31, count, dtype=np.int64).astype(np.int32)
+        flat[: min(count, 2)] = [-(2**31), 2**31 - 1][: min(count, 2)]
     elif datatype == "FP32":
         flat = (rng.standard_normal(count) * 1000).astype(np.float32)
         extremes = [np.inf, -np.inf, -0.0, np.finfo(np.float32).max] + ([np.nan] if specials else [])
-        flat[:min(count, len(extremes))] = extremes[:min(count, len(extremes))]
+        flat[: min(count, len(extremes))] = extremes[: min(count, len(extremes))]
     else:  # BYTES: ONNX string tensors hold text, so valid elements are UTF-8 (any other bytes are refused)
         flat = np.empty(count, dtype=object)
-        flat[:] = ["".join(TEXT_POOL[int(i)] for i in rng.integers(0, len(TEXT_POOL), int(n))).encode()
-                   for n in rng.integers(0, 12, count)]
+        flat[:] = [
+            "".join(TEXT_POOL[int(i)] for i in rng.integers(0, len(TEXT_POOL), int(n))).encode()
+            for n in rng.integers(0, 12, count)
+        ]
     return flat.reshape(shape)
 
 
@@ -91,8 +138,9 @@ def valid_requests(draw, models: tuple[str, ...] = tuple(sorted(MODELS))) -> Cas
             batch, width = 1, LARGE_WIDTH[name]
     typed = draw(st.booleans())
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    request = pb.ModelInferRequest(model_name=name, model_version=draw(st.sampled_from(("", "1"))),
-                                   id=draw(st.text(max_size=12)))
+    request = pb.ModelInferRequest(
+        model_name=name, model_version=draw(st.sampled_from(("", "1"))), id=draw(st.text(max_size=12))
+    )
     for input_name, datatype in model.inputs:
         array = _values(datatype, (batch, width), rng, specials=not typed)
         tensor = request.inputs.add(name=input_name, datatype=datatype, shape=[batch, width])
@@ -100,18 +148,19 @@ def valid_requests(draw, models: tuple[str, ...] = tuple(sorted(MODELS))) -> Cas
             set_typed(tensor, array, datatype)
         else:
             request.raw_input_contents.append(raw_of(array, datatype))
-    requested = draw(st.one_of(st.none(), st.lists(st.sampled_from([o for o, _ in model.outputs]), min_size=1,
-                                                   unique=True)))
+    requested = draw(
+        st.one_of(st.none(), st.lists(st.sampled_from([o for o, _ in model.outputs]), min_size=1, unique=True))
+    )
     for output in requested or ():
         tensor = request.outputs.add(name=output)
         if draw(st.booleans()):
             tensor.parameters["binary_data"].bool_param = True  # what tritonclient sends
-    timeout = draw(st.sampled_from((None, ("int64_param", 0), ("int64_param", 30_000_000),
-                                    ("uint64_param", 60_000_000))))
+    timeout = draw(
+        st.sampled_from((None, ("int64_param", 0), ("int64_param", 30_000_000), ("uint64_param", 60_000_000)))
+    )
     if timeout is not None:
         setattr(request.parameters["timeout"], *timeout)
     return Case(request)
-
 
 
 @st.composite
@@ -122,4 +171,3 @@ def gated_requests(draw) -> Case:
         case.request.parameters["timeout"].int64_param = draw(st.integers(1, 5_000))
         case.mutations.append("short timeout")  # may be refused as server_busy: not held to "valid must pass"
     return case
-

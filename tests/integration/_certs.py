@@ -51,8 +51,23 @@ def _key(path: Path) -> Path:
 def _ca(directory: Path, name: str) -> Pair:
     key = _key(directory / f"{name}.key")
     cert = directory / f"{name}.pem"
-    _openssl("req", "-x509", "-new", "-key", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        str(key),
+        "-out",
+        str(cert),
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
     return Pair(cert, key)
 
 
@@ -63,14 +78,31 @@ def _leaf(directory: Path, name: str, ca: Pair, extensions: str) -> Pair:
     ext = directory / f"{name}.ext"
     ext.write_text(extensions)
     _openssl("req", "-new", "-key", str(key), "-out", str(request), "-subj", f"/CN={name}")
-    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca.cert), "-CAkey", str(ca.key), "-CAcreateserial",
-             "-out", str(cert), "-days", "2", "-extfile", str(ext))
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(request),
+        "-CA",
+        str(ca.cert),
+        "-CAkey",
+        str(ca.key),
+        "-CAcreateserial",
+        "-out",
+        str(cert),
+        "-days",
+        "2",
+        "-extfile",
+        str(ext),
+    )
     return Pair(cert, key)
 
 
 def _server_extensions(*names: str) -> str:
-    return (f"subjectAltName={','.join(names)}\nbasicConstraints=CA:FALSE\n"
-            "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
+    return (
+        f"subjectAltName={','.join(names)}\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+    )
 
 
 _CLIENT_EXTENSIONS = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n"

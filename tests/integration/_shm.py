@@ -8,13 +8,13 @@ of a key that /proc/self/fd shows while a test counts them is the server's.
 
 from __future__ import annotations
 
+import _posixshmem
 import itertools
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import _posixshmem
 import numpy as np
 
 from generated import grpc_service_pb2 as pb
@@ -97,7 +97,8 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) 
 
 def register(stub, name: str, key: str, byte_size: int, offset: int = 0, **kwargs):
     return stub.SystemSharedMemoryRegister(
-        pb.SystemSharedMemoryRegisterRequest(name=name, key=key, offset=offset, byte_size=byte_size), **kwargs)
+        pb.SystemSharedMemoryRegisterRequest(name=name, key=key, offset=offset, byte_size=byte_size), **kwargs
+    )
 
 
 def in_region(tensor, region: str, byte_size: int, offset: int | None = None) -> None:

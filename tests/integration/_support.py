@@ -87,14 +87,21 @@ def client_error(function: Callable, *args, **kwargs) -> ClientError:
 
 # ---- repositories of fixture models ---------------------------------------------------------------------------
 
+
 def _tensor_block(kind: str, name: str, config_type: str, dims: Sequence[int]) -> str:
     dims_text = "".join(f" dims: {d}" for d in dims)
     return f'{kind} {{ name: "{name}" data_type: {config_type}{dims_text} }}\n'
 
 
-def write_fixture_model(repository: Path, name: str, *, inputs: Iterable[tuple[str, str, Sequence[int]]],
-                        outputs: Iterable[tuple[str, str, Sequence[int]]], max_batch_size: int = 0,
-                        extra: str = "") -> Path:
+def write_fixture_model(
+    repository: Path,
+    name: str,
+    *,
+    inputs: Iterable[tuple[str, str, Sequence[int]]],
+    outputs: Iterable[tuple[str, str, Sequence[int]]],
+    max_batch_size: int = 0,
+    extra: str = "",
+) -> Path:
     """Write `<repository>/<name>/config.pbtxt` for a fixture-backend model (output i = input i cast to output i's
     datatype). Tensors are (name, KServe datatype, dims)."""
     directory = repository / name
@@ -115,6 +122,7 @@ def config_type(datatype: str) -> str:
 
 # ---- wire bytes, written independently of the server's codec ---------------------------------------------------
 
+
 def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
     """Raw contents of `array` as the protocol defines them."""
     if datatype == "BYTES":
@@ -131,7 +139,7 @@ def from_raw(buffer: bytes, datatype: str, shape: Sequence[int]) -> np.ndarray:
     while offset < len(buffer):
         (length,) = struct.unpack_from("<I", buffer, offset)
         offset += 4
-        elements.append(bytes(buffer[offset:offset + length]))
+        elements.append(bytes(buffer[offset : offset + length]))
         offset += length
     array = np.empty(len(elements), dtype=object)
     array[:] = elements
@@ -147,8 +155,9 @@ def same_values(actual: np.ndarray, expected: np.ndarray) -> bool:
     return actual.tobytes() == expected.tobytes()
 
 
-def simple_request(batch: int = 1, *, request_id: str = "", model: str = "simple") -> tuple[pb.ModelInferRequest,
-                                                                                             np.ndarray, np.ndarray]:
+def simple_request(
+    batch: int = 1, *, request_id: str = "", model: str = "simple"
+) -> tuple[pb.ModelInferRequest, np.ndarray, np.ndarray]:
     """A valid raw request for the demo `simple` model (INT32 [batch, 16] x2) and its two inputs."""
     rng = np.random.default_rng(batch)
     first = rng.integers(-1000, 1000, size=(batch, 16), dtype=np.int32)
@@ -162,8 +171,10 @@ def simple_request(batch: int = 1, *, request_id: str = "", model: str = "simple
 
 def check_simple_response(response: pb.ModelInferResponse, first: np.ndarray, second: np.ndarray) -> None:
     """`simple` returns OUTPUT0 = sum and OUTPUT1 = difference, raw."""
-    outputs = {tensor.name: from_raw(raw, tensor.datatype, tensor.shape)
-               for tensor, raw in zip(response.outputs, response.raw_output_contents)}
+    outputs = {
+        tensor.name: from_raw(raw, tensor.datatype, tensor.shape)
+        for tensor, raw in zip(response.outputs, response.raw_output_contents)
+    }
     assert len(response.raw_output_contents) == len(response.outputs) == 2
     np.testing.assert_array_equal(outputs["OUTPUT0"], first + second)
     np.testing.assert_array_equal(outputs["OUTPUT1"], first - second)

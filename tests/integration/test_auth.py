@@ -34,8 +34,7 @@ INFERENCE_TOKEN = "inf-Tk3n.41ab"
 WRONG_TOKEN = "wrong-Tk3n.77zz"
 ALL_TOKENS = (MANAGEMENT_TOKEN, INFERENCE_TOKEN, WRONG_TOKEN)
 
-SIMPLE_INPUTS = {"INPUT0": np.arange(16, dtype=np.int32).reshape(1, 16),
-                 "INPUT1": np.ones((1, 16), dtype=np.int32)}
+SIMPLE_INPUTS = {"INPUT0": np.arange(16, dtype=np.int32).reshape(1, 16), "INPUT1": np.ones((1, 16), dtype=np.int32)}
 
 INFERENCE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 MANAGEMENT = management_pb2.DESCRIPTOR.services_by_name["ModelManagement"]
@@ -64,13 +63,19 @@ def call(channel: grpc.Channel, service, method_name: str, metadata=()) -> grpc.
     path = f"/{service.full_name}/{method_name}"
     try:
         if method.client_streaming:
-            stream = channel.stream_stream(path, request_serializer=type(request).SerializeToString,
-                                           response_deserializer=response_class.FromString)
+            stream = channel.stream_stream(
+                path,
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=response_class.FromString,
+            )
             for _ in stream(iter([]), timeout=CALL_TIMEOUT, metadata=metadata):
                 pass
         else:
-            unary = channel.unary_unary(path, request_serializer=type(request).SerializeToString,
-                                        response_deserializer=response_class.FromString)
+            unary = channel.unary_unary(
+                path,
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=response_class.FromString,
+            )
             unary(request, timeout=CALL_TIMEOUT, metadata=metadata)
     except grpc.RpcError as error:
         return error.code()
@@ -97,12 +102,15 @@ def infers(client: InferenceClient) -> None:
 
 # ---- management token ------------------------------------------------------------------------------------------
 
+
 def test_management_calls_need_the_management_token(repository, caplog):
     caplog.set_level(logging.DEBUG)
     with serve(repository, allow_management=True, management_token=MANAGEMENT_TOKEN) as running:
         for token in ("", WRONG_TOKEN, MANAGEMENT_TOKEN[:-1], MANAGEMENT_TOKEN + "x"):
-            with ManagementClient(running.address, token=token, timeout=CALL_TIMEOUT) as anonymous, \
-                    InferenceClient(running.address, management_token=token, timeout=CALL_TIMEOUT) as inference:
+            with (
+                ManagementClient(running.address, token=token, timeout=CALL_TIMEOUT) as anonymous,
+                InferenceClient(running.address, management_token=token, timeout=CALL_TIMEOUT) as inference,
+            ):
                 missing = refused(anonymous.register, "simple")
                 assert ("no bearer token" in str(missing)) == (token == "")
                 refused(anonymous.unload, "simple")
@@ -133,13 +141,17 @@ def test_management_token_checks(repository):
     with serve(repository, allow_management=True, management_token=MANAGEMENT_TOKEN) as running:
         channel = running.client.channel
         register = "RegisterModel"
-        assert call(channel, MANAGEMENT, register, (("authorization", f"bearer {MANAGEMENT_TOKEN}"),)) \
-            != grpc.StatusCode.UNAUTHENTICATED  # got past the check (an empty request is then invalid)
-        for metadata in ((("authorization", f"Basic {MANAGEMENT_TOKEN}"),),
-                         (("authorization", MANAGEMENT_TOKEN),),
-                         (("authorization", "Bearer"),),
-                         (("x-api-key", MANAGEMENT_TOKEN),),
-                         bearer(MANAGEMENT_TOKEN.upper())):
+        assert (
+            call(channel, MANAGEMENT, register, (("authorization", f"bearer {MANAGEMENT_TOKEN}"),))
+            != grpc.StatusCode.UNAUTHENTICATED
+        )  # got past the check (an empty request is then invalid)
+        for metadata in (
+            (("authorization", f"Basic {MANAGEMENT_TOKEN}"),),
+            (("authorization", MANAGEMENT_TOKEN),),
+            (("authorization", "Bearer"),),
+            (("x-api-key", MANAGEMENT_TOKEN),),
+            bearer(MANAGEMENT_TOKEN.upper()),
+        ):
             assert call(channel, MANAGEMENT, register, metadata) == grpc.StatusCode.UNAUTHENTICATED, metadata
         infers(running.client)
 
@@ -164,10 +176,12 @@ def test_without_allow_management_a_call_is_denied_not_unauthenticated(repositor
 
 # ---- inference token -------------------------------------------------------------------------------------------
 
+
 def test_every_method_is_classified(repository):
     """With both tokens set, no token reaches only the health probes; each token reaches what it should."""
-    with serve(repository, allow_management=True, management_token=MANAGEMENT_TOKEN,
-               inference_token=INFERENCE_TOKEN) as running:
+    with serve(
+        repository, allow_management=True, management_token=MANAGEMENT_TOKEN, inference_token=INFERENCE_TOKEN
+    ) as running:
         channel = running.client.channel
         for service in (INFERENCE, MANAGEMENT):
             for method in service.methods:
@@ -201,11 +215,11 @@ def test_inference_is_open_without_an_inference_token(repository):
 
 def test_inference_token_guards_inference(repository, caplog):
     caplog.set_level(logging.DEBUG)
-    with serve(repository, allow_management=True, management_token=MANAGEMENT_TOKEN,
-               inference_token=INFERENCE_TOKEN) as running:
+    with serve(
+        repository, allow_management=True, management_token=MANAGEMENT_TOKEN, inference_token=INFERENCE_TOKEN
+    ) as running:
         for token in ("", WRONG_TOKEN):
-            with InferenceClient(running.address, token=token, management_token="",
-                                 timeout=CALL_TIMEOUT) as client:
+            with InferenceClient(running.address, token=token, management_token="", timeout=CALL_TIMEOUT) as client:
                 refused(client.infer, "simple", SIMPLE_INPUTS)
                 refused(lambda: list(client.stream_infer("simple", [SIMPLE_INPUTS])))
                 refused(client.model_metadata, "simple")
@@ -214,17 +228,20 @@ def test_inference_token_guards_inference(repository, caplog):
                 assert client.live() and client.ready() and client.model_ready("simple")
                 assert client.health() == "SERVING"
                 infers(running.client)  # the refusals left the server serving
-        with InferenceClient(running.address, token=INFERENCE_TOKEN, management_token="",
-                             timeout=CALL_TIMEOUT) as client:
+        with InferenceClient(
+            running.address, token=INFERENCE_TOKEN, management_token="", timeout=CALL_TIMEOUT
+        ) as client:
             infers(client)
             assert [item["OUTPUT0"][0, 0] for item in client.stream_infer("simple", [SIMPLE_INPUTS] * 2)] == [1, 1]
             refused(client.load, "simple")  # the inference token does not manage
-        with InferenceClient(running.address, token="", management_token=MANAGEMENT_TOKEN,
-                             timeout=CALL_TIMEOUT) as client:
+        with InferenceClient(
+            running.address, token="", management_token=MANAGEMENT_TOKEN, timeout=CALL_TIMEOUT
+        ) as client:
             infers(client)  # the management token is accepted for inference
         # With a management token set, status calls need it: the inference token may neither list nor register.
-        with ManagementClient(running.address, token="", inference_token=INFERENCE_TOKEN,
-                              timeout=CALL_TIMEOUT) as reader:
+        with ManagementClient(
+            running.address, token="", inference_token=INFERENCE_TOKEN, timeout=CALL_TIMEOUT
+        ) as reader:
             refused(reader.get, "simple")
             refused(reader.register, "simple")
         with ManagementClient(running.address, token="", inference_token="", timeout=CALL_TIMEOUT) as anonymous:
@@ -240,8 +257,9 @@ def test_inference_token_alone_also_guards_management(repository):
         with ManagementClient(running.address, token="", inference_token="", timeout=CALL_TIMEOUT) as anonymous:
             refused(anonymous.unload, "simple")
             refused(anonymous.list)
-        with ManagementClient(running.address, token="", inference_token=INFERENCE_TOKEN,
-                              timeout=CALL_TIMEOUT) as reader:
+        with ManagementClient(
+            running.address, token="", inference_token=INFERENCE_TOKEN, timeout=CALL_TIMEOUT
+        ) as reader:
             assert reader.get("simple").loaded
         assert running.management.unload("simple").loaded is False
         running.client.load("simple")
@@ -250,12 +268,20 @@ def test_inference_token_alone_also_guards_management(repository):
 
 # ---- client command line ---------------------------------------------------------------------------------------
 
+
 def test_client_cli_sends_the_tokens(repository, capsys, monkeypatch):
-    with serve(repository, allow_management=True, management_token=MANAGEMENT_TOKEN,
-               inference_token=INFERENCE_TOKEN) as running:
+    with serve(
+        repository, allow_management=True, management_token=MANAGEMENT_TOKEN, inference_token=INFERENCE_TOKEN
+    ) as running:
         base = ["--address", running.address, "--timeout", "30"]
-        infer = ["infer", "simple", "--input", "INPUT0=[[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]]",
-                 "--input", "INPUT1=[[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]]"]
+        infer = [
+            "infer",
+            "simple",
+            "--input",
+            "INPUT0=[[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]]",
+            "--input",
+            "INPUT1=[[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]]",
+        ]
         assert client_cli.main(base + infer) == 1
         assert "UNAUTHENTICATED" in capsys.readouterr().err
         assert client_cli.main(base + ["--inference-token", INFERENCE_TOKEN] + infer) == 0
@@ -272,6 +298,7 @@ def test_client_cli_sends_the_tokens(repository, capsys, monkeypatch):
 
 
 # ---- token files and the server command line --------------------------------------------------------------------
+
 
 def test_token_file(tmp_path):
     path = tmp_path / "token"
@@ -290,24 +317,44 @@ def test_token_file(tmp_path):
 
 
 def test_bearer_tokens_parsing():
-    assert bearer_tokens([("authorization", "Bearer a"), ("authorization", "BEARER  b "), ("other", "Bearer c"),
-                          ("authorization", "Basic d"), ("authorization", "Bearer ")]) == ["a", "b"]
+    assert bearer_tokens(
+        [
+            ("authorization", "Bearer a"),
+            ("authorization", "BEARER  b "),
+            ("other", "Bearer c"),
+            ("authorization", "Basic d"),
+            ("authorization", "Bearer "),
+        ]
+    ) == ["a", "b"]
     assert bearer_tokens(None) == []
 
 
 def _server_command(repository, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "service", "--model-repository", str(repository), "--port", "0",
-            "--no-load-at-startup", *flags]
+    return [
+        sys.executable,
+        "-m",
+        "service",
+        "--model-repository",
+        str(repository),
+        "--port",
+        "0",
+        "--no-load-at-startup",
+        *flags,
+    ]
 
 
 def test_server_command_line_with_a_token_file(repository, tmp_path):
     """`--management-token-file` end to end: the banner says a token is needed and never shows it."""
     token_file = tmp_path / "token"
     token_file.write_text(MANAGEMENT_TOKEN + "\n")
-    process = subprocess.Popen(_server_command(repository, "--allow-management", "--management-token-file",
-                                               str(token_file)),
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        _server_command(repository, "--allow-management", "--management-token-file", str(token_file)),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         line = process.stdout.readline()
         assert "listening on" in line, process.stderr.read() if process.poll() is not None else line
@@ -323,18 +370,22 @@ def test_server_command_line_with_a_token_file(repository, tmp_path):
     assert MANAGEMENT_TOKEN not in stderr
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--management-token", MANAGEMENT_TOKEN], "needs --allow-management"),
-    (["--allow-management", "--management-token-file", "EMPTY"], "is empty"),
-    (["--allow-management", "--management-token-file", "MISSING"], "cannot read"),
-    (["--inference-token", "two words"], "visible ASCII"),
-    (["--management-token", "a", "--management-token-file", "EMPTY"], "not allowed with"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--management-token", MANAGEMENT_TOKEN], "needs --allow-management"),
+        (["--allow-management", "--management-token-file", "EMPTY"], "is empty"),
+        (["--allow-management", "--management-token-file", "MISSING"], "cannot read"),
+        (["--inference-token", "two words"], "visible ASCII"),
+        (["--management-token", "a", "--management-token-file", "EMPTY"], "not allowed with"),
+    ],
+)
 def test_server_command_line_refuses_bad_tokens(repository, tmp_path, flags, expected):
     (tmp_path / "empty").write_text("\n")
-    flags = [str(tmp_path / "empty") if flag == "EMPTY" else str(tmp_path / "missing") if flag == "MISSING"
-             else flag for flag in flags]
-    result = subprocess.run(_server_command(repository, *flags), cwd=ROOT, capture_output=True, text=True,
-                            timeout=60)
+    flags = [
+        str(tmp_path / "empty") if flag == "EMPTY" else str(tmp_path / "missing") if flag == "MISSING" else flag
+        for flag in flags
+    ]
+    result = subprocess.run(_server_command(repository, *flags), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and expected in result.stderr, result.stderr
     assert MANAGEMENT_TOKEN not in result.stderr

@@ -131,8 +131,13 @@ def test_unknown_requested_output(infer):
 
 def test_unknown_model(infer):
     request = simple(*GOOD, raw=[ROW, ROW], model="no_such_model")
-    refused(infer, request, code="NOT_FOUND", reason="model_not_found",
-            says=("Request for unknown model", "'no_such_model'"))
+    refused(
+        infer,
+        request,
+        code="NOT_FOUND",
+        reason="model_not_found",
+        says=("Request for unknown model", "'no_such_model'"),
+    )
 
 
 def test_non_numeric_version(infer):
@@ -142,8 +147,13 @@ def test_non_numeric_version(infer):
 
 def test_unknown_numeric_version(infer):
     request = simple(*GOOD, raw=[ROW, ROW], version="7")
-    refused(infer, request, code="NOT_FOUND", reason="model_not_found",
-            says=("Request for unknown model", "'simple'", "version 7"))
+    refused(
+        infer,
+        request,
+        code="NOT_FOUND",
+        reason="model_not_found",
+        says=("Request for unknown model", "'simple'", "version 7"),
+    )
 
 
 def test_unknown_datatype_string(infer):
@@ -162,6 +172,7 @@ def test_timeout_parameter_of_the_wrong_type(infer):
 
 
 # ---- further malformed requests -------------------------------------------------------------------------------
+
 
 def test_output_requested_twice(infer):
     request = simple(*GOOD, raw=[ROW, ROW])

@@ -14,14 +14,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from client import _render as render
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.testing import serve
-
 from tests.contract.test_batching import write_batching_model
 
 
 @pytest.fixture
 def running(tmp_path, caplog):
-    write_batching_model(tmp_path, "m", 4, delay_us=250, preferred=(2, 4),
-                         extra="default_queue_policy { max_queue_size: 7 }")
+    write_batching_model(
+        tmp_path, "m", 4, delay_us=250, preferred=(2, 4), extra="default_queue_policy { max_queue_size: 7 }"
+    )
     with caplog.at_level(logging.INFO, logger="service.core.lifecycle"):
         with serve(tmp_path, backends={"fixture": FixtureBackend(FixtureControls())}, metrics_port=0) as running:
             yield running
@@ -30,11 +30,17 @@ def running(tmp_path, caplog):
 def test_status_and_the_client_show_the_batching_settings(running):
     status = running.management.get("m")
     batching = status.batching
-    assert (batching.max_batch_size, batching.max_queue_delay_microseconds, batching.preferred_batch_sizes,
-            batching.max_queue_size, batching.allow_timeout_override) == (4, 250, (2, 4), 7, False)
+    assert (
+        batching.max_batch_size,
+        batching.max_queue_delay_microseconds,
+        batching.preferred_batch_sizes,
+        batching.max_queue_size,
+        batching.allow_timeout_override,
+    ) == (4, 250, (2, 4), 7, False)
     assert [s.batching for s in running.management.list()] == [batching]
     assert "dynamic batching up to 4 rows, delay 250 us, preferred 2/4, queue 7" in " ".join(
-        render.status_block(status).split())
+        render.status_block(status).split()
+    )
 
 
 def test_model_config_carries_the_dynamic_batching_block(running):
@@ -49,8 +55,11 @@ def test_metrics_count_executions_and_batch_sizes(running):
     for rows in (1, 3):
         running.client.infer("m", {"INPUT0": np.ones((rows, 2), np.float32)})
     text = urllib.request.urlopen(f"http://127.0.0.1:{running.server.metrics_port}/metrics", timeout=10).read()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text.decode()) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
     model = (("model", "m"),)
     assert samples[("slotserve_model_executions_total", model)] == 2
     assert samples[("slotserve_model_batch_size_count", model)] == 2

@@ -33,13 +33,19 @@ LARGE = (32 * 1024, 200_000)
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
     repository = tmp_path_factory.mktemp("bf16")
-    write_fixture_model(repository, "identity_bf16", inputs=[("INPUT0", "BF16", [-1])],
-                        outputs=[("OUTPUT0", "BF16", [-1])])
-    write_fixture_model(repository, "cast_fp32_to_bf16", inputs=[("INPUT0", "FP32", [-1])],
-                        outputs=[("OUTPUT0", "BF16", [-1])])
-    write_fixture_model(repository, "stream_bf16", inputs=[("INPUT0", "BF16", [-1])],
-                        outputs=[("OUTPUT0", "BF16", [-1])],
-                        extra='parameters { key: "stream_responses" value { string_value: "2" } }\n')
+    write_fixture_model(
+        repository, "identity_bf16", inputs=[("INPUT0", "BF16", [-1])], outputs=[("OUTPUT0", "BF16", [-1])]
+    )
+    write_fixture_model(
+        repository, "cast_fp32_to_bf16", inputs=[("INPUT0", "FP32", [-1])], outputs=[("OUTPUT0", "BF16", [-1])]
+    )
+    write_fixture_model(
+        repository,
+        "stream_bf16",
+        inputs=[("INPUT0", "BF16", [-1])],
+        outputs=[("OUTPUT0", "BF16", [-1])],
+        extra='parameters { key: "stream_responses" value { string_value: "2" } }\n',
+    )
     with serve(repository, backends={"fixture": FixtureBackend(FixtureControls())}) as server:
         yield server
 
@@ -76,8 +82,9 @@ def test_a_large_bf16_output_is_served_by_model_infer_and_counted_once(running, 
     expected = bf16_values(count)
     sent = expected if model == "identity_bf16" else expected.astype(np.float32)
     before = counts(running, model)
-    response = stub(running).ModelInfer(request_for(model, sent, "BF16" if model == "identity_bf16" else "FP32"),
-                                        timeout=CALL_TIMEOUT)
+    response = stub(running).ModelInfer(
+        request_for(model, sent, "BF16" if model == "identity_bf16" else "FP32"), timeout=CALL_TIMEOUT
+    )
     check_output(response, expected)
     assert counts(running, model) == (before[0] + 1, before[1])
 
@@ -89,8 +96,7 @@ def test_a_large_bf16_output_is_served_on_a_stream(running, model, answers, coun
     the whole output, and the request is counted once as a success."""
     expected = bf16_values(count)
     before = counts(running, model)
-    replies = list(stub(running).ModelStreamInfer(iter([request_for(model, expected, "BF16")]),
-                                                  timeout=CALL_TIMEOUT))
+    replies = list(stub(running).ModelStreamInfer(iter([request_for(model, expected, "BF16")]), timeout=CALL_TIMEOUT))
     assert [reply.error_message for reply in replies] == [""] * answers
     for reply in replies:
         check_output(reply.infer_response, expected)
@@ -100,6 +106,7 @@ def test_a_large_bf16_output_is_served_on_a_stream(running, model, answers, coun
 def test_a_response_that_cannot_be_serialized_is_a_counted_failure(running, monkeypatch):
     """Whatever makes serialization fail (here a failing serializer stands in for the BF16 defect above) reaches
     the client as INTERNAL, is counted as failed and not as a success, and the server goes on serving."""
+
     def failing(response):
         raise RuntimeError("serializer broke")
 
@@ -112,5 +119,6 @@ def test_a_response_that_cannot_be_serialized_is_a_counted_failure(running, monk
     assert "serializer broke" not in info.value.details()  # internals stay in the log
     assert counts(running, "identity_bf16") == (before[0], before[1] + 1)
     monkeypatch.undo()
-    check_output(stub(running).ModelInfer(request_for("identity_bf16", expected, "BF16"), timeout=CALL_TIMEOUT),
-                 expected)
+    check_output(
+        stub(running).ModelInfer(request_for("identity_bf16", expected, "BF16"), timeout=CALL_TIMEOUT), expected
+    )

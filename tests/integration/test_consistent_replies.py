@@ -13,7 +13,6 @@ from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.core.registry import Registration
 from service.testing import serve
-
 from tests.contract.harness import write_fixture_model
 
 WAIT = 20.0
@@ -34,6 +33,7 @@ def _reconfigure_after_first_reading(entry, registry, registration: Registration
                 worker.join(WAIT)
                 assert len(done) == 2, "the reconfiguration did not complete"
             return value
+
         return reading
 
     for name in ("status", "view", "known_metadata"):
@@ -45,15 +45,17 @@ def _reconfigure_after_first_reading(entry, registry, registration: Registration
 @pytest.fixture
 def running(tmp_path):
     write_fixture_model(tmp_path, "m", {"marker": "old"})
-    with serve(tmp_path, backends={"fixture": FixtureBackend(FixtureControls())}, parallel_jobs=1,
-               allow_management=True) as running:
+    with serve(
+        tmp_path, backends={"fixture": FixtureBackend(FixtureControls())}, parallel_jobs=1, allow_management=True
+    ) as running:
         yield running
 
 
 def test_model_config_never_pairs_a_new_configuration_with_the_old_slot_count(running):
     entry = running.server.registry.get("m")
-    done = _reconfigure_after_first_reading(entry, running.server.registry,
-                                            Registration(name="m", options={"marker": "new"}, slots=2))
+    done = _reconfigure_after_first_reading(
+        entry, running.server.registry, Registration(name="m", options={"marker": "new"}, slots=2)
+    )
     config = running.client.model_config("m")
     assert len(done) == 2
     pair = (config.parameters["marker"].string_value, config.instance_group[0].count)
@@ -68,10 +70,10 @@ def test_model_metadata_never_pairs_a_new_version_with_the_old_inputs(running, t
     (source / "config.pbtxt").write_text(
         'name: "m"\nbackend: "fixture"\nmax_batch_size: 0\n'
         'input { name: "INPUT_B" data_type: TYPE_FP32 dims: -1 }\n'
-        'output { name: "OUTPUT_B" data_type: TYPE_FP32 dims: -1 }\n')
+        'output { name: "OUTPUT_B" data_type: TYPE_FP32 dims: -1 }\n'
+    )
     entry = running.server.registry.get("m")
-    done = _reconfigure_after_first_reading(entry, running.server.registry,
-                                            Registration(name="m", source=str(source)))
+    done = _reconfigure_after_first_reading(entry, running.server.registry, Registration(name="m", source=str(source)))
     stub = pb_grpc.GRPCInferenceServiceStub(running.client.channel)
     metadata = stub.ModelMetadata(pb.ModelMetadataRequest(name="m"), timeout=WAIT)
     assert len(done) == 2

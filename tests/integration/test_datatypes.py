@@ -17,15 +17,37 @@ from generated import grpc_service_pb2 as pb
 from service.tensors import decode_request
 from service.testing import serve
 
-from ._support import (CALL_TIMEOUT, from_raw, numpy_dtype, raw_bytes, rpc_error, same_values, stub,
-                       write_fixture_model)
+from ._support import CALL_TIMEOUT, from_raw, numpy_dtype, raw_bytes, rpc_error, same_values, stub, write_fixture_model
 
-DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
-             "FP64", "BF16", "BYTES")
+DATATYPES = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
+)
 TYPED_FIELD = {
-    "BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }  # FP16 and BF16 have no typed field: raw only
 SHAPES = {  # (S, V, M) shapes of one request: ordinary, zero-size, and one-element
     "ordinary": ((), (7,), (2, 3, 4)),
@@ -43,11 +65,15 @@ def running(tmp_path_factory):
     repository = tmp_path_factory.mktemp("datatypes")
     for datatype in DATATYPES:
         dims = {"S": [], "V": [-1], "M": [-1, -1, -1]}
-        write_fixture_model(repository, model_name(datatype),
-                            inputs=[(name, datatype, dims[name]) for name in "SVM"],
-                            outputs=[("O" + name, datatype, dims[name]) for name in "SVM"])
-    write_fixture_model(repository, "cast_int16_to_fp64", inputs=[("INPUT0", "INT16", [-1])],
-                        outputs=[("OUTPUT0", "FP64", [-1])])
+        write_fixture_model(
+            repository,
+            model_name(datatype),
+            inputs=[(name, datatype, dims[name]) for name in "SVM"],
+            outputs=[("O" + name, datatype, dims[name]) for name in "SVM"],
+        )
+    write_fixture_model(
+        repository, "cast_int16_to_fp64", inputs=[("INPUT0", "INT16", [-1])], outputs=[("OUTPUT0", "FP64", [-1])]
+    )
     with serve(repository) as server:
         yield server
 
@@ -123,7 +149,8 @@ def test_no_typed_contents_for_half_precision(running, datatype):
     request = pb.ModelInferRequest(model_name=model_name(datatype))
     for name, array in arrays.items():
         request.inputs.add(name=name, datatype=datatype, shape=array.shape).contents.fp32_contents.extend(
-            array.reshape(-1).tolist())
+            array.reshape(-1).tolist()
+        )
     error = rpc_error(stub(running).ModelInfer, request)
     assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error")
     assert f"input 'S' is {datatype}, which can only be sent in raw_input_contents" in error.message
@@ -163,6 +190,7 @@ def test_typed_value_out_of_range(running, datatype, value):
 
 
 # ---- zero-copy decode (in process) ----------------------------------------------------------------------------
+
 
 def _owner(array: np.ndarray):
     base = array

@@ -46,8 +46,14 @@ def json_events(records) -> list[dict]:
 
 def test_load_eviction_reconfigure_rejection_and_unload_each_log_one_event(repository, controls, caplog):
     caplog.set_level(logging.INFO)
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=2, load_at_startup=False,
-               max_resident_models=1, allow_management=True) as running:
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        parallel_jobs=2,
+        load_at_startup=False,
+        max_resident_models=1,
+        allow_management=True,
+    ) as running:
         running.client.infer("a", VALUES)
         running.client.infer("b", VALUES)  # evicts a
         running.management.register("b", slots=3)  # same engine: resized in place
@@ -55,16 +61,20 @@ def test_load_eviction_reconfigure_rejection_and_unload_each_log_one_event(repos
         running.management.unload("b")
         lines = [line for line in json_events(caplog.records) if line["model"] is not None]
     assert [(line["event"], line["model"]) for line in lines] == [
-        ("registered", "a"), ("registered", "b"),
-        ("load_started", "a"), ("loaded", "a"),
-        ("load_started", "b"), ("evicted", "a"), ("loaded", "b"),
+        ("registered", "a"),
+        ("registered", "b"),
+        ("load_started", "a"),
+        ("loaded", "a"),
+        ("load_started", "b"),
+        ("evicted", "a"),
+        ("loaded", "b"),
         ("reconfigured", "b"),
         ("rejected", "b"),
         ("unloaded", "b"),
     ]
     by_event = {(line["event"], line["model"]): line for line in lines}
     for line in lines:
-        assert list(line)[:len(FIXED_KEYS)] == list(FIXED_KEYS)
+        assert list(line)[: len(FIXED_KEYS)] == list(FIXED_KEYS)
     assert by_event[("load_started", "a")]["cause"] == "first_request"
     loaded = by_event[("loaded", "a")]
     assert (loaded["backend"], loaded["slots"], loaded["level"]) == ("fixture", 2, "INFO")
@@ -91,12 +101,14 @@ def test_a_failed_load_is_logged_with_its_reason(repository, controls, caplog):
     assert "the engine file is corrupt" in failed["error"]
 
 
-@pytest.mark.parametrize("error, client_message", [
-    (ExecutionError("secret-detail /srv/internal/path"), "the model failed to execute this request"),
-    (Defect("secret-detail of a bug"), "internal error (reference "),
-])
-def test_internal_error_details_go_to_the_log_never_to_the_client(repository, controls, caplog, error,
-                                                                  client_message):
+@pytest.mark.parametrize(
+    "error, client_message",
+    [
+        (ExecutionError("secret-detail /srv/internal/path"), "the model failed to execute this request"),
+        (Defect("secret-detail of a bug"), "internal error (reference "),
+    ],
+)
+def test_internal_error_details_go_to_the_log_never_to_the_client(repository, controls, caplog, error, client_message):
     caplog.set_level(logging.INFO)
     with serve(repository, backends={"fixture": FixtureBackend(controls)}, metrics_port=0) as running:
         controls.gate("a", "execute").fail_next(error)
@@ -114,8 +126,16 @@ def test_internal_error_details_go_to_the_log_never_to_the_client(repository, co
 def test_json_log_format_writes_only_json_lines_that_tell_the_lifecycle(tmp_path):
     for name in "ab":
         write_gated_fixture_model(tmp_path, name)
-    flags = ("--log-format", "json", "--metrics-port", "0", "--max-resident-models", "1", "--no-load-at-startup",
-             "--allow-management")
+    flags = (
+        "--log-format",
+        "json",
+        "--metrics-port",
+        "0",
+        "--max-resident-models",
+        "1",
+        "--no-load-at-startup",
+        "--allow-management",
+    )
     with ServerProcess(tmp_path, *flags) as server:
         server.client.infer("a", VALUES)
         server.client.infer("b", VALUES)  # evicts a
@@ -127,33 +147,46 @@ def test_json_log_format_writes_only_json_lines_that_tell_the_lifecycle(tmp_path
         assert server.wait_exit() == 0
         lines = [json.loads(line) for line in server.log.splitlines()]  # every line is one JSON object
     for line in lines:
-        assert list(line)[:len(FIXED_KEYS)] == list(FIXED_KEYS)
+        assert list(line)[: len(FIXED_KEYS)] == list(FIXED_KEYS)
     events = [(line["event"], line["model"]) for line in lines if line["event"] is not None]
     assert events == [
-        ("registered", "a"), ("registered", "b"),
+        ("registered", "a"),
+        ("registered", "b"),
         ("serving", None),
-        ("load_started", "a"), ("loaded", "a"),
-        ("load_started", "b"), ("evicted", "a"), ("loaded", "b"),
+        ("load_started", "a"),
+        ("loaded", "a"),
+        ("load_started", "b"),
+        ("evicted", "a"),
+        ("loaded", "b"),
         ("unloaded", "b"),
-        ("shutdown_signal", None), ("shutdown_draining", None), ("shutdown_closed_to_new_calls", None),
+        ("shutdown_signal", None),
+        ("shutdown_draining", None),
+        ("shutdown_closed_to_new_calls", None),
         ("shutdown_done", None),
     ]
     evicted = next(line for line in lines if line["event"] == "evicted")
-    assert (evicted["reason"], evicted["for_model"], evicted["logger"]) == ("max_resident_models", "b",
-                                                                            "service.core.lifecycle")
+    assert (evicted["reason"], evicted["for_model"], evicted["logger"]) == (
+        "max_resident_models",
+        "b",
+        "service.core.lifecycle",
+    )
     assert next(line for line in lines if line["event"] == "shutdown_signal")["signal"] == "SIGTERM"
-
 
 
 def test_startup_failure_refused_reconfigure_and_shutdown_close_each_log_one_event(tmp_path, controls, caplog):
     caplog.set_level(logging.INFO)
     root = tmp_path / "repository"
-    write_fixture_model(root, "a", inputs=TENSOR, outputs=OUT,
-                        extra='parameters { key: "capacity" value { string_value: "2" } }\n')
-    write_fixture_model(root, "broken", inputs=TENSOR, outputs=OUT,
-                        extra='parameters { key: "fail_load" value { string_value: "disk on fire" } }\n')
-    with serve(root, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=2,
-               allow_management=True) as running:
+    write_fixture_model(
+        root, "a", inputs=TENSOR, outputs=OUT, extra='parameters { key: "capacity" value { string_value: "2" } }\n'
+    )
+    write_fixture_model(
+        root,
+        "broken",
+        inputs=TENSOR,
+        outputs=OUT,
+        extra='parameters { key: "fail_load" value { string_value: "disk on fire" } }\n',
+    )
+    with serve(root, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=2, allow_management=True) as running:
         client_error(running.management.register, "a", slots=3)  # above the capacity of 2
         running.client.infer("a", VALUES)  # the old pool still serves
     by_event: dict[str, list[dict]] = {}

@@ -19,7 +19,6 @@ from client import ClientError
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.server import Server
 from service.testing import RunningServer, serve
-
 from tests.shutdown.harness import refuses_new_connections
 
 from ._support import demo_subset, write_fixture_model
@@ -40,8 +39,9 @@ def controls():
 
 
 def engines_closed(controls: FixtureControls, model: str = MODEL) -> bool:
-    return controls.count(model, "load") >= 1 and controls.live_engines(model) == 0 \
-        and controls.live_contexts(model) == 0
+    return (
+        controls.count(model, "load") >= 1 and controls.live_engines(model) == 0 and controls.live_contexts(model) == 0
+    )
 
 
 def test_serve_yields_a_ready_server_with_clients(repository, controls):
@@ -76,8 +76,13 @@ def test_serve_stops_the_server_when_the_block_raises(repository, controls):
 
 
 def test_serve_passes_options_and_backends(repository, controls):
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=3, allow_management=True,
-               load_at_startup=False) as running:
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        parallel_jobs=3,
+        allow_management=True,
+        load_at_startup=False,
+    ) as running:
         status = running.management.get(MODEL)
         assert (status.loaded, status.slots) == (False, 3)  # registered, not loaded; --parallel-jobs default
         assert controls.count(MODEL, "load") == 0
@@ -115,6 +120,7 @@ def test_serve_on_a_busy_port_fails_and_leaves_nothing_running(repository, contr
 
 # ---- the pytest fixture ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def started_servers():
     """Servers a test started through `slotserve`, checked after the fixture's own teardown (fixtures are torn
@@ -130,8 +136,9 @@ def started_servers():
 def test_slotserve_fixture_is_a_factory_whose_servers_stop_after_the_test(started_servers, slotserve, repository):
     first_controls, second_controls = FixtureControls(), FixtureControls()
     first = slotserve(repository, backends={"fixture": FixtureBackend(first_controls)})
-    second = slotserve(repository, backends={"fixture": FixtureBackend(second_controls)}, allow_management=True,
-                       parallel_jobs=2)
+    second = slotserve(
+        repository, backends={"fixture": FixtureBackend(second_controls)}, allow_management=True, parallel_jobs=2
+    )
     assert isinstance(first, RunningServer) and isinstance(second, RunningServer)
     assert first.port != second.port
     assert first.client.ready() and second.client.ready()

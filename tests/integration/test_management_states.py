@@ -67,8 +67,7 @@ class _Call:
 def _server(repository, controls: FixtureControls, **options) -> Iterator[RunningServer]:
     """A server with management over the test's fixture models. Every gate is released before it stops, so a
     failing test ends promptly instead of leaving a load or teardown held through the shutdown."""
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, allow_management=True,
-               **options) as running:
+    with serve(repository, backends={"fixture": FixtureBackend(controls)}, allow_management=True, **options) as running:
         try:
             yield running
         finally:
@@ -103,6 +102,7 @@ def _check_output(outputs) -> None:
 
 # ---- 1. the three views agree in every transitional state ---------------------------------------------------
 
+
 def test_index_model_ready_and_get_model_agree_while_a_model_is_loading(tmp_path):
     # While the first request's load is held at the fixture's load gate:
     #   RepositoryIndex  state "LOADING", reason ""  (a reason is given only for UNAVAILABLE models)
@@ -124,7 +124,11 @@ def test_index_model_ready_and_get_model_agree_while_a_model_is_loading(tmp_path
         assert (state, reason) == ("LOADING", "")
         assert ready is False
         assert (status.state, status.loaded, status.max_parallel_slots, status.memory_bytes) == (
-            "LOADING", False, None, None)
+            "LOADING",
+            False,
+            None,
+            None,
+        )
         assert (status.slots, status.active_slots, status.queued_requests) == (2, 1, 0)
         assert "m" not in _ready_index_names(running)
 
@@ -163,8 +167,7 @@ def test_index_model_ready_and_get_model_agree_while_a_model_is_reconfiguring(tm
         state, reason, ready, status = _observe(running, "m")
         assert (state, reason) == ("LOADING", "")
         assert ready is False
-        assert (status.state, status.loaded, status.slots, status.max_parallel_slots) == (
-            "RECONFIGURING", True, 2, 4)
+        assert (status.state, status.loaded, status.slots, status.max_parallel_slots) == ("RECONFIGURING", True, 2, 4)
         assert (status.active_slots, status.queued_requests) == (0, 0)
         assert not reconfigure.done()
 
@@ -204,7 +207,11 @@ def test_index_model_ready_and_get_model_agree_while_a_model_is_unloading(tmp_pa
         assert (state, reason) == ("UNLOADING", "")
         assert ready is False
         assert (status.state, status.loaded, status.max_parallel_slots, status.memory_bytes) == (
-            "UNLOADING", False, None, None)
+            "UNLOADING",
+            False,
+            None,
+            None,
+        )
         assert "m" not in _ready_index_names(running)
         assert not unload.done()
 
@@ -217,6 +224,7 @@ def test_index_model_ready_and_get_model_agree_while_a_model_is_unloading(tmp_pa
 
 
 # ---- 2. two registrations of a brand-new id -----------------------------------------------------------------
+
 
 def test_two_register_calls_for_a_new_id_register_and_load_it_once(tmp_path):
     write_fixture_model(tmp_path, "existing")
@@ -245,6 +253,7 @@ def test_two_register_calls_for_a_new_id_register_and_load_it_once(tmp_path):
 
 
 # ---- 3. a new id with more slots than its capacity ----------------------------------------------------------
+
 
 def test_register_new_id_with_slots_above_capacity_is_refused_and_leaves_it_registered_unloaded(tmp_path):
     # The capacity is only known from a loaded engine, so the server loads the primary once to learn it, then
@@ -281,13 +290,16 @@ def test_register_new_id_with_slots_above_capacity_is_refused_and_leaves_it_regi
 
 # ---- 4. RepositoryModelLoad with an instance_group count override -------------------------------------------
 
+
 def _held_requests_run_at_once(running, controls, model: str, slots: int) -> None:
     """`slots` requests execute at the same time and one more queues: the pool really has `slots` slots."""
     execute = controls.gate(model, "execute").hold()
     before = execute.arrivals
     calls = [_Call(lambda: running.client.infer(model, INPUT, timeout=30)) for _ in range(slots + 1)]
-    _wait(lambda: execute.blocked == slots and running.management.get(model).queued_requests == 1,
-          f"{slots} requests executing and one queued")
+    _wait(
+        lambda: execute.blocked == slots and running.management.get(model).queued_requests == 1,
+        f"{slots} requests executing and one queued",
+    )
     assert execute.arrivals - before == slots
     execute.release()
     for call in calls:
@@ -295,8 +307,13 @@ def _held_requests_run_at_once(running, controls, model: str, slots: int) -> Non
 
 
 def test_repository_load_count_override_resizes_in_place_within_capacity_and_refuses_above(tmp_path):
-    write_declared_model(tmp_path, "m", inputs=[("INPUT0", "FP32", [-1])], outputs=[("OUTPUT0", "FP32", [-1])],
-                         extra='parameters { key: "capacity" value { string_value: "3" } }\n')
+    write_declared_model(
+        tmp_path,
+        "m",
+        inputs=[("INPUT0", "FP32", [-1])],
+        outputs=[("OUTPUT0", "FP32", [-1])],
+        extra='parameters { key: "capacity" value { string_value: "3" } }\n',
+    )
     controls = FixtureControls()
     with _server(tmp_path, controls, parallel_jobs=2) as running:
         client = running.client
@@ -327,6 +344,7 @@ def test_repository_load_count_override_resizes_in_place_within_capacity_and_ref
 
 
 # ---- 5. the --parallel-jobs default lowered to a smaller capacity -------------------------------------------
+
 
 def test_default_slot_count_above_capacity_is_lowered_and_requests_run(tmp_path):
     # --parallel-jobs 4 for a model whose engine admits 2 slots. The load succeeds (a default count is lowered,

@@ -81,11 +81,13 @@ def counter_moves(before: Samples, after: Samples) -> dict:
 def successes(model: str, count: int) -> dict:
     """A model's counters after `count` successful requests (each run alone, as on a model without dynamic
     batching): outcome, both time histograms, executions and the batch-size histogram."""
-    return {key("slotserve_model_requests_total", model=model, outcome="success"): count,
-            key("slotserve_model_admission_wait_seconds_count", model=model): count,
-            key("slotserve_model_compute_seconds_count", model=model): count,
-            key("slotserve_model_executions_total", model=model): count,
-            key("slotserve_model_batch_size_count", model=model): count}
+    return {
+        key("slotserve_model_requests_total", model=model, outcome="success"): count,
+        key("slotserve_model_admission_wait_seconds_count", model=model): count,
+        key("slotserve_model_compute_seconds_count", model=model): count,
+        key("slotserve_model_executions_total", model=model): count,
+        key("slotserve_model_batch_size_count", model=model): count,
+    }
 
 
 def poll(running, predicate, what: str) -> Samples:
@@ -105,8 +107,14 @@ def poll(running, predicate, what: str) -> Samples:
 
 
 def test_counters_move_by_exactly_what_the_server_did(repository, controls):
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, metrics_port=0, load_at_startup=False,
-               max_resident_models=1, allow_management=True) as running:
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        metrics_port=0,
+        load_at_startup=False,
+        max_resident_models=1,
+        allow_management=True,
+    ) as running:
         assert running.server.metrics_port > 0
         start = scrape(running)
         for model in "abc":
@@ -131,9 +139,11 @@ def test_counters_move_by_exactly_what_the_server_did(repository, controls):
         # b's first request needs a's place: a is evicted.
         running.client.infer("b", VALUES)
         after_b = scrape(running)
-        assert counter_moves(after_a, after_b) == {**successes("b", 1),
-                                                   key("slotserve_model_loads_total", model="b"): 1,
-                                                   key("slotserve_model_evictions_total", model="a"): 1}
+        assert counter_moves(after_a, after_b) == {
+            **successes("b", 1),
+            key("slotserve_model_loads_total", model="b"): 1,
+            key("slotserve_model_evictions_total", model="a"): 1,
+        }
         assert value(after_b, "slotserve_model_loaded", model="a") == 0
         assert value(after_b, "slotserve_model_loaded", model="b") == 1
         assert value(after_b, "slotserve_resident_models") == 1
@@ -147,18 +157,19 @@ def test_counters_move_by_exactly_what_the_server_did(repository, controls):
         assert counter_moves(after_b, refused) == {
             key("slotserve_model_requests_total", model="b", outcome="invalid_request_error"): 1,
             key("slotserve_model_requests_total", model="b", outcome="model_not_found"): 1,
-            key("slotserve_unknown_model_requests_total"): 1}
+            key("slotserve_unknown_model_requests_total"): 1,
+        }
 
         # A slot held at the execute gate, one request queued behind it, one refused at its own deadline.
         gate = controls.gate("b", "execute").hold()
         results: list = []
-        workers = [threading.Thread(target=lambda: results.append(running.client.infer("b", VALUES)))
-                   for _ in range(2)]
+        workers = [threading.Thread(target=lambda: results.append(running.client.infer("b", VALUES))) for _ in range(2)]
         workers[0].start()
         gate.wait_blocked(1)
         workers[1].start()
-        busy = poll(running, lambda s: value(s, "slotserve_model_queued_requests", model="b") == 1,
-                    "one request queued on b")
+        busy = poll(
+            running, lambda s: value(s, "slotserve_model_queued_requests", model="b") == 1, "one request queued on b"
+        )
         assert value(busy, "slotserve_model_active_slots", model="b") == 1
         error = client_error(running.client.infer, "b", VALUES, parameters={"timeout": 1000})
         assert error.reason == "server_busy"
@@ -170,7 +181,9 @@ def test_counters_move_by_exactly_what_the_server_did(repository, controls):
         assert value(drained, "slotserve_model_queued_requests", model="b") == 0
         assert value(drained, "slotserve_model_active_slots", model="b") == 0
         assert counter_moves(refused, drained) == {
-            **successes("b", 2), key("slotserve_model_requests_total", model="b", outcome="server_busy"): 1}
+            **successes("b", 2),
+            key("slotserve_model_requests_total", model="b", outcome="server_busy"): 1,
+        }
 
         # An operator's unload.
         running.management.unload("b")
@@ -185,7 +198,8 @@ def test_counters_move_by_exactly_what_the_server_did(repository, controls):
         failed = scrape(running)
         assert counter_moves(unloaded, failed) == {
             key("slotserve_model_load_failures_total", model="c"): 1,
-            key("slotserve_model_requests_total", model="c", outcome="load_failed"): 1}
+            key("slotserve_model_requests_total", model="c", outcome="load_failed"): 1,
+        }
 
 
 def test_histograms_are_cumulative_and_agree_with_model_statistics(repository, controls):
@@ -194,28 +208,48 @@ def test_histograms_are_cumulative_and_agree_with_model_statistics(repository, c
             running.client.infer("a", VALUES)
         samples = scrape(running)
         statistics = running.client.statistics("a")[0]
-        buckets = sorted(((float(dict(labels)["le"]), count) for (name, labels), count in samples.items()
-                          if name == "slotserve_model_compute_seconds_bucket" and dict(labels)["model"] == "a"))
+        buckets = sorted(
+            (
+                (float(dict(labels)["le"]), count)
+                for (name, labels), count in samples.items()
+                if name == "slotserve_model_compute_seconds_bucket" and dict(labels)["model"] == "a"
+            )
+        )
         counts = [count for _, count in buckets]
         assert counts == sorted(counts) and buckets[-1] == (float("inf"), 5)
         assert value(samples, "slotserve_model_compute_seconds_count", model="a") == 5
         # /metrics and ModelStatistics read the same counters.
-        assert value(samples, "slotserve_model_requests_total", model="a", outcome="success") == \
-            statistics.inference_stats.success.count
+        assert (
+            value(samples, "slotserve_model_requests_total", model="a", outcome="success")
+            == statistics.inference_stats.success.count
+        )
         assert value(samples, "slotserve_model_compute_seconds_sum", model="a") == pytest.approx(
-            statistics.inference_stats.compute_infer.ns / 1e9)
+            statistics.inference_stats.compute_infer.ns / 1e9
+        )
         assert value(samples, "slotserve_model_admission_wait_seconds_sum", model="a") == pytest.approx(
-            statistics.inference_stats.queue.ns / 1e9)
+            statistics.inference_stats.queue.ns / 1e9
+        )
 
 
 def test_idle_retirement_is_counted_apart_from_unloads(repository, controls):
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, metrics_port=0, load_at_startup=False,
-               idle_unload=0.2) as running:
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        metrics_port=0,
+        load_at_startup=False,
+        idle_unload=0.2,
+    ) as running:
         running.client.infer("a", VALUES)
         # A scrape reads each family in turn, not one snapshot: the gauge read before the retirement and the
         # counter read after it can meet in one scrape (seen under make stress), so both are waited for.
-        retired = poll(running, lambda s: value(s, "slotserve_model_idle_retirements_total", model="a") == 1
-                       and value(s, "slotserve_model_loaded", model="a") == 0, "a retired after 0.2 s idle")
+        retired = poll(
+            running,
+            lambda s: (
+                value(s, "slotserve_model_idle_retirements_total", model="a") == 1
+                and value(s, "slotserve_model_loaded", model="a") == 0
+            ),
+            "a retired after 0.2 s idle",
+        )
         assert value(retired, "slotserve_model_unloads_total", model="a") == 0
         assert value(retired, "slotserve_model_evictions_total", model="a") == 0
 
@@ -226,8 +260,7 @@ def test_each_server_has_its_own_registry_and_stopping_frees_the_port_and_thread
     with serve(repository, metrics_port=0) as first, serve(other, metrics_port=0) as second:
         assert first.server.metrics_port != second.server.metrics_port
         first_models = {dict(labels)["model"] for (name, labels) in scrape(first) if name == "slotserve_model_slots"}
-        second_models = {dict(labels)["model"] for (name, labels) in scrape(second)
-                         if name == "slotserve_model_slots"}
+        second_models = {dict(labels)["model"] for (name, labels) in scrape(second) if name == "slotserve_model_slots"}
         assert first_models == {"a", "b", "c"} and second_models == {"x"}
         port = first.server.metrics_port
     with pytest.raises(urllib.error.URLError):
@@ -241,11 +274,14 @@ def test_without_metrics_port_nothing_is_served_but_the_text_is_still_there(repo
         assert "slotserve_model_requests_total" in running.server.metrics.render()
 
 
-@pytest.mark.parametrize("fields, problem", [
-    ({"metrics_port": 70000}, "--metrics-port must be 0..65535"),
-    ({"metrics_port": -1}, "--metrics-port must be 0..65535"),
-    ({"metrics_port": 9100, "port": 9100}, "--metrics-port must differ from --port"),
-])
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({"metrics_port": 70000}, "--metrics-port must be 0..65535"),
+        ({"metrics_port": -1}, "--metrics-port must be 0..65535"),
+        ({"metrics_port": 9100, "port": 9100}, "--metrics-port must differ from --port"),
+    ],
+)
 def test_metrics_port_is_validated(fields, problem):
     with pytest.raises(ValueError, match=problem):
         ServerOptions(**fields)

@@ -72,7 +72,8 @@ def test_a_queued_request_the_client_cancels_counts_as_cancelled(repository, con
     cancelled = poll(running, outcome("m", "cancelled", 1), "the queued request counted as cancelled")
     assert value(cancelled, "slotserve_model_queued_requests", model="m") == 0
     assert counter_moves(before, cancelled) == {
-        key("slotserve_model_requests_total", model="m", outcome="cancelled"): 1}
+        key("slotserve_model_requests_total", model="m", outcome="cancelled"): 1
+    }
     assert controls.count("m", "execute") == 2  # the warm-up and the holder: the cancelled request never ran
 
     gate.release()
@@ -124,7 +125,8 @@ def test_work_cut_short_by_the_shutdown_counts_as_shutting_down(repository, cont
         teardown.wait_blocked(1)  # the shutdown is closing the idle engine: every call has ended
         during = scrape(running)
         assert counter_moves(before, during) == {
-            key("slotserve_model_requests_total", model="m", outcome="shutting_down"): 2}
+            key("slotserve_model_requests_total", model="m", outcome="shutting_down"): 2
+        }
         assert value(during, "slotserve_model_queued_requests", model="m") == 0
     finally:
         teardown.release()

@@ -42,10 +42,12 @@ def write_model(directory: Path, *, config: str | None = None, filename: str = "
     """`directory/1/<filename>`: Y = X + 1 (FP32 [4]), and a config.pbtxt (backend onnxruntime, no name, so the
     folder may be registered under any id) unless `config` gives another text."""
     graph = helper.make_graph(
-        [helper.make_node("Add", ["X", "ONE"], ["Y"])], "add_one",
+        [helper.make_node("Add", ["X", "ONE"], ["Y"])],
+        "add_one",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [WIDTH])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [WIDTH])],
-        [helper.make_tensor("ONE", TensorProto.FLOAT, [WIDTH], [1.0] * WIDTH)])
+        [helper.make_tensor("ONE", TensorProto.FLOAT, [WIDTH], [1.0] * WIDTH)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     (directory / "1").mkdir(parents=True)
     (directory / "1" / filename).write_bytes(model.SerializeToString())
@@ -88,6 +90,7 @@ def assert_unharmed(running) -> None:
 
 # ---- default_model_filename ----------------------------------------------------------------------------------
 
+
 def stray_filenames(outside: Path) -> list[str]:
     # From <repository>/good/1: three levels up is <tmp>, where `outside` is.
     return [str(outside / "stray" / "1" / "model.onnx"), "../../../outside/stray/1/model.onnx"]
@@ -98,13 +101,20 @@ def test_a_default_model_filename_outside_the_repository_in_a_register_call_is_r
     repository, outside = layout
     filename = dict(zip(["absolute", "dot-dot"], stray_filenames(outside)))[which]
     with serve(repository, allow_management=True) as running:
-        error = client_error(running.management.register, "probe", source="good",
-                             config_json={"backend": "onnxruntime", "default_model_filename": filename})
+        error = client_error(
+            running.management.register,
+            "probe",
+            source="good",
+            config_json={"backend": "onnxruntime", "default_model_filename": filename},
+        )
         assert_refused(error, "default_model_filename")
         assert_unharmed(running)
         # A reconfiguration of a loaded model is refused the same way, and the model keeps serving as it was.
-        error = client_error(running.management.register, "good",
-                             config_json={"backend": "onnxruntime", "default_model_filename": filename})
+        error = client_error(
+            running.management.register,
+            "good",
+            config_json={"backend": "onnxruntime", "default_model_filename": filename},
+        )
         assert_refused(error, "default_model_filename")
         assert_unharmed(running)
         assert running.management.get("good").last_error == ""
@@ -115,7 +125,8 @@ def test_a_default_model_filename_outside_the_repository_in_config_pbtxt_is_refu
     (repository / "escapes").mkdir()
     (repository / "escapes" / "1").mkdir()
     (repository / "escapes" / "config.pbtxt").write_text(
-        'backend: "onnxruntime"\ndefault_model_filename: "../../../outside/stray/1/model.onnx"\n')
+        'backend: "onnxruntime"\ndefault_model_filename: "../../../outside/stray/1/model.onnx"\n'
+    )
     with serve(repository, allow_management=True) as running:
         # At startup it was not registered (its configuration is refused), and the index says so.
         index = {model.name: model for model in running.client.repository_index()}
@@ -127,6 +138,7 @@ def test_a_default_model_filename_outside_the_repository_in_config_pbtxt_is_refu
 
 
 # ---- source ------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("which", ["absolute", "dot-dot"])
 def test_a_source_outside_the_repository_is_refused_by_name(layout, which):
@@ -150,6 +162,7 @@ def test_an_absolute_source_inside_the_repository_is_accepted(layout):
 
 
 # ---- symbolic links ------------------------------------------------------------------------------------------
+
 
 def test_symbolic_links_inside_the_repository_that_lead_outside_are_refused(layout, tmp_path):
     repository, outside = layout
@@ -185,6 +198,7 @@ def test_an_allowed_root_admits_a_source_and_links_into_it(layout):
 
 # ---- what a failed load tells the client ---------------------------------------------------------------------
 
+
 def test_a_failed_load_names_paths_relative_to_the_repository_and_no_absolute_path(layout, tmp_path):
     repository, _ = layout
     write_model(repository / "broken")
@@ -211,8 +225,7 @@ def test_external_data_outside_the_model_folder_is_refused_without_absolute_path
     which the client gets relative to the repository (or as bare names, for places outside it)."""
     repository, outside = layout
     (outside / "w.bin").write_bytes(np.ones(WIDTH, np.float32).tobytes())
-    weight = onnx.TensorProto(name="ONE", data_type=TensorProto.FLOAT, dims=[WIDTH],
-                              data_location=TensorProto.EXTERNAL)
+    weight = onnx.TensorProto(name="ONE", data_type=TensorProto.FLOAT, dims=[WIDTH], data_location=TensorProto.EXTERNAL)
     for key, value in (("location", "../../../outside/w.bin"), ("offset", "0"), ("length", str(4 * WIDTH))):
         weight.external_data.add(key=key, value=value)
     write_model(repository / "external")
@@ -235,6 +248,7 @@ def assert_unharmed_with(running, *others: str) -> None:
 
 # ---- TensorRT: the plan cache ------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def tensorrt_layout(tmp_path):
     """A repository with `good` (ONNX Runtime) and `trt` (ONNX built into an engine by the TensorRT double), and
@@ -246,11 +260,16 @@ def tensorrt_layout(tmp_path):
     support.write_add_sub_onnx(repository, name="trt")
     (repository / "trt" / "config.pbtxt").write_text(
         'backend: "tensorrt"\nmax_batch_size: 8\n'
-        'parameters { key: "trt_memory_reserve_bytes" value { string_value: "0" } }\n')
+        'parameters { key: "trt_memory_reserve_bytes" value { string_value: "0" } }\n'
+    )
     outside.mkdir()
     device = FakeDevice(total_memory=64 << 20)
-    backend = TensorRTBackend(trt_module=device.trt, cudart_module=device.cudart,
-                              cuda_utils_module=device.cuda_utils, cache_dir=tmp_path / "operator-cache")
+    backend = TensorRTBackend(
+        trt_module=device.trt,
+        cudart_module=device.cudart,
+        cuda_utils_module=device.cuda_utils,
+        cache_dir=tmp_path / "operator-cache",
+    )
     return repository, outside, backend
 
 
@@ -272,11 +291,13 @@ def test_a_trt_cache_dir_outside_the_repository_is_refused_and_nothing_is_writte
 
 # ---- the flag ----------------------------------------------------------------------------------------------
 
+
 def test_allow_model_root_is_repeatable_and_the_banner_names_the_roots(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir(), second.mkdir()
-    args = build_parser().parse_args(["--model-repository", str(tmp_path), "--allow-model-root", str(first),
-                                      "--allow-model-root", str(second)])
+    args = build_parser().parse_args(
+        ["--model-repository", str(tmp_path), "--allow-model-root", str(first), "--allow-model-root", str(second)]
+    )
     options = ServerOptions(**option_fields(args))
     assert options.allowed_model_roots == (first, second)
     assert f"model files: inside the repository and {first}, {second} (--allow-model-root)" in security_lines(options)
@@ -286,7 +307,21 @@ def test_allow_model_root_is_repeatable_and_the_banner_names_the_roots(tmp_path)
 def test_an_allowed_root_that_is_not_a_folder_stops_startup_with_one_line(tmp_path):
     missing = tmp_path / "no-such-folder"
     result = subprocess.run(
-        [sys.executable, "-m", "service", "--model-repository", str(tmp_path), "--port", "0",
-         "--allow-model-root", str(missing)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--model-repository",
+            str(tmp_path),
+            "--port",
+            "0",
+            "--allow-model-root",
+            str(missing),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == f"slotserve: --allow-model-root {missing} is not a folder"

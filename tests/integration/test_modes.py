@@ -16,7 +16,12 @@ from tests.contract.harness import write_fixture_model
 def _startup_log(repository, *flags: str) -> str:
     process = subprocess.Popen(
         [sys.executable, "-m", "service", "--model-repository", str(repository), "--port", "0", *flags],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         line = process.stdout.readline()  # printed once serving
         assert "listening on" in line, line
@@ -52,7 +57,21 @@ def test_without_parallel_jobs_every_model_has_one_slot(repository):
 @pytest.mark.parametrize("value", ["0", "17"])
 def test_parallel_jobs_outside_1_to_16_is_refused_at_startup(repository, value):
     result = subprocess.run(
-        [sys.executable, "-m", "service", "--model-repository", str(repository), "--port", "0",
-         "--parallel-jobs", value], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--model-repository",
+            str(repository),
+            "--port",
+            "0",
+            "--parallel-jobs",
+            value,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "--parallel-jobs must be 1..16" in result.stderr

@@ -32,10 +32,14 @@ def write_add_model(repository: Path, name: str, config_inputs: list[tuple[str, 
     """`<repository>/<name>/1/model.onnx` computing Y = A + B (FP32 [batch, 4] each) and a config.pbtxt
     (max_batch_size 8) declaring `config_inputs` as (name, config type, dims after the batch dimension) and Y."""
     graph = helper.make_graph(
-        [helper.make_node("Add", ["A", "B"], ["Y"])], name,
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["batch", WIDTH]),
-         helper.make_tensor_value_info("B", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", WIDTH])])
+        [helper.make_node("Add", ["A", "B"], ["Y"])],
+        name,
+        [
+            helper.make_tensor_value_info("A", TensorProto.FLOAT, ["batch", WIDTH]),
+            helper.make_tensor_value_info("B", TensorProto.FLOAT, ["batch", WIDTH]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", WIDTH])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     directory = repository / name
@@ -51,20 +55,30 @@ def write_add_model(repository: Path, name: str, config_inputs: list[tuple[str, 
 
 def add_inputs(rows: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"A": rng.standard_normal((rows, WIDTH)).astype(np.float32),
-            "B": rng.standard_normal((rows, WIDTH)).astype(np.float32)}
+    return {
+        "A": rng.standard_normal((rows, WIDTH)).astype(np.float32),
+        "B": rng.standard_normal((rows, WIDTH)).astype(np.float32),
+    }
 
 
 # (model name, config inputs, what the message must say) -- each disagrees with the ONNX model in one way.
 MISMATCHES = [
-    ("wrong_datatype", [("A", "TYPE_INT32", [WIDTH]), ("B", "TYPE_FP32", [WIDTH])],
-     "input 'A' is FP32 in the model, INT32 in the config"),
-    ("wrong_dims", [("A", "TYPE_FP32", [WIDTH]), ("B", "TYPE_FP32", [WIDTH + 1])],
-     "input 'B' has dims [4] in the model (after the batch dimension), [5] in the config"),
-    ("omits_an_input", [("A", "TYPE_FP32", [WIDTH])],
-     "the model's inputs ['B'] are not in the config"),
-    ("names_an_absent_input", [*GOOD_INPUTS, ("C", "TYPE_FP32", [WIDTH])],
-     "input 'C' is not in the model; it has ['A', 'B']"),
+    (
+        "wrong_datatype",
+        [("A", "TYPE_INT32", [WIDTH]), ("B", "TYPE_FP32", [WIDTH])],
+        "input 'A' is FP32 in the model, INT32 in the config",
+    ),
+    (
+        "wrong_dims",
+        [("A", "TYPE_FP32", [WIDTH]), ("B", "TYPE_FP32", [WIDTH + 1])],
+        "input 'B' has dims [4] in the model (after the batch dimension), [5] in the config",
+    ),
+    ("omits_an_input", [("A", "TYPE_FP32", [WIDTH])], "the model's inputs ['B'] are not in the config"),
+    (
+        "names_an_absent_input",
+        [*GOOD_INPUTS, ("C", "TYPE_FP32", [WIDTH])],
+        "input 'C' is not in the model; it has ['A', 'B']",
+    ),
 ]
 
 
@@ -79,7 +93,8 @@ def mismatched_repository(tmp_path) -> Path:
 
 @pytest.mark.parametrize("name, _config_inputs, problem", MISMATCHES, ids=[m[0] for m in MISMATCHES])
 def test_a_config_that_disagrees_with_the_onnx_model_fails_its_load_by_name_and_others_keep_serving(
-        mismatched_repository, name, _config_inputs, problem):
+    mismatched_repository, name, _config_inputs, problem
+):
     with serve(mismatched_repository, load_at_startup=False) as running:
         inputs = add_inputs()
         error = client_error(running.client.infer, name, inputs)
@@ -138,8 +153,9 @@ def test_four_slots_share_one_inference_session_and_run_on_it_concurrently(tmp_p
     # The backend looks InferenceSession up on the onnxruntime module at each load.
     monkeypatch.setattr(onnxruntime, "InferenceSession", CountingSession)
     backend = RecordingBackend()
-    with serve(root, backends={"onnxruntime": backend}, parallel_jobs=4, load_at_startup=False,
-               allow_management=True) as running:
+    with serve(
+        root, backends={"onnxruntime": backend}, parallel_jobs=4, load_at_startup=False, allow_management=True
+    ) as running:
         status = running.management.register("add", slots=4)
         assert (status.loaded, status.slots) == (True, 4)
         assert len(sessions) == 1, "one InferenceSession per model, whatever its slot count"

@@ -24,8 +24,18 @@ from generated import model_config_pb2
 from service.options import ServerOptions
 from service.testing import serve
 
-from ._support import (CALL_TIMEOUT, ROOT, check_simple_response, client_error, demo_subset, require_demo,
-                       rpc_error, simple_request, stub, write_fixture_model)
+from ._support import (
+    CALL_TIMEOUT,
+    ROOT,
+    check_simple_response,
+    client_error,
+    demo_subset,
+    require_demo,
+    rpc_error,
+    simple_request,
+    stub,
+    write_fixture_model,
+)
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 MANAGEMENT_SERVICE = "slotserve.management.v1.ModelManagement"
@@ -55,6 +65,7 @@ def project_version() -> str:
 
 
 # ---- health, readiness, metadata ------------------------------------------------------------------------------
+
 
 def test_server_live_and_ready(demo):
     assert demo.client.live() is True
@@ -86,9 +97,13 @@ def test_model_metadata_of_a_batching_model_has_a_leading_minus_one(demo):
     metadata = demo.client.model_metadata("simple")
     assert (metadata.name, metadata.versions, metadata.platform) == ("simple", ("1",), "onnxruntime_onnx")
     assert [(t.name, t.datatype, t.shape) for t in metadata.inputs] == [
-        ("INPUT0", "INT32", (-1, 16)), ("INPUT1", "INT32", (-1, 16))]
+        ("INPUT0", "INT32", (-1, 16)),
+        ("INPUT1", "INT32", (-1, 16)),
+    ]
     assert [(t.name, t.datatype, t.shape) for t in metadata.outputs] == [
-        ("OUTPUT0", "INT32", (-1, 16)), ("OUTPUT1", "INT32", (-1, 16))]
+        ("OUTPUT0", "INT32", (-1, 16)),
+        ("OUTPUT1", "INT32", (-1, 16)),
+    ]
     identity = demo.client.model_metadata("identity_fp32")
     assert [(t.name, t.shape) for t in identity.inputs] == [("INPUT0", (-1, -1))]
 
@@ -119,12 +134,15 @@ def test_model_metadata_errors(demo):
 
 # ---- ModelConfig ----------------------------------------------------------------------------------------------
 
+
 def test_model_config(demo):
     config = demo.client.model_config("simple")
     assert config.name == "simple"
     assert config.max_batch_size == 8
     assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [
-        ("INPUT0", model_config_pb2.TYPE_INT32, [16]), ("INPUT1", model_config_pb2.TYPE_INT32, [16])]
+        ("INPUT0", model_config_pb2.TYPE_INT32, [16]),
+        ("INPUT1", model_config_pb2.TYPE_INT32, [16]),
+    ]
     assert [t.name for t in config.output] == ["OUTPUT0", "OUTPUT1"]
     assert len(config.instance_group) == 1 and config.instance_group[0].count == 1
     error = client_error(demo.client.model_config, "no_such_model")
@@ -136,8 +154,13 @@ def test_model_config(demo):
 
 def _slot_repository(path):
     repository = demo_subset(path, "simple")
-    write_fixture_model(repository, "two_instances", inputs=[("INPUT0", "FP32", [-1])],
-                        outputs=[("OUTPUT0", "FP32", [-1])], extra="instance_group [ { count: 2 } ]\n")
+    write_fixture_model(
+        repository,
+        "two_instances",
+        inputs=[("INPUT0", "FP32", [-1])],
+        outputs=[("OUTPUT0", "FP32", [-1])],
+        extra="instance_group [ { count: 2 } ]\n",
+    )
     return repository
 
 
@@ -177,6 +200,7 @@ def test_explicit_slot_count_needs_parallel_jobs(slotserve, tmp_path):
 
 # ---- ModelStatistics ------------------------------------------------------------------------------------------
 
+
 def _stats(client, model):
     (stats,) = client.statistics(model)
     return stats
@@ -206,10 +230,18 @@ def test_model_statistics_count_exactly_the_requests_made(slotserve, tmp_path):
 
     after = _stats(client, "simple")
     successes, failures = 3 + 1, 2 + 1
-    delta = {field: getattr(after.inference_stats, field).count - getattr(before.inference_stats, field).count
-             for field in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")}
-    assert delta == {"success": successes, "fail": failures, "queue": successes, "compute_input": successes,
-                     "compute_infer": successes, "compute_output": successes}
+    delta = {
+        field: getattr(after.inference_stats, field).count - getattr(before.inference_stats, field).count
+        for field in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    }
+    assert delta == {
+        "success": successes,
+        "fail": failures,
+        "queue": successes,
+        "compute_input": successes,
+        "compute_infer": successes,
+        "compute_output": successes,
+    }
     assert after.inference_count - before.inference_count == 1 + 3 + 8 + 2
     assert after.execution_count - before.execution_count == successes
     assert after.inference_stats.success.ns > before.inference_stats.success.ns
@@ -237,10 +269,16 @@ def test_model_statistics_of_every_model_and_errors(demo):
 
 # ---- RepositoryIndex, RepositoryModelLoad / Unload ------------------------------------------------------------
 
+
 def test_repository_index(slotserve, tmp_path):
     repository = demo_subset(tmp_path / "repo", "simple", "identity_fp32")
-    write_fixture_model(repository, "broken", inputs=[("INPUT0", "FP32", [-1])], outputs=[("OUTPUT0", "FP32", [-1])],
-                        extra='parameters { key: "fail_load" value { string_value: "broken on purpose" } }\n')
+    write_fixture_model(
+        repository,
+        "broken",
+        inputs=[("INPUT0", "FP32", [-1])],
+        outputs=[("OUTPUT0", "FP32", [-1])],
+        extra='parameters { key: "fail_load" value { string_value: "broken on purpose" } }\n',
+    )
     (repository / "unreadable").mkdir()
     (repository / "unreadable" / "config.pbtxt").write_text("this is not { protobuf text")
     running = slotserve(repository, allow_management=True)
@@ -321,13 +359,17 @@ def test_repository_load_config_override(override_server):
     _serves_batch_limit(client, 8)
 
 
-@pytest.mark.parametrize("override", [
-    "{not json",
-    json.dumps({"max_batch_size": -1}),
-    json.dumps({"name": "another_name"}),
-    json.dumps({"no_such_field": 1}),
-    json.dumps({"backend": "no_such_backend"}),
-], ids=["malformed-json", "negative-batch", "other-name", "unknown-field", "unknown-backend"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "{not json",
+        json.dumps({"max_batch_size": -1}),
+        json.dumps({"name": "another_name"}),
+        json.dumps({"no_such_field": 1}),
+        json.dumps({"backend": "no_such_backend"}),
+    ],
+    ids=["malformed-json", "negative-batch", "other-name", "unknown-field", "unknown-backend"],
+)
 def test_invalid_config_override_keeps_the_old_config(override_server, override):
     client = override_server.client
     config = _config_dict(client, "simple")
@@ -354,32 +396,44 @@ def test_config_override_that_does_not_fit_the_model_keeps_the_old_config(overri
 
 # ---- unsupported extensions -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,request_type,what", [
-    ("TraceSetting", pb.TraceSettingRequest, "trace settings"),
-    ("LogSettings", pb.LogSettingsRequest, "log settings"),
-])
+
+@pytest.mark.parametrize(
+    "method,request_type,what",
+    [
+        ("TraceSetting", pb.TraceSettingRequest, "trace settings"),
+        ("LogSettings", pb.LogSettingsRequest, "log settings"),
+    ],
+)
 def test_unsupported_rpcs_are_unimplemented(demo, method, request_type, what):
     error = rpc_error(getattr(stub(demo), method), request_type())
     assert error.code == "UNIMPLEMENTED"
     assert f"slotserve does not support {what}" in error.message
 
 
-@pytest.mark.parametrize("method,message", [
-    ("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest()),
-    ("SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(name="region", key="/k", byte_size=8)),
-])
+@pytest.mark.parametrize(
+    "method,message",
+    [
+        ("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest()),
+        ("SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(name="region", key="/k", byte_size=8)),
+    ],
+)
 def test_system_shared_memory_is_unimplemented_until_enabled(demo, method, message):
     error = rpc_error(getattr(stub(demo), method), message)
     assert error.code == "UNIMPLEMENTED" and error.reason == "unimplemented"
     assert "system shared memory is off" in error.message and "--shared-memory system" in error.message
-    assert "system_shared_memory" not in stub(demo).ServerMetadata(pb.ServerMetadataRequest(),
-                                                                   timeout=CALL_TIMEOUT).extensions
+    assert (
+        "system_shared_memory"
+        not in stub(demo).ServerMetadata(pb.ServerMetadataRequest(), timeout=CALL_TIMEOUT).extensions
+    )
 
 
-@pytest.mark.parametrize("method,request_type", [
-    ("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest),
-    ("CudaSharedMemoryRegister", pb.CudaSharedMemoryRegisterRequest),
-])
+@pytest.mark.parametrize(
+    "method,request_type",
+    [
+        ("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest),
+        ("CudaSharedMemoryRegister", pb.CudaSharedMemoryRegisterRequest),
+    ],
+)
 def test_cuda_shared_memory_is_unimplemented_and_names_the_way(demo, method, request_type):
     error = rpc_error(getattr(stub(demo), method), request_type())
     assert error.code == "UNIMPLEMENTED"
@@ -387,10 +441,13 @@ def test_cuda_shared_memory_is_unimplemented_and_names_the_way(demo, method, req
     assert "--shared-memory system" in error.message and "CUDA IPC is planned for the TensorRT" in error.message
 
 
-@pytest.mark.parametrize("method,request_type", [
-    ("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest),
-    ("CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest),
-])
+@pytest.mark.parametrize(
+    "method,request_type",
+    [
+        ("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest),
+        ("CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest),
+    ],
+)
 def test_shared_memory_unregister_succeeds(demo, method, request_type):
     response = getattr(stub(demo), method)(request_type(name="region"), timeout=CALL_TIMEOUT)
     assert response == type(response)()
@@ -398,6 +455,7 @@ def test_shared_memory_unregister_succeeds(demo, method, request_type):
 
 
 # ---- health and reflection ------------------------------------------------------------------------------------
+
 
 def test_health_check(demo):
     assert demo.client.health() == "SERVING"
@@ -415,18 +473,26 @@ def _reflect(channel, request):
 def test_reflection_lists_the_services(demo):
     response = _reflect(demo.client.channel, reflection_pb2.ServerReflectionRequest(list_services=""))
     services = {service.name for service in response.list_services_response.service}
-    assert {INFERENCE_SERVICE, MANAGEMENT_SERVICE, health.SERVICE_NAME,
-            "grpc.reflection.v1alpha.ServerReflection"} <= services
+    assert {
+        INFERENCE_SERVICE,
+        MANAGEMENT_SERVICE,
+        health.SERVICE_NAME,
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= services
 
-    response = _reflect(demo.client.channel,
-                        reflection_pb2.ServerReflectionRequest(file_containing_symbol=INFERENCE_SERVICE))
-    files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
-             for raw in response.file_descriptor_response.file_descriptor_proto]
+    response = _reflect(
+        demo.client.channel, reflection_pb2.ServerReflectionRequest(file_containing_symbol=INFERENCE_SERVICE)
+    )
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in response.file_descriptor_response.file_descriptor_proto
+    ]
     methods = {method.name for f in files for s in f.service if s.name == "GRPCInferenceService" for method in s.method}
     assert {"ModelInfer", "ModelStreamInfer", "ModelConfig", "RepositoryIndex"} <= methods
 
 
 # ---- ModelInfer and ModelStreamInfer --------------------------------------------------------------------------
+
 
 def test_model_infer_echoes_the_id(demo):
     request, first, second = simple_request(batch=3, request_id="request-42")
@@ -440,8 +506,7 @@ def test_model_infer_returns_only_the_requested_outputs(demo):
     request.outputs.add(name="OUTPUT1")
     response = stub(demo).ModelInfer(request, timeout=CALL_TIMEOUT)
     assert [t.name for t in response.outputs] == ["OUTPUT1"] and len(response.raw_output_contents) == 1
-    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], "<i4").reshape(2, 16),
-                                  first - second)
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], "<i4").reshape(2, 16), first - second)
 
 
 def test_model_infer_accepts_timeout_and_priority_parameters(demo):
@@ -463,8 +528,9 @@ def test_stream_answers_errors_on_the_open_stream(demo):
     bad_version.model_version = "abc"
     good_last, last_a, last_b = simple_request(batch=5, request_id="e")
 
-    call = stub(demo).ModelStreamInfer(iter([good_first, missing, unknown, bad_version, good_last]),
-                                      timeout=CALL_TIMEOUT)
+    call = stub(demo).ModelStreamInfer(
+        iter([good_first, missing, unknown, bad_version, good_last]), timeout=CALL_TIMEOUT
+    )
     responses = list(call)
     assert call.code() == grpc.StatusCode.OK
     assert [r.infer_response.id for r in responses] == ["a", "b", "c", "d", "e"]
@@ -488,6 +554,7 @@ def test_stream_through_the_client(demo):
 
 
 # ---- message size limits --------------------------------------------------------------------------------------
+
 
 def _reset_peak_rss() -> bool:
     """Reset the kernel's peak-RSS mark of this process (VmHWM); False where the kernel does not allow it."""
@@ -525,7 +592,8 @@ def test_256_mib_tensor_round_trips_with_default_limits(slotserve, tmp_path):
     # sides, protobuf parsing, the engine and response encoding. About 11 copies of the tensor in total were
     # measured; 16 (4 GiB on a 24 GiB machine) is the line past which something is copying needlessly.
     assert (peak_kib - baseline_kib) * 1024 < 16 * tensor.nbytes, (
-        f"peak RSS grew by {(peak_kib - baseline_kib) / 1024:.0f} MiB for a 256 MiB round trip")
+        f"peak RSS grew by {(peak_kib - baseline_kib) / 1024:.0f} MiB for a 256 MiB round trip"
+    )
 
 
 def test_small_message_limit_refuses_large_requests_and_keeps_serving(slotserve, tmp_path):
@@ -540,6 +608,7 @@ def test_small_message_limit_refuses_large_requests_and_keeps_serving(slotserve,
 
 
 # ---- Management service ---------------------------------------------------------------------------------------
+
 
 def test_management_status_calls(slotserve, tmp_path):
     running = slotserve(demo_subset(tmp_path / "repo", "simple", "identity_fp32"))
@@ -557,9 +626,11 @@ def test_management_status_calls(slotserve, tmp_path):
 def test_management_mutations_need_management(slotserve, tmp_path):
     running = slotserve(demo_subset(tmp_path / "repo", "simple"))
     management = running.management
-    for name, call in (("RegisterModel", lambda: management.register("simple")),
-                       ("UnloadModel", lambda: management.unload("simple")),
-                       ("UnloadModels", lambda: management.unload_many(["simple"]))):
+    for name, call in (
+        ("RegisterModel", lambda: management.register("simple")),
+        ("UnloadModel", lambda: management.unload("simple")),
+        ("UnloadModels", lambda: management.unload_many(["simple"])),
+    ):
         error = client_error(call)
         assert (error.code, error.reason) == ("PERMISSION_DENIED", "management_disabled")
         assert error.message.startswith(name) and "--allow-management" in error.message
@@ -571,7 +642,11 @@ def test_management_unload_and_register(slotserve, tmp_path):
     management = running.management
     status = management.unload("simple")
     assert (status.model_id, status.loaded, status.state, status.max_parallel_slots) == (
-        "simple", False, "UNLOADED", None)
+        "simple",
+        False,
+        "UNLOADED",
+        None,
+    )
     assert management.unload("simple").state == "UNLOADED"  # idempotent
     error = client_error(management.unload, "no_such_model")
     assert (error.code, error.reason) == ("NOT_FOUND", "model_not_found")
@@ -583,15 +658,24 @@ def test_management_unload_and_register(slotserve, tmp_path):
 
 
 def test_management_registers_a_new_model_from_a_source(slotserve, tmp_path):
-    source = write_fixture_model(tmp_path / "elsewhere", "doubler_source", inputs=[("INPUT0", "INT16", [-1])],
-                                 outputs=[("OUTPUT0", "FP32", [-1])])
+    source = write_fixture_model(
+        tmp_path / "elsewhere",
+        "doubler_source",
+        inputs=[("INPUT0", "INT16", [-1])],
+        outputs=[("OUTPUT0", "FP32", [-1])],
+    )
     # A source outside the repository needs its folder allowed (--allow-model-root).
-    running = slotserve(demo_subset(tmp_path / "repo", "simple"), allow_management=True,
-                        allowed_model_roots=[tmp_path / "elsewhere"])
+    running = slotserve(
+        demo_subset(tmp_path / "repo", "simple"), allow_management=True, allowed_model_roots=[tmp_path / "elsewhere"]
+    )
     # The configuration names the model "doubler_source"; register it under that id from its folder.
     status = running.management.register("doubler_source", source=str(source))
     assert (status.model_id, status.loaded, status.state, status.backend) == (
-        "doubler_source", True, "READY", "fixture")
+        "doubler_source",
+        True,
+        "READY",
+        "fixture",
+    )
     assert sorted(s.model_id for s in running.management.list()) == ["doubler_source", "simple"]
     assert "doubler_source" in [m.name for m in running.client.repository_index(ready_only=True)]
     values = np.array([-3, 0, 12], dtype=np.int16)
@@ -606,8 +690,9 @@ def test_management_registers_a_new_model_from_a_source(slotserve, tmp_path):
 
 
 def test_management_bulk_unload(slotserve, tmp_path):
-    running = slotserve(demo_subset(tmp_path / "repo", "simple", "identity_fp32", "simple_identity"),
-                        allow_management=True)
+    running = slotserve(
+        demo_subset(tmp_path / "repo", "simple", "identity_fp32", "simple_identity"), allow_management=True
+    )
     unloaded, not_found = running.management.unload_many(["identity_fp32", "nope", "simple", "nope", "simple"])
     assert unloaded == ["identity_fp32", "simple"]
     assert not_found == ["nope"]

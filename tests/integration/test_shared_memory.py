@@ -43,17 +43,27 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    repository = demo_subset(tmp_path_factory.mktemp("shm") / "repository", "simple", "simple_identity",
-                             "identity_fp32")
+    repository = demo_subset(
+        tmp_path_factory.mktemp("shm") / "repository", "simple", "simple_identity", "identity_fp32"
+    )
     # Output = input; its execute gate holds a request while the test unregisters what it uses.
     write_fixture_model(repository, "gated", inputs=[("INPUT0", "FP32", [-1])], outputs=[("OUTPUT0", "FP32", [-1])])
     # A streaming model: three responses per request.
-    write_fixture_model(repository, "streamer", inputs=[("INPUT0", "FP32", [-1])],
-                        outputs=[("OUTPUT0", "FP32", [-1])],
-                        extra='parameters { key: "stream_responses" value { string_value: "3" } }\n')
+    write_fixture_model(
+        repository,
+        "streamer",
+        inputs=[("INPUT0", "FP32", [-1])],
+        outputs=[("OUTPUT0", "FP32", [-1])],
+        extra='parameters { key: "stream_responses" value { string_value: "3" } }\n',
+    )
     controls = FixtureControls()
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, shared_memory="system",
-               shared_memory_prefix=PREFIX, shared_memory_max_bytes=MAX_BYTES) as running:
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        shared_memory="system",
+        shared_memory_prefix=PREFIX,
+        shared_memory_max_bytes=MAX_BYTES,
+    ) as running:
         try:
             yield Lab(running, controls, pb_grpc.GRPCInferenceServiceStub(running.client.channel))
         finally:
@@ -79,6 +89,7 @@ def shm():
     def make(size: int, key: str | None = None) -> ShmObject:
         objects.append(ShmObject(size, key))
         return objects[-1]
+
     yield make
     for item in objects:
         item.close()
@@ -95,8 +106,10 @@ def unregister(stub, name: str = "") -> None:
 
 def simple_values(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return (rng.integers(-1000, 1000, (batch, 16), dtype=np.int32),
-            rng.integers(-1000, 1000, (batch, 16), dtype=np.int32))
+    return (
+        rng.integers(-1000, 1000, (batch, 16), dtype=np.int32),
+        rng.integers(-1000, 1000, (batch, 16), dtype=np.int32),
+    )
 
 
 def simple_in_regions(batch: int, inputs: str, outputs: str | None) -> pb.ModelInferRequest:
@@ -125,6 +138,7 @@ def simple_regions(server, shm, batch: int = 2, seed: int = 0):
 
 
 # ---- the calls ----------------------------------------------------------------------------------------------------
+
 
 def test_register_status_unregister_as_triton_defines_them(server, shm):
     first, second = shm(4096), shm(10_000)
@@ -168,11 +182,14 @@ def test_one_region_under_two_names_is_opened_twice_and_each_reads_its_own_range
 
 # ---- tensors in regions -----------------------------------------------------------------------------------------
 
+
 def test_inputs_and_outputs_in_regions(server, shm):
     source, target, a, b = simple_regions(server, shm, batch=3)
     response = server.stub.ModelInfer(simple_in_regions(3, "in", "out"), timeout=CALL_TIMEOUT)
     assert [(t.name, t.datatype, list(t.shape)) for t in response.outputs] == [
-        ("OUTPUT0", "INT32", [3, 16]), ("OUTPUT1", "INT32", [3, 16])]
+        ("OUTPUT0", "INT32", [3, 16]),
+        ("OUTPUT1", "INT32", [3, 16]),
+    ]
     assert list(response.raw_output_contents) == [b"", b""]  # no bytes: they are in the region
     assert response.id == "shm"
     np.testing.assert_array_equal(target.array(0, "<i4", (3, 16)), a + b)
@@ -203,8 +220,10 @@ def test_regions_raw_and_typed_contents_mix_across_tensors(server, shm):
     request.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16]).contents.int_contents.extend(a.ravel().tolist())
     in_region(request.inputs.add(name="INPUT1", datatype="INT32", shape=[1, 16]), "other", ROW)
     response = server.stub.ModelInfer(request, timeout=CALL_TIMEOUT)
-    outputs = {t.name: np.frombuffer(raw, "<i4").reshape(1, 16)
-               for t, raw in zip(response.outputs, response.raw_output_contents)}
+    outputs = {
+        t.name: np.frombuffer(raw, "<i4").reshape(1, 16)
+        for t, raw in zip(response.outputs, response.raw_output_contents)
+    }
     np.testing.assert_array_equal(outputs["OUTPUT0"], a + b)
     np.testing.assert_array_equal(outputs["OUTPUT1"], a - b)
 
@@ -268,8 +287,11 @@ def test_streams_use_regions_and_a_bad_request_does_not_end_the_stream(server, s
     register(server.stub, "in2", second.key, second.size, timeout=CALL_TIMEOUT)
     results = shm(2 * 2 * ROW)
     register(server.stub, "out2", results.key, results.size, timeout=CALL_TIMEOUT)
-    requests = [simple_in_regions(2, "in", "out"), simple_in_regions(2, "missing", None),
-                simple_in_regions(2, "in2", "out2")]
+    requests = [
+        simple_in_regions(2, "in", "out"),
+        simple_in_regions(2, "missing", None),
+        simple_in_regions(2, "in2", "out2"),
+    ]
     answers = list(server.stub.ModelStreamInfer(iter(requests), timeout=CALL_TIMEOUT))
     assert [bool(answer.error_message) for answer in answers] == [False, True, False]
     assert "Unable to find shared memory region: 'missing'" in answers[1].error_message
@@ -301,6 +323,7 @@ def test_a_streaming_model_writes_each_response_into_the_region(server, shm):
 
 
 # ---- what is open, and when -------------------------------------------------------------------------------------
+
 
 def gated_request(region: str | None, values: np.ndarray, output_region: str | None = None) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="gated")
@@ -367,8 +390,7 @@ def test_shutdown_closes_every_region(tmp_path, shm):
     source = shm(4096)
     repository = demo_subset(tmp_path / "repository", "identity_fp32")
     with serve(repository, shared_memory="system") as running:
-        register(pb_grpc.GRPCInferenceServiceStub(running.client.channel), "r", source.key, 4096,
-                 timeout=CALL_TIMEOUT)
+        register(pb_grpc.GRPCInferenceServiceStub(running.client.channel), "r", source.key, 4096, timeout=CALL_TIMEOUT)
         assert descriptors(source.key) == 1
     assert descriptors(source.key) == 0
     assert running.server.shared_memory.statistics().open_regions == 0
@@ -376,9 +398,28 @@ def test_shutdown_closes_every_region(tmp_path, shm):
 
 # ---- bad registrations ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["empty_name", "long_name", "long_utf8_name", "huge_name", "long_key", "twice",
-                                  "missing", "no_slash", "path", "bare_slash", "dot_dot", "outside_prefix", "fifo",
-                                  "folder", "zero_size", "past_the_end"])
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "empty_name",
+        "long_name",
+        "long_utf8_name",
+        "huge_name",
+        "long_key",
+        "twice",
+        "missing",
+        "no_slash",
+        "path",
+        "bare_slash",
+        "dot_dot",
+        "outside_prefix",
+        "fifo",
+        "folder",
+        "zero_size",
+        "past_the_end",
+    ],
+)
 def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(server, shm, case):
     existing = shm(4096)
     register(server.stub, "existing", existing.key, 4096, timeout=CALL_TIMEOUT)
@@ -422,8 +463,10 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
     else:
         offset, size, says = 60, 50, ["offset 60 + byte_size 50 = 110 is past the end of the object (100 bytes)"]
     try:
-        error = rpc_error(server.stub.SystemSharedMemoryRegister, pb.SystemSharedMemoryRegisterRequest(
-            name=name, key=key, offset=offset, byte_size=size))
+        error = rpc_error(
+            server.stub.SystemSharedMemoryRegister,
+            pb.SystemSharedMemoryRegisterRequest(name=name, key=key, offset=offset, byte_size=size),
+        )
     finally:
         if special is not None:
             (os.rmdir if os.path.isdir(special) else os.unlink)(special)
@@ -452,8 +495,10 @@ def test_names_and_keys_of_255_bytes_are_accepted(server, shm):
 def test_registering_beyond_the_byte_bound_is_refused_and_running_requests_count(server, shm):
     big, more = shm(MAX_BYTES - 4096), shm(8192)
     register(server.stub, "big", big.key, big.size, timeout=CALL_TIMEOUT)
-    error = rpc_error(server.stub.SystemSharedMemoryRegister,
-                      pb.SystemSharedMemoryRegisterRequest(name="more", key=more.key, byte_size=8192))
+    error = rpc_error(
+        server.stub.SystemSharedMemoryRegister,
+        pb.SystemSharedMemoryRegisterRequest(name="more", key=more.key, byte_size=8192),
+    )
     assert (error.code, error.reason) == ("RESOURCE_EXHAUSTED", "shared_memory_limit")
     assert f"it takes 8192 bytes and {MAX_BYTES - 4096} are registered already" in error.message
     assert f"--shared-memory-max-bytes is {MAX_BYTES}" in error.message
@@ -463,6 +508,7 @@ def test_registering_beyond_the_byte_bound_is_refused_and_running_requests_count
 
 # ---- bad requests -----------------------------------------------------------------------------------------------
 
+
 def _parameter(tensor, key: str, **value) -> None:
     tensor.parameters[key].Clear()
     field, number = next(iter(value.items()))
@@ -471,39 +517,78 @@ def _parameter(tensor, key: str, **value) -> None:
 
 BAD_REQUESTS = {
     # case: (how the valid request is changed, code, phrases of the message)
-    "unknown_region": (lambda r: _parameter(r.inputs[1], "shared_memory_region", string_param="missing"),
-                       "NOT_FOUND", ["Unable to find shared memory region: 'missing'", "input 'INPUT1'"]),
-    "past_the_region": (lambda r: _parameter(r.inputs[1], "shared_memory_offset", int64_param=100),
-                        "INVALID_ARGUMENT", ["input 'INPUT1': shared memory region 'in' holds 128 bytes; "
-                                             "shared_memory_offset 100 + shared_memory_byte_size 64 = 164 is past "
-                                             "its end"]),
-    "size_not_the_shape": (lambda r: _parameter(r.inputs[0], "shared_memory_byte_size", int64_param=60),
-                           "INVALID_ARGUMENT", ["input 'INPUT0' in shared memory region 'in'", "needs 64 bytes",
-                                                "shared_memory_byte_size is 60"]),
-    "output_region_too_small": (lambda r: _parameter(r.outputs[1], "shared_memory_byte_size", int64_param=32),
-                                "INVALID_ARGUMENT", ["output 'OUTPUT1' needs 64 bytes", "region 'out' gives it 32",
-                                                     "ask for at least 64"]),
-    "typed_and_region": (lambda r: r.inputs[0].contents.int_contents.extend(range(16)), "INVALID_ARGUMENT",
-                         ["input 'INPUT0' has typed contents and names shared memory region 'in'"]),
-    "raw_and_region": (lambda r: r.raw_input_contents.extend([b"\0" * ROW, b"\0" * ROW]), "INVALID_ARGUMENT",
-                       ["input 'INPUT0' names shared memory region 'in' and has a raw_input_contents entry too"]),
-    "negative_offset": (lambda r: _parameter(r.inputs[0], "shared_memory_offset", int64_param=-8),
-                        "INVALID_ARGUMENT", ["input 'INPUT0'", "'shared_memory_offset' must be >= 0, got -8"]),
-    "overflowing_offset": (lambda r: _parameter(r.outputs[0], "shared_memory_offset", uint64_param=2**64 - 1),
-                           "INVALID_ARGUMENT", ["output 'OUTPUT0': shared memory region 'out' holds 128 bytes",
-                                                f"shared_memory_offset {2**64 - 1} + shared_memory_byte_size 64 = "
-                                                f"{2**64 + 63} is past its end"]),
-    "negative_size": (lambda r: _parameter(r.outputs[0], "shared_memory_byte_size", int64_param=-1),
-                      "INVALID_ARGUMENT", ["output 'OUTPUT0'", "'shared_memory_byte_size' must be >= 0, got -1"]),
-    "offset_without_region": (lambda r: r.inputs[0].parameters.pop("shared_memory_region"), "INVALID_ARGUMENT",
-                              ["input 'INPUT0' has 'shared_memory_offset' without 'shared_memory_region'"]),
-    "region_without_size": (lambda r: r.outputs[0].parameters.pop("shared_memory_byte_size"), "INVALID_ARGUMENT",
-                            ["output 'OUTPUT0' names shared memory region 'out' without 'shared_memory_byte_size'"]),
-    "region_not_a_string": (lambda r: _parameter(r.inputs[0], "shared_memory_region", int64_param=1),
-                            "INVALID_ARGUMENT", ["input 'INPUT0'", "'shared_memory_region' must be a string_param"]),
-    "size_not_an_integer": (lambda r: _parameter(r.inputs[0], "shared_memory_byte_size", string_param="64"),
-                            "INVALID_ARGUMENT", ["input 'INPUT0'", "'shared_memory_byte_size' must be an "
-                                                 "int64_param"]),
+    "unknown_region": (
+        lambda r: _parameter(r.inputs[1], "shared_memory_region", string_param="missing"),
+        "NOT_FOUND",
+        ["Unable to find shared memory region: 'missing'", "input 'INPUT1'"],
+    ),
+    "past_the_region": (
+        lambda r: _parameter(r.inputs[1], "shared_memory_offset", int64_param=100),
+        "INVALID_ARGUMENT",
+        [
+            "input 'INPUT1': shared memory region 'in' holds 128 bytes; "
+            "shared_memory_offset 100 + shared_memory_byte_size 64 = 164 is past "
+            "its end"
+        ],
+    ),
+    "size_not_the_shape": (
+        lambda r: _parameter(r.inputs[0], "shared_memory_byte_size", int64_param=60),
+        "INVALID_ARGUMENT",
+        ["input 'INPUT0' in shared memory region 'in'", "needs 64 bytes", "shared_memory_byte_size is 60"],
+    ),
+    "output_region_too_small": (
+        lambda r: _parameter(r.outputs[1], "shared_memory_byte_size", int64_param=32),
+        "INVALID_ARGUMENT",
+        ["output 'OUTPUT1' needs 64 bytes", "region 'out' gives it 32", "ask for at least 64"],
+    ),
+    "typed_and_region": (
+        lambda r: r.inputs[0].contents.int_contents.extend(range(16)),
+        "INVALID_ARGUMENT",
+        ["input 'INPUT0' has typed contents and names shared memory region 'in'"],
+    ),
+    "raw_and_region": (
+        lambda r: r.raw_input_contents.extend([b"\0" * ROW, b"\0" * ROW]),
+        "INVALID_ARGUMENT",
+        ["input 'INPUT0' names shared memory region 'in' and has a raw_input_contents entry too"],
+    ),
+    "negative_offset": (
+        lambda r: _parameter(r.inputs[0], "shared_memory_offset", int64_param=-8),
+        "INVALID_ARGUMENT",
+        ["input 'INPUT0'", "'shared_memory_offset' must be >= 0, got -8"],
+    ),
+    "overflowing_offset": (
+        lambda r: _parameter(r.outputs[0], "shared_memory_offset", uint64_param=2**64 - 1),
+        "INVALID_ARGUMENT",
+        [
+            "output 'OUTPUT0': shared memory region 'out' holds 128 bytes",
+            f"shared_memory_offset {2**64 - 1} + shared_memory_byte_size 64 = {2**64 + 63} is past its end",
+        ],
+    ),
+    "negative_size": (
+        lambda r: _parameter(r.outputs[0], "shared_memory_byte_size", int64_param=-1),
+        "INVALID_ARGUMENT",
+        ["output 'OUTPUT0'", "'shared_memory_byte_size' must be >= 0, got -1"],
+    ),
+    "offset_without_region": (
+        lambda r: r.inputs[0].parameters.pop("shared_memory_region"),
+        "INVALID_ARGUMENT",
+        ["input 'INPUT0' has 'shared_memory_offset' without 'shared_memory_region'"],
+    ),
+    "region_without_size": (
+        lambda r: r.outputs[0].parameters.pop("shared_memory_byte_size"),
+        "INVALID_ARGUMENT",
+        ["output 'OUTPUT0' names shared memory region 'out' without 'shared_memory_byte_size'"],
+    ),
+    "region_not_a_string": (
+        lambda r: _parameter(r.inputs[0], "shared_memory_region", int64_param=1),
+        "INVALID_ARGUMENT",
+        ["input 'INPUT0'", "'shared_memory_region' must be a string_param"],
+    ),
+    "size_not_an_integer": (
+        lambda r: _parameter(r.inputs[0], "shared_memory_byte_size", string_param="64"),
+        "INVALID_ARGUMENT",
+        ["input 'INPUT0'", "'shared_memory_byte_size' must be an int64_param"],
+    ),
 }
 
 
@@ -529,16 +614,20 @@ def test_a_bad_request_is_refused_naming_region_and_numbers_and_changes_nothing(
 
 # ---- who may register, and servers without shared memory ----------------------------------------------------------
 
+
 def test_registering_needs_the_inference_token_when_one_is_set(tmp_path, shm):
     source = shm(4096)
     repository = demo_subset(tmp_path / "repository", "identity_fp32")
     with serve(repository, shared_memory="system", inference_token="secret-token") as running:
         stub = pb_grpc.GRPCInferenceServiceStub(running.client.channel)
-        error = rpc_error(stub.SystemSharedMemoryRegister,
-                          pb.SystemSharedMemoryRegisterRequest(name="r", key=source.key, byte_size=4096))
+        error = rpc_error(
+            stub.SystemSharedMemoryRegister,
+            pb.SystemSharedMemoryRegisterRequest(name="r", key=source.key, byte_size=4096),
+        )
         assert error.code == "UNAUTHENTICATED" and descriptors(source.key) == 0
-        register(stub, "r", source.key, 4096, timeout=CALL_TIMEOUT,
-                 metadata=(("authorization", "Bearer secret-token"),))
+        register(
+            stub, "r", source.key, 4096, timeout=CALL_TIMEOUT, metadata=(("authorization", "Bearer secret-token"),)
+        )
         assert descriptors(source.key) == 1
 
 

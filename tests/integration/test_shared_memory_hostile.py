@@ -74,6 +74,7 @@ def shm(server):
         item.write(0, b"\xee" * item.size)
         register(server.stub, name, item.key, REGION_SIZE, offset=REGION_OFFSET, timeout=CALL_TIMEOUT)
         return item
+
     try:
         yield make
         server.stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=CALL_TIMEOUT)
@@ -118,9 +119,13 @@ def size_of(item: ShmObject) -> int:
 
 def assert_shrunk_error(error, tensor: str, region: str, size: int, consequence: str) -> None:
     assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
-    for phrase in (f"{tensor}: shared memory region '{region}'", f"registered as {REGION_SIZE} bytes from offset "
-                   f"{REGION_OFFSET}", f"needs bytes {TENSOR_START} to {TENSOR_END} of the object",
-                   f"now holds {size} bytes", consequence):
+    for phrase in (
+        f"{tensor}: shared memory region '{region}'",
+        f"registered as {REGION_SIZE} bytes from offset {REGION_OFFSET}",
+        f"needs bytes {TENSOR_START} to {TENSOR_END} of the object",
+        f"now holds {size} bytes",
+        consequence,
+    ):
         assert phrase in error.message, f"{phrase!r} not in {error.message!r}"
 
 
@@ -149,8 +154,7 @@ def test_a_request_reading_a_region_shrunk_since_register_is_refused_and_the_ser
 
 
 @pytest.mark.parametrize("shrunk", sorted(SHRUNK_SIZES))
-def test_a_request_writing_into_a_region_shrunk_since_register_is_refused_and_nothing_is_written(server, shm,
-                                                                                               shrunk):
+def test_a_request_writing_into_a_region_shrunk_since_register_is_refused_and_nothing_is_written(server, shm, shrunk):
     item = shm("out")
     os.truncate(item.path, SHRUNK_SIZES[shrunk])
     error = rpc_error(server.stub.ModelInfer, request_for(None, "out"))
@@ -203,8 +207,7 @@ def test_shrinking_an_input_while_its_request_runs_does_not_change_the_answer(se
     gates.hold("execute")
     running = server.stub.ModelInfer.future(request_for("in"), timeout=CALL_TIMEOUT)
     gates.wait_arrived("execute")
-    server.stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name="in"),
-                                             timeout=CALL_TIMEOUT)
+    server.stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name="in"), timeout=CALL_TIMEOUT)
     os.truncate(source.path, 0)
     gates.release("execute")
     assert_ok(running, VALUES)  # read into the server's memory when the request was decoded
@@ -248,16 +251,18 @@ def test_registering_an_object_another_process_holds_a_lease_on_is_refused_at_on
     """A read lease (fcntl F_SETLEASE) makes every open for writing wait until the holder lets go or the kernel's
     lease-break-time (45 s) passes: a register must not pin a handler thread that long, so it is refused at once."""
     item = ShmObject(4096)
-    holder = subprocess.Popen([sys.executable, "-c", LEASE_HOLDER, str(item.path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LEASE_HOLDER, str(item.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         said = holder.stdout.readline().strip()
         if said != "leased":
             pytest.skip(f"this kernel gives no lease on /dev/shm objects ({said})")
         # The deadline is well below the 45 s an open would wait: a server that waits answers DEADLINE_EXCEEDED.
         with pytest.raises(grpc.RpcError) as info:
-            server.stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(
-                name="leased", key=item.key, byte_size=4096), timeout=30)
+            server.stub.SystemSharedMemoryRegister(
+                pb.SystemSharedMemoryRegisterRequest(name="leased", key=item.key, byte_size=4096), timeout=30
+            )
         error = ClientError.from_rpc_error(info.value)
         assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
         assert "holds a lease on it" in error.message and "'leased'" in error.message, error.message

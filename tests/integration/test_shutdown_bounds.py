@@ -10,7 +10,6 @@ import threading
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.lifecycle import ModelState
 from service.testing import serve
-
 from tests.contract.harness import write_fixture_model
 from tests.shutdown.harness import Background
 

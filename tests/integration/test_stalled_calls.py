@@ -88,8 +88,9 @@ class StalledCalls:
     """`count` calls, `per_connection` on each connection of their own, cycling through `methods`: each sends its
     headers and then nothing until `release()`, when it sends its one request and half-closes."""
 
-    def __init__(self, address: str, count: int, *, per_connection: int = 25,
-                 methods: tuple[str, ...] = (INFER, LIVE, CHECK)) -> None:
+    def __init__(
+        self, address: str, count: int, *, per_connection: int = 25, methods: tuple[str, ...] = (INFER, LIVE, CHECK)
+    ) -> None:
         self._release = threading.Event()
         self.channels = [_new_connection(address) for _ in range((count + per_connection - 1) // per_connection)]
         for channel in self.channels:  # one finished call first: the server's SETTINGS (its stream limit) are in
@@ -99,8 +100,10 @@ class StalledCalls:
         for index, method in enumerate(self.methods):
             make_request, read_response = REQUESTS[method]
             call = self.channels[index // per_connection].stream_unary(
-                method, request_serializer=lambda message: message.SerializeToString(),
-                response_deserializer=read_response)
+                method,
+                request_serializer=lambda message: message.SerializeToString(),
+                response_deserializer=read_response,
+            )
             self.futures.append(call.future(self._request_after_release(make_request), timeout=WAIT * 4))
 
     def _request_after_release(self, make_request):
@@ -133,9 +136,10 @@ def probe_times(address: str) -> dict[str, float | str]:
     try:
         inference = pb_grpc.GRPCInferenceServiceStub(channel)
         calls = {
-            "health": lambda: health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                                        timeout=PROBE_BOUND).status
-            == health_pb2.HealthCheckResponse.SERVING,
+            "health": lambda: (
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=PROBE_BOUND).status
+                == health_pb2.HealthCheckResponse.SERVING
+            ),
             "live": lambda: inference.ServerLive(pb.ServerLiveRequest(), timeout=PROBE_BOUND).live,
             "ready": lambda: inference.ServerReady(pb.ServerReadyRequest(), timeout=PROBE_BOUND).ready,
         }
@@ -183,8 +187,13 @@ def test_probes_answer_within_a_second_and_inference_runs_with_200_stalled_calls
 def test_python_m_client_health_answers_with_stalled_calls_open(repository):
     with serve(repository) as running, StalledCalls(running.address, 100):
         all_reached = eventually(lambda: waiting_for_a_request() >= 100, timeout=30.0)  # as in the test above
-        done = subprocess.run([sys.executable, "-m", "client", "--address", running.address, "--timeout", "5",
-                               "health", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=WAIT)
+        done = subprocess.run(
+            [sys.executable, "-m", "client", "--address", running.address, "--timeout", "5", "health", "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {"live": True, "ready": True, "health": "SERVING"}
         assert all_reached
@@ -203,16 +212,16 @@ def test_stalled_calls_that_complete_or_are_cancelled_leave_no_handler_thread_be
             for future, method in zip(completed, stalled.methods[30:]):
                 response = future.result(timeout=WAIT)
                 if method == INFER:
-                    np.testing.assert_array_equal(
-                        from_raw(response.raw_output_contents[0], "FP32", [4]), VALUES)
+                    np.testing.assert_array_equal(from_raw(response.raw_output_contents[0], "FP32", [4]), VALUES)
                 elif method == LIVE:
                     assert response.live
                 else:
                     assert response.status == health_pb2.HealthCheckResponse.SERVING
             assert all(future.cancelled() for future in cancelled)
         # The threads beyond --max-workers end LINGER_SECONDS after their call; nothing waits for a message.
-        assert eventually(lambda: threads.statistics().threads <= 16 and threads.statistics().busy == 0,
-                          timeout=LINGER_SECONDS + WAIT), threads.statistics()
+        assert eventually(
+            lambda: threads.statistics().threads <= 16 and threads.statistics().busy == 0, timeout=LINGER_SECONDS + WAIT
+        ), threads.statistics()
         assert waiting_for_a_request() == 0
         assert running.server.calls.active == 0
         assert threads.statistics().retired >= 60 - 16
@@ -246,8 +255,7 @@ def test_shutdown_with_stalled_calls_open_keeps_its_bound_and_ends_them(reposito
         assert report.seconds < grace + 2 * margin + 0.5, report
         assert report.abandoned_calls == 0  # they never reached slotserve's code
         for future in stalled.futures:  # grpcio cancels them once the grace and margins are over
-            assert future.exception(timeout=WAIT).code() in (grpc.StatusCode.CANCELLED,
-                                                               grpc.StatusCode.UNAVAILABLE)
+            assert future.exception(timeout=WAIT).code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
         threads = running.server.handler_threads
         assert eventually(lambda: threads.statistics().threads == 0), threads.statistics()
         assert waiting_for_a_request() == 0
@@ -255,9 +263,25 @@ def test_shutdown_with_stalled_calls_open_keeps_its_bound_and_ends_them(reposito
 
 @pytest.mark.parametrize("value", ["63", "3000000000"])
 def test_max_concurrent_rpcs_outside_its_range_is_refused_before_anything_loads(repository, value):
-    result = subprocess.run([sys.executable, "-m", "service", "--model-repository", str(repository), "--port", "0",
-                             "--max-workers", "64", "--max-concurrent-rpcs", value],
-                            cwd=ROOT, capture_output=True, text=True, timeout=WAIT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--model-repository",
+            str(repository),
+            "--port",
+            "0",
+            "--max-workers",
+            "64",
+            "--max-concurrent-rpcs",
+            value,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
     assert result.returncode == 2, result.stderr
     assert f"--max-concurrent-rpcs must be --max-workers (64)..100000, got {value}" in result.stderr
     assert "Traceback" not in result.stderr and "loaded" not in result.stderr

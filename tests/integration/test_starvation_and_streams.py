@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client import ClientError, InferenceClient, ManagementClient
+from client import ClientError
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.testing import serve
 from tests.contract.harness import write_fixture_model
@@ -34,6 +34,7 @@ def _background(target) -> tuple[threading.Thread, list]:
             box.append(target())
         except BaseException as error:  # inspected by the test
             box.append(error)
+
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
@@ -62,8 +63,13 @@ def fixture_repository(tmp_path):
 def test_control_calls_complete_while_a_model_is_busy_and_its_queue_full(fixture_repository):
     controls = FixtureControls()
     execute = controls.gate("busy", "execute").hold()
-    with serve(fixture_repository, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=1, max_queue=2,
-               allow_management=True) as running:
+    with serve(
+        fixture_repository,
+        backends={"fixture": FixtureBackend(controls)},
+        parallel_jobs=1,
+        max_queue=2,
+        allow_management=True,
+    ) as running:
         client = running.client
         threads = [_background(lambda: client.infer("busy", INPUT, timeout=30)) for _ in range(3)]
         execute.wait_blocked(1)
@@ -81,8 +87,14 @@ def test_control_calls_complete_while_a_model_is_busy_and_its_queue_full(fixture
 def test_control_calls_complete_when_every_inference_handler_thread_is_taken(fixture_repository):
     controls = FixtureControls()
     execute = controls.gate("busy", "execute").hold()
-    with serve(fixture_repository, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=1,
-               max_workers=12, control_threads=8, allow_management=True) as running:
+    with serve(
+        fixture_repository,
+        backends={"fixture": FixtureBackend(controls)},
+        parallel_jobs=1,
+        max_workers=12,
+        control_threads=8,
+        allow_management=True,
+    ) as running:
         client = running.client
         limit = running.server.calls.inference_limit
         assert limit == 4
@@ -104,8 +116,9 @@ def test_streaming_response_holds_its_lease_until_its_last_message_and_a_later_m
     write_fixture_model(tmp_path, "streamer", {"capacity": 2, "stream_responses": 3})
     controls = FixtureControls()
     stream_gate = controls.gate("streamer", "stream").hold_from(2)  # the first message goes out, then it holds
-    with serve(tmp_path, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=2,
-               allow_management=True) as running:
+    with serve(
+        tmp_path, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=2, allow_management=True
+    ) as running:
         received = []
         first_written = threading.Event()
 
@@ -114,6 +127,7 @@ def test_streaming_response_holds_its_lease_until_its_last_message_and_a_later_m
                 received.append(item)
                 first_written.set()
             return len(received)
+
         stream_thread, stream_box = _background(consume)
         assert first_written.wait(10)  # the first message reached the client
         stream_gate.wait_blocked(1)  # the second is being produced
@@ -130,8 +144,7 @@ def test_streaming_response_holds_its_lease_until_its_last_message_and_a_later_m
         assert unload_box[0].loaded is False
 
 
-def test_health_is_answered_with_inference_saturated_and_more_management_calls_waiting_than_control_threads(
-        tmp_path):
+def test_health_is_answered_with_inference_saturated_and_more_management_calls_waiting_than_control_threads(tmp_path):
     """Every inference handler thread holds a running request, and ten management calls that wait without
     limit (unloads of the busy model, each behind its running requests) arrive: at most half the control threads
     take them, the others are refused at once with server_busy, and health, readiness and status are still
@@ -139,23 +152,34 @@ def test_health_is_answered_with_inference_saturated_and_more_management_calls_w
     write_fixture_model(tmp_path, "busy", {"capacity": 8})
     controls = FixtureControls()
     execute = controls.gate("busy", "execute").hold()
-    with serve(tmp_path, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=8, max_workers=16,
-               control_threads=8, allow_management=True) as running:
+    with serve(
+        tmp_path,
+        backends={"fixture": FixtureBackend(controls)},
+        parallel_jobs=8,
+        max_workers=16,
+        control_threads=8,
+        allow_management=True,
+    ) as running:
         calls = running.server.calls
         assert (calls.inference_limit, calls.management_limit) == (8, 4)
         requests = [_background(lambda: running.client.infer("busy", INPUT, timeout=30)) for _ in range(8)]
         execute.wait_blocked(8)
         unloads = [_background(lambda: running.management.unload("busy", timeout=30)) for _ in range(10)]
-        _wait(lambda: calls.management_active == 4 and sum(bool(box) for _, box in unloads) == 6,
-              "four unloads waiting and six refused")
+        _wait(
+            lambda: calls.management_active == 4 and sum(bool(box) for _, box in unloads) == 6,
+            "four unloads waiting and six refused",
+        )
         refused = [box[0] for _, box in unloads if box]
-        assert all(isinstance(error, ClientError) and (error.code, error.reason) == ("UNAVAILABLE", "server_busy")
-                   and "4 management handler threads" in error.message for error in refused), refused
+        assert all(
+            isinstance(error, ClientError)
+            and (error.code, error.reason) == ("UNAVAILABLE", "server_busy")
+            and "4 management handler threads" in error.message
+            for error in refused
+        ), refused
         channel = grpc.insecure_channel(running.address)
         try:
             for _ in range(3):
-                status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                                   timeout=5.0).status
+                status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5.0).status
                 assert status == health_pb2.HealthCheckResponse.SERVING
         finally:
             channel.close()

@@ -43,12 +43,27 @@ def running(tmp_path_factory, controls):
     bytes_tensor = [("INPUT0", "BYTES", [-1])]
     output = [("OUTPUT0", "BYTES", [-1])]
     write_fixture_model(repository, "gated_bytes", inputs=bytes_tensor, outputs=output)
-    write_fixture_model(repository, "stream_bytes", inputs=bytes_tensor, outputs=output,
-                        extra='parameters { key: "stream_responses" value { string_value: "2" } }\n')
-    write_fixture_model(repository, "batched_bytes", inputs=bytes_tensor, outputs=output, max_batch_size=4,
-                        extra="dynamic_batching { }\n")
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, max_request_tensor_bytes=REQUEST_LIMIT,
-               max_inflight_tensor_bytes=IN_FLIGHT_LIMIT) as server:
+    write_fixture_model(
+        repository,
+        "stream_bytes",
+        inputs=bytes_tensor,
+        outputs=output,
+        extra='parameters { key: "stream_responses" value { string_value: "2" } }\n',
+    )
+    write_fixture_model(
+        repository,
+        "batched_bytes",
+        inputs=bytes_tensor,
+        outputs=output,
+        max_batch_size=4,
+        extra="dynamic_batching { }\n",
+    )
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        max_request_tensor_bytes=REQUEST_LIMIT,
+        max_inflight_tensor_bytes=IN_FLIGHT_LIMIT,
+    ) as server:
         yield server
 
 
@@ -86,6 +101,7 @@ def small_request_succeeds(running) -> None:
 
 
 # ---- the per-request limit --------------------------------------------------------------------------------------
+
 
 def test_a_bytes_request_over_the_request_limit_is_refused_before_it_is_decoded(running):
     """1 M elements take 6 MiB on the wire and about 56 MiB decoded: refused by name, with both numbers. Decoding
@@ -143,6 +159,7 @@ def test_a_shape_claiming_more_elements_than_its_contents_hold_is_invalid_not_re
 
 # ---- the in-flight limit ---------------------------------------------------------------------------------------
 
+
 def test_requests_in_flight_together_are_bounded_and_the_memory_comes_back(running, controls):
     """A request held at the fixture's execute gate keeps its reservation (7 MB); a second one of the same size
     would take the requests in flight past 12 MiB and is refused at once, naming the in-flight limit and what is
@@ -170,8 +187,10 @@ def test_requests_in_flight_together_are_bounded_and_the_memory_comes_back(runni
 
 # ---- nothing leaks ---------------------------------------------------------------------------------------------
 
+
 def _unary_cases(running):
     """(what, call) for requests that end every way a unary call can."""
+
     def ok():
         stub(running).ModelInfer(bytes_request("simple_identity", 1000), timeout=CALL_TIMEOUT)
 
@@ -179,8 +198,10 @@ def _unary_cases(running):
         stub(running).ModelInfer(bytes_request("batched_bytes", 1000), timeout=CALL_TIMEOUT)
 
     def truncated():
-        assert rpc_error(stub(running).ModelInfer, bytes_request("simple_identity", 2, contents=b"\x02\x00")).code \
+        assert (
+            rpc_error(stub(running).ModelInfer, bytes_request("simple_identity", 2, contents=b"\x02\x00")).code
             == "INVALID_ARGUMENT"
+        )
 
     def wrong_input():
         request = bytes_request("simple_identity", 10)
@@ -188,11 +209,11 @@ def _unary_cases(running):
         assert rpc_error(stub(running).ModelInfer, request).code == "INVALID_ARGUMENT"
 
     def over_limit():
-        assert rpc_error(stub(running).ModelInfer, bytes_request("simple_identity", 200_000)).code \
-            == "RESOURCE_EXHAUSTED"
+        assert (
+            rpc_error(stub(running).ModelInfer, bytes_request("simple_identity", 200_000)).code == "RESOURCE_EXHAUSTED"
+        )
 
-    return {"ok": ok, "batched": batched, "truncated": truncated, "wrong_input": wrong_input,
-            "over_limit": over_limit}
+    return {"ok": ok, "batched": batched, "truncated": truncated, "wrong_input": wrong_input, "over_limit": over_limit}
 
 
 @pytest.mark.parametrize("case", ["ok", "batched", "truncated", "wrong_input", "over_limit"])

@@ -57,16 +57,23 @@ def fails_to_connect(address: str, **client_options) -> ClientError:
 
 
 def test_tls_end_to_end(repository, pki):
-    with serve(repository, tls_cert=pki.server.cert, tls_key=pki.server.key, tls_ca=pki.ca.cert,
-               allow_management=True, management_token=TOKEN) as running:
+    with serve(
+        repository,
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        tls_ca=pki.ca.cert,
+        allow_management=True,
+        management_token=TOKEN,
+    ) as running:
         infers(running.client)
         assert [item["OUTPUT0"][0, 1] for item in running.client.stream_infer("simple", [INPUTS] * 2)] == [4, 4]
         assert running.client.health() == "SERVING"
         assert running.management.unload("simple").loaded is False  # the token travels inside TLS
         assert running.management.register("simple").loaded
         # PEM bytes work as well as paths, and "localhost" (also in the certificate) as the checked name.
-        with InferenceClient(running.address, tls_ca=pki.ca.cert.read_bytes(), tls_server_name="localhost",
-                             timeout=CALL_TIMEOUT) as other:
+        with InferenceClient(
+            running.address, tls_ca=pki.ca.cert.read_bytes(), tls_server_name="localhost", timeout=CALL_TIMEOUT
+        ) as other:
             infers(other)
         with ManagementClient(running.address, tls_ca=pki.ca.cert, token=TOKEN, timeout=CALL_TIMEOUT) as manager:
             assert manager.get("simple").loaded
@@ -83,29 +90,59 @@ def test_tls_refuses_plaintext_and_untrusting_clients(repository, pki):
 
 def test_target_name_override(repository, pki):
     """A certificate naming only slotserve.test, dialed at 127.0.0.1: verified against the overridden name."""
-    with serve(repository, tls_cert=pki.other_name_server.cert, tls_key=pki.other_name_server.key,
-               tls_ca=pki.ca.cert, tls_server_name=OTHER_NAME) as running:
+    with serve(
+        repository,
+        tls_cert=pki.other_name_server.cert,
+        tls_key=pki.other_name_server.key,
+        tls_ca=pki.ca.cert,
+        tls_server_name=OTHER_NAME,
+    ) as running:
         infers(running.client)
         fails_to_connect(running.address, tls_ca=pki.ca.cert)  # without the override the name does not match
         infers(running.client)
 
 
 def test_mutual_tls(repository, pki):
-    with serve(repository, tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca.cert,
-               tls_ca=pki.ca.cert, tls_client_cert=pki.client.cert, tls_client_key=pki.client.key) as running:
+    with serve(
+        repository,
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        tls_client_ca=pki.ca.cert,
+        tls_ca=pki.ca.cert,
+        tls_client_cert=pki.client.cert,
+        tls_client_key=pki.client.key,
+    ) as running:
         infers(running.client)
         fails_to_connect(running.address, tls_ca=pki.ca.cert)  # no client certificate
         infers(running.client)
-        fails_to_connect(running.address, tls_ca=pki.ca.cert, tls_cert=pki.rogue_client.cert,
-                         tls_key=pki.rogue_client.key)  # a certificate from another CA
+        fails_to_connect(
+            running.address, tls_ca=pki.ca.cert, tls_cert=pki.rogue_client.cert, tls_key=pki.rogue_client.key
+        )  # a certificate from another CA
         fails_to_connect(running.address)  # plaintext
         with InferenceClient(running.address, **running.client_options) as another:
             infers(another)
-        assert client_cli.main(["--address", running.address, "--timeout", "30", "--tls-ca", str(pki.ca.cert),
-                                "--tls-cert", str(pki.client.cert), "--tls-key", str(pki.client.key),
-                                "health"]) == 0
-        assert client_cli.main(["--address", running.address, "--timeout", "30", "--tls-ca", str(pki.ca.cert),
-                                "health"]) == 1
+        assert (
+            client_cli.main(
+                [
+                    "--address",
+                    running.address,
+                    "--timeout",
+                    "30",
+                    "--tls-ca",
+                    str(pki.ca.cert),
+                    "--tls-cert",
+                    str(pki.client.cert),
+                    "--tls-key",
+                    str(pki.client.key),
+                    "health",
+                ]
+            )
+            == 0
+        )
+        assert (
+            client_cli.main(["--address", running.address, "--timeout", "30", "--tls-ca", str(pki.ca.cert), "health"])
+            == 1
+        )
 
 
 def test_client_tls_arguments_are_checked(pki, tmp_path, capsys):
@@ -123,8 +160,11 @@ def _bad_tls_cases(pki, tmp_path):
     empty = tmp_path / "empty.pem"
     empty.write_text("")
     encrypted = tmp_path / "encrypted.key"
-    subprocess.run(["openssl", "pkey", "-in", str(pki.server.key), "-aes256", "-passout", "pass:secret",
-                    "-out", str(encrypted)], check=True, capture_output=True)
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(pki.server.key), "-aes256", "-passout", "pass:secret", "-out", str(encrypted)],
+        check=True,
+        capture_output=True,
+    )
     server = (pki.server.cert, pki.server.key)
     return [
         ((tmp_path / "missing.pem", pki.server.key, None), "--tls-cert", "cannot read"),
@@ -158,21 +198,38 @@ def test_bad_tls_files_stop_startup(repository, pki, tmp_path):
 
 def test_server_command_line_with_tls(repository, pki, tmp_path):
     """The flags end to end, and a mismatched key as the command line reports it (exit 1, one line)."""
-    command = [sys.executable, "-m", "service", "--model-repository", str(repository), "--port", "0",
-               "--no-load-at-startup", "--tls-cert", str(pki.server.cert)]
-    result = subprocess.run(command + ["--tls-key", str(pki.client.key)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60)
+    command = [
+        sys.executable,
+        "-m",
+        "service",
+        "--model-repository",
+        str(repository),
+        "--port",
+        "0",
+        "--no-load-at-startup",
+        "--tls-cert",
+        str(pki.server.cert),
+    ]
+    result = subprocess.run(
+        command + ["--tls-key", str(pki.client.key)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1, result.stderr
     assert f"slotserve: --tls-key {pki.client.key} does not match the certificate" in result.stderr
-    process = subprocess.Popen(command + ["--tls-key", str(pki.server.key), "--tls-client-ca", str(pki.ca.cert)],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        command + ["--tls-key", str(pki.server.key), "--tls-client-ca", str(pki.ca.cert)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         line = process.stdout.readline()
         assert "listening on" in line, process.stderr.read() if process.poll() is not None else line
         address = line.split("listening on")[1].strip()
-        with InferenceClient(address, tls_ca=pki.ca.cert, tls_cert=pki.client.cert, tls_key=pki.client.key,
-                             timeout=CALL_TIMEOUT) as client:
+        with InferenceClient(
+            address, tls_ca=pki.ca.cert, tls_cert=pki.client.cert, tls_key=pki.client.key, timeout=CALL_TIMEOUT
+        ) as client:
             infers(client)
         fails_to_connect(address, tls_ca=pki.ca.cert)
     finally:

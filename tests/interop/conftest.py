@@ -21,10 +21,13 @@ CLIENTS = Path(__file__).resolve().parent / "clients"
 def run_client():
     """`run_client(script, *args, timeout=...) -> dict`: run clients/<script> with this interpreter in a new
     process; assert that it exits 0 and return the JSON object it printed last."""
+
     def run(script: str, *args: str, timeout: float = DEFAULT_TIMEOUT) -> dict:
         completed = run_process([sys.executable, str(CLIENTS / script), *args], timeout=timeout)
         assert completed.returncode == 0, (
             f"{script} {' '.join(args)} exited {completed.returncode}\n"
-            f"stdout:\n{completed.stdout}\nstderr:\n{completed.stderr}")
+            f"stdout:\n{completed.stdout}\nstderr:\n{completed.stderr}"
+        )
         return last_json_line(completed)
+
     return run

@@ -11,12 +11,17 @@ import pytest
 DEFAULT_TIMEOUT = 120.0
 
 
-def run_process(command: list[str], *, timeout: float = DEFAULT_TIMEOUT, cwd: Path | None = None,
-                input: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_process(
+    command: list[str],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    cwd: Path | None = None,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     """Run `command`, failing the test (with its output) if it outlives `timeout`."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, input=input,
-                              env=env)
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, input=input, env=env)
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"{command} did not finish within {timeout}s\nstdout:\n{expired.stdout}\nstderr:\n{expired.stderr}")
 

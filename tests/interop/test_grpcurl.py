@@ -40,7 +40,8 @@ def grpcurl(address: str, *args: str, data: dict | None = None, expect_ok: bool 
     completed = run_process(command, timeout=60)
     if expect_ok:
         assert completed.returncode == 0, (
-            f"{command} exited {completed.returncode}\nstdout:\n{completed.stdout}\nstderr:\n{completed.stderr}")
+            f"{command} exited {completed.returncode}\nstdout:\n{completed.stdout}\nstderr:\n{completed.stderr}"
+        )
     return completed
 
 
@@ -55,9 +56,20 @@ def test_list_services_through_reflection(server):
     assert {INFERENCE, MANAGEMENT, HEALTH} <= services, services
 
     methods = set(grpcurl(server.address, "list", INFERENCE).stdout.split())
-    for rpc in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
-                "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
-                "RepositoryModelUnload"):
+    for rpc in (
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "ModelStreamInfer",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+    ):
         assert f"{INFERENCE}.{rpc}" in methods, (rpc, methods)
     management = set(grpcurl(server.address, "list", MANAGEMENT).stdout.split())
     for rpc in ("RegisterModel", "UnloadModel", "UnloadModels", "ListModels", "GetModel"):
@@ -105,12 +117,12 @@ def test_model_metadata(server, demo_repository):
     assert spec.max_batch_size > 0  # so the protocol shows the batch dimension as -1
     for kind, declared in (("inputs", spec.inputs), ("outputs", spec.outputs)):
         assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in answer[kind]] == [
-            (t.name, t.datatype, [-1, *t.shape]) for t in declared]
+            (t.name, t.datatype, [-1, *t.shape]) for t in declared
+        ]
 
 
 def test_unknown_model_is_not_found(server):
-    completed = grpcurl(server.address, f"{INFERENCE}/ModelMetadata", data={"name": "no_such_model"},
-                        expect_ok=False)
+    completed = grpcurl(server.address, f"{INFERENCE}/ModelMetadata", data={"name": "no_such_model"}, expect_ok=False)
     assert completed.returncode != 0
     output = completed.stdout + completed.stderr
     assert "NotFound" in output and "Request for unknown model" in output, output

@@ -35,8 +35,7 @@ def node() -> str:
         npm = shutil.which("npm")
         if npm is None:
             pytest.skip("tests/interop/node/node_modules is missing and npm is not installed (make node-deps)")
-        completed = run_process([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_DIR,
-                                timeout=300)
+        completed = run_process([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_DIR, timeout=300)
         if completed.returncode != 0:
             pytest.skip(f"tests/interop/node/node_modules is missing and `npm ci` failed: {completed.stderr[-500:]}")
     # What is installed is what package.json pins (a stale node_modules would test something else).
@@ -44,7 +43,8 @@ def node() -> str:
     for package, version in pins.items():
         installed = json.loads((modules / package / "package.json").read_text())["version"]
         assert installed == version, (
-            f"{package} {installed} is installed, package.json pins {version}: run make node-deps")
+            f"{package} {installed} is installed, package.json pins {version}: run make node-deps"
+        )
     return executable
 
 
@@ -66,10 +66,12 @@ def test_node_grpc_js_client(node, slotserve, demo_repository):
     spec = ModelRepository(demo_repository).read("simple")
     metadata = result["metadata"]
     assert metadata["name"] == "simple" and metadata["versions"] == [spec.version]
-    assert metadata["inputs"] == [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]}
-                                  for t in spec.inputs]
-    assert metadata["outputs"] == [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]}
-                                   for t in spec.outputs]
+    assert metadata["inputs"] == [
+        {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in spec.inputs
+    ]
+    assert metadata["outputs"] == [
+        {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in spec.outputs
+    ]
 
     assert result["infer"]["id"] == "node-infer" and result["infer"]["shape"] == [3, 16]
     check_sum_diff(result["infer"])

@@ -90,8 +90,9 @@ def as_written(code: str, address: str, *, names_the_address: bool = True) -> st
 
 
 def run_bash(code: str, **environment: str) -> subprocess.CompletedProcess:
-    completed = run_process(["bash", "-euo", "pipefail", "-c", code], cwd=ROOT, timeout=60,
-                            env={**os.environ, **environment})
+    completed = run_process(
+        ["bash", "-euo", "pipefail", "-c", code], cwd=ROOT, timeout=60, env={**os.environ, **environment}
+    )
     assert completed.returncode == 0, f"exit {completed.returncode}\n{completed.stdout}\n{completed.stderr}"
     return completed
 
@@ -112,19 +113,29 @@ def address(slotserve, demo_repository):
 
 
 def test_every_runnable_block_is_exercised():
-    found = {(name(p), title) for p in pages() for title, text in sections(p).items()
-             if any(language in RUNNABLE for language, _ in fenced_blocks(text))}
+    found = {
+        (name(p), title)
+        for p in pages()
+        for title, text in sections(p).items()
+        if any(language in RUNNABLE for language, _ in fenced_blocks(text))
+    }
     assert found == set(EXERCISED), (
         f"sections with runnable blocks no test runs: {sorted(found - set(EXERCISED))}; "
-        f"listed but gone: {sorted(set(EXERCISED) - found)}")
+        f"listed but gone: {sorted(set(EXERCISED) - found)}"
+    )
     assert all(test in globals() for test in EXERCISED.values())
-    unmarked = [(name(p), title) for p in pages() for title, text in sections(p).items()
-                for language, code in fenced_blocks(text)
-                if not language and re.search(r"^(\.venv/bin/|make |python )", code, flags=re.M)]
+    unmarked = [
+        (name(p), title)
+        for p in pages()
+        for title, text in sections(p).items()
+        for language, code in fenced_blocks(text)
+        if not language and re.search(r"^(\.venv/bin/|make |python )", code, flags=re.M)
+    ]
     assert not unmarked, f"blocks of commands without a language (so no test runs them): {unmarked}"
 
 
 # ---- README: calling it -------------------------------------------------------------------------------------
+
 
 def test_the_section_has_the_four_examples():
     languages = [language for language, _ in calling_it_blocks()]
@@ -135,7 +146,7 @@ def test_grpcurl_lists_the_services_and_runs_simple(address):
     code = block(lambda language, code: language == "bash" and "grpcurl" in code)
     output = run_bash(as_written(code, address)).stdout
     assert "inference.GRPCInferenceService" in output and "grpc.health.v1.Health" in output
-    response = json.loads(output[output.index("{"):])
+    response = json.loads(output[output.index("{") :])
     names = [tensor["name"] for tensor in response["outputs"]]
     raw = dict(zip(names, response["raw_output_contents"]))
     assert np.frombuffer(base64.b64decode(raw["OUTPUT0"]), "<i4").tolist() == (A + B).tolist()
@@ -168,29 +179,38 @@ def test_the_client_library_example_runs(address):
 
 # ---- README: using slotserve in your own tests ----------------------------------------------------------------
 
+
 def test_the_in_process_examples_pass_as_a_pytest_session(tmp_path):
     """The `serve` example is a test module; the fixture example says which line goes into conftest.py. Both run
     as written, from the project's root (where `demo/model_repository` is), and pass."""
     (language, serve_example), (fixture_language, fixture_example) = section_blocks(
-        README, "Using slotserve in your own tests")
+        README, "Using slotserve in your own tests"
+    )
     assert language == fixture_language == "python"
     conftest = re.match(r"# conftest\.py: (.+)\n", fixture_example)
     assert conftest, "the fixture example no longer starts with the line for conftest.py"
     (tmp_path / "conftest.py").write_text(conftest.group(1) + "\n")
     (tmp_path / "test_serve_example.py").write_text(serve_example)
     (tmp_path / "test_fixture_example.py").write_text(fixture_example)
-    completed = run_process([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
-                             str(tmp_path), str(tmp_path)], cwd=ROOT, timeout=120)
+    completed = run_process(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=ROOT,
+        timeout=120,
+    )
     assert completed.returncode == 0, f"{completed.stdout}\n{completed.stderr}"
     assert re.search(r"\b2 passed\b", completed.stdout), completed.stdout
 
 
 # ---- make lines ------------------------------------------------------------------------------------------------
 
+
 def make_lines() -> list[str]:
     lines = []
-    for relative, title in [key for key, test in EXERCISED.items()
-                            if test == "test_the_make_lines_name_real_targets_and_build_a_valid_server_command"]:
+    for relative, title in [
+        key
+        for key, test in EXERCISED.items()
+        if test == "test_the_make_lines_name_real_targets_and_build_a_valid_server_command"
+    ]:
         for language, code in section_blocks(page(relative), title):
             assert language == "bash"
             lines += [line.split("#", 1)[0].strip() for line in code.splitlines() if line.startswith("make ")]
@@ -210,8 +230,12 @@ def test_the_make_lines_name_real_targets_and_build_a_valid_server_command():
         assert targets and set(targets) <= set(phony), f"{line}: not a target of the Makefile ({phony})"
         if targets != ["run"]:
             continue
-        dry = run_process(["make", "--no-print-directory", "-n", *words[1:]], cwd=ROOT, timeout=60,
-                          env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")})
+        dry = run_process(
+            ["make", "--no-print-directory", "-n", *words[1:]],
+            cwd=ROOT,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
+        )
         assert dry.returncode == 0, f"{line}\n{dry.stdout}\n{dry.stderr}"
         commands = [shlex.split(step) for step in dry.stdout.splitlines() if " -m service " in step]
         assert commands, f"{line}: `make -n` shows no server command\n{dry.stdout}"
@@ -229,6 +253,7 @@ def test_the_make_lines_name_real_targets_and_build_a_valid_server_command():
 
 # ---- sessions that start a server with `make run ARGS="..."` ---------------------------------------------------
 
+
 @contextlib.contextmanager
 def session(code: str, repository: Path, folder: Path):
     """Run a block of the form `<lines>; make run ARGS="..."; <lines>`: yields (running server, output of the
@@ -236,25 +261,27 @@ def session(code: str, repository: Path, folder: Path):
     code = code.replace("/tmp/", f"{folder}/")
     match = MAKE_RUN.search(code)
     assert match, 'the block no longer starts its server with make run ARGS="..."'
-    before, after = code[:match.start()], code[match.end():]
+    before, after = code[: match.start()], code[match.end() :]
     if before.strip():
         run_bash(as_written(before, "", names_the_address=False))
     parsed = build_parser().parse_args(["--model-repository", str(repository), *shlex.split(match.group(1))])
-    fields = {name: value for name, value in option_fields(parsed).items()
-              if name not in ("model_repository", "host", "port")}
+    fields = {
+        name: value for name, value in option_fields(parsed).items() if name not in ("model_repository", "host", "port")
+    }
     for kind in ("management", "inference"):  # serve() wants the token itself, to give it to its own clients
         path = getattr(parsed, f"{kind}_token_file")
         if path is not None:
             fields[f"{kind}_token"] = Path(path).read_text().strip()
     with serve(repository, **fields) as running:
-        output = run_bash(as_written(after, running.address, names_the_address=False),
-                          **{ADDRESS_ENV: running.address}).stdout
+        output = run_bash(
+            as_written(after, running.address, names_the_address=False), **{ADDRESS_ENV: running.address}
+        ).stdout
         yield running, output
 
 
 def model_rows(output: str) -> dict[str, list[str]]:
     """`client models` table rows by name: the columns before MEMORY, and REASON where there is one."""
-    lines = output[output.index("NAME "):].splitlines()[1:]
+    lines = output[output.index("NAME ") :].splitlines()[1:]
     rows = {}
     for line in filter(str.strip, lines):
         cells = line.split()
@@ -290,8 +317,12 @@ def test_the_authentication_session_unloads_with_the_token_and_not_without(demo_
     assert language == "bash"
     with session(code, demo_repository, tmp_path) as (running, _output):
         assert not running.management.get("simple").loaded
-        refused = run_process([sys.executable, "-m", "client", "unload", "simple_identity"], cwd=ROOT, timeout=60,
-                              env={**os.environ, ADDRESS_ENV: running.address, "SLOTSERVE_MANAGEMENT_TOKEN": ""})
+        refused = run_process(
+            [sys.executable, "-m", "client", "unload", "simple_identity"],
+            cwd=ROOT,
+            timeout=60,
+            env={**os.environ, ADDRESS_ENV: running.address, "SLOTSERVE_MANAGEMENT_TOKEN": ""},
+        )
         assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr + refused.stdout
         assert running.management.get("simple_identity").loaded
 
@@ -310,11 +341,13 @@ def test_the_shared_memory_session_passes_tensors_in_regions(demo_repository, tm
 
 # ---- configuration and log examples ----------------------------------------------------------------------------
 
+
 def test_configuration_blocks_parse_as_config_pbtxt(caplog):
     """Every pbtxt block parses as config.pbtxt does, and names no field slotserve would skip with a warning."""
     checked = 0
-    for relative, title in [key for key, test in EXERCISED.items()
-                            if test == "test_configuration_blocks_parse_as_config_pbtxt"]:
+    for relative, title in [
+        key for key, test in EXERCISED.items() if test == "test_configuration_blocks_parse_as_config_pbtxt"
+    ]:
         for language, code in section_blocks(page(relative), title):
             if language != "pbtxt":
                 continue

@@ -43,7 +43,9 @@ def test_tritonclient_simple_flow_with_inputs_and_outputs_in_system_shared_memor
     np.testing.assert_array_equal(np.asarray(result["OUTPUT0"], dtype=np.int32), a + b)
     np.testing.assert_array_equal(np.asarray(result["OUTPUT1"], dtype=np.int32), a - b)
     assert {name: region["byte_size"] for name, region in result["status"].items()} == {
-        "input_data": 2 * a.nbytes, "output_data": 2 * a.nbytes}
+        "input_data": 2 * a.nbytes,
+        "output_data": 2 * a.nbytes,
+    }
     # Two requests: four region references, then two (INPUT0 and OUTPUT0 of the mixed request).
     assert server.server.shared_memory.statistics().taken == 6
     assert_nothing_left(server)
@@ -66,15 +68,38 @@ def test_tritonclient_sees_the_errors(server, run_client):
 
 
 @pytest.mark.skipif(not os.access(PERF_ANALYZER, os.X_OK), reason="perf_analyzer is set up by bench/setup.sh")
-@pytest.mark.parametrize("model, extra", [("simple", []),
-                                          ("identity_fp32", ["--shape", "INPUT0:65536",
-                                                             "--output-shared-memory-size", str(65536 * 4)])])
+@pytest.mark.parametrize(
+    "model, extra",
+    [("simple", []), ("identity_fp32", ["--shape", "INPUT0:65536", "--output-shared-memory-size", str(65536 * 4)])],
+)
 def test_perf_analyzer_with_system_shared_memory(server, tmp_path, model, extra):
     out = tmp_path / "perf.csv"
     completed = run_process(
-        [str(PERF_ANALYZER), "-i", "grpc", "-u", server.address, "-m", model, "--shared-memory", "system",
-         "--concurrency-range", "2:2", "--measurement-interval", "500", "--stability-percentage", "1000",
-         "--max-trials", "3", "-f", str(out), *extra], timeout=180, cwd=tmp_path)
+        [
+            str(PERF_ANALYZER),
+            "-i",
+            "grpc",
+            "-u",
+            server.address,
+            "-m",
+            model,
+            "--shared-memory",
+            "system",
+            "--concurrency-range",
+            "2:2",
+            "--measurement-interval",
+            "500",
+            "--stability-percentage",
+            "1000",
+            "--max-trials",
+            "3",
+            "-f",
+            str(out),
+            *extra,
+        ],
+        timeout=180,
+        cwd=tmp_path,
+    )
     assert completed.returncode == 0, f"{completed.stdout}\n{completed.stderr}"
     with open(out, newline="") as handle:
         rows = list(csv.DictReader(handle))

@@ -20,8 +20,7 @@ MODEL = "silero_vad"
 @pytest.fixture
 def reference(demo_repository):
     spec = ModelRepository(demo_repository).read(MODEL)
-    return onnxruntime.InferenceSession(str(spec.model_file), session_options(spec),
-                                        providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(str(spec.model_file), session_options(spec), providers=["CPUExecutionProvider"])
 
 
 def test_metadata_declares_a_scalar_sr(slotserve, demo_repository):
@@ -30,11 +29,14 @@ def test_metadata_declares_a_scalar_sr(slotserve, demo_repository):
     assert inputs["sr"].datatype == "INT64" and inputs["sr"].shape == ()
 
 
-@pytest.mark.parametrize(("rate", "chunk", "batch", "chunks"), [
-    (16000, 512, 1, 8),
-    (8000, 256, 1, 6),
-    (16000, 512, 3, 4),
-])
+@pytest.mark.parametrize(
+    ("rate", "chunk", "batch", "chunks"),
+    [
+        (16000, 512, 1, 8),
+        (8000, 256, 1, 6),
+        (16000, 512, 3, 4),
+    ],
+)
 def test_outputs_equal_onnxruntime_bit_for_bit(slotserve, demo_repository, reference, rate, chunk, batch, chunks):
     server = slotserve(demo_repository)
     rng = np.random.default_rng(1234 + rate + batch)
@@ -49,10 +51,11 @@ def test_outputs_equal_onnxruntime_bit_for_bit(slotserve, demo_repository, refer
     reference_state = served_state.copy()
     probabilities = []
     for index in range(chunks):
-        samples = np.ascontiguousarray(audio[:, index * chunk:(index + 1) * chunk])
+        samples = np.ascontiguousarray(audio[:, index * chunk : (index + 1) * chunk])
         served = server.client.infer(MODEL, {"input": samples, "state": served_state, "sr": sr})
         expected_output, expected_state = reference.run(
-            ["output", "stateN"], {"input": samples, "state": reference_state, "sr": sr})
+            ["output", "stateN"], {"input": samples, "state": reference_state, "sr": sr}
+        )
 
         assert served["output"].dtype == expected_output.dtype == np.float32
         assert served["output"].shape == expected_output.shape == (batch, 1)

@@ -50,7 +50,8 @@ def test_sync_infer_raw(server, run_client):
     assert result["only_outputs"] == ["OUTPUT1"]
     np.testing.assert_array_equal(
         result["only_OUTPUT1"],
-        np.asarray(result["full"]["INPUT0"], np.int32) - np.asarray(result["full"]["INPUT1"], np.int32))
+        np.asarray(result["full"]["INPUT0"], np.int32) - np.asarray(result["full"]["INPUT1"], np.int32),
+    )
 
 
 def test_sync_infer_gzip_and_deflate_compressed(server, run_client):
@@ -108,7 +109,8 @@ def test_get_model_config(server, run_client, demo_repository):
     assert config["name"] == "simple"
     assert config["max_batch_size"] == spec.max_batch_size == 8
     assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in config["input"]] == [
-        (t.name, "TYPE_" + t.datatype, list(t.shape)) for t in spec.inputs]
+        (t.name, "TYPE_" + t.datatype, list(t.shape)) for t in spec.inputs
+    ]
     assert [t["name"] for t in config["output"]] == [t.name for t in spec.outputs]
     # Slots are reported as instance_group[0].count; the server runs --parallel-jobs 2 and simple sets none.
     assert config["instance_group"][0]["count"] == server.management.get("simple").slots == 2
@@ -135,8 +137,9 @@ def test_get_inference_statistics_counts_exactly_the_requests(server, run_client
     assert ns(after, "compute_infer") > ns(before, "compute_infer")
     assert int(after.get("inference_count", 0)) - int(before.get("inference_count", 0)) == sum(batches)
     assert int(after.get("execution_count", 0)) - int(before.get("execution_count", 0)) == len(batches)
-    assert int(after.get("last_inference", 0)) >= int(before.get("last_inference", 0)) and \
-        int(after["last_inference"]) > 0
+    assert (
+        int(after.get("last_inference", 0)) >= int(before.get("last_inference", 0)) and int(after["last_inference"]) > 0
+    )
     assert result["all_models"] == repository_names(demo_repository)
 
 
@@ -205,7 +208,9 @@ def test_server_metadata_and_unknown_model(server, run_client):
     model = result["model"]
     assert model["name"] == "simple" and model["versions"] == ["1"]
     assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in model["inputs"]] == [
-        ("INPUT0", "INT32", [-1, 16]), ("INPUT1", "INT32", [-1, 16])]
+        ("INPUT0", "INT32", [-1, 16]),
+        ("INPUT1", "INT32", [-1, 16]),
+    ]
     for label, error in result["errors"].items():
         assert error is not None, f"{label} on an unknown model succeeded"
         assert error["status"] == "StatusCode.NOT_FOUND", (label, error)
@@ -213,8 +218,9 @@ def test_server_metadata_and_unknown_model(server, run_client):
     assert result["unknown_model_ready"] is False
 
 
-def test_concurrent_requests_to_a_batching_model_are_batched_and_each_answer_matches_numpy(slotserve, tmp_path,
-                                                                                            run_client):
+def test_concurrent_requests_to_a_batching_model_are_batched_and_each_answer_matches_numpy(
+    slotserve, tmp_path, run_client
+):
     """The demo's weight-bound MLP, with a delay and a preferred batch size of 16 so that the 16 concurrent
     requests form one batch whatever the machine's load: one execution of 16 rows, every request answered with
     its own row, recomputed with numpy."""
@@ -224,8 +230,14 @@ def test_concurrent_requests_to_a_batching_model_are_batched_and_each_answer_mat
     demo, repository = require_demo() / "mlp", tmp_path / "repo"
     (repository / "mlp").mkdir(parents=True)
     (repository / "mlp" / "1").symlink_to(demo / "1", target_is_directory=True)  # the weights, not copied
-    (repository / "mlp" / "config.pbtxt").write_text((demo / "config.pbtxt").read_text().replace(
-        "dynamic_batching { }", "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: 16 }"))
+    (repository / "mlp" / "config.pbtxt").write_text(
+        (demo / "config.pbtxt")
+        .read_text()
+        .replace(
+            "dynamic_batching { }",
+            "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: 16 }",
+        )
+    )
     server = slotserve(repository, parallel_jobs=2, allowed_model_roots=[demo])  # the link to the weights leaves
     result = run_client(SCRIPT, server.address, "batched", "mlp", "16")
     assert len(result["answers"]) == 16

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import importlib.abc
 import importlib.util
 import os
@@ -63,8 +62,11 @@ LAST_RESULT = HERE / "last-result.txt"
 
 # Each module's tests, fastest-killing first (pytest runs them in this order with -x). In-process only: no test
 # here starts a server process or binds a fixed port, so mutants can run side by side.
-_CORE_UNIT = ["tests/unit/test_admission_edges.py", "tests/unit/test_batch_delay_wakeups.py",
-              "tests/unit/test_admission_interrupted.py"]
+_CORE_UNIT = [
+    "tests/unit/test_admission_edges.py",
+    "tests/unit/test_batch_delay_wakeups.py",
+    "tests/unit/test_admission_interrupted.py",
+]
 SUBSETS: dict[str, list[str]] = {
     "admission": [
         *_CORE_UNIT,
@@ -103,6 +105,7 @@ MODULES = {name: f"service.core.{name}" for name in SUBSETS}
 
 # ---- finding and applying mutants --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Mutant:
     module: str  # "admission"
@@ -113,10 +116,30 @@ class Mutant:
     change: str  # what it does, in words
 
 
-_FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-          ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
-_SYMBOLS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is",
-            ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
+_FLIPS = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_SYMBOLS = {
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+    ast.In: "in",
+    ast.NotIn: "not in",
+}
 _SKIPPED_FIELDS = {"annotation", "returns", "defaults", "kw_defaults", "decorator_list"}
 
 
@@ -127,6 +150,7 @@ def _is_logging(call: ast.Call) -> bool:
 
 def _nodes(tree: ast.AST):
     """(node, parent, field, index, function) in a fixed pre-order; skips what is never mutated."""
+
     def visit(node, parent, field, index, function):
         if isinstance(node, ast.JoinedStr):
             return
@@ -134,8 +158,7 @@ def _nodes(tree: ast.AST):
             if node.name == "__repr__":
                 return
             function = f"{function}.{node.name}" if function else node.name
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
-                                                for t in node.targets):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
             return
         if isinstance(node, ast.AnnAssign) and isinstance(parent, ast.ClassDef):
             return  # a class field's default: like an argument default, set by whoever builds the object
@@ -149,6 +172,7 @@ def _nodes(tree: ast.AST):
                         yield from visit(item, node, name, position, function)
             elif isinstance(value, ast.AST):
                 yield from visit(value, node, name, None, function)
+
     yield from visit(tree, None, None, None, "")
 
 
@@ -173,10 +197,13 @@ def _sites(tree: ast.AST):
 
                 def apply(node=node, position=position, flipped=flipped):
                     node.ops[position] = flipped()
+
                 yield ("CMP", function, code, f"{_SYMBOLS[type(op)]} -> {_SYMBOLS[flipped]}", node, apply)
         elif isinstance(node, ast.Constant) and type(node.value) is bool:
+
             def apply(node=node):
                 node.value = not node.value
+
             yield "BOOL", function, code, f"{node.value} -> {not node.value}", node, apply
         elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
             value = node.value
@@ -184,61 +211,97 @@ def _sites(tree: ast.AST):
 
             def apply(node=node, new=new):
                 node.value = new
+
             yield "NUM", function, code, f"{value!r} -> {new!r}", node, apply
         elif isinstance(node, (ast.If, ast.While, ast.IfExp)):
+
             def apply(node=node):
                 node.test = ast.copy_location(ast.UnaryOp(ast.Not(), node.test), node.test)
+
             yield "NOT", function, ast.unparse(node.test), "condition negated", node, apply
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+
             def apply(node=node, parent=parent, field=field, index=index):
                 _replace(parent, field, index, node.operand)
+
             yield "NOT", function, code, "`not` removed", node, apply
         elif isinstance(node, ast.BoolOp):
             other = ast.Or if isinstance(node.op, ast.And) else ast.And
 
             def apply(node=node, other=other):
                 node.op = other()
+
             yield "ANDOR", function, code, f"{type(node.op).__name__.lower()} -> {other.__name__.lower()}", node, apply
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and not _is_logging(node.value):
+
             def apply(node=node, parent=parent, field=field, index=index):
                 _replace(parent, field, index, _pass_like(node))
+
             yield "CALL", function, code, "call removed", node, apply
         elif isinstance(node, ast.AugAssign):
+
             def apply(node=node, parent=parent, field=field, index=index):
                 _replace(parent, field, index, _pass_like(node))
+
             yield "AUG", function, code, "not done", node, apply
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max")):
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
             other = "max" if node.func.id == "min" else "min"
 
             def apply(node=node, other=other):
                 node.func = ast.copy_location(ast.Name(other, ast.Load()), node.func)
+
             yield "MINMAX", function, code, f"{node.func.id} -> {other}", node, apply
-        elif isinstance(node, ast.Return) and node.value is not None and not (
-                isinstance(node.value, ast.Constant) and node.value.value is None):
+        elif (
+            isinstance(node, ast.Return)
+            and node.value is not None
+            and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+        ):
+
             def apply(node=node):
                 node.value = None
+
             yield "RET", function, code, "returns None", node, apply
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
             other = ast.Sub if isinstance(node.op, ast.Add) else ast.Add
 
             def apply(node=node, other=other):
                 node.op = other()
-            yield "ARITH", function, code, f"{'+' if other is ast.Sub else '-'} -> {'-' if other is ast.Sub else '+'}", \
-                node, apply
-        elif (isinstance(node, ast.ExceptHandler) and isinstance(node.type, ast.Name)
-              and node.type.id == "BaseException"):
+
+            yield (
+                "ARITH",
+                function,
+                code,
+                f"{'+' if other is ast.Sub else '-'} -> {'-' if other is ast.Sub else '+'}",
+                node,
+                apply,
+            )
+        elif (
+            isinstance(node, ast.ExceptHandler) and isinstance(node.type, ast.Name) and node.type.id == "BaseException"
+        ):
+
             def apply(node=node):
                 node.type = ast.copy_location(ast.Name("Exception", ast.Load()), node.type)
+
             yield "EXC", function, f"except BaseException (line {node.lineno})", "-> except Exception", node, apply
         elif isinstance(node, ast.Try) and node.finalbody and not node.handlers:
+
             def apply(node=node, parent=parent, field=field, index=index):
                 body = getattr(parent, field)
-                body[index:index + 1] = [*node.body, *node.finalbody]
-            yield "FIN", function, f"try/finally (line {node.lineno})", "finally runs only without an exception", \
-                node, apply
+                body[index : index + 1] = [*node.body, *node.finalbody]
+
+            yield (
+                "FIN",
+                function,
+                f"try/finally (line {node.lineno})",
+                "finally runs only without an exception",
+                node,
+                apply,
+            )
         elif isinstance(node, ast.Raise):
+
             def apply(node=node, parent=parent, field=field, index=index):
                 _replace(parent, field, index, _pass_like(node))
+
             yield "RAISE", function, code, "raise removed", node, apply
 
 
@@ -271,6 +334,7 @@ def mutated_code(module: str, index: int):
 
 # ---- the test process of one mutant --------------------------------------------------------------------------
 
+
 class _MutantFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports `fullname` from the mutated code instead of its file (the file's path stays its __file__)."""
 
@@ -296,13 +360,16 @@ def child(module: str, index: int | None, pytest_args: list[str]) -> int:
         path, _ = _source(module)
         sys.meta_path.insert(0, _MutantFinder(MODULES[module], path, mutated_code(module, index)))
     from hypothesis import settings  # before any test module builds its settings, so they inherit these
+
     settings.register_profile("mutation", database=None, derandomize=True, print_blob=False)
     settings.load_profile("mutation")
     import pytest
+
     return pytest.main(pytest_args)
 
 
 # ---- the runner --------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Outcome:
@@ -315,13 +382,28 @@ class Outcome:
 def _run_one(module: str, mutant: Mutant | None, timeout: float, workdir: Path, verbose: bool) -> Outcome:
     name = "baseline" if mutant is None else str(mutant.index)
     basetemp = workdir / f"{module}-{name}"
-    command = [sys.executable, "-m", "tests.mutation.run", "--child", module,
-               "-" if mutant is None else str(mutant.index), "--",
-               "-x", "-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}", "-W", "ignore", *SUBSETS[module]]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.mutation.run",
+        "--child",
+        module,
+        "-" if mutant is None else str(mutant.index),
+        "--",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--basetemp={basetemp}",
+        "-W",
+        "ignore",
+        *SUBSETS[module],
+    ]
     started = time.monotonic()
     # Its own process group, so a timeout ends the test process and every thread or child it left behind.
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = process.communicate(timeout=timeout)
         verdict = "survived" if process.returncode == 0 else "killed"
@@ -363,8 +445,10 @@ def _module_report(module: str, outcomes: list[Outcome], named: dict[str, str], 
     stale = [o for o in outcomes if o.verdict in ("killed", "timeout") and o.mutant.key in named]
     counted = len(outcomes) - len(equivalent)
     rate = 100.0 * (killed + timeouts) / counted if counted else 100.0
-    out = [f"{module:<11} {len(outcomes):>7}  {killed:>6}  {timeouts:>7}  {len(equivalent):>10}  "
-           f"{len(survived):>8}  {rate:5.1f} %   (subset {baseline:.0f} s unmutated)"]
+    out = [
+        f"{module:<11} {len(outcomes):>7}  {killed:>6}  {timeouts:>7}  {len(equivalent):>10}  "
+        f"{len(survived):>8}  {rate:5.1f} %   (subset {baseline:.0f} s unmutated)"
+    ]
     out += [f"    survivor  {o.verdict:<8} line {o.mutant.line:<4} {o.mutant.key}" for o in survived]
     out += [f"    named equivalent but killed (take it out of equivalents.txt): {o.mutant.key}" for o in stale]
     return "\n".join(out)
@@ -372,8 +456,9 @@ def _module_report(module: str, outcomes: list[Outcome], named: dict[str, str], 
 
 def _report(results: dict[str, list[Outcome]], named: dict[str, str], baselines: dict[str, float]) -> str:
     """The table of this run; a survivor is a bug no test caught, or an equivalent mutant not named yet."""
-    blocks = [_module_report(module, outcomes, named, baselines.get(module, 0.0))
-              for module, outcomes in results.items()]
+    blocks = [
+        _module_report(module, outcomes, named, baselines.get(module, 0.0)) for module, outcomes in results.items()
+    ]
     return "\n".join([HEADER, *blocks])
 
 
@@ -390,11 +475,17 @@ def _record(results, named, baselines) -> None:
                 blocks[current] += "\n" + line
     stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     for module, outcomes in results.items():
-        blocks[module] = (f"## {module}, run {stamp} UTC\n" + HEADER + "\n"
-                          + _module_report(module, outcomes, named, baselines.get(module, 0.0)))
+        blocks[module] = (
+            f"## {module}, run {stamp} UTC\n"
+            + HEADER
+            + "\n"
+            + _module_report(module, outcomes, named, baselines.get(module, 0.0))
+        )
     text = "\n\n".join(blocks[module].strip() for module in SUBSETS if module in blocks)
-    LAST_RESULT.write_text("# The last full run of each module of `make mutate` (python -m tests.mutation.run); "
-                           "docs/architecture.md says how to read it.\n\n" + text + "\n")
+    LAST_RESULT.write_text(
+        "# The last full run of each module of `make mutate` (python -m tests.mutation.run); "
+        "docs/architecture.md says how to read it.\n\n" + text + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,16 +522,22 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             baselines[module] = baseline.seconds
             timeout = max(60.0, 3 * baseline.seconds)
-            print(f"{module}: {len(found)} mutants; subset {baseline.seconds:.1f} s unmutated, timeout {timeout:.0f} s",
-                  flush=True)
+            print(
+                f"{module}: {len(found)} mutants; subset {baseline.seconds:.1f} s unmutated, timeout {timeout:.0f} s",
+                flush=True,
+            )
             done = []
 
             def one(mutant: Mutant) -> Outcome:
                 outcome = _run_one(module, mutant, timeout, Path(workdir), verbose=bool(args.only))
                 done.append(outcome)
-                print(f"  [{len(done):>3}/{len(found)}] {outcome.verdict:<8} {outcome.seconds:5.1f} s  "
-                      f"line {mutant.line:<4} {mutant.key}", flush=True)
+                print(
+                    f"  [{len(done):>3}/{len(found)}] {outcome.verdict:<8} {outcome.seconds:5.1f} s  "
+                    f"line {mutant.line:<4} {mutant.key}",
+                    flush=True,
+                )
                 return outcome
+
             with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
                 results[module] = list(pool.map(one, found))
     report = _report(results, named, baselines)

@@ -50,8 +50,9 @@ def exit_bound(drain: float, grace: float) -> float:
     return drain + grace + 2 * MARGIN + EXIT_SLACK
 
 
-def write_fixture_model(repository: Path, name: str, parameters: dict | None = None, *,
-                        inputs: str = "", outputs: str = "") -> Path:
+def write_fixture_model(
+    repository: Path, name: str, parameters: dict | None = None, *, inputs: str = "", outputs: str = ""
+) -> Path:
     """A fixture-backend model (output = input) with string parameters, e.g. {"gate_dir": ..., "hang": ...}."""
     directory = repository / name
     directory.mkdir(parents=True, exist_ok=True)
@@ -149,17 +150,37 @@ class ServerProcess:
 
     def __init__(self, repository: Path, *flags: str, log_level: str = "INFO", test_backends: bool = True) -> None:
         # Shutdown tests hold fixture models' file gates, so the fixture backend is on unless a test says not.
-        command = [sys.executable, "-m", "service", "--model-repository", str(repository), "--host", "127.0.0.1",
-                   "--port", "0", "--log-level", log_level, *(["--enable-test-backends"] if test_backends else []),
-                   *flags]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        command = [
+            sys.executable,
+            "-m",
+            "service",
+            "--model-repository",
+            str(repository),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--log-level",
+            log_level,
+            *(["--enable-test-backends"] if test_backends else []),
+            *flags,
+        ]
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._log: list[str] = []
         self._log_lock = threading.Lock()  # guards: _log
         sinks = ((self.process.stdout, self._lines.put), (self.process.stderr, self._log_line))
-        self._readers = [threading.Thread(target=self._read, args=(stream, sink), daemon=True)
-                         for stream, sink in sinks]
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, sink), daemon=True) for stream, sink in sinks
+        ]
         for reader in self._readers:
             reader.start()
         self.signalled_at: float | None = None
@@ -212,8 +233,9 @@ class ServerProcess:
 
     def channel(self) -> grpc.Channel:
         """A new channel (a new connection) to the server; closed at the end."""
-        channel = grpc.insecure_channel(self.address, options=[("grpc.max_receive_message_length", -1),
-                                                               ("grpc.max_send_message_length", -1)])
+        channel = grpc.insecure_channel(
+            self.address, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        )
         self._channels.append(channel)
         return channel
 
@@ -229,14 +251,14 @@ class ServerProcess:
     def status(self, model: str):
         return self.management.get(model, timeout=5)
 
-    def wait_status(self, model: str, predicate: Callable[[object], bool], what: str = "",
-                    timeout: float = WAIT):
+    def wait_status(self, model: str, predicate: Callable[[object], bool], what: str = "", timeout: float = WAIT):
         """Poll GetModel until `predicate(status)` holds; returns that status."""
         seen = []
 
         def check() -> bool:
             seen[:] = [self.status(model)]
             return predicate(seen[0])
+
         wait_until(check, what or f"status of {model}", timeout, poll=0.01)
         return seen[0]
 
@@ -304,7 +326,7 @@ class ServerProcess:
             if stream is not None:
                 stream.close()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -328,10 +350,12 @@ def write_slow_onnx_model(repository: Path, name: str = "slow", nodes: int = 100
         graph_nodes.append(helper.make_node("Tanh", [f"mm{index}"], [output]))
         previous = output
     graph = helper.make_graph(
-        graph_nodes, name,
+        graph_nodes,
+        name,
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [-1, 512])],
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [-1, 512])],
-        [numpy_helper.from_array(weights, "W")])
+        [numpy_helper.from_array(weights, "W")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     directory = repository / name
@@ -341,7 +365,8 @@ def write_slow_onnx_model(repository: Path, name: str = "slow", nodes: int = 100
         f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
         'input { name: "INPUT0" data_type: TYPE_FP32 dims: -1 dims: 512 }\n'
         'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: -1 dims: 512 }\n'
-        'parameters { key: "intra_op_num_threads" value { string_value: "1" } }\n')
+        'parameters { key: "intra_op_num_threads" value { string_value: "1" } }\n'
+    )
     return directory
 
 
@@ -350,6 +375,7 @@ def slow_rows(count: int) -> np.ndarray:
 
 
 # ---- in-process servers (service.testing.serve) ------------------------------------------------------------------
+
 
 class Background:
     """A blocking call on its own thread (e.g. Server.shutdown); `result()` is bounded."""
@@ -362,6 +388,7 @@ class Background:
                 self._future.set_result(function(*args, **kwargs))
             except BaseException as error:  # handed to the test through result()
                 self._future.set_exception(error)
+
         self.thread = threading.Thread(target=run, daemon=True)
         self.started_at = time.monotonic()
         self.thread.start()
@@ -408,7 +435,8 @@ class InProcess:
         self.controls = FixtureControls()
         self._stack = contextlib.ExitStack()
         self.running = self._stack.enter_context(
-            serve(root, backends={"fixture": FixtureBackend(self.controls), **(backends or {})}, **options))
+            serve(root, backends={"fixture": FixtureBackend(self.controls), **(backends or {})}, **options)
+        )
         self.server = self.running.server
         self.address = self.running.address
         self.client = self.running.client
@@ -430,8 +458,9 @@ class InProcess:
         """GetModel through the client."""
         return self.management.get(model, timeout=5)
 
-    def wait_status(self, model: str, predicate: Callable[[object], bool], what: str = "",
-                    timeout: float = WAIT) -> float:
+    def wait_status(
+        self, model: str, predicate: Callable[[object], bool], what: str = "", timeout: float = WAIT
+    ) -> float:
         """Poll GetModel until `predicate(status)` holds; returns the seconds it took."""
         return wait_until(lambda: predicate(self.status(model)), what or f"status of {model}", timeout, poll=0.002)
 
@@ -439,10 +468,10 @@ class InProcess:
         """The registry's own status (service.core.lifecycle.ModelStatus), readable at any time."""
         return self.server.registry.get(model).status()
 
-    def wait_core(self, model: str, predicate: Callable[[object], bool], what: str = "",
-                  timeout: float = WAIT) -> float:
-        return wait_until(lambda: predicate(self.core_status(model)), what or f"status of {model}", timeout,
-                          poll=0.002)
+    def wait_core(
+        self, model: str, predicate: Callable[[object], bool], what: str = "", timeout: float = WAIT
+    ) -> float:
+        return wait_until(lambda: predicate(self.core_status(model)), what or f"status of {model}", timeout, poll=0.002)
 
     def shutdown(self, *, drain: float = 0.0, grace: float = 10.0, margin: float = MARGIN) -> Background:
         """Start Server.shutdown on its own thread; `.result()` is its ShutdownReport."""
@@ -464,6 +493,22 @@ def record_exit(name: str, server: ServerProcess, bound: float) -> None:
     MEASURED_EXITS.append((name, server.exit_seconds, bound))
 
 
-__all__ = ["ServerProcess", "FileGates", "Background", "wait_until", "outcome", "exit_bound", "write_fixture_model",
-           "write_slow_onnx_model", "slow_rows", "infer_request", "record_exit", "refuses_new_connections",
-           "wait_stopped_accepting", "InProcess", "MEASURED_EXITS", "WAIT", "MARGIN"]
+__all__ = [
+    "ServerProcess",
+    "FileGates",
+    "Background",
+    "wait_until",
+    "outcome",
+    "exit_bound",
+    "write_fixture_model",
+    "write_slow_onnx_model",
+    "slow_rows",
+    "infer_request",
+    "record_exit",
+    "refuses_new_connections",
+    "wait_stopped_accepting",
+    "InProcess",
+    "MEASURED_EXITS",
+    "WAIT",
+    "MARGIN",
+]

@@ -31,10 +31,23 @@ import pytest
 
 from client import InferenceClient
 
-from .harness import (ROOT, VALUES, FileGates, assert_ok, assert_shutting_down, exit_bound, outcome, record_exit,
-                      slow_rows, wait_until, write_fixture_model, write_slow_onnx_model)
+from .harness import (
+    ROOT,
+    VALUES,
+    FileGates,
+    assert_ok,
+    assert_shutting_down,
+    exit_bound,
+    outcome,
+    record_exit,
+    slow_rows,
+    wait_until,
+    write_fixture_model,
+    write_slow_onnx_model,
+)
 
 cell = pytest.mark.cell
+
 
 def fixture_repository(tmp_path, models: dict[str, dict]):
     """A repository of fixture models, each with `gate_dir` set to tmp_path/gates; returns (repository, gates)."""
@@ -55,14 +68,16 @@ def assert_clean_exit(server, request, drain: float, grace: float) -> None:
 
 @cell("TIME.08", "OPS.ready.shutdown", "OPS.shutting-down.infer", "OPS.shutting-down.status")
 def test_sigterm_turns_health_not_serving_first_serves_through_the_drain_and_lets_running_work_finish(
-        tmp_path, start_server, request):
+    tmp_path, start_server, request
+):
     """Order: health NOT_SERVING -> still serving (new connection, inference, status) for --drain-seconds ->
     listener closed (no new connection) -> the request executing since before the signal finishes within the
     grace and its client gets OK -> exit 0 soon after, without waiting out the grace."""
     repository, gate_dir = fixture_repository(tmp_path, {"m": {}, "n": {}})
     drain, grace = 1.5, 20.0
-    server = start_server(repository, "--parallel-jobs", "2", "--drain-seconds", str(drain),
-                          "--shutdown-grace", str(grace))
+    server = start_server(
+        repository, "--parallel-jobs", "2", "--drain-seconds", str(drain), "--shutdown-grace", str(grace)
+    )
     gates = FileGates(gate_dir, "m")
     assert server.client.health() == "SERVING" and server.client.ready()
     gates.hold("execute")
@@ -91,7 +106,8 @@ def test_sigterm_turns_health_not_serving_first_serves_through_the_drain_and_let
 
 @cell("TIME.08", "OPS.shutting-down.infer")
 def test_onnx_run_still_executing_at_the_grace_is_terminated_and_its_client_gets_unavailable_shutting_down(
-        tmp_path, start_server, request):
+    tmp_path, start_server, request
+):
     """A real ONNX Runtime run that would take about ten seconds is terminated at the 1 s grace (RunOptions
     .terminate): its client gets UNAVAILABLE shutting_down, the slot comes back, the engine is closed (nothing
     abandoned) and the process exits long before the run could have finished."""
@@ -140,8 +156,7 @@ def test_sigint_queued_request_that_gets_its_turn_within_the_grace_is_answered_o
 
 
 @cell("TIME.09")
-def test_queued_request_still_queued_at_the_grace_is_refused_unavailable_shutting_down(
-        tmp_path, start_server, request):
+def test_queued_request_still_queued_at_the_grace_is_refused_unavailable_shutting_down(tmp_path, start_server, request):
     """At the grace the queue is closed (the queued request gets UNAVAILABLE shutting_down) and the request
     still executing is cancelled (shutting_down too); exit 0 within the bound."""
     repository, gate_dir = fixture_repository(tmp_path, {"m": {}})
@@ -187,7 +202,8 @@ def test_cold_load_in_progress_that_finishes_within_the_grace_serves_its_request
 
 @cell("OPS.loading.shutdown", "TIME.09")
 def test_cold_load_still_running_at_the_grace_cancels_its_waiter_and_skips_the_initializers_run(
-        tmp_path, start_server, request):
+    tmp_path, start_server, request
+):
     """At the grace a request waiting for another's initialization gets UNAVAILABLE shutting_down at once; the
     load itself (not interruptible) is let finish, the initializer's run is skipped (shutting_down too), the
     new engine is closed, and the process exits 0 within the bound."""
@@ -212,7 +228,8 @@ def test_cold_load_still_running_at_the_grace_cancels_its_waiter_and_skips_the_i
 
 @cell("OPS.reconfiguring.shutdown", "OPS.shutting-down.register", "TIME.09")
 def test_management_operation_in_progress_finishes_within_the_grace_and_its_client_gets_the_result(
-        tmp_path, start_server, request):
+    tmp_path, start_server, request
+):
     """A reconfiguration (RegisterModel of an existing id) loading its replacement when the signal arrives
     completes within the grace; its client gets the new status (READY, new capacity); then exit 0."""
     repository, gate_dir = fixture_repository(tmp_path, {"m": {}})
@@ -237,7 +254,8 @@ def test_management_operation_in_progress_finishes_within_the_grace_and_its_clie
 
 @cell("OPS.unloading.shutdown", "OPS.shutting-down.unload")
 def test_unload_tearing_down_when_the_signal_arrives_finishes_and_its_client_gets_the_result(
-        tmp_path, start_server, request):
+    tmp_path, start_server, request
+):
     repository, gate_dir = fixture_repository(tmp_path, {"m": {}})
     grace = 20.0
     server = start_server(repository, "--allow-management", "--shutdown-grace", str(grace))
@@ -259,7 +277,8 @@ def test_unload_tearing_down_when_the_signal_arrives_finishes_and_its_client_get
 
 @cell("TIME.09")
 def test_hung_backend_call_is_abandoned_and_logged_and_the_process_still_exits_0_within_the_bound(
-        tmp_path, start_server, request):
+    tmp_path, start_server, request
+):
     """A backend call that never returns and ignores cancellation (`hang: execute`): at the grace it is
     cancelled (ignored), after the margin it is abandoned and logged, its model's engine is left open, and
     the process exits 0 (os._exit) within grace + 2 x margin + slack. The hung call's client gets UNAVAILABLE
@@ -283,7 +302,8 @@ def test_hung_backend_call_is_abandoned_and_logged_and_the_process_still_exits_0
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGQUIT], ids=["SIGINT", "SIGQUIT"])
 @cell("OPS.shutting-down.shutdown")
 def test_sigint_again_or_sigquit_during_the_shutdown_exits_at_once_with_128_plus_its_number(
-        tmp_path, start_server, second):
+    tmp_path, start_server, second
+):
     """While the first signal's shutdown waits (a 60 s grace, a hung call), Ctrl-C again (SIGINT) or SIGQUIT
     ends the process at once with 128 + signum: the operator's way out of a drain they do not want to wait for."""
     repository, _ = fixture_repository(tmp_path, {"h": {"hang": "execute"}})
@@ -331,7 +351,8 @@ def test_sigterm_again_during_the_shutdown_changes_nothing(tmp_path, start_serve
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @cell("TIME.08")
 def test_a_stop_signal_delivered_to_a_non_main_thread_starts_the_shutdown_within_a_second(
-        tmp_path, start_server, request, signum):
+    tmp_path, start_server, request, signum
+):
     """The kernel may deliver a process-directed signal to any thread that does not block it (gRPC's and ONNX
     Runtime's threads do not). Sent with tgkill to one such thread, it still starts the shutdown at once: the
     main thread wakes on the signal's byte in its wakeup pipe, not when it happens to run Python code."""
@@ -339,8 +360,9 @@ def test_a_stop_signal_delivered_to_a_non_main_thread_starts_the_shutdown_within
     server = start_server(repository, "--shutdown-grace", "5")
     assert_ok(server.infer_async("m", VALUES))  # the engine's and gRPC's threads exist
     server.signal_other_thread(signum)
-    seconds = wait_until(lambda: f"received {signum.name}: shutting down" in server.log,
-                         "the shutdown to start", timeout=5)
+    seconds = wait_until(
+        lambda: f"received {signum.name}: shutting down" in server.log, "the shutdown to start", timeout=5
+    )
     assert seconds < 1.0, f"the shutdown started {seconds:.2f} s after the signal"
     assert_clean_exit(server, request, 0.0, 5.0)
 
@@ -358,8 +380,9 @@ def test_stream_whose_client_stopped_reading_does_not_hold_up_the_exit(tmp_path,
 
     repository, _ = fixture_repository(tmp_path, {"s": {"stream_responses": 200}})
     grace = 1.0
-    server = start_server(repository, "--parallel-jobs", "1", "--shutdown-grace", str(grace),
-                          "--stream-write-timeout", "30")
+    server = start_server(
+        repository, "--parallel-jobs", "1", "--shutdown-grace", str(grace), "--stream-write-timeout", "30"
+    )
     stub = pb_grpc.GRPCInferenceServiceStub(server.channel())
     call = stub.ModelStreamInfer(iter([infer_request("s", np.ones(1 << 20, np.float32))]), timeout=60)
     assert len(next(call).infer_response.raw_output_contents[0]) == 4 << 20  # then it never reads again
@@ -375,6 +398,7 @@ def test_stream_whose_client_stopped_reading_does_not_hold_up_the_exit(tmp_path,
 
 
 # ---- SIGHUP and a closed stdout (issue 19, item 9) ----------------------------------------------------------------
+
 
 def test_sighup_is_a_stop_signal_with_the_drain_like_sigterm(tmp_path, start_server, request):
     """A hang-up of the terminal that started the server used to kill it at once (exit 129, no drain, no log),
@@ -408,10 +432,29 @@ class _BareProcess:
     _SERVING = re.compile(r" serving \S+ on (\S+)")
 
     def __init__(self, repository, *, prefix: tuple[str, ...] = (), stdout=subprocess.DEVNULL) -> None:
-        command = [*prefix, sys.executable, "-m", "service", "--model-repository", str(repository),
-                   "--host", "127.0.0.1", "--port", "0", "--shutdown-grace", "5", "--enable-test-backends"]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        command = [
+            *prefix,
+            sys.executable,
+            "-m",
+            "service",
+            "--model-repository",
+            str(repository),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--shutdown-grace",
+            "5",
+            "--enable-test-backends",
+        ]
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self._lines: list[str] = []
         self._lock = threading.Lock()  # guards: _lines
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -481,8 +524,10 @@ def test_a_closed_stdout_does_not_stop_the_server(tmp_path, bare_processes):
         server = bare_processes(repository, stdout=write_end)
     finally:
         os.close(write_end)
-    wait_until(lambda: "not printed; serving on" in server.log or server.process.poll() is not None,
-               "the server to get past its listening line")
+    wait_until(
+        lambda: "not printed; serving on" in server.log or server.process.poll() is not None,
+        "the server to get past its listening line",
+    )
     with InferenceClient(server.address, timeout=10) as client:
         assert client.live()
         np.testing.assert_array_equal(client.infer("m", {"INPUT0": VALUES})["OUTPUT0"], VALUES)

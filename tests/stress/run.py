@@ -36,8 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(__file__).resolve().parent / "site"
 # The concurrency-heavy suites: the contract, shutdown and integration tests, and admission's threaded unit tests.
-SUITES = ["tests/contract", "tests/shutdown", "tests/integration", "tests/unit/test_admission.py",
-          "tests/unit/test_admission_controller.py", "tests/unit/test_admission_batching.py"]
+SUITES = [
+    "tests/contract",
+    "tests/shutdown",
+    "tests/integration",
+    "tests/unit/test_admission.py",
+    "tests/unit/test_admission_controller.py",
+    "tests/unit/test_admission_batching.py",
+]
 _PR_SET_PDEATHSIG = 1
 
 
@@ -47,10 +53,15 @@ def _die_with_parent() -> None:
 
 
 def start_hogs(count: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_die_with_parent,
-                             stdin=subprocess.DEVNULL, env={k: v for k, v in os.environ.items()
-                                                            if not k.startswith("SLOTSERVE_STRESS")})
-            for _ in range(count)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            preexec_fn=_die_with_parent,
+            stdin=subprocess.DEVNULL,
+            env={k: v for k, v in os.environ.items() if not k.startswith("SLOTSERVE_STRESS")},
+        )
+        for _ in range(count)
+    ]
 
 
 def stop_hogs(hogs: list[subprocess.Popen]) -> None:
@@ -70,13 +81,19 @@ def stressed_environment(switch_interval: float, record: Path) -> dict[str, str]
 
 def check_environment(environment: dict[str, str], switch_interval: float) -> None:
     """Fail early if a fresh interpreter with this environment does not get the switch interval."""
-    probe = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.getswitchinterval()))"],
-                           env={**environment, "SLOTSERVE_STRESS_RECORD": ""}, capture_output=True, text=True,
-                           check=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; print(repr(sys.getswitchinterval()))"],
+        env={**environment, "SLOTSERVE_STRESS_RECORD": ""},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     seen = float(probe.stdout.strip())
     if seen != switch_interval:
-        raise SystemExit(f"stress setup broken: a fresh interpreter has switch interval {seen}, "
-                         f"expected {switch_interval} (is another sitecustomize ahead on the path?)")
+        raise SystemExit(
+            f"stress setup broken: a fresh interpreter has switch interval {seen}, "
+            f"expected {switch_interval} (is another sitecustomize ahead on the path?)"
+        )
 
 
 def failed_tests(junit: Path) -> list[str]:
@@ -106,13 +123,29 @@ def processes_recorded(record: Path, switch_interval: float) -> Counter:
     return kinds
 
 
-def run_once(index: int, runs: int, environment: dict[str, str], record: Path, pytest_args: list[str],
-             switch_interval: float, work: Path) -> tuple[float, list[str], Counter]:
+def run_once(
+    index: int,
+    runs: int,
+    environment: dict[str, str],
+    record: Path,
+    pytest_args: list[str],
+    switch_interval: float,
+    work: Path,
+) -> tuple[float, list[str], Counter]:
     for stale in record.glob("*.txt"):
         stale.unlink()
     junit = work / f"run{index}.xml"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-               *SUITES, *pytest_args]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        *SUITES,
+        *pytest_args,
+    ]
     print(f"\n=== stress run {index}/{runs}: {' '.join(command[1:])}", flush=True)
     started = time.monotonic()
     # Its own process group, so an interrupted session also ends the server processes the tests started.
@@ -134,8 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=int(os.environ.get("STRESS_RUNS", "5")))
     parser.add_argument("--switch-interval", type=float, default=1e-6)
-    parser.add_argument("--hogs", type=int, default=len(os.sched_getaffinity(0)),
-                        help="busy-looping processes (default: one per usable core)")
+    parser.add_argument(
+        "--hogs",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="busy-looping processes (default: one per usable core)",
+    )
     options, pytest_args = parser.parse_known_args(argv)
     # SIGTERM (make interrupted, timeout(1)) unwinds like Ctrl-C, so the hogs are stopped in `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -149,21 +186,25 @@ def main(argv: list[str] | None = None) -> int:
         hogs = start_hogs(options.hogs)
         try:
             for index in range(1, options.runs + 1):
-                results.append(run_once(index, options.runs, environment, record, pytest_args,
-                                        options.switch_interval, work))
+                results.append(
+                    run_once(index, options.runs, environment, record, pytest_args, options.switch_interval, work)
+                )
         finally:
             stop_hogs(hogs)
-    print(f"\n=== stress summary: {len(results)} runs of {' '.join(SUITES)}, {options.hogs} CPU hogs, "
-          f"switch interval {options.switch_interval!r} s")
+    print(
+        f"\n=== stress summary: {len(results)} runs of {' '.join(SUITES)}, {options.hogs} CPU hogs, "
+        f"switch interval {options.switch_interval!r} s"
+    )
     for index, (seconds, failed, kinds) in enumerate(results, 1):
         processes = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
-        print(f"run {index}: {'FAILED' if failed else 'passed'} in {seconds:.0f} s "
-              f"(stressed processes: {processes})")
+        print(f"run {index}: {'FAILED' if failed else 'passed'} in {seconds:.0f} s (stressed processes: {processes})")
         for name in failed:
             print(f"    failed: {name}")
     flaky = Counter(name for _, failed, _ in results for name in failed)
-    print(f"{sum(1 for _, failed, _ in results if not failed)}/{len(results)} runs passed"
-          + (f"; failing tests (runs failed): {dict(flaky)}" if flaky else ""))
+    print(
+        f"{sum(1 for _, failed, _ in results if not failed)}/{len(results)} runs passed"
+        + (f"; failing tests (runs failed): {dict(flaky)}" if flaky else "")
+    )
     return 1 if flaky else 0
 
 

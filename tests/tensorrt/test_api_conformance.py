@@ -31,15 +31,15 @@ import os
 import re
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import pytest
 
 from engine.tensorrt import api_names, protocols
-from engine.testing import tensorrt_double as double
 from engine.tensorrt.api_names import BUILDER, CUDA_UTILS, CUDART, MODULE, REMOVED_IN_TRT11, RUNTIME
 from engine.tensorrt.cuda import STICKY_ERRORS
+from engine.testing import tensorrt_double as double
 
 PACKAGE = Path(api_names.__file__).parent
 LEAN_PIN = "tensorrt-lean-cu13==11.4.0.106"
@@ -52,7 +52,7 @@ CU12_PINS = "tests/tensorrt/api-generation-cu12.txt (make setup)"
 # ----------------------------------------------------------------------------------------- real modules
 
 
-@lru_cache(maxsize=None)
+@cache
 def _import(name: str):
     try:
         return importlib.import_module(name)
@@ -86,7 +86,7 @@ _MEMBER = re.compile(r"^    (?:def |class )?(\w+)\s*[:(=]")
 _MODULE_NAME = re.compile(r"^(?:from \S+ import (\w+)|class (\w+)|def (\w+)|(\w+)\s*[:=])")
 
 
-@lru_cache(maxsize=None)
+@cache
 def stub_surface() -> tuple[frozenset[str], dict[str, frozenset[str]]] | None:
     """(module-level names, {class: member names incl. inherited}) from the installed tensorrt-stubs."""
     try:
@@ -191,11 +191,19 @@ def cu12_generation() -> dict:
     if not (CU12_FOLDER / ".stamp").exists():
         _missing(f"the TensorRT 10 / CUDA 12 API modules are not installed in {CU12_FOLDER} ({CU12_PINS})")
     present_builder = {owner: attrs for owner, attrs in BUILDER.items() if owner}
-    names = {"tensorrt_lean": {**RUNTIME, **present_builder},
-             "cuda.bindings.runtime": {**CUDART, "cudaError_t": tuple(sorted(STICKY_ERRORS)) + CUDART["cudaError_t"]},
-             "cuda.bindings.utils": CUDA_UTILS}
-    result = subprocess.run([sys.executable, "-c", _PROBE, str(CU12_FOLDER)], input=json.dumps(names),
-                            capture_output=True, text=True, timeout=120, check=False)
+    names = {
+        "tensorrt_lean": {**RUNTIME, **present_builder},
+        "cuda.bindings.runtime": {**CUDART, "cudaError_t": tuple(sorted(STICKY_ERRORS)) + CUDART["cudaError_t"]},
+        "cuda.bindings.utils": CUDA_UTILS,
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(CU12_FOLDER)],
+        input=json.dumps(names),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -210,8 +218,11 @@ def test_the_other_generation_is_tensorrt_10_and_cuda_bindings_12_from_its_own_f
 def test_runtime_names_exist_in_tensorrt_lean_10():
     # The builder-side classes the lean runtime carries count too; Builder/OnnxParser themselves it lacks.
     missing = cu12_generation()["tensorrt_lean"]["missing"]
-    assert [name for name in missing if name.split(".")[0] not in ("Builder", "OnnxParser", "INetworkDefinition",
-                                                                   "ITensor", "IBuilderConfig")] == []
+    assert [
+        name
+        for name in missing
+        if name.split(".")[0] not in ("Builder", "OnnxParser", "INetworkDefinition", "ITensor", "IBuilderConfig")
+    ] == []
 
 
 def test_cuda_names_exist_in_cuda_bindings_12():
@@ -264,9 +275,11 @@ def test_no_name_we_use_was_removed_in_tensorrt_11():
 
 def test_the_removal_list_matches_tensorrt_lean_11():
     lean = lean_module()
-    still_there = [name for name in REMOVED_IN_TRT11
-                   if hasattr(lean, name.split(".")[0]) and hasattr(getattr(lean, name.split(".")[0]),
-                                                                     name.split(".")[1])]
+    still_there = [
+        name
+        for name in REMOVED_IN_TRT11
+        if hasattr(lean, name.split(".")[0]) and hasattr(getattr(lean, name.split(".")[0]), name.split(".")[1])
+    ]
     assert still_there == []
 
 
@@ -284,19 +297,32 @@ def protocol_members(cls: type) -> set[str]:
 
 
 def test_protocols_list_exactly_the_api_names():
-    for names, table in ((RUNTIME, protocols.RUNTIME_PROTOCOLS), (BUILDER, protocols.BUILDER_PROTOCOLS),
-                         (CUDART, protocols.CUDART_PROTOCOLS), (CUDA_UTILS, protocols.CUDA_UTILS_PROTOCOLS)):
+    for names, table in (
+        (RUNTIME, protocols.RUNTIME_PROTOCOLS),
+        (BUILDER, protocols.BUILDER_PROTOCOLS),
+        (CUDART, protocols.CUDART_PROTOCOLS),
+        (CUDA_UTILS, protocols.CUDA_UTILS_PROTOCOLS),
+    ):
         for owner, protocol in table.items():
             assert protocol_members(protocol) == set(names[owner]), protocol.__name__
     builder_module = protocol_members(protocols.TensorRTBuilderModule) - protocol_members(
-        protocols.TensorRTRuntimeModule)
+        protocols.TensorRTRuntimeModule
+    )
     assert builder_module == set(BUILDER[MODULE])
 
 
 # Names the adapter gives the objects it gets from TensorRT, and the api_names owner each one stands for.
-_TYPED_NAMES = {"engine": "ICudaEngine", "runtime": "Runtime", "builder": "Builder", "network": "INetworkDefinition",
-                "parser": "OnnxParser", "config": "IBuilderConfig", "optimization_profile": "IOptimizationProfile",
-                "context": "IExecutionContext", "self._trt": "IExecutionContext"}
+_TYPED_NAMES = {
+    "engine": "ICudaEngine",
+    "runtime": "Runtime",
+    "builder": "Builder",
+    "network": "INetworkDefinition",
+    "parser": "OnnxParser",
+    "config": "IBuilderConfig",
+    "optimization_profile": "IOptimizationProfile",
+    "context": "IExecutionContext",
+    "self._trt": "IExecutionContext",
+}
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -342,12 +368,16 @@ def test_the_adapter_uses_only_listed_names():
 
 def test_the_scan_notices_an_unlisted_name(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("def f(trt, engine, self):\n    trt.Runtime\n    trt.BuilderFlag.FP16\n"
-                      "    engine.device_memory_size\n    self.module.cudaGraphLaunch()\n")
+    sample.write_text(
+        "def f(trt, engine, self):\n    trt.Runtime\n    trt.BuilderFlag.FP16\n"
+        "    engine.device_memory_size\n    self.module.cudaGraphLaunch()\n"
+    )
     trt_names = {owner: RUNTIME.get(owner, ()) + BUILDER.get(owner, ()) for owner in set(RUNTIME) | set(BUILDER)}
     assert sorted(_uses(sample, "trt", trt_names)) == [
-        "sample.py: engine.device_memory_size (ICudaEngine)", "sample.py: trt.BuilderFlag",
-        "sample.py: trt.BuilderFlag.FP16"]
+        "sample.py: engine.device_memory_size (ICudaEngine)",
+        "sample.py: trt.BuilderFlag",
+        "sample.py: trt.BuilderFlag.FP16",
+    ]
     assert _uses(sample, "self.module", CUDART) == ["sample.py: self.module.cudaGraphLaunch"]
 
 

@@ -31,8 +31,12 @@ ACTIVATION = MiB
 
 def make_backend(device: FakeDevice, tmp_path=None, lean: bool = False) -> TensorRTBackend:
     cache = tmp_path / "plan-cache" if tmp_path is not None else None
-    return TensorRTBackend(trt_module=device.trt_lean if lean else device.trt, cudart_module=device.cudart,
-                           cuda_utils_module=device.cuda_utils, cache_dir=cache)
+    return TensorRTBackend(
+        trt_module=device.trt_lean if lean else device.trt,
+        cudart_module=device.cudart,
+        cuda_utils_module=device.cuda_utils,
+        cache_dir=cache,
+    )
 
 
 def run(context, inputs, outputs=(), cancel=None):
@@ -60,9 +64,13 @@ def test_load_a_prebuilt_plan_and_report_its_metadata(device, add_sub):
     try:
         assert model.metadata.max_batch_size == 8 and model.metadata.platform == "tensorrt_plan"
         assert [(t.name, t.datatype, t.shape) for t in model.metadata.inputs] == [
-            ("INPUT0", "INT32", (16,)), ("INPUT1", "INT32", (16,))]
+            ("INPUT0", "INT32", (16,)),
+            ("INPUT1", "INT32", (16,)),
+        ]
         assert [(t.name, t.datatype, t.shape) for t in model.metadata.outputs] == [
-            ("OUTPUT0", "INT32", (16,)), ("OUTPUT1", "INT32", (16,))]
+            ("OUTPUT0", "INT32", (16,)),
+            ("OUTPUT1", "INT32", (16,)),
+        ]
         assert model.interruptible is False and model.plan_source == "prebuilt"
         assert device.stats.deserializations == 1 and device.stats.engines_live == 1
         assert device.stats.contexts_live == 0  # the capacity probe's context is gone again
@@ -88,21 +96,32 @@ def test_declared_config_is_checked_against_the_engine(device, add_sub):
 
 
 def test_engine_types_without_a_kserve_datatype_are_refused(device, tmp_path):
-    plan = device.write_plan(tmp_path / "fp8" / "1" / "model.plan", inputs=[("X", "FP8", (4,))],
-                             outputs=[("Y", "FP8", (4,))])
+    plan = device.write_plan(
+        tmp_path / "fp8" / "1" / "model.plan", inputs=[("X", "FP8", (4,))], outputs=[("Y", "FP8", (4,))]
+    )
     with pytest.raises(errors.ModelConfigError, match="FP8, which has no KServe datatype"):
         make_backend(device).load(support.spec(plan, max_batch_size=0))
     assert device.leaks() == {}
 
 
-@pytest.mark.parametrize("trt_type,datatype", [("FLOAT", "FP32"), ("HALF", "FP16"), ("BF16", "BF16"),
-                                               ("INT8", "INT8"), ("INT64", "INT64"), ("BOOL", "BOOL"),
-                                               ("UINT8", "UINT8")])
+@pytest.mark.parametrize(
+    "trt_type,datatype",
+    [
+        ("FLOAT", "FP32"),
+        ("HALF", "FP16"),
+        ("BF16", "BF16"),
+        ("INT8", "INT8"),
+        ("INT64", "INT64"),
+        ("BOOL", "BOOL"),
+        ("UINT8", "UINT8"),
+    ],
+)
 def test_every_served_datatype_round_trips(device, tmp_path, trt_type, datatype):
     from engine.datatypes import numpy_dtype
 
-    plan = device.write_plan(tmp_path / "identity" / "1" / "model.plan", inputs=[("X", trt_type, (2, 3))],
-                             outputs=[("Y", trt_type, (2, 3))])
+    plan = device.write_plan(
+        tmp_path / "identity" / "1" / "model.plan", inputs=[("X", trt_type, (2, 3))], outputs=[("Y", trt_type, (2, 3))]
+    )
     model = make_backend(device).load(support.spec(plan, max_batch_size=0))
     context = model.create_context()
     try:
@@ -208,8 +227,7 @@ def test_capacity_comes_from_measured_memory(tmp_path):
     assert device.leaks() == {} and device.violations == []
 
 
-@pytest.mark.parametrize("limit,expected", [({"instance_count": 2}, 2), ({"max_parallel_slots": "3"}, 3),
-                                            ({}, 16)])
+@pytest.mark.parametrize("limit,expected", [({"instance_count": 2}, 2), ({"max_parallel_slots": "3"}, 3), ({}, 16)])
 def test_capacity_is_capped(tmp_path, limit, expected):
     device = FakeDevice(total_memory=1 << 30)
     plan = support.write_add_sub_plan(device, tmp_path, weights_bytes=WEIGHTS, activation_bytes=ACTIVATION)
@@ -395,8 +413,9 @@ def test_cancel_right_after_enqueue_skips_the_copy_out(device, add_sub):
 # ------------------------------------------------------------------------------------------ no GPU, no modules
 
 
-@pytest.mark.parametrize("options,reason", [({"driver": False}, "cudaErrorInsufficientDriver"),
-                                            ({"device_count": 0}, "cudaErrorNoDevice")])
+@pytest.mark.parametrize(
+    "options,reason", [({"driver": False}, "cudaErrorInsufficientDriver"), ({"device_count": 0}, "cudaErrorNoDevice")]
+)
 def test_no_device_means_backend_unavailable_with_the_fallback_hint(tmp_path, options, reason):
     device = FakeDevice(**options)
     plan = support.write_add_sub_plan(FakeDevice(), tmp_path)
@@ -532,11 +551,13 @@ def test_variable_dimensions_need_bounds(device, tmp_path):
     default_max = backend.load(support.spec(onnx_path, trt_default_dim_max="32"))
     assert default_max.profile_shapes("INPUT0") == ((1, 1), (8, 32), (8, 32))
     default_max.close()
-    for parameters, message in (({"trt_profile_max": "INPUT9:4"}, "unknown inputs"),
-                                ({"trt_profile_max": "INPUT0:4x4"}, "gives input 'INPUT0' 2 dimensions"),
-                                ({"trt_profile_max": "INPUT0"}, "is not NAME:DxD"),
-                                ({"trt_profile_min": "INPUT0:8", "trt_profile_max": "INPUT0:4"}, "min <= opt <= max"),
-                                ({"trt_default_dim_max": "8", "trt_opt_batch_size": "9"}, "exceeds max_batch_size")):
+    for parameters, message in (
+        ({"trt_profile_max": "INPUT9:4"}, "unknown inputs"),
+        ({"trt_profile_max": "INPUT0:4x4"}, "gives input 'INPUT0' 2 dimensions"),
+        ({"trt_profile_max": "INPUT0"}, "is not NAME:DxD"),
+        ({"trt_profile_min": "INPUT0:8", "trt_profile_max": "INPUT0:4"}, "min <= opt <= max"),
+        ({"trt_default_dim_max": "8", "trt_opt_batch_size": "9"}, "exceeds max_batch_size"),
+    ):
         with pytest.raises(errors.ModelConfigError, match=message):
             backend.load(support.spec(onnx_path, **parameters))
     assert device.leaks() == {}
@@ -549,8 +570,7 @@ def test_profile_per_slot_mode_gives_each_slot_its_own_profile(tmp_path):
     # profile_sharing=False: the double enforces the pre-8.6 rule, so a shared profile would be a violation.
     device = FakeDevice(total_memory=64 << 20, profile_sharing=False)
     onnx_path = support.write_add_sub_onnx(tmp_path)
-    model = make_backend(device, tmp_path).load(
-        support.spec(onnx_path, instance_count=3, trt_profile_per_slot="true"))
+    model = make_backend(device, tmp_path).load(support.spec(onnx_path, instance_count=3, trt_profile_per_slot="true"))
     try:
         assert model.engine.num_optimization_profiles == 3 and model.max_parallel_slots == 3
         contexts = [model.create_context() for _ in range(3)]

@@ -116,8 +116,7 @@ def test_a_non_sticky_failure_is_an_execution_error_and_the_slot_goes_on(device,
 
 def test_a_slot_that_fails_half_way_releases_its_profile_once(tmp_path):
     device = FakeDevice(total_memory=64 << 20, profile_sharing=False)
-    plan = support.write_add_sub_plan(device, tmp_path, profiles=3, weights_bytes=WEIGHTS,
-                                      activation_bytes=ACTIVATION)
+    plan = support.write_add_sub_plan(device, tmp_path, profiles=3, weights_bytes=WEIGHTS, activation_bytes=ACTIVATION)
     model = make_backend(device).load(support.spec(plan, trt_profile_per_slot="true"))
     # Room for the context's activation memory, not for its buffers: the slot fails after taking a profile.
     squeeze = device.consume(device.free_memory - ACTIVATION - 100)

@@ -30,9 +30,11 @@ def _close(model, *contexts):
 
 def test_a_scalar_input_is_served_as_a_0_d_tensor(device, tmp_path):
     # silero_vad's `sr` is such an input: an INT64 scalar beside the audio.
-    plan = device.write_plan(tmp_path / "vad" / "1" / "model.plan",
-                             inputs=[("audio", "FLOAT", (2, 3)), ("sr", "INT64", ())],
-                             outputs=[("audio_out", "FLOAT", (2, 3)), ("sr_out", "INT64", ())])
+    plan = device.write_plan(
+        tmp_path / "vad" / "1" / "model.plan",
+        inputs=[("audio", "FLOAT", (2, 3)), ("sr", "INT64", ())],
+        outputs=[("audio_out", "FLOAT", (2, 3)), ("sr_out", "INT64", ())],
+    )
     model, context = _served(make_backend(device).load(support.spec(plan, max_batch_size=0)))
     try:
         assert [(t.name, t.shape) for t in model.metadata.inputs] == [("audio", (2, 3)), ("sr", ())]
@@ -53,8 +55,12 @@ def test_a_scalar_input_is_served_as_a_0_d_tensor(device, tmp_path):
 @pytest.mark.parametrize("tensor_format,tensor", [("CHW16", "X"), ("HWC8", "X"), ("CHW4", "Y"), ("HWC", "X")])
 def test_non_linear_io_formats_are_refused_at_load(device, tmp_path, tensor_format, tensor):
     shape = (1, 3, 8, 8)
-    plan = device.write_plan(tmp_path / "fmt" / "1" / "model.plan", inputs=[("X", "HALF", shape)],
-                             outputs=[("Y", "HALF", shape)], formats={tensor: tensor_format})
+    plan = device.write_plan(
+        tmp_path / "fmt" / "1" / "model.plan",
+        inputs=[("X", "HALF", shape)],
+        outputs=[("Y", "HALF", shape)],
+        formats={tensor: tensor_format},
+    )
     with pytest.raises(errors.ModelConfigError) as caught:
         make_backend(device).load(support.spec(plan, max_batch_size=0))
     message = str(caught.value)
@@ -64,8 +70,9 @@ def test_non_linear_io_formats_are_refused_at_load(device, tmp_path, tensor_form
 
 def test_a_linear_4_d_tensor_is_served(device, tmp_path):
     shape = (1, 3, 8, 8)
-    plan = device.write_plan(tmp_path / "fmt" / "1" / "model.plan", inputs=[("X", "HALF", shape)],
-                             outputs=[("Y", "HALF", shape)])
+    plan = device.write_plan(
+        tmp_path / "fmt" / "1" / "model.plan", inputs=[("X", "HALF", shape)], outputs=[("Y", "HALF", shape)]
+    )
     model, context = _served(make_backend(device).load(support.spec(plan, max_batch_size=0)))
     try:
         value = np.random.default_rng(1).standard_normal(shape).astype(np.float16)
@@ -78,9 +85,12 @@ def test_a_linear_4_d_tensor_is_served(device, tmp_path):
 
 
 def test_shape_tensor_inputs_are_refused_at_load_by_name(device, tmp_path):
-    plan = device.write_plan(tmp_path / "reshape" / "1" / "model.plan",
-                             inputs=[("X", "FLOAT", (4,)), ("new_shape", "INT64", (2,))],
-                             outputs=[("Y", "FLOAT", (4,))], host_tensors=("new_shape",))
+    plan = device.write_plan(
+        tmp_path / "reshape" / "1" / "model.plan",
+        inputs=[("X", "FLOAT", (4,)), ("new_shape", "INT64", (2,))],
+        outputs=[("Y", "FLOAT", (4,))],
+        host_tensors=("new_shape",),
+    )
     with pytest.raises(errors.ModelConfigError, match=r"'new_shape' is a shape tensor"):
         make_backend(device).load(support.spec(plan, max_batch_size=0))
     assert device.leaks() == {}
@@ -90,13 +100,17 @@ def test_shape_tensor_inputs_are_refused_at_load_by_name(device, tmp_path):
 
 
 def _nonzero_plan(device, tmp_path):
-    return device.write_plan(tmp_path / "nonzero" / "1" / "model.plan", inputs=[("X", "FLOAT", (4, 4))],
-                             outputs=[("Y", "INT64", (2, -1))], function="nonzero", data_dependent={"Y": [1]})
+    return device.write_plan(
+        tmp_path / "nonzero" / "1" / "model.plan",
+        inputs=[("X", "FLOAT", (4, 4))],
+        outputs=[("Y", "INT64", (2, -1))],
+        function="nonzero",
+        data_dependent={"Y": [1]},
+    )
 
 
 def test_data_dependent_outputs_are_served_through_an_output_allocator(device, tmp_path):
-    model, context = _served(make_backend(device).load(support.spec(_nonzero_plan(device, tmp_path),
-                                                                    max_batch_size=0)))
+    model, context = _served(make_backend(device).load(support.spec(_nonzero_plan(device, tmp_path), max_batch_size=0)))
     try:
         assert [(t.name, t.shape) for t in model.metadata.outputs] == [("Y", (2, -1))]
         rng = np.random.default_rng(3)
@@ -125,8 +139,7 @@ def test_a_data_dependent_output_of_a_model_built_from_onnx(device, tmp_path):
 
 
 def test_a_caller_that_leaves_after_a_data_dependent_enqueue_loses_nothing(device, tmp_path):
-    model, context = _served(make_backend(device).load(support.spec(_nonzero_plan(device, tmp_path),
-                                                                    max_batch_size=0)))
+    model, context = _served(make_backend(device).load(support.spec(_nonzero_plan(device, tmp_path), max_batch_size=0)))
     token = CancelToken()
     device.hooks.after_enqueue = token.cancel
     try:
@@ -163,8 +176,9 @@ def test_input_shapes_that_do_not_fit_each_other_are_invalid_input(device, tmp_p
 # ------------------------------------------------------------------------------------- the batch dimension
 
 
-@pytest.mark.parametrize("batching,opt", [(BatchingSpec(preferred_batch_sizes=(2, 4)), 4),
-                                          (BatchingSpec(), 8), (None, 8)])
+@pytest.mark.parametrize(
+    "batching,opt", [(BatchingSpec(preferred_batch_sizes=(2, 4)), 4), (BatchingSpec(), 8), (None, 8)]
+)
 def test_a_batching_model_builds_its_batch_profile_from_the_preferred_sizes(device, tmp_path, batching, opt):
     onnx_path = support.write_add_sub_onnx(tmp_path)
     model, context = _served(make_backend(device, tmp_path).load(support.spec(onnx_path, batching=batching)))
@@ -183,8 +197,9 @@ def test_a_batching_model_builds_its_batch_profile_from_the_preferred_sizes(devi
 
 def test_the_opt_batch_size_parameter_still_wins(device, tmp_path):
     onnx_path = support.write_add_sub_onnx(tmp_path)
-    model = make_backend(device, tmp_path).load(support.spec(
-        onnx_path, batching=BatchingSpec(preferred_batch_sizes=(4,)), trt_opt_batch_size="2"))
+    model = make_backend(device, tmp_path).load(
+        support.spec(onnx_path, batching=BatchingSpec(preferred_batch_sizes=(4,)), trt_opt_batch_size="2")
+    )
     try:
         assert model.profile_shapes("INPUT0")[1] == (2, 16)
     finally:

@@ -29,8 +29,13 @@ class Slot:
         assert rt.cudaSetDevice(0)[0] == 0
         if engine is None:
             runtime = device.trt.Runtime(device.trt.Logger())
-            plan = device.make_plan(inputs=support.ADD_SUB_INPUTS, outputs=support.ADD_SUB_OUTPUTS,
-                                    function="add_sub", profiles=support.add_sub_profiles(), **(plan_kwargs or {}))
+            plan = device.make_plan(
+                inputs=support.ADD_SUB_INPUTS,
+                outputs=support.ADD_SUB_OUTPUTS,
+                function="add_sub",
+                profiles=support.add_sub_profiles(),
+                **(plan_kwargs or {}),
+            )
             engine = runtime.deserialize_cuda_engine(plan)
         self.engine = engine
         self.context = engine.create_execution_context()
@@ -43,20 +48,29 @@ class Slot:
             assert self.context.set_tensor_address(name, self.device_ptr[name])
 
     def host(self, name: str) -> np.ndarray:
-        return np.ctypeslib.as_array((ctypes.c_int32 * (support.BATCH * support.WIDTH)).from_address(
-            self.host_ptr[name]))
+        return np.ctypeslib.as_array(
+            (ctypes.c_int32 * (support.BATCH * support.WIDTH)).from_address(self.host_ptr[name])
+        )
 
     def run(self, a: np.ndarray, b: np.ndarray, sync: bool = True) -> None:
         rt, kind = self.device.cudart, self.device.cudart.cudaMemcpyKind
         for name, array in (("INPUT0", a), ("INPUT1", b)):
             assert self.context.set_input_shape(name, array.shape)
-            self.host(name)[:array.size] = array.reshape(-1)
-            assert rt.cudaMemcpyAsync(self.device_ptr[name], self.host_ptr[name], array.nbytes,
-                                      kind.cudaMemcpyHostToDevice, self.stream)[0] == 0
+            self.host(name)[: array.size] = array.reshape(-1)
+            assert (
+                rt.cudaMemcpyAsync(
+                    self.device_ptr[name], self.host_ptr[name], array.nbytes, kind.cudaMemcpyHostToDevice, self.stream
+                )[0]
+                == 0
+            )
         assert self.context.execute_async_v3(self.stream)
         for name in ("OUTPUT0", "OUTPUT1"):
-            assert rt.cudaMemcpyAsync(self.host_ptr[name], self.device_ptr[name], a.nbytes,
-                                      kind.cudaMemcpyDeviceToHost, self.stream)[0] == 0
+            assert (
+                rt.cudaMemcpyAsync(
+                    self.host_ptr[name], self.device_ptr[name], a.nbytes, kind.cudaMemcpyDeviceToHost, self.stream
+                )[0]
+                == 0
+            )
         if sync:
             assert rt.cudaStreamSynchronize(self.stream)[0] == 0
 
@@ -70,8 +84,8 @@ def test_a_correct_sequence_computes_and_breaks_no_rule(device):
     slot = Slot(device)
     a, b = _inputs()
     slot.run(a, b)
-    np.testing.assert_array_equal(slot.host("OUTPUT0")[:a.size].reshape(a.shape), a + b)
-    np.testing.assert_array_equal(slot.host("OUTPUT1")[:a.size].reshape(a.shape), a - b)
+    np.testing.assert_array_equal(slot.host("OUTPUT0")[: a.size].reshape(a.shape), a + b)
+    np.testing.assert_array_equal(slot.host("OUTPUT1")[: a.size].reshape(a.shape), a - b)
     assert device.violations == []
     assert device.stats.enqueues == 1 and device.stats.copies == 4
 
@@ -84,8 +98,13 @@ def test_default_stream_is_refused(device):
     with pytest.raises(DoubleRuleViolation, match="default stream"):
         slot.context.execute_async_v3(0)
     with pytest.raises(DoubleRuleViolation, match="default stream"):
-        device.cudart.cudaMemcpyAsync(slot.device_ptr["INPUT0"], slot.host_ptr["INPUT0"], 4,
-                                      device.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, 0)
+        device.cudart.cudaMemcpyAsync(
+            slot.device_ptr["INPUT0"],
+            slot.host_ptr["INPUT0"],
+            4,
+            device.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
+            0,
+        )
     assert len(device.violations) == 2
 
 
@@ -139,8 +158,9 @@ def test_device_buffer_used_from_a_second_stream_while_in_flight(device):
     other_stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
     other_host = rt.cudaHostAlloc(64, 0)[1]
     with pytest.raises(DoubleRuleViolation, match="still used by work in flight on stream"):
-        rt.cudaMemcpyAsync(first.device_ptr["OUTPUT0"], other_host, 64,
-                           rt.cudaMemcpyKind.cudaMemcpyHostToDevice, other_stream)
+        rt.cudaMemcpyAsync(
+            first.device_ptr["OUTPUT0"], other_host, 64, rt.cudaMemcpyKind.cudaMemcpyHostToDevice, other_stream
+        )
 
 
 def test_two_contexts_bound_to_one_buffer_collide_when_both_in_flight(device):
@@ -175,18 +195,23 @@ def test_async_copy_from_pageable_memory_is_refused(device):
     slot = Slot(device)
     pageable = np.zeros(16, np.int32)
     with pytest.raises(DoubleRuleViolation, match="not pinned memory"):
-        device.cudart.cudaMemcpyAsync(slot.device_ptr["INPUT0"], pageable.ctypes.data, pageable.nbytes,
-                                      device.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, slot.stream)
+        device.cudart.cudaMemcpyAsync(
+            slot.device_ptr["INPUT0"],
+            pageable.ctypes.data,
+            pageable.nbytes,
+            device.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
+            slot.stream,
+        )
 
 
 def test_results_are_garbage_until_the_stream_is_synchronized(device):
     slot = Slot(device)
     a, b = _inputs()
     slot.run(a, b, sync=False)
-    early = slot.host("OUTPUT0")[:a.size].copy()
+    early = slot.host("OUTPUT0")[: a.size].copy()
     assert (early.view(np.uint8) == POISON).all()
     device.cudart.cudaStreamSynchronize(slot.stream)
-    np.testing.assert_array_equal(slot.host("OUTPUT0")[:a.size].reshape(a.shape), a + b)
+    np.testing.assert_array_equal(slot.host("OUTPUT0")[: a.size].reshape(a.shape), a + b)
 
 
 def test_address_too_small_or_not_device_memory(device):
@@ -234,8 +259,12 @@ def test_bad_profile_index_raises_runtime_error(device):
 def test_contexts_sharing_a_profile_are_refused_under_the_old_rule():
     device = FakeDevice(total_memory=64 << 20, profile_sharing=False)
     device.cudart.cudaSetDevice(0)
-    plan = device.make_plan(inputs=support.ADD_SUB_INPUTS, outputs=support.ADD_SUB_OUTPUTS, function="add_sub",
-                            profiles=support.add_sub_profiles(2))
+    plan = device.make_plan(
+        inputs=support.ADD_SUB_INPUTS,
+        outputs=support.ADD_SUB_OUTPUTS,
+        function="add_sub",
+        profiles=support.add_sub_profiles(2),
+    )
     engine = device.trt.Runtime(device.trt.Logger()).deserialize_cuda_engine(plan)
     first = Slot(device, engine=engine)
     a, b = _inputs()
@@ -247,14 +276,19 @@ def test_contexts_sharing_a_profile_are_refused_under_the_old_rule():
     assert second.context.set_optimization_profile_async(1, second.stream)
     second.run(a, b)  # on its own profile: fine
     first.run(a, b)
-    np.testing.assert_array_equal(second.host("OUTPUT0")[:a.size].reshape(a.shape), a + b)
+    np.testing.assert_array_equal(second.host("OUTPUT0")[: a.size].reshape(a.shape), a + b)
 
 
 def test_context_creation_returns_none_when_device_memory_runs_out():
     device = FakeDevice(total_memory=(1 << 20) + 3 * (1 << 20), activation_bytes=1 << 20)
     device.cudart.cudaSetDevice(0)
-    plan = device.make_plan(inputs=support.ADD_SUB_INPUTS, outputs=support.ADD_SUB_OUTPUTS, function="add_sub",
-                            profiles=support.add_sub_profiles(), weights_bytes=1 << 20)
+    plan = device.make_plan(
+        inputs=support.ADD_SUB_INPUTS,
+        outputs=support.ADD_SUB_OUTPUTS,
+        function="add_sub",
+        profiles=support.add_sub_profiles(),
+        weights_bytes=1 << 20,
+    )
     engine = device.trt.Runtime(device.trt.Logger()).deserialize_cuda_engine(plan)
     contexts = [engine.create_execution_context() for _ in range(4)]
     assert [c is not None for c in contexts] == [True, True, True, False]
@@ -268,8 +302,12 @@ def test_context_creation_returns_none_when_device_memory_runs_out():
 def test_deserialization_fails_for_other_versions_compute_capabilities_and_garbage(device):
     device.cudart.cudaSetDevice(0)
     runtime = device.trt.Runtime(device.trt.Logger())
-    kwargs = dict(inputs=support.ADD_SUB_INPUTS, outputs=support.ADD_SUB_OUTPUTS, function="add_sub",
-                  profiles=support.add_sub_profiles())
+    kwargs = dict(
+        inputs=support.ADD_SUB_INPUTS,
+        outputs=support.ADD_SUB_OUTPUTS,
+        function="add_sub",
+        profiles=support.add_sub_profiles(),
+    )
     assert runtime.deserialize_cuda_engine(device.make_plan(trt_version="10.16.1.11", **kwargs)) is None
     assert runtime.deserialize_cuda_engine(device.make_plan(compute_capability=(8, 6), **kwargs)) is None
     # Another GPU model of the same compute capability: TensorRT loads the plan and only warns.
@@ -338,7 +376,7 @@ def test_builder_checks_profiles_and_builds_a_plan_that_runs_the_onnx_model(devi
     slot = Slot(device, engine=trt.Runtime(logger).deserialize_cuda_engine(bytes(memoryview(plan))))
     a, b = _inputs(batch=3)
     slot.run(a, b)
-    np.testing.assert_array_equal(slot.host("OUTPUT1")[:a.size].reshape(a.shape), a - b)
+    np.testing.assert_array_equal(slot.host("OUTPUT1")[: a.size].reshape(a.shape), a - b)
 
 
 def test_parser_reports_unsupported_types(device, tmp_path):
@@ -389,8 +427,12 @@ def test_a_scalar_input_takes_the_empty_shape_only(device):
 
 
 def test_shape_tensors_live_in_host_memory(device):
-    engine = _engine(device, inputs=[("X", "FLOAT", (4,)), ("shape", "INT64", (2,))],
-                     outputs=[("Y", "FLOAT", (4,))], host_tensors=("shape",))
+    engine = _engine(
+        device,
+        inputs=[("X", "FLOAT", (4,)), ("shape", "INT64", (2,))],
+        outputs=[("Y", "FLOAT", (4,))],
+        host_tensors=("shape",),
+    )
     assert engine.get_tensor_location("shape") == device.trt.TensorLocation.HOST
     assert engine.is_shape_inference_io("shape") and not engine.is_shape_inference_io("X")
     context = engine.create_execution_context()
@@ -404,13 +446,20 @@ def test_shape_tensors_live_in_host_memory(device):
         context.execute_async_v3(stream)
 
 
-@pytest.mark.parametrize("tensor_format,vectorized,components,nbytes", [
-    ("LINEAR", -1, 1, 2 * 3 * 4 * 5 * 4), ("HWC", -1, 1, 2 * 3 * 4 * 5 * 4),
-    ("CHW16", 1, 16, 2 * 16 * 4 * 5 * 4), ("HWC8", 1, 8, 2 * 8 * 4 * 5 * 4)])
+@pytest.mark.parametrize(
+    "tensor_format,vectorized,components,nbytes",
+    [
+        ("LINEAR", -1, 1, 2 * 3 * 4 * 5 * 4),
+        ("HWC", -1, 1, 2 * 3 * 4 * 5 * 4),
+        ("CHW16", 1, 16, 2 * 16 * 4 * 5 * 4),
+        ("HWC8", 1, 8, 2 * 8 * 4 * 5 * 4),
+    ],
+)
 def test_io_formats_change_the_buffer_size_and_layout(device, tensor_format, vectorized, components, nbytes):
     shape = (2, 3, 4, 5)
-    engine = _engine(device, inputs=[("X", "FLOAT", shape)], outputs=[("Y", "FLOAT", shape)],
-                     formats={"X": tensor_format})
+    engine = _engine(
+        device, inputs=[("X", "FLOAT", shape)], outputs=[("Y", "FLOAT", shape)], formats={"X": tensor_format}
+    )
     assert engine.get_tensor_vectorized_dim("X") == vectorized
     assert engine.get_tensor_components_per_element("X") == components
     assert f"(k{tensor_format})" in engine.get_tensor_format_desc("X")
@@ -462,8 +511,13 @@ def make_allocator(device, base_init=True):
 
 
 def test_data_dependent_output_shapes_need_an_output_allocator(device):
-    engine = _engine(device, inputs=[("X", "FLOAT", (3, 4))], outputs=[("Y", "INT64", (2, -1))],
-                     function="nonzero", data_dependent={"Y": [1]})
+    engine = _engine(
+        device,
+        inputs=[("X", "FLOAT", (3, 4))],
+        outputs=[("Y", "INT64", (2, -1))],
+        function="nonzero",
+        data_dependent={"Y": [1]},
+    )
     context = engine.create_execution_context()
     rt = device.cudart
     stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
@@ -492,8 +546,13 @@ def test_data_dependent_output_shapes_need_an_output_allocator(device):
 
 
 def test_an_allocator_that_returns_too_little_memory(device):
-    engine = _engine(device, inputs=[("X", "FLOAT", (4,))], outputs=[("Y", "INT64", (1, -1))],
-                     function="nonzero", data_dependent={"Y": [1]})
+    engine = _engine(
+        device,
+        inputs=[("X", "FLOAT", (4,))],
+        outputs=[("Y", "INT64", (1, -1))],
+        function="nonzero",
+        data_dependent={"Y": [1]},
+    )
     context = engine.create_execution_context()
     rt = device.cudart
     stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]

@@ -33,8 +33,21 @@ def test_argument_parsing(tmp_path, capsys):
     assert args.model_names == list(gpu_check.DEFAULT_MODELS) and args.slot_counts == [1, 2, 4]
     assert args.check_names == ["data_dependent", "batching"]
     assert args.double is False and args.cache_dir is None
-    args = gpu_check.parse_args(["--repository", str(tmp_path), "--models", "simple", "--slots", "2,8",
-                                 "--iterations", "5", "--double", "--cache-dir", str(tmp_path)])
+    args = gpu_check.parse_args(
+        [
+            "--repository",
+            str(tmp_path),
+            "--models",
+            "simple",
+            "--slots",
+            "2,8",
+            "--iterations",
+            "5",
+            "--double",
+            "--cache-dir",
+            str(tmp_path),
+        ]
+    )
     assert args.model_names == ["simple"] and args.slot_counts == [2, 8] and args.iterations == 5 and args.double
     for bad in (["--slots", "x"], ["--slots", "0"], ["--iterations", "0"], ["--checks", "speed"], []):
         with pytest.raises(SystemExit) as caught:
@@ -46,8 +59,9 @@ def test_argument_parsing(tmp_path, capsys):
 
 
 def test_a_full_run_over_the_double(repository, tmp_path, capsys):
-    code = gpu_check.main(["--repository", str(repository), "--double", "--iterations", "2",
-                           "--cache-dir", str(tmp_path / "cache")])
+    code = gpu_check.main(
+        ["--repository", str(repository), "--double", "--iterations", "2", "--cache-dir", str(tmp_path / "cache")]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[1].startswith("versions: driver ? (CUDA 13.0); cuda-python runtime CUDA 13.0")
@@ -67,16 +81,44 @@ def test_a_full_run_over_the_double(repository, tmp_path, capsys):
 
 def test_a_model_missing_from_the_repository_is_skipped(tmp_path, capsys):
     demo.write_model(tmp_path, demo.build_simple())
-    code = gpu_check.main(["--repository", str(tmp_path), "--double", "--models", "simple,silero_vad", "--slots",
-                           "1", "--iterations", "1", "--checks", "", "--cache-dir", str(tmp_path / "cache")])
+    code = gpu_check.main(
+        [
+            "--repository",
+            str(tmp_path),
+            "--double",
+            "--models",
+            "simple,silero_vad",
+            "--slots",
+            "1",
+            "--iterations",
+            "1",
+            "--checks",
+            "",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and f"silero_vad: skipped: not in {tmp_path}" in out
 
 
 def test_a_mismatch_fails_the_run(repository, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(gpu_check, "compare", lambda expected, actual, rtol, atol: (False, ["OUTPUT0: MISMATCH"]))
-    code = gpu_check.main(["--repository", str(repository), "--double", "--models", "simple", "--slots", "1",
-                           "--iterations", "1", "--cache-dir", str(tmp_path / "cache")])
+    code = gpu_check.main(
+        [
+            "--repository",
+            str(repository),
+            "--double",
+            "--models",
+            "simple",
+            "--slots",
+            "1",
+            "--iterations",
+            "1",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ]
+    )
     assert code == 1 and "gpu-check: FAILED" in capsys.readouterr().out
 
 

@@ -24,8 +24,8 @@ from engine.tensorrt import driver
 from engine.tensorrt.backend import TensorRTBackend, tensorrt_cuda_major
 from engine.tensorrt.cuda import CudaRuntime, cuda_version_text, host_view
 
-from . import support
 from ..conftest import DEMO_REPOSITORY
+from . import support
 
 
 def _real_cudart():
@@ -143,8 +143,10 @@ def test_build_load_and_run_concurrent_slots(tmp_path):
     onnx_path = support.write_add_sub_onnx(tmp_path)
     backend = TensorRTBackend(trt_module=trt, cudart_module=CUDART, cache_dir=tmp_path / "cache")
     model = backend.load(support.spec(onnx_path))
-    print(f"capacity {model.max_parallel_slots}, per slot {model.capacity.per_slot_bytes} bytes, "
-          f"weights {model.capacity.weights_bytes} bytes")
+    print(
+        f"capacity {model.max_parallel_slots}, per slot {model.capacity.per_slot_bytes} bytes, "
+        f"weights {model.capacity.weights_bytes} bytes"
+    )
     contexts = [model.create_context() for _ in range(4)]
     failures = []
 
@@ -170,7 +172,8 @@ def test_build_load_and_run_concurrent_slots(tmp_path):
             context.close()
         model.close()
     restarted = TensorRTBackend(trt_module=trt, cudart_module=CUDART, cache_dir=tmp_path / "cache").load(
-        support.spec(onnx_path))
+        support.spec(onnx_path)
+    )
     assert restarted.plan_source == "cache"
     restarted.close()
 
@@ -187,8 +190,10 @@ def test_the_versions_fit_and_the_driver_picks_the_installed_extra():
     cuda = CudaRuntime(CUDART)
     driver_cuda, runtime_cuda = cuda.versions()
     trt = _tensorrt()
-    print(f"driver CUDA {cuda_version_text(driver_cuda)}, cuda-python CUDA {cuda_version_text(runtime_cuda)}, "
-          f"TensorRT {trt.__version__} for CUDA {tensorrt_cuda_major(trt)}, nvidia-smi {driver.nvidia_smi()}")
+    print(
+        f"driver CUDA {cuda_version_text(driver_cuda)}, cuda-python CUDA {cuda_version_text(runtime_cuda)}, "
+        f"TensorRT {trt.__version__} for CUDA {tensorrt_cuda_major(trt)}, nvidia-smi {driver.nvidia_smi()}"
+    )
     assert driver_cuda // 1000 >= runtime_cuda // 1000 > 0
     assert driver.driver_cuda_version() == driver_cuda  # libcuda's answer is cuda-python's
     extra = driver.choose_extra(driver_cuda, *driver.nvidia_smi())
@@ -202,14 +207,22 @@ def test_a_scalar_input_silero_vad(tmp_path):
     onnx_path = tmp_path / "silero_vad" / "1" / "model.onnx"
     onnx_path.parent.mkdir(parents=True)
     shutil.copy(source, onnx_path)
-    spec = support.spec(onnx_path, max_batch_size=0, trt_profile_min="input:1x576;state:2x1x128",
-                        trt_profile_opt="input:1x576;state:2x1x128", trt_profile_max="input:4x576;state:2x4x128")
+    spec = support.spec(
+        onnx_path,
+        max_batch_size=0,
+        trt_profile_min="input:1x576;state:2x1x128",
+        trt_profile_opt="input:1x576;state:2x1x128",
+        trt_profile_max="input:4x576;state:2x4x128",
+    )
     model = _backend(tmp_path).load(spec)
     context = model.create_context()
     try:
         rng = np.random.default_rng(1)
-        inputs = {"input": (0.1 * rng.standard_normal((1, 576))).astype(np.float32),
-                  "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
+        inputs = {
+            "input": (0.1 * rng.standard_normal((1, 576))).astype(np.float32),
+            "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64),
+        }
         result = _run(context, inputs)
         import onnxruntime
 
@@ -238,8 +251,9 @@ def test_a_data_dependent_output_through_the_output_allocator(tmp_path):
 def test_shapes_that_do_not_fit_each_other_are_refused_by_shape_inference(tmp_path):
     # add_sub's two inputs share the "batch" dimension; without max_batch_size only TensorRT knows that.
     onnx_path = support.write_add_sub_onnx(tmp_path)
-    model = _backend(tmp_path).load(support.spec(onnx_path, max_batch_size=0,
-                                                 trt_profile_max="INPUT0:8x16;INPUT1:8x16"))
+    model = _backend(tmp_path).load(
+        support.spec(onnx_path, max_batch_size=0, trt_profile_max="INPUT0:8x16;INPUT1:8x16")
+    )
     context = model.create_context()
     try:
         with pytest.raises(errors.InvalidInputError, match="do not fit each other"):
@@ -289,5 +303,11 @@ def test_a_channel_last_io_format_is_refused_at_load(tmp_path):
     path.write_bytes(bytes(memoryview(plan)))
     with pytest.raises(errors.ModelConfigError, match=r"input 'X' uses the I/O format"):
         TensorRTBackend(trt_module=trt, cudart_module=CUDART).load(
-            ModelSpec(name="hwc", backend="tensorrt", model_file=path, platform="tensorrt_plan",
-                      parameters={"trt_memory_reserve_bytes": "0"}))
+            ModelSpec(
+                name="hwc",
+                backend="tensorrt",
+                model_file=path,
+                platform="tensorrt_plan",
+                parameters={"trt_memory_reserve_bytes": "0"},
+            )
+        )

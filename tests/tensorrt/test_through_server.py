@@ -32,13 +32,20 @@ CAPACITY = 4  # the simulated device holds the weights and four slots
 WAIT = 20.0
 
 
-def write_model(repository, device: FakeDevice, *, style: str = "platform", name: str = "add_sub",
-                max_batch_size: int = support.BATCH) -> None:
+def write_model(
+    repository,
+    device: FakeDevice,
+    *,
+    style: str = "platform",
+    name: str = "add_sub",
+    max_batch_size: int = support.BATCH,
+) -> None:
     support.write_add_sub_plan(device, repository, name=name, weights_bytes=WEIGHTS, activation_bytes=ACTIVATION)
     selector = 'platform: "tensorrt_plan"' if style == "platform" else 'backend: "tensorrt"'
     (repository / name / "config.pbtxt").write_text(
         f'name: "{name}"\n{selector}\nmax_batch_size: {max_batch_size}\n'
-        'parameters { key: "trt_memory_reserve_bytes" value { string_value: "0" } }\n')
+        'parameters { key: "trt_memory_reserve_bytes" value { string_value: "0" } }\n'
+    )
 
 
 @pytest.fixture
@@ -51,8 +58,12 @@ def device():
 
 @pytest.fixture
 def backend(device, tmp_path) -> TensorRTBackend:
-    return TensorRTBackend(trt_module=device.trt, cudart_module=device.cudart, cuda_utils_module=device.cuda_utils,
-                          cache_dir=tmp_path / "plan-cache")
+    return TensorRTBackend(
+        trt_module=device.trt,
+        cudart_module=device.cudart,
+        cuda_utils_module=device.cuda_utils,
+        cache_dir=tmp_path / "plan-cache",
+    )
 
 
 @pytest.fixture
@@ -131,9 +142,11 @@ def infer(running, seed: int, timeout: float = WAIT) -> None:
 
 # ---- serving ----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("style", ["platform", "backend"])
 def test_a_plan_is_served_over_grpc_with_one_engine_and_a_context_stream_and_buffers_per_slot(
-        tmp_path, device, backend, style):
+    tmp_path, device, backend, style
+):
     root = tmp_path / f"by-{style}"
     write_model(root, device, style=style)
     with serve(root, backends={"tensorrt": backend}, parallel_jobs=2) as running:
@@ -173,7 +186,8 @@ def test_two_slots_run_at_once_and_a_third_request_waits_its_turn(repository, de
 
 
 def test_a_caller_that_gives_up_while_its_run_is_on_the_gpu_gets_its_slot_back_after_the_drain(
-        repository, device, backend):
+    repository, device, backend
+):
     """TensorRT cannot stop an enqueued run: the caller gets its error at once, the result is dropped, and the
     slot returns only when the stream has drained (its buffers are not reused while the GPU may still write)."""
     with serve(repository, backends={"tensorrt": backend}, parallel_jobs=1, allow_management=True) as running:
@@ -197,8 +211,10 @@ def test_a_caller_that_gives_up_while_its_run_is_on_the_gpu_gets_its_slot_back_a
 
 # ---- management ---------------------------------------------------------------------------------------------------
 
+
 def test_a_resize_within_capacity_adds_contexts_to_the_same_engine_and_one_beyond_it_is_refused(
-        repository, device, backend):
+    repository, device, backend
+):
     with serve(repository, backends={"tensorrt": backend}, parallel_jobs=2, allow_management=True) as running:
         infer(running, 0)
         status = running.management.register("add_sub", slots=3, timeout=WAIT)
@@ -211,8 +227,7 @@ def test_a_resize_within_capacity_adds_contexts_to_the_same_engine_and_one_beyon
         infer(running, 1)
 
 
-def test_unload_waits_for_the_running_request_then_frees_the_contexts_before_the_engine(
-        repository, device, backend):
+def test_unload_waits_for_the_running_request_then_frees_the_contexts_before_the_engine(repository, device, backend):
     with serve(repository, backends={"tensorrt": backend}, parallel_jobs=2, allow_management=True) as running:
         infer(running, 0)
         gate = DrainGate(device)
@@ -231,7 +246,8 @@ def test_unload_waits_for_the_running_request_then_frees_the_contexts_before_the
 
 
 def test_out_of_memory_on_a_later_context_fails_the_load_frees_everything_and_the_server_goes_on(
-        repository, device, backend):
+    repository, device, backend
+):
     """Another process takes the device memory after the first context was built: the pool is never published,
     what was built is freed (contexts before the engine), and the request gets FAILED_PRECONDITION."""
     load = backend.load
@@ -253,8 +269,9 @@ def test_out_of_memory_on_a_later_context_fails_the_load_frees_everything_and_th
         return model
 
     backend.load = load_then_lose_memory
-    with serve(repository, backends={"tensorrt": backend}, parallel_jobs=2, load_at_startup=False,
-               allow_management=True) as running:
+    with serve(
+        repository, backends={"tensorrt": backend}, parallel_jobs=2, load_at_startup=False, allow_management=True
+    ) as running:
         with pytest.raises(ClientError) as caught:
             infer(running, 1)
         assert (caught.value.code, caught.value.reason) == ("FAILED_PRECONDITION", "load_failed")
@@ -278,21 +295,22 @@ def test_without_a_gpu_a_request_gets_failed_precondition_with_the_fallback_hint
 
 # ---- what a real GPU adds (issue 15) ---------------------------------------------------------------------------
 
+
 def test_input_shapes_that_do_not_fit_each_other_are_invalid_argument(tmp_path, device, backend):
     root = tmp_path / "unbatched"
     write_model(root, device, max_batch_size=0)  # [-1, 16] twice: the server cannot tell the rows must match
     with serve(root, backends={"tensorrt": backend}) as running:
         with pytest.raises(ClientError) as caught:
-            running.client.infer("add_sub", {"INPUT0": np.zeros((2, 16), np.int32),
-                                             "INPUT1": np.zeros((3, 16), np.int32)}, timeout=WAIT)
+            running.client.infer(
+                "add_sub", {"INPUT0": np.zeros((2, 16), np.int32), "INPUT1": np.zeros((3, 16), np.int32)}, timeout=WAIT
+            )
         assert (caught.value.code, caught.value.reason) == ("INVALID_ARGUMENT", "invalid_request_error")
         assert "do not fit each other" in caught.value.message and "[3, 16]" in caught.value.message
         assert running.management.get("add_sub").state == "READY"
         infer(running, 1)
 
 
-def test_a_sticky_cuda_error_retires_the_model_and_the_next_request_rebuilds_it(
-        repository, device, backend, caplog):
+def test_a_sticky_cuda_error_retires_the_model_and_the_next_request_rebuilds_it(repository, device, backend, caplog):
     with serve(repository, backends={"tensorrt": backend}, parallel_jobs=2, allow_management=True) as running:
         infer(running, 0)
         device.inject_fault(700)  # cudaErrorIllegalAddress in the next run's kernel

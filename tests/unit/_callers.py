@@ -18,13 +18,21 @@ class Caller:
     """One `acquire` on its own thread. `outcome` is the returned ticket or the exception it raised (any
     BaseException: KeyboardInterrupt included, which the test then inspects)."""
 
-    def __init__(self, controller: AdmissionController, *, kind: TicketKind = TicketKind.REQUEST,
-                 deadline: float | None = None, name: str = "caller", **options) -> None:
+    def __init__(
+        self,
+        controller: AdmissionController,
+        *,
+        kind: TicketKind = TicketKind.REQUEST,
+        deadline: float | None = None,
+        name: str = "caller",
+        **options,
+    ) -> None:
         self.token = options.pop("cancel", None) or CancelToken()
         self.outcome = None
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(controller, kind, deadline, options), name=name,
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, args=(controller, kind, deadline, options), name=name, daemon=True
+        )
         self.thread.start()
 
     def _run(self, controller, kind, deadline, options) -> None:

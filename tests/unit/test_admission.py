@@ -6,17 +6,19 @@ import threading
 import time
 
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.interface import CancelToken
-from service.core.admission import (AdmissionController, AdmissionCore, Refusal, Ticket, TicketKind, TicketState)
+from service.core.admission import AdmissionController, AdmissionCore, Refusal, Ticket, TicketKind, TicketState
 from service.core.errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
 
 REQUEST, MANAGER = TicketKind.REQUEST, TicketKind.MANAGER
 
 
 # ---- the core -----------------------------------------------------------------------------------------------
+
 
 def test_requests_fill_capacity_then_queue():
     core = AdmissionCore(2)
@@ -127,6 +129,7 @@ def test_shrinking_capacity_lets_holders_finish():
 
 # ---- a stateful property test over random interleavings ------------------------------------------------------
 
+
 class AdmissionMachine(RuleBasedStateMachine):
     """Random interleavings of requests, managers, releases, timeouts, cancellations and resizes. After every
     step: no slot leaked or double-granted, grants in FIFO order, no manager overtaken, every waiter ends once."""
@@ -150,8 +153,12 @@ class AdmissionMachine(RuleBasedStateMachine):
             if other.seq < granted.seq:
                 assert other.state is not TicketState.QUEUED, f"{granted!r} granted before older {other!r}"
 
-    @rule(kind=st.sampled_from([REQUEST, REQUEST, REQUEST, MANAGER]), timeout=st.none() | st.floats(0.5, 5.0),
-          overdue=st.sampled_from([0.0, 3.0]), max_queue=st.sampled_from([0, 2]))
+    @rule(
+        kind=st.sampled_from([REQUEST, REQUEST, REQUEST, MANAGER]),
+        timeout=st.none() | st.floats(0.5, 5.0),
+        overdue=st.sampled_from([0.0, 3.0]),
+        max_queue=st.sampled_from([0, 2]),
+    )
     def arrive(self, kind, timeout, overdue, max_queue):
         queue_was_empty = not self.core.queued_tickets()
         deadline = None if timeout is None else self.now + timeout
@@ -216,8 +223,12 @@ class AdmissionMachine(RuleBasedStateMachine):
         if not hasattr(self, "core"):
             return
         for ticket in self.tickets:
-            final = ticket.state in (TicketState.RELEASED, TicketState.EXPIRED, TicketState.CANCELLED,
-                                     TicketState.REFUSED)
+            final = ticket.state in (
+                TicketState.RELEASED,
+                TicketState.EXPIRED,
+                TicketState.CANCELLED,
+                TicketState.REFUSED,
+            )
             if ticket.seq in self.final_seen:
                 assert ticket.state is self.final_seen[ticket.seq]
             elif final:
@@ -242,6 +253,7 @@ TestAdmissionMachine.settings = settings(max_examples=300, stateful_step_count=4
 
 # ---- the thread-safe controller --------------------------------------------------------------------------------
 
+
 def _wait_queued(controller: AdmissionController, count: int, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while controller.statistics().queued != count:
@@ -257,6 +269,7 @@ def _start(target) -> tuple[threading.Thread, list]:
             box.append(target())
         except BaseException as error:  # the test inspects it
             box.append(error)
+
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box

@@ -14,7 +14,8 @@ promises checked after every step:
 
 from __future__ import annotations
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from service.core.admission import AdmissionCore, BatchRule, Ticket, TicketKind, TicketState
@@ -23,11 +24,16 @@ REQUEST, MANAGER = TicketKind.REQUEST, TicketKind.MANAGER
 
 
 class BatchingMachine(RuleBasedStateMachine):
-    @initialize(capacity=st.integers(1, 3), max_rows=st.integers(1, 6), delay=st.sampled_from([0.0, 2.0]),
-                preferred=st.sampled_from([frozenset(), frozenset({2}), frozenset({2, 4})]))
+    @initialize(
+        capacity=st.integers(1, 3),
+        max_rows=st.integers(1, 6),
+        delay=st.sampled_from([0.0, 2.0]),
+        preferred=st.sampled_from([frozenset(), frozenset({2}), frozenset({2, 4})]),
+    )
     def start(self, capacity, max_rows, delay, preferred):
-        self.rule = BatchRule(max_rows=max_rows, delay=delay, preferred=frozenset(p for p in preferred
-                                                                                  if p <= max_rows))
+        self.rule = BatchRule(
+            max_rows=max_rows, delay=delay, preferred=frozenset(p for p in preferred if p <= max_rows)
+        )
         self.core = AdmissionCore(capacity, self.rule)
         self.now = 0.0
         self.tickets: list[Ticket] = []
@@ -48,9 +54,9 @@ class BatchingMachine(RuleBasedStateMachine):
                 continue
             members = leader.members
             assert members[0] is leader and all(m.leader is leader for m in members)
-            assert queue_before[:len(members)] == members, "a batch is not the head of the queue"
-            self._check_longest_prefix(members, queue_before[len(members):])
-            queue_before = queue_before[len(members):]
+            assert queue_before[: len(members)] == members, "a batch is not the head of the queue"
+            self._check_longest_prefix(members, queue_before[len(members) :])
+            queue_before = queue_before[len(members) :]
             self.batches.append(members)
         return granted
 
@@ -60,8 +66,9 @@ class BatchingMachine(RuleBasedStateMachine):
         if not rest or rows >= self.rule.max_rows:
             return
         following = rest[0]
-        stopped = (following.kind is MANAGER or following.key != members[0].key
-                   or rows + following.rows > self.rule.max_rows)
+        stopped = (
+            following.kind is MANAGER or following.key != members[0].key or rows + following.rows > self.rule.max_rows
+        )
         assert stopped, f"batch {members} stopped before {following!r}, which fitted"
 
     def _arrived_granted_alone(self, ticket: Ticket, queue_was_empty: bool) -> None:
@@ -72,8 +79,12 @@ class BatchingMachine(RuleBasedStateMachine):
 
     # ---- rules -----------------------------------------------------------------------------------------------
 
-    @rule(kind=st.sampled_from([REQUEST, REQUEST, REQUEST, REQUEST, MANAGER]), rows=st.integers(1, 3),
-          key=st.sampled_from(["a", "a", "b"]), timeout=st.none() | st.floats(0.5, 5.0))
+    @rule(
+        kind=st.sampled_from([REQUEST, REQUEST, REQUEST, REQUEST, MANAGER]),
+        rows=st.integers(1, 3),
+        key=st.sampled_from(["a", "a", "b"]),
+        timeout=st.none() | st.floats(0.5, 5.0),
+    )
     def arrive(self, kind, rows, key, timeout):
         queue_was_empty = not self.core.queued_tickets()
         deadline = None if timeout is None else self.now + timeout
@@ -84,8 +95,9 @@ class BatchingMachine(RuleBasedStateMachine):
         if self.core.delays_batches:
             self._apply(lambda: self.core.dispatch(self.now))
 
-    @precondition(lambda self: any(t.state is TicketState.GRANTED and (t.kind is MANAGER or t.leader is t)
-                                   for t in self.tickets))
+    @precondition(
+        lambda self: any(t.state is TicketState.GRANTED and (t.kind is MANAGER or t.leader is t) for t in self.tickets)
+    )
     @rule(data=st.data())
     def release(self, data):
         holders = [t for t in self.tickets if t.state is TicketState.GRANTED and (t.kind is MANAGER or t.leader is t)]
@@ -132,8 +144,9 @@ class BatchingMachine(RuleBasedStateMachine):
         for batch in self.batches:
             for member in batch:
                 seen[member.seq] = seen.get(member.seq, 0) + 1
-        granted = [t for t in self.tickets if t.kind is REQUEST and t.state in (TicketState.GRANTED,
-                                                                                TicketState.RELEASED)]
+        granted = [
+            t for t in self.tickets if t.kind is REQUEST and t.state in (TicketState.GRANTED, TicketState.RELEASED)
+        ]
         assert sorted(seen) == sorted(t.seq for t in granted)
         assert set(seen.values()) <= {1}
 
@@ -156,8 +169,9 @@ class BatchingMachine(RuleBasedStateMachine):
             return
         for ticket in self.tickets:
             if ticket.state in (TicketState.GRANTED, TicketState.RELEASED):
-                assert not any(o.state is TicketState.QUEUED and o.seq < ticket.seq for o in self.tickets), \
+                assert not any(o.state is TicketState.QUEUED and o.seq < ticket.seq for o in self.tickets), (
                     f"{ticket!r} granted before an older waiter"
+                )
 
     @invariant()
     def nothing_grantable_is_left_waiting(self):
@@ -169,8 +183,9 @@ class BatchingMachine(RuleBasedStateMachine):
             return
         for _ in range(len(self.tickets) + 1):
             self.now += 10.0  # every delay is over
-            for ticket in [t for t in self.tickets if t.state is TicketState.GRANTED
-                           and (t.kind is MANAGER or t.leader is t)]:
+            for ticket in [
+                t for t in self.tickets if t.state is TicketState.GRANTED and (t.kind is MANAGER or t.leader is t)
+            ]:
                 self._apply(lambda t=ticket: self.core.release(t, self.now))
             self._apply(lambda: self.core.dispatch(self.now))
             for ticket in [t for t in self.tickets if t.state is TicketState.QUEUED][:1]:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import threading
 import time
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.interface import CancelToken
@@ -72,8 +73,9 @@ class FakeClock:
 class Waiter:
     """One caller blocked in `acquire` on its own thread. `outcome` is the granted Ticket or the exception."""
 
-    def __init__(self, controller: AdmissionController, number: int, kind: TicketKind, deadline: float | None,
-                 max_queue: int) -> None:
+    def __init__(
+        self, controller: AdmissionController, number: int, kind: TicketKind, deadline: float | None, max_queue: int
+    ) -> None:
         self.number, self.kind, self.deadline, self.max_queue = number, kind, deadline, max_queue
         self.token = CancelToken()
         self.ticket: Ticket | None = None  # its queued ticket, once seen in the queue
@@ -113,7 +115,6 @@ def start(controller: AdmissionController, lock: threading.Lock, waiter: Waiter)
 
 
 class ControllerMachine(RuleBasedStateMachine):
-
     @initialize(capacity=st.integers(1, 3))
     def setup(self, capacity):
         self.lock = threading.Lock()  # the model lock: the test may read the core under it
@@ -133,14 +134,21 @@ class ControllerMachine(RuleBasedStateMachine):
             return self.controller.core.queued_tickets()
 
     def _queued_waiters(self) -> list[Waiter]:
-        return [w for w in self.waiters if not w.done.is_set() and w.ticket is not None
-                and w.ticket.state is TicketState.QUEUED]
+        return [
+            w
+            for w in self.waiters
+            if not w.done.is_set() and w.ticket is not None and w.ticket.state is TicketState.QUEUED
+        ]
 
     def _blocked_for_good(self, waiter: Waiter) -> bool:
         """Caller holds the lock. The waiter's thread has nothing left to react to."""
         ticket = waiter.ticket
-        return (ticket is not None and ticket.state is TicketState.QUEUED and not waiter.token.cancelled
-                and (waiter.deadline is None or waiter.deadline > self.clock.now))
+        return (
+            ticket is not None
+            and ticket.state is TicketState.QUEUED
+            and not waiter.token.cancelled
+            and (waiter.deadline is None or waiter.deadline > self.clock.now)
+        )
 
     def _settle(self, parked: Waiter | None = None) -> None:
         """Wait until every waiter returned or is blocked for good (or is `parked` in the clock); then take over
@@ -148,8 +156,9 @@ class ControllerMachine(RuleBasedStateMachine):
         limit = time.monotonic() + SETTLE
         while True:
             with self.lock:
-                moving = [w for w in self.waiters if not w.done.is_set() and not self._blocked_for_good(w)
-                          and w is not parked]
+                moving = [
+                    w for w in self.waiters if not w.done.is_set() and not self._blocked_for_good(w) and w is not parked
+                ]
             if not moving:
                 break
             assert time.monotonic() < limit, f"waiters left blocked: {moving}"
@@ -249,7 +258,8 @@ class ControllerMachine(RuleBasedStateMachine):
         """A manager ticket that waits through on_change (as a bulk unload does), without a thread."""
         with self.lock:
             ticket = self.controller.arrive_locked(
-                MANAGER, None, on_change=lambda changed: self.watched[changed].append(changed.state))
+                MANAGER, None, on_change=lambda changed: self.watched[changed].append(changed.state)
+            )
             self.watched[ticket] = []
             if ticket.state is TicketState.QUEUED:
                 self.watched_queued.add(ticket)
@@ -357,8 +367,10 @@ class ControllerMachine(RuleBasedStateMachine):
         if not hasattr(self, "controller"):
             return
         queued = self._queued()
-        expected = sorted([w.ticket for w in self._queued_waiters()]
-                          + [t for t in self.watched if t.state is TicketState.QUEUED], key=lambda t: t.seq)
+        expected = sorted(
+            [w.ticket for w in self._queued_waiters()] + [t for t in self.watched if t.state is TicketState.QUEUED],
+            key=lambda t: t.seq,
+        )
         assert queued == expected
         stats = self.controller.statistics()
         assert stats.queued_requests == sum(t.kind is REQUEST for t in queued)
@@ -378,8 +390,11 @@ class ControllerMachine(RuleBasedStateMachine):
             if ticket.state is TicketState.QUEUED or ticket not in self.watched_queued:
                 assert notes == [], (ticket, notes)  # granted or refused on arrival: the caller saw it
             else:
-                assert len(notes) == 1 and notes[0] in (TicketState.GRANTED, TicketState.CANCELLED,
-                                                        TicketState.REFUSED), (ticket, notes)
+                assert len(notes) == 1 and notes[0] in (
+                    TicketState.GRANTED,
+                    TicketState.CANCELLED,
+                    TicketState.REFUSED,
+                ), (ticket, notes)
 
     def teardown(self):
         if not hasattr(self, "controller"):
@@ -405,8 +420,10 @@ TestControllerMachine.settings = settings(max_examples=150, stateful_step_count=
 
 # ---- the forced interleavings, one by one -------------------------------------------------------------------
 
-def _queued(controller: AdmissionController, lock: threading.Lock, number: int, kind: TicketKind,
-            deadline: float | None = None) -> Waiter:
+
+def _queued(
+    controller: AdmissionController, lock: threading.Lock, number: int, kind: TicketKind, deadline: float | None = None
+) -> Waiter:
     waiter = start(controller, lock, Waiter(controller, number, kind, deadline, max_queue=0))
     assert waiter.ticket is not None and waiter.ticket.state is TicketState.QUEUED, waiter
     return waiter

@@ -11,10 +11,8 @@ import types
 import pytest
 
 import service.core.admission as admission_module
-from service.core.admission import (AdmissionController, AdmissionCore, BatchRule, Refusal, TicketKind,
-                                    TicketState)
+from service.core.admission import AdmissionController, AdmissionCore, BatchRule, Refusal, TicketKind, TicketState
 from service.core.errors import AdmissionTimeout, RequestCancelled
-
 from tests.contract.harness import FakeClock
 from tests.unit._callers import WAIT, Caller, wait_queued, wait_until
 
@@ -22,6 +20,7 @@ REQUEST, MANAGER = TicketKind.REQUEST, TicketKind.MANAGER
 
 
 # ---- the core: validation and counters -------------------------------------------------------------------
+
 
 def test_a_capacity_below_one_is_refused_naming_it():
     with pytest.raises(ValueError, match="capacity must be >= 1, got 0"):
@@ -91,6 +90,7 @@ def test_the_held_tickets_and_the_manager_are_what_holds_the_model():
 
 # ---- the core: the overdue rule --------------------------------------------------------------------------
 
+
 def test_the_overdue_rule_applies_to_thresholds_under_a_second_and_is_strict():
     core = AdmissionCore(1)
     core.arrive(REQUEST, 0.0, None)
@@ -106,6 +106,7 @@ def test_a_model_held_by_a_manager_has_no_overdue_request_slot():
 
 
 # ---- the core: when a batch goes --------------------------------------------------------------------------
+
 
 def test_without_a_delay_a_request_on_a_free_slot_is_granted_on_arrival():
     core = AdmissionCore(1, BatchRule(max_rows=8))
@@ -172,6 +173,7 @@ def test_only_the_head_of_a_batch_waiting_on_a_free_slot_has_a_time_to_wake():
 
 # ---- the controller ------------------------------------------------------------------------------------------
 
+
 def test_set_capacity_grows_the_slots_and_grants_the_waiters():
     controller = AdmissionController("m", 1)
     holder = controller.acquire(REQUEST, None)
@@ -217,6 +219,7 @@ def test_poke_makes_every_waiter_look_at_a_moved_clock_at_once():
 
 # ---- the controller: cancelled as the slot arrives ------------------------------------------------------------
 
+
 def _parking_threading(victim: str, parked: threading.Event, resume: threading.Event):
     """The admission module's `threading` for one thread: its waker, once released (granted), parks the waiter
     before it reads its ticket, so the test can cancel it in between."""
@@ -245,8 +248,11 @@ def _parking_threading(victim: str, parked: threading.Event, resume: threading.E
     return types.SimpleNamespace(Lock=lock, TIMEOUT_MAX=threading.TIMEOUT_MAX)
 
 
-@pytest.mark.parametrize("batching, batch", [(False, False), (True, False), (True, True)],
-                         ids=["alone", "alone-on-a-batching-model", "leading-a-batch"])
+@pytest.mark.parametrize(
+    "batching, batch",
+    [(False, False), (True, False), (True, True)],
+    ids=["alone", "alone-on-a-batching-model", "leading-a-batch"],
+)
 def test_a_caller_cancelled_as_its_slot_arrives(monkeypatch, batching, batch):
     """Alone (a batch of one on a batching model too), it passes the slot on and raises RequestCancelled: no
     work starts that nobody awaits. Leading a batch, it keeps the slot: its thread runs the batch for the other

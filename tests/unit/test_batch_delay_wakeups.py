@@ -20,7 +20,6 @@ import time
 from engine.interface import BatchingSpec
 from service.core.admission import AdmissionController, AdmissionCore, BatchRule, TicketKind, TicketState
 from service.core.batching import batch_rule
-
 from tests.contract.harness import FakeClock
 from tests.unit._callers import Caller, wait_queued
 
@@ -28,6 +27,7 @@ REQUEST = TicketKind.REQUEST
 
 
 # ---- the due time, the unit, try_exclusive (the core, explicit times) ------------------------------------------
+
 
 def test_a_forming_batch_is_due_when_its_oldest_member_has_waited_the_delay():
     core = AdmissionCore(1, BatchRule(max_rows=8, delay=1.0))
@@ -68,6 +68,7 @@ def test_granted_total_counts_each_member_of_a_batch_once():
 
 
 # ---- the controller's wake-ups, without poke() -------------------------------------------------------------
+
 
 def _controller(clock, delay: float) -> AdmissionController:
     return AdmissionController("m", 1, clock=clock, batching=BatchRule(max_rows=8, delay=delay))

@@ -6,7 +6,6 @@ import pytest
 
 from service.core.errors import ShuttingDown
 from service.servicers.common import SHUTDOWN, CallKind, CallTracker
-
 from tests.contract.harness import Lab
 
 

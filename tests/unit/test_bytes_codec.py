@@ -45,18 +45,22 @@ def test_round_trip(elements):
 
 def test_serialize_encodes_str_and_other_values_as_text():
     assert serialize_bytes(objects(["h\u00e9", b"b", 12, bytearray(b"z")])) == wire(
-        ["h\u00e9".encode(), b"b", b"12", b"z"])
+        ["h\u00e9".encode(), b"b", b"12", b"z"]
+    )
     assert serialize_bytes(np.array([b"ab", b"cd"])) == wire([b"ab", b"cd"])  # numpy S arrays too
 
 
-@pytest.mark.parametrize("data,count,message", [
-    (wire([b"ab"]) + b"\x01\x00", 2, "BYTES element 1 has a truncated length prefix"),
-    (wire([b"ab"]) + struct.pack("<I", 9) + b"abc", 2, "BYTES element 1 declares 9 bytes, only 3 remain"),
-    (wire([b"ab", b"cd"]), 1, "shape holds 1 BYTES elements, the contents hold more than 1"),
-    (wire([b"ab", b"cd"]), 3, "shape holds 3 BYTES elements, the contents hold 2"),
-    (wire([b"a", b"b"]), 0, "shape holds 0 BYTES elements, the contents hold more than 0"),
-    (wire([b"ab", b"c"]), 2 * 10**9, "shape holds 2000000000 BYTES elements, the contents hold 2"),
-])
+@pytest.mark.parametrize(
+    "data,count,message",
+    [
+        (wire([b"ab"]) + b"\x01\x00", 2, "BYTES element 1 has a truncated length prefix"),
+        (wire([b"ab"]) + struct.pack("<I", 9) + b"abc", 2, "BYTES element 1 declares 9 bytes, only 3 remain"),
+        (wire([b"ab", b"cd"]), 1, "shape holds 1 BYTES elements, the contents hold more than 1"),
+        (wire([b"ab", b"cd"]), 3, "shape holds 3 BYTES elements, the contents hold 2"),
+        (wire([b"a", b"b"]), 0, "shape holds 0 BYTES elements, the contents hold more than 0"),
+        (wire([b"ab", b"c"]), 2 * 10**9, "shape holds 2000000000 BYTES elements, the contents hold 2"),
+    ],
+)
 def test_malformed_contents_are_refused_by_name(data, count, message):
     with pytest.raises(TensorDecodeError) as info:
         deserialize_bytes(data, count, "S")

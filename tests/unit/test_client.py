@@ -19,8 +19,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from client import ClientError, InferenceClient, ManagementClient
-from client import cli
+from client import ClientError, InferenceClient, ManagementClient, cli
 from client.management import ModelStatus
 from engine import tensor_codec
 from generated import grpc_service_pb2 as pb
@@ -34,8 +33,7 @@ BUSY_MESSAGE = "admission timed out after 0.5 s"
 def _busy_status() -> grpc.Status:
     detail = any_pb2.Any()
     detail.Pack(error_details_pb2.ErrorInfo(reason="server_busy", domain="slotserve"))
-    return rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message=BUSY_MESSAGE,
-                                                  details=[detail]))
+    return rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message=BUSY_MESSAGE, details=[detail]))
 
 
 def _echo(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
@@ -52,8 +50,10 @@ def _echo(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
 
 
 def _add(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-    arrays = [tensor_codec.decode_raw(raw, t.datatype, tuple(t.shape), t.name)
-              for t, raw in zip(request.inputs, request.raw_input_contents)]
+    arrays = [
+        tensor_codec.decode_raw(raw, t.datatype, tuple(t.shape), t.name)
+        for t, raw in zip(request.inputs, request.raw_input_contents)
+    ]
     total = arrays[0] + arrays[1]
     response = pb.ModelInferResponse(model_name="add", id=request.id)
     response.outputs.add(name="OUTPUT0", datatype=request.inputs[0].datatype, shape=total.shape)
@@ -92,10 +92,15 @@ class FakeInference(pb_grpc.GRPCInferenceServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{request.name}'")
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
-            name="add", versions=["1"], platform="fixture",
-            inputs=[tensor(name="INPUT0", datatype="INT32", shape=[-1, 3]),
-                    tensor(name="INPUT1", datatype="INT32", shape=[-1, 3])],
-            outputs=[tensor(name="OUTPUT0", datatype="INT32", shape=[-1, 3])])
+            name="add",
+            versions=["1"],
+            platform="fixture",
+            inputs=[
+                tensor(name="INPUT0", datatype="INT32", shape=[-1, 3]),
+                tensor(name="INPUT1", datatype="INT32", shape=[-1, 3]),
+            ],
+            outputs=[tensor(name="OUTPUT0", datatype="INT32", shape=[-1, 3])],
+        )
 
     def ModelInfer(self, request, context):
         self.requests.append(request)
@@ -114,16 +119,20 @@ class FakeInference(pb_grpc.GRPCInferenceServiceServicer):
     def ModelStreamInfer(self, request_iterator, context):
         for request in request_iterator:
             if any(tensor.name == "fail" for tensor in request.inputs):
-                yield pb.ModelStreamInferResponse(error_message="input 'fail'\nrefused",
-                                                  infer_response=pb.ModelInferResponse(id=request.id))
+                yield pb.ModelStreamInferResponse(
+                    error_message="input 'fail'\nrefused", infer_response=pb.ModelInferResponse(id=request.id)
+                )
             else:
                 yield pb.ModelStreamInferResponse(infer_response=_echo(request))
 
     def RepositoryIndex(self, request, context):
         entry = pb.RepositoryIndexResponse.ModelIndex
-        return pb.RepositoryIndexResponse(models=[entry(name="add", version="1", state="READY"),
-                                                  entry(name="echo", version="1", state="UNAVAILABLE",
-                                                        reason="unloaded")])
+        return pb.RepositoryIndexResponse(
+            models=[
+                entry(name="add", version="1", state="READY"),
+                entry(name="echo", version="1", state="UNAVAILABLE", reason="unloaded"),
+            ]
+        )
 
     def RepositoryModelLoad(self, request, context):
         self.loads.append(request)
@@ -131,8 +140,14 @@ class FakeInference(pb_grpc.GRPCInferenceServiceServicer):
 
 
 def _status(model_id: str, *, loaded: bool) -> mpb.ModelStatus:
-    status = mpb.ModelStatus(model_id=model_id, loaded=loaded, slots=2, backend="fixture", version="1",
-                             state=mpb.MODEL_STATE_READY if loaded else mpb.MODEL_STATE_UNLOADED)
+    status = mpb.ModelStatus(
+        model_id=model_id,
+        loaded=loaded,
+        slots=2,
+        backend="fixture",
+        version="1",
+        state=mpb.MODEL_STATE_READY if loaded else mpb.MODEL_STATE_UNLOADED,
+    )
     if loaded:
         status.active_slots, status.queued_requests = 1, 3
         status.max_parallel_slots, status.memory_bytes = 4, 3 * 2**20
@@ -167,8 +182,9 @@ class FakeManagement(mpb_grpc.ModelManagementServicer):
     def UnloadModels(self, request, context):
         self._record("UnloadModels", request, context)
         ids = ["add", "echo"] if request.all else list(request.model_ids)
-        return mpb.UnloadModelsResponse(unloaded=[i for i in ids if i in ("add", "echo")],
-                                        not_found=[i for i in ids if i not in ("add", "echo")])
+        return mpb.UnloadModelsResponse(
+            unloaded=[i for i in ids if i in ("add", "echo")], not_found=[i for i in ids if i not in ("add", "echo")]
+        )
 
     def ListModels(self, request, context):
         self._record("ListModels", request, context)
@@ -236,14 +252,21 @@ def test_infer_round_trips_datatypes_and_shapes(client, array):
 
 
 def test_infer_sends_raw_inputs_with_kserve_datatypes(client, fakes):
-    client.infer("echo", {"i": np.array([1, 258], dtype=np.int32), "s": np.array(["ab", "c"]),
-                          "big": np.array([1.5], dtype=">f4")},
-                 ["i"], version="2", request_id="r-1",
-                 parameters={"timeout": 5000, "flag": True, "ratio": 0.5, "tag": "x", "huge": 2**63})
+    client.infer(
+        "echo",
+        {"i": np.array([1, 258], dtype=np.int32), "s": np.array(["ab", "c"]), "big": np.array([1.5], dtype=">f4")},
+        ["i"],
+        version="2",
+        request_id="r-1",
+        parameters={"timeout": 5000, "flag": True, "ratio": 0.5, "tag": "x", "huge": 2**63},
+    )
     request = fakes[1].requests[-1]
     assert (request.model_name, request.model_version, request.id) == ("echo", "2", "r-1")
     assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [
-        ("i", "INT32", [2]), ("s", "BYTES", [2]), ("big", "FP32", [1])]
+        ("i", "INT32", [2]),
+        ("s", "BYTES", [2]),
+        ("big", "FP32", [1]),
+    ]
     assert request.raw_input_contents[0] == b"\x01\x00\x00\x00\x02\x01\x00\x00"
     assert request.raw_input_contents[1] == b"\x02\x00\x00\x00ab\x01\x00\x00\x00c"
     assert request.raw_input_contents[2] == np.array([1.5], dtype="<f4").tobytes()
@@ -318,7 +341,9 @@ def test_health_metadata_and_repository(client, fakes):
     assert metadata.versions == ("1",)
     assert [(t.name, t.datatype, t.shape) for t in metadata.inputs][0] == ("INPUT0", "INT32", (-1, 3))
     assert [(m.name, m.state, m.reason) for m in client.repository_index()] == [
-        ("add", "READY", ""), ("echo", "UNAVAILABLE", "unloaded")]
+        ("add", "READY", ""),
+        ("echo", "UNAVAILABLE", "unloaded"),
+    ]
     client.load("add", {"max_batch_size": 4})
     assert json.loads(fakes[1].loads[-1].parameters["config"].string_param) == {"max_batch_size": 4}
 
@@ -336,12 +361,17 @@ def test_compressed_channel_and_borrowed_channel(address):
 
 # ---- errors ----------------------------------------------------------------------------------------------------
 
+
 def test_rich_status_becomes_client_error_fields(client):
     with pytest.raises(ClientError) as caught:
         client.infer("busy", {"x": np.ones(1, dtype=np.float32)})
     error = caught.value
     assert (error.code, error.message, error.reason, error.domain) == (
-        "UNAVAILABLE", BUSY_MESSAGE, "server_busy", "slotserve")
+        "UNAVAILABLE",
+        BUSY_MESSAGE,
+        "server_busy",
+        "slotserve",
+    )
     assert str(error) == f"UNAVAILABLE (server_busy): {BUSY_MESSAGE}"
 
 
@@ -377,10 +407,15 @@ def test_unreachable_server_is_unavailable():
 
 # ---- management ------------------------------------------------------------------------------------------------
 
+
 def test_model_status_optional_fields():
     loaded = ModelStatus.from_proto(_status("add", loaded=True))
     assert (loaded.state, loaded.loaded, loaded.max_parallel_slots, loaded.memory_bytes) == (
-        "READY", True, 4, 3 * 2**20)
+        "READY",
+        True,
+        4,
+        3 * 2**20,
+    )
     cold = ModelStatus.from_proto(_status("echo", loaded=False))
     assert (cold.state, cold.max_parallel_slots, cold.memory_bytes) == ("UNLOADED", None, None)
     zero = _status("z", loaded=False)
@@ -391,8 +426,15 @@ def test_model_status_optional_fields():
 
 
 def test_management_calls_and_token(management_client, fakes):
-    status = management_client.register("add", source="dir", backend="fixture", options={"threads": 2},
-                                        slots=3, admission_timeout=1.5, config_json={"name": "add"})
+    status = management_client.register(
+        "add",
+        source="dir",
+        backend="fixture",
+        options={"threads": 2},
+        slots=3,
+        admission_timeout=1.5,
+        config_json={"name": "add"},
+    )
     assert (status.slots, status.admission_timeout_seconds) == (3, 1.5)
     name, metadata, request = fakes[2].calls[-1]
     assert name == "RegisterModel" and metadata["authorization"] == "Bearer s3cret"
@@ -428,6 +470,7 @@ def test_management_errors(management_client):
 
 # ---- command line ----------------------------------------------------------------------------------------------
 
+
 def _run(capsys, address, *args):
     code = cli.main(["--address", address, "--timeout", "10", *args])
     captured = capsys.readouterr()
@@ -443,16 +486,31 @@ def test_cli_infer_npy_input(capsys, address, tmp_path):
 
 
 def test_cli_infer_json_input_takes_the_model_datatype(capsys, address, fakes):
-    code, out, err = _run(capsys, address, "infer", "add", "--input", "INPUT0=[[1,2,3]]",
-                          "--input", "INPUT1=[[10,20,30]]", "--json")
+    code, out, err = _run(
+        capsys, address, "infer", "add", "--input", "INPUT0=[[1,2,3]]", "--input", "INPUT1=[[10,20,30]]", "--json"
+    )
     assert (code, err) == (0, "")
     assert json.loads(out) == {"OUTPUT0": {"datatype": "INT32", "shape": [1, 3], "data": [[11, 22, 33]]}}
     assert [t.datatype for t in fakes[1].requests[-1].inputs] == ["INT32", "INT32"]
 
 
 def test_cli_infer_json_with_datatype_and_output_dir(capsys, address, tmp_path):
-    code, out, err = _run(capsys, address, "infer", "echo", "--input", "h=[0.5, 1]", "--datatype", "h=fp16",
-                          "--input", 's=["a", "b"]', "--datatype", "s=BYTES", "--output-dir", str(tmp_path))
+    code, out, err = _run(
+        capsys,
+        address,
+        "infer",
+        "echo",
+        "--input",
+        "h=[0.5, 1]",
+        "--datatype",
+        "h=fp16",
+        "--input",
+        's=["a", "b"]',
+        "--datatype",
+        "s=BYTES",
+        "--output-dir",
+        str(tmp_path),
+    )
     assert (code, err) == (0, "")
     assert "h  FP16  [2]" in out.splitlines()
     assert np.load(tmp_path / "h.npy").dtype == np.float16
@@ -479,8 +537,7 @@ def test_cli_models_health_and_management(capsys, address, monkeypatch):
     code, out, _ = _run(capsys, address, "models")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["NAME", "STATE", "SLOTS", "ACTIVE", "QUEUED", "MAX_PARALLEL_SLOTS", "MEMORY",
-                                "REASON"]
+    assert lines[0].split() == ["NAME", "STATE", "SLOTS", "ACTIVE", "QUEUED", "MAX_PARALLEL_SLOTS", "MEMORY", "REASON"]
     assert lines[1].split() == ["add", "READY", "2", "1", "3", "4", "3.0", "MiB"]
     assert lines[2].split() == ["echo", "UNLOADED", "2", "0", "0", "-", "-", "unloaded"]
     code, out, _ = _run(capsys, address, "--json", "health")

@@ -28,13 +28,21 @@ RUN_LIMIT = 120.0  # seconds a CLI process may take before the test fails (inter
 def cli(monkeypatch):
     """`cli(running, *args) -> (exit status, stdout, stderr)` of `python -m client --timeout 30 *args`, with
     $SLOTSERVE_ADDRESS pointing at `running` and no token from the test's environment."""
+
     def run(running, *args: str) -> tuple[int, str, str]:
         environment = dict(os.environ, SLOTSERVE_ADDRESS=running.address)
         for name in ("SLOTSERVE_MANAGEMENT_TOKEN", "SLOTSERVE_INFERENCE_TOKEN"):
             environment.pop(name, None)
-        done = subprocess.run([sys.executable, "-m", "client", "--timeout", "30", *args], cwd=ROOT,
-                              env=environment, capture_output=True, text=True, timeout=RUN_LIMIT)
+        done = subprocess.run(
+            [sys.executable, "-m", "client", "--timeout", "30", *args],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=RUN_LIMIT,
+        )
         return done.returncode, done.stdout, done.stderr
+
     return run
 
 
@@ -97,7 +105,9 @@ def test_config_prints_the_model_configuration_as_text(slotserve, demo_repositor
     data = json.loads(out)
     assert (data["name"], data["max_batch_size"]) == ("simple", 8)
     assert [(t["name"], t["data_type"], t["dims"]) for t in data["input"]] == [
-        ("INPUT0", "TYPE_INT32", ["16"]), ("INPUT1", "TYPE_INT32", ["16"])]
+        ("INPUT0", "TYPE_INT32", ["16"]),
+        ("INPUT1", "TYPE_INT32", ["16"]),
+    ]
     assert [t["name"] for t in data["output"]] == ["OUTPUT0", "OUTPUT1"]
 
 
@@ -118,8 +128,18 @@ def test_stats_counts_what_the_test_sent(slotserve, demo_repository, cli):
     code, out, err = cli(running, "stats", "simple")
     assert (code, err) == (0, "")
     header, *rows = out.splitlines()
-    assert header.split() == ["MODEL", "VERSION", "INFERENCES", "EXECUTIONS", "SUCCESS", "FAIL", "QUEUE", "AVG",
-                              "INFER", "AVG"]
+    assert header.split() == [
+        "MODEL",
+        "VERSION",
+        "INFERENCES",
+        "EXECUTIONS",
+        "SUCCESS",
+        "FAIL",
+        "QUEUE",
+        "AVG",
+        "INFER",
+        "AVG",
+    ]
     assert len(rows) == 1
     cells = rows[0].split()
     # inferences add each request's batch size (2 + 1); executions and successes count requests.

@@ -11,7 +11,6 @@ import pytest
 
 import service.core.residency as residency_module
 from service.core.residency import ColdLoadGuard
-
 from tests.contract.harness import FakeClock, Lab
 
 WAIT = 10.0
@@ -90,7 +89,8 @@ def test_a_queued_registration_keeping_the_source_keeps_the_one_committed_ahead_
         moved = tmp_path / "repository" / "sources" / "a"  # inside the repository, as a source must be
         moved.mkdir(parents=True)
         (moved / "config.pbtxt").write_text(
-            'name: "a"\nbackend: "fixture"\nparameters { key: "marker" value { string_value: "moved" } }\n')
+            'name: "a"\nbackend: "fixture"\nparameters { key: "marker" value { string_value: "moved" } }\n'
+        )
         execute = lab.gate("a", "execute").hold()
         running = lab.infer("a")
         execute.wait_blocked(1)

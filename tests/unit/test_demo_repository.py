@@ -57,8 +57,11 @@ def _signature(tensors) -> list[tuple[str, str, tuple[int, ...]]]:
 
 
 def _digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_layout_and_configs(repository):
@@ -102,8 +105,8 @@ def test_simple_string_adds_and_subtracts_decimal_text(load):
     assert _signature(metadata.inputs) == [("INPUT0", "BYTES", (16,)), ("INPUT1", "BYTES", (16,))]
     assert _signature(metadata.outputs) == [("OUTPUT0", "BYTES", (16,)), ("OUTPUT1", "BYTES", (16,))]
     rng = np.random.default_rng(5)
-    a = rng.integers(-2**40, 2**40, size=(3, 16), dtype=np.int64)
-    b = rng.integers(-2**40, 2**40, size=(3, 16), dtype=np.int64)
+    a = rng.integers(-(2**40), 2**40, size=(3, 16), dtype=np.int64)
+    b = rng.integers(-(2**40), 2**40, size=(3, 16), dtype=np.int64)
     a[0, :3] = [0, -7, 2**62]  # zero, a sign, a value beyond INT32
 
     def text(array):
@@ -135,10 +138,11 @@ def test_simple_string_parses_like_strtoll_and_wraps_at_the_int64_range(load):
     first = np.array([[b" -3", b"12abc", b"+7", str(2**63 - 1).encode()] + [b"0"] * 12], dtype=object)
     ones = np.array([[b"1"] * 16], dtype=object)
     result = context.execute({"INPUT0": first, "INPUT1": ones}, [], CancelToken())
-    assert result["OUTPUT0"][0, :4].tolist() == [b"-2", b"13", b"8", str(-2**63).encode()]
+    assert result["OUTPUT0"][0, :4].tolist() == [b"-2", b"13", b"8", str(-(2**63)).encode()]
     with pytest.raises(ExecutionError):  # beyond the INT64 range
-        context.execute({"INPUT0": np.array([[str(2**63).encode()] * 16], dtype=object), "INPUT1": ones}, [],
-                        CancelToken())
+        context.execute(
+            {"INPUT0": np.array([[str(2**63).encode()] * 16], dtype=object), "INPUT1": ones}, [], CancelToken()
+        )
 
 
 def test_simple_int8_adds_and_subtracts_wrapping_like_twos_complement(load):
@@ -194,10 +198,12 @@ def test_mlp_is_a_batching_model_and_matches_numpy_for_one_row_and_for_sixteen(l
     rows = np.random.default_rng(5).standard_normal((16, 1024)).astype(np.float32)
     expected = builder.mlp_reference(rows)
     assert 0.1 < float(np.std(expected)) < 100.0  # a meaningful comparison, neither vanishing nor exploding
-    np.testing.assert_allclose(context.execute({"INPUT0": rows}, [], CancelToken())["OUTPUT0"], expected,
-                               rtol=1e-3, atol=1e-3)
-    np.testing.assert_allclose(context.execute({"INPUT0": rows[:1]}, [], CancelToken())["OUTPUT0"], expected[:1],
-                               rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(
+        context.execute({"INPUT0": rows}, [], CancelToken())["OUTPUT0"], expected, rtol=1e-3, atol=1e-3
+    )
+    np.testing.assert_allclose(
+        context.execute({"INPUT0": rows[:1]}, [], CancelToken())["OUTPUT0"], expected[:1], rtol=1e-3, atol=1e-3
+    )
 
 
 def test_matmul_chain_matches_numpy(load):
@@ -229,7 +235,10 @@ def test_silero_vad_matches_direct_onnxruntime(load):
     metadata = loaded.metadata
     assert metadata.max_batch_size == 0
     assert _signature(metadata.inputs) == [
-        ("input", "FP32", (-1, -1)), ("state", "FP32", (2, -1, 128)), ("sr", "INT64", ())]
+        ("input", "FP32", (-1, -1)),
+        ("state", "FP32", (2, -1, 128)),
+        ("sr", "INT64", ()),
+    ]
     assert _signature(metadata.outputs) == [("output", "FP32", (-1, 1)), ("stateN", "FP32", (2, -1, 128))]
     assert hashlib.sha256(spec.model_file.read_bytes()).hexdigest() == builder.SILERO_SHA256
     # 512 samples at 16 kHz plus the 64-sample context the silero wrapper prepends.
@@ -241,8 +250,9 @@ def test_silero_vad_matches_direct_onnxruntime(load):
     # The scalar `sr` passes the server's request check with shape [].
     metadata.check_request({"input": ("FP32", (1, 576)), "state": ("FP32", (2, 1, 128)), "sr": ("INT64", ())}, [])
     result = context.execute(inputs, [], CancelToken())
-    session = onnxruntime.InferenceSession(str(spec.model_file), session_options(spec),
-                                           providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(spec.model_file), session_options(spec), providers=["CPUExecutionProvider"]
+    )
     probability, state = session.run(["output", "stateN"], inputs)
     np.testing.assert_allclose(result["output"], probability, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(result["stateN"], state, rtol=1e-6, atol=1e-7)

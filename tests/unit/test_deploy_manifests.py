@@ -42,14 +42,18 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 # ---- loading ---------------------------------------------------------------------------------------------------
 
+
 def _load(text: str) -> list[dict]:
     return [document for document in yaml.safe_load_all(text) if document is not None]
 
 
 def manifest_documents() -> list[tuple[str, dict]]:
     """(file:index, document) for every document of every manifest file."""
-    return [(f"{path.relative_to(ROOT)}:{index}", document)
-            for path in MANIFESTS for index, document in enumerate(_load(path.read_text()))]
+    return [
+        (f"{path.relative_to(ROOT)}:{index}", document)
+        for path in MANIFESTS
+        for index, document in enumerate(_load(path.read_text()))
+    ]
 
 
 def readme_yaml_blocks() -> list[str]:
@@ -57,8 +61,11 @@ def readme_yaml_blocks() -> list[str]:
 
 
 def readme_documents() -> list[tuple[str, object]]:
-    return [(f"deploy/README.md yaml block {index}", document)
-            for index, block in enumerate(readme_yaml_blocks()) for document in _load(block)]
+    return [
+        (f"deploy/README.md yaml block {index}", document)
+        for index, block in enumerate(readme_yaml_blocks())
+        for document in _load(block)
+    ]
 
 
 def all_documents() -> list[tuple[str, object]]:
@@ -86,8 +93,7 @@ def is_slotserve_container(node: dict) -> bool:
 
 
 def slotserve_containers(documents) -> list[tuple[str, dict]]:
-    return [(where, node) for where, document in documents for node in walk(document)
-            if is_slotserve_container(node)]
+    return [(where, node) for where, document in documents for node in walk(document) if is_slotserve_container(node)]
 
 
 def pod_specs(documents) -> list[tuple[str, dict]]:
@@ -97,13 +103,15 @@ def pod_specs(documents) -> list[tuple[str, dict]]:
     for where, document in documents:
         for node in walk(document):
             containers = node.get("containers")
-            if isinstance(containers, list) and any(isinstance(c, dict) and is_slotserve_container(c)
-                                                    for c in containers):
+            if isinstance(containers, list) and any(
+                isinstance(c, dict) and is_slotserve_container(c) for c in containers
+            ):
                 found.append((where, node))
     return found
 
 
 # ---- slotserve command lines -----------------------------------------------------------------------------------
+
 
 def known_flags() -> set[str]:
     return {option for action in build_parser()._actions for option in action.option_strings}
@@ -146,6 +154,7 @@ def value_of(args: list[str], flag: str) -> str | None:
 
 # ---- the Dockerfile --------------------------------------------------------------------------------------------
 
+
 def dockerfile_instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) in order, with continuation lines joined and comments dropped."""
     instructions, pending = [], ""
@@ -174,8 +183,9 @@ def exec_form(keyword: str) -> list[str]:
     values = dockerfile_values(keyword)
     assert len(values) == 1, f"Dockerfile needs exactly one {keyword}"
     parsed = json.loads(values[0])
-    assert isinstance(parsed, list) and all(isinstance(item, str) for item in parsed), \
+    assert isinstance(parsed, list) and all(isinstance(item, str) for item in parsed), (
         f"{keyword} must be in exec (JSON array) form, so signals reach slotserve as PID 1"
+    )
     return parsed
 
 
@@ -185,6 +195,7 @@ def dockerfile_args() -> list[str]:
 
 # ---- tests -----------------------------------------------------------------------------------------------------
 
+
 def test_the_deploy_folder_has_its_parts():
     for relative in ("Dockerfile", "README.md", "kubernetes/slotserve.yaml"):
         assert (DEPLOY / relative).is_file(), f"deploy/{relative} is missing"
@@ -193,38 +204,45 @@ def test_the_deploy_folder_has_its_parts():
     assert readme_yaml_blocks(), "deploy/README.md has no yaml examples"
 
 
-@pytest.mark.parametrize("where, document", all_documents(),
-                         ids=lambda value: value if isinstance(value, str) else None)
+@pytest.mark.parametrize(
+    "where, document", all_documents(), ids=lambda value: value if isinstance(value, str) else None
+)
 def test_every_document_parses_as_a_kubernetes_object_or_fragment(where, document):
     assert isinstance(document, dict), f"{where}: a YAML document must be a mapping"
     if "kind" not in document and "apiVersion" not in document:
         assert where.startswith("deploy/README.md"), f"{where}: a manifest document needs apiVersion and kind"
         return  # a README fragment (a container or a volume to add): its flags are checked below
     api_version, kind = document.get("apiVersion"), document.get("kind")
-    assert isinstance(api_version, str) and (api_version == "v1" or re.fullmatch(r"[a-z0-9.-]+/v\d+(\w+)?",
-                                                                                api_version)), where
+    assert isinstance(api_version, str) and (
+        api_version == "v1" or re.fullmatch(r"[a-z0-9.-]+/v\d+(\w+)?", api_version)
+    ), where
     assert isinstance(kind, str) and re.fullmatch(r"[A-Z][A-Za-z]+", kind), f"{where}: kind {kind!r}"
     name = (document.get("metadata") or {}).get("name")
-    assert isinstance(name, str) and DNS_SUBDOMAIN.fullmatch(name) and len(name) <= 253, \
+    assert isinstance(name, str) and DNS_SUBDOMAIN.fullmatch(name) and len(name) <= 253, (
         f"{where}: metadata.name {name!r}"
+    )
     if kind in ("Service", "Deployment", "ClusterServingRuntime", "InferenceService"):
         assert DNS_LABEL.fullmatch(name) and len(name) <= 63, f"{where}: {kind} name must be a DNS label"
-    assert isinstance(document.get("spec") or document.get("data") or document.get("stringData"), dict), \
+    assert isinstance(document.get("spec") or document.get("data") or document.get("stringData"), dict), (
         f"{where}: {kind} has no spec"
+    )
 
 
 def test_every_slotserve_command_line_is_accepted_by_service_cli():
     """Manifests, the Dockerfile's CMD and the README's examples. A container's args replace the image's CMD,
     so each one must be a complete command line."""
-    command_lines = [(f"{where} container {node.get('name')}", node.get("args"))
-                     for where, node in slotserve_containers(all_documents())]
+    command_lines = [
+        (f"{where} container {node.get('name')}", node.get("args"))
+        for where, node in slotserve_containers(all_documents())
+    ]
     command_lines.append(("deploy/Dockerfile CMD", dockerfile_args()))
     assert len(command_lines) >= 4
     for where, args in command_lines:
         assert isinstance(args, list) and args, f"{where}: give slotserve its flags (args replace the image's CMD)"
         parsed = parse_slotserve(args, where)
-        assert parsed.host in ("0.0.0.0", "::", "[::]"), \
+        assert parsed.host in ("0.0.0.0", "::", "[::]"), (
             f"{where}: --host {parsed.host} is unreachable from the kubelet and the Service; use 0.0.0.0"
+        )
         assert parsed.port == GRPC_PORT, f"{where}: --port must be {GRPC_PORT}"
         assert parsed.log_format == "json", f"{where}: use --log-format=json in a cluster"
 
@@ -259,13 +277,15 @@ def test_grace_period_covers_drain_and_shutdown_grace():
             assert period >= needed, (
                 f"{where}: terminationGracePeriodSeconds {period} < --drain-seconds {parsed.drain_seconds} + "
                 f"--shutdown-grace {parsed.shutdown_grace} + {2 * SHUTDOWN_MARGIN:g} s margin + {EXIT_SLACK:g} s: "
-                "the kubelet would SIGKILL slotserve mid-shutdown")
+                "the kubelet would SIGKILL slotserve mid-shutdown"
+            )
 
 
 def test_no_prestop_hook_delays_the_shutdown_sequence():
     for where, container in slotserve_containers(all_documents()):
         assert "preStop" not in (container.get("lifecycle") or {}), (
-            f"{where}: slotserve drains by itself (--drain-seconds); a preStop sleep only eats the grace period")
+            f"{where}: slotserve drains by itself (--drain-seconds); a preStop sleep only eats the grace period"
+        )
 
 
 def test_files_named_in_the_flags_are_mounted():
@@ -276,16 +296,24 @@ def test_files_named_in_the_flags_are_mounted():
         mounts = [mount["mountPath"].rstrip("/") for mount in container.get("volumeMounts", [])]
         kserve = container.get("name") == "kserve-container"
         fragment = where.startswith("deploy/README.md")  # examples show only what they change
-        for flag in ("--management-token-file", "--inference-token-file", "--tls-cert", "--tls-key", "--tls-client-ca",
-                     "--model-repository"):
+        for flag in (
+            "--management-token-file",
+            "--inference-token-file",
+            "--tls-cert",
+            "--tls-key",
+            "--tls-client-ca",
+            "--model-repository",
+        ):
             path = value_of(args, flag)
             if path is None or (flag == "--model-repository" and (kserve or fragment)):
                 continue
-            assert any(path == mount or path.startswith(mount + "/") for mount in mounts), \
+            assert any(path == mount or path.startswith(mount + "/") for mount in mounts), (
                 f"{where}: {flag} {path} is not under any volumeMount of the container"
+            )
         for flag in ("--management-token", "--inference-token"):
-            assert value_of(args, flag) is None, \
+            assert value_of(args, flag) is None, (
                 f"{where}: pass tokens as files ({flag}-file) from a Secret, not on the command line"
+            )
 
 
 def test_management_token_comes_from_a_secret_volume():
@@ -296,8 +324,10 @@ def test_management_token_comes_from_a_secret_volume():
             if token_file is None:
                 continue
             assert "--allow-management" in container["args"], f"{where}: a token needs --allow-management"
-            mount = max((m for m in container.get("volumeMounts", []) if token_file.startswith(m["mountPath"])),
-                        key=lambda m: len(m["mountPath"]))
+            mount = max(
+                (m for m in container.get("volumeMounts", []) if token_file.startswith(m["mountPath"])),
+                key=lambda m: len(m["mountPath"]),
+            )
             assert "secret" in volumes[mount["name"]], f"{where}: {token_file} must come from a Secret volume"
 
 
@@ -326,12 +356,15 @@ def test_a_pod_with_shared_memory_shares_a_memory_backed_dev_shm_with_its_client
             volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
             shm = [m["name"] for m in container.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
             assert shm and volumes[shm[0]].get("emptyDir", {}).get("medium") == "Memory", where
-            clients = [c for c in spec["containers"] if c is not container
-                       and any(m["name"] == shm[0] for m in c.get("volumeMounts", []))]
+            clients = [
+                c
+                for c in spec["containers"]
+                if c is not container and any(m["name"] == shm[0] for m in c.get("volumeMounts", []))
+            ]
             assert clients, f"{where}: no other container shares /dev/shm with slotserve"
             assert spec["securityContext"]["runAsUser"] and all(
-                "runAsUser" not in c.get("securityContext", {}) for c in [container, *clients]), \
-                f"{where}: slotserve and its client must run as one user (set it for the pod)"
+                "runAsUser" not in c.get("securityContext", {}) for c in [container, *clients]
+            ), f"{where}: slotserve and its client must run as one user (set it for the pod)"
             assert (value_of(args, "--shared-memory-prefix") or "/") != "/", f"{where}: restrict the keys"
             limit = volumes[shm[0]]["emptyDir"]["sizeLimit"]
             assert limit.endswith("Gi") and int(value_of(args, "--shared-memory-max-bytes")) <= int(limit[:-2]) << 30
@@ -345,12 +378,17 @@ def test_the_service_sends_grpc_to_the_pods():
     services = [d for d in documents if d["kind"] == "Service"]
     assert deployments and services
     for service in services:
-        selected = [d for d in deployments
-                    if service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        selected = [
+            d
+            for d in deployments
+            if service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert selected, f"Service {service['metadata']['name']} selects no Deployment's pods"
         deployment = selected[0]
-        assert deployment["spec"]["selector"]["matchLabels"].items() <= \
-            deployment["spec"]["template"]["metadata"]["labels"].items()
+        assert (
+            deployment["spec"]["selector"]["matchLabels"].items()
+            <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        )
         container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if is_slotserve_container(c))
         named = {port["name"]: port["containerPort"] for port in container["ports"]}
         grpc_ports = [p for p in service["spec"]["ports"] if p.get("appProtocol") == "grpc"]
@@ -398,8 +436,9 @@ def test_kserve_runtime_and_inference_service_agree():
         assert spec["protocolVersions"] == ["grpc-v2"]
         (container,) = spec["containers"]
         assert container["name"] == "kserve-container"  # the name KServe merges the predictor's settings into
-        assert {"containerPort": GRPC_PORT, "name": "h2c", "protocol": "TCP"} in container["ports"], \
+        assert {"containerPort": GRPC_PORT, "name": "h2c", "protocol": "TCP"} in container["ports"], (
             "KServe and Knative recognise a gRPC (HTTP/2 cleartext) port by the name h2c"
+        )
         assert len(container["ports"]) == 1, "KServe (serverless) allows one container port"
         assert value_of(container["args"], "--model-repository") == "/mnt/models"  # KServe's storage path
     for service in services:
@@ -418,10 +457,12 @@ def test_dockerfile_builds_a_non_root_slotserve_image():
     keywords = [name for name, _ in instructions]
     assert instructions[0] == ("FROM", "python:3.11-slim")
     runs = dockerfile_values("RUN")
-    assert any("pip install -r requirements.txt -c constraints.txt" in run for run in runs), \
+    assert any("pip install -r requirements.txt -c constraints.txt" in run for run in runs), (
         "install the pinned requirements with their constraints"
-    assert any("grpc_tools.protoc" in run and "pip install --no-deps ." in run for run in runs), \
+    )
+    assert any("grpc_tools.protoc" in run and "pip install --no-deps ." in run for run in runs), (
         "generate generated/ and install the project (the console script) without re-resolving dependencies"
+    )
     for source_list in dockerfile_values("COPY"):
         *sources, _destination = source_list.split()
         for source in sources:

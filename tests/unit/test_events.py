@@ -10,15 +10,27 @@ import pytest
 
 from engine.interface import CancelToken
 from service import status_codes
-from service.core import outcomes
-from service.core import errors
+from service.core import errors, outcomes
 from service.core.events import EVENTS, FIXED_KEYS, JsonFormatter, RejectionLog, log_event
 from service.servicers.common import SHUTDOWN
 
-SAMPLE_VALUES = {"seconds": 0.0451, "slots": 2, "backend": "onnxruntime", "models": ["h"], "count": 3,
-                 "idle_seconds": 30.0, "drain_seconds": 5.0, "grace_seconds": 30.0, "in_place": True,
-                 "reason": "max_resident_models", "for_model": "y", "memory_bytes": 1024, "calls": 1,
-                 "closed_models": 2, "metrics_address": "127.0.0.1:9100"}
+SAMPLE_VALUES = {
+    "seconds": 0.0451,
+    "slots": 2,
+    "backend": "onnxruntime",
+    "models": ["h"],
+    "count": 3,
+    "idle_seconds": 30.0,
+    "drain_seconds": 5.0,
+    "grace_seconds": 30.0,
+    "in_place": True,
+    "reason": "max_resident_models",
+    "for_model": "y",
+    "memory_bytes": 1024,
+    "calls": 1,
+    "closed_models": 2,
+    "metrics_address": "127.0.0.1:9100",
+}
 
 
 def sample_fields(event: str) -> dict:
@@ -52,7 +64,7 @@ def test_every_event_renders_from_its_declared_fields_and_none_shadows_a_fixed_k
     log_event(logger, event, "m", **sample_fields(event))
     (record,) = logger.capture.records
     line = json.loads(JsonFormatter().format(record))
-    assert list(line)[:len(FIXED_KEYS)] == list(FIXED_KEYS)
+    assert list(line)[: len(FIXED_KEYS)] == list(FIXED_KEYS)
     assert line["event"] == event and line["model"] == "m" and line["logger"] == "tests.unit.events"
     assert line["message"].startswith("model 'm': ")
     for name, value in sample_fields(event).items():
@@ -66,7 +78,8 @@ def test_text_lines_read_as_before(logger):
     assert [record.getMessage() for record in logger.capture.records] == [
         "model 'x': loaded 2 slot(s) on onnxruntime in 0.045 s",
         "model 'simple': evicted to make room for model 'matmul_chain'",
-        "shutdown: engines of h left open: still held by hung calls"]
+        "shutdown: engines of h left open: still held by hung calls",
+    ]
 
 
 def test_a_line_that_is_not_an_event_has_null_event_and_model_and_its_traceback(logger):
@@ -91,10 +104,16 @@ def test_rejections_are_logged_at_most_once_per_model_and_reason_per_interval(lo
     now[0] = 110.5
     rejections.note("m", "server_busy", "busy")
     lines = [(r.model, r.event_fields["reason"], r.event_fields["count"]) for r in logger.capture.records]
-    assert lines == [("m", "server_busy", 1), ("m", "invalid_request_error", 1), ("n", "server_busy", 1),
-                     ("m", "server_busy", 3)]  # the two not logged, plus this one
-    assert logger.capture.records[-1].getMessage() == \
-        "model 'm': rejected a request (server_busy): busy (2 more since the previous line)"
+    assert lines == [
+        ("m", "server_busy", 1),
+        ("m", "invalid_request_error", 1),
+        ("n", "server_busy", 1),
+        ("m", "server_busy", 3),
+    ]  # the two not logged, plus this one
+    assert (
+        logger.capture.records[-1].getMessage()
+        == "model 'm': rejected a request (server_busy): busy (2 more since the previous line)"
+    )
 
 
 def test_at_debug_every_rejection_is_logged(logger):
@@ -107,8 +126,12 @@ def test_at_debug_every_rejection_is_logged(logger):
 
 # ---- outcomes ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cls, reason", sorted(status_codes.reasoned_classes().items(), key=lambda kv: kv[0].__name__),
-                         ids=lambda value: getattr(value, "__name__", value))
+
+@pytest.mark.parametrize(
+    "cls, reason",
+    sorted(status_codes.reasoned_classes().items(), key=lambda kv: kv[0].__name__),
+    ids=lambda value: getattr(value, "__name__", value),
+)
 def test_every_error_reason_has_a_status_code_and_is_the_outcome_counted(cls, reason):
     assert reason in status_codes.TABLE, f"{cls.__name__}: reason {reason!r} has no status code"
     error = cls.__new__(cls)  # the class is what counts; constructors differ

@@ -14,16 +14,19 @@ import sys
 
 import pytest
 
-from service.cli import build_parser, option_fields
 from service import options as server_options
+from service.cli import build_parser, option_fields
 from service.options import ServerOptions
 from tests.integration._support import ROOT
 
 
 def numeric_flags() -> dict[str, type]:
     """Every flag of the server's parser that takes an int or a float: flag -> type."""
-    return {action.option_strings[0]: action.type for action in build_parser()._actions
-            if action.option_strings and action.type in (int, float)}
+    return {
+        action.option_strings[0]: action.type
+        for action in build_parser()._actions
+        if action.option_strings and action.type in (int, float)
+    }
 
 
 def options_from(*argv: str) -> ServerOptions:
@@ -36,24 +39,27 @@ def test_every_numeric_flag_has_a_range():
     assert set(numeric_flags()) <= flags, set(numeric_flags()) - flags
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--max-message-bytes", "3000000000"], "--max-message-bytes must be 65536..2147483647, got 3000000000"),
-    (["--max-message-bytes", "0"], "--max-message-bytes must be 65536..2147483647, got 0"),
-    (["--max-message-bytes", "-1"], "--max-message-bytes must be 65536..2147483647, got -1"),
-    (["--admission-timeout", "nan"], "--admission-timeout must be 0..31536000 seconds (a year), got nan"),
-    (["--admission-timeout", "inf"], "--admission-timeout must be 0..31536000 seconds (a year), got inf"),
-    (["--idle-unload=-inf"], "--idle-unload must be 0..31536000 seconds (a year), got -inf"),
-    (["--drain-seconds", "nan"], "--drain-seconds must be 0..31536000 seconds (a year), got nan"),
-    (["--shutdown-grace", "1e400"], "--shutdown-grace must be 0..31536000 seconds (a year), got inf"),
-    (["--stream-write-timeout", "0"], "--stream-write-timeout must be more than 0 and at most 31536000 seconds"),
-    (["--stream-write-timeout", "nan"], "got nan"),
-    (["--max-workers", "5"], "--max-workers must be 9..4096 (8 of them are kept for control calls), got 5"),
-    (["--max-workers", "100000"], "--max-workers must be 9..4096"),
-    (["--port", "70000"], "--port must be 0..65535, got 70000"),
-    (["--memory-budget", "-1"], "--memory-budget must be >= 0, got -1"),
-    (["--max-concurrent-loads", "0"], "--max-concurrent-loads must be > 0, got 0"),
-    (["--host", ""], "--host must name an address (0.0.0.0 for every interface), got ''"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--max-message-bytes", "3000000000"], "--max-message-bytes must be 65536..2147483647, got 3000000000"),
+        (["--max-message-bytes", "0"], "--max-message-bytes must be 65536..2147483647, got 0"),
+        (["--max-message-bytes", "-1"], "--max-message-bytes must be 65536..2147483647, got -1"),
+        (["--admission-timeout", "nan"], "--admission-timeout must be 0..31536000 seconds (a year), got nan"),
+        (["--admission-timeout", "inf"], "--admission-timeout must be 0..31536000 seconds (a year), got inf"),
+        (["--idle-unload=-inf"], "--idle-unload must be 0..31536000 seconds (a year), got -inf"),
+        (["--drain-seconds", "nan"], "--drain-seconds must be 0..31536000 seconds (a year), got nan"),
+        (["--shutdown-grace", "1e400"], "--shutdown-grace must be 0..31536000 seconds (a year), got inf"),
+        (["--stream-write-timeout", "0"], "--stream-write-timeout must be more than 0 and at most 31536000 seconds"),
+        (["--stream-write-timeout", "nan"], "got nan"),
+        (["--max-workers", "5"], "--max-workers must be 9..4096 (8 of them are kept for control calls), got 5"),
+        (["--max-workers", "100000"], "--max-workers must be 9..4096"),
+        (["--port", "70000"], "--port must be 0..65535, got 70000"),
+        (["--memory-budget", "-1"], "--memory-budget must be >= 0, got -1"),
+        (["--max-concurrent-loads", "0"], "--max-concurrent-loads must be > 0, got 0"),
+        (["--host", ""], "--host must name an address (0.0.0.0 for every interface), got ''"),
+    ],
+)
 def test_a_value_out_of_range_is_refused_naming_the_flag_and_its_range(argv, says):
     with pytest.raises(ValueError) as info:
         options_from(*argv)
@@ -61,21 +67,32 @@ def test_a_value_out_of_range_is_refused_naming_the_flag_and_its_range(argv, say
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("argv", [
-    ["--max-message-bytes", "65536"], ["--max-message-bytes", "2147483647"], ["--admission-timeout", "0"],
-    ["--admission-timeout", "31536000"], ["--drain-seconds", "0.5"], ["--stream-write-timeout", "0.001"],
-    ["--max-workers", "9"], ["--port", "0"], ["--metrics-port", "65535"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--max-message-bytes", "65536"],
+        ["--max-message-bytes", "2147483647"],
+        ["--admission-timeout", "0"],
+        ["--admission-timeout", "31536000"],
+        ["--drain-seconds", "0.5"],
+        ["--stream-write-timeout", "0.001"],
+        ["--max-workers", "9"],
+        ["--port", "0"],
+        ["--metrics-port", "65535"],
+    ],
+)
 def test_the_edges_of_each_range_are_accepted(argv):
     options_from(*argv)
 
 
 def test_an_int_flag_given_something_else_is_one_line_naming_the_flag():
-    completed = subprocess.run([sys.executable, "-m", "service", "--max-queue", "nan"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=60)
+    completed = subprocess.run(
+        [sys.executable, "-m", "service", "--max-queue", "nan"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert completed.returncode == 2
     assert completed.stderr.splitlines() == [
-        "slotserve: argument --max-queue: invalid int value: 'nan' (see slotserve --help)"]
+        "slotserve: argument --max-queue: invalid int value: 'nan' (see slotserve --help)"
+    ]
 
 
 @pytest.mark.parametrize("value", ["3000000000", "0"])
@@ -87,10 +104,24 @@ def test_max_message_bytes_out_of_range_is_refused_before_any_model_loads(tmp_pa
     (repository / "m").mkdir(parents=True)
     (repository / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "fixture"\n')
     completed = subprocess.run(
-        [sys.executable, "-m", "service", "--model-repository", str(repository), "--port", "0",
-         "--max-message-bytes", value], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--model-repository",
+            str(repository),
+            "--port",
+            "0",
+            "--max-message-bytes",
+            value,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert completed.returncode == 2, completed.stderr
     assert completed.stderr.splitlines() == [
-        f"slotserve: --max-message-bytes must be 65536..2147483647, got {value}"], completed.stderr
+        f"slotserve: --max-message-bytes must be 65536..2147483647, got {value}"
+    ], completed.stderr
     assert completed.stdout == ""
-

@@ -8,8 +8,7 @@ import threading
 import pytest
 
 from service.core.lifecycle import ModelState
-
-from tests.contract.harness import FakeClock, Lab, WAIT
+from tests.contract.harness import WAIT, FakeClock, Lab
 
 
 @pytest.fixture

@@ -52,9 +52,11 @@ def test_importing_the_core_loads_nothing_else_of_the_server():
     import subprocess
     import sys
 
-    code = ("import sys, service.core.lifecycle, service.core.registry, service.core.residency; "
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('service.', 'grpc', 'generated')) "
-            "and not m.startswith('service.core'))))")
+    code = (
+        "import sys, service.core.lifecycle, service.core.registry, service.core.residency; "
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('service.', 'grpc', 'generated')) "
+        "and not m.startswith('service.core'))))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     # The engines read config.pbtxt into the ModelConfig message (a model-format fact): that much may come along.
@@ -65,6 +67,12 @@ def test_importing_the_core_loads_nothing_else_of_the_server():
 def test_engines_import_nothing_of_the_server_or_grpc(path):
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     # (The repository reads config.pbtxt into the ModelConfig message, a model-format fact, not the transport.)
-    transport = ("service", "grpc", "generated.grpc_service_pb2", "generated.grpc_service_pb2_grpc",
-                 "generated.management_pb2", "generated.management_pb2_grpc")
+    transport = (
+        "service",
+        "grpc",
+        "generated.grpc_service_pb2",
+        "generated.grpc_service_pb2_grpc",
+        "generated.management_pb2",
+        "generated.management_pb2_grpc",
+    )
     assert _forbidden(imported_modules(path, package), transport) == []

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from engine.testing.fixture import FixtureBackend, FixtureControls
 from engine.interface import ModelSpec
+from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.errors import MemoryLimit
 from service.core.events import Events
 from service.core.lifecycle import ModelEntry, ModelSettings, SharedRuntime
@@ -52,11 +52,20 @@ def test_two_loads_never_exceed_the_budget_together(concurrent_loads):
     controls = FixtureControls()
     events = _BEnded()
     residency = Residency(lambda: [], memory_budget=100)
-    runtime = SharedRuntime(backends={"fixture": FixtureBackend(controls)},
-                            cold_loads=_HoldAfterRelease(concurrent_loads, events.b_ended), residency=residency,
-                            events=events)
-    entries = {name: ModelEntry(ModelSpec(name, "fixture", parameters={"memory_bytes": "60", "capacity": "1"}),
-                                ModelSettings(1, False, 0.0), runtime) for name in "ab"}
+    runtime = SharedRuntime(
+        backends={"fixture": FixtureBackend(controls)},
+        cold_loads=_HoldAfterRelease(concurrent_loads, events.b_ended),
+        residency=residency,
+        events=events,
+    )
+    entries = {
+        name: ModelEntry(
+            ModelSpec(name, "fixture", parameters={"memory_bytes": "60", "capacity": "1"}),
+            ModelSettings(1, False, 0.0),
+            runtime,
+        )
+        for name in "ab"
+    }
     outcomes: dict[str, object] = {}
 
     def first_request(name: str) -> None:

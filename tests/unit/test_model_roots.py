@@ -81,8 +81,11 @@ def test_shown_paths_are_relative_to_the_repository_or_named_by_their_allowed_ro
 
 def test_library_text_loses_the_server_folders_and_keeps_everything_else(tree):
     roots = ModelRoots.of(tree / "repo", [tree / "shared"])
-    text = (f'Load model from {tree}/repo/m/1/model.onnx failed; data "{tree}/shared/s/w.bin"; '
-            f"see /etc/ssl/certs/ca.pem; dims 1/model.onnx INT32/FP32 a / b")
-    assert roots.hide(text) == ('Load model from m/1/model.onnx failed; data "shared/s/w.bin"; see ca.pem; '
-                                "dims 1/model.onnx INT32/FP32 a / b")
+    text = (
+        f'Load model from {tree}/repo/m/1/model.onnx failed; data "{tree}/shared/s/w.bin"; '
+        f"see /etc/ssl/certs/ca.pem; dims 1/model.onnx INT32/FP32 a / b"
+    )
+    assert roots.hide(text) == (
+        'Load model from m/1/model.onnx failed; data "shared/s/w.bin"; see ca.pem; dims 1/model.onnx INT32/FP32 a / b'
+    )
     assert hide_paths(f"cannot open {tree}/repo/m/1/model.onnx") == "cannot open model.onnx"

@@ -31,8 +31,11 @@ def _logger(handler: logging.Handler) -> logging.Logger:
     return logger
 
 
-@pytest.mark.parametrize("error", [BrokenPipeError(32, "Broken pipe"), OSError(5, "Input/output error"),
-                                   ValueError("I/O operation on closed file.")], ids=repr)
+@pytest.mark.parametrize(
+    "error",
+    [BrokenPipeError(32, "Broken pipe"), OSError(5, "Input/output error"), ValueError("I/O operation on closed file.")],
+    ids=repr,
+)
 def test_a_broken_stream_drops_the_line_silently(error, capsys):
     stream = BrokenStream(error)
     logger = _logger(QuietStreamHandler(stream))

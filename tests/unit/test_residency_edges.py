@@ -12,7 +12,6 @@ import pytest
 from service.core.errors import MemoryLimit
 from service.core.lifecycle import ModelState
 from service.core.residency import ColdLoadGuard, Residency
-
 from tests.contract.harness import FakeClock, Lab
 
 
@@ -52,8 +51,9 @@ def test_a_one_byte_budget_is_a_budget(lab):
 
 def test_a_pool_of_exactly_the_budget_loads_evicting_what_it_must(lab):
     clock = FakeClock()
-    lab = lab({"small": {"memory_bytes": 30}, "whole": {"memory_bytes": 100}}, load=False, memory_budget=100,
-              clock=clock)
+    lab = lab(
+        {"small": {"memory_bytes": 30}, "whole": {"memory_bytes": 100}}, load=False, memory_budget=100, clock=clock
+    )
     lab.infer("small").result()
     clock.now += 1
     assert lab.infer("whole").result()["OUTPUT0"][0] == 1.0  # 100 of 100 bytes: it fits, once small is evicted

@@ -14,13 +14,12 @@ import pytest
 from service.core.errors import ResidencyLimit
 from service.core.lifecycle import ModelState
 from service.core.residency import ColdLoadGuard
-
 from tests.contract.harness import WAIT, FakeClock, Lab
 from tests.contract.test_batching import Batching, rows_of
 from tests.unit._callers import wait_until
 
-
 # ---- the cold-load guard ----------------------------------------------------------------------------------
+
 
 def test_a_freed_cold_load_place_goes_to_the_oldest_waiter():
     guard = ColdLoadGuard(1)
@@ -52,6 +51,7 @@ def test_a_freed_cold_load_place_goes_to_the_oldest_waiter():
 # ---- a teardown that raises --------------------------------------------------------------------------------
 # Engine errors of a teardown are logged and swallowed (pool.close); what escapes it is an asynchronous exception
 # (KeyboardInterrupt, SystemExit) arriving on the retiring thread. The model's exclusive lease must still end.
+
 
 class _Interrupt(BaseException):
     """Stands in for KeyboardInterrupt or another asynchronous exception during a teardown."""
@@ -96,12 +96,14 @@ def test_an_eviction_whose_teardown_raises_still_releases_the_victim(tmp_path):
 
 # ---- a failed load's reservation -----------------------------------------------------------------------------
 
+
 def test_a_load_that_fails_during_an_eviction_round_is_a_departure_and_the_round_looks_again(tmp_path):
     """Limit 2: a is resident and busy, b is loading (reserved). c's load needs room; its eviction round finds a
     busy, and meanwhile b's load fails and gives its reservation back. There is room now: c must load."""
     clock = FakeClock()
-    lab = Lab(tmp_path, {"a": {}, "b": {}, "c": {}}, load=False, max_resident_models=2, max_concurrent_loads=2,
-              clock=clock)
+    lab = Lab(
+        tmp_path, {"a": {}, "b": {}, "c": {}}, load=False, max_resident_models=2, max_concurrent_loads=2, clock=clock
+    )
     try:
         lab.infer("a").result()
         execute = lab.gate("a", "execute").hold()
@@ -128,6 +130,7 @@ def test_a_load_that_fails_during_an_eviction_round_is_a_departure_and_the_round
 
 
 # ---- a batch waiting out its delay on a free slot ------------------------------------------------------------
+
 
 @pytest.fixture
 def delayed(tmp_path):

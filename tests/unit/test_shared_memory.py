@@ -12,13 +12,22 @@ import pytest
 
 from engine.interface import ModelMetadata, TensorSpec
 from generated import grpc_service_pb2 as pb
+from service import shared_memory
 from service.cli import build_parser, option_fields
 from service.core.errors import InvalidRequest
 from service.options import ServerOptions
-from service import shared_memory
-from service.shared_memory import (DEFAULT_MAX_BYTES, MAX_REGIONS, NAME_MAX, RegionNotFound, SharedMemoryLimit,
-                                   SharedMemoryRegistry, default_max_regions, key_problem, name_problem,
-                                   prefix_problem)
+from service.shared_memory import (
+    DEFAULT_MAX_BYTES,
+    MAX_REGIONS,
+    NAME_MAX,
+    RegionNotFound,
+    SharedMemoryLimit,
+    SharedMemoryRegistry,
+    default_max_regions,
+    key_problem,
+    name_problem,
+    prefix_problem,
+)
 from service.tensors import decode_request, encode_response
 from tests.integration._shm import ShmObject, descriptors, in_region, mappings
 
@@ -30,35 +39,55 @@ def shm():
     def make(size: int) -> ShmObject:
         objects.append(ShmObject(size))
         return objects[-1]
+
     yield make
     for item in objects:
         item.close()
 
 
-@pytest.mark.parametrize("key, problem", [
-    ("/a", None), ("/slotserve_input-0.data", None), ("/" + "x" * 255, None),
-    ("a", "must start with '/'"), ("", "must start with '/'"), ("/", "must name an object"),
-    ("/.", "must name an object"), ("/..", "must name an object"), ("/dev/shm/a", "no '/' after the first"),
-    ("//a", "no '/' after the first"), ("/a\x00b", "NUL"), ("/" + "x" * 256, "at most 255 bytes"),
-    ("/" + "\u00e9" * 128, "at most 255 bytes"),
-])
+@pytest.mark.parametrize(
+    "key, problem",
+    [
+        ("/a", None),
+        ("/slotserve_input-0.data", None),
+        ("/" + "x" * 255, None),
+        ("a", "must start with '/'"),
+        ("", "must start with '/'"),
+        ("/", "must name an object"),
+        ("/.", "must name an object"),
+        ("/..", "must name an object"),
+        ("/dev/shm/a", "no '/' after the first"),
+        ("//a", "no '/' after the first"),
+        ("/a\x00b", "NUL"),
+        ("/" + "x" * 256, "at most 255 bytes"),
+        ("/" + "\u00e9" * 128, "at most 255 bytes"),
+    ],
+)
 def test_keys_are_posix_shared_memory_names(key, problem):
     found = key_problem(key)
     assert (found is None) if problem is None else (problem in found), found
 
 
-@pytest.mark.parametrize("name, problem", [
-    ("r", None), ("n" * 255, None), ("\u00e9" * 127 + "n", None), ("", "needs a name"),
-    ("n" * 256, "at most 255 bytes (UTF-8); this one has 256"), ("\u00e9" * 128, "this one has 256"),
-])
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("r", None),
+        ("n" * 255, None),
+        ("\u00e9" * 127 + "n", None),
+        ("", "needs a name"),
+        ("n" * 256, "at most 255 bytes (UTF-8); this one has 256"),
+        ("\u00e9" * 128, "this one has 256"),
+    ],
+)
 def test_region_names_are_bounded_like_keys(name, problem):
     found = name_problem(name)
     assert (found is None) if problem is None else (problem in found), found
     assert NAME_MAX == 255
 
 
-@pytest.mark.parametrize("soft, expected", [(64, 16), (1024, 256), (20000, MAX_REGIONS),
-                                            (resource.RLIM_INFINITY, MAX_REGIONS), (2, 1)])
+@pytest.mark.parametrize(
+    "soft, expected", [(64, 16), (1024, 256), (20000, MAX_REGIONS), (resource.RLIM_INFINITY, MAX_REGIONS), (2, 1)]
+)
 def test_the_region_bound_leaves_most_descriptors_to_the_rest_of_the_server(monkeypatch, soft, expected):
     """Each open region holds a descriptor: under a low open-file limit the bound is a quarter of it, so regions
     can never take the descriptors that connections need."""
@@ -101,11 +130,13 @@ def test_the_registry_keeps_nothing_of_a_region_after_it_is_unregistered(shm):
 
 
 def test_options_refuse_what_cannot_work():
-    for fields, says in (({"shared_memory": "cuda"}, "CUDA shared memory is not supported"),
-                         ({"shared_memory": "yes"}, "--shared-memory must be none or system"),
-                         ({"shared_memory_prefix": "slot"}, "--shared-memory-prefix must be '/'"),
-                         ({"shared_memory_prefix": "/a/b"}, "--shared-memory-prefix must be '/'"),
-                         ({"shared_memory_max_bytes": 0}, "--shared-memory-max-bytes must be > 0, got 0")):
+    for fields, says in (
+        ({"shared_memory": "cuda"}, "CUDA shared memory is not supported"),
+        ({"shared_memory": "yes"}, "--shared-memory must be none or system"),
+        ({"shared_memory_prefix": "slot"}, "--shared-memory-prefix must be '/'"),
+        ({"shared_memory_prefix": "/a/b"}, "--shared-memory-prefix must be '/'"),
+        ({"shared_memory_max_bytes": 0}, "--shared-memory-max-bytes must be > 0, got 0"),
+    ):
         with pytest.raises(ValueError) as info:
             ServerOptions(**fields)
         assert says in str(info.value), info.value
@@ -115,11 +146,22 @@ def test_options_refuse_what_cannot_work():
 def test_the_command_line_is_off_by_default_and_passes_the_three_flags():
     defaults = ServerOptions(**option_fields(build_parser().parse_args([])))
     assert (defaults.shared_memory, defaults.shared_memory_prefix, defaults.shared_memory_max_bytes) == (
-        "none", "/", DEFAULT_MAX_BYTES)
-    options = ServerOptions(**option_fields(build_parser().parse_args(
-        ["--shared-memory", "system", "--shared-memory-prefix", "/side_", "--shared-memory-max-bytes", "4096"])))
+        "none",
+        "/",
+        DEFAULT_MAX_BYTES,
+    )
+    options = ServerOptions(
+        **option_fields(
+            build_parser().parse_args(
+                ["--shared-memory", "system", "--shared-memory-prefix", "/side_", "--shared-memory-max-bytes", "4096"]
+            )
+        )
+    )
     assert (options.shared_memory, options.shared_memory_prefix, options.shared_memory_max_bytes) == (
-        "system", "/side_", 4096)
+        "system",
+        "/side_",
+        4096,
+    )
 
 
 def test_a_region_is_closed_when_its_last_holder_lets_go(shm):
@@ -203,8 +245,10 @@ def test_a_failed_decode_holds_nothing(shm):
     assert registry.statistics().holds == 0
 
 
-METADATA = ModelMetadata(inputs=(TensorSpec("INPUT0", "FP32", (-1,)),),
-                         outputs=(TensorSpec("OUT_A", "FP32", (-1,)), TensorSpec("OUT_B", "INT64", (-1,))))
+METADATA = ModelMetadata(
+    inputs=(TensorSpec("INPUT0", "FP32", (-1,)),),
+    outputs=(TensorSpec("OUT_A", "FP32", (-1,)), TensorSpec("OUT_B", "INT64", (-1,))),
+)
 
 
 def outputs_request(size_a: int, size_b: int) -> pb.ModelInferRequest:
@@ -229,8 +273,10 @@ def test_outputs_are_written_only_when_every_one_fits(shm):
     decoded = decode_request(outputs_request(16, 64), shared_memory=registry)
     response = encode_response(pb.ModelInferResponse(), outputs, METADATA, decoded.output_regions)
     decoded.release()
-    assert [(t.name, t.datatype, list(t.shape)) for t in response.outputs] == [("OUT_A", "FP32", [4]),
-                                                                             ("OUT_B", "INT64", [8])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in response.outputs] == [
+        ("OUT_A", "FP32", [4]),
+        ("OUT_B", "INT64", [8]),
+    ]
     assert list(response.raw_output_contents) == [b"", b""]
     np.testing.assert_array_equal(target.array(0, "<f4", (4,)), np.arange(4))
     np.testing.assert_array_equal(target.array(256, "<i8", (8,)), np.arange(8))

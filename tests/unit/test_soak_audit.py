@@ -17,18 +17,34 @@ def sent(request_id, model="simple", kind="infer"):
 
 
 def done(request_id, status="OK", **flags):
-    return {"event": "done", "id": request_id, "status": status, "reason": None, "gave_up": False,
-            "handler_busy": False, "abandoned_after": False, "message": "", "t": 0, **flags}
+    return {
+        "event": "done",
+        "id": request_id,
+        "status": status,
+        "reason": None,
+        "gave_up": False,
+        "handler_busy": False,
+        "abandoned_after": False,
+        "message": "",
+        "t": 0,
+        **flags,
+    }
 
 
 def test_every_request_needs_exactly_one_final_status(tmp_path):
-    log = write_log(tmp_path / "c0.jsonl", [
-        sent("a"), done("a"),
-        sent("b"),  # never answered
-        sent("c"), done("c"), done("c", status="UNAVAILABLE"),  # answered twice
-        done("d"),  # answered, never sent
-        {"event": "odd", "id": "e"},
-    ])
+    log = write_log(
+        tmp_path / "c0.jsonl",
+        [
+            sent("a"),
+            done("a"),
+            sent("b"),  # never answered
+            sent("c"),
+            done("c"),
+            done("c", status="UNAVAILABLE"),  # answered twice
+            done("d"),  # answered, never sent
+            {"event": "odd", "id": "e"},
+        ],
+    )
     audit = audit_logs([log])
     assert (audit.sent, audit.done) == (3, 4)
     assert (audit.missing, audit.duplicated, audit.orphans) == (["b"], ["c"], ["d"])
@@ -36,14 +52,23 @@ def test_every_request_needs_exactly_one_final_status(tmp_path):
 
 
 def test_faults_and_per_model_tallies(tmp_path):
-    log = write_log(tmp_path / "c1.jsonl", [
-        sent("a"), done("a"),
-        sent("b"), done("b", status="INTERNAL"),
-        sent("c"), done("c", status="DEADLINE_EXCEEDED", gave_up=True),
-        sent("d"), done("d", status="UNAVAILABLE", handler_busy=True),
-        sent("e", model="no_such_model"), done("e", status="NOT_FOUND"),
-        sent("f", kind="mgmt"), done("f"),
-    ])
+    log = write_log(
+        tmp_path / "c1.jsonl",
+        [
+            sent("a"),
+            done("a"),
+            sent("b"),
+            done("b", status="INTERNAL"),
+            sent("c"),
+            done("c", status="DEADLINE_EXCEEDED", gave_up=True),
+            sent("d"),
+            done("d", status="UNAVAILABLE", handler_busy=True),
+            sent("e", model="no_such_model"),
+            done("e", status="NOT_FOUND"),
+            sent("f", kind="mgmt"),
+            done("f"),
+        ],
+    )
     audit = audit_logs([log])
     assert [fault.split()[0] for fault in audit.faults] == ["b"]
     tally = audit.per_model["simple"]

@@ -26,7 +26,7 @@ def test_a_long_quoted_string_keeps_its_head_tail_and_length():
 def test_both_quote_styles_are_shortened():
     name = "it's " + "b" * 500
     message = bounded_message(f"input {name!r} is unknown")  # repr picks double quotes here
-    assert message.startswith('input "it\'s bbb') and "(505 characters)" in message
+    assert message.startswith("input \"it's bbb") and "(505 characters)" in message
 
 
 def test_a_quoted_string_at_the_limit_is_kept_whole():

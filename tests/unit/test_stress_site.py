@@ -13,8 +13,9 @@ PROBE = "import sys; print(repr(sys.getswitchinterval()))"
 
 
 def _interval(environment: dict[str, str]) -> float:
-    done = subprocess.run([sys.executable, "-c", PROBE], env=environment, capture_output=True, text=True,
-                          check=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=environment, capture_output=True, text=True, check=True, timeout=60
+    )
     return float(done.stdout)
 
 
@@ -22,10 +23,13 @@ def test_a_subprocess_of_a_stressed_environment_runs_with_the_interval_and_recor
     environment = stress.stressed_environment(2e-6, tmp_path)
     assert _interval(environment) == 2e-6
     # and so does a process started by that process with an inherited environment (a server under a test)
-    nested = (f"import subprocess, sys; print(subprocess.run([sys.executable, '-c', {PROBE!r}], "
-              f"capture_output=True, text=True).stdout)")
-    done = subprocess.run([sys.executable, "-c", nested], env=environment, capture_output=True, text=True,
-                          check=True, timeout=60)
+    nested = (
+        f"import subprocess, sys; print(subprocess.run([sys.executable, '-c', {PROBE!r}], "
+        f"capture_output=True, text=True).stdout)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", nested], env=environment, capture_output=True, text=True, check=True, timeout=60
+    )
     assert float(done.stdout) == 2e-6
     kinds = stress.processes_recorded(tmp_path, 2e-6)
     assert kinds == {"other": 3}

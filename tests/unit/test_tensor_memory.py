@@ -19,6 +19,7 @@ COST = 56  # per decoded BYTES element beyond its contents, written out here
 
 # ---- the account ----------------------------------------------------------------------------------------------
 
+
 def test_reservations_add_up_and_come_back():
     account = TensorMemory(request_limit=100, in_flight_limit=150)
     first = account.reserve(100)
@@ -36,8 +37,10 @@ def test_a_request_over_the_per_request_limit_is_refused_by_name():
     account = TensorMemory(request_limit=100, in_flight_limit=1000)
     with pytest.raises(TensorMemoryLimit) as info:
         account.reserve(101)
-    assert str(info.value) == ("the request's tensors take about 101 bytes decoded, more than "
-                               "--max-request-tensor-bytes (100) allows one request")
+    assert str(info.value) == (
+        "the request's tensors take about 101 bytes decoded, more than "
+        "--max-request-tensor-bytes (100) allows one request"
+    )
     statistics = account.statistics()
     assert (statistics.in_flight_bytes, statistics.requests, statistics.refused_request) == (0, 0, 1)
 
@@ -47,9 +50,11 @@ def test_a_request_that_would_pass_the_in_flight_limit_is_refused_with_what_is_h
     held = account.reserve(70)
     with pytest.raises(TensorMemoryLimit) as info:
         account.reserve(31)
-    assert str(info.value) == ("the request's tensors take about 31 bytes decoded, and the requests in flight hold 70 "
-                               "of the 100 bytes --max-inflight-tensor-bytes allows them together; retry when fewer "
-                               "are running")
+    assert str(info.value) == (
+        "the request's tensors take about 31 bytes decoded, and the requests in flight hold 70 "
+        "of the 100 bytes --max-inflight-tensor-bytes allows them together; retry when fewer "
+        "are running"
+    )
     assert account.reserve(30).nbytes == 30  # exactly at the limit is allowed
     held.release()
     assert account.statistics().refused_in_flight == 1
@@ -109,6 +114,7 @@ def test_concurrent_reservations_never_pass_the_limit():
 
 
 # ---- the estimate ---------------------------------------------------------------------------------------------
+
 
 def _bytes_raw(elements: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(element)) + element for element in elements)

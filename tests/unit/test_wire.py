@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from generated import grpc_service_pb2 as pb
-from service.wire import (LARGE_MESSAGE_BYTES, InferResponse, WireError, parse_infer_request,
-                          serialize_infer_response)
+from service.wire import LARGE_MESSAGE_BYTES, InferResponse, WireError, parse_infer_request, serialize_infer_response
 
 
 def _request(arrays: dict[str, np.ndarray], **fields) -> pb.ModelInferRequest:

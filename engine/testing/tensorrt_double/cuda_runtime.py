@@ -42,8 +42,13 @@ class cudaMemcpyKind(enum.IntEnum):  # noqa: N801
 class cudaDeviceProp:  # noqa: N801
     """`name` (bytes, as cuda-bindings returns it), `totalGlobalMem` and the compute capability."""
 
-    def __init__(self, name: bytes = b"", totalGlobalMem: int = 0,  # noqa: N803 - the real names
-                 major: int = 0, minor: int = 0) -> None:
+    def __init__(
+        self,
+        name: bytes = b"",
+        totalGlobalMem: int = 0,  # noqa: N803 - the real names
+        major: int = 0,
+        minor: int = 0,
+    ) -> None:
         self._name, self._total, self._major, self._minor = name, totalGlobalMem, major, minor
 
     @property
@@ -279,7 +284,8 @@ class FakeCudaRuntime:
         if host is None:
             raise self._device.violate(
                 f"cudaMemcpyAsync {role} 0x{pointer:x} (+{count}) is not pinned memory from cudaHostAlloc: an async "
-                "copy from pageable memory is synchronous, and its buffer may move")
+                "copy from pageable memory is synchronous, and its buffer may move"
+            )
         return host
 
     def _host_to_device(self, dst: int, src: int, count: int) -> Op | None:
@@ -294,8 +300,9 @@ class FakeCudaRuntime:
             # The copy reads the host buffer when the GPU gets to it, not when it was queued: a change in between
             # would be copied (or not) at random on real hardware.
             if ctypes.string_at(src, count) != snapshot:
-                raise device.violate(f"pinned host buffer 0x{src:x} was modified while the async copy reading it "
-                                     "was in flight")
+                raise device.violate(
+                    f"pinned host buffer 0x{src:x} was modified while the async copy reading it was in flight"
+                )
             device.write_device(dst, snapshot)
 
         return Op(run, [host, target], "cudaMemcpyAsync(host to device)")
@@ -351,7 +358,9 @@ class FakeCudaRuntime:
             if queue is None:
                 return (cudaError_t.cudaErrorInvalidResourceHandle,)
             if queue.queue:
-                raise device.violate(f"cudaStreamDestroy(0x{queue.handle:x}) with {len(queue.queue)} operations "
-                                     "still queued: their buffers may be freed next")
+                raise device.violate(
+                    f"cudaStreamDestroy(0x{queue.handle:x}) with {len(queue.queue)} operations "
+                    "still queued: their buffers may be freed next"
+                )
             device.drop_stream(queue)
         return (cudaError_t.cudaSuccess,)

@@ -111,11 +111,24 @@ class FakeDevice:
     which release memory, may run while the same thread holds it). Queued work runs outside the lock.
     """
 
-    def __init__(self, *, total_memory: int = 1 << 30, name: str = "Double GPU", device_count: int = 1,
-                 driver: bool = True, trt_version: str = "11.4.0.106", compute_capability: tuple[int, int] = (9, 0),
-                 driver_cuda_version: int = 13000, runtime_cuda_version: int = 13000, profile_sharing: bool = True,
-                 activation_bytes: int = 1 << 20, persistent_bytes: int = 0, require_set_device: bool = True,
-                 reset_recovers: bool = True, pinned_memory: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        total_memory: int = 1 << 30,
+        name: str = "Double GPU",
+        device_count: int = 1,
+        driver: bool = True,
+        trt_version: str = "11.4.0.106",
+        compute_capability: tuple[int, int] = (9, 0),
+        driver_cuda_version: int = 13000,
+        runtime_cuda_version: int = 13000,
+        profile_sharing: bool = True,
+        activation_bytes: int = 1 << 20,
+        persistent_bytes: int = 0,
+        require_set_device: bool = True,
+        reset_recovers: bool = True,
+        pinned_memory: int | None = None,
+    ) -> None:
         from .cuda_runtime import FakeCudaRuntime, FakeCudaUtils
         from .modules import trt_module
 
@@ -173,8 +186,9 @@ class FakeDevice:
 
     def require_device(self, what: str) -> None:
         if self.require_set_device and getattr(self._thread, "device", None) is None:
-            raise self.violate(f"{what} on thread {threading.current_thread().name!r}, which never called "
-                               "cudaSetDevice")
+            raise self.violate(
+                f"{what} on thread {threading.current_thread().name!r}, which never called cudaSetDevice"
+            )
 
     def set_current(self, device: int) -> None:
         self._thread.device = device
@@ -214,12 +228,17 @@ class FakeDevice:
         """cudaDeviceReset: every allocation and stream of the process on this device is destroyed. TensorRT
         objects made on the old context must be gone first (using them after is undefined)."""
         with self._lock:
-            live = {"runtimes": self.stats.runtimes_live, "engines": self.stats.engines_live,
-                    "contexts": self.stats.contexts_live}
+            live = {
+                "runtimes": self.stats.runtimes_live,
+                "engines": self.stats.engines_live,
+                "contexts": self.stats.contexts_live,
+            }
             live = {k: v for k, v in live.items() if v}
             if live:
-                raise self.violate(f"cudaDeviceReset while TensorRT objects of the old context are alive ({live}): "
-                                   "they hold its memory and would be used after it is destroyed")
+                raise self.violate(
+                    f"cudaDeviceReset while TensorRT objects of the old context are alive ({live}): "
+                    "they hold its memory and would be used after it is destroyed"
+                )
             for allocation in list(self._device.values()):
                 if allocation.kind != "consumed":
                     self.release(allocation)
@@ -324,13 +343,13 @@ class FakeDevice:
         allocation = self.find_device(pointer, nbytes)
         assert allocation is not None
         offset = pointer - allocation.base
-        return bytes(allocation.data[offset:offset + nbytes])
+        return bytes(allocation.data[offset : offset + nbytes])
 
     def write_device(self, pointer: int, data: bytes) -> None:
         allocation = self.find_device(pointer, len(data))
         assert allocation is not None
         offset = pointer - allocation.base
-        allocation.data[offset:offset + len(data)] = data
+        allocation.data[offset : offset + len(data)] = data
 
     # -- streams
 
@@ -364,7 +383,8 @@ class FakeDevice:
                 if others:
                     raise self.violate(
                         f"{op.description}: {allocation.kind} buffer 0x{allocation.base:x} is still used by work in "
-                        f"flight on stream 0x{others[0]:x}")
+                        f"flight on stream 0x{others[0]:x}"
+                    )
             for allocation in op.allocations:
                 allocation.pending[stream.handle] = allocation.pending.get(stream.handle, 0) + 1
             stream.queue.append(op)
@@ -418,20 +438,39 @@ class FakeDevice:
 
     # -- plans
 
-    def make_plan(self, *, inputs: Sequence[tuple[str, str, Sequence[int]]],
-                  outputs: Sequence[tuple[str, str, Sequence[int]]], function: str = "identity",
-                  profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
-                  weights_bytes: int = 1 << 20, activation_bytes: int | None = None, onnx: bytes | None = None,
-                  trt_version: str | None = None, device_name: str | None = None,
-                  compute_capability: tuple[int, int] | None = None, formats: Mapping[str, str] | None = None,
-                  host_tensors: Sequence[str] = (), data_dependent: Mapping[str, Sequence[int]] | None = None) -> bytes:
+    def make_plan(
+        self,
+        *,
+        inputs: Sequence[tuple[str, str, Sequence[int]]],
+        outputs: Sequence[tuple[str, str, Sequence[int]]],
+        function: str = "identity",
+        profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
+        weights_bytes: int = 1 << 20,
+        activation_bytes: int | None = None,
+        onnx: bytes | None = None,
+        trt_version: str | None = None,
+        device_name: str | None = None,
+        compute_capability: tuple[int, int] | None = None,
+        formats: Mapping[str, str] | None = None,
+        host_tensors: Sequence[str] = (),
+        data_dependent: Mapping[str, Sequence[int]] | None = None,
+    ) -> bytes:
         """A serialized engine for this device (plans.py describes the arguments)."""
         return plans.make_plan(
-            inputs=inputs, outputs=outputs, function=function, profiles=profiles, weights_bytes=weights_bytes,
-            activation_bytes=self.activation_bytes if activation_bytes is None else activation_bytes, onnx=onnx,
-            trt_version=trt_version or self.trt_version, device_name=device_name or self.name,
-            compute_capability=compute_capability or self.compute_capability, formats=formats or {},
-            host_tensors=host_tensors, data_dependent=data_dependent or {})
+            inputs=inputs,
+            outputs=outputs,
+            function=function,
+            profiles=profiles,
+            weights_bytes=weights_bytes,
+            activation_bytes=self.activation_bytes if activation_bytes is None else activation_bytes,
+            onnx=onnx,
+            trt_version=trt_version or self.trt_version,
+            device_name=device_name or self.name,
+            compute_capability=compute_capability or self.compute_capability,
+            formats=formats or {},
+            host_tensors=host_tensors,
+            data_dependent=data_dependent or {},
+        )
 
     def write_plan(self, path: Path | str, **kwargs: Any) -> Path:
         path = Path(path)
@@ -445,9 +484,14 @@ class FakeDevice:
         """Everything still allocated or alive (memory taken by `consume` excluded; a backend's cached Runtime is
         not counted: it lives as long as the backend); {} when clean."""
         stats = self.stats
-        found = {"engines": stats.engines_live, "contexts": stats.contexts_live,
-                 "streams": stats.streams_live, "device allocations": stats.device_allocations_live,
-                 "host allocations": stats.host_allocations_live, "pending operations": self.pending_operations()}
+        found = {
+            "engines": stats.engines_live,
+            "contexts": stats.contexts_live,
+            "streams": stats.streams_live,
+            "device allocations": stats.device_allocations_live,
+            "host allocations": stats.host_allocations_live,
+            "pending operations": self.pending_operations(),
+        }
         with self._lock:
             found["device bytes"] = self._used - sum(a.size for a in self._device.values() if a.kind == "consumed")
         return {k: v for k, v in found.items() if v}

@@ -21,17 +21,29 @@ def trt_module(device: FakeDevice, builder: bool) -> types.ModuleType:
     for name in ("Runtime", "ICudaEngine", "IExecutionContext"):
         setattr(module, name, type(name, (getattr(tensorrt_runtime, name),), dict(bound)))
     shared: tuple[Any, ...] = (
-        tensorrt_runtime.Logger, tensorrt_runtime.Dims, tensorrt_runtime.IOutputAllocator,
-        tensorrt_runtime.TensorIOMode, tensorrt_runtime.TensorLocation, tensorrt_runtime.DataType,
-        tensorrt_runtime.ExecutionContextAllocationStrategy, tensorrt_runtime.MemoryPoolType,
-        tensorrt_runtime.nptype, tensorrt_builder.IOptimizationProfile, tensorrt_builder.ITimingCache,
-        tensorrt_builder.IHostMemory)
+        tensorrt_runtime.Logger,
+        tensorrt_runtime.Dims,
+        tensorrt_runtime.IOutputAllocator,
+        tensorrt_runtime.TensorIOMode,
+        tensorrt_runtime.TensorLocation,
+        tensorrt_runtime.DataType,
+        tensorrt_runtime.ExecutionContextAllocationStrategy,
+        tensorrt_runtime.MemoryPoolType,
+        tensorrt_runtime.nptype,
+        tensorrt_builder.IOptimizationProfile,
+        tensorrt_builder.ITimingCache,
+        tensorrt_builder.IHostMemory,
+    )
     for value in shared:
         setattr(module, value.__name__, value)
     if builder:
         module.Builder = type("Builder", (tensorrt_builder.Builder,), dict(bound))  # type: ignore[attr-defined]
-        builder_only: tuple[Any, ...] = (tensorrt_builder.OnnxParser, tensorrt_builder.INetworkDefinition,
-                                         tensorrt_builder.ITensor, tensorrt_builder.IBuilderConfig)
+        builder_only: tuple[Any, ...] = (
+            tensorrt_builder.OnnxParser,
+            tensorrt_builder.INetworkDefinition,
+            tensorrt_builder.ITensor,
+            tensorrt_builder.IBuilderConfig,
+        )
         for value in builder_only:
             setattr(module, value.__name__, value)
     return module
@@ -41,9 +53,11 @@ def double_backend(cache_dir: Path | str | None = None, **device_options: Any):
     """A TensorRTBackend over a fresh FakeDevice: (backend, device). For tests and the gRPC-level test server
     only (see engine.tensorrt.create_backend)."""
     from engine.tensorrt.backend import TensorRTBackend
+
     from .device import FakeDevice
 
     device = FakeDevice(**device_options)
-    backend = TensorRTBackend(trt_module=device.trt, cudart_module=device.cudart,
-                              cuda_utils_module=device.cuda_utils, cache_dir=cache_dir)
+    backend = TensorRTBackend(
+        trt_module=device.trt, cudart_module=device.cudart, cuda_utils_module=device.cuda_utils, cache_dir=cache_dir
+    )
     return backend, device

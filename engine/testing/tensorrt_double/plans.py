@@ -36,8 +36,15 @@ FORMATS = ("LINEAR", "HWC") + tuple(VECTOR_WIDTH)
 
 def numpy_dtype(type_name: str) -> np.dtype:
     """numpy dtype of a TensorRT DataType name; TypeError for the types numpy lacks (FP8, INT4, FP4, E8M0)."""
-    table = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
-             "BOOL": np.bool_, "UINT8": np.uint8}
+    table = {
+        "FLOAT": np.float32,
+        "HALF": np.float16,
+        "INT8": np.int8,
+        "INT32": np.int32,
+        "INT64": np.int64,
+        "BOOL": np.bool_,
+        "UINT8": np.uint8,
+    }
     if type_name == "BF16":
         from engine.datatypes import bfloat16
 
@@ -65,8 +72,15 @@ class Tensor:
         return numpy_dtype(self.type_name).itemsize
 
 
-def _tensor_entry(name: str, type_name: str, shape: Sequence[int], is_input: bool, formats: Mapping[str, str],
-                  host_tensors: Sequence[str], data_dependent: Mapping[str, Sequence[int]]) -> dict:
+def _tensor_entry(
+    name: str,
+    type_name: str,
+    shape: Sequence[int],
+    is_input: bool,
+    formats: Mapping[str, str],
+    host_tensors: Sequence[str],
+    data_dependent: Mapping[str, Sequence[int]],
+) -> dict:
     tensor_format = formats.get(name, "LINEAR")
     if tensor_format not in FORMATS:
         raise ValueError(f"format {tensor_format!r} is not one of {FORMATS}")
@@ -75,15 +89,33 @@ def _tensor_entry(name: str, type_name: str, shape: Sequence[int], is_input: boo
     dims = [int(d) for d in data_dependent.get(name, ())]
     if dims and (is_input or any(shape[d] != -1 for d in dims)):
         raise ValueError(f"{name}: only -1 dimensions of outputs can be data-dependent")
-    return {"name": name, "type": type_name, "shape": [int(d) for d in shape], "input": is_input,
-            "format": tensor_format, "host": name in host_tensors, "data_dependent": dims}
+    return {
+        "name": name,
+        "type": type_name,
+        "shape": [int(d) for d in shape],
+        "input": is_input,
+        "format": tensor_format,
+        "host": name in host_tensors,
+        "data_dependent": dims,
+    }
 
 
-def make_plan(*, inputs: Sequence[tuple[str, str, Sequence[int]]], outputs: Sequence[tuple[str, str, Sequence[int]]],
-              function: str, profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]], weights_bytes: int,
-              activation_bytes: int, onnx: bytes | None, trt_version: str, device_name: str,
-              compute_capability: Sequence[int], formats: Mapping[str, str], host_tensors: Sequence[str],
-              data_dependent: Mapping[str, Sequence[int]]) -> bytes:
+def make_plan(
+    *,
+    inputs: Sequence[tuple[str, str, Sequence[int]]],
+    outputs: Sequence[tuple[str, str, Sequence[int]]],
+    function: str,
+    profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]],
+    weights_bytes: int,
+    activation_bytes: int,
+    onnx: bytes | None,
+    trt_version: str,
+    device_name: str,
+    compute_capability: Sequence[int],
+    formats: Mapping[str, str],
+    host_tensors: Sequence[str],
+    data_dependent: Mapping[str, Sequence[int]],
+) -> bytes:
     """Tensors are (name, DataType name, shape with -1); `profiles` give {input: (min, opt, max)} for each
     profile (default: one profile of the static input shapes); `formats` {name: format} (default LINEAR);
     `host_tensors` names shape tensors; `data_dependent` {output: [dimension, ...]}."""
@@ -96,10 +128,15 @@ def make_plan(*, inputs: Sequence[tuple[str, str, Sequence[int]]], outputs: Sequ
     tensors = [_tensor_entry(n, t, s, True, formats, host_tensors, data_dependent) for n, t, s in inputs]
     tensors += [_tensor_entry(n, t, s, False, formats, host_tensors, data_dependent) for n, t, s in outputs]
     description = {
-        "trt_version": trt_version, "device_name": device_name, "compute_capability": list(compute_capability),
-        "function": function, "onnx": base64.b64encode(onnx).decode() if onnx else None, "tensors": tensors,
+        "trt_version": trt_version,
+        "device_name": device_name,
+        "compute_capability": list(compute_capability),
+        "function": function,
+        "onnx": base64.b64encode(onnx).decode() if onnx else None,
+        "tensors": tensors,
         "profiles": [{name: [list(s) for s in shapes] for name, shapes in p.items()} for p in profiles],
-        "weights_bytes": weights_bytes, "activation_bytes": activation_bytes,
+        "weights_bytes": weights_bytes,
+        "activation_bytes": activation_bytes,
     }
     # A real plan carries the weights, so its size is about the weights' size; the filler stands for them.
     return PLAN_MAGIC + json.dumps(description, sort_keys=True).encode() + b"\n" + bytes(weights_bytes)
@@ -113,13 +150,16 @@ class Plan:
         self.trt_version: str = raw["trt_version"]
         self.device_name: str = raw["device_name"]
         self.compute_capability = tuple(raw["compute_capability"])
-        self.tensors = {t["name"]: Tensor(t["name"], t["type"], tuple(t["shape"]), t["input"], t["format"], t["host"],
-                                          tuple(t["data_dependent"])) for t in raw["tensors"]}
+        self.tensors = {
+            t["name"]: Tensor(
+                t["name"], t["type"], tuple(t["shape"]), t["input"], t["format"], t["host"], tuple(t["data_dependent"])
+            )
+            for t in raw["tensors"]
+        }
         self.order = [t["name"] for t in raw["tensors"]]
         self.inputs = [self.tensors[n] for n in self.order if self.tensors[n].is_input]
         self.outputs = [self.tensors[n] for n in self.order if not self.tensors[n].is_input]
-        self.profiles = [{name: tuple(tuple(s) for s in shapes) for name, shapes in p.items()}
-                         for p in raw["profiles"]]
+        self.profiles = [{name: tuple(tuple(s) for s in shapes) for name, shapes in p.items()} for p in raw["profiles"]]
         self.function: str = raw["function"]
         self.onnx = base64.b64decode(raw["onnx"]) if raw.get("onnx") else None
         self.weights_bytes = int(raw["weights_bytes"])
@@ -129,7 +169,7 @@ class Plan:
     def parse(data: bytes) -> Plan | None:
         if not data.startswith(PLAN_MAGIC):
             return None
-        return Plan(json.loads(data[len(PLAN_MAGIC):].split(b"\n", 1)[0]))
+        return Plan(json.loads(data[len(PLAN_MAGIC) :].split(b"\n", 1)[0]))
 
     @property
     def data_dependent(self) -> bool:
@@ -249,9 +289,12 @@ def _pad_channels(tensor: Tensor, array: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------- functions
 
 
-def output_shapes(plan: Plan, shapes: Mapping[str, tuple[int, ...]],
-                  run_onnx: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-                  probe_values: Mapping[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
+def output_shapes(
+    plan: Plan,
+    shapes: Mapping[str, tuple[int, ...]],
+    run_onnx: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+    probe_values: Mapping[str, Any] | None = None,
+) -> dict[str, tuple[int, ...]]:
     """Every output's shape for these input shapes, -1 in the dimensions only the data decides. Raises
     ShapeMismatch when the inputs do not fit each other. An ONNX model runs on zeros for it, except for the
     inputs `probe_values` gives a value."""
@@ -268,8 +311,7 @@ def output_shapes(plan: Plan, shapes: Mapping[str, tuple[int, ...]],
         found = {outputs[0].name: (len(shapes[inputs[0].name]), -1)}
     else:
         probe_values = probe_values or {}
-        zeros = {t.name: np.full(shapes[t.name], probe_values.get(t.name, 0), numpy_dtype(t.type_name))
-                 for t in inputs}
+        zeros = {t.name: np.full(shapes[t.name], probe_values.get(t.name, 0), numpy_dtype(t.type_name)) for t in inputs}
         try:
             found = {name: tuple(array.shape) for name, array in run_onnx(zeros).items()}
         except Exception as error:  # ONNX Runtime refuses shapes that do not fit: as TensorRT's inference would
@@ -280,8 +322,9 @@ def output_shapes(plan: Plan, shapes: Mapping[str, tuple[int, ...]],
     return found
 
 
-def compute(plan: Plan, arrays: dict[str, np.ndarray],
-            run_onnx: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def compute(
+    plan: Plan, arrays: dict[str, np.ndarray], run_onnx: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
     function, inputs, outputs = plan.function, plan.inputs, plan.outputs
     if function == "identity":
         return {out.name: arrays[inp.name] for inp, out in zip(inputs, outputs)}

@@ -22,8 +22,16 @@ TIMING_MAGIC = b"SLOTSERVE-TRT-DOUBLE-TIMING\n"
 # ONNX TensorProto element types the fake parser accepts.
 _DATA_DEPENDENT_OPS = frozenset({"NonZero", "NonMaxSuppression", "Unique", "Compress"})
 
-_ONNX_TYPES = {1: DataType.FLOAT, 10: DataType.HALF, 16: DataType.BF16, 3: DataType.INT8, 6: DataType.INT32,
-               7: DataType.INT64, 9: DataType.BOOL, 2: DataType.UINT8}
+_ONNX_TYPES = {
+    1: DataType.FLOAT,
+    10: DataType.HALF,
+    16: DataType.BF16,
+    3: DataType.INT8,
+    6: DataType.INT32,
+    7: DataType.INT64,
+    9: DataType.BOOL,
+    2: DataType.UINT8,
+}
 
 
 class IHostMemory(bytes):
@@ -37,8 +45,9 @@ class IHostMemory(bytes):
 class ITensor:
     """A network input or output as the parser made it."""
 
-    def __init__(self, name: str, dtype: DataType, shape: tuple[int, ...],
-                 data_dependent: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, name: str, dtype: DataType, shape: tuple[int, ...], data_dependent: tuple[int, ...] = ()
+    ) -> None:
         self._name, self._dtype, self._shape = name, dtype, shape
         self._data_dependent = data_dependent
 
@@ -130,20 +139,26 @@ class OnnxParser:
         # Shape inference also loses track of dimensions it cannot relate (broadcasting two symbols): only graphs
         # with an operator whose output size depends on the data get data-dependent dimensions.
         data_dependent_ops = any(node.op_type in _DATA_DEPENDENT_OPS for node in graph.node)
-        for values, target, is_input in ((graph.input, self._network._inputs, True),
-                                         (graph.output, self._network._outputs, False)):
+        for values, target, is_input in (
+            (graph.input, self._network._inputs, True),
+            (graph.output, self._network._outputs, False),
+        ):
             for value in values:
                 if value.name in initializers:
                     continue
                 dtype = _ONNX_TYPES.get(value.type.tensor_type.elem_type)
                 if dtype is None:
-                    self._errors.append(_ParserError(
-                        f"{value.name}: unsupported ONNX type {value.type.tensor_type.elem_type}"))
+                    self._errors.append(
+                        _ParserError(f"{value.name}: unsupported ONNX type {value.type.tensor_type.elem_type}")
+                    )
                     continue
                 dims = _dims(value)
                 shape = tuple(fixed if fixed is not None else -1 for fixed, _ in dims)
-                data_dependent = () if is_input or not data_dependent_ops else tuple(
-                    i for i, (fixed, symbol) in enumerate(dims) if fixed is None and symbol not in symbols)
+                data_dependent = (
+                    ()
+                    if is_input or not data_dependent_ops
+                    else tuple(i for i, (fixed, symbol) in enumerate(dims) if fixed is None and symbol not in symbols)
+                )
                 target.append(ITensor(value.name, dtype, shape, data_dependent))
         self._network._onnx = proto.SerializeToString()
         return not self._errors
@@ -172,8 +187,7 @@ class ITimingCache:
         self._foreign = foreign
 
     def serialize(self) -> IHostMemory:
-        body = {"device": self._device.name, "trt_version": self._device.trt_version,
-                "entries": sorted(self._entries)}
+        body = {"device": self._device.name, "trt_version": self._device.trt_version, "entries": sorted(self._entries)}
         return IHostMemory(TIMING_MAGIC + json.dumps(body).encode())
 
 
@@ -202,7 +216,7 @@ class IBuilderConfig:
         data = bytes(serialized_timing_cache)
         if not data.startswith(TIMING_MAGIC):
             return ITimingCache(self._device, set())
-        body = json.loads(data[len(TIMING_MAGIC):])
+        body = json.loads(data[len(TIMING_MAGIC) :])
         foreign = body["device"] != self._device.name or body["trt_version"] != self._device.trt_version
         return ITimingCache(self._device, set(body["entries"]), foreign)
 
@@ -246,7 +260,8 @@ class Builder(_Bound):
                 continue
             for shape in shapes:
                 if len(shape) != len(tensor.shape) or any(
-                        fixed >= 0 and d != fixed for d, fixed in zip(shape, tensor.shape)):
+                    fixed >= 0 and d != fixed for d, fixed in zip(shape, tensor.shape)
+                ):
                     return f"profile shape {list(shape)} does not fit {tensor.name} {list(tensor.shape)}"
             low, opt, high = shapes
             if any(not a <= b <= c for a, b, c in zip(low, opt, high)):
@@ -275,11 +290,17 @@ class Builder(_Bound):
             if digest in cache._entries:
                 device.stats.timing_cache_hits += 1
         cache._entries.add(digest)
-        profiles = [{t.name: p._shapes.get(t.name, (t.shape, t.shape, t.shape)) for t in network._inputs}
-                    for p in (config._profiles or [IOptimizationProfile()])]
+        profiles = [
+            {t.name: p._shapes.get(t.name, (t.shape, t.shape, t.shape)) for t in network._inputs}
+            for p in (config._profiles or [IOptimizationProfile()])
+        ]
         plan = device.make_plan(
             inputs=[(t.name, t.dtype.name, t.shape) for t in network._inputs],
             outputs=[(t.name, t.dtype.name, t.shape) for t in network._outputs],
-            function="onnx", onnx=network._onnx, profiles=profiles, weights_bytes=len(network._onnx),
-            data_dependent={t.name: t._data_dependent for t in network._outputs if t._data_dependent})
+            function="onnx",
+            onnx=network._onnx,
+            profiles=profiles,
+            weights_bytes=len(network._onnx),
+            data_dependent={t.name: t._data_dependent for t in network._outputs if t._data_dependent},
+        )
         return IHostMemory(plan)

@@ -168,8 +168,10 @@ class Runtime(_Bound):
     def __init__(self, logger: Any) -> None:
         device = self._fake
         if not device.usable:
-            raise device.violate("tensorrt.Runtime created without a usable CUDA device: the real one returns an "
-                                 "object that segfaults on first use (probe cudaGetDeviceCount first)")
+            raise device.violate(
+                "tensorrt.Runtime created without a usable CUDA device: the real one returns an "
+                "object that segfaults on first use (probe cudaGetDeviceCount first)"
+            )
         device.require_device("tensorrt.Runtime()")
         self.logger = logger
         with device._lock:
@@ -191,16 +193,28 @@ class Runtime(_Bound):
             log_error(self.logger, device, "deserialize_cuda_engine: not a plan")
             return None
         if plan.trt_version != device.trt_version:
-            log_error(self.logger, device, f"deserialize_cuda_engine: plan built by TensorRT {plan.trt_version}, "
-                                           f"this is {device.trt_version}")
+            log_error(
+                self.logger,
+                device,
+                f"deserialize_cuda_engine: plan built by TensorRT {plan.trt_version}, this is {device.trt_version}",
+            )
             return None
         if plan.compute_capability != device.compute_capability:
-            log_error(self.logger, device, f"deserialize_cuda_engine: plan built for compute capability "
-                                           f"{plan.compute_capability}, this GPU has {device.compute_capability}")
+            log_error(
+                self.logger,
+                device,
+                f"deserialize_cuda_engine: plan built for compute capability "
+                f"{plan.compute_capability}, this GPU has {device.compute_capability}",
+            )
             return None
         if plan.device_name != device.name:  # TensorRT only warns: same compute capability, another model
-            log_error(self.logger, device, f"deserialize_cuda_engine: plan built on {plan.device_name!r}, this is "
-                                           f"{device.name!r}; performance may differ", _Severity.WARNING)
+            log_error(
+                self.logger,
+                device,
+                f"deserialize_cuda_engine: plan built on {plan.device_name!r}, this is "
+                f"{device.name!r}; performance may differ",
+                _Severity.WARNING,
+            )
         weights = device.allocate(plan.weights_bytes, "weights")
         if weights is None:
             log_error(self.logger, device, "deserialize_cuda_engine: out of device memory")
@@ -315,8 +329,9 @@ class ICudaEngine(_Bound):
                 options = onnxruntime.SessionOptions()
                 options.intra_op_num_threads = 1
                 options.log_severity_level = 3
-                self._session = onnxruntime.InferenceSession(self._plan.onnx, options,
-                                                             providers=["CPUExecutionProvider"])
+                self._session = onnxruntime.InferenceSession(
+                    self._plan.onnx, options, providers=["CPUExecutionProvider"]
+                )
             session = self._session
         names = [t.name for t in self._plan.outputs]
         return dict(zip(names, session.run(names, arrays)))
@@ -372,7 +387,8 @@ class IExecutionContext(_Bound):
             if not self.context._guard.acquire(blocking=False):
                 raise self.context._fake.violate(
                     f"IExecutionContext.{self.name} while another thread is inside this context (a context is used "
-                    "by one thread at a time)")
+                    "by one thread at a time)"
+                )
             hook = self.context._fake.hooks.in_context_call
             if hook is not None:
                 try:
@@ -455,8 +471,10 @@ class IExecutionContext(_Bound):
     def set_output_allocator(self, name: str, output_allocator: Any) -> bool:
         with self._enter("set_output_allocator"):
             if output_allocator is not None and not getattr(output_allocator, "_trt_initialized", False):
-                raise TypeError("set_output_allocator(): incompatible function arguments (an IOutputAllocator whose "
-                                "__init__ did not call IOutputAllocator.__init__)")
+                raise TypeError(
+                    "set_output_allocator(): incompatible function arguments (an IOutputAllocator whose "
+                    "__init__ did not call IOutputAllocator.__init__)"
+                )
             tensor = self._engine._plan.tensors.get(name)
             if tensor is None or tensor.is_input:
                 return False
@@ -486,8 +504,11 @@ class IExecutionContext(_Bound):
     def infer_shapes(self) -> list[str]:
         with self._enter("infer_shapes"):
             plan = self._engine._plan
-            missing = [t.name for t in plan.inputs if t.name not in self._shapes or (
-                t.host and not self._addresses.get(t.name))]
+            missing = [
+                t.name
+                for t in plan.inputs
+                if t.name not in self._shapes or (t.host and not self._addresses.get(t.name))
+            ]
             if missing:
                 return missing
             try:
@@ -511,13 +532,17 @@ class IExecutionContext(_Bound):
         device.require_device("execute_async_v3")
         stream = device.stream(stream_handle, "execute_async_v3")
         if self._in_flight:
-            raise device.violate(f"execute_async_v3 on context {self._id} while its previous enqueue is still in "
-                                 "flight (synchronize its stream first)")
+            raise device.violate(
+                f"execute_async_v3 on context {self._id} while its previous enqueue is still in "
+                "flight (synchronize its stream first)"
+            )
         if not device.profile_sharing:
             for other in list(self._engine._contexts):
                 if other is not self and other._profile == self._profile:
-                    raise device.violate(f"contexts {self._id} and {other._id} share optimization profile "
-                                         f"{self._profile} (not allowed before TensorRT 8.6)")
+                    raise device.violate(
+                        f"contexts {self._id} and {other._id} share optimization profile "
+                        f"{self._profile} (not allowed before TensorRT 8.6)"
+                    )
         return stream
 
     def _buffer(self, tensor: plans.Tensor, address: int, shape: tuple[int, ...]) -> Allocation:
@@ -525,8 +550,10 @@ class IExecutionContext(_Bound):
         nbytes = plans.storage_bytes(tensor, shape)
         allocation = device.find_device(address, nbytes)
         if allocation is None:
-            raise device.violate(f"execute_async_v3: address 0x{address:x} of {tensor.name!r} is not device memory "
-                                 f"with {nbytes} bytes for shape {list(shape)} in format {tensor.format}")
+            raise device.violate(
+                f"execute_async_v3: address 0x{address:x} of {tensor.name!r} is not device memory "
+                f"with {nbytes} bytes for shape {list(shape)} in format {tensor.format}"
+            )
         return allocation
 
     def _enqueue(self, stream_handle: int) -> bool:
@@ -552,16 +579,21 @@ class IExecutionContext(_Bound):
                 return False
             if tensor.host:
                 if device.find_device(address, 1) is not None:
-                    raise device.violate(f"execute_async_v3: shape tensor {tensor.name!r} has a device address; "
-                                         "TensorRT reads shape tensors in host memory")
+                    raise device.violate(
+                        f"execute_async_v3: shape tensor {tensor.name!r} has a device address; "
+                        "TensorRT reads shape tensors in host memory"
+                    )
                 continue
             allocations.append(self._buffer(tensor, address, shapes[tensor.name]))
         for tensor in plan.outputs:
             if tensor.name in self._allocators:
                 continue
             if tensor.data_dependent:
-                log_error(None, device, f"execute_async_v3: output {tensor.name!r} has a data-dependent shape and "
-                                        "no IOutputAllocator")
+                log_error(
+                    None,
+                    device,
+                    f"execute_async_v3: output {tensor.name!r} has a data-dependent shape and no IOutputAllocator",
+                )
                 return False
             address = self._addresses.get(tensor.name, 0)
             if not address:
@@ -576,8 +608,9 @@ class IExecutionContext(_Bound):
         self._queue_run(stream, shapes, addresses, allocations, results=None)
         return True
 
-    def _enqueue_data_dependent(self, stream: Any, shapes: dict[str, tuple[int, ...]],
-                                allocations: list[Allocation]) -> bool:
+    def _enqueue_data_dependent(
+        self, stream: Any, shapes: dict[str, tuple[int, ...]], allocations: list[Allocation]
+    ) -> bool:
         """TensorRT synchronizes inside execute_async_v3 to learn the data-dependent sizes: the work queued so far
         (the input copies) runs now, the outputs are computed, then the allocator is asked for memory."""
         device = self._fake
@@ -593,8 +626,14 @@ class IExecutionContext(_Bound):
         self._queue_run(stream, shapes, addresses, allocations, results=results)
         return True
 
-    def _allocate_outputs(self, stream: Any, shapes: dict[str, tuple[int, ...]], addresses: dict[str, int],
-                          allocations: list[Allocation], results: dict[str, np.ndarray] | None) -> bool:
+    def _allocate_outputs(
+        self,
+        stream: Any,
+        shapes: dict[str, tuple[int, ...]],
+        addresses: dict[str, int],
+        allocations: list[Allocation],
+        results: dict[str, np.ndarray] | None,
+    ) -> bool:
         """Ask each output's allocator for memory (then tell it the shape). Sizes of data-dependent outputs are
         only known when `results` are."""
         device = self._fake
@@ -607,8 +646,9 @@ class IExecutionContext(_Bound):
                 log_error(None, device, f"execute_async_v3: the size of {tensor.name!r} is not known yet")
                 return False
             size = max(1, plans.storage_bytes(tensor, shape))
-            pointer = _call_allocator(device, allocator, tensor.name, addresses.get(tensor.name, 0), size,
-                                      int(stream.handle))
+            pointer = _call_allocator(
+                device, allocator, tensor.name, addresses.get(tensor.name, 0), size, int(stream.handle)
+            )
             if not pointer:
                 log_error(None, device, f"execute_async_v3: the output allocator gave no memory for {tensor.name!r}")
                 return False
@@ -629,12 +669,19 @@ class IExecutionContext(_Bound):
             if tensor.host:
                 continue
             nbytes = plans.storage_bytes(tensor, shapes[tensor.name])
-            arrays[tensor.name] = plans.from_storage(tensor, device.read_device(addresses[tensor.name], nbytes),
-                                                     shapes[tensor.name])
+            arrays[tensor.name] = plans.from_storage(
+                tensor, device.read_device(addresses[tensor.name], nbytes), shapes[tensor.name]
+            )
         return arrays
 
-    def _queue_run(self, stream: Any, shapes: dict[str, tuple[int, ...]], addresses: dict[str, int],
-                   allocations: list[Allocation], results: dict[str, np.ndarray] | None) -> None:
+    def _queue_run(
+        self,
+        stream: Any,
+        shapes: dict[str, tuple[int, ...]],
+        addresses: dict[str, int],
+        allocations: list[Allocation],
+        results: dict[str, np.ndarray] | None,
+    ) -> None:
         device, plan = self._fake, self._engine._plan
 
         def run() -> None:
@@ -646,8 +693,7 @@ class IExecutionContext(_Bound):
         def done() -> None:
             self._in_flight = False
 
-        device.enqueue(stream, Op(run, allocations, f"execute_async_v3 on context {self._id}", kernel=True,
-                                  done=done))
+        device.enqueue(stream, Op(run, allocations, f"execute_async_v3 on context {self._id}", kernel=True, done=done))
         self._in_flight = True
         with device._lock:
             device.stats.enqueues += 1

@@ -32,8 +32,9 @@ def _text(array: np.ndarray) -> list:
 def _identity(client: grpcclient.InferenceServerClient, data: np.ndarray) -> np.ndarray:
     tensor = grpcclient.InferInput("INPUT0", list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data)
-    result = client.infer("simple_identity", [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")],
-                          client_timeout=WAIT)
+    result = client.infer(
+        "simple_identity", [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")], client_timeout=WAIT
+    )
     return result.as_numpy("OUTPUT0")
 
 
@@ -56,7 +57,7 @@ def flow_string(address: str) -> dict:
             assert int(out0[0][i]) == in0[0][i] + in1[0][i], ("incorrect sum", i, out0[0][i])
             assert int(out1[0][i]) == in0[0][i] - in1[0][i], ("incorrect difference", i, out1[0][i])
 
-        with_nul = np.array(["he\x00llo".encode("utf-8") for _ in range(16)], dtype=np.object_).reshape(1, 16)
+        with_nul = np.array([b"he\x00llo" for _ in range(16)], dtype=np.object_).reshape(1, 16)
         echoed_nul = _identity(client, with_nul)
         assert np.array_equal(with_nul, echoed_nul), echoed_nul
 
@@ -64,8 +65,14 @@ def flow_string(address: str) -> dict:
         echoed_binary = _identity(client, binary)
         # the example's own comparison for a bytes_ input: decode the object output, encode again
         assert np.array_equal(binary, np.char.encode(echoed_binary.astype(str))), echoed_binary
-        return {"INPUT0": in0.tolist(), "INPUT1": in1.tolist(), "OUTPUT0": _text(out0), "OUTPUT1": _text(out1),
-                "identity_nul": _text(echoed_nul), "identity_binary": _text(echoed_binary)}
+        return {
+            "INPUT0": in0.tolist(),
+            "INPUT1": in1.tolist(),
+            "OUTPUT0": _text(out0),
+            "OUTPUT1": _text(out1),
+            "identity_nul": _text(echoed_nul),
+            "identity_binary": _text(echoed_binary),
+        }
     finally:
         client.close()
 
@@ -84,8 +91,10 @@ def _request(model: str, datatype: str, contents: str, in0: list, in1: list) -> 
 def _raw_outputs(response: service_pb2.ModelInferResponse, decode) -> list[np.ndarray]:
     """The outputs, by position, from raw_output_contents (the examples read them this way)."""
     assert len(response.outputs) == len(response.raw_output_contents) == 2, response
-    return [np.resize(decode(raw), list(output.shape))
-            for output, raw in zip(response.outputs, response.raw_output_contents)]
+    return [
+        np.resize(decode(raw), list(output.shape))
+        for output, raw in zip(response.outputs, response.raw_output_contents)
+    ]
 
 
 def flow_explicit_int8(address: str) -> dict:
@@ -98,11 +107,12 @@ def flow_explicit_int8(address: str) -> dict:
         rng = np.random.default_rng(20261201)
         extremes = rng.integers(-128, 128, size=16).tolist()
         extremes[:2] = [127, -128]
-        for label, in0, in1 in (("example", list(range(16)), [1] * 16),
-                                ("extremes", extremes, [1] * 16)):
+        for label, in0, in1 in (("example", list(range(16)), [1] * 16), ("extremes", extremes, [1] * 16)):
             response = stub.ModelInfer(_request("simple_int8", "INT8", "int_contents", in0, in1), timeout=WAIT)
             assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
-                ("OUTPUT0", "INT8", [1, 16]), ("OUTPUT1", "INT8", [1, 16])], response.outputs
+                ("OUTPUT0", "INT8", [1, 16]),
+                ("OUTPUT1", "INT8", [1, 16]),
+            ], response.outputs
             out0, out1 = _raw_outputs(response, lambda raw: np.frombuffer(raw, dtype=np.int8))
             expected0 = (np.array(in0, np.int8) + np.array(in1, np.int8)).tolist()
             expected1 = (np.array(in0, np.int8) - np.array(in1, np.int8)).tolist()
@@ -124,18 +134,24 @@ def flow_explicit_byte(address: str) -> dict:
     """grpc_explicit_byte_content_client.py: decimal text in `bytes_contents` through the raw stubs to
     simple_string, outputs deserialized from raw_output_contents with tritonclient.utils."""
     in0 = [str(i).encode("utf-8") for i in range(16)]
-    in1 = ["1".encode("utf-8")] * 16
+    in1 = [b"1"] * 16
     with grpc.insecure_channel(address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         response = stub.ModelInfer(_request("simple_string", "BYTES", "bytes_contents", in0, in1), timeout=WAIT)
     assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
-        ("OUTPUT0", "BYTES", [1, 16]), ("OUTPUT1", "BYTES", [1, 16])], response.outputs
+        ("OUTPUT0", "BYTES", [1, 16]),
+        ("OUTPUT1", "BYTES", [1, 16]),
+    ], response.outputs
     out0, out1 = _raw_outputs(response, utils.deserialize_bytes_tensor)
     for i in range(16):
         assert int(out0[0][i]) == i + 1, ("incorrect sum", i, out0[0][i])
         assert int(out1[0][i]) == i - 1, ("incorrect difference", i, out1[0][i])
-    return {"INPUT0": [e.decode() for e in in0], "INPUT1": [e.decode() for e in in1],
-            "OUTPUT0": _text(out0), "OUTPUT1": _text(out1)}
+    return {
+        "INPUT0": [e.decode() for e in in0],
+        "INPUT1": [e.decode() for e in in1],
+        "OUTPUT0": _text(out0),
+        "OUTPUT1": _text(out1),
+    }
 
 
 FLOWS = {"string": flow_string, "explicit_int8": flow_explicit_int8, "explicit_byte": flow_explicit_byte}

@@ -51,6 +51,7 @@ def check_simple(result, a: np.ndarray, b: np.ndarray) -> dict:
 
 # ---- cases ---------------------------------------------------------------------------------------------------
 
+
 def case_infer(client: grpcclient.InferenceServerClient) -> dict:
     """Sync infer with raw inputs (tritonclient always sends raw_input_contents)."""
     a, b = simple_inputs(3)
@@ -64,8 +65,13 @@ def case_infer(client: grpcclient.InferenceServerClient) -> dict:
     names = [output.name for output in only.get_response().outputs]
     assert names == ["OUTPUT1"], names
     np.testing.assert_array_equal(only.as_numpy("OUTPUT1"), a - b)
-    return {"full": full, "id": response.id, "model_version": response.model_version, "only_outputs": names,
-            "only_OUTPUT1": only.as_numpy("OUTPUT1").tolist()}
+    return {
+        "full": full,
+        "id": response.id,
+        "model_version": response.model_version,
+        "only_outputs": names,
+        "only_OUTPUT1": only.as_numpy("OUTPUT1").tolist(),
+    }
 
 
 def case_compressed(client: grpcclient.InferenceServerClient) -> dict:
@@ -86,8 +92,12 @@ def case_async(client: grpcclient.InferenceServerClient) -> dict:
         a, b = simple_inputs(index + 1)
         request_id = f"async-{index}"
         sent[request_id] = (a, b)
-        client.async_infer("simple", triton_inputs(a, b),
-                           callback=lambda result, error: answers.put((result, error)), request_id=request_id)
+        client.async_infer(
+            "simple",
+            triton_inputs(a, b),
+            callback=lambda result, error: answers.put((result, error)),
+            request_id=request_id,
+        )
     checked = {}
     for _ in sent:
         result, error = answers.get(timeout=WAIT)
@@ -109,8 +119,9 @@ def case_batched(client: grpcclient.InferenceServerClient, model: str, count: st
         request.set_data_from_numpy(rows)
         request_id = f"batched-{index}"
         sent[request_id] = rows
-        client.async_infer(model, [request], callback=lambda result, error: answers.put((result, error)),
-                           request_id=request_id)
+        client.async_infer(
+            model, [request], callback=lambda result, error: answers.put((result, error)), request_id=request_id
+        )
     received = {}
     for _ in sent:
         result, error = answers.get(timeout=WAIT)
@@ -133,9 +144,12 @@ def case_aio(address: str) -> dict:
             assert await client.is_server_live()
             assert await client.is_model_ready("simple")
             batches = [simple_inputs(size) for size in (1, 2, 5)]
-            results = await asyncio.gather(*(
-                client.infer("simple", triton_inputs(a, b, aioclient), request_id=f"aio-{i}")
-                for i, (a, b) in enumerate(batches)))
+            results = await asyncio.gather(
+                *(
+                    client.infer("simple", triton_inputs(a, b, aioclient), request_id=f"aio-{i}")
+                    for i, (a, b) in enumerate(batches)
+                )
+            )
             checked = {}
             for i, ((a, b), result) in enumerate(zip(batches, results)):
                 assert result.get_response().id == f"aio-{i}"
@@ -168,8 +182,13 @@ def case_explicit_int(address: str) -> dict:
         outputs[output.name] = np.frombuffer(raw, dtype="<i4").reshape(tuple(output.shape))
     np.testing.assert_array_equal(outputs["OUTPUT0"], a + b)
     np.testing.assert_array_equal(outputs["OUTPUT1"], a - b)
-    return {"INPUT0": a.tolist(), "INPUT1": b.tolist(), "OUTPUT0": outputs["OUTPUT0"].tolist(),
-            "OUTPUT1": outputs["OUTPUT1"].tolist(), "id": response.id}
+    return {
+        "INPUT0": a.tolist(),
+        "INPUT1": b.tolist(),
+        "OUTPUT0": outputs["OUTPUT0"].tolist(),
+        "OUTPUT1": outputs["OUTPUT1"].tolist(),
+        "id": response.id,
+    }
 
 
 def case_bytes(client: grpcclient.InferenceServerClient) -> dict:
@@ -199,8 +218,10 @@ def case_stream(address: str) -> dict:
             request_id = f"stream-{index}"
             if index == 2:
                 bad = np.ones((1, 16), dtype=np.float32)
-                inputs = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"),
-                          grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
+                inputs = [
+                    grpcclient.InferInput("INPUT0", [1, 16], "FP32"),
+                    grpcclient.InferInput("INPUT1", [1, 16], "FP32"),
+                ]
                 inputs[0].set_data_from_numpy(bad)
                 inputs[1].set_data_from_numpy(bad)
                 plan.append((request_id, None))
@@ -250,8 +271,11 @@ def _stream_error_id_echo(address: str) -> dict:
     assert second.error_message == "" and second.infer_response.id == "raw-ok", second
     out0 = np.frombuffer(second.infer_response.raw_output_contents[0], "<i4").reshape(1, 16)
     np.testing.assert_array_equal(out0, a + b)
-    return {"error_message": first.error_message, "error_id": first.infer_response.id,
-            "ok_id": second.infer_response.id}
+    return {
+        "error_message": first.error_message,
+        "error_id": first.infer_response.id,
+        "ok_id": second.infer_response.id,
+    }
 
 
 def case_config(client: grpcclient.InferenceServerClient) -> dict:
@@ -269,6 +293,7 @@ def case_config(client: grpcclient.InferenceServerClient) -> dict:
 
 def case_statistics(client: grpcclient.InferenceServerClient) -> dict:
     """get_inference_statistics before and after a known set of requests: the counts grow by exactly those."""
+
     def stats() -> dict:
         answer = client.get_inference_statistics("simple", as_json=True)
         [entry] = answer["model_stats"]
@@ -292,8 +317,13 @@ def case_statistics(client: grpcclient.InferenceServerClient) -> dict:
     assert failed == 1, "a request with the wrong datatype succeeded"
     after = stats()
     every = client.get_inference_statistics(as_json=True)  # no name: every model
-    return {"before": before, "after": after, "batches": batches, "failed": failed,
-            "all_models": sorted(entry["name"] for entry in every["model_stats"])}
+    return {
+        "before": before,
+        "after": after,
+        "batches": batches,
+        "failed": failed,
+        "all_models": sorted(entry["name"] for entry in every["model_stats"]),
+    }
 
 
 def case_index(client: grpcclient.InferenceServerClient) -> dict:
@@ -308,8 +338,9 @@ def case_control(client: grpcclient.InferenceServerClient) -> dict:
 
     client.unload_model("simple")
     steps["ready_after_unload"] = client.is_model_ready("simple")
-    steps["index_after_unload"] = {m["name"]: m.get("state", "") for m in
-                                   client.get_model_repository_index(as_json=True)["models"]}
+    steps["index_after_unload"] = {
+        m["name"]: m.get("state", "") for m in client.get_model_repository_index(as_json=True)["models"]
+    }
 
     client.load_model("simple")
     steps["ready_after_load"] = client.is_model_ready("simple")
@@ -351,8 +382,12 @@ FAILING_LOADS = {
     "not_json": ("simple", "invalid config"),
     "unknown_model": ("no_such_model", None),
     # Reads fine, but the model file has no such input: found only when the engine is checked against it.
-    "unknown_input": ("simple", json.dumps({"max_batch_size": 2, "input": [
-        {"name": "NO_SUCH_INPUT", "data_type": "TYPE_INT32", "dims": [16]}]})),
+    "unknown_input": (
+        "simple",
+        json.dumps(
+            {"max_batch_size": 2, "input": [{"name": "NO_SUCH_INPUT", "data_type": "TYPE_INT32", "dims": [16]}]}
+        ),
+    ),
 }
 
 
@@ -375,9 +410,12 @@ def case_failed_reload(client: grpcclient.InferenceServerClient) -> dict:
             infer = "ok"
         except InferenceServerException as failure:
             infer = f"{failure.status()}: {failure.message()}"
-        outcomes[label] = {"error": error, "ready_after": client.is_model_ready("simple"),
-                           "mbs_after": client.get_model_config("simple").config.max_batch_size,
-                           "infer_after": infer}
+        outcomes[label] = {
+            "error": error,
+            "ready_after": client.is_model_ready("simple"),
+            "mbs_after": client.get_model_config("simple").config.max_batch_size,
+            "infer_after": infer,
+        }
         if infer != "ok":  # put the serving model back so the next case starts from the same state
             client.load_model("simple", config=json.dumps({"max_batch_size": 4}))
     return outcomes
@@ -389,24 +427,31 @@ def case_metadata(client: grpcclient.InferenceServerClient) -> dict:
     server = client.get_server_metadata(as_json=True)
     model = client.get_model_metadata("simple", as_json=True)
     errors = {}
-    for label, call in (("metadata", lambda: client.get_model_metadata("no_such_model")),
-                        ("infer", lambda: client.infer("no_such_model", triton_inputs(*simple_inputs(1)))),
-                        ("config", lambda: client.get_model_config("no_such_model"))):
+    for label, call in (
+        ("metadata", lambda: client.get_model_metadata("no_such_model")),
+        ("infer", lambda: client.infer("no_such_model", triton_inputs(*simple_inputs(1)))),
+        ("config", lambda: client.get_model_config("no_such_model")),
+    ):
         try:
             call()
             errors[label] = None
         except InferenceServerException as error:
             errors[label] = {"status": str(error.status()), "message": error.message()}
-    return {"server": server, "model": model, "errors": errors,
-            "unknown_model_ready": client.is_model_ready("no_such_model")}
+    return {
+        "server": server,
+        "model": model,
+        "errors": errors,
+        "unknown_model_ready": client.is_model_ready("no_such_model"),
+    }
 
 
 def case_secure(address: str, ca: str, cert: str, key: str, inference_token: str, management_token: str) -> dict:
     """Mutual TLS plus tokens, with tritonclient's own options: ssl/root_certificates/private_key/
     certificate_chain (file paths) and per-call `headers`. Health needs no token; inference needs the inference
     token; repository control needs the management token."""
-    client = grpcclient.InferenceServerClient(address, ssl=True, root_certificates=ca, private_key=key,
-                                              certificate_chain=cert)
+    client = grpcclient.InferenceServerClient(
+        address, ssl=True, root_certificates=ca, private_key=key, certificate_chain=cert
+    )
     try:
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("simple")
         a, b = simple_inputs(2)
@@ -432,13 +477,19 @@ def case_secure(address: str, ca: str, cert: str, key: str, inference_token: str
 
 
 CASES = {
-    "infer": case_infer, "compressed": case_compressed, "async": case_async, "bytes": case_bytes,
-    "config": case_config, "statistics": case_statistics, "index": case_index, "control": case_control,
-    "failed_reload": case_failed_reload, "metadata": case_metadata,
+    "infer": case_infer,
+    "compressed": case_compressed,
+    "async": case_async,
+    "bytes": case_bytes,
+    "config": case_config,
+    "statistics": case_statistics,
+    "index": case_index,
+    "control": case_control,
+    "failed_reload": case_failed_reload,
+    "metadata": case_metadata,
 }
 CLIENT_CASES_WITH_ARGUMENTS = {"batched": case_batched}
-ADDRESS_CASES = {"aio": case_aio, "explicit_int": case_explicit_int, "stream": case_stream,
-                 "secure": case_secure}
+ADDRESS_CASES = {"aio": case_aio, "explicit_int": case_explicit_int, "stream": case_stream, "secure": case_secure}
 
 
 def main() -> None:

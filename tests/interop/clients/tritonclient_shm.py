@@ -56,8 +56,9 @@ def case_simple(client: grpcclient.InferenceServerClient) -> dict:
         for index, name in enumerate(("OUTPUT0", "OUTPUT1")):
             output = result.get_output(name)
             assert output is not None, f"{name} missing from the response"
-            found[name] = shm.get_contents_as_numpy(output_handle, utils.triton_to_np_dtype(output.datatype),
-                                                    output.shape, offset=index * size).copy()
+            found[name] = shm.get_contents_as_numpy(
+                output_handle, utils.triton_to_np_dtype(output.datatype), output.shape, offset=index * size
+            ).copy()
         np.testing.assert_array_equal(found["OUTPUT0"], a + b)
         np.testing.assert_array_equal(found["OUTPUT1"], a - b)
 
@@ -80,10 +81,15 @@ def case_simple(client: grpcclient.InferenceServerClient) -> dict:
         shm.destroy_shared_memory_region(input_handle)
     assert sorted(regions) == ["input_data", "output_data"], regions
     assert len(after) == 0
-    return {"INPUT0": a.tolist(), "INPUT1": b.tolist(), "OUTPUT0": found["OUTPUT0"].tolist(),
-            "OUTPUT1": found["OUTPUT1"].tolist(),
-            "status": {name: {"key": region["key"], "byte_size": int(region["byte_size"])}
-                       for name, region in regions.items()}}
+    return {
+        "INPUT0": a.tolist(),
+        "INPUT1": b.tolist(),
+        "OUTPUT0": found["OUTPUT0"].tolist(),
+        "OUTPUT1": found["OUTPUT1"].tolist(),
+        "status": {
+            name: {"key": region["key"], "byte_size": int(region["byte_size"])} for name, region in regions.items()
+        },
+    }
 
 
 def case_string(client: grpcclient.InferenceServerClient) -> dict:
