@@ -14,6 +14,7 @@ from engine.interface import CancelToken
 
 from .. import status_codes
 from ..auth import Access, Authenticator
+from ..core.errors import SHUTDOWN_CANCEL_REASON as SHUTDOWN  # noqa: F401 (re-exported for the servicers and server.py)
 from ..core.errors import ManagementDisabled, ServerBusy, ServiceError
 from ..core.outcomes import seen_by_client as as_client_error
 
