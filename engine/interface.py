@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -153,6 +153,55 @@ class BatchingSpec:
         return max(self.preferred_batch_sizes, default=0)
 
 
+@dataclass(frozen=True)
+class WarmupInput:
+    """One input of a warmup sample (config.pbtxt `model_warmup[].inputs`), checked when the model is read.
+
+    `data` says what the tensor holds: "zero" (every element zero, empty strings for BYTES), "random" (random
+    values), or "file" (`file`: the raw row-major bytes, BYTES elements each a 4-byte little-endian length and its
+    bytes, read from the model's `warmup/` folder; its size was checked against `shape`)."""
+
+    name: str
+    datatype: str  # KServe name, e.g. "FP32"
+    shape: tuple[int, ...]  # without the batch dimension of a batching model; every dimension fixed (>= 0)
+    data: str  # "zero", "random" or "file"
+    file: Path | None = None  # the resolved path when data == "file"
+
+
+@dataclass(frozen=True)
+class WarmupSample:
+    """One warmup request (config.pbtxt `model_warmup`), run `count` times (at least once).
+
+    `batch_size` is the leading dimension added to every input's shape on a batching model (1..max_batch_size);
+    on a model with max_batch_size 0 it is 1 and no dimension is added. Every required declared input of the
+    model has an entry; each entry names a declared input with its datatype and a shape its dims accept."""
+
+    name: str
+    batch_size: int
+    count: int
+    inputs: tuple[WarmupInput, ...]
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which numbered version folders a model serves (config.pbtxt `version_policy`; default: the latest one).
+
+    kind "latest": the `num_versions` highest; "all": every one; "specific": those in `versions` that exist."""
+
+    kind: str = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def select(self, available: Iterable[int]) -> tuple[int, ...]:
+        """The versions this policy serves out of `available`, highest first (possibly none)."""
+        present = sorted(set(available), reverse=True)
+        if self.kind == "all":
+            return tuple(present)
+        if self.kind == "specific":
+            return tuple(v for v in present if v in self.versions)
+        return tuple(present[: self.num_versions])
+
+
 def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
     return MappingProxyType(dict(value or {}))
 
@@ -179,6 +228,9 @@ class ModelSpec:
     instance_count: int | None = None
     parameters: Mapping[str, str] = field(default_factory=dict)
     batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
+    version_policy: VersionPolicy = VersionPolicy()  # today only the highest version is served
+    warmup: tuple[WarmupSample, ...] = ()  # read and checked; not run yet
+    response_cache: bool = False  # `response_cache { enable: true }`; no cache yet
     config: object = field(default=None, compare=False, repr=False)
     roots: ModelRoots | None = field(default=None, compare=False, repr=False)
 

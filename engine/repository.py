@@ -16,10 +16,12 @@ server's absolute paths.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
@@ -28,7 +30,7 @@ from generated import model_config_pb2
 
 from . import datatypes
 from .errors import ModelConfigError
-from .interface import BatchingSpec, ModelSpec, TensorSpec
+from .interface import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy, WarmupInput, WarmupSample
 
 _LOG = logging.getLogger(__name__)
 
@@ -132,21 +134,15 @@ def check_model_name(name: str) -> None:
 
 
 def parse_config_text(text: str, origin: str) -> model_config_pb2.ModelConfig:
-    """Parse config.pbtxt text. Unknown fields are skipped with a warning; other errors raise ModelConfigError."""
+    """Parse config.pbtxt text with Triton's whole ModelConfig message (proto/model_config.proto), so every valid
+    Triton configuration parses, list syntax included. A syntax error, or a field Triton's message does not have,
+    raises ModelConfigError with protobuf's line and column. What the fields ask for is judged afterwards
+    (`classify_fields`)."""
     config = model_config_pb2.ModelConfig()
     try:
         text_format.Parse(text, config)
-        return config
-    except text_format.ParseError as strict_error:
-        if "has no field named" not in str(strict_error):
-            raise ModelConfigError(f"{origin}: {strict_error}") from None
-        unknown = str(strict_error)
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(text, config, allow_unknown_field=True)
     except text_format.ParseError as error:
         raise ModelConfigError(f"{origin}: {error}") from None
-    _LOG.warning("%s: settings slotserve does not support were ignored (first: %s)", origin, unknown)
     return config
 
 
@@ -177,36 +173,207 @@ def _tensor_specs(entries, kind: str, origin: str) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
-def _refuse_unsupported_scheduling(config: model_config_pb2.ModelConfig, origin: str) -> None:
-    """Scheduling settings slotserve does not implement are refused by name, never skipped: a model that asks
-    for them would otherwise run with a behaviour it did not ask for."""
+class Treatment(StrEnum):
+    """What slotserve does with a field of config.pbtxt that is set."""
 
-    def refuse(field: str, why: str) -> None:
-        raise ModelConfigError(f"{origin}: {field} is not supported by slotserve ({why})")
+    APPLIED = "applied"
+    REFUSED = "refused"  # the model is not loaded: ModelConfigError names every refused field
+    IGNORED = "ignored"  # the model loads; one warning names every ignored field
 
-    if config.HasField("sequence_batching"):
-        refuse("sequence_batching", "stateful sequences are not implemented; use dynamic_batching or none")
-    if config.model_transaction_policy.decoupled:
-        refuse(
-            "model_transaction_policy.decoupled",
-            "every request gets one response, or a stream of them from a model that streams (ModelStreamInfer)",
-        )
-    if config.HasField("ensemble_scheduling"):
-        refuse("ensemble_scheduling", "ensembles are not implemented; call the models one after the other")
-    for tensor in config.input:
-        if tensor.allow_ragged_batch:
-            refuse(f"input '{tensor.name}' allow_ragged_batch", "ragged batching is not implemented")
-    if not config.HasField("dynamic_batching"):
-        return
-    batching = config.dynamic_batching
-    if batching.priority_levels or batching.default_priority_level:
-        refuse("dynamic_batching.priority_levels", "requests are served in arrival order, one level")
-    if batching.priority_queue_policy:
-        refuse("dynamic_batching.priority_queue_policy", "requests are served in arrival order, one level")
-    if batching.default_queue_policy.timeout_action != model_config_pb2.ModelQueuePolicy.REJECT:
-        refuse(
-            "dynamic_batching.default_queue_policy.timeout_action DELAY",
-            "a request whose admission timeout passes is refused (REJECT)",
+
+@dataclass(frozen=True)
+class FieldRule:
+    treatment: Treatment
+    reason: str  # for the docs table and the refusal or warning: what happens, and why
+
+
+def _applied(reason: str) -> FieldRule:
+    return FieldRule(Treatment.APPLIED, reason)
+
+
+def _refused(reason: str) -> FieldRule:
+    return FieldRule(Treatment.REFUSED, reason)
+
+
+def _ignored(reason: str) -> FieldRule:
+    return FieldRule(Treatment.IGNORED, reason)
+
+
+_RAGGED = "not supported: ragged batching is not implemented; requests batch only when their shapes stack"
+_SHAPE_AS_IS = "tensors travel in the model's own shape and layout"
+_ROUTING = "slots run where the backend runs them (TensorRT takes its device from the trt_device parameter)"
+
+# Every field of ModelConfig, by path (repeated fields without an index, maps as a whole). A path with entries
+# below it is a branch: its set subfields are judged one by one, and each must have an entry. A path without
+# entries below it judges its whole subtree. docs/model-repository.md's table is generated from this one
+# (`make docs`; tests/docs fails when they differ), and tests/unit checks that it covers the whole message.
+FIELDS: dict[str, FieldRule] = {
+    "name": _applied("must be the folder's name, or left out"),
+    "platform": _applied("selects the backend: onnxruntime_onnx or tensorrt_plan; 'ensemble' is not supported yet"),
+    "backend": _applied("onnxruntime, tensorrt or fixture (test backend); python is not supported yet"),
+    "runtime": _ignored("the backend chooses its own runtime library"),
+    "version_policy": _applied(
+        "only the highest version folder is served; a policy that selects any other version is refused "
+        "(several versions: not supported yet)"
+    ),
+    "max_batch_size": _applied("0: no batch dimension; N > 0: a leading batch dimension of 1..N rows"),
+    "input": _applied("declared inputs are checked against the model at load"),
+    "input.name": _applied("the input's name"),
+    "input.data_type": _applied("a TYPE_* other than TYPE_INVALID"),
+    "input.dims": _applied("positive, or -1 for a variable dimension"),
+    "input.optional": _applied("the request may leave the input out"),
+    "input.allow_ragged_batch": _refused(_RAGGED),
+    "input.format": _ignored(_SHAPE_AS_IS),
+    "input.reshape": _ignored(_SHAPE_AS_IS),
+    "input.is_shape_tensor": _ignored("shape tensors are passed as ordinary inputs"),
+    "input.is_non_linear_format_io": _ignored(_SHAPE_AS_IS),
+    "output": _applied("declared outputs are checked against the model at load"),
+    "output.name": _applied("the output's name"),
+    "output.data_type": _applied("a TYPE_* other than TYPE_INVALID"),
+    "output.dims": _applied("positive, or -1 for a variable dimension"),
+    "output.reshape": _ignored(_SHAPE_AS_IS),
+    "output.label_filename": _ignored(
+        "classification outputs are not produced (a request asking for `classification` is refused)"
+    ),
+    "output.is_shape_tensor": _ignored("shape tensors are returned as ordinary outputs"),
+    "output.is_non_linear_format_io": _ignored(_SHAPE_AS_IS),
+    "batch_input": _refused(_RAGGED),
+    "batch_output": _refused(_RAGGED),
+    "optimization": _ignored(
+        "backend optimization settings (graph level, priority, CUDA graphs, execution accelerators, pinned "
+        "memory, gather kernel, eager batching) are not applied; ONNX Runtime and TensorRT take theirs from "
+        "`parameters`"
+    ),
+    "dynamic_batching": _applied(
+        "queued requests that stack run as one engine call (ignored when max_batch_size is 0)"
+    ),
+    "dynamic_batching.preferred_batch_size": _applied("a delayed batch goes once it reaches one of these sizes"),
+    "dynamic_batching.max_queue_delay_microseconds": _applied("how long a free slot waits for its batch to grow"),
+    "dynamic_batching.preserve_ordering": _applied("every request gets its own response, in order"),
+    "dynamic_batching.priority_levels": _refused("not supported: requests are served in arrival order, one level"),
+    "dynamic_batching.default_priority_level": _refused(
+        "not supported: requests are served in arrival order, one level"
+    ),
+    "dynamic_batching.priority_queue_policy": _refused(
+        "not supported: requests are served in arrival order, one level"
+    ),
+    "dynamic_batching.default_queue_policy": _applied("the model's queue limit and admission timeout"),
+    "dynamic_batching.default_queue_policy.max_queue_size": _applied("this model's queue limit"),
+    "dynamic_batching.default_queue_policy.default_timeout_microseconds": _applied("this model's admission timeout"),
+    "dynamic_batching.default_queue_policy.allow_timeout_override": _applied(
+        "whether a request's `timeout` may shorten it"
+    ),
+    "dynamic_batching.default_queue_policy.timeout_action": _refused(
+        "not supported: timeout_action DELAY; a request whose admission timeout passes is refused (REJECT)"
+    ),
+    "sequence_batching": _refused("not supported yet: stateful sequences are not implemented"),
+    "ensemble_scheduling": _refused("not supported yet: ensembles are not implemented"),
+    "instance_group": _applied("the first group's count is the slot count"),
+    "instance_group.count": _applied(
+        "the model's slot count (1..16, with --parallel-jobs); a later group's count is ignored"
+    ),
+    "instance_group.name": _ignored("slots are named by their model"),
+    "instance_group.kind": _ignored(_ROUTING),
+    "instance_group.gpus": _ignored(_ROUTING),
+    "instance_group.host_policy": _ignored(_ROUTING),
+    "instance_group.profile": _ignored("TensorRT profiles come from the trt_* parameters"),
+    "instance_group.rate_limiter": _refused("not supported: slots are not rate limited by resources"),
+    "instance_group.secondary_devices": _refused("not supported: slots use no secondary devices"),
+    "instance_group.passive": _refused("not supported: every slot takes requests"),
+    "default_model_filename": _applied("the model file's name in the version folder"),
+    "cc_model_filenames": _ignored("one model file serves every device"),
+    "metric_tags": _ignored("metrics are labelled by model only"),
+    "parameters": _applied("backend settings, `string_value` each"),
+    "model_warmup": _ignored("read and checked against the inputs and the warmup/ folder; not run yet"),
+    "model_operations": _refused("not supported: custom operation libraries are not loaded"),
+    "model_transaction_policy": _applied("decoupled: false is the only policy"),
+    "model_transaction_policy.decoupled": _refused(
+        "not supported: every request gets one response, or a stream of them from a model that streams "
+        "(ModelStreamInfer)"
+    ),
+    "model_repository_agents": _refused("not supported: repository agents are not run"),
+    "response_cache": _ignored("read; no response cache yet, every request runs"),
+}
+
+
+@dataclass(frozen=True)
+class Classified:
+    """The set fields of one configuration that were refused or ignored, each as (path, reason)."""
+
+    refused: tuple[tuple[str, str], ...]
+    ignored: tuple[tuple[str, str], ...]
+
+
+def _is_map(field) -> bool:
+    return field.message_type is not None and field.message_type.GetOptions().map_entry
+
+
+def _is_branch(path: str) -> bool:
+    prefix = path + "."
+    return any(key.startswith(prefix) for key in FIELDS)
+
+
+def rule_for(path: str) -> FieldRule | None:
+    """The rule of `path` (no indices): its own entry, or that of the nearest ancestor that is not a branch."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        key = ".".join(parts[:end])
+        rule = FIELDS.get(key)
+        if rule is not None:
+            return rule if end == len(parts) or not _is_branch(key) else None
+    return None
+
+
+def classify_fields(config: model_config_pb2.ModelConfig) -> Classified:
+    """Judge every set field of `config` by FIELDS: the refused and ignored ones with their paths
+    (`instance_group[0].rate_limiter`). Pure; never raises."""
+    refused: list[tuple[str, str]] = []
+    ignored: list[tuple[str, str]] = []
+
+    def visit(message, path: str, shown: str) -> None:
+        for field, value in message.ListFields():
+            key = f"{path}.{field.name}" if path else field.name
+            label = f"{shown}.{field.name}" if shown else field.name
+            rule = rule_for(key)
+            if rule is None:  # a field the table has no word for: never applied silently
+                ignored.append((label, "slotserve does not know this field"))
+                continue
+            if key == "instance_group.count" and not label.startswith("instance_group[0]."):
+                ignored.append((label, "only the first instance group sets the slot count"))
+                continue
+            if rule.treatment is Treatment.REFUSED:
+                refused.append((label, rule.reason))
+            elif rule.treatment is Treatment.IGNORED:
+                ignored.append((label, rule.reason))
+            elif _is_branch(key) and not _is_map(field):
+                if field.is_repeated:
+                    for index, item in enumerate(value):
+                        visit(item, key, f"{label}[{index}]")
+                else:
+                    visit(value, key, label)
+
+    visit(config, "", "")
+    return Classified(tuple(refused), tuple(ignored))
+
+
+def _judge_fields(
+    config: model_config_pb2.ModelConfig, origin: str, more_refused: Iterable[tuple[str, str]] = ()
+) -> None:
+    """Raise ModelConfigError naming every refused field of `config`; log one warning naming every ignored one.
+    A model that asks for what slotserve does not do is refused rather than run with a behaviour it did not ask
+    for; settings that only tune (or describe) are ignored, and said so."""
+    judged = classify_fields(config)
+    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
+        ignored = (*judged.ignored, ("dynamic_batching", "max_batch_size is 0, so there is no batch dimension"))
+    else:
+        ignored = judged.ignored
+    refused = (*judged.refused, *more_refused)
+    if refused:
+        listed = "; ".join(f"{path}: {reason}" for path, reason in refused)
+        raise ModelConfigError(f"{origin}: configuration refused: {listed}")
+    if ignored:
+        _LOG.warning(
+            "%s: settings ignored: %s", origin, "; ".join(f"{path} ignored: {reason}" for path, reason in ignored)
         )
 
 
@@ -219,11 +386,7 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
     if not config.HasField("dynamic_batching"):
         return None
     if config.max_batch_size == 0:
-        _LOG.warning(
-            "%s: dynamic_batching ignored: max_batch_size is 0, so requests have no batch dimension to stack along",
-            origin,
-        )
-        return None
+        return None  # _judge_fields warns: there is no batch dimension to stack along
     block = config.dynamic_batching
     preferred = sorted(set(int(size) for size in block.preferred_batch_size))
     for size in preferred:
@@ -251,6 +414,23 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
     )
 
 
+# Backends and platforms of Triton that slotserve will build, refused by name until then.
+_NOT_YET = {
+    "backend": {"python": "the python backend is not supported yet"},
+    "platform": {"ensemble": "ensembles are not supported yet"},
+}
+
+
+def _not_yet(config: model_config_pb2.ModelConfig) -> list[tuple[str, str]]:
+    """(field, reason) for a backend or platform of Triton's that slotserve does not run yet."""
+    found = []
+    for field, names in _NOT_YET.items():
+        value = getattr(config, field)
+        if value in names:
+            found.append((f"{field} '{value}'", f"not supported yet: {names[value]}"))
+    return found
+
+
 def _select_backend(config: model_config_pb2.ModelConfig, version_dir: Path | None, origin: str) -> str:
     if config.backend:
         if config.backend not in KNOWN_BACKENDS:
@@ -273,12 +453,46 @@ def _select_backend(config: model_config_pb2.ModelConfig, version_dir: Path | No
     raise ModelConfigError(f"{origin}: no backend or platform set and no model.onnx or model.plan found")
 
 
-def _latest_version(directory: Path) -> tuple[str, Path | None]:
-    versions = sorted((int(p.name), p) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
-    if not versions:
-        return "1", None
-    number, path = versions[-1]
-    return str(number), path
+def _version_folders(directory: Path | None) -> dict[int, Path]:
+    """The numbered version folders of a model directory, by number."""
+    if directory is None:
+        return {}
+    return {int(p.name): p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()}
+
+
+def _version_policy(config: model_config_pb2.ModelConfig, origin: str) -> VersionPolicy:
+    """config.pbtxt's `version_policy` (default: the latest one). Raises ModelConfigError for num_versions 0."""
+    if not config.HasField("version_policy"):
+        return VersionPolicy()
+    block = config.version_policy
+    choice = block.WhichOneof("policy_choice")
+    if choice == "all":
+        return VersionPolicy(kind="all")
+    if choice == "specific":
+        return VersionPolicy(kind="specific", versions=tuple(sorted(set(int(v) for v in block.specific.versions))))
+    count = block.latest.num_versions if choice == "latest" else 1
+    if count < 1:
+        raise ModelConfigError(f"{origin}: version_policy.latest.num_versions must be at least 1, got {count}")
+    return VersionPolicy(kind="latest", num_versions=count)
+
+
+def _version_refusals(policy: VersionPolicy, folders: dict[int, Path]) -> list[tuple[str, str]]:
+    """Today one version is served, the highest folder: a policy that selects any other is refused by name."""
+    if not folders:
+        return []
+    highest = max(folders)
+    selected = policy.select(folders)
+    if not selected:
+        return [("version_policy", f"selects none of the version folders {sorted(folders)}")]
+    if selected != (highest,):
+        return [
+            (
+                "version_policy",
+                f"selects versions {sorted(selected)}: not supported yet: only the highest version folder "
+                f"({highest}) is served",
+            )
+        ]
+    return []
 
 
 def spec_from_config(
@@ -297,9 +511,11 @@ def spec_from_config(
         raise ModelConfigError(f"{origin}: config.pbtxt names the model '{config.name}'")
     if config.max_batch_size < 0:
         raise ModelConfigError(f"{origin}: max_batch_size must be >= 0, got {config.max_batch_size}")
-    _refuse_unsupported_scheduling(config, origin)
+    folders = _version_folders(directory)
+    policy = _version_policy(config, origin)
+    _judge_fields(config, origin, [*_not_yet(config), *_version_refusals(policy, folders)])
     batching = _batching_spec(config, origin)
-    version, version_dir = _latest_version(directory) if directory is not None else ("1", None)
+    version, version_dir = (str(max(folders)), folders[max(folders)]) if folders else ("1", None)
     if backend:
         if backend not in KNOWN_BACKENDS:
             raise ModelConfigError(f"{origin}: unknown backend '{backend}'; slotserve has {', '.join(KNOWN_BACKENDS)}")
@@ -321,6 +537,7 @@ def spec_from_config(
     final.name = name
     final.backend = backend
     final.platform = config.platform or _BACKEND_PLATFORM[backend]
+    inputs = _tensor_specs(config.input, "input", origin)
     return ModelSpec(
         name=name,
         backend=backend,
@@ -329,14 +546,110 @@ def spec_from_config(
         model_file=model_file,
         platform=final.platform,
         max_batch_size=int(config.max_batch_size),
-        inputs=_tensor_specs(config.input, "input", origin),
+        inputs=inputs,
         outputs=_tensor_specs(config.output, "output", origin),
         instance_count=instance_count,
         parameters={key: value.string_value for key, value in config.parameters.items()},
         batching=batching,
+        version_policy=policy,
+        warmup=_warmup_samples(config, inputs, directory, roots, origin),
+        response_cache=config.response_cache.enable,
         config=final,
         roots=roots,
     )
+
+
+WARMUP_FOLDER = "warmup"  # a model's warmup input files, as in Triton
+
+
+def _warmup_samples(
+    config: model_config_pb2.ModelConfig,
+    inputs: tuple[TensorSpec, ...],
+    directory: Path | None,
+    roots: ModelRoots,
+    origin: str,
+) -> tuple[WarmupSample, ...]:
+    """config.pbtxt's `model_warmup`, checked: batch size within the model's, every input named, typed and shaped
+    as the declared inputs (when the configuration declares them; otherwise the load checks), every required
+    declared input given, each data file inside the model's warmup/ folder with the size its shape needs.
+    Raises ModelConfigError naming the sample and the input."""
+    samples = []
+    for index, block in enumerate(config.model_warmup):
+        where = f"{origin}: model_warmup[{index}]"
+        if not block.name:
+            raise ModelConfigError(f"{where} has no name")
+        where = f"{where} '{block.name}'"
+        batch = int(block.batch_size)
+        limit = config.max_batch_size if config.max_batch_size > 0 else 1
+        if not 1 <= batch <= limit:
+            raise ModelConfigError(f"{where}: batch_size must be 1..{limit} (max_batch_size {config.max_batch_size})")
+        if not block.inputs:
+            raise ModelConfigError(f"{where} has no inputs")
+        given = tuple(
+            _warmup_input(key, block.inputs[key], inputs, directory, roots, f"{where}: input '{key}'")
+            for key in sorted(block.inputs)
+        )
+        missing = [t.name for t in inputs if not t.optional and t.name not in block.inputs]
+        if missing:
+            raise ModelConfigError(f"{where}: no data for the model's inputs {missing}")
+        samples.append(WarmupSample(block.name, batch, max(1, int(block.count)), given))
+    return tuple(samples)
+
+
+def _warmup_input(
+    name: str, block, declared: tuple[TensorSpec, ...], directory: Path | None, roots: ModelRoots, where: str
+) -> WarmupInput:
+    config_name = model_config_pb2.DataType.Name(block.data_type)
+    datatype = datatypes.BY_CONFIG_NAME.get(config_name)
+    if datatype is None:
+        raise ModelConfigError(f"{where} has no valid data_type ({config_name})")
+    shape = tuple(int(d) for d in block.dims)
+    if any(d < 0 for d in shape):
+        raise ModelConfigError(f"{where}: dims {list(shape)} must all be given (>= 0)")
+    if declared:
+        spec = next((t for t in declared if t.name == name), None)
+        if spec is None:
+            raise ModelConfigError(f"{where}: the model has no such input; it takes {[t.name for t in declared]}")
+        if spec.datatype != datatype.name:
+            raise ModelConfigError(f"{where} has data_type {config_name}; the input is {spec.datatype}")
+        if len(spec.shape) != len(shape) or any(
+            want not in (-1, got) for got, want in zip(shape, spec.shape, strict=True)
+        ):
+            raise ModelConfigError(f"{where} has dims {list(shape)}; the input's dims are {list(spec.shape)}")
+    choice = block.WhichOneof("input_data_type")
+    if choice is None:
+        raise ModelConfigError(f"{where}: set one of zero_data, random_data, input_data_file")
+    if choice != "input_data_file":
+        return WarmupInput(name, datatype.name, shape, "zero" if choice == "zero_data" else "random")
+    if directory is None:
+        raise ModelConfigError(f"{where}: input_data_file needs a model directory")
+    folder = (directory / WARMUP_FOLDER).resolve()
+    path = roots.resolve(block.input_data_file, "input_data_file", origin=where, base=folder)
+    if folder not in path.parents:
+        raise ModelConfigError(f"{where}: input_data_file '{block.input_data_file}' must be inside {WARMUP_FOLDER}/")
+    if not path.is_file():
+        raise ModelConfigError(f"{where}: input_data_file {roots.shown(path)} not found")
+    _check_warmup_file(path.read_bytes(), datatype, shape, f"{where}: input_data_file {roots.shown(path)}")
+    return WarmupInput(name, datatype.name, shape, "file", path)
+
+
+def _check_warmup_file(data: bytes, datatype: datatypes.DataType, shape: tuple[int, ...], where: str) -> None:
+    """Raise ModelConfigError unless `data` holds exactly one tensor of `shape`: elements x itemsize bytes, or for
+    BYTES that many 4-byte little-endian lengths each followed by its bytes."""
+    elements = math.prod(shape)
+    if datatype.itemsize:
+        if len(data) != elements * datatype.itemsize:
+            raise ModelConfigError(
+                f"{where} has {len(data)} bytes; {list(shape)} {datatype.name} takes {elements * datatype.itemsize}"
+            )
+        return
+    offset = 0
+    for _ in range(elements):
+        if offset + 4 > len(data):
+            raise ModelConfigError(f"{where} ends before its {elements} BYTES elements do")
+        offset += 4 + int.from_bytes(data[offset : offset + 4], "little")
+    if offset != len(data):
+        raise ModelConfigError(f"{where} does not hold exactly {elements} BYTES elements ({len(data)} bytes)")
 
 
 def _model_file(

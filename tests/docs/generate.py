@@ -9,6 +9,8 @@ of the page is written by hand.
 * docs/behaviour.md, `cells`: every cell of tests/contract/cells.tsv, with the contract's situation, what slotserve
   does (tests/contract/behaviour.tsv, our words) and the tests marked with the cell (`@pytest.mark.cell`, as
   pytest collects them: tests/docs/cell_marks.py), cells marked improved or not applicable shown as such.
+* docs/model-repository.md, `config-fields`: every entry of engine/repository.py's FIELDS table (each config.pbtxt
+  field applied, refused or ignored, and why).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 COMMAND_LINE_PAGE = DOCS / "command-line.md"
 BEHAVIOUR_PAGE = DOCS / "behaviour.md"
+MODEL_REPOSITORY_PAGE = DOCS / "model-repository.md"
 BEHAVIOUR_WORDS = ROOT / "tests" / "contract" / "behaviour.tsv"
 
 
@@ -255,7 +258,27 @@ def behaviour_page(text: str, marks: dict[str, list[str]] | None = None) -> str:
 
 # ---- make docs --------------------------------------------------------------------------------------------------
 
-PAGES = {COMMAND_LINE_PAGE: command_line_page, BEHAVIOUR_PAGE: behaviour_page}
+# ---- docs/model-repository.md: every config.pbtxt field (engine/repository.py FIELDS) ------------------------
+
+
+def config_fields_table() -> str:
+    """One row per entry of engine.repository.FIELDS, in its order: the field, applied/refused/ignored, why."""
+    from engine.repository import FIELDS
+
+    rows = ["| field | slotserve | what happens |", "|---|---|---|"]
+    rows += [f"| `{path}` | {rule.treatment.value} | {cell(rule.reason)} |" for path, rule in FIELDS.items()]
+    return "\n".join(rows) + "\n"
+
+
+def model_repository_page(text: str) -> str:
+    return with_part(text, "config-fields", config_fields_table(), MODEL_REPOSITORY_PAGE)
+
+
+PAGES = {
+    COMMAND_LINE_PAGE: command_line_page,
+    BEHAVIOUR_PAGE: behaviour_page,
+    MODEL_REPOSITORY_PAGE: model_repository_page,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
