@@ -107,6 +107,17 @@ class ModelNotLoadedYet(ServiceError):
     error_reason = "model_not_loaded"
 
 
+class ModelConfigFailed(ModelNotLoadedYet):
+    """A repository model whose configuration could not be read or was refused: it stays listed (RepositoryIndex)
+    with its reason, and a request for it gets UNAVAILABLE naming the reason rather than "unknown model"."""
+
+    error_reason = "model_not_loaded"
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"model '{name}' failed to load: {reason}")
+        self.model = name
+
+
 class ModelLoadFailed(ServiceError):
     """A request needed the model loaded and the load failed. Wraps the engine error's message."""
 

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import queue
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from engine.interface import CancelToken, ModelSpec
 from engine.repository import ModelRepository, check_model_name
 
 from .admission import Ticket, TicketKind, TicketState, refusal_error
-from .errors import InvalidRequest, ModelNotFound, RequestCancelled, UnsupportedSlotCount
+from .errors import InvalidRequest, ModelConfigFailed, ModelNotFound, RequestCancelled, UnsupportedSlotCount
 from .lifecycle import ModelEntry, ModelSettings, ModelStatus, SharedRuntime
 from .residency import retire_if_idle
 
@@ -63,18 +64,38 @@ class ModelRegistry:
         self.repository = repository
         self.runtime = runtime
         self.policy = policy or RegistryPolicy()
-        self._lock = threading.Lock()  # guards: _entries
+        self._lock = threading.Lock()  # guards: _entries, _failed
         self._entries: dict[str, ModelEntry] = {}
+        # Repository models with no entry because their configuration could not be read or was refused: the
+        # reason, until a registration of the name succeeds.
+        self._failed: dict[str, str] = {}
         self._bulk_lock = threading.Lock()  # serializes bulk barrier publication only
 
     # ---- lookup ---------------------------------------------------------------------------------------------
 
     def get(self, name: str) -> ModelEntry:
-        """The entry of `name`. Raises ModelNotFound."""
+        """The entry of `name`. Raises ModelConfigFailed for a repository model whose configuration failed (with
+        its reason), ModelNotFound for any other unknown name."""
         entry = self._entries.get(name)  # a dict read is atomic; entries are never removed
         if entry is None:
+            reason = self._failed.get(name)
+            if reason is not None:
+                raise ModelConfigFailed(name, reason)
             raise ModelNotFound(name)
         return entry
+
+    def unregistered_reason(self, name: str) -> str:
+        """Why repository model `name` has no entry: "failed to load: <reason>", or "not registered"."""
+        reason = self._failed.get(name)
+        return f"failed to load: {reason}" if reason is not None else "not registered"
+
+    def _note_failure(self, name: str, error: Exception) -> None:
+        """Remember why repository model `name` (no entry) could not be registered, its own name cut from the
+        message (ModelConfigFailed names it)."""
+        reason = re.sub(rf"^model '{re.escape(name)}'(?: \(([^)]*)\))?: ", r"\1: ", str(error)).removeprefix(": ")
+        with self._lock:
+            if name not in self._entries:
+                self._failed[name] = reason
 
     def entries(self) -> list[ModelEntry]:
         with self._lock:
@@ -212,12 +233,19 @@ class ModelRegistry:
                 ticket = entry.admission.arrive_locked(TicketKind.MANAGER, None)
             assert ticket.state is TicketState.GRANTED
             self._entries[spec.name] = entry
+            self._failed.pop(spec.name, None)  # its configuration is good now
             return entry, ticket
 
     def load(self, name: str, *, config_json: str = "", cancel: CancelToken | None = None) -> ModelStatus:
         """Triton's RepositoryModelLoad: (re)read the model from the repository, with an optional JSON config
-        override, and load it through the same path as register."""
-        return self.register(Registration(name=name, config_json=config_json), cancel=cancel)
+        override, and load it through the same path as register. A repository model that has no entry and
+        still fails keeps failing with the new reason."""
+        try:
+            return self.register(Registration(name=name, config_json=config_json), cancel=cancel)
+        except (ModelConfigError, InvalidRequest) as error:
+            if name not in self._entries and name in self.repository.names():
+                self._note_failure(name, error)
+            raise
 
     # ---- unload ---------------------------------------------------------------------------------------------
 
@@ -313,12 +341,14 @@ class ModelRegistry:
 
     def register_repository(self, *, load: bool) -> None:
         """Register every model directory of the repository (and load each when `load`). A model that fails
-        is logged and stays registered unloaded (or unregistered if its configuration is unreadable)."""
+        is logged and stays registered unloaded; one whose configuration cannot be read or is refused is
+        remembered as failed with its reason (`get` raises ModelConfigFailed)."""
         for name in self.repository.names():
             try:
                 self.register(Registration(name=name), load=load)
             except Exception as error:  # one broken model must not stop the others
                 self.runtime.events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
+                self._note_failure(name, error)
 
 
 def _with_options(spec: ModelSpec, options: Mapping[str, str]) -> ModelSpec:

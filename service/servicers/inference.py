@@ -14,7 +14,7 @@ from generated import model_config_pb2
 
 from .. import status_codes
 from ..auth import Access
-from ..core.errors import InvalidRequest, ModelNotFound, ModelNotLoadedYet, ServiceError
+from ..core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
 from ..dataplane import Dataplane, check_version
@@ -84,7 +84,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             entry = self._registry.get(request.name)
             check_version(entry, request.version)
-        except ModelNotFound:
+        except (ModelNotFound, ModelConfigFailed):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=entry.is_ready())
 
@@ -212,7 +212,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if not request.ready:
             for name in self._registry.repository.names():
                 if name not in registered:
-                    response.models.add(name=name, state="UNAVAILABLE", reason="not registered")
+                    response.models.add(name=name, state="UNAVAILABLE", reason=self._registry.unregistered_reason(name))
         return response
 
     @rpc(access=Access.MANAGE)

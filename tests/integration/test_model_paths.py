@@ -128,9 +128,11 @@ def test_a_default_model_filename_outside_the_repository_in_config_pbtxt_is_refu
         'backend: "onnxruntime"\ndefault_model_filename: "../../../outside/stray/1/model.onnx"\n'
     )
     with serve(repository, allow_management=True) as running:
-        # At startup it was not registered (its configuration is refused), and the index says so.
+        # At startup it was not registered (its configuration is refused), and the index says why.
         index = {model.name: model for model in running.client.repository_index()}
-        assert (index["escapes"].state, index["escapes"].reason) == ("UNAVAILABLE", "not registered")
+        assert index["escapes"].state == "UNAVAILABLE"
+        assert index["escapes"].reason.startswith("failed to load: ") and OUTSIDE_RULE in index["escapes"].reason
+        assert_no_server_path(index["escapes"].reason, tmp_path)
         error = client_error(running.client.load, "escapes")
         assert_refused(error, "default_model_filename")
         assert_no_server_path(error.message, tmp_path)
@@ -172,7 +174,11 @@ def test_symbolic_links_inside_the_repository_that_lead_outside_are_refused(layo
     (repository / "filelink" / "1" / "model.onnx").symlink_to(outside / "stray" / "1" / "model.onnx")
     with serve(repository, allow_management=True) as running:
         index = {model.name: model for model in running.client.repository_index()}
-        assert index["linked"].reason == index["filelink"].reason == "not registered"
+        assert "symbolic link" in index["linked"].reason
+        assert "model file 'filelink/1/model.onnx'" in index["filelink"].reason
+        for model in ("linked", "filelink"):
+            assert index[model].reason.startswith("failed to load: "), index[model]
+            assert_no_server_path(index[model].reason, tmp_path)
         error = client_error(running.management.register, "linked")
         assert_refused(error, "model directory 'linked'")
         assert "symbolic link" in error.message
