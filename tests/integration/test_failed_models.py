@@ -11,7 +11,7 @@ import pytest
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ._support import client_error, rpc_error, stub, write_fixture_model
+from ._support import CALL_TIMEOUT, client_error, rpc_error, stub, write_fixture_model
 
 TENSORS = {"inputs": [("X", "FP32", [4])], "outputs": [("Y", "FP32", [4])]}
 LIST_SYNTAX_GOOD = """
@@ -81,7 +81,23 @@ def test_broken_models_stay_listed_with_their_reason_and_answer_unavailable(repo
         assert (unknown.code, unknown.reason) == ("NOT_FOUND", "model_not_found")
 
 
-def test_the_failure_is_visible_to_metadata_and_statistics_as_unavailable(repository):
+def test_a_stream_request_for_a_broken_model_gets_the_reason_and_the_stream_goes_on(repository):
+    x = np.arange(4, dtype=np.float32)
+    good = pb.ModelInferRequest(model_name="good", id="after")
+    good.inputs.add(name="X", datatype="FP32", shape=[4])
+    good.raw_input_contents.append(x.tobytes())
+    with serve(repository) as running:
+        requests = iter([pb.ModelInferRequest(model_name="refused", id="first"), good])
+        call = stub(running).ModelStreamInfer(requests, timeout=CALL_TIMEOUT)
+        responses = list(call)
+    assert [r.infer_response.id for r in responses] == ["first", "after"]
+    assert responses[0].error_message.startswith("model 'refused' failed to load: ")
+    assert "rate_limiter" in responses[0].error_message
+    assert responses[1].error_message == ""
+    assert np.frombuffer(responses[1].infer_response.raw_output_contents[0], dtype="<f4").tolist() == x.tolist()
+
+
+def test_the_failure_is_visible_to_metadata_and_config_as_unavailable(repository):
     with serve(repository) as running:
         for call in (running.client.model_metadata, running.client.model_config):
             error = client_error(call, "refused")
