@@ -4,8 +4,12 @@ Warmup samples and the version policy are read into the ModelSpec and checked th
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import struct
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -69,6 +73,40 @@ def test_every_field_of_model_config_has_a_rule_and_every_rule_names_a_field():
         "model_repository_agents.agents.parameters",
     ):
         assert path in paths, path
+
+
+_FIELD_NUMBERS = """
+import json, sys, importlib
+module = importlib.import_module(sys.argv[1])
+def walk(descriptor, prefix, out):
+    for field in descriptor.fields:
+        path = prefix + field.name
+        out[path] = [field.number, field.type, field.is_repeated]
+        nested = field.message_type
+        if nested is not None and not nested.GetOptions().map_entry:
+            walk(nested, path + ".", out)
+    return out
+print(json.dumps(walk(module.ModelConfig.DESCRIPTOR, "", {})))
+"""
+
+
+def _field_numbers(module: str) -> dict:
+    # A process each: both modules register "model_config.proto" in protobuf's default pool.
+    done = subprocess.run(
+        [sys.executable, "-c", _FIELD_NUMBERS, module], capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(done.stdout)
+
+
+def test_every_field_has_tritons_number_and_type_as_tritonclient_ships_them():
+    if importlib.util.find_spec("tritonclient") is None:  # not imported here: see _field_numbers
+        pytest.skip("tritonclient is not installed (requirements-dev.txt has it)")
+    ours, theirs = _field_numbers("generated.model_config_pb2"), _field_numbers("tritonclient.grpc.model_config_pb2")
+    assert {path: theirs.get(path) for path in ours} == ours
+    # tritonclient is newer than 2.51: what it has beyond our message came later (per-model metrics, the
+    # ensemble's in-flight bound).
+    later = {p for p in theirs if p not in ours}
+    assert all(p.startswith("model_metrics") or p == "ensemble_scheduling.max_inflight_requests" for p in later), later
 
 
 # ---- list syntax and Triton's own shapes parse -----------------------------------------------------------------
