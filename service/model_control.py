@@ -39,6 +39,9 @@ LOAD_ALL = "*"
 DEFAULT_POLL_SECONDS = 15.0  # Triton's --repository-poll-secs default
 
 
+TRITON_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"  # Triton 2.51's words
+
+
 class RepositoryControlDisabled(ServiceError):
     """RepositoryModelLoad / RepositoryModelUnload in a mode without explicit control (none, poll). Triton answers
     UNAVAILABLE with this wording in both modes, so stock clients see what they see from Triton."""
@@ -46,11 +49,10 @@ class RepositoryControlDisabled(ServiceError):
     error_reason = "model_control_disabled"
 
     def __init__(self, mode: str) -> None:
-        super().__init__(
-            "explicit model load / unload is not allowed if polling is enabled"
-            if mode == "poll"
-            else "explicit model load / unload is not allowed: the server runs with --model-control-mode none"
-        )
+        message = TRITON_CONTROL_DISABLED
+        if mode != "poll":  # Triton says "polling" in none mode too; clients match the prefix, people read on
+            message += f" (the server runs with --model-control-mode {mode}; explicit mode loads and unloads)"
+        super().__init__(message)
 
 
 def lazy_load_refusal(mode: str) -> str:

@@ -40,8 +40,8 @@ class LoadFilesTooLarge(ServiceError):
 
 def file_name_problem(path: str) -> str | None:
     """Why `path` (a `file:` parameter's name without the prefix) cannot be written under a load's folder, or None.
-    Refused: empty, absolute, `..` or `.` steps, empty components ("1//model.onnx", a trailing "/"), NUL, and a
-    component longer than NAME_MAX bytes in UTF-8."""
+    Refused: empty, absolute, `..` steps, empty components ("1//model.onnx", a trailing "/"), NUL, and a component
+    longer than NAME_MAX bytes in UTF-8. A `.` step is harmless and accepted, as Triton does ("./1/model.onnx")."""
     if not path:
         return "the file name is empty"
     if "\x00" in path:
@@ -51,12 +51,18 @@ def file_name_problem(path: str) -> str | None:
     for component in path.split("/"):
         if component == "":
             return "a file name must not have empty components ('//' or a trailing '/')"
-        if component in (".", ".."):
-            return f"a file name must not contain '{component}' steps"
+        if component == "..":
+            return "a file name must not contain '..' steps"
         size = len(component.encode("utf-8", "surrogatepass"))
         if size > NAME_MAX:
             return f"a file name component is {size} bytes, more than NAME_MAX ({NAME_MAX})"
+    if not _components(path):
+        return "the file name names no file (only '.' steps)"
     return None
+
+
+def _components(path: str) -> list[str]:
+    return [component for component in path.split("/") if component != "."]
 
 
 class ModelFiles:
@@ -144,7 +150,7 @@ class ModelFiles:
 def _write_new(folder: Path, name: str, content: bytes) -> None:
     """Write `content` to folder/name, creating its parent folders; never follows or replaces anything (the
     folder is new and ours, and O_EXCL refuses a name given twice in other spelling)."""
-    path = folder.joinpath(*name.split("/"))
+    path = folder.joinpath(*_components(name))
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(descriptor, "wb") as handle:

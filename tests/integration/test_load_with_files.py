@@ -115,7 +115,7 @@ BAD_NAMES = {
     "file:/tmp/model.onnx": "absolute",
     "file:../model.onnx": "'..'",
     "file:1/../../model.onnx": "'..'",
-    "file:./1/model.onnx": "'.'",
+    "file:./.": "only '.' steps",
     "file:1//model.onnx": "empty components",
     "file:1/model.onnx/": "empty components",
     "file:1/" + "m" * 256: "NAME_MAX (255)",
@@ -132,6 +132,13 @@ def test_a_bad_file_name_is_refused_and_nothing_is_written(served, key):
     assert BAD_NAMES[key] in error.message and "failed to load 'kept'" in error.message, error
     assert len(folders(files_dir, "kept")) == 1  # the served load's folder only
     assert identity_serves(running, "kept") and identity_serves(running, IDENTITY)
+
+
+def test_dot_steps_are_accepted_as_triton_does(served):
+    running, files_dir = served
+    load(running, "dotted", {"file:./1/./model.onnx": identity_bytes()})
+    (folder,) = folders(files_dir, "dotted")
+    assert (folder / "1" / "model.onnx").is_file() and identity_serves(running, "dotted")
 
 
 def test_a_component_of_exactly_name_max_bytes_is_accepted(served):
