@@ -156,8 +156,9 @@ class ModelControl:
         self._stop.set()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop the poller, waiting up to `timeout` seconds for a scan under way (None: without limit), and remove
-        the files of loads with files (a model still open on them keeps its open files: the OS frees them later)."""
+        """Stop the poller, waiting up to `timeout` seconds for a scan under way (None: without limit; a scan stops
+        after the load it is in), and remove the files of loads with files (a model still open on them keeps its
+        open files: the OS frees them when the model closes)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -228,6 +229,8 @@ class ModelControl:
             root = self.registry.repository.root
             names = self.registry.repository.names()
             for name in names:
+                if self._stop.is_set():
+                    return done  # shutting down: the rest waits (nothing is half done)
                 fingerprint = folder_fingerprint(root / name)
                 if self._seen.get(name) == fingerprint:
                     continue
@@ -241,6 +244,8 @@ class ModelControl:
                     )
                     done["failed"].append(name)
             for name in sorted(set(self._seen) - set(names)):
+                if self._stop.is_set():
+                    return done
                 del self._seen[name]
                 try:
                     self.registry.unload(name)

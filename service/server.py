@@ -342,8 +342,8 @@ class Server:
             log_event(_LOG, "shutdown_calls_abandoned", calls=abandoned_calls)
         if not self.residency.stop(timeout=left(margin)):
             log_event(_LOG, "shutdown_reaper_abandoned")
+        self.control.stop(timeout=left(margin))  # before closing: a scan's load must not open an engine after it
         closed, abandoned_models = self.registry.close_idle_models()
-        self.control.stop(timeout=left(margin))  # and the private folders of loads with files
         if self.shared_memory is not None:
             self.shared_memory.close()  # regions an abandoned call still holds stay mapped until it lets go
         if abandoned_models:
