@@ -419,3 +419,59 @@ def test_loads_with_files_and_bad_file_names(tmp_path, repositories, demo_reposi
         assert outcome[0] == "INVALID_ARGUMENT", (name, outcome)
     assert still == ("OK", "")
     assert not list(files_dir.iterdir())
+
+
+def _wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)  # waits on an observable state
+
+
+def test_poll_mode_picks_up_an_added_and_a_removed_folder(tmp_path, repositories):
+    """Both servers poll every second; a folder copied in gets loaded, a folder removed gets unloaded, and both say
+    so in ModelReady and RepositoryIndex."""
+    triton_repo, slotserve_repo = repositories
+    added = "added"
+
+    def add(root: Path) -> None:
+        staging = root.parent / f"{root.name}-staging"
+        shutil.copytree(root / MODEL, staging)
+        config = staging / "config.pbtxt"
+        config.write_text(config.read_text().replace(f'"{MODEL}"', f'"{added}"'))
+        staging.rename(root / added)  # appears whole, as an operator's `mv` would
+
+    def steps(calls: Calls, root: Path) -> dict[str, object]:
+        seen: dict[str, object] = {"ready_before": calls.ready(added)}
+        add(root)
+        _wait_until(lambda: calls.ready(added) is True, "the added model to be ready")
+        seen["index_after_add"] = calls.settled_index_state(added)
+        seen["infer_after_add"] = calls.infer(added)
+        shutil.rmtree(root / added)
+        _wait_until(lambda: calls.ready(added) is not True, "the removed model to go")
+        seen["infer_after_remove"] = calls.infer(added)
+        seen["other_after_remove"] = calls.infer(MODEL)
+        return seen
+
+    args = ("--model-control-mode", "poll", "--repository-poll-secs", "1")
+    with triton(triton_repo, tmp_path, *args) as reference:
+        calls = Calls(reference.address, check_values=False)
+        try:
+            triton_seen = steps(calls, triton_repo)
+        finally:
+            calls.close()
+    with serve(slotserve_repo, model_control_mode="poll", repository_poll_seconds=1.0) as running:
+        calls = Calls(running.address)
+        try:
+            slotserve_seen = steps(calls, slotserve_repo)
+        finally:
+            calls.close()
+    assert triton_seen["index_after_add"] == ("READY", "") and triton_seen["infer_after_add"] == ("OK", "")
+    assert slotserve_seen["ready_before"] == triton_seen["ready_before"]
+    for step in ("index_after_add", "infer_after_add", "other_after_remove"):
+        assert slotserve_seen[step] == triton_seen[step], (step, triton_seen[step], slotserve_seen[step])
+    # A removed model: Triton answers NOT_FOUND "... has no available versions"; slotserve UNAVAILABLE naming poll
+    # mode (the same difference as after an unload in explicit mode, DIFFERENCES).
+    assert triton_seen["infer_after_remove"][0] == "NOT_FOUND"
+    assert slotserve_seen["infer_after_remove"][0] == "UNAVAILABLE"
+    assert "--model-control-mode poll" in slotserve_seen["infer_after_remove"][1]
