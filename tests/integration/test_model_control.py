@@ -99,6 +99,15 @@ def test_explicit_mode_without_load_model_starts_with_nothing_loaded(tmp_path):
         assert running.server.registry.get("a").status().loaded is False
 
 
+def test_explicit_mode_load_model_naming_no_folder_is_logged_and_the_server_starts(tmp_path, caplog):
+    write_model(tmp_path, "a")
+    with serve(tmp_path, model_control_mode="explicit", load_models=("missing", "a")) as running:
+        assert serves(running, "a")
+    assert any(
+        "missing" in record.getMessage() and "not loaded at startup" in record.getMessage() for record in caplog.records
+    )
+
+
 def test_lazy_mode_still_loads_on_the_first_request_after_an_unload(tmp_path):
     write_model(tmp_path, "a")
     with serve(tmp_path, allow_management=True) as running:
