@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 
 from .core.events import JsonFormatter, QuietStreamHandler, log_event
+from .model_control import DEFAULT_POLL_SECONDS, MODES
+from .model_files import DEFAULT_MAX_LOAD_FILE_BYTES
 from .options import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ServerOptions
 from .signals import Decision, SignalPipe, decide
 
@@ -93,6 +95,46 @@ def build_parser() -> argparse.ArgumentParser:
         dest="load_at_startup",
         action="store_false",
         help="register the repository's models without loading them; the first request loads each",
+    )
+    add(
+        "--model-control-mode",
+        choices=MODES,
+        default="lazy",
+        help="lazy (slotserve's own): load every model at startup, a request loads an unloaded model; none: load "
+        "every model at startup, repository load/unload refused; explicit: load only --load-model at startup, "
+        "only RepositoryModelLoad loads a model; poll: like none, and rescan the repository every "
+        "--repository-poll-seconds (docs/model-control.md; default: lazy)",
+    )
+    add(
+        "--load-model",
+        dest="load_models",
+        action="append",
+        metavar="NAME",
+        help="with --model-control-mode explicit: load this model at startup; repeatable; '*' loads every model",
+    )
+    add(
+        "--repository-poll-seconds",
+        type=float,
+        default=DEFAULT_POLL_SECONDS,
+        metavar="SECONDS",
+        help="with --model-control-mode poll: seconds between repository scans, more than 0 and at most "
+        "31536000 (default: %(default)s)",
+    )
+    add(
+        "--model-files-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder in which loads with files (RepositoryModelLoad's file: parameters) get their private folder, "
+        "removed at shutdown (default: the system temporary folder)",
+    )
+    add(
+        "--max-load-file-bytes",
+        type=int,
+        default=DEFAULT_MAX_LOAD_FILE_BYTES,
+        metavar="BYTES",
+        help="the most bytes the files of one load with files may hold together; more is refused with "
+        "RESOURCE_EXHAUSTED before anything is written, >= 0 (default: 1 GiB)",
     )
     add(
         "--max-workers",
@@ -323,6 +365,11 @@ def option_fields(args: argparse.Namespace) -> dict:
         max_queue=args.max_queue,
         max_concurrent_loads=args.max_concurrent_loads,
         load_at_startup=args.load_at_startup,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_models or ()),
+        repository_poll_seconds=args.repository_poll_seconds,
+        model_files_dir=args.model_files_dir,
+        max_load_file_bytes=args.max_load_file_bytes,
         max_resident_models=args.max_resident_models,
         idle_unload=args.idle_unload,
         memory_budget=args.memory_budget,

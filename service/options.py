@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .auth import Secret, secret_of
+from .model_control import DEFAULT_POLL_SECONDS, MODES
+from .model_files import DEFAULT_MAX_LOAD_FILE_BYTES
 from .shared_memory import DEFAULT_MAX_BYTES, prefix_problem
 from .tensor_memory import DEFAULT_IN_FLIGHT_BYTES, DEFAULT_REQUEST_BYTES
 
@@ -70,6 +72,15 @@ class ServerOptions:
     # Decoded request tensors (service/tensor_memory.py), bytes; 0 = no limit.
     max_request_tensor_bytes: int = DEFAULT_REQUEST_BYTES
     max_inflight_tensor_bytes: int = DEFAULT_IN_FLIGHT_BYTES
+    # Model control (service/model_control.py, docs/model-control.md): lazy is slotserve's own mode (a request
+    # loads an unloaded model); none, explicit and poll are Triton's.
+    model_control_mode: str = "lazy"
+    load_models: tuple[str, ...] = ()  # --load-model: explicit mode's startup loads; "*" for all
+    repository_poll_seconds: float = DEFAULT_POLL_SECONDS
+    # Loads with files (service/model_files.py): where their private folder is made (None: the system temporary
+    # folder) and the most bytes one load may write.
+    model_files_dir: Path | None = None
+    max_load_file_bytes: int = DEFAULT_MAX_LOAD_FILE_BYTES
 
     def __post_init__(self) -> None:
         problems = self._normalize_security()
@@ -80,6 +91,7 @@ class ServerOptions:
         if self.metrics_port is not None and self.metrics_port == self.port != 0:
             problems.append(f"--metrics-port must differ from --port ({self.port})")
         problems += self._shared_memory_problems()
+        problems += self._model_control_problems()
         if self.log_format not in ("text", "json"):
             problems.append(f"--log-format must be text or json, got {self.log_format}")
         if problems:
@@ -132,6 +144,30 @@ class ServerOptions:
         roots = tuple(Path(root) for root in self.allowed_model_roots or ())  # argparse gives None for none
         object.__setattr__(self, "allowed_model_roots", roots)
         return [f"--allow-model-root {root} is not a folder" for root in roots if not root.is_dir()]
+
+    def _model_control_problems(self) -> list[str]:
+        """--model-control-mode and the flags that go with it."""
+        object.__setattr__(self, "load_models", tuple(self.load_models or ()))
+        if self.model_files_dir is not None:
+            object.__setattr__(self, "model_files_dir", Path(self.model_files_dir))
+        mode = self.model_control_mode
+        if mode not in MODES:
+            return [f"--model-control-mode must be one of {', '.join(MODES)}, got {mode!r}"]
+        problems = []
+        if self.load_models and mode != "explicit":
+            problems.append(f"--load-model needs --model-control-mode explicit (the mode is {mode})")
+        if not self.load_at_startup and mode != "lazy":
+            problems.append(
+                f"--no-load-at-startup belongs to --model-control-mode lazy; with {mode} use explicit without "
+                "--load-model to start with nothing loaded"
+            )
+        if self.idle_unload and mode != "lazy":
+            problems.append(
+                f"--idle-unload needs --model-control-mode lazy: under {mode} no request loads a retired model again"
+            )
+        if self.model_files_dir is not None and not self.model_files_dir.is_dir():
+            problems.append(f"--model-files-dir {self.model_files_dir} is not a folder")
+        return problems
 
     def _shared_memory_problems(self) -> list[str]:
         problems = []
@@ -195,6 +231,8 @@ RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "shared_memory_max_bytes": ("--shared-memory-max-bytes", 1, None, "int"),
     "max_request_tensor_bytes": ("--max-request-tensor-bytes", 0, None, "int"),
     "max_inflight_tensor_bytes": ("--max-inflight-tensor-bytes", 0, None, "int"),
+    "repository_poll_seconds": ("--repository-poll-seconds", 0, MAX_SECONDS, "positive seconds"),
+    "max_load_file_bytes": ("--max-load-file-bytes", 0, None, "int"),
 }
 OPTIONAL_NUMBERS = frozenset({"parallel_jobs", "metrics_port", "max_concurrent_rpcs"})  # None: not set
 

@@ -31,6 +31,8 @@ from .core.residency import ColdLoadGuard, Residency
 from .dataplane import Dataplane
 from .handler_threads import HandlerThreads
 from .metrics import ServerMetrics, SlotserveCollector
+from .model_control import ControlSettings, ModelControl, lazy_load_refusal
+from .model_files import ModelFiles
 from .options import ServerOptions
 from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
 from .servicers.inference import InferenceServicer, add_inference_servicer
@@ -96,12 +98,26 @@ class Server:
             max_queue=options.max_queue,
             cold_loads=ColdLoadGuard(options.max_concurrent_loads),
             residency=self.residency,
+            lazy_load_refusal=lazy_load_refusal(options.model_control_mode),
         )
-        self.repository = ModelRepository(options.model_repository, allowed_roots=options.allowed_model_roots)
+        self.model_files = ModelFiles(options.model_files_dir, options.max_load_file_bytes)
+        self.repository = ModelRepository(
+            options.model_repository, allowed_roots=(*options.allowed_model_roots, self.model_files.root)
+        )
         self.registry = ModelRegistry(
             self.repository,
             self.runtime,
             RegistryPolicy(parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout),
+        )
+        self.control = ModelControl(
+            ControlSettings(
+                options.model_control_mode,
+                options.load_models,
+                options.repository_poll_seconds,
+                options.load_at_startup,
+            ),
+            self.registry,
+            self.model_files,
         )
         # System shared memory: a registry only when enabled (--shared-memory system).
         self.shared_memory = (
@@ -193,6 +209,7 @@ class Server:
                 self.timers,
                 self.options.stream_write_timeout,
                 self.shared_memory,
+                control=self.control,
             ),
             server,
         )
@@ -224,7 +241,7 @@ class Server:
             raise
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.residency.start()
-        self.registry.register_repository(load=self.options.load_at_startup)
+        self.control.start()  # registers the repository's models and loads what --model-control-mode says
         self._grpc = self._build_grpc()
         try:
             address = f"{self._bind_host()}:{self.options.port}"
@@ -238,6 +255,7 @@ class Server:
             # Nothing serves: release what startup built (threads, loaded engines) before raising.
             self.residency.stop()
             self.registry.close_idle_models()
+            self.control.stop(timeout=0.0)
             self.timers.close()
             self.metrics.stop()
             raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from None
@@ -312,6 +330,7 @@ class Server:
         # The reaper retires nothing more; a retirement it is in the middle of finishes on its own (its teardown
         # can be slow), and must not hold up the steps below: it is not waited for here.
         self.residency.stop(timeout=0.0)
+        self.control.stop_polling()  # no scan starts after this; one under way is joined below
         if not self.calls.wait_idle(max(0.0, started + drain + grace - time.monotonic())):
             log_event(_LOG, "shutdown_grace_over", calls=self.calls.active)
             for entry in self.registry.entries():
@@ -323,6 +342,7 @@ class Server:
             log_event(_LOG, "shutdown_calls_abandoned", calls=abandoned_calls)
         if not self.residency.stop(timeout=left(margin)):
             log_event(_LOG, "shutdown_reaper_abandoned")
+        self.control.stop(timeout=left(margin))  # before closing: a scan's load must not open an engine after it
         closed, abandoned_models = self.registry.close_idle_models()
         if self.shared_memory is not None:
             self.shared_memory.close()  # regions an abandoned call still holds stay mapped until it lets go

@@ -20,7 +20,8 @@ from grpc_status import rpc_status
 from engine import errors as engine_errors
 from engine.tensor_codec import TensorDecodeError
 
-from . import shared_memory, tensor_memory  # noqa: F401  (their error classes are among those reasoned_classes finds)
+# Their error classes are among those reasoned_classes finds.
+from . import model_control, model_files, shared_memory, tensor_memory  # noqa: F401
 from .core import errors
 from .core.outcomes import reason_of
 
@@ -56,6 +57,8 @@ TABLE: dict[str, grpc.StatusCode] = {
     "memory_limit": grpc.StatusCode.UNAVAILABLE,
     "shutting_down": grpc.StatusCode.UNAVAILABLE,
     "model_not_loaded": grpc.StatusCode.UNAVAILABLE,
+    "model_control_disabled": grpc.StatusCode.UNAVAILABLE,  # Triton's code for load/unload in none or poll mode
+    "load_files_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,  # --max-load-file-bytes
     "cancelled": grpc.StatusCode.CANCELLED,
     "load_failed": grpc.StatusCode.FAILED_PRECONDITION,
     "backend_unavailable": grpc.StatusCode.FAILED_PRECONDITION,

@@ -118,6 +118,17 @@ class ModelConfigFailed(ModelNotLoadedYet):
         self.model = name
 
 
+class ModelNotLoadedByControl(ServiceError):
+    """A request for an unloaded model in a model-control mode where requests do not load models (none,
+    explicit, poll: service/model_control.py). UNAVAILABLE; `why` names the mode and what loads the model."""
+
+    error_reason = "model_not_loaded"
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"model '{name}' is not loaded ({why})")
+        self.model = name
+
+
 class ModelLoadFailed(ServiceError):
     """A request needed the model loaded and the load failed. Wraps the engine error's message."""
 

@@ -35,7 +35,15 @@ from engine.repository import hide_paths
 
 from .admission import AdmissionController, Ticket, TicketKind
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
-from .errors import BackendNotAvailable, ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
+from .errors import (
+    BackendNotAvailable,
+    ModelLoadFailed,
+    ModelNotLoadedByControl,
+    RequestCancelled,
+    ServiceError,
+    UnsupportedSlotCount,
+    own_copy,
+)
 from .events import Events
 from .outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
@@ -86,6 +94,9 @@ class SharedRuntime:
     cold_loads: object = None  # service.residency.ColdLoadGuard; None: loads are not limited
     residency: object = None  # service.residency.Residency; None: no resident-model limit or budget
     events: Events = field(default_factory=Events)  # lifecycle events: logged, and counted for the metrics
+    # --model-control-mode (service/model_control.py): "" lets a request load an unloaded model; otherwise requests
+    # never load one and are refused with this text (it names the mode and what loads the model).
+    lazy_load_refusal: str = ""
 
     def backend(self, spec: ModelSpec) -> Backend:
         try:
@@ -439,6 +450,8 @@ class ModelEntry:
                 if self._pool is not None:
                     return self._pool
                 attempt = self._init
+                if attempt is None and self._runtime.lazy_load_refusal:
+                    raise ModelNotLoadedByControl(self.name, self._runtime.lazy_load_refusal)
                 if attempt is None:
                     attempt = self._init = _InitAttempt()
                     self._transition_locked(ModelState.LOADING)

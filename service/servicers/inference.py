@@ -7,7 +7,7 @@ import logging
 import grpc
 from google.protobuf import message_factory
 
-from engine.errors import EngineError, ModelConfigError
+from engine.errors import EngineError
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
@@ -18,6 +18,7 @@ from ..core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, Mode
 from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
 from ..dataplane import Dataplane, check_version
+from ..model_control import ModelControl
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
 from ..timers import TimerQueue
 from ..wire import parse_infer_request, serialize_infer_response
@@ -54,8 +55,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         timers: TimerQueue,
         write_timeout: float,
         shared_memory: SharedMemoryRegistry | None = None,
+        *,
+        control: ModelControl,
     ) -> None:
         self._registry = registry
+        # Repository load/unload go through the model-control policy (service/model_control.py).
+        self._control = control
         self._shared_memory = shared_memory
         self._extensions = EXTENSIONS + ((SYSTEM_SHARED_MEMORY,) if shared_memory is not None else ())
         self._dataplane = dataplane
@@ -217,14 +222,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc(access=Access.MANAGE)
     def RepositoryModelLoad(self, request, context, token):
-        config_json = ""
+        parameters: dict[str, object] = {}
         for key, value in request.parameters.items():
             if key == "config":
-                config_json = value.string_param
+                parameters[key] = value.string_param
             elif key.startswith("file:"):
-                raise _load_failed(request.model_name, "file overrides are not supported by slotserve")
+                parameters[key] = value.bytes_param if value.WhichOneof("parameter_choice") == "bytes_param" else None
         try:
-            self._registry.load(request.model_name, config_json=config_json, cancel=token)
+            self._control.load(request.model_name, parameters, cancel=token)
         except (EngineError, InvalidRequest) as error:
             # Triton's clients recognise a failed load by this wording.
             error.args = (f"failed to load '{request.model_name}': {error}",)
@@ -233,7 +238,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc(access=Access.MANAGE)
     def RepositoryModelUnload(self, request, context, token):
-        self._registry.unload(request.model_name, cancel=token)
+        self._control.unload(request.model_name, cancel=token)
         return pb.RepositoryModelUnloadResponse()
 
     # ---- system shared memory (service/shared_memory.py); CUDA shared memory is not supported ----------------
@@ -297,10 +302,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         context.abort(
             grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; use --log-format"
         )
-
-
-def _load_failed(name: str, why: str) -> Exception:
-    return ModelConfigError(f"failed to load '{name}': {why}")
 
 
 def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:

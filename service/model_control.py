@@ -1,0 +1,259 @@
+"""Model control: which models load when, and who may load and unload them (--model-control-mode).
+
+Modes (docs/model-control.md):
+
+- `lazy` (the default, slotserve's own): every repository model is registered at startup and loaded then (unless
+  --no-load-at-startup); a request for an unloaded model loads it (the one initializer); repository load and
+  unload work.
+- `none` (Triton's): every repository model is loaded at startup; RepositoryModelLoad and RepositoryModelUnload
+  are refused with Triton's answer; a model that failed to load stays unloaded.
+- `explicit` (Triton's): only the --load-model names load at startup (`*`: all); a model loads only by
+  RepositoryModelLoad and stays unloaded after RepositoryModelUnload: a request never loads it.
+- `poll` (Triton's): like `none`, and the repository is rescanned every --repository-poll-seconds: an added,
+  changed or removed model folder is loaded, reloaded or unloaded through the registry's validated path (a folder
+  that does not read yet is retried when it changes again, and a served model keeps serving meanwhile).
+
+Only `lazy` loads a model on a request; the other modes tell the request why not (ModelNotLoadedByControl).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.interface import CancelToken
+
+from .core.errors import ModelNotFound, ServiceError
+from .core.registry import ModelRegistry, Registration
+from .model_files import ModelFiles
+
+_LOG = logging.getLogger(__name__)
+
+MODES = ("lazy", "none", "explicit", "poll")
+LOAD_ALL = "*"
+DEFAULT_POLL_SECONDS = 15.0  # Triton's --repository-poll-secs default
+
+
+TRITON_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"  # Triton 2.51's words
+
+
+class RepositoryControlDisabled(ServiceError):
+    """RepositoryModelLoad / RepositoryModelUnload in a mode without explicit control (none, poll). Triton answers
+    UNAVAILABLE with this wording in both modes, so stock clients see what they see from Triton."""
+
+    error_reason = "model_control_disabled"
+
+    def __init__(self, mode: str) -> None:
+        message = TRITON_CONTROL_DISABLED
+        if mode != "poll":  # Triton says "polling" in none mode too; clients match the prefix, people read on
+            message += f" (the server runs with --model-control-mode {mode}; explicit mode loads and unloads)"
+        super().__init__(message)
+
+
+def lazy_load_refusal(mode: str) -> str:
+    """What a request for an unloaded model is told in `mode` (appended to "model 'x' is not loaded"); "" in lazy
+    mode, where the request loads it."""
+    return {
+        "lazy": "",
+        "none": "--model-control-mode none: models load only at startup",
+        "explicit": "--model-control-mode explicit: load it with RepositoryModelLoad",
+        "poll": "--model-control-mode poll: it loads when its repository folder changes",
+    }[mode]
+
+
+HASHED_BYTES = 64 << 10  # files up to this size (config.pbtxt, small models) are compared by content too
+
+
+def folder_fingerprint(directory: Path) -> tuple:
+    """What the poller compares between scans: every file under `directory` with its size and modification time
+    (nanoseconds), and the content's digest for files up to HASHED_BYTES: a rewrite of config.pbtxt within the
+    file system's timestamp granularity (milliseconds on some) that keeps its size is still seen. A file added or
+    removed changes the list. An unreadable folder gives an empty tuple (retried when it reads differently)."""
+    found = []
+    try:
+        for folder, _dirs, files in os.walk(directory):
+            for name in files:
+                path = Path(folder, name)
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue  # removed while scanning: the next scan sees the folder settled
+                digest = _digest(path) if stat.st_size <= HASHED_BYTES else ""
+                found.append((str(path.relative_to(directory)), stat.st_size, stat.st_mtime_ns, digest))
+    except OSError:
+        return ()
+    return tuple(sorted(found))
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    mode: str = "lazy"
+    load_models: tuple[str, ...] = ()  # --load-model (explicit mode only); "*" loads every repository model
+    poll_seconds: float = DEFAULT_POLL_SECONDS
+    load_at_startup: bool = True  # lazy mode's --no-load-at-startup
+
+
+class ModelControl:
+    """The server's model-control policy: startup loading, repository load/unload (with files), the poller.
+
+    Repository calls block like the registry's register/unload (bounded by the model's admission timeout).
+    """
+
+    def __init__(self, settings: ControlSettings, registry: ModelRegistry, files: ModelFiles) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.files = files
+        self._poll_lock = threading.Lock()  # guards: _seen (one scan at a time)
+        self._seen: dict[str, tuple] = {}  # model folder -> the fingerprint last acted on
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def mode(self) -> str:
+        return self.settings.mode
+
+    # ---- startup and shutdown -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Register the repository's models and load what the mode says; start the poller in poll mode. A model
+        that fails is logged (not_loaded_at_startup) and stays unloaded; startup goes on."""
+        mode = self.settings.mode
+        if mode == "poll":
+            self._remember_all()  # before loading: a change made during the startup loads is seen by the next scan
+        if mode == "explicit":
+            self.registry.register_repository(load=False)
+            self._load_named(self.settings.load_models)
+        else:
+            self.registry.register_repository(load=mode != "lazy" or self.settings.load_at_startup)
+        if mode == "poll":
+            self._thread = threading.Thread(target=self._poll_forever, name="repository-poller", daemon=True)
+            self._thread.start()
+
+    def _load_named(self, names: Iterable[str]) -> None:
+        names = list(names)
+        if LOAD_ALL in names:
+            names = self.registry.repository.names()
+        for name in dict.fromkeys(names):
+            try:
+                self.registry.load(name)
+            except Exception as error:  # one broken model must not stop the others (Triton logs it too)
+                self.registry.runtime.events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
+
+    def stop_polling(self) -> None:
+        """No scan starts after this (one under way finishes)."""
+        self._stop.set()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the poller, waiting up to `timeout` seconds for a scan under way (None: without limit; a scan stops
+        after the load it is in), and remove the files of loads with files (a model still open on them keeps its
+        open files: the OS frees them when the model closes)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.files.remove_all()
+
+    # ---- repository load / unload (Triton's model-repository extension) -------------------------------------
+
+    def load(self, name: str, parameters: Mapping[str, object], cancel: CancelToken | None = None) -> None:
+        """RepositoryModelLoad: `parameters` maps "config" to a JSON string and "file:<path>" to bytes. Refused in
+        none and poll mode. With files they are written to a private folder first (ModelFiles.stage, which
+        validates names and size before writing) and the model loads from there; without, the model's repository
+        folder is read again. Raises RepositoryControlDisabled, InvalidRequest, LoadFilesTooLarge, or the
+        registry's errors."""
+        self._check_explicit()
+        config_json = parameters.get("config", "")
+        files = {key[len("file:") :]: value for key, value in parameters.items() if key.startswith("file:")}
+        if not files:
+            source = name if self.files.owns(self._current_source(name)) else ""  # leave a files load behind
+            self.registry.register(Registration(name=name, source=source, config_json=config_json), cancel=cancel)
+            self.files.sweep(name, self._current_source(name))
+            return
+        folder = self.files.stage(name, files, config_json)
+        try:
+            self.registry.register(Registration(name=name, source=str(folder), config_json=config_json), cancel=cancel)
+        finally:
+            self.files.done(folder)
+            self.files.sweep(name, self._current_source(name))
+
+    def unload(self, name: str, cancel: CancelToken | None = None) -> None:
+        """RepositoryModelUnload; refused in none and poll mode. A model loaded with files loses them."""
+        self._check_explicit()
+        self.registry.unload(name, cancel=cancel)
+        self.files.sweep(name, None)
+
+    def _check_explicit(self) -> None:
+        if self.settings.mode in ("none", "poll"):
+            raise RepositoryControlDisabled(self.settings.mode)
+
+    def _current_source(self, name: str) -> str:
+        try:
+            return self.registry.get(name).settings.source
+        except ModelNotFound:
+            return ""
+
+    # ---- poll mode ------------------------------------------------------------------------------------------
+
+    def _remember_all(self) -> None:
+        with self._poll_lock:
+            root = self.registry.repository.root
+            self._seen = {name: folder_fingerprint(root / name) for name in self.registry.repository.names()}
+
+    def _poll_forever(self) -> None:
+        while not self._stop.wait(self.settings.poll_seconds):
+            try:
+                self.poll_once()
+            except Exception:  # a scan that fails (a vanished repository) must not end polling
+                _LOG.exception("repository scan failed; retrying in %s s", self.settings.poll_seconds)
+
+    def poll_once(self) -> dict[str, list[str]]:
+        """Scan the repository once (the poller calls it every --repository-poll-seconds; tests call it directly).
+        A folder that appeared or whose files changed is loaded through the registry (a new model is registered
+        then; a served one is reconfigured, which validates the new files before retiring anything, so a folder
+        still being written never replaces the served model); a folder that went away is unloaded. An attempt
+        that fails is logged (a WARNING naming the model) and retried when the folder changes again. Returns what
+        this scan did: {"loaded": [...], "failed": [...], "unloaded": [...]}. Blocks while the loads run."""
+        done: dict[str, list[str]] = {"loaded": [], "failed": [], "unloaded": []}
+        with self._poll_lock:
+            root = self.registry.repository.root
+            names = self.registry.repository.names()
+            for name in names:
+                if self._stop.is_set():
+                    return done  # shutting down: the rest waits (nothing is half done)
+                fingerprint = folder_fingerprint(root / name)
+                if self._seen.get(name) == fingerprint:
+                    continue
+                self._seen[name] = fingerprint
+                try:
+                    self.registry.load(name)
+                    done["loaded"].append(name)
+                except Exception as error:
+                    _LOG.warning(
+                        "model '%s': repository poll: not loaded (retried when its folder changes): %s", name, error
+                    )
+                    done["failed"].append(name)
+            for name in sorted(set(self._seen) - set(names)):
+                if self._stop.is_set():
+                    return done
+                del self._seen[name]
+                try:
+                    self.registry.unload(name)
+                    done["unloaded"].append(name)
+                except ModelNotFound:
+                    pass  # it never read: nothing was registered
+                except Exception as error:
+                    _LOG.warning(
+                        "model '%s': repository poll: its folder went away but unloading failed: %s", name, error
+                    )
+        return done

@@ -1,0 +1,157 @@
+"""Loads with files (Triton's model-repository extension): RepositoryModelLoad's `file:<path>` parameters are
+written to a private folder the server owns, and the model loads from there like any other.
+
+Layout: one root per server (--model-files-dir's folder, else the system temporary folder) holding
+`slotserve-model-files-<random>/` (created 0700 on first use, removed at shutdown), which holds one folder per load,
+`<model>-<random>/`, with the files at their given relative paths. The root is one of the repository's allowed
+roots, so the registry's path checks (ModelRoots) apply unchanged.
+
+A load's folder is removed when the model no longer uses it: after a later load replaced it, after a failed load
+that did not commit it, after RepositoryModelUnload, and at shutdown.
+
+Locking: `_lock` guards `_folders` and `_pending`, held for set work only, never across file writes or loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from .core.errors import InvalidRequest, ServiceError
+
+_LOG = logging.getLogger(__name__)
+
+NAME_MAX = 255  # bytes of one path component (Linux's NAME_MAX)
+DEFAULT_MAX_LOAD_FILE_BYTES = 1 << 30  # 1 GiB, as much as the default --max-message-bytes carries
+
+
+class LoadFilesTooLarge(ServiceError):
+    """The files of one RepositoryModelLoad exceed --max-load-file-bytes (RESOURCE_EXHAUSTED); nothing is
+    written."""
+
+    error_reason = "load_files_limit"
+
+
+def file_name_problem(path: str) -> str | None:
+    """Why `path` (a `file:` parameter's name without the prefix) cannot be written under a load's folder, or None.
+    Refused: empty, absolute, `..` steps, empty components ("1//model.onnx", a trailing "/"), NUL, and a component
+    longer than NAME_MAX bytes in UTF-8. A `.` step is harmless and accepted, as Triton does ("./1/model.onnx")."""
+    if not path:
+        return "the file name is empty"
+    if "\x00" in path:
+        return "a file name must not contain NUL"
+    if path.startswith("/"):
+        return "a file name must be relative (inside the model folder), not absolute"
+    for component in path.split("/"):
+        if component == "":
+            return "a file name must not have empty components ('//' or a trailing '/')"
+        if component == "..":
+            return "a file name must not contain '..' steps"
+        size = len(component.encode("utf-8", "surrogatepass"))
+        if size > NAME_MAX:
+            return f"a file name component is {size} bytes, more than NAME_MAX ({NAME_MAX})"
+    if not _components(path):
+        return "the file name names no file (only '.' steps)"
+    return None
+
+
+def _components(path: str) -> list[str]:
+    return [component for component in path.split("/") if component != "."]
+
+
+class ModelFiles:
+    """The private folders of loads with files."""
+
+    def __init__(self, parent: Path | None, max_bytes: int) -> None:
+        parent = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+        # Named now (the repository's allowed roots are fixed at construction), created on first use; the random
+        # part makes it unguessable, and mkdir (never exist_ok) refuses a folder someone else made.
+        self.root = parent.resolve() / f"slotserve-model-files-{secrets.token_hex(8)}"
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()  # guards: _folders, _pending
+        self._folders: dict[str, set[Path]] = {}  # model -> its folders not removed yet
+        self._pending: set[Path] = set()  # folders a load is still using (never removed under it)
+
+    def owns(self, source: str) -> bool:
+        """Whether `source` (a model's committed source) is one of this server's load folders."""
+        return bool(source) and Path(source).parent == self.root
+
+    def stage(self, model: str, files: Mapping[str, bytes], config_json: str) -> Path:
+        """Check the files and write them to a new folder; return it (pending until `done`). Raises InvalidRequest
+        (no config, a bad name: nothing written) or LoadFilesTooLarge (before writing anything); an OS error
+        writing removes what was written and raises InvalidRequest naming the file."""
+        if not config_json:
+            raise InvalidRequest(
+                f"model '{model}': a load with files needs the 'config' parameter (the model's configuration as "
+                "JSON), as Triton requires"
+            )
+        for name in files:
+            problem = file_name_problem(name)
+            if problem is not None:
+                raise InvalidRequest(f"model '{model}': file:{name!r}: {problem}")
+            if not isinstance(files[name], bytes):
+                raise InvalidRequest(f"model '{model}': file:{name}: the parameter must be bytes (bytes_param)")
+        total = sum(len(content) for content in files.values())
+        if total > self.max_bytes:
+            raise LoadFilesTooLarge(
+                f"model '{model}': the files of this load are {total} bytes, more than --max-load-file-bytes "
+                f"({self.max_bytes})"
+            )
+        folder = self._new_folder(model)
+        try:
+            for name, content in files.items():
+                _write_new(folder, name, content)
+        except OSError as error:
+            self.done(folder)
+            self.sweep(model, None, only=folder)
+            raise InvalidRequest(f"model '{model}': cannot write its files: {error.strerror}") from None
+        return folder
+
+    def _new_folder(self, model: str) -> Path:
+        try:
+            self.root.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # ours: created by an earlier load (the random name makes a stranger's folder unlikely)
+        folder = self.root / f"{model}-{secrets.token_hex(6)}"
+        folder.mkdir(mode=0o700)
+        with self._lock:
+            self._folders.setdefault(model, set()).add(folder)
+            self._pending.add(folder)
+        return folder
+
+    def done(self, folder: Path) -> None:
+        """The load that staged `folder` has finished (committed or not); `sweep` may remove it now."""
+        with self._lock:
+            self._pending.discard(folder)
+
+    def sweep(self, model: str, live_source: str | None, *, only: Path | None = None) -> None:
+        """Remove `model`'s folders except the one it is served from (`live_source`) and those a load still uses."""
+        live = Path(live_source) if live_source else None
+        with self._lock:
+            folders = self._folders.get(model, set())
+            doomed = {f for f in folders if f != live and f not in self._pending and (only is None or f == only)}
+            folders -= doomed
+        for folder in doomed:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def remove_all(self) -> None:
+        """At shutdown: remove the root and everything in it."""
+        with self._lock:
+            self._folders.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _write_new(folder: Path, name: str, content: bytes) -> None:
+    """Write `content` to folder/name, creating its parent folders; never follows or replaces anything (the
+    folder is new and ours, and O_EXCL refuses a name given twice in other spelling)."""
+    path = folder.joinpath(*_components(name))
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(content)
