@@ -70,6 +70,7 @@ class ServerOptions:
     # Decoded request tensors (service/tensor_memory.py), bytes; 0 = no limit.
     max_request_tensor_bytes: int = DEFAULT_REQUEST_BYTES
     max_inflight_tensor_bytes: int = DEFAULT_IN_FLIGHT_BYTES
+    response_cache_bytes: int = 0  # service/response_cache.py; 0 = no response cache
 
     def __post_init__(self) -> None:
         problems = self._normalize_security()
@@ -195,6 +196,7 @@ RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "shared_memory_max_bytes": ("--shared-memory-max-bytes", 1, None, "int"),
     "max_request_tensor_bytes": ("--max-request-tensor-bytes", 0, None, "int"),
     "max_inflight_tensor_bytes": ("--max-inflight-tensor-bytes", 0, None, "int"),
+    "response_cache_bytes": ("--response-cache-bytes", 0, None, "int"),
 }
 OPTIONAL_NUMBERS = frozenset({"parallel_jobs", "metrics_port", "max_concurrent_rpcs"})  # None: not set
 

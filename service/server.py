@@ -32,6 +32,7 @@ from .dataplane import Dataplane
 from .handler_threads import HandlerThreads
 from .metrics import ServerMetrics, SlotserveCollector
 from .options import ServerOptions
+from .response_cache import ResponseCache
 from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
 from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
@@ -113,6 +114,7 @@ class Server:
             self.registry,
             shared_memory=self.shared_memory,
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
+            response_cache=ResponseCache(options.response_cache_bytes),
         )
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.
