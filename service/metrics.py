@@ -37,7 +37,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .core.outcomes import STANDARD, SUCCESS
+from .core.outcomes import FAILED, STANDARD, SUCCESS
 from .core.statistics import BUCKETS_SECONDS, StatisticsSnapshot
 from .response_cache import model_enables_cache
 
@@ -79,7 +79,6 @@ TRITON_COUNTERS = (
         "Number of successful inference requests, all batch sizes (includes cached requests)",
         lambda s: s.success.count,
     ),
-    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", lambda s: s.fail.count),
     (
         "nv_inference_count",
         "Number of inferences performed (a batch of n counts n; does not include cached requests)",
@@ -116,6 +115,55 @@ TRITON_COUNTERS = (
         lambda s: s.compute_output.ns // 1000,
     ),
 )
+# Triton 2.51 labels its failure counter with a reason: REJECTED (turned away before running: queue full, admission
+# timeout, limits), CANCELED, BACKEND (the run failed) or OTHER. Our outcomes map onto them.
+TRITON_FAILURE_REASONS = ("BACKEND", "OTHER", "CANCELED", "REJECTED")
+_TRITON_REASON = {
+    "cancelled": "CANCELED",
+    "server_busy": "REJECTED",
+    "residency_limit": "REJECTED",
+    "memory_limit": "REJECTED",
+    "tensor_memory_limit": "REJECTED",
+    "shutting_down": "REJECTED",
+    FAILED: "BACKEND",
+    "out_of_memory": "BACKEND",
+}
+
+
+def triton_failures(snapshot: StatisticsSnapshot) -> dict[str, int]:
+    """Failed requests by Triton's reason (every reason present, at zero when none)."""
+    counts = dict.fromkeys(TRITON_FAILURE_REASONS, 0)
+    for outcome, count in snapshot.failures.items():
+        counts[_TRITON_REASON.get(outcome, "OTHER")] += count
+    return counts
+
+
+class _TritonText:
+    """Text-format families written as Triton writes them: counters keep their own names (no `_total`), and
+    per-model samples are labelled model, then any other label, then version."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def counter(self, name: str, documentation: str, samples) -> None:
+        self.family(name, documentation, "counter", samples)
+
+    def family(self, name: str, documentation: str, kind: str, samples) -> None:
+        """`samples`: (entry or None for a server-wide sample, extra labels, value)."""
+        self._lines.append(f"# HELP {name} {documentation}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        for entry, extra, value in samples:
+            if entry is None:
+                self._lines.append(f"{name} {value}")
+                continue
+            pairs = {"model": entry.name, **extra, "version": entry.spec.version}
+            labels = ",".join(f'{key}="{_label(text)}"' for key, text in pairs.items())
+            self._lines.append(f"{name}{{{labels}}} {value}")
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n" if self._lines else ""
+
+
 # Served for models whose config enables the response cache, when the server has one (--response-cache-bytes).
 TRITON_CACHE_COUNTERS = (
     ("nv_cache_num_hits_per_model", "Number of response cache hits per model", lambda s: s.cache_hit.count),
@@ -166,23 +214,43 @@ class SlotserveCollector(Collector):
         yield from self._server_metrics()
 
     def triton_text(self) -> str:
-        """Triton's counters in the Prometheus text format, one family after another (see TRITON_COUNTERS)."""
+        """Triton's per-model families in the Prometheus text format (see TRITON_COUNTERS), Triton's order."""
         rows = [(entry, entry.statistics.snapshot()) for entry in self._registry.entries()]
         cache = self._dataplane.response_cache if self._dataplane is not None else None
-        cached = [
-            row for row in rows if cache is not None and cache.enabled and model_enables_cache(row[0].spec.config)
-        ]
-        lines: list[str] = []
-        for families, models in ((TRITON_COUNTERS, rows), (TRITON_CACHE_COUNTERS, cached)):
-            for name, documentation, value in families:
-                if not models:
-                    continue
-                lines.append(f"# HELP {name} {documentation}")
-                lines.append(f"# TYPE {name} counter")
-                for entry, snapshot in models:
-                    labels = f'model="{_label(entry.name)}",version="{_label(entry.spec.version)}"'
-                    lines.append(f"{name}{{{labels}}} {value(snapshot)}")
-        return "\n".join(lines) + "\n" if lines else ""
+        if cache is not None and not cache.enabled:
+            cache = None
+        lines = _TritonText()
+        if rows:
+            name, documentation, value = TRITON_COUNTERS[0]
+            lines.counter(name, documentation, [(entry, {}, value(snapshot)) for entry, snapshot in rows])
+            failures = [
+                (entry, {"reason": reason}, count)
+                for entry, snapshot in rows
+                for reason, count in triton_failures(snapshot).items()
+            ]
+            lines.counter(
+                "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", failures
+            )
+            for name, documentation, value in TRITON_COUNTERS[1:]:
+                lines.counter(name, documentation, [(entry, {}, value(snapshot)) for entry, snapshot in rows])
+        cached = [row for row in rows if cache is not None and model_enables_cache(row[0].spec.config)]
+        if cached:
+            for name, documentation, value in TRITON_CACHE_COUNTERS:
+                lines.counter(name, documentation, [(entry, {}, value(snapshot)) for entry, snapshot in cached])
+        if rows:
+            pending = [(entry, {}, entry.status().queued_requests) for entry, _ in rows]
+            lines.family(
+                "nv_inference_pending_request_count", "Requests waiting for a slot, per model", "gauge", pending
+            )
+        if cache is not None:
+            stats = cache.statistics()
+            for name, documentation, value in (
+                ("nv_cache_num_entries", "Number of responses stored in the response cache", stats.entries),
+                ("nv_cache_num_evictions", "Number of response cache evictions", stats.evictions),
+                ("nv_cache_util", "Response cache utilization [0.0 - 1.0]", stats.bytes / stats.capacity_bytes),
+            ):
+                lines.family(name, documentation, "gauge", [(None, {}, value)])
+        return lines.text()
 
     def _server_metrics(self) -> Iterator[Metric]:
         residency = self._residency

@@ -24,7 +24,9 @@ from service.tensors import decode_request
 METADATA = ModelMetadata(inputs=(TensorSpec("IN", "FP32", (-1,)),), outputs=(TensorSpec("OUT", "FP32", (-1,)),))
 
 
-def request(values=(1.0, 2.0, 3.0), *, name="IN", datatype="FP32", shape=None, model="m", version="", outputs=(), **params):
+def request(
+    values=(1.0, 2.0, 3.0), *, name="IN", datatype="FP32", shape=None, model="m", version="", outputs=(), **params
+):
     array = np.asarray(values, dtype=np.float32 if datatype == "FP32" else np.int32)
     message = pb.ModelInferRequest(model_name=model, model_version=version)
     message.inputs.add(name=name, datatype=datatype, shape=list(shape or array.shape))

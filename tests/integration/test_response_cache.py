@@ -1,0 +1,235 @@
+"""The response cache with a real server: hits answer without running the model, and are counted as Triton does.
+
+Fixture-backend models (output = input) count their engine runs (`FixtureControls.count(model, "execute")`), so a
+test sees directly whether a request ran or was answered from the cache; ModelStatistics shows how it was counted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.testing.fixture import FixtureBackend
+from generated import grpc_service_pb2 as pb
+from service.testing import serve
+
+from ._shm import ShmObject, in_region, register
+from ._support import CALL_TIMEOUT, client_error, stub, write_fixture_model
+
+TENSOR = [("INPUT0", "FP32", [-1])]
+OUT = [("OUTPUT0", "FP32", [-1])]
+CACHED = "response_cache { enable: true }\n"
+MEMORY = 'parameters { key: "memory_bytes" value { string_value: "4096" } }\n'
+CACHE_BYTES = 1 << 20
+PREFIX = "/slotserve-cache-test"
+
+
+@pytest.fixture
+def repository(tmp_path):
+    root = tmp_path / "repository"
+    write_fixture_model(root, "cached", inputs=TENSOR, outputs=OUT, extra=CACHED + MEMORY)
+    write_fixture_model(root, "plain", inputs=TENSOR, outputs=OUT)
+    return root
+
+
+@pytest.fixture
+def running(repository, controls):
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        response_cache_bytes=CACHE_BYTES,
+        allow_management=True,
+        shared_memory="system",
+        shared_memory_prefix=PREFIX,
+    ) as server:
+        yield server
+
+
+def values(*numbers: float) -> dict[str, np.ndarray]:
+    return {"INPUT0": np.asarray(numbers, dtype=np.float32)}
+
+
+def stats(running, model: str) -> pb.ModelStatistics:
+    (found,) = running.client.statistics(model)
+    return found
+
+
+def test_a_repeated_request_is_answered_from_the_cache_and_counted_as_a_hit(running, controls):
+    first = running.client.infer("cached", values(1, 2, 3))
+    again = [running.client.infer("cached", values(1, 2, 3)) for _ in range(3)]
+    assert controls.count("cached", "execute") == 1  # one run; three answers from the cache
+    for answer in again:
+        np.testing.assert_array_equal(answer["OUTPUT0"], first["OUTPUT0"])
+    inference = stats(running, "cached").inference_stats
+    assert (inference.cache_hit.count, inference.cache_miss.count) == (3, 1)
+    assert inference.cache_hit.ns > 0 and inference.cache_miss.ns > 0
+    assert inference.success.count == 4  # hits are successes
+    assert inference.queue.count == 4  # ... and queued (with no wait), as Triton counts them
+    assert (inference.compute_input.count, inference.compute_infer.count, inference.compute_output.count) == (1, 1, 1)
+    model = stats(running, "cached")
+    assert (model.inference_count, model.execution_count) == (1, 1)  # hits are not inferences or executions
+
+
+def test_a_changed_input_misses(running, controls):
+    running.client.infer("cached", values(1, 2, 3))
+    changed = running.client.infer("cached", values(1, 2, 4))
+    np.testing.assert_array_equal(changed["OUTPUT0"], [1, 2, 4])
+    running.client.infer("cached", values(1, 2, 3, 4))  # another shape
+    assert controls.count("cached", "execute") == 3
+    inference = stats(running, "cached").inference_stats
+    assert (inference.cache_hit.count, inference.cache_miss.count) == (0, 3)
+
+
+def test_a_model_without_response_cache_is_never_cached(running, controls):
+    for _ in range(3):
+        running.client.infer("plain", values(1, 2, 3))
+    assert controls.count("plain", "execute") == 3
+    inference = stats(running, "plain").inference_stats
+    assert (inference.cache_hit.count, inference.cache_miss.count) == (0, 0)
+
+
+def test_without_cache_memory_a_model_asking_for_it_runs_every_request(repository, controls):
+    with serve(repository, backends={"fixture": FixtureBackend(controls)}) as running:
+        for _ in range(2):
+            running.client.infer("cached", values(1, 2, 3))
+        assert controls.count("cached", "execute") == 2
+        inference = stats(running, "cached").inference_stats
+        assert (inference.cache_hit.count, inference.cache_miss.count) == (0, 0)
+
+
+def test_an_error_is_not_cached(running, controls):
+    controls.gate("cached", "execute").fail_next(RuntimeError("engine broke"))
+    error = client_error(running.client.infer, "cached", values(5, 6))
+    assert error.code == "INTERNAL"
+    answer = running.client.infer("cached", values(5, 6))  # the same request runs again, and succeeds
+    np.testing.assert_array_equal(answer["OUTPUT0"], [5, 6])
+    assert controls.count("cached", "execute") == 2
+    inference = stats(running, "cached").inference_stats
+    assert (inference.fail.count, inference.success.count, inference.cache_hit.count) == (1, 1, 0)
+    assert inference.cache_miss.count == 1  # the failed one is not counted as a miss: nothing was to be stored
+
+
+def test_a_reload_drops_the_models_entries(running, controls):
+    running.client.infer("cached", values(1, 2, 3))
+    running.client.infer("cached", values(1, 2, 3))
+    assert controls.count("cached", "execute") == 1
+    running.client.unload("cached")
+    running.client.load("cached")
+    running.client.infer("cached", values(1, 2, 3))  # not served from before the reload
+    assert controls.count("cached", "execute") == 2
+    running.client.infer("cached", values(1, 2, 3))
+    assert controls.count("cached", "execute") == 2
+    assert running.server.dataplane.response_cache.entries_of("cached") == 1
+
+
+def test_a_load_with_a_new_config_drops_the_entries(running, controls):
+    running.client.infer("cached", values(7))
+    assert running.server.dataplane.response_cache.entries_of("cached") == 1
+    config = {
+        "name": "cached",
+        "backend": "fixture",
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "response_cache": {"enable": True},
+        "parameters": {"memory_bytes": {"string_value": "8192"}},
+    }
+    running.client.load("cached", config)
+    running.client.infer("cached", values(7))
+    assert controls.count("cached", "execute") == 2
+    assert running.server.dataplane.response_cache.entries_of("cached") == 1
+
+
+def test_an_unloaded_model_is_not_served_from_the_cache(running, controls):
+    running.client.infer("cached", values(1))
+    running.client.unload("cached")
+    # The seed's lazy load: the next request loads the model again and runs, rather than answering from before.
+    running.client.infer("cached", values(1))
+    assert controls.count("cached", "execute") == 2
+    assert stats(running, "cached").inference_stats.cache_hit.count == 0
+
+
+def test_a_hit_still_needs_the_token(repository, controls):
+    with serve(
+        repository,
+        backends={"fixture": FixtureBackend(controls)},
+        response_cache_bytes=CACHE_BYTES,
+        inference_token="t",
+    ) as running:
+        running.client.infer("cached", values(1, 2))
+        raw = stub(running)
+        request = pb.ModelInferRequest(model_name="cached")
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
+        request.raw_input_contents.append(np.asarray([1, 2], np.float32).tobytes())
+        with pytest.raises(Exception) as refused:
+            raw.ModelInfer(request, timeout=CALL_TIMEOUT)  # no token
+        assert refused.value.code().name == "UNAUTHENTICATED"
+        assert stats(running, "cached").inference_stats.cache_hit.count == 0
+
+
+def shm_request(region: str, size: int, outputs_region: str | None = None) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="cached", id="shm")
+    in_region(request.inputs.add(name="INPUT0", datatype="FP32", shape=[size // 4]), region, size)
+    if outputs_region is not None:
+        in_region(request.outputs.add(name="OUTPUT0"), outputs_region, size)
+    return request
+
+
+def test_inputs_in_shared_memory_are_keyed_by_their_content_and_outputs_written_from_the_cache(running, controls):
+    source, target, other = ShmObject(16, PREFIX + "-in"), ShmObject(16, PREFIX + "-out"), ShmObject(16, PREFIX + "-o2")
+    try:
+        raw = stub(running)
+        for name, obj in (("in", source), ("out", target), ("out2", other)):
+            register(raw, name, obj.key, obj.size, timeout=CALL_TIMEOUT)
+        source.write(0, np.asarray([1, 2, 3, 4], "<f4"))
+        raw.ModelInfer(shm_request("in", 16, "out"), timeout=CALL_TIMEOUT)
+        assert target.array(0, "<f4", (4,)).tolist() == [1, 2, 3, 4]
+
+        # The same region with other bytes in it: a miss, never the answer cached for the region's name.
+        source.write(0, np.asarray([9, 8, 7, 6], "<f4"))
+        raw.ModelInfer(shm_request("in", 16, "out"), timeout=CALL_TIMEOUT)
+        assert target.array(0, "<f4", (4,)).tolist() == [9, 8, 7, 6]
+        assert controls.count("cached", "execute") == 2
+
+        # The same bytes again, answered into another output region: a hit, written from the cached copy.
+        response = raw.ModelInfer(shm_request("in", 16, "out2"), timeout=CALL_TIMEOUT)
+        assert other.array(0, "<f4", (4,)).tolist() == [9, 8, 7, 6]
+        assert list(response.outputs[0].shape) == [4] and response.raw_output_contents[0] == b""
+        # ... and the same bytes sent inline (asking for the same output) hit the same entry.
+        inline = running.client.infer("cached", values(9, 8, 7, 6), outputs=["OUTPUT0"])
+        assert inline["OUTPUT0"].tolist() == [9, 8, 7, 6]
+        assert controls.count("cached", "execute") == 2
+        assert stats(running, "cached").inference_stats.cache_hit.count == 2
+    finally:
+        raw.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=CALL_TIMEOUT)
+        for obj in (source, target, other):
+            obj.close()
+
+
+def test_a_hit_answers_with_the_requests_own_id(running):
+    raw = stub(running)
+    request = pb.ModelInferRequest(model_name="cached", id="first")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+    request.raw_input_contents.append(np.asarray([3], np.float32).tobytes())
+    assert raw.ModelInfer(request, timeout=CALL_TIMEOUT).id == "first"
+    request.id = "second"
+    assert raw.ModelInfer(request, timeout=CALL_TIMEOUT).id == "second"
+    assert stats(running, "cached").inference_stats.cache_hit.count == 1
+
+
+def test_the_cache_stays_within_its_bytes(repository, controls):
+    # Each answer holds 1000 floats (4000 bytes) plus the key and bookkeeping: three fit in 13000 bytes, four do not.
+    with serve(repository, backends={"fixture": FixtureBackend(controls)}, response_cache_bytes=13000) as running:
+        for start in range(5):
+            running.client.infer("cached", values(*range(start, start + 1000)))
+        cache = running.server.dataplane.response_cache.statistics()
+        assert cache.entries == 3 and cache.bytes <= 13000 and cache.evictions == 2
+        running.client.infer("cached", values(*range(0, 1000)))  # the oldest went: it runs again
+        assert controls.count("cached", "execute") == 6
+
+
+def test_memory_usage_reports_the_pools_memory_as_getmodel_does(running):
+    (usage,) = stats(running, "cached").memory_usage
+    assert (usage.type, usage.id, usage.byte_size) == ("CPU", 0, running.management.get("cached").memory_bytes)
+    assert usage.byte_size == 4096  # the fixture's memory_bytes parameter, with no per-slot memory
+    running.client.unload("cached")
+    assert list(stats(running, "cached").memory_usage) == []  # nothing loaded, nothing reported (as Triton)
