@@ -40,6 +40,7 @@ import numpy as np
 from engine.interface import ModelMetadata
 from engine.tensor_codec import encode_raw
 
+from .core.lifecycle import ModelState
 from .tensors import BYTE_SIZE, OFFSET, REGION, DecodedRequest
 
 ENTRY_OVERHEAD = 256  # bytes counted per entry for its bookkeeping (key tuple, dict slots, metadata reference)
@@ -167,14 +168,21 @@ class ResponseCache:
 
     def lookup(self, entry, request, decoded: DecodedRequest) -> CacheLookup:
         """The cached answer for `request` on model `entry`, if any. NOT_CACHEABLE when the cache is off, the
-        model does not enable it, or the model is not READY (then its entries are dropped). Never blocks."""
+        model does not enable it, is not READY (then its entries are dropped), or has a manager (unload,
+        reconfigure) holding or waiting for it: requests after a manager wait for it in the FIFO, as the contract
+        says, rather than being answered from before it. Takes the model lock once, briefly (`entry.view()`);
+        never blocks otherwise."""
         if not self.enabled or not model_enables_cache(entry.spec.config):
             return NOT_CACHEABLE
         began = time.perf_counter_ns()
-        if not entry.is_ready():
+        view = entry.view()  # spec, metadata and state from one reading
+        status = view.status
+        if status.state is not ModelState.READY:
             self.drop(entry.name)
             return NOT_CACHEABLE
-        generation = (entry.spec, entry.known_metadata())
+        if status.manager_active or status.queued_managers:
+            return NOT_CACHEABLE
+        generation = (view.spec, view.metadata)
         version = request.model_version or entry.spec.version
         key = request_key(request, decoded, version)
         answer = self.get(entry.name, generation, key)

@@ -6,6 +6,9 @@ test sees directly whether a request ran or was answered from the cache; ModelSt
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -233,3 +236,47 @@ def test_memory_usage_reports_the_pools_memory_as_getmodel_does(running):
     assert usage.byte_size == 4096  # the fixture's memory_bytes parameter, with no per-slot memory
     running.client.unload("cached")
     assert list(stats(running, "cached").memory_usage) == []  # nothing loaded, nothing reported (as Triton)
+
+
+def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+    """Poll an observable state until it holds (bounded by a generous deadline on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_a_hit_takes_no_slot_and_answers_while_every_slot_is_busy(running, controls):
+    running.client.infer("cached", values(1, 2))  # kept
+    gate = controls.gate("cached", "execute").hold()
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(running.client.infer, "cached", values(3, 4))  # holds the model's only slot
+        gate.wait_blocked(1)
+        answer = running.client.infer("cached", values(1, 2))  # would queue behind it without the cache
+        np.testing.assert_array_equal(answer["OUTPUT0"], [1, 2])
+        status = running.management.get("cached")
+        assert (status.active_slots, status.queued_requests) == (1, 0)
+        gate.release()
+        np.testing.assert_array_equal(busy.result(timeout=60)["OUTPUT0"], [3, 4])
+    assert stats(running, "cached").inference_stats.cache_hit.count == 1
+
+
+def test_a_request_after_a_queued_unload_waits_for_it_rather_than_hitting(running, controls):
+    """OPS.ready.unload / A manager in the queue: later requests wait behind it, so they are not answered from
+    the cache made before it; this one waits, then reloads the model (lazy load) and runs."""
+    running.client.infer("cached", values(1, 2))
+    gate = controls.gate("cached", "execute").hold()
+    with ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(running.client.infer, "cached", values(3, 4))
+        gate.wait_blocked(1)
+        unload = pool.submit(running.client.unload, "cached")
+        wait_for(lambda: running.server.registry.get("cached").status().queued_managers == 1, "the unload queued")
+        later = pool.submit(running.client.infer, "cached", values(1, 2))
+        wait_for(lambda: running.server.registry.get("cached").status().queued_requests == 1, "the request queued")
+        assert not later.done()
+        gate.release()
+        busy.result(timeout=60)
+        unload.result(timeout=60)
+        np.testing.assert_array_equal(later.result(timeout=60)["OUTPUT0"], [1, 2])
+    assert controls.count("cached", "execute") == 3  # the later request ran
+    assert stats(running, "cached").inference_stats.cache_hit.count == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from engine.interface import ModelMetadata, TensorSpec
 from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
+from service.core.lifecycle import ModelState
 from service.response_cache import (
     ENTRY_OVERHEAD,
     NOT_CACHEABLE,
@@ -177,11 +179,12 @@ class FakeEntry:
 
     version = "1"
 
-    def is_ready(self) -> bool:
-        return self.ready
+    manager_active: bool = False
 
-    def known_metadata(self):
-        return self.metadata
+    def view(self):
+        state = ModelState.READY if self.ready else ModelState.UNLOADED
+        status = SimpleNamespace(state=state, manager_active=self.manager_active, queued_managers=0)
+        return SimpleNamespace(spec=self, metadata=self.metadata, status=status)
 
 
 def config(enable: bool) -> model_config_pb2.ModelConfig:
@@ -207,6 +210,10 @@ def test_lookup_is_not_cacheable_when_off_disabled_or_not_ready():
     first = cache.lookup(entry, message, decoded)
     assert first.key is not None and first.answer is None
     assert cache.store_answer(first, METADATA, "1", {"OUT": np.ones(3, np.float32)}) >= first.lookup_ns
+    assert cache.lookup(entry, message, decoded).answer is not None
+    entry.manager_active = True  # an unload or reconfiguration holds the model: later requests wait for it
+    assert cache.lookup(entry, message, decoded) is NOT_CACHEABLE
+    entry.manager_active = False
     assert cache.lookup(entry, message, decoded).answer is not None
     entry.ready = False
     assert cache.lookup(entry, message, decoded) is NOT_CACHEABLE
