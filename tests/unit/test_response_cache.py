@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +14,7 @@ from engine.interface import ModelMetadata, TensorSpec
 from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
 from service.core.lifecycle import ModelState
+from service.options import ServerOptions
 from service.response_cache import (
     ENTRY_OVERHEAD,
     NOT_CACHEABLE,
@@ -254,3 +256,28 @@ def test_concurrent_puts_and_gets_keep_the_byte_count_exact():
     stats = cache.statistics()
     assert stats.entries == 10 and stats.bytes == 10 * entry_bytes(10)
     assert stats.evictions == 4 * 300 - 10
+
+
+def test_a_negative_response_cache_size_is_refused_naming_the_flag():
+    from tests.unit.test_flag_ranges import options_from
+
+    with pytest.raises(ValueError, match=r"--response-cache-bytes must be >= 0, got -1"):
+        options_from("--response-cache-bytes", "-1")
+    with pytest.raises(ValueError, match=r"--response-cache-bytes must be >= 0, got nan"):
+        ServerOptions(model_repository=Path("."), response_cache_bytes=float("nan"))
+
+
+@pytest.mark.parametrize("value", ["nan", "1.5", "lots"])
+def test_a_response_cache_size_that_is_not_an_integer_is_refused_naming_the_flag(value, capsys):
+    from tests.unit.test_flag_ranges import options_from
+
+    with pytest.raises(SystemExit):
+        options_from("--response-cache-bytes", value)
+    assert f"--response-cache-bytes: invalid int value: '{value}'" in capsys.readouterr().err
+
+
+def test_the_response_cache_is_off_unless_given_bytes():
+    from tests.unit.test_flag_ranges import options_from
+
+    assert options_from().response_cache_bytes == 0
+    assert options_from("--response-cache-bytes", "1048576").response_cache_bytes == 1048576
