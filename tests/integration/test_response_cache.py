@@ -280,3 +280,33 @@ def test_a_request_after_a_queued_unload_waits_for_it_rather_than_hitting(runnin
         np.testing.assert_array_equal(later.result(timeout=60)["OUTPUT0"], [1, 2])
     assert controls.count("cached", "execute") == 3  # the later request ran
     assert stats(running, "cached").inference_stats.cache_hit.count == 0
+
+
+def test_a_batching_model_and_bytes_tensors_are_cached_too(tmp_path, controls):
+    root = tmp_path / "more"
+    write_fixture_model(
+        root,
+        "batched",
+        inputs=[("INPUT0", "FP32", [-1])],
+        outputs=[("OUTPUT0", "FP32", [-1])],
+        max_batch_size=4,
+        extra="dynamic_batching { max_queue_delay_microseconds: 100 }\n" + CACHED,
+    )
+    write_fixture_model(
+        root, "text", inputs=[("INPUT0", "BYTES", [-1])], outputs=[("OUTPUT0", "BYTES", [-1])], extra=CACHED
+    )
+    with serve(root, backends={"fixture": FixtureBackend(controls)}, response_cache_bytes=CACHE_BYTES) as running:
+        rows = {"INPUT0": np.asarray([[1, 2], [3, 4]], np.float32)}
+        first = running.client.infer("batched", rows)
+        again = running.client.infer("batched", rows)
+        np.testing.assert_array_equal(again["OUTPUT0"], first["OUTPUT0"])
+        assert controls.batches("batched") == [2]  # one run; the repeat was a hit
+        assert stats(running, "batched").inference_stats.cache_hit.count == 1
+
+        words = {"INPUT0": np.asarray([b"alpha", b"", b"\x00\xff"], dtype=object)}
+        assert running.client.infer("text", words)["OUTPUT0"].tolist() == [b"alpha", b"", b"\x00\xff"]
+        assert running.client.infer("text", words)["OUTPUT0"].tolist() == [b"alpha", b"", b"\x00\xff"]
+        other = {"INPUT0": np.asarray([b"alpha", b"", b"\x00\xfe"], dtype=object)}
+        assert running.client.infer("text", other)["OUTPUT0"].tolist() == [b"alpha", b"", b"\x00\xfe"]
+        assert controls.count("text", "execute") == 2
+        assert stats(running, "text").inference_stats.cache_hit.count == 1
