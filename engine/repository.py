@@ -292,7 +292,10 @@ FIELDS: dict[str, FieldRule] = {
         "(ModelStreamInfer)"
     ),
     "model_repository_agents": _refused("not supported: repository agents are not run"),
-    "response_cache": _ignored("read; no response cache yet, every request runs"),
+    "response_cache": _applied(
+        "with --response-cache-bytes > 0, ModelInfer answers are kept by request content and served again without a "
+        "slot (docs/operations.md, Response cache); with no cache memory nothing is cached"
+    ),
 }
 
 

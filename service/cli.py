@@ -179,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
         "it is refused at once with RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 4 GiB)",
     )
     add(
+        "--response-cache-bytes",
+        type=int,
+        default=ServerOptions.response_cache_bytes,
+        metavar="BYTES",
+        help="memory for the response cache: ModelInfer answers of models whose config says response_cache "
+        "{ enable: true } are kept by request content and served again without a slot (least recently used "
+        "evicted first); 0 or more, 0 = no cache (default: 0)",
+    )
+    add(
         "--drain-seconds",
         type=float,
         default=0.0,
@@ -379,6 +388,7 @@ def option_fields(args: argparse.Namespace) -> dict:
         enable_test_backends=args.enable_test_backends,
         max_request_tensor_bytes=args.max_request_tensor_bytes,
         max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
+        response_cache_bytes=args.response_cache_bytes,
         drain_seconds=args.drain_seconds,
         shutdown_grace=args.shutdown_grace,
         stream_write_timeout=args.stream_write_timeout,

@@ -25,6 +25,7 @@ from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry
+from .response_cache import CacheLookup, ResponseCache
 from .shared_memory import SharedMemoryRegistry
 from .tensor_memory import Reservation, TensorMemory
 from .tensors import DecodedRequest, decode_request, decoded_bytes, encode_response, output_bytes
@@ -52,8 +53,11 @@ class Dataplane:
         clock: Callable[[], float] = time.monotonic,
         shared_memory: SharedMemoryRegistry | None = None,
         tensor_memory: TensorMemory | None = None,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         self.registry = registry
+        # ModelInfer answers kept by content (service/response_cache.py); capacity 0 = off.
+        self.response_cache = response_cache if response_cache is not None else ResponseCache(0)
         self.shared_memory = shared_memory
         # Every request's tensors are accounted for from before decoding to its end (service/tensor_memory.py);
         # without limits given, the account only counts.
@@ -140,7 +144,8 @@ class Dataplane:
         try:
             check_version(entry, request.model_version)
             reservation, decoded = self._decode(request, raw_contents)
-            ran = self._run(entry, decoded, client_deadline, cancel, started)
+            cached = self.response_cache.lookup(entry, request, decoded)  # a hit takes no slot
+            ran = _Ran.of(cached) if cached.answer else self._run(entry, decoded, client_deadline, cancel, started)
             response = self._response(request, ran, decoded, reservation)
             if serialize:
                 response = wire.serialize_infer_response(response)
@@ -149,7 +154,7 @@ class Dataplane:
             raise
         finally:
             _finish(reservation, decoded)
-        self._record_success(entry, ran, started)
+        self._record_cached_or_success(entry, cached, ran, started)
         return response
 
     def infer_stream(
@@ -274,6 +279,17 @@ class Dataplane:
             outputs=outputs,
         )
 
+    def _record_cached_or_success(self, entry: ModelEntry, cached: CacheLookup, ran: _Ran, started: int) -> None:
+        """Count a ModelInfer answer: a cache hit as such; otherwise store it (when cacheable) and count it."""
+        if cached.answer is not None:
+            entry.statistics.record_cache_hit(total_ns=time.perf_counter_ns() - started, hit_ns=cached.lookup_ns)
+            return
+        if cached.key is not None:
+            entry.statistics.record_cache_miss(
+                self.response_cache.store_answer(cached, ran.metadata, ran.version, ran.outputs)
+            )
+        self._record_success(entry, ran, started)
+
     @staticmethod
     def _record_success(entry: ModelEntry, ran: _Ran, started: int, counted_output: bool = True) -> None:
         finished = time.perf_counter_ns()
@@ -310,6 +326,12 @@ class _Ran:
     batched: bool = False  # it ran in a batch, whose run is counted once by the batch
     outputs: dict | None = None
     finished_ns: int = field(default_factory=time.perf_counter_ns)  # when the run ended: the output time's start
+
+    @classmethod
+    def of(cls, cached: CacheLookup) -> _Ran:
+        """A response cache hit, answered like a run that took no slot and no time."""
+        answer = cached.answer
+        return cls(answer.metadata, answer.version, 0, outputs=answer.outputs)
 
 
 def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:

@@ -10,6 +10,12 @@ Nothing is recorded for the metrics on any code path: at scrape time the collect
 * the per-model lifecycle event counts of `events.Events` (loads, unloads, evictions, ...),
 * residency (resident models, memory), the cold-load guard and the dataplane's unknown-model count.
 
+Beside them, Triton's own per-model names (`TRITON_COUNTERS`, `TRITON_CACHE_COUNTERS`: `nv_inference_*`, and
+`nv_cache_*` for models using the response cache), labelled `model` and `version` and typed counter as Triton
+exposes them: without the `_total` suffix prometheus_client would add, so they are rendered by `triton_text`
+and appended to the exposition. They read the same snapshot as ModelStatistics; durations are its nanosecond
+sums divided by 1000 (microseconds, as Triton's).
+
 Locking: the collector takes the registry lock, then each model lock, residency lock and events lock one at a
 time and never two at once, so a scrape cannot deadlock with the request path or with lifecycle work.
 `--metrics-port` serves it with prometheus_client's WSGI app on a small threading HTTP server of our own: the same
@@ -25,14 +31,15 @@ import threading
 from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .core.outcomes import STANDARD, SUCCESS
+from .core.outcomes import FAILED, STANDARD, SUCCESS
 from .core.statistics import BUCKETS_SECONDS, StatisticsSnapshot
+from .response_cache import model_enables_cache
 
 POLL_SECONDS = 0.1  # how often the HTTP loop checks for shutdown: stop() waits up to this long
 REQUEST_TIMEOUT = 10.0  # seconds a scrape connection may stall before its thread gives up on it
@@ -62,6 +69,115 @@ LIFECYCLE_COUNTERS = (
         "Idle models retired to make room for another model's load (--max-resident-models or --memory-budget).",
     ),
     ("slotserve_model_idle_retirements", "idle_retired", "Models retired after --idle-unload seconds idle."),
+)
+
+
+# Triton's per-model counters (docs/operations.md lists them): name, help text, value from the statistics snapshot.
+TRITON_COUNTERS = (
+    (
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes (includes cached requests)",
+        lambda s: s.success.count,
+    ),
+    (
+        "nv_inference_count",
+        "Number of inferences performed (a batch of n counts n; does not include cached requests)",
+        lambda s: s.inference_count,
+    ),
+    (
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)",
+        lambda s: s.execution_count,
+    ),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        lambda s: s.success.ns // 1000,
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        lambda s: s.queue.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_input.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_infer.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_output.ns // 1000,
+    ),
+)
+# Triton 2.51 labels its failure counter with a reason: REJECTED (turned away before running: queue full, admission
+# timeout, limits), CANCELED, BACKEND (the run failed) or OTHER. Our outcomes map onto them.
+TRITON_FAILURE_REASONS = ("BACKEND", "OTHER", "CANCELED", "REJECTED")
+_TRITON_REASON = {
+    "cancelled": "CANCELED",
+    "server_busy": "REJECTED",
+    "residency_limit": "REJECTED",
+    "memory_limit": "REJECTED",
+    "tensor_memory_limit": "REJECTED",
+    "shutting_down": "REJECTED",
+    FAILED: "BACKEND",
+    "out_of_memory": "BACKEND",
+}
+
+
+def triton_failures(snapshot: StatisticsSnapshot) -> dict[str, int]:
+    """Failed requests by Triton's reason (every reason present, at zero when none)."""
+    counts = dict.fromkeys(TRITON_FAILURE_REASONS, 0)
+    for outcome, count in snapshot.failures.items():
+        counts[_TRITON_REASON.get(outcome, "OTHER")] += count
+    return counts
+
+
+class _TritonText:
+    """Text-format families written as Triton writes them: counters keep their own names (no `_total`), and
+    per-model samples are labelled model, then any other label, then version."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def counter(self, name: str, documentation: str, samples) -> None:
+        self.family(name, documentation, "counter", samples)
+
+    def family(self, name: str, documentation: str, kind: str, samples) -> None:
+        """`samples`: (entry or None for a server-wide sample, extra labels, value)."""
+        self._lines.append(f"# HELP {name} {documentation}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        for entry, extra, value in samples:
+            if entry is None:
+                self._lines.append(f"{name} {value}")
+                continue
+            pairs = {"model": entry.name, **extra, "version": entry.spec.version}
+            labels = ",".join(f'{key}="{_label(text)}"' for key, text in pairs.items())
+            self._lines.append(f"{name}{{{labels}}} {value}")
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n" if self._lines else ""
+
+
+# Served for models whose config enables the response cache, when the server has one (--response-cache-bytes).
+TRITON_CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Number of response cache hits per model", lambda s: s.cache_hit.count),
+    ("nv_cache_num_misses_per_model", "Number of response cache misses per model", lambda s: s.cache_miss.count),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        lambda s: s.cache_hit.ns // 1000,
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (lookup and insertion) duration per model, in microseconds",
+        lambda s: s.cache_miss.ns // 1000,
+    ),
 )
 
 
@@ -97,6 +213,45 @@ class SlotserveCollector(Collector):
         yield from _lifecycle_counters([name for name, _, _ in observed], self._events.counts())
         yield from self._server_metrics()
 
+    def triton_text(self) -> str:
+        """Triton's per-model families in the Prometheus text format (see TRITON_COUNTERS), Triton's order."""
+        rows = [(entry, entry.statistics.snapshot()) for entry in self._registry.entries()]
+        cache = self._dataplane.response_cache if self._dataplane is not None else None
+        if cache is not None and not cache.enabled:
+            cache = None
+        lines = _TritonText()
+        if rows:
+            name, documentation, value = TRITON_COUNTERS[0]
+            lines.counter(name, documentation, [(entry, {}, value(snapshot)) for entry, snapshot in rows])
+            failures = [
+                (entry, {"reason": reason}, count)
+                for entry, snapshot in rows
+                for reason, count in triton_failures(snapshot).items()
+            ]
+            lines.counter(
+                "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", failures
+            )
+            for name, documentation, value in TRITON_COUNTERS[1:]:
+                lines.counter(name, documentation, [(entry, {}, value(snapshot)) for entry, snapshot in rows])
+        cached = [row for row in rows if cache is not None and model_enables_cache(row[0].spec.config)]
+        if cached:
+            for name, documentation, value in TRITON_CACHE_COUNTERS:
+                lines.counter(name, documentation, [(entry, {}, value(snapshot)) for entry, snapshot in cached])
+        if rows:
+            pending = [(entry, {}, entry.status().queued_requests) for entry, _ in rows]
+            lines.family(
+                "nv_inference_pending_request_count", "Requests waiting for a slot, per model", "gauge", pending
+            )
+        if cache is not None:
+            stats = cache.statistics()
+            for name, documentation, value in (
+                ("nv_cache_num_entries", "Number of responses stored in the response cache", stats.entries),
+                ("nv_cache_num_evictions", "Number of response cache evictions", stats.evictions),
+                ("nv_cache_util", "Response cache utilization [0.0 - 1.0]", stats.bytes / stats.capacity_bytes),
+            ):
+                lines.family(name, documentation, "gauge", [(None, {}, value)])
+        return lines.text()
+
     def _server_metrics(self) -> Iterator[Metric]:
         residency = self._residency
         yield GaugeMetricFamily(
@@ -127,6 +282,11 @@ class SlotserveCollector(Collector):
                 "Inference requests naming a model that is not registered (NOT_FOUND).",
                 value=self._dataplane.unknown_model_requests,
             )
+
+
+def _label(value: str) -> str:
+    """A label value escaped as the text format wants (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _model_gauges(observed) -> Iterator[Metric]:
@@ -236,20 +396,22 @@ class ServerMetrics:
     def __init__(self, collector: Collector) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
+        self._collector = collector
         self._lock = threading.Lock()  # guards: _httpd, _thread
         self._httpd = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
 
     def render(self) -> str:
-        """The Prometheus text exposition, as /metrics serves it."""
-        return generate_latest(self.registry).decode()
+        """The Prometheus text exposition, as /metrics serves it: ours, then Triton's names (triton_text)."""
+        triton = getattr(self._collector, "triton_text", None)
+        return generate_latest(self.registry).decode() + (triton() if triton is not None else "")
 
     def start(self, host: str, port: int) -> int:
         """Serve /metrics (any path answers) on host:port; port 0 picks a free one. Returns the bound port.
         Raises OSError if it cannot be bound."""
         with self._lock:
-            httpd = _http_server(host, port, make_wsgi_app(self.registry))
+            httpd = _http_server(host, port, self._app)
             thread = threading.Thread(
                 target=httpd.serve_forever, kwargs={"poll_interval": POLL_SECONDS}, name="metrics-http", daemon=True
             )
@@ -269,6 +431,15 @@ class ServerMetrics:
         httpd.shutdown()
         httpd.server_close()
         thread.join()
+
+    def _app(self, environ, start_response):
+        """Every path answers the text exposition (Prometheus format 0.0.4, as Triton serves it)."""
+        body = self.render().encode()
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))])
+        return [body]
+
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -81,6 +81,7 @@ class ServerOptions:
     # folder) and the most bytes one load may write.
     model_files_dir: Path | None = None
     max_load_file_bytes: int = DEFAULT_MAX_LOAD_FILE_BYTES
+    response_cache_bytes: int = 0  # service/response_cache.py; 0 = no response cache
 
     def __post_init__(self) -> None:
         problems = self._normalize_security()
@@ -233,6 +234,7 @@ RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "max_inflight_tensor_bytes": ("--max-inflight-tensor-bytes", 0, None, "int"),
     "repository_poll_seconds": ("--repository-poll-seconds", 0, MAX_SECONDS, "positive seconds"),
     "max_load_file_bytes": ("--max-load-file-bytes", 0, None, "int"),
+    "response_cache_bytes": ("--response-cache-bytes", 0, None, "int"),
 }
 OPTIONAL_NUMBERS = frozenset({"parallel_jobs", "metrics_port", "max_concurrent_rpcs"})  # None: not set
 

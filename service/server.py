@@ -34,6 +34,7 @@ from .metrics import ServerMetrics, SlotserveCollector
 from .model_control import ControlSettings, ModelControl, lazy_load_refusal
 from .model_files import ModelFiles
 from .options import ServerOptions
+from .response_cache import ResponseCache
 from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
 from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
@@ -129,6 +130,7 @@ class Server:
             self.registry,
             shared_memory=self.shared_memory,
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
+            response_cache=ResponseCache(options.response_cache_bytes),
         )
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.

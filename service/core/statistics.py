@@ -11,6 +11,11 @@ every request of a batch in one.
 For the metrics the same record also keeps, at no extra lock, how each failed request ended (its outcome, see
 service/core/outcomes.py) and histogram buckets of the queue and engine-run times of successful requests. Both
 ModelStatistics and /metrics therefore read one set of counters and always agree.
+
+Response cache (service/response_cache.py), as Triton counts it: a hit is a success (success and queue include
+it, with no queue time: it waited for no slot) and is counted under cache_hit with the time its lookup and
+answer took; it is not an inference, an execution or a compute time (compute counts exclude hits). A cacheable
+request that missed is counted as usual plus under cache_miss with the time the lookup and the insertion took.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class StatisticsSnapshot:
     queue_buckets: tuple[int, ...] = ()  # per bucket of BUCKETS_SECONDS, then +Inf; not cumulative
     infer_buckets: tuple[int, ...] = ()
     batch_stats: tuple[BatchSizeStatistics, ...] = ()  # per batch size executed, smallest first
+    cache_hit: Duration = Duration()  # response cache hits: count, and ns of their lookup and answer
+    cache_miss: Duration = Duration()  # cacheable requests that missed: count, and ns of lookup plus insertion
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ class InferenceStatistics:
         self._failures: dict[str, int] = {}
         self._queue_buckets = [0] * (len(_BOUNDS_NS) + 1)
         self._infer_buckets = [0] * (len(_BOUNDS_NS) + 1)
+        self._cache_hits = self._cache_hit_ns = 0
+        self._cache_misses = self._cache_miss_ns = 0
 
     def record_success(
         self,
@@ -143,6 +152,22 @@ class InferenceStatistics:
         totals[2] += infer_ns
         totals[3] += output_ns
 
+    def record_cache_hit(self, *, total_ns: int, hit_ns: int) -> None:
+        """A request answered from the response cache: a success, not an inference or an execution."""
+        now_ms = time.time_ns() // 1_000_000
+        with self._lock:
+            self._success_count += 1
+            self._success_ns += total_ns
+            self._cache_hits += 1
+            self._cache_hit_ns += hit_ns
+            self._last_inference_ms = now_ms
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """A cacheable request that missed (it is also recorded as a success by record_success)."""
+        with self._lock:
+            self._cache_misses += 1
+            self._cache_miss_ns += miss_ns
+
     def record_failure(self, total_ns: int, outcome: str = "failed") -> None:
         """A request that did not succeed; `outcome` is how it ended (service/core/outcomes.py outcome_of)."""
         with self._lock:
@@ -152,14 +177,15 @@ class InferenceStatistics:
 
     def snapshot(self) -> StatisticsSnapshot:
         with self._lock:
-            done = self._success_count  # every successful request was queued, prepared, run and encoded once
+            done = self._success_count  # every successful request was queued once (a cache hit with no wait)
+            ran = done - self._cache_hits  # ... and, unless answered from the cache, prepared, run and encoded
             return StatisticsSnapshot(
                 success=Duration(done, self._success_ns),
                 fail=Duration(self._fail_count, self._fail_ns),
                 queue=Duration(done, self._queue_ns),
-                compute_input=Duration(done, self._input_ns),
-                compute_infer=Duration(done, self._infer_ns),
-                compute_output=Duration(done, self._output_ns),
+                compute_input=Duration(ran, self._input_ns),
+                compute_infer=Duration(ran, self._infer_ns),
+                compute_output=Duration(ran, self._output_ns),
                 inference_count=self._inference_count,
                 execution_count=sum(totals[0] for totals in self._executions.values()),
                 last_inference_ms=self._last_inference_ms,
@@ -169,4 +195,6 @@ class InferenceStatistics:
                 batch_stats=tuple(
                     BatchSizeStatistics(size, *self._executions[size]) for size in sorted(self._executions)
                 ),
+                cache_hit=Duration(self._cache_hits, self._cache_hit_ns),
+                cache_miss=Duration(self._cache_misses, self._cache_miss_ns),
             )

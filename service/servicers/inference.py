@@ -344,10 +344,20 @@ def _add_statistics(target, entry: ModelEntry) -> None:
     target.inference_count = snapshot.inference_count
     target.execution_count = snapshot.execution_count
     stats = target.inference_stats
-    for field in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+    for field in (
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+        "cache_hit",
+        "cache_miss",
+    ):
         duration = getattr(snapshot, field)
         getattr(stats, field).count = duration.count
         getattr(stats, field).ns = duration.ns
+    _add_memory_usage(target, entry)
     for batch in snapshot.batch_stats:
         added = target.batch_stats.add(batch_size=batch.batch_size)
         for duration, ns in (
@@ -356,6 +366,15 @@ def _add_statistics(target, entry: ModelEntry) -> None:
             (added.compute_output, batch.compute_output_ns),
         ):
             duration.count, duration.ns = batch.count, ns
+
+
+def _add_memory_usage(target, entry: ModelEntry) -> None:
+    """What the loaded pool reports (the figure GetModel's memory_bytes shows), as Triton's MemoryUsage: on the
+    GPU (device 0) for TensorRT, in host memory for the other backends. Nothing while not loaded, as Triton."""
+    status = entry.status()
+    if status.memory_bytes:
+        kind = "GPU" if status.backend == "tensorrt" else "CPU"
+        target.memory_usage.add(type=kind, id=0, byte_size=status.memory_bytes)
 
 
 _HANDLER_FACTORY = {

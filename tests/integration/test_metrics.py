@@ -67,11 +67,12 @@ def key(name: str, **labels: str):
 
 
 def counter_moves(before: Samples, after: Samples) -> dict:
-    """The counters (and histogram counts) whose value changed, with by how much."""
+    """slotserve's counters (and histogram counts) whose value changed, with by how much. Triton's `nv_*` names,
+    read from the same statistics, are checked by tests/integration/test_triton_metrics.py."""
     moved = {}
     for sample_key, now in after.items():
         name = sample_key[0]
-        if name.endswith("_total") or name.endswith("_count"):
+        if name.startswith("slotserve_") and (name.endswith("_total") or name.endswith("_count")):
             delta = now - before.get(sample_key, 0.0)
             if delta:
                 moved[sample_key] = delta
