@@ -28,7 +28,7 @@ from pathlib import Path
 
 from engine.interface import CancelToken
 
-from .core.errors import ModelNotFound, ServiceError
+from .core.errors import ModelConfigFailed, ModelNotFound, ServiceError
 from .core.registry import ModelRegistry, Registration
 from .model_files import ModelFiles
 
@@ -176,8 +176,10 @@ class ModelControl:
         config_json = parameters.get("config", "")
         files = {key[len("file:") :]: value for key, value in parameters.items() if key.startswith("file:")}
         if not files:
-            source = name if self.files.owns(self._current_source(name)) else ""  # leave a files load behind
-            self.registry.register(Registration(name=name, source=source, config_json=config_json), cancel=cancel)
+            if self.files.owns(self._current_source(name)):  # leave a files load behind: read the folder again
+                self.registry.register(Registration(name=name, source=name, config_json=config_json), cancel=cancel)
+            else:  # the repository's folder; a failure there keeps the model listed with the new reason
+                self.registry.load(name, config_json=config_json, cancel=cancel)
             self.files.sweep(name, self._current_source(name))
             return
         folder = self.files.stage(name, files, config_json)
@@ -200,7 +202,7 @@ class ModelControl:
     def _current_source(self, name: str) -> str:
         try:
             return self.registry.get(name).settings.source
-        except ModelNotFound:
+        except (ModelNotFound, ModelConfigFailed):  # no entry (yet): nothing of a files load to leave behind
             return ""
 
     # ---- poll mode ------------------------------------------------------------------------------------------
