@@ -33,6 +33,7 @@ class Endpoint:
     name: str  # "triton" or "slotserve", for messages
     address: str
     stub: pb_grpc.GRPCInferenceServiceStub
+    metrics_url: str  # Prometheus text over HTTP
 
 
 def _start_triton(stack: ExitStack, folder: Path, repository: Path, *args: str) -> Endpoint:
@@ -40,14 +41,16 @@ def _start_triton(stack: ExitStack, folder: Path, repository: Path, *args: str) 
         pytest.skip(MISSING_REASON)
     folder.mkdir(parents=True, exist_ok=True)
     running = stack.enter_context(run_triton(INSTALLATION, repository, folder, *args))
-    return Endpoint("triton", running.address, running.stub)
+    return Endpoint("triton", running.address, running.stub, running.metrics_url)
 
 
 def _start_slotserve(stack: ExitStack, repository: Path, **options) -> Endpoint:
     options.setdefault("allow_management", True)  # Triton's repository extension is on by default
+    options.setdefault("metrics_port", 0)  # Triton serves metrics by default
     running = stack.enter_context(serve(repository, **options))
     channel = stack.enter_context(grpc.insecure_channel(running.address))
-    return Endpoint("slotserve", running.address, pb_grpc.GRPCInferenceServiceStub(channel))
+    metrics_url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
+    return Endpoint("slotserve", running.address, pb_grpc.GRPCInferenceServiceStub(channel), metrics_url)
 
 
 @pytest.fixture

@@ -103,6 +103,7 @@ def free_ports(count: int) -> list[int]:
 @dataclass
 class RunningTriton:
     address: str  # host:port of its gRPC service
+    metrics_url: str  # Prometheus text
     channel: grpc.Channel
     stub: pb_grpc.GRPCInferenceServiceStub
     process: subprocess.Popen
@@ -160,6 +161,7 @@ def run_triton(installation: Installation, repository: Path, folder: Path, *args
         f"--metrics-port={metrics_port}",
         "--grpc-address=127.0.0.1",
         "--http-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
         *args,
     ]
     environment = {
@@ -175,7 +177,8 @@ def run_triton(installation: Installation, repository: Path, folder: Path, *args
     try:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         _wait_ready(stub, process, log)
-        yield RunningTriton(f"127.0.0.1:{grpc_port}", channel, stub, process, log)
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        yield RunningTriton(f"127.0.0.1:{grpc_port}", metrics_url, channel, stub, process, log)
     finally:
         channel.close()
         _stop(process)

@@ -3,6 +3,9 @@ start at zero): which counts and durations are filled, and with what."""
 
 from __future__ import annotations
 
+import re
+import urllib.request
+
 import pytest
 
 from generated import grpc_service_pb2 as pb
@@ -128,3 +131,65 @@ def test_statistics_by_name_and_version(pair, name, version):
         assert [(s.name, s.version) for s in ours[1].model_stats] == [
             (s.name, s.version) for s in triton[1].model_stats
         ]
+
+
+# Triton's per-model inference metrics (issue 21 part 7), each with `model` and `version` labels.
+TRITON_COUNTERS = {
+    "nv_inference_request_success": len(BATCHES),
+    "nv_inference_request_failure": 0,
+    "nv_inference_count": sum(BATCHES),
+    "nv_inference_exec_count": len(BATCHES),
+}
+TRITON_DURATIONS = (
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+
+
+def _samples(url: str) -> dict[tuple[str, frozenset], float]:
+    """{(metric name, labels): value} of a Prometheus text page."""
+    with urllib.request.urlopen(url, timeout=60) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)", line.strip())
+        if line.startswith("#") or not match:
+            continue
+        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        samples[match.group(1), labels] = float(match.group(3))
+    return samples
+
+
+def _model_value(samples, name: str) -> float | None:
+    """The sample of `name` for model simple version 1 (other labels, e.g. Triton's reason="REJECTED", aside)."""
+    values = [
+        value
+        for (metric, labels), value in samples.items()
+        if metric == name and {("model", "simple"), ("version", "1")} <= labels and ("reason", "REJECTED") not in labels
+    ]
+    return sum(values) if values else None
+
+
+def test_triton_metric_names_and_labels(served):
+    """The reference's answer: Triton serves these metrics per model and version after BATCHES."""
+    samples = _samples(served[0].metrics_url)
+    for name, expected in TRITON_COUNTERS.items():
+        assert _model_value(samples, name) == expected, name
+    for name in TRITON_DURATIONS:
+        assert _model_value(samples, name) > 0, name
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="/metrics: slotserve serves its own slotserve_* metrics only; Triton's nv_inference_* names with model "
+    "and version labels are not served beside them (issue 21 part 7)",
+)
+def test_slotserve_serves_tritons_metric_names(served):
+    samples = _samples(served[1].metrics_url)
+    for name, expected in TRITON_COUNTERS.items():
+        assert _model_value(samples, name) == expected, name
+    for name in TRITON_DURATIONS:
+        assert (_model_value(samples, name) or 0) > 0, name
