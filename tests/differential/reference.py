@@ -29,6 +29,7 @@ VENV_NAME = ".venv-pytriton"
 STUB_PYTHON = "3.11"  # the python backend's stub must match the venv's Python (bench/setup.sh uses python3.11)
 READY_SECONDS = 120.0  # Triton starts in ~5-20 s; a loaded machine gets a wide margin
 STOP_SECONDS = 30.0
+PORT_ATTEMPTS = 3  # other processes on this machine pick free ports too
 
 
 @dataclass(frozen=True)
@@ -113,15 +114,27 @@ class RunningTriton:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _wait_ready(stub: pb_grpc.GRPCInferenceServiceStub, process: subprocess.Popen, log: Path) -> None:
-    """Poll ServerReady until true; raise RuntimeError (with the log's tail) if the process ends or the deadline
+class PortTaken(RuntimeError):
+    """Another process took one of the ports between free_ports() and tritonserver's bind."""
+
+
+def _wait_ready(stub: pb_grpc.GRPCInferenceServiceStub, process: subprocess.Popen, log: Path, port: int) -> None:
+    """Poll until this process's log says its gRPC service started on `port` and ServerReady says true (the log
+    line first, so that another server that holds the port is never taken for this one). Raises PortTaken if it
+    exits because a port is in use, RuntimeError (with the log's tail) if it exits otherwise or the deadline
     passes. In explicit mode with nothing loaded Triton is ready at once, so this also covers that case."""
+    started = f"Started GRPCInferenceService at 127.0.0.1:{port}"
     deadline = time.monotonic() + READY_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"tritonserver exited {process.returncode}:\n{_tail(log)}")
+            tail = _tail(log)
+            error = PortTaken if "already in use" in tail else RuntimeError
+            raise error(f"tritonserver exited {process.returncode}:\n{tail}")
         try:
-            if stub.ServerReady(pb.ServerReadyRequest(), timeout=2).ready:
+            if (
+                started in log.read_text(errors="replace")
+                and stub.ServerReady(pb.ServerReadyRequest(), timeout=2).ready
+            ):
                 return
         except grpc.RpcError:
             pass
@@ -147,9 +160,31 @@ def _stop(process: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def run_triton(installation: Installation, repository: Path, folder: Path, *args: str) -> Iterator[RunningTriton]:
     """Start tritonserver on `repository` with extra command-line `args` (e.g. "--model-control-mode=explicit"),
-    its log in `folder`/tritonserver.log; yield it once ServerReady says true; stop it when the block ends,
-    even when the test fails. Raises RuntimeError with the log's tail when it does not start."""
-    grpc_port, http_port, metrics_port = free_ports(3)
+    its log in `folder`/tritonserver-<port>.log; yield it once it is ready; stop it when the block ends, even when
+    the test fails. A port taken by another process meanwhile means new ports (PORT_ATTEMPTS in all). Raises
+    RuntimeError with the log's tail when it does not start."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        grpc_port, http_port, metrics_port = free_ports(3)
+        process, log = _launch(installation, repository, folder, args, grpc_port, http_port, metrics_port)
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        try:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            try:
+                _wait_ready(stub, process, log, grpc_port)
+            except PortTaken:
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                continue
+            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+            yield RunningTriton(f"127.0.0.1:{grpc_port}", metrics_url, channel, stub, process, log)
+            return
+        finally:
+            channel.close()
+            _stop(process)
+
+
+def _launch(installation, repository, folder, args, grpc_port, http_port, metrics_port):
+    """Start the process (not waiting for it): (Popen, log path)."""
     backends = private_backends(installation, folder)
     log = folder / f"tritonserver-{grpc_port}.log"
     command = [
@@ -168,17 +203,9 @@ def run_triton(installation: Installation, repository: Path, folder: Path, *args
         **os.environ,
         "LD_LIBRARY_PATH": installation.library_path(),
         # The python stub takes its site-packages from the `python` on PATH: the venv's numpy 1.x, which the
-        # stub was built for (with another numpy its output tensors come back empty, or sized wrong).
+        # stub was built for (with numpy 2 its output tensors come back empty, or are refused as the wrong size).
         "PATH": f"{installation.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     with log.open("wb") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=environment)
-    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-    try:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        _wait_ready(stub, process, log)
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        yield RunningTriton(f"127.0.0.1:{grpc_port}", metrics_url, channel, stub, process, log)
-    finally:
-        channel.close()
-        _stop(process)
+    return process, log
