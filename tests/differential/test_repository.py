@@ -111,3 +111,21 @@ def test_unload_of_unknown_model(pair):
     ]
     (triton, triton_reply), (code, reply) = answers
     assert code == triton, f"triton {triton}: {triton_reply}\nslotserve {code}: {reply}"
+
+
+TRITON_ON_UNLOADED = {
+    "ModelMetadata": ("NOT_FOUND", "Request for unknown model: 'simple' has no available versions"),
+    "ModelConfig": ("NOT_FOUND", "Request for unknown model: 'simple' has no available versions"),
+    "ModelStatistics": ("INVALID_ARGUMENT", "requested model 'simple' is not available"),
+}
+
+
+@pytest.mark.parametrize("method", list(TRITON_ON_UNLOADED))
+def test_status_calls_on_the_unloaded_model(unloaded, method):
+    """Triton refuses metadata, config and statistics of an unloaded model; slotserve answers them in every
+    state (docs/lifecycle.md, "What each call reports in each state": metadata from the last loaded engine or
+    the configuration, config and statistics always), so this asserts each server's own answer."""
+    request = getattr(pb, f"{method}Request")(name="simple")
+    (triton, triton_reply), (code, reply) = (outcome(getattr(e.stub, method), request) for e in unloaded)
+    assert (triton, triton_reply) == TRITON_ON_UNLOADED[method]
+    assert code == "OK", reply
