@@ -182,11 +182,6 @@ def test_triton_metric_names_and_labels(served):
         assert _model_value(samples, name) > 0, name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="/metrics: slotserve serves its own slotserve_* metrics only; Triton's nv_inference_* names with model "
-    "and version labels are not served beside them (issue 21 part 7)",
-)
 def test_slotserve_serves_tritons_metric_names(served):
     samples = _samples(served[1].metrics_url)
     for name, expected in TRITON_COUNTERS.items():
