@@ -172,7 +172,7 @@ class Dataplane:
             reservation, decoded = self._decode(request, raw_contents)
             if not entry.batches:
                 lease = entry.acquire_lease(self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
-                if lease.pool.primary.streaming:
+                if lease.streaming:
                     yield from self._stream_from(entry, request, decoded, reservation, lease, cancel, started)
                     recorded = True
                     return
@@ -255,7 +255,7 @@ class Dataplane:
         """Run a request alone on its leased slot, and free the slot."""
         try:
             decoded.check_regions()  # a region unregistered while the request waited is refused, not used
-            if lease.pool.primary.streaming:
+            if lease.streaming:
                 raise InvalidRequest(f"model '{lease.entry.name}' streams its responses; call ModelStreamInfer")
             checked = time.perf_counter_ns()
             lease.metadata.check_request(decoded.signature, decoded.outputs)

@@ -21,7 +21,7 @@ from ..dataplane import Dataplane, check_version
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
 from ..timers import TimerQueue
 from ..wire import parse_infer_request, serialize_infer_response
-from .common import SHUTDOWN, CallKind, CallTracker, ManagementGate, as_client_error, client_deadline, rpc
+from .common import SHUTDOWN, AccessGate, CallKind, CallTracker, as_client_error, client_deadline, rpc
 
 _LOG = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         registry: ModelRegistry,
         dataplane: Dataplane,
         calls: CallTracker,
-        management: ManagementGate,
+        access: AccessGate,
         server_state,
         version: str,
         timers: TimerQueue,
@@ -62,7 +62,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._calls = calls
         self._timers = timers
         self._write_timeout = write_timeout
-        self._management = management
+        self._access = access
         self._server_state = server_state
         self._version = version
 
@@ -149,7 +149,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         or waiting for the next request of a client that keeps its side open, returns and is joined within the
         shutdown margin instead of being abandoned with its model's engine.
         """
-        self._management.abort_unless(Access.READ, "ModelStreamInfer", context)
+        self._access.abort_unless(Access.READ, "ModelStreamInfer", context)
         try:
             token = self._calls.begin(context, CallKind.INFERENCE)
         except ServiceError as error:
@@ -289,11 +289,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ---- not supported: trace and log settings -------------------------------------------------------------
 
     def TraceSetting(self, request, context):
-        self._management.abort_unless(Access.READ, "TraceSetting", context)
+        self._access.abort_unless(Access.READ, "TraceSetting", context)
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support trace settings")
 
     def LogSettings(self, request, context):
-        self._management.abort_unless(Access.READ, "LogSettings", context)
+        self._access.abort_unless(Access.READ, "LogSettings", context)
         context.abort(
             grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; use --log-format"
         )
