@@ -109,7 +109,6 @@ class Server:
         )
         self.dataplane = Dataplane(
             self.registry,
-            shared_memory=self.shared_memory,
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
         )
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with

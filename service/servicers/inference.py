@@ -19,8 +19,9 @@ from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
 from ..dataplane import Dataplane, check_version
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
+from ..tensors import as_bytes, as_message, inference_request
 from ..timers import TimerQueue
-from ..wire import parse_infer_request, serialize_infer_response
+from ..wire import InferRequest, parse_infer_request, serialize_infer_response
 from .common import SHUTDOWN, AccessGate, CallKind, CallTracker, as_client_error, client_deadline, rpc
 
 _LOG = logging.getLogger(__name__)
@@ -131,9 +132,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ---- inference ------------------------------------------------------------------------------------------
 
     @rpc(inference=True)
-    def ModelInfer(self, request, context, token):
-        # Serialized in the dataplane (the handler's serializer passes the bytes on): a failure is counted there.
-        return self._dataplane.infer(request, client_deadline=client_deadline(context), cancel=token, serialize=True)
+    def ModelInfer(self, request: InferRequest, context, token):
+        # Serialized inside the dataplane's accounting (as_bytes; the handler's serializer passes the bytes on):
+        # a response that cannot be serialized is counted as a failure.
+        call = inference_request(
+            request.message, as_bytes, request.raw_contents, self._shared_memory, client_deadline(context)
+        )
+        return self._dataplane.infer(call, cancel=token)
 
     def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered on the stream; a failed one gets `error_message` and the stream goes on.
@@ -177,7 +182,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self._calls.end(token, CallKind.INFERENCE)
 
     def _stream_one(self, request, deadline, cancel):
-        responses = self._dataplane.infer_stream(request, client_deadline=deadline, cancel=cancel)
+        call = inference_request(request, as_message, shared_memory=self._shared_memory, client_deadline=deadline)
+        responses = self._dataplane.infer_stream(call, cancel=cancel)
         try:
             for response in responses:
                 yield pb.ModelStreamInferResponse(infer_response=response)
