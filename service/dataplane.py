@@ -218,10 +218,9 @@ class Dataplane:
         the run (a batching model: for its batch's run). Raises the core's errors (see status_codes.py for how
         they map); a streaming model is refused (InvalidRequest: it answers on a stream only)."""
         answers = self._answers(request, cancel, stream=False)
-        try:
-            return next(answers)
-        finally:
-            answers.close()
+        answer = next(answers)  # an error ends the generator (its finally has run) and propagates
+        next(answers, None)  # run it to its end (its finally gives the memory back) rather than throw GeneratorExit in
+        return answer
 
     def infer_stream(self, request: InferenceRequest[R], *, cancel: CancelToken | None = None) -> Iterator[R]:
         """Answers for one request on a stream: one for an ordinary model, several for a streaming model.
