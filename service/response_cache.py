@@ -35,7 +35,9 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,11 +45,15 @@ from engine.interface import ModelMetadata
 from engine.tensor_codec import encode_raw
 
 from .core.lifecycle import ModelState
-from .tensors import BYTE_SIZE, OFFSET, REGION, DecodedRequest
+
+if TYPE_CHECKING:
+    from .dataplane import DecodedRequest
 
 ENTRY_OVERHEAD = 256  # bytes counted per entry for its bookkeeping (key tuple, dict slots, metadata reference)
 NEUTRAL_PARAMETERS = frozenset({"timeout", "priority", "binary_data_output"})  # request parameters left out of keys
-_PLACEMENT = frozenset({REGION, BYTE_SIZE, OFFSET})
+# tensors.REGION, BYTE_SIZE and OFFSET, written out: tensors.py imports the dataplane, which imports this module
+# (tests/unit/test_response_cache.py checks they are the same).
+_PLACEMENT = frozenset({"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"})
 
 
 @dataclass(frozen=True)
@@ -169,8 +175,10 @@ class ResponseCache:
 
     # ---- the request path (service/dataplane.py) ------------------------------------------------------------
 
-    def lookup(self, entry, request, decoded: DecodedRequest) -> CacheLookup:
-        """The cached answer for `request` on model `entry`, if any. NOT_CACHEABLE when the cache is off, the
+    def lookup(self, entry, version_asked: str, key_of: Callable[[str], bytes]) -> CacheLookup:
+        """The cached answer on model `entry` for the request that asked for `version_asked` ("" for the model's)
+        and whose key `key_of(version)` makes (the transport's request_key; called only when the request is
+        cacheable, as it hashes every input), if any. NOT_CACHEABLE when the cache is off, the
         model does not enable it, is not READY (then its entries are dropped), or has a manager (unload,
         reconfigure) holding or waiting for it: requests after a manager wait for it in the FIFO, as the contract
         says, rather than being answered from before it. Takes the model lock once, briefly (`entry.view()`);
@@ -186,8 +194,7 @@ class ResponseCache:
         if status.manager_active or status.queued_managers:
             return NOT_CACHEABLE
         generation = (view.spec, view.metadata)
-        version = request.model_version or entry.spec.version
-        key = request_key(request, decoded, version)
+        key = key_of(version_asked or entry.spec.version)
         answer = self.get(entry.name, generation, key)
         return CacheLookup(entry.name, key, generation, answer, time.perf_counter_ns() - began)
 

@@ -35,7 +35,7 @@ from .model_control import ControlSettings, ModelControl, lazy_load_refusal
 from .model_files import ModelFiles
 from .options import ServerOptions
 from .response_cache import ResponseCache
-from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
+from .servicers.common import SHUTDOWN, AccessGate, CallTracker
 from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
 from .shared_memory import SharedMemoryRegistry
@@ -76,7 +76,6 @@ class ServerState:
 
     def __init__(self) -> None:
         self.ready = False
-        self.shutting_down = False
 
 
 class Server:
@@ -89,7 +88,6 @@ class Server:
         )
         all_backends.update(options.extra_backends)
         self.residency = Residency(
-            lambda: self.registry.entries(),
             max_resident_models=options.max_resident_models,
             memory_budget=options.memory_budget,
             idle_unload=options.idle_unload,
@@ -128,7 +126,6 @@ class Server:
         )
         self.dataplane = Dataplane(
             self.registry,
-            shared_memory=self.shared_memory,
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
             response_cache=ResponseCache(options.response_cache_bytes),
         )
@@ -197,7 +194,7 @@ class Server:
             ],
             maximum_concurrent_rpcs=self.options.concurrent_rpcs,
         )
-        management = ManagementGate(
+        access = AccessGate(
             self.options.allow_management, Authenticator(self.options.management_token, self.options.inference_token)
         )
         add_inference_servicer(
@@ -205,7 +202,7 @@ class Server:
                 self.registry,
                 self.dataplane,
                 self.calls,
-                management,
+                access,
                 self.state,
                 VERSION,
                 self.timers,
@@ -216,7 +213,7 @@ class Server:
             server,
         )
         management_pb2_grpc.add_ModelManagementServicer_to_server(
-            ManagementServicer(self.registry, management, self.calls), server
+            ManagementServicer(self.registry, access, self.calls), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.options.reflection:
@@ -310,7 +307,6 @@ class Server:
         drain = self.options.drain_seconds if drain_seconds is None else drain_seconds
         grace = self.options.shutdown_grace if grace is None else grace
         self.state.ready = False
-        self.state.shutting_down = True
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         log_event(_LOG, "shutdown_draining", drain_seconds=drain)
         # Every wait ends by `bound`, counted from the start (a step that began late cannot push it back), and

@@ -76,3 +76,29 @@ def test_engines_import_nothing_of_the_server_or_grpc(path):
         "generated.management_pb2_grpc",
     )
     assert _forbidden(imported_modules(path, package), transport) == []
+
+
+def test_the_dataplane_knows_no_wire_format():
+    """One admit-and-run path over a neutral request (docs/architecture.md): the dataplane imports neither gRPC nor
+    protobuf messages nor the modules that speak them (service/wire.py, service/tensors.py, the servicers)."""
+    names = imported_modules(ROOT / "service" / "dataplane.py", "service")
+    assert _forbidden(names, NOT_IN_CORE + ("service.wire", "service.tensors", "service.servicers")) == []
+
+
+SERVICE = sorted((ROOT / "service").rglob("*.py"))
+MODEL_PRIVATE = {"_lock", "_pool", "_committed", "_state", "_init", "_core"}
+
+
+@pytest.mark.parametrize("path", SERVICE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_reaches_into_another_objects_lock_pool_or_admission_core(path):
+    """ModelEntry is the only way into a model (docs/architecture.md): outside its own class, nothing reads
+    another object's lock, pool, committed configuration, state or admission core (`x._lock`, `entry._pool`,
+    `admission._core`); an object touches only its own (`self._lock`)."""
+    reached = [
+        f"line {node.lineno}: .{node.attr}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr in MODEL_PRIVATE
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+    ]
+    assert reached == []

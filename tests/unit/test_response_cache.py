@@ -196,6 +196,11 @@ def config(enable: bool) -> model_config_pb2.ModelConfig:
     return message
 
 
+def asked(message, decoded):
+    """lookup's arguments for a ModelInferRequest, as the dataplane passes them."""
+    return message.model_version, lambda version: request_key(message, decoded, version)
+
+
 def test_model_enables_cache_reads_the_config():
     assert model_enables_cache(config(True))
     assert not model_enables_cache(config(False))
@@ -205,20 +210,20 @@ def test_model_enables_cache_reads_the_config():
 def test_lookup_is_not_cacheable_when_off_disabled_or_not_ready():
     message = request()
     decoded = decode_request(message)
-    assert ResponseCache(0).lookup(FakeEntry(config(True)), message, decoded) is NOT_CACHEABLE
-    assert ResponseCache(1 << 20).lookup(FakeEntry(config(False)), message, decoded) is NOT_CACHEABLE
+    assert ResponseCache(0).lookup(FakeEntry(config(True)), *asked(message, decoded)) is NOT_CACHEABLE
+    assert ResponseCache(1 << 20).lookup(FakeEntry(config(False)), *asked(message, decoded)) is NOT_CACHEABLE
     cache = ResponseCache(1 << 20)
     entry = FakeEntry(config(True))
-    first = cache.lookup(entry, message, decoded)
+    first = cache.lookup(entry, *asked(message, decoded))
     assert first.key is not None and first.answer is None
     assert cache.store_answer(first, METADATA, "1", {"OUT": np.ones(3, np.float32)}) >= first.lookup_ns
-    assert cache.lookup(entry, message, decoded).answer is not None
+    assert cache.lookup(entry, *asked(message, decoded)).answer is not None
     entry.manager_active = True  # an unload or reconfiguration holds the model: later requests wait for it
-    assert cache.lookup(entry, message, decoded) is NOT_CACHEABLE
+    assert cache.lookup(entry, *asked(message, decoded)) is NOT_CACHEABLE
     entry.manager_active = False
-    assert cache.lookup(entry, message, decoded).answer is not None
+    assert cache.lookup(entry, *asked(message, decoded)).answer is not None
     entry.ready = False
-    assert cache.lookup(entry, message, decoded) is NOT_CACHEABLE
+    assert cache.lookup(entry, *asked(message, decoded)) is NOT_CACHEABLE
     assert cache.statistics().entries == 0  # not READY: its entries went
 
 
@@ -227,11 +232,11 @@ def test_stored_outputs_are_private_read_only_copies():
     entry = FakeEntry(config(True))
     message = request()
     decoded = decode_request(message)
-    lookup = cache.lookup(entry, message, decoded)
+    lookup = cache.lookup(entry, *asked(message, decoded))
     engine_buffer = np.ones(3, np.float32)
     cache.store_answer(lookup, METADATA, "1", {"OUT": engine_buffer})
     engine_buffer[:] = 7  # the engine reuses its buffer for the next run
-    cached = cache.lookup(entry, message, decoded).answer.outputs["OUT"]
+    cached = cache.lookup(entry, *asked(message, decoded)).answer.outputs["OUT"]
     assert cached.tolist() == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError):
         cached[0] = 2
@@ -281,3 +286,9 @@ def test_the_response_cache_is_off_unless_given_bytes():
 
     assert options_from().response_cache_bytes == 0
     assert options_from("--response-cache-bytes", "1048576").response_cache_bytes == 1048576
+
+
+def test_the_placement_parameters_left_out_of_keys_are_the_shared_memory_ones():
+    from service import response_cache, tensors
+
+    assert response_cache._PLACEMENT == {tensors.REGION, tensors.BYTE_SIZE, tensors.OFFSET}
