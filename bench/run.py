@@ -12,11 +12,12 @@ talks to 127.0.0.1 only. Sections, in order (all by default):
              pairing and the same tool (perf_analyzer `--shape INPUT0:N`, random data); MB/s = request
              payload bytes per second (the response carries as many back).
   shared_memory
-             `identity_fp32` at 1, 16 and 64 MiB, concurrency 1 and 4, on one slotserve started with
+             `identity_fp32` at 64 KiB, 1, 16 and 64 MiB, concurrency 1 and 4, on one slotserve started with
              `--shared-memory system`: perf_analyzer `--shared-memory system` (input and output in regions)
              against the gRPC path, alternating point by point; MB/s as above; ratio = median of the per-round
              ratios shared memory / gRPC; beside them this machine's single-thread memcpy rate (64 MiB, warm)
-             and the preadv / pwrite rates of a /dev/shm object (the server's two copies through a region).
+             and the preadv / pwrite rates of a /dev/shm object (the server's two copies through a region) and
+             the page size /dev/shm is mounted with (its huge= option).
   batching   the demo's weight-bound `mlp` (one row per request), perf_analyzer at concurrency 16 and 1: slotserve
              with `dynamic_batching { }` against the same weights without it (one server, --parallel-jobs 2)
              and against PyTriton (Triton's dynamic batcher, 2 instances, one onnxruntime session with the same

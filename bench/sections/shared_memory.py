@@ -1,12 +1,14 @@
-"""`identity_fp32` at 1, 16 and 64 MiB, concurrency 1 and 4: MB/s with the input and the output in system shared
-memory (perf_analyzer `--shared-memory system`) against the gRPC path, on one slotserve started with
+"""`identity_fp32` at 64 KiB, 1, 16 and 64 MiB, concurrency 1 and 4: MB/s with the input and the output in system
+shared memory (perf_analyzer `--shared-memory system`) against the gRPC path, on one slotserve started with
 `--shared-memory system`, alternating point by point; beside them, this machine's single-thread memcpy rate.
 
 MB/s = request payload bytes per second (the output carries as many back). With shared memory the tensor is copied
 three times: the server reads the input out of the client's object (`os.preadv` through its descriptor; it never
 maps a region, see service/shared_memory.py), ONNX Runtime's Identity writes its output, and the server writes
 that into the output region (`os.pwrite`). So the rate is bound by how fast the machine copies memory; beside
-memcpy the section measures those two kernel copies on a /dev/shm object of the same size.
+memcpy the section measures those two kernel copies on a /dev/shm object of the same size, and names the page size
+of /dev/shm (its `huge=` mount option): on 4 KiB pages the kernel looks up and copies every page on its own, at
+about half the rate it reaches on 2 MiB pages (docs/speed.md#shared-memory).
 """
 
 from __future__ import annotations
@@ -22,12 +24,36 @@ from ..perf_analyzer import PerfAnalyzer, describe, measure_fp32_bytes
 from ..servers import Launcher
 from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, median, met_if, ok, paired_ratio
 
-SHM_SIZES = {"1 MiB": 262144, "16 MiB": 4194304, "64 MiB": 16777216}  # FP32 elements
+SHM_SIZES = {"64 KiB": 16384, "1 MiB": 262144, "16 MiB": 4194304, "64 MiB": 16777216}  # FP32 elements
 SHM_CONCURRENCY = (1, 4)
 PATHS = ("shared memory", "gRPC")
 TARGET = 5.0  # shared memory / gRPC at 16 MiB
-# A window must hold a few requests: 64 MiB through gRPC takes about a second each at concurrency 4 here.
+# A window must hold a few requests: 64 MiB through gRPC takes about a second each at concurrency 4 here, and 16 MiB
+# through gRPC as long when other jobs load the machine (a 2 s window then recorded no request at all).
 LARGE_WINDOW_MS = 5000
+
+
+def dev_shm_pages(mounts: str = "/proc/self/mounts") -> str:
+    """How /dev/shm (where shm_open creates objects) allocates its pages: its `huge=` mount option ("never", the
+    kernel's default, means 4 KiB pages), from the last /dev/shm line of `mounts` (the one on top)."""
+    options = None
+    try:
+        with open(mounts) as handle:
+            for line in handle:
+                fields = line.split()
+                if len(fields) >= 4 and fields[1] == "/dev/shm":
+                    options = fields[3].split(",")
+    except OSError as error:
+        return f"unknown ({error.strerror})"
+    if options is None:
+        return "not mounted"
+    huge = [option for option in options if option.startswith("huge=")]
+    return huge[0] if huge else "huge=never"
+
+
+def _window_ms(pa: PerfAnalyzer, path: str, elements: int) -> int | None:
+    large = elements >= SHM_SIZES["64 MiB"] or (path == "gRPC" and elements >= SHM_SIZES["16 MiB"])
+    return max(pa.interval_ms, LARGE_WINDOW_MS) if large else None
 
 
 def memcpy_mb_per_s(size: int = 64 << 20, repeats: int = 15) -> list[float]:
@@ -93,7 +119,7 @@ def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Tab
             for size, elements in SHM_SIZES.items():
                 for c in SHM_CONCURRENCY:
                     for path in order:
-                        window = max(pa.interval_ms, LARGE_WINDOW_MS) if elements >= SHM_SIZES["64 MiB"] else None
+                        window = _window_ms(pa, path, elements)
                         point = measure_fp32_bytes(
                             pa, server, "identity_fp32", c, elements, _flags(path, elements), window
                         )
@@ -108,10 +134,12 @@ def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Tab
     raw["shm_preadv_mb_per_s"] = preadv
     raw["shm_pwrite_mb_per_s"] = pwrite
     ceiling = median(memcpy)
+    pages = dev_shm_pages()
+    raw["dev_shm_pages"] = pages
     table.add("shared_memory", "single-thread memcpy MB/s (64 MiB, warm): the ceiling", fmt(ceiling), mb_per_s=ceiling)
     table.add(
         "shared_memory",
-        "single-thread preadv / pwrite MB/s of a /dev/shm object (64 MiB, warm)",
+        f"single-thread preadv / pwrite MB/s of a /dev/shm object (64 MiB, warm; /dev/shm {pages})",
         f"{fmt(median(preadv))} / {fmt(median(pwrite))}",
         preadv=median(preadv),
         pwrite=median(pwrite),
