@@ -78,12 +78,13 @@ def test_response_stats_and_cache_fields(served):
         assert getattr(ours.inference_stats, field) == getattr(triton.inference_stats, field) == pb.StatisticDuration()
 
 
-def test_memory_usage_matches_the_reference(served):
-    """Triton's python backend reports no memory usage, so this reference checks only that slotserve agrees for
-    a model whose weights are negligible; an ONNX reference would be needed to check the figures."""
+def test_memory_usage_is_reported_where_the_reference_reports_none(served):
+    """Triton's python backend reports no memory usage (so it cannot check the figures); slotserve reports the
+    loaded engine's memory as one entry, as GetModel does (docs/operations.md): a documented difference."""
     triton, ours = (_statistics(endpoint) for endpoint in served)
     assert list(triton.memory_usage) == []
-    assert [(m.type, m.id) for m in ours.memory_usage] == [(m.type, m.id) for m in triton.memory_usage]
+    assert [(m.type, m.id) for m in ours.memory_usage] == [("CPU", 0)]
+    assert ours.memory_usage[0].byte_size > 0
 
 
 @pytest.mark.xfail(
