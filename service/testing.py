@@ -100,10 +100,11 @@ def serve(
     server = Server(settings)
     server.start()
     address = f"127.0.0.1:{server.port}"
-    clients = []
+    clients: list = []
     try:  # a client that cannot be built (an unreadable TLS file) still stops the server
         clients.append(InferenceClient(address, **client_options))
         clients.append(ManagementClient(address, **_management_options(client_options)))
+        assert server.port is not None  # set by start()
         yield RunningServer(address, server.port, server, clients[0], clients[1], client_options)
     finally:
         for client in clients:
@@ -143,7 +144,7 @@ def _management_options(client_options: dict[str, Any]) -> dict[str, Any]:
 try:
     import pytest
 except ImportError:  # pytest is only needed for the fixture
-    pytest = None
+    pytest = None  # type: ignore[assignment]
 
 if pytest is not None:
 

@@ -106,7 +106,7 @@ def check_response(
     assert response.id == request.id
     expected = expected_outputs(request)
     places = {output.name: placement(output) for output in request.outputs}
-    for tensor, raw in zip(response.outputs, response.raw_output_contents):
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         datatype, shape, values = expected[tensor.name]
         assert tensor.datatype == produced[tensor.name] == datatype
         assert list(tensor.shape) == shape, f"{tensor.name} shape {list(tensor.shape)}, input shape {shape}"

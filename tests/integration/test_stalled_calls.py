@@ -209,7 +209,7 @@ def test_stalled_calls_that_complete_or_are_cancelled_leave_no_handler_thread_be
             for future in cancelled:
                 future.cancel()
             stalled.release()  # the others send their request now, late
-            for future, method in zip(completed, stalled.methods[30:]):
+            for future, method in zip(completed, stalled.methods[30:], strict=True):
                 response = future.result(timeout=WAIT)
                 if method == INFER:
                     np.testing.assert_array_equal(from_raw(response.raw_output_contents[0], "FP32", [4]), VALUES)

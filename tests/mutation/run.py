@@ -528,11 +528,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             done = []
 
+            # `one` runs only inside this iteration's pool (list(pool.map(...)) returns before the loop moves on),
+            # so the loop variables it reads (B023) are this iteration's.
             def one(mutant: Mutant) -> Outcome:
-                outcome = _run_one(module, mutant, timeout, Path(workdir), verbose=bool(args.only))
-                done.append(outcome)
+                outcome = _run_one(module, mutant, timeout, Path(workdir), verbose=bool(args.only))  # noqa: B023
+                done.append(outcome)  # noqa: B023
                 print(
-                    f"  [{len(done):>3}/{len(found)}] {outcome.verdict:<8} {outcome.seconds:5.1f} s  "
+                    f"  [{len(done):>3}/{len(found)}] {outcome.verdict:<8} {outcome.seconds:5.1f} s  "  # noqa: B023
                     f"line {mutant.line:<4} {mutant.key}",
                     flush=True,
                 )

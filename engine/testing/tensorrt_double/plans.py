@@ -300,7 +300,7 @@ def output_shapes(
     inputs `probe_values` gives a value."""
     function, inputs, outputs = plan.function, plan.inputs, plan.outputs
     if function == "identity":
-        found = {out.name: shapes[inp.name] for inp, out in zip(inputs, outputs)}
+        found = {out.name: shapes[inp.name] for inp, out in zip(inputs, outputs, strict=True)}
     elif function == "add_sub":
         try:
             shape = tuple(np.broadcast_shapes(*(shapes[t.name] for t in inputs[:2])))
@@ -327,7 +327,7 @@ def compute(
 ) -> dict[str, np.ndarray]:
     function, inputs, outputs = plan.function, plan.inputs, plan.outputs
     if function == "identity":
-        return {out.name: arrays[inp.name] for inp, out in zip(inputs, outputs)}
+        return {out.name: arrays[inp.name] for inp, out in zip(inputs, outputs, strict=True)}
     if function == "add_sub":
         first, second = (arrays[t.name] for t in inputs[:2])
         return {outputs[0].name: first + second, outputs[1].name: first - second}

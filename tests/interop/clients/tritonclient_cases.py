@@ -151,7 +151,7 @@ def case_aio(address: str) -> dict:
                 )
             )
             checked = {}
-            for i, ((a, b), result) in enumerate(zip(batches, results)):
+            for i, ((a, b), result) in enumerate(zip(batches, results, strict=True)):
                 assert result.get_response().id == f"aio-{i}"
                 checked[f"aio-{i}"] = check_simple(result, a, b)
             return checked
@@ -177,7 +177,7 @@ def case_explicit_int(address: str) -> dict:
     # Outputs come back raw, one raw_output_contents entry per output, by position.
     assert len(response.raw_output_contents) == len(response.outputs) == 2, response
     outputs = {}
-    for output, raw in zip(response.outputs, response.raw_output_contents):
+    for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         assert output.datatype == "INT32" and list(output.shape) == [2, 16], output
         outputs[output.name] = np.frombuffer(raw, dtype="<i4").reshape(tuple(output.shape))
     np.testing.assert_array_equal(outputs["OUTPUT0"], a + b)
