@@ -230,8 +230,7 @@ class InferenceClient:
         service).
         """
         request = health_pb2.HealthCheckRequest(service=service)
-        # (type: ignore: types-grpcio-health-checking's HealthStub declares no methods)
-        response = self._connection.unary(self._health.Check, request, timeout)  # type: ignore[attr-defined]
+        response = self._connection.unary(self._health.Check, request, timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     # ---- metadata, configuration, statistics -----------------------------------------------------------------

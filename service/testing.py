@@ -41,12 +41,15 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.interface import Backend
 
 from .options import ServerOptions
 from .server import Server
+
+if TYPE_CHECKING:  # the client package is imported when a server starts, not with this module
+    from client import InferenceClient, ManagementClient
 
 
 @dataclass
@@ -54,8 +57,8 @@ class RunningServer:
     address: str  # host:port to dial
     port: int
     server: Server
-    client: object  # client.InferenceClient
-    management: object  # client.ManagementClient
+    client: InferenceClient
+    management: ManagementClient
     client_options: dict[str, Any] = field(default_factory=dict, repr=False)  # tokens and TLS of both clients
 
 

@@ -196,7 +196,7 @@ def test_typed_value_out_of_range(running, datatype, value):
 
 
 def _owner(array: np.ndarray):
-    base = array
+    base: object = array
     while isinstance(base, np.ndarray):
         base = base.base
     return base

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+from types import FrameType
+from typing import Any
 
 import grpc
 import numpy as np
@@ -64,6 +66,7 @@ def _new_connection(address: str) -> grpc.Channel:
 def waiting_for_a_request() -> int:
     """Threads of this process blocked in grpcio's server-side read of a unary request message."""
     count = 0
+    frame: FrameType | None
     for frame in sys._current_frames().values():
         while frame is not None:
             code = frame.f_code
@@ -99,7 +102,7 @@ class StalledCalls:
         self.futures = []
         for index, method in enumerate(self.methods):
             make_request, read_response = REQUESTS[method]
-            call = self.channels[index // per_connection].stream_unary(
+            call: Any = self.channels[index // per_connection].stream_unary(
                 method,
                 request_serializer=lambda message: message.SerializeToString(),
                 response_deserializer=read_response,
