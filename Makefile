@@ -1,6 +1,6 @@
 # slotserve: every target sets up what it needs on a fresh machine (Python 3.11, make, git; node for interop).
 #   make run    serve the demo model repository on 127.0.0.1:8001 (ARGS="--parallel-jobs 2 ..." adds flags)
-#   make test   run the whole test suite
+#   make test   lint (make lint), then run the whole test suite
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
@@ -17,11 +17,12 @@ REPOSITORY ?= $(DEMO_REPOSITORY)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto models run test contract stress docs node-deps bench soak gpu-check lock clean mutate
+.PHONY: help setup setup-runtime setup-dev lint proto models run test contract stress docs node-deps bench soak gpu-check lock clean mutate
 
 help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
-	@echo "make test     set everything up and run the whole test suite"
+	@echo "make test     set everything up, run make lint, then the whole test suite"
+	@echo "make lint     ruff (lint and format check) and mypy (pyproject.toml configures them)"
 	@echo "make contract list every contract cell's state, then 'contract: covered N, improved N, not applicable N, ...'"
 	@echo "make stress   contract, shutdown, integration and admission tests STRESS_RUNS times (default 5) beside"
 	@echo "              a CPU hog per core, with a 1 us GIL switch interval in every Python process (flaky = bug)"
@@ -33,10 +34,18 @@ help:
 	@echo "make mutate   plant one bug at a time in the core and run its tests: kill rate per module, survivors"
 	@echo "make gpu-check  on an NVIDIA GPU machine: install the TensorRT extra the driver runs, build, compare with ONNX Runtime, time slots"
 
-setup: $(VENV)/.editable $(TRT_API_CU12)/.stamp
+# Two sets in one venv: what serving needs (requirements.txt; `make run`), and on top of it the test, lint and
+# TensorRT API tools (requirements-dev.txt; `make test`). Either order works on a fresh clone.
+setup: setup-runtime setup-dev
+setup-runtime: $(VENV)/.editable
+setup-dev: $(VENV)/.editable $(VENV)/.dev $(TRT_API_CU12)/.stamp
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
+$(VENV)/.runtime: requirements.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps tensorrt-stubs==10.13.0.35.1
 	touch $@
@@ -44,20 +53,20 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 # The other TensorRT/CUDA API generation for tests/tensorrt/test_api_conformance.py: TensorRT 10 (CUDA 12) and
 # cuda-bindings 12 install without a GPU too, but under the module names of the venv's TensorRT 11 / cuda-bindings
 # 13, so they go into a folder of their own that the test imports in a subprocess (about 50 MB, downloaded once).
-$(TRT_API_CU12)/.stamp: tests/tensorrt/api-generation-cu12.txt $(VENV)/.installed
+$(TRT_API_CU12)/.stamp: tests/tensorrt/api-generation-cu12.txt $(VENV)/.dev
 	rm -rf $(TRT_API_CU12)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --target $(TRT_API_CU12) -r $<
 	touch $@
 
 # The project itself, editable, so `slotserve` (the console script) and `python -m service` work anywhere.
-$(VENV)/.editable: generated/.stamp pyproject.toml
+$(VENV)/.editable: generated/.stamp pyproject.toml $(VENV)/.runtime
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
 # The one target that makes generated code. protoc writes bare `import model_config_pb2`; the sed turns those
 # into package-relative imports so generated/ is an ordinary package.
 proto: generated/.stamp
-generated/.stamp: $(VENV)/.installed $(wildcard proto/*.proto)
+generated/.stamp: $(VENV)/.runtime $(wildcard proto/*.proto)
 	rm -rf generated && mkdir -p generated
 	$(PY) -m grpc_tools.protoc -I proto --python_out=generated --pyi_out=generated --grpc_python_out=generated proto/*.proto
 	sed -i -E 's/^import ([a-z_]+_pb2) as /from . import \1 as /' generated/*.py generated/*.pyi
@@ -70,7 +79,7 @@ $(DEMO_REPOSITORY)/.stamp: $(VENV)/.editable $(wildcard demo/*.py)
 	touch $@
 
 # The demo models are built first only when the demo repository is what is served.
-run: setup $(if $(filter $(abspath $(DEMO_REPOSITORY)),$(abspath $(REPOSITORY))),models)
+run: setup-runtime $(if $(filter $(abspath $(DEMO_REPOSITORY)),$(abspath $(REPOSITORY))),models)
 	$(PY) -m service --model-repository $(REPOSITORY) --host $(HOST) --port $(PORT) $(ARGS)
 
 # The Node.js interop client's packages (skipped with a notice where npm is missing; its test then skips).
@@ -80,8 +89,15 @@ tests/interop/node/node_modules/.stamp: tests/interop/node/package.json tests/in
 	  cd tests/interop/node && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.stamp; \
 	else echo "npm not found: the Node.js interop test will be skipped"; fi
 
+# The hygiene gate, also run first by `make test` (and so by CI): ruff's lint rules, ruff's formatting (a check: it
+# changes nothing) and mypy, each configured in pyproject.toml.
+lint: setup-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
 # -rs: the summary says why each skipped test was skipped (a missing tool, no GPU, ...).
-test: setup models node-deps
+test: lint setup models node-deps
 	$(PY) -m pytest -rs $(PYTEST_ARGS)
 
 contract: setup models

@@ -105,7 +105,7 @@ class BareServicer(pb_grpc.GRPCInferenceServiceServicer):
         model = self.models.get(name)
         if model is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
-        return model
+        return model  # type: ignore[return-value]  # abort raises
 
     def ModelMetadata(self, request, context):
         return self._model(request.name, context).metadata
@@ -135,7 +135,7 @@ class BareServicer(pb_grpc.GRPCInferenceServiceServicer):
         names = [o.name for o in request.outputs] or model.output_names
         results = model.session.run(names, feed)
         response = pb.ModelInferResponse(model_name=model.name, model_version=VERSION, id=request.id)
-        for name, array in zip(names, results):
+        for name, array in zip(names, results, strict=True):
             response.outputs.add(name=name, datatype=model.output_types[name], shape=array.shape)
             response.raw_output_contents.append(array.tobytes())
         model.count += 1

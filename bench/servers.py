@@ -129,7 +129,9 @@ class Launcher:
         self.slotserve_root = slotserve_root
         self.slotserve_args = slotserve_args
 
-    def slotserve(self, label: str, repository: Path, extra: list[str] = (), *, default_args: bool = True):
+    def slotserve(
+        self, label: str, repository: Path, extra: tuple[str, ...] | list[str] = (), *, default_args: bool = True
+    ):
         argv = [
             sys.executable,
             "-m",

@@ -16,7 +16,7 @@ def ok(point: dict) -> bool:
 
 def paired_ratio(points_a: list[dict], points_b: list[dict], key: str) -> float:
     """Median over rounds of a[key] / b[key] (pairs measured back to back)."""
-    return median([a[key] / b[key] for a, b in zip(points_a, points_b) if ok(a) and ok(b) and b[key]])
+    return median([a[key] / b[key] for a, b in zip(points_a, points_b, strict=False) if ok(a) and ok(b) and b[key]])
 
 
 def column_median(points: list[dict], key: str) -> float:
@@ -60,9 +60,9 @@ class Table:
             for r in self.rows
         ]
         widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-        line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |"
+        line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
         rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-        body = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+        body = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
         return "\n".join([line, rule, *body])
 
 

@@ -57,7 +57,7 @@ class Connection:
         metadata: Metadata = (),
         compression: grpc.Compression | str | None = None,
         tls: TLSSettings | None = None,
-        tokens: Tokens = Tokens(),
+        tokens: Tokens = Tokens(),  # noqa: B008 (Tokens is a frozen dataclass: one shared default is safe)
     ) -> None:
         if channel is not None and tls is not None:
             raise ValueError("TLS settings apply to a channel the client opens; a channel passed in has its own")

@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import grpc
 
 MANAGEMENT_TOKEN_ENV = "SLOTSERVE_MANAGEMENT_TOKEN"
 INFERENCE_TOKEN_ENV = "SLOTSERVE_INFERENCE_TOKEN"
 
-PEM = Union[str, os.PathLike, bytes]  # a file path, or the PEM data itself
+PEM = str | os.PathLike | bytes  # a file path, or the PEM data itself
 
 
 def token_from(value: str | None, env: str) -> str:

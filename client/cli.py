@@ -383,7 +383,7 @@ def _models(session: _Session) -> int:
     return 0
 
 
-def _human_bytes(value: int | None) -> str | None:
+def _human_bytes(value: float | None) -> str | None:
     if value is None:
         return None
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -96,7 +96,7 @@ def _rich_status(error: grpc.RpcError) -> status_pb2.Status | None:
     if not callable(getattr(error, "trailing_metadata", None)):
         return None
     try:
-        return rpc_status.from_call(error)
+        return rpc_status.from_call(error)  # type: ignore[arg-type]  # an RpcError from a call is also a grpc.Call
     except ValueError:
         # from_call refuses a status whose code or message differs from the call's (a proxy may rewrite the
         # message); the reason in it is still the server's, so read it anyway.

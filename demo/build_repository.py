@@ -90,7 +90,7 @@ MODEL_NAMES = (
 )
 
 _CONFIG_HEADER = "# Written by demo/build_repository.py (make models); edits are lost on the next build.\n"
-_CONFIG_TYPE = {
+_CONFIG_TYPE: dict[int, int] = {
     TensorProto.INT8: model_config_pb2.TYPE_INT8,
     TensorProto.INT32: model_config_pb2.TYPE_INT32,
     TensorProto.INT64: model_config_pb2.TYPE_INT64,
@@ -279,7 +279,7 @@ def mlp_weights() -> list[tuple[np.ndarray, np.ndarray]]:
     so activations keep unit-order magnitude and the outputs are a meaningful check."""
     rng = np.random.default_rng(MLP_SEED)
     layers = []
-    for fan_in, fan_out in zip(MLP_WIDTHS, MLP_WIDTHS[1:]):
+    for fan_in, fan_out in zip(MLP_WIDTHS, MLP_WIDTHS[1:], strict=False):
         weight = rng.standard_normal((fan_in, fan_out), dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in))
         layers.append((weight, (rng.standard_normal(fan_out, dtype=np.float32) * np.float32(0.01))))
     return layers

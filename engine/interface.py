@@ -65,10 +65,12 @@ class ModelMetadata:
         object.__setattr__(self, "_accepted", set())
 
     def input(self, name: str) -> TensorSpec | None:
-        return self._inputs_by_name.get(name)  # type: ignore[attr-defined]
+        by_name: dict[str, TensorSpec] = self._inputs_by_name  # type: ignore[attr-defined]
+        return by_name.get(name)
 
     def output(self, name: str) -> TensorSpec | None:
-        return self._outputs_by_name.get(name)  # type: ignore[attr-defined]
+        by_name: dict[str, TensorSpec] = self._outputs_by_name  # type: ignore[attr-defined]
+        return by_name.get(name)
 
     def wire_shape(self, tensor: TensorSpec) -> tuple[int, ...]:
         """Shape as the protocol reports it: a leading -1 for the batch dimension of a batching model."""
@@ -126,7 +128,7 @@ class ModelMetadata:
             shape = shape[1:]
         elif len(shape) != len(expected):
             raise InvalidInputError(f"input '{spec.name}' has shape {list(shape)}; the model expects {list(expected)}")
-        for got, want in zip(shape, expected):
+        for got, want in zip(shape, expected, strict=True):
             if want != -1 and got != want:
                 raise InvalidInputError(f"input '{spec.name}' has shape {sent}; the model expects {wanted}")
 
@@ -237,7 +239,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "parameters", _frozen_mapping(self.parameters))
 
-    def session_key(self) -> tuple:
+    def session_key(self) -> tuple[object, ...]:
         """What determines the engine built from this spec (everything except slot count and admission
         settings). Two specs with the same key can reuse each other's advertised capacity."""
         params = tuple(sorted((k, v) for k, v in self.parameters.items() if not k.startswith("slotserve.")))
@@ -315,7 +317,7 @@ class Context(ABC):
         """Run one request of a streaming model, yielding partial outputs. The default yields `execute`'s."""
         yield self.execute(inputs, outputs, cancel)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: a context with nothing to free keeps this one)
         """Free the slot's resources. Never called while `execute` runs."""
 
 
@@ -336,7 +338,7 @@ class LoadedModel(ABC):
         0 when the backend cannot tell."""
         return 0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: an engine with nothing to free keeps this one)
         """Free the engine. Called after every context of it is closed."""
 
 

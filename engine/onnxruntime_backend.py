@@ -128,7 +128,7 @@ def _reconcile(
             )
         model_dims = served_shape(model)
         if len(model_dims) != len(spec.shape) or any(
-            m != -1 and d != -1 and m != d for m, d in zip(model_dims, spec.shape)
+            m != -1 and d != -1 and m != d for m, d in zip(model_dims, spec.shape, strict=True)
         ):
             raise ModelConfigError(
                 f"{origin}: {kind} '{spec.name}' has dims {list(model_dims)} in the model "
@@ -214,8 +214,8 @@ class OnnxRuntimeContext(Context):
         finally:
             cancel.remove_callback(terminate)
         if model.string_outputs:
-            return {name: _from_ort_output(array) for name, array in zip(names, results)}
-        return dict(zip(names, results))
+            return {name: _from_ort_output(array) for name, array in zip(names, results, strict=True)}
+        return dict(zip(names, results, strict=True))
 
 
 class OnnxRuntimeModel(LoadedModel):

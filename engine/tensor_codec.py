@@ -168,4 +168,5 @@ def _split_elements(view: memoryview, count: int, name: str) -> np.ndarray:
         offset = stop
     if index != count:
         raise TensorDecodeError(f"input '{name}': shape holds {count} BYTES elements, the contents hold {index}")
+    assert result is not None  # no result only when count > end // 4, and then index < count raised above
     return result

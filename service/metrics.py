@@ -347,7 +347,7 @@ def _histogram(name: str, documentation: str, observed, read) -> Metric:
     for model, _, snapshot in observed:
         counts, total_ns = read(snapshot)
         cumulative, buckets = 0, []
-        for bound, count in zip(bounds, counts):
+        for bound, count in zip(bounds, counts, strict=True):
             cumulative += count
             buckets.append((bound, cumulative))
         family.add_metric([model], buckets, total_ns / 1e9)
@@ -399,7 +399,7 @@ class ServerMetrics:
         self.registry.register(collector)
         self._collector = collector
         self._lock = threading.Lock()  # guards: _httpd, _thread
-        self._httpd = None
+        self._httpd: ThreadingWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
 
@@ -427,7 +427,7 @@ class ServerMetrics:
         with self._lock:
             httpd, thread = self._httpd, self._thread
             self._httpd = self._thread = None
-        if httpd is None:
+        if httpd is None or thread is None:  # set together by start
             return
         httpd.shutdown()
         httpd.server_close()
@@ -460,4 +460,4 @@ def _http_server(host: str, port: int, app) -> ThreadingWSGIServer:
     class Server(ThreadingWSGIServer):
         address_family = family
 
-    return make_server(address[0], port, app, Server, handler_class=_QuietHandler)
+    return make_server(str(address[0]), port, app, Server, handler_class=_QuietHandler)

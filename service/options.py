@@ -244,7 +244,7 @@ def _in_range(value: object, low: float, high: float | None, kind: str) -> bool:
         return False
     if kind == "int":
         return isinstance(value, int) and low <= value and (high is None or value <= high)
-    if not isinstance(value, (int, float)):
+    if not isinstance(value, (int, float)) or high is None:  # only "int" numbers are unbounded above
         return False
     # Written so that NaN is out of range (every comparison with NaN is false).
     return (low < value <= high) if kind == "positive seconds" else (low <= value <= high)

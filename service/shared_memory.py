@@ -247,7 +247,7 @@ class RegionSlice:
         """The slice's bytes (read now, one copy) as a read-only memoryview. Raises as `array` does."""
         data = self._read_buffer()
         self._read_into(data)
-        return memoryview(data).toreadonly()
+        return memoryview(data).toreadonly()  # type: ignore[arg-type]  # numpy types __buffer__ from Python 3.12
 
     def check_object(self, byte_size: int) -> None:
         """Raise InvalidRequest, naming region and sizes, unless the object still holds the first `byte_size`
@@ -278,7 +278,7 @@ class RegionSlice:
         done = 0
         try:
             while done < length:
-                written = os.pwrite(descriptor, payload[done:], self.start + done)
+                written = os.pwrite(descriptor, payload[done:], self.start + done)  # type: ignore[arg-type]  # as above
                 if written <= 0:  # a regular file writes at least a byte or fails; never loop without progress
                     raise OSError(errno.EIO, "the write made no progress")
                 done += written
@@ -494,6 +494,7 @@ class SharedMemoryRegistry:
             region.state = RegionState.CLOSED
             self._open_regions -= 1
             self._open_bytes -= region.byte_size
+        assert descriptor is not None  # only the last holder gets here, and only once
         os.close(descriptor)
 
 

@@ -1,9 +1,9 @@
 """The one table from error reasons to gRPC status codes, and the helper that aborts an RPC with it.
 
-Every error a client can see passes through `describe`: its class names its reason, the table gives the code. Client-facing errors carry a google.rpc.ErrorInfo
-(domain "slotserve") whose reason names the contract's category (`invalid_request_error`, `server_busy`,
-`residency_limit`, `memory_limit`, ...). Anything not in the table is an internal error: the client gets a
-generic message with a reference, the log gets the traceback.
+Every error a client can see passes through `describe`: its class names its reason, the table gives the code.
+Client-facing errors carry a google.rpc.ErrorInfo (domain "slotserve") whose reason names the contract's category
+(`invalid_request_error`, `server_busy`, `residency_limit`, `memory_limit`, ...). Anything not in the table is an
+internal error: the client gets a generic message with a reference, the log gets the traceback.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ MAX_MESSAGE_BYTES = 1024
 _QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
 
 # The one table from an error's reason (its class's `error_reason`: service/core/errors.py, engine/errors.py,
-# service/shared_memory.py, service/tensor_memory.py) to the status code its client gets. A reason not here is a bug: a test checks every
-# class's reason has a row.
+# service/shared_memory.py, service/tensor_memory.py) to the status code its client gets. A reason not here is a
+# bug: a test checks every class's reason has a row.
 TABLE: dict[str, grpc.StatusCode] = {
     "model_not_found": grpc.StatusCode.NOT_FOUND,
     "invalid_request_error": grpc.StatusCode.INVALID_ARGUMENT,

@@ -41,12 +41,15 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.interface import Backend
 
 from .options import ServerOptions
 from .server import Server
+
+if TYPE_CHECKING:  # the client package is imported when a server starts, not with this module
+    from client import InferenceClient, ManagementClient
 
 
 @dataclass
@@ -54,8 +57,8 @@ class RunningServer:
     address: str  # host:port to dial
     port: int
     server: Server
-    client: object  # client.InferenceClient
-    management: object  # client.ManagementClient
+    client: InferenceClient
+    management: ManagementClient
     client_options: dict[str, Any] = field(default_factory=dict, repr=False)  # tokens and TLS of both clients
 
 
@@ -100,10 +103,11 @@ def serve(
     server = Server(settings)
     server.start()
     address = f"127.0.0.1:{server.port}"
-    clients = []
+    clients: list = []
     try:  # a client that cannot be built (an unreadable TLS file) still stops the server
         clients.append(InferenceClient(address, **client_options))
         clients.append(ManagementClient(address, **_management_options(client_options)))
+        assert server.port is not None  # set by start()
         yield RunningServer(address, server.port, server, clients[0], clients[1], client_options)
     finally:
         for client in clients:
@@ -143,7 +147,7 @@ def _management_options(client_options: dict[str, Any]) -> dict[str, Any]:
 try:
     import pytest
 except ImportError:  # pytest is only needed for the fixture
-    pytest = None
+    pytest = None  # type: ignore[assignment]
 
 if pytest is not None:
 

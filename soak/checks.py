@@ -106,8 +106,11 @@ class Checks:
     def table(self) -> str:
         header = self.header
         widths = [max(len(row[i]) for row in self.rows + [header]) for i in range(len(header))]
-        lines = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
-        lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths)) for row in self.rows]
+        lines = [
+            " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+            "-+-".join("-" * w for w in widths),
+        ]
+        lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in self.rows]
         return "\n".join(lines)
 
 
@@ -308,5 +311,5 @@ def trio(start: Counter, baseline: Counter, end: Counter, *, changed: bool = Fal
     return ", ".join(parts) or "none"
 
 
-def mib(kib: int) -> str:
+def mib(kib: float) -> str:
     return f"{kib / 1024:.1f} MiB"

@@ -122,7 +122,7 @@ class Orchestrator:
         handler threads), wait for every answer, open the gate."""
         release = gates / "fx_slow.execute.release"
         release.unlink(missing_ok=True)
-        outcomes = Counter()
+        outcomes: Counter[str] = Counter()
         try:
             pending = []
             for _ in range(calls):

@@ -1,10 +1,10 @@
 """The soak's model repository, built in its work folder.
 
 The demo ONNX models `simple`, `simple_identity`, `identity_fp32` (copies from demo/model_repository: run
-`make models` first; a symbolic link out of the repository would be refused) and fixture models `fx_echo` (plain), `fx_stream` (3 answers per request), `fx_slow` (a file
-gate at execute that soak/faults.py opens and shuts: callers block while it is shut, so deadlines and
-cancellations hit held slots), `fx_flaky` (the `ops` clients switch its fail_load option on and off:
-reconfigurations and loads that fail) and `fx_broken` (its load always fails).
+`make models` first; a symbolic link out of the repository would be refused) and fixture models `fx_echo` (plain),
+`fx_stream` (3 answers per request), `fx_slow` (a file gate at execute that soak/faults.py opens and shuts: callers
+block while it is shut, so deadlines and cancellations hit held slots), `fx_flaky` (the `ops` clients switch its
+fail_load option on and off: reconfigurations and loads that fail) and `fx_broken` (its load always fails).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "demo" / "model_repository"
 ONNX_MODELS = ("simple", "simple_identity", "identity_fp32")
-FIXTURES = {
+FIXTURES: dict[str, dict[str, str | None]] = {
     "fx_echo": {},
     "fx_stream": {"stream_responses": "3"},
     "fx_slow": {"gate_dir": None},  # filled in with the work folder's gate folder

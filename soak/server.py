@@ -80,6 +80,7 @@ class Server:
         lines: queue.SimpleQueue = queue.SimpleQueue()
 
         def read() -> None:
+            assert self.process.stdout is not None  # started with stdout=PIPE
             for line in self.process.stdout:
                 lines.put(line)
             lines.put(None)
@@ -117,7 +118,7 @@ class Server:
 
     def fd_targets(self) -> Counter:
         """What the open fds are: socket, pipe, anon_inode:[eventfd], file paths."""
-        kinds = Counter()
+        kinds: Counter[str] = Counter()
         for fd in os.listdir(f"/proc/{self.pid}/fd"):
             with contextlib.suppress(OSError):
                 target = os.readlink(f"/proc/{self.pid}/fd/{fd}")
@@ -132,7 +133,7 @@ class Server:
             time.sleep(0.1)  # ordering-free: re-checks a state predicate
 
     def thread_names(self) -> Counter:
-        names = Counter()
+        names: Counter[str] = Counter()
         for task in os.listdir(f"/proc/{self.pid}/task"):
             with contextlib.suppress(OSError):
                 names[Path(f"/proc/{self.pid}/task/{task}/comm").read_text().strip()] += 1

@@ -254,7 +254,7 @@ class Worker:
         answered: list[str] = []  # fully answered requests, in order
         taken: list[str] = []  # ids gRPC took from the iterator, in order
         sending = threading.Lock()  # guards: taken, closed (gRPC's own thread consumes the iterator)
-        closed = []
+        closed: list[bool] = []
 
         def messages():
             for model, request in requests:

@@ -136,12 +136,12 @@ def _batch_sizes(server: ServerProcess, model: str) -> dict[int, int]:
     return {int(entry.batch_size): int(entry.compute_infer.count) for entry in stats.batch_stats}
 
 
-def _rows(table: Table, points: dict, batch_sizes: dict[int, int]) -> None:
+def _rows(table: Table, points: dict, batch_sizes: dict[str, dict[int, int]]) -> None:
     def value(label: str, c: int, key: str) -> float:
         return column_median(points[(label, c)], key)
 
     errors = [first_error(runs) for runs in points.values() if first_error(runs)]
-    note = f" [{errors[0][:100]}]" if errors else ""
+    note = f" [{str(errors[0])[:100]}]" if errors else ""
     labels = ("batched", "unbatched", "pytriton", "delayed")
     for c in (16, 1):
         table.add(

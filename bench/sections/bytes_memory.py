@@ -56,7 +56,7 @@ def measure_point(launcher: Launcher, repository, elements: int) -> dict:
                     else "OK but wrong size"
                 )
             except grpc.RpcError as error:
-                outcome = f"{error.code().name}: {error.details()[:160]}"
+                outcome = f"{error.code().name}: {(error.details() or '')[:160]}"
             seconds = time.perf_counter() - started
             after = server.hwm_kib()
     rise = (after - before) * 1024

@@ -12,7 +12,7 @@ IDENTITY_CONCURRENCY = (1, 4)
 
 
 def section_identity(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict) -> None:
-    points = {
+    points: dict[tuple, list] = {
         (server, size, c): []
         for server in ("slotserve", "bare")
         for size in IDENTITY_SIZES

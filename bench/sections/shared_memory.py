@@ -79,15 +79,16 @@ def kernel_copy_mb_per_s(size: int = 64 << 20, repeats: int = 15) -> tuple[list[
         source = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
         spare = np.empty(size + 4096, np.uint8)  # the target starts on a page, as the server places its reads
         target = spare[(-spare.ctypes.data) % 4096 :][:size]
-        os.pwrite(descriptor, source, 0)  # allocate the object's pages first
-        os.preadv(descriptor, [target], 0)  # and fault the buffer's in
+        # (type: ignore: numpy types ndarray's __buffer__ from Python 3.12 on)
+        os.pwrite(descriptor, source, 0)  # type: ignore[arg-type]  # allocate the object's pages first
+        os.preadv(descriptor, [target], 0)  # type: ignore[list-item]  # and fault the buffer's in
         reads, writes = [], []
         for _ in range(repeats):
             started = time.perf_counter()
-            os.preadv(descriptor, [target], 0)
+            os.preadv(descriptor, [target], 0)  # type: ignore[list-item]
             reads.append(size / (time.perf_counter() - started) / 1e6)
             started = time.perf_counter()
-            os.pwrite(descriptor, source, 0)
+            os.pwrite(descriptor, source, 0)  # type: ignore[arg-type]
             writes.append(size / (time.perf_counter() - started) / 1e6)
         return reads, writes
     finally:
@@ -101,7 +102,7 @@ def _flags(path: str, elements: int) -> list[str]:
 
 
 def section_shared_memory(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict) -> None:
-    points = {(path, size, c): [] for path in PATHS for size in SHM_SIZES for c in SHM_CONCURRENCY}
+    points: dict[tuple, list] = {(path, size, c): [] for path in PATHS for size in SHM_SIZES for c in SHM_CONCURRENCY}
     memcpy: list[float] = []
     preadv: list[float] = []
     pwrite: list[float] = []

@@ -20,7 +20,7 @@ SIMPLE_VARIANTS = (("slotserve", ()), ("slotserve-p4", ("--parallel-jobs", "4"))
 
 def section_simple(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict) -> None:
     names = [name for name, _ in SIMPLE_VARIANTS] + ["bare"]
-    points = {(server, c): [] for server in names for c in SIMPLE_CONCURRENCY}
+    points: dict[tuple, list] = {(server, c): [] for server in names for c in SIMPLE_CONCURRENCY}
     with contextlib.ExitStack() as stack:
         servers = {
             name: stack.enter_context(launcher.slotserve(f"{name}-simple", DEMO_REPOSITORY, list(flags)))

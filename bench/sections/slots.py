@@ -17,7 +17,7 @@ SLOTS_CONCURRENCY = 8
 
 
 def section_slots(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict) -> None:
-    points = {n: [] for n in SLOT_COUNTS}
+    points: dict[int, list] = {n: [] for n in SLOT_COUNTS}
     servers = {}
     try:
         for n in SLOT_COUNTS:

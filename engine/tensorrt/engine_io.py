@@ -184,7 +184,7 @@ def _reconcile(
                 f"{where}: {kind} '{spec.name}' is {model.datatype} in the engine, {spec.datatype} in the config"
             )
         if len(model.shape) != len(spec.shape) or any(
-            m != -1 and d != -1 and m != d for m, d in zip(model.shape, spec.shape)
+            m != -1 and d != -1 and m != d for m, d in zip(model.shape, spec.shape, strict=True)
         ):
             raise ModelConfigError(
                 f"{where}: {kind} '{spec.name}' has dims {list(model.shape)} in the engine "

@@ -148,10 +148,11 @@ def sample_inputs(model: TensorRTModel, batch: int, dynamic_size: int, seed: int
     for tensor in model.metadata.inputs:
         largest = model.profile_shapes(tensor.name)[2]
         dims = list(largest[1:] if batching else largest)
-        shape = [min(dynamic_size, top) if want == -1 else want for want, top in zip(tensor.shape, dims)]
+        shape = [min(dynamic_size, top) if want == -1 else want for want, top in zip(tensor.shape, dims, strict=True)]
         if batching:
             shape.insert(0, min(batch, model.metadata.max_batch_size))
         dtype = numpy_dtype(tensor.datatype)
+        value: np.ndarray
         if dtype.kind == "f":
             value = rng.standard_normal(shape)
         elif dtype.kind == "b":
@@ -317,7 +318,8 @@ def check_data_dependent(backend: TensorRTBackend, args: argparse.Namespace) -> 
             rng, matched, details = np.random.default_rng(7), True, []
             for density in (0.0, 0.1, 1.0, 0.5):
                 inputs = {"INPUT0": (rng.random((8, 8)) < density).astype(np.float32)}
-                ok, detail = compare(*reversed(_run_both(model, reference, inputs)), args.rtol, args.atol)
+                tensorrt_outputs, reference_outputs = _run_both(model, reference, inputs)
+                ok, detail = compare(reference_outputs, tensorrt_outputs, args.rtol, args.atol)
                 matched &= ok
                 details.append(f"density {density}: {'; '.join(detail)}")
             print(f"data-dependent output ({name}, plan {model.plan_source}): {' | '.join(details)}")
@@ -341,7 +343,8 @@ def check_batching(
         matched, failed = True, []
         for batch in range(1, model.metadata.max_batch_size + 1):
             inputs = sample_inputs(model, batch, args.dynamic_size, seed=batch)
-            ok, detail = compare(*reversed(_run_both(model, reference, inputs)), args.rtol, args.atol)
+            tensorrt_outputs, reference_outputs = _run_both(model, reference, inputs)
+            ok, detail = compare(reference_outputs, tensorrt_outputs, args.rtol, args.atol)
             matched &= ok
             if not ok:
                 failed.append(f"batch {batch}: {'; '.join(detail)}")
@@ -379,7 +382,9 @@ def environment(cudart: Any, trt: Any) -> str:
 
 def _checks(backend: TensorRTBackend, repository: ModelRepository, args: argparse.Namespace) -> list[tuple[str, Any]]:
     """(name, function returning True when it matched) for each model and extra check asked for."""
-    found = [(name, lambda name=name: check_model(backend, repository, name, args)) for name in args.model_names]
+    found: list[tuple[str, Any]] = [
+        (name, lambda name=name: check_model(backend, repository, name, args)) for name in args.model_names
+    ]
     if "data_dependent" in args.check_names:
         found.append(("data_dependent", lambda: check_data_dependent(backend, args)))
     if "batching" in args.check_names:

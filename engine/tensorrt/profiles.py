@@ -174,7 +174,7 @@ def _fixed_dims(spec: ModelSpec, name: str, network: tuple[int, ...]) -> tuple[i
             f"dimension, if any) but dims {list(declared.shape)} in the config"
         )
     merged = []
-    for index, (net, cfg) in enumerate(zip(network, declared.shape)):
+    for index, (net, cfg) in enumerate(zip(network, declared.shape, strict=True)):
         if net != -1 and cfg != -1 and net != cfg:
             raise ModelConfigError(
                 f"{_origin(spec)}: input '{name}' dimension {index} is {net} in the ONNX model, {cfg} in the config"
@@ -191,7 +191,7 @@ def _dim_range(
     fixed = rest[index]
     picked = [shape[index] if shape is not None else None for shape in given]
     if fixed != -1:
-        for key, value in zip((PARAM_MIN, PARAM_OPT, PARAM_MAX), picked):
+        for key, value in zip((PARAM_MIN, PARAM_OPT, PARAM_MAX), picked, strict=True):
             if value is not None and value != fixed:
                 raise ModelConfigError(
                     f"{_origin(spec)}: parameter {key} gives input '{name}' dimension {index} as {value}, but "
@@ -224,7 +224,7 @@ def profile_for(spec: ModelSpec, network_inputs: list[tuple[str, tuple[int, ...]
     """
     given = [parse_shapes(spec, key) for key in (PARAM_MIN, PARAM_OPT, PARAM_MAX)]
     network_names = {name for name, _ in network_inputs}
-    for key, shapes in zip((PARAM_MIN, PARAM_OPT, PARAM_MAX), given):
+    for key, shapes in zip((PARAM_MIN, PARAM_OPT, PARAM_MAX), given, strict=True):
         unknown = sorted(set(shapes) - network_names)
         if unknown:
             raise ModelConfigError(f"{_origin(spec)}: parameter {key} names unknown inputs {unknown}")
@@ -238,7 +238,7 @@ def profile_for(spec: ModelSpec, network_inputs: list[tuple[str, tuple[int, ...]
             )
         rest = _fixed_dims(spec, name, shape[1:] if batching else shape)
         mine = tuple(g.get(name) for g in given)
-        for key, value in zip((PARAM_MIN, PARAM_OPT, PARAM_MAX), mine):
+        for key, value in zip((PARAM_MIN, PARAM_OPT, PARAM_MAX), mine, strict=True):
             if value is not None and len(value) != len(rest):
                 raise ModelConfigError(
                     f"{_origin(spec)}: parameter {key} gives input '{name}' {len(value)} dimensions; it has "
@@ -283,7 +283,7 @@ def external_data_sha256(path: Path) -> dict[str, str]:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as error:  # onnx raises DecodeError, OSError, ...: all mean "not a readable model"
         raise ModelConfigError(f"{path.name} is not a readable ONNX model: {hide_paths(str(error))}") from None
-    locations = set()
+    locations: set[str] = set()
     for tensor in _tensors(model.graph):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             locations.update(entry.value for entry in tensor.external_data if entry.key == "location")

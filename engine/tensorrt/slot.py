@@ -185,7 +185,7 @@ class TensorRTContext(Context):
             if not context.set_tensor_address(tensor.name, buffer.device):
                 raise ModelLoadError(f"{where}: TensorRT refused the address of '{tensor.name}'")
         if self._data_dependent:
-            self._allocator = output_allocator_class(model.trt)(cuda)
+            self._allocator = output_allocator_class(model.trt)(cuda)  # type: ignore[arg-type]  # a module: hashable
             for name in sorted(self._data_dependent):
                 if not context.set_output_allocator(name, self._allocator):
                     raise ModelLoadError(f"{where}: TensorRT refused an output allocator for '{name}'")
@@ -227,7 +227,7 @@ class TensorRTContext(Context):
             return
         strides = dims(context.get_tensor_strides(tensor.name))
         expected = row_major_strides(shape)
-        if len(strides) != len(shape) or any(s != e for s, e, d in zip(strides, expected, shape) if d > 1):
+        if len(strides) != len(shape) or any(s != e for s, e, d in zip(strides, expected, shape, strict=True) if d > 1):
             engine = self._model.engine
             assert engine is not None
             raise ModelConfigError(
@@ -278,8 +278,9 @@ class TensorRTContext(Context):
             raise ExecutionCancelled("the caller gave up before the run was enqueued")
         failure = self._enqueue(arrays, names, shapes, cancel)
         drained = self._drain()
-        if failure is not None or drained is not None:
-            raise self._failed(failure if failure is not None else drained)
+        error = failure if failure is not None else drained
+        if error is not None:
+            raise self._failed(error)
         if cancel.cancelled:
             raise ExecutionCancelled("the caller gave up while the run was on the GPU; its result was dropped")
         return {name: self._read_output(name, shapes[name]) for name in names}

@@ -163,7 +163,7 @@ class Gate:
             if error is not None:
                 raise error
         finally:
-            if woken is not None:
+            if woken is not None and cancel is not None:
                 cancel.remove_callback(woken)
 
 

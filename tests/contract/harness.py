@@ -143,7 +143,7 @@ class Lab:
 
     # ---- operations -----------------------------------------------------------------------------------------
 
-    def start(self, name: str, target: Callable[[], object]) -> Op:
+    def start(self, name: str, target: Callable[..., object]) -> Op:
         with self._lock:
             self._counter += 1
             op = Op(f"{name}#{self._counter}", target, self)
@@ -243,7 +243,7 @@ class Lab:
             log.append(threading.current_thread().name.split("#")[0])
             return ticket
 
-        admission.acquire = logged_acquire
+        admission.acquire = logged_acquire  # type: ignore[method-assign]  # the test's log around the real one
         return log
 
     def close(self) -> None:
@@ -264,7 +264,7 @@ def admission_stats(lab: Lab, model: str):
     return lab.registry.get(model).admission.statistics()
 
 
-def wait_admission(lab: Lab, model: str, predicate: Callable[[object], bool], what: str = ""):
+def wait_admission(lab: Lab, model: str, predicate: Callable[..., bool], what: str = ""):
     """Poll `model`'s admission statistics until `predicate` holds; returns them."""
     lab.wait_until(lambda: predicate(admission_stats(lab, model)), what or f"admission of {model}")
     return admission_stats(lab, model)

@@ -217,7 +217,7 @@ def _asking(array: np.ndarray, outputs: list[str]) -> pb.ModelInferRequest:
 def _decoded(response) -> dict[str, np.ndarray]:
     return {
         tensor.name: np.frombuffer(raw, np.float32).reshape(tuple(tensor.shape))
-        for tensor, raw in zip(response.outputs, response.raw_output_contents)
+        for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True)
     }
 
 
@@ -259,7 +259,7 @@ def test_the_same_outputs_asked_in_another_order_batch_together_and_other_output
             )
         prepare.release()
         busy.result()
-        for index, (op, outputs) in enumerate(zip(ops, asks)):
+        for index, (op, outputs) in enumerate(zip(ops, asks, strict=True)):
             got = _decoded(op.result())
             assert sorted(got) == sorted(outputs)
             for name in outputs:

@@ -191,7 +191,7 @@ def test_no_batch_crosses_a_queued_manager(batching):
     after = [env.infer("m", rows_of(v), name=f"after{v}") for v in (3.0, 4.0)]
     env.wait_queued_requests("m", 4)
     gate.release()
-    for op, value in zip([running, *before, *after], (100.0, 1.0, 2.0, 3.0, 4.0)):
+    for op, value in zip([running, *before, *after], (100.0, 1.0, 2.0, 3.0, 4.0), strict=True):
         np.testing.assert_array_equal(op.result(), rows_of(value))
     assert manager.result().state is ModelState.READY
     assert env.controls.batches("m") == [1, 2, 2]  # [running], [before ...], manager alone, [after ...]

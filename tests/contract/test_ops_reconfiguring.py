@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ cell = pytest.mark.cell
 
 PHASES = ("probe", "teardown", "replacement")
 OLD = {"slots": 2, "capacity": 4, "dtype": np.float32, "output": "FP32"}
-NEW = {"slots": 3, "capacity": 3, "dtype": np.int32, "output": "INT32"}
+NEW: dict[str, Any] = {"slots": 3, "capacity": 3, "dtype": np.int32, "output": "INT32"}
 
 
 def expected(value: float, dtype=np.float32) -> np.ndarray:

@@ -15,7 +15,7 @@ from .harness import FakeClock
 cell = pytest.mark.cell
 
 
-def _reason(error: BaseException) -> tuple[str, str]:
+def _reason(error: BaseException) -> tuple[str, str | None]:
     code, _message, reason = describe(error)
     return code.name, reason
 

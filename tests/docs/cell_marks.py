@@ -1,7 +1,8 @@
 """pytest plugin for `--collect-only`: writes, as JSON to the path in $SLOTSERVE_CELL_MARKS, which collected test
 functions are marked with which contract cells (`@pytest.mark.cell`), as tests/contract/report.py reads them.
 
-    {"tests/contract/test_ops_ready.py::test_inference_on_ready_model_uses_spare_slots_then_queues": ["OPS.ready.infer"], ...}
+    {"tests/contract/test_ops_ready.py::test_inference_on_ready_model_uses_spare_slots_then_queues":
+        ["OPS.ready.infer"], ...}
 
 Parametrized tests count once, under their function's id.
 """

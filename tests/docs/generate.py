@@ -81,7 +81,7 @@ def flag_tables(parser: argparse.ArgumentParser) -> str:
         rows = [action for action in group._group_actions if not isinstance(action, argparse._HelpAction)]
         if not rows:
             continue
-        title = "serving" if group.title == "options" else group.title  # argparse's name for its main group
+        title = "serving" if group.title == "options" else str(group.title)  # argparse's name for its main group
         lines = [f"### {title[0].upper()}{title[1:]}\n", "| flag | default | meaning |", "|---|---|---|"]
         for action in rows:
             meaning = _DEFAULT_IN_HELP.sub("", formatter._expand_help(action)) if action.help else ""

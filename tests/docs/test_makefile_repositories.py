@@ -79,3 +79,20 @@ def test_make_test_says_why_tests_were_skipped():
     """The newcomer's `make test` prints the reason of every skip (pytest -rs), e.g. a missing npm."""
     pytest_lines = [shlex.split(line) for line in dry_run("test") if " -m pytest" in line]
     assert pytest_lines and all("-rs" in words for words in pytest_lines), pytest_lines
+
+
+def test_run_installs_only_what_serving_needs():
+    """`make run` installs requirements.txt and the project; the test, lint and TensorRT API packages
+    (requirements-dev.txt, tensorrt-stubs, the CUDA 12 API folder) come only with `make test` / `make lint`."""
+    installs = [line for line in dry_run("run") if "pip install" in line]
+    assert any("-r requirements.txt" in line for line in installs), installs
+    assert not [line for line in installs if "requirements-dev.txt" in line or "tensorrt" in line], installs
+
+
+def test_make_test_runs_the_lint_gate_before_the_tests():
+    lines = dry_run("test")
+    gate = [
+        i for i, line in enumerate(lines) if "ruff check" in line or "ruff format --check" in line or "mypy" in line
+    ]
+    tests = [i for i, line in enumerate(lines) if " -m pytest" in line]
+    assert len(gate) == 3 and tests and max(gate) < min(tests), lines

@@ -8,6 +8,7 @@ import struct
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def region_bytes(region: str, offset: int, size: int) -> bytes:
     return REGION_OBJECTS[region].read(offset, size)
 
 
-def request_input(request: pb.ModelInferRequest, name: str) -> tuple[str, list[int], object]:
+def request_input(request: pb.ModelInferRequest, name: str) -> tuple[str, list[int], Any]:
     """(datatype, shape, flat values) of an input of an accepted request, decoded here with numpy/struct: from its
     raw entry (one per input not in shared memory, in order), its typed contents, or its region."""
     raw_index = 0
@@ -75,7 +76,7 @@ def _dtype(datatype: str) -> np.dtype:
     return np.dtype({"INT32": "<i4", "FP32": "<f4"}[datatype])
 
 
-def expected_outputs(request: pb.ModelInferRequest) -> dict[str, tuple[str, list[int], object]]:
+def expected_outputs(request: pb.ModelInferRequest) -> dict[str, tuple[str, list[int], Any]]:
     """What the model must return for an accepted request, computed from the request's own contents."""
     if request.model_name == "simple":
         datatype, shape, first = request_input(request, "INPUT0")
@@ -106,7 +107,7 @@ def check_response(
     assert response.id == request.id
     expected = expected_outputs(request)
     places = {output.name: placement(output) for output in request.outputs}
-    for tensor, raw in zip(response.outputs, response.raw_output_contents):
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         datatype, shape, values = expected[tensor.name]
         assert tensor.datatype == produced[tensor.name] == datatype
         assert list(tensor.shape) == shape, f"{tensor.name} shape {list(tensor.shape)}, input shape {shape}"

@@ -90,7 +90,7 @@ def assert_serves(running, model: str) -> None:
     """A valid request to `model` as it is configured now (the fuzz reconfigures its shapes) gets its answer:
     simple adds its inputs, the fixture model echoes them."""
     if model == "simple":
-        values = np.arange(16, dtype=np.int32).reshape(1, 16)
+        values: np.ndarray = np.arange(16, dtype=np.int32).reshape(1, 16)
         outputs = running.client.infer("simple", {"INPUT0": values, "INPUT1": values}, timeout=CALL_TIMEOUT)
         np.testing.assert_array_equal(outputs["OUTPUT0"], values + values)
         return

@@ -310,6 +310,7 @@ def test_a_region_resized_between_register_and_use(running, stub):
                     assert list(response.raw_output_contents) == [b""]
                     assert item.read(case.start, 4 * case.count) == values.tobytes()
             else:
+                assert error is not None  # not OK: the call failed
                 assert (error.reason, error.domain) == ("invalid_request_error", "slotserve"), error
                 tensor_name = "output 'OUTPUT0'" if case.where == "output" else "input 'INPUT0'"
                 for phrase in (

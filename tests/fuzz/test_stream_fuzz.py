@@ -29,7 +29,7 @@ def test_stream_fuzz(running, stub):
         except grpc.RpcError as rpc_error:
             raise AssertionError(f"the stream failed: {ClientError.from_rpc_error(rpc_error)}") from None
         assert len(answers) == len(batch), f"{len(answers)} answers for {len(batch)} requests"
-        for case, answer in zip(batch, answers):
+        for case, answer in zip(batch, answers, strict=True):
             code = "OK" if not answer.error_message else "ERROR"
             ledger.record(case.request, code)
             if answer.error_message:

@@ -138,6 +138,7 @@ def test_undecodable_bytes(running, stub):
         if decoded is None:
             assert code in {"INTERNAL", "INVALID_ARGUMENT"}, f"undecodable bytes answered {code} ({error})"
             if code == "INTERNAL":
+                assert error is not None
                 assert error.message == GRPC_DESERIALIZE_FAILURE, f"slotserve's own INTERNAL: {error}"
         else:
             assert code in ALLOWED, f"decodable bytes answered {code} ({error}) for {decoded!r:.2000}"

@@ -102,7 +102,9 @@ def _values(datatype: str, shape: tuple[int, ...], rng: np.random.Generator, *, 
         flat[: min(count, 2)] = [-(2**31), 2**31 - 1][: min(count, 2)]
     elif datatype == "FP32":
         flat = (rng.standard_normal(count) * 1000).astype(np.float32)
-        extremes = [np.inf, -np.inf, -0.0, np.finfo(np.float32).max] + ([np.nan] if specials else [])
+        extremes: list[float] = [np.inf, -np.inf, -0.0, float(np.finfo(np.float32).max)] + (
+            [np.nan] if specials else []
+        )
         flat[: min(count, len(extremes))] = extremes[: min(count, len(extremes))]
     else:  # BYTES: ONNX string tensors hold text, so valid elements are UTF-8 (any other bytes are refused)
         flat = np.empty(count, dtype=object)
@@ -119,7 +121,7 @@ def raw_of(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array, dtype=f"<{'i4' if datatype == 'INT32' else 'f4'}").tobytes()
 
 
-def set_typed(tensor: pb.InferInputTensor, array: np.ndarray, datatype: str) -> None:
+def set_typed(tensor: pb.ModelInferRequest.InferInputTensor, array: np.ndarray, datatype: str) -> None:
     values = array.reshape(-1).tolist()
     getattr(tensor.contents, TYPED_FIELD[datatype]).extend(values)
 
@@ -152,9 +154,9 @@ def valid_requests(draw, models: tuple[str, ...] = tuple(sorted(MODELS))) -> Cas
         st.one_of(st.none(), st.lists(st.sampled_from([o for o, _ in model.outputs]), min_size=1, unique=True))
     )
     for output in requested or ():
-        tensor = request.outputs.add(name=output)
+        asked = request.outputs.add(name=output)
         if draw(st.booleans()):
-            tensor.parameters["binary_data"].bool_param = True  # what tritonclient sends
+            asked.parameters["binary_data"].bool_param = True  # what tritonclient sends
     timeout = draw(
         st.sampled_from((None, ("int64_param", 0), ("int64_param", 30_000_000), ("uint64_param", 60_000_000)))
     )

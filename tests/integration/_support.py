@@ -151,7 +151,7 @@ def same_values(actual: np.ndarray, expected: np.ndarray) -> bool:
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return False
     if expected.dtype == object:
-        return all(a == e for a, e in zip(actual.reshape(-1), expected.reshape(-1)))
+        return all(a == e for a, e in zip(actual.reshape(-1), expected.reshape(-1), strict=True))
     return actual.tobytes() == expected.tobytes()
 
 
@@ -173,7 +173,7 @@ def check_simple_response(response: pb.ModelInferResponse, first: np.ndarray, se
     """`simple` returns OUTPUT0 = sum and OUTPUT1 = difference, raw."""
     outputs = {
         tensor.name: from_raw(raw, tensor.datatype, tensor.shape)
-        for tensor, raw in zip(response.outputs, response.raw_output_contents)
+        for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True)
     }
     assert len(response.raw_output_contents) == len(response.outputs) == 2
     np.testing.assert_array_equal(outputs["OUTPUT0"], first + second)

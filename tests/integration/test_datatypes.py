@@ -117,7 +117,7 @@ def request_for(datatype: str, arrays: dict[str, np.ndarray], *, typed: bool) ->
 def check_outputs(response: pb.ModelInferResponse, datatype: str, arrays: dict[str, np.ndarray]) -> None:
     """Outputs OS/OV/OM equal the inputs (the fixture casts to the output datatype, which is the same), all raw."""
     assert len(response.raw_output_contents) == len(response.outputs) == len(arrays)
-    for tensor, raw in zip(response.outputs, response.raw_output_contents):
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         assert not tensor.HasField("contents"), f"output {tensor.name} came back typed"
         assert tensor.datatype == datatype
         expected = arrays[tensor.name[1:]].astype(numpy_dtype(datatype))
@@ -129,7 +129,7 @@ def check_outputs(response: pb.ModelInferResponse, datatype: str, arrays: dict[s
 @pytest.mark.parametrize("shapes", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("datatype", DATATYPES)
 def test_raw_round_trip(running, datatype, shapes):
-    arrays = {name: values(datatype, shape, seed) for seed, (name, shape) in enumerate(zip("SVM", shapes))}
+    arrays = {name: values(datatype, shape, seed) for seed, (name, shape) in enumerate(zip("SVM", shapes, strict=True))}
     response = stub(running).ModelInfer(request_for(datatype, arrays, typed=False), timeout=CALL_TIMEOUT)
     assert response.id == f"{datatype}-False"
     check_outputs(response, datatype, arrays)
@@ -138,14 +138,14 @@ def test_raw_round_trip(running, datatype, shapes):
 @pytest.mark.parametrize("shapes", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("datatype", sorted(TYPED_FIELD, key=DATATYPES.index))
 def test_typed_round_trip(running, datatype, shapes):
-    arrays = {name: values(datatype, shape, seed) for seed, (name, shape) in enumerate(zip("SVM", shapes))}
+    arrays = {name: values(datatype, shape, seed) for seed, (name, shape) in enumerate(zip("SVM", shapes, strict=True))}
     response = stub(running).ModelInfer(request_for(datatype, arrays, typed=True), timeout=CALL_TIMEOUT)
     check_outputs(response, datatype, arrays)
 
 
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])
 def test_no_typed_contents_for_half_precision(running, datatype):
-    arrays = {name: values("FP32", shape, 0) for name, shape in zip("SVM", SHAPES["ordinary"])}
+    arrays = {name: values("FP32", shape, 0) for name, shape in zip("SVM", SHAPES["ordinary"], strict=True)}
     request = pb.ModelInferRequest(model_name=model_name(datatype))
     for name, array in arrays.items():
         request.inputs.add(name=name, datatype=datatype, shape=array.shape).contents.fp32_contents.extend(
@@ -159,7 +159,10 @@ def test_no_typed_contents_for_half_precision(running, datatype):
 @pytest.mark.parametrize("datatype", DATATYPES)
 def test_client_library_round_trip(running, datatype):
     """The same through slotserve's own InferenceClient (raw in, raw out, decoded to numpy)."""
-    arrays = {name: values(datatype, shape, seed) for seed, (name, shape) in enumerate(zip("SVM", SHAPES["ordinary"]))}
+    arrays = {
+        name: values(datatype, shape, seed)
+        for seed, (name, shape) in enumerate(zip("SVM", SHAPES["ordinary"], strict=True))
+    }
     outputs = running.client.infer(model_name(datatype), arrays)
     assert sorted(outputs) == ["OM", "OS", "OV"]
     for name, array in arrays.items():
@@ -193,7 +196,7 @@ def test_typed_value_out_of_range(running, datatype, value):
 
 
 def _owner(array: np.ndarray):
-    base = array
+    base: object = array
     while isinstance(base, np.ndarray):
         base = base.base
     return base
@@ -207,7 +210,10 @@ def test_raw_decode_is_zero_copy(datatype):
     against the object it wraps: it must be a `bytes` holding exactly the input's raw contents, and the array must
     share its memory.
     """
-    arrays = {name: values(datatype, shape, seed) for seed, (name, shape) in enumerate(zip("SVM", SHAPES["ordinary"]))}
+    arrays = {
+        name: values(datatype, shape, seed)
+        for seed, (name, shape) in enumerate(zip("SVM", SHAPES["ordinary"], strict=True))
+    }
     request = request_for(datatype, arrays, typed=False)
     decoded = decode_request(request)
     for index, (name, expected) in enumerate(arrays.items()):

@@ -99,7 +99,7 @@ def stray_filenames(outside: Path) -> list[str]:
 @pytest.mark.parametrize("which", ["absolute", "dot-dot"])
 def test_a_default_model_filename_outside_the_repository_in_a_register_call_is_refused_by_name(layout, which):
     repository, outside = layout
-    filename = dict(zip(["absolute", "dot-dot"], stray_filenames(outside)))[which]
+    filename = dict(zip(["absolute", "dot-dot"], stray_filenames(outside), strict=True))[which]
     with serve(repository, allow_management=True) as running:
         error = client_error(
             running.management.register,

@@ -23,6 +23,7 @@ def _startup_log(repository, *flags: str) -> str:
         env={**os.environ},
     )
     try:
+        assert process.stdout is not None  # stdout=PIPE
         line = process.stdout.readline()  # printed once serving
         assert "listening on" in line, line
         process.send_signal(signal.SIGTERM)

@@ -132,7 +132,7 @@ class RecordingBackend(OnnxRuntimeBackend):
     """The real onnxruntime backend, keeping every model it loads so the test can look at its session."""
 
     def __init__(self) -> None:
-        self.loaded = []
+        self.loaded: list = []
 
     def load(self, spec):
         model = super().load(spec)

@@ -222,7 +222,7 @@ def test_regions_raw_and_typed_contents_mix_across_tensors(server, shm):
     response = server.stub.ModelInfer(request, timeout=CALL_TIMEOUT)
     outputs = {
         t.name: np.frombuffer(raw, "<i4").reshape(1, 16)
-        for t, raw in zip(response.outputs, response.raw_output_contents)
+        for t, raw in zip(response.outputs, response.raw_output_contents, strict=True)
     }
     np.testing.assert_array_equal(outputs["OUTPUT0"], a + b)
     np.testing.assert_array_equal(outputs["OUTPUT1"], a - b)

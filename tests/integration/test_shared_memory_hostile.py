@@ -79,7 +79,9 @@ def shm(server):
         yield make
         server.stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=CALL_TIMEOUT)
         for item in objects:
-            wait_until(lambda: descriptors(item.key, server.process.pid) == 0, f"the server to close {item.key}")
+            wait_until(
+                lambda item=item: descriptors(item.key, server.process.pid) == 0, f"the server to close {item.key}"
+            )
     finally:  # a server that died leaves them too
         for item in objects:
             item.close()
@@ -196,7 +198,9 @@ def test_unregistering_while_the_request_runs_then_shrinking_fails_that_request_
     assert size_of(target) == 0
     assert_ok(other, VALUES)
     for item in (source, target):
-        wait_until(lambda: descriptors(item.key, server.process.pid) == 0, "the server to close the descriptor")
+        wait_until(
+            lambda item=item: descriptors(item.key, server.process.pid) == 0, "the server to close the descriptor"
+        )
     assert_serves(server, shm)
 
 

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+from types import FrameType
+from typing import Any
 
 import grpc
 import numpy as np
@@ -64,6 +66,7 @@ def _new_connection(address: str) -> grpc.Channel:
 def waiting_for_a_request() -> int:
     """Threads of this process blocked in grpcio's server-side read of a unary request message."""
     count = 0
+    frame: FrameType | None
     for frame in sys._current_frames().values():
         while frame is not None:
             code = frame.f_code
@@ -99,7 +102,7 @@ class StalledCalls:
         self.futures = []
         for index, method in enumerate(self.methods):
             make_request, read_response = REQUESTS[method]
-            call = self.channels[index // per_connection].stream_unary(
+            call: Any = self.channels[index // per_connection].stream_unary(
                 method,
                 request_serializer=lambda message: message.SerializeToString(),
                 response_deserializer=read_response,
@@ -209,7 +212,7 @@ def test_stalled_calls_that_complete_or_are_cancelled_leave_no_handler_thread_be
             for future in cancelled:
                 future.cancel()
             stalled.release()  # the others send their request now, late
-            for future, method in zip(completed, stalled.methods[30:]):
+            for future, method in zip(completed, stalled.methods[30:], strict=True):
                 response = future.result(timeout=WAIT)
                 if method == INFER:
                     np.testing.assert_array_equal(from_raw(response.raw_output_contents[0], "FP32", [4]), VALUES)

@@ -185,7 +185,7 @@ def test_health_is_answered_with_inference_saturated_and_more_management_calls_w
             channel.close()
         assert running.client.ready() and running.management.get("busy", timeout=5.0).active_slots == 8
         execute.release()
-        for thread, box in requests + unloads:
+        for thread, _box in requests + unloads:
             thread.join(20)
         assert all(isinstance(box[0], dict) for _, box in requests)
         assert sum(getattr(box[0], "loaded", None) is False for _, box in unloads) == 4

@@ -23,7 +23,9 @@ def run_process(
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, input=input, env=env)
     except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"{command} did not finish within {timeout}s\nstdout:\n{expired.stdout}\nstderr:\n{expired.stderr}")
+        pytest.fail(
+            f"{command} did not finish within {timeout}s\nstdout:\n{expired.stdout!s}\nstderr:\n{expired.stderr!s}"
+        )
 
 
 def last_json_line(completed: subprocess.CompletedProcess) -> dict:

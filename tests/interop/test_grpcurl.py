@@ -101,7 +101,7 @@ def test_model_infer_with_json_int_contents(server):
     raw = field(answer, "raw_output_contents")
     assert [o["name"] for o in outputs] == ["OUTPUT0", "OUTPUT1"] and len(raw) == 2
     decoded = {}
-    for output, contents in zip(outputs, raw):
+    for output, contents in zip(outputs, raw, strict=True):
         assert output["datatype"] == "INT32"
         shape = [int(d) for d in output["shape"]]  # int64 is a JSON string
         assert shape == [2, 16]
@@ -133,7 +133,7 @@ def test_list_models_over_management(server, demo_repository):
     models = {field(m, "model_id"): m for m in answer["models"]}
     names = sorted(p.parent.name for p in demo_repository.glob("*/config.pbtxt"))
     assert sorted(models) == names
-    for name, model in models.items():
+    for model in models.values():
         assert model.get("loaded") is True, model
         assert model["state"] == "MODEL_STATE_READY", model
         assert model["slots"] == 2, model  # --parallel-jobs 2; no demo model sets its own count

@@ -148,7 +148,7 @@ def test_grpcurl_lists_the_services_and_runs_simple(address):
     assert "inference.GRPCInferenceService" in output and "grpc.health.v1.Health" in output
     response = json.loads(output[output.index("{") :])
     names = [tensor["name"] for tensor in response["outputs"]]
-    raw = dict(zip(names, response["raw_output_contents"]))
+    raw = dict(zip(names, response["raw_output_contents"], strict=True))
     assert np.frombuffer(base64.b64decode(raw["OUTPUT0"]), "<i4").tolist() == (A + B).tolist()
     assert np.frombuffer(base64.b64decode(raw["OUTPUT1"]), "<i4").tolist() == (A - B).tolist()
 

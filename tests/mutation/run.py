@@ -51,9 +51,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -190,6 +192,8 @@ def _pass_like(node: ast.stmt) -> ast.stmt:
 def _sites(tree: ast.AST):
     """Every mutation of `tree`: (operator, function, code, change, node, apply). `apply()` mutates `tree`."""
     for node, parent, field, index, function in _nodes(tree):
+        apply: Callable[[], None]  # each kind of site below defines it, binding that site's values as defaults
+        other: Any
         code = ast.unparse(node) if not isinstance(node, ast.Module) else ""
         if isinstance(node, ast.Compare):
             for position, op in enumerate(node.ops):
@@ -206,7 +210,7 @@ def _sites(tree: ast.AST):
 
             yield "BOOL", function, code, f"{node.value} -> {not node.value}", node, apply
         elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            value = node.value
+            value: Any = node.value
             new = value + 1 if type(value) is int or abs(value) < 1000 else value / 1000
 
             def apply(node=node, new=new):
@@ -312,7 +316,8 @@ def _source(module: str) -> tuple[Path, str]:
 
 def mutants(module: str) -> list[Mutant]:
     path, source = _source(module)
-    found, seen = [], {}
+    found: list[Mutant] = []
+    seen: dict[str, int] = {}
     for index, (operator, function, code, change, node, _apply) in enumerate(_sites(ast.parse(source))):
         short = " ".join(code.split())
         short = short if len(short) <= 60 else short[:57] + "..."
@@ -436,21 +441,27 @@ def _equivalents() -> dict[str, str]:
 HEADER = "module      mutants  killed  timeout  equivalent  survived  kill rate (of non-equivalent)"
 
 
+def _mutant(outcome: Outcome) -> Mutant:
+    """The mutant an outcome is about (only the baseline run has none, and a report never holds it)."""
+    assert outcome.mutant is not None
+    return outcome.mutant
+
+
 def _module_report(module: str, outcomes: list[Outcome], named: dict[str, str], baseline: float) -> str:
     """One module's table row, then its survivors and any equivalents a test now kills."""
     killed = sum(o.verdict == "killed" for o in outcomes)
     timeouts = sum(o.verdict == "timeout" for o in outcomes)
-    equivalent = [o for o in outcomes if o.verdict == "survived" and o.mutant.key in named]
-    survived = [o for o in outcomes if o.verdict in ("survived", "error") and o.mutant.key not in named]
-    stale = [o for o in outcomes if o.verdict in ("killed", "timeout") and o.mutant.key in named]
+    equivalent = [o for o in outcomes if o.verdict == "survived" and _mutant(o).key in named]
+    survived = [o for o in outcomes if o.verdict in ("survived", "error") and _mutant(o).key not in named]
+    stale = [o for o in outcomes if o.verdict in ("killed", "timeout") and _mutant(o).key in named]
     counted = len(outcomes) - len(equivalent)
     rate = 100.0 * (killed + timeouts) / counted if counted else 100.0
     out = [
         f"{module:<11} {len(outcomes):>7}  {killed:>6}  {timeouts:>7}  {len(equivalent):>10}  "
         f"{len(survived):>8}  {rate:5.1f} %   (subset {baseline:.0f} s unmutated)"
     ]
-    out += [f"    survivor  {o.verdict:<8} line {o.mutant.line:<4} {o.mutant.key}" for o in survived]
-    out += [f"    named equivalent but killed (take it out of equivalents.txt): {o.mutant.key}" for o in stale]
+    out += [f"    survivor  {o.verdict:<8} line {_mutant(o).line:<4} {_mutant(o).key}" for o in survived]
+    out += [f"    named equivalent but killed (take it out of equivalents.txt): {_mutant(o).key}" for o in stale]
     return "\n".join(out)
 
 
@@ -528,11 +539,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             done = []
 
+            # `one` runs only inside this iteration's pool (list(pool.map(...)) returns before the loop moves on),
+            # so the loop variables it reads (B023) are this iteration's.
             def one(mutant: Mutant) -> Outcome:
-                outcome = _run_one(module, mutant, timeout, Path(workdir), verbose=bool(args.only))
-                done.append(outcome)
+                outcome = _run_one(module, mutant, timeout, Path(workdir), verbose=bool(args.only))  # noqa: B023
+                done.append(outcome)  # noqa: B023
                 print(
-                    f"  [{len(done):>3}/{len(found)}] {outcome.verdict:<8} {outcome.seconds:5.1f} s  "
+                    f"  [{len(done):>3}/{len(found)}] {outcome.verdict:<8} {outcome.seconds:5.1f} s  "  # noqa: B023
                     f"line {mutant.line:<4} {mutant.key}",
                     flush=True,
                 )

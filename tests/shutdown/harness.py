@@ -253,7 +253,7 @@ class ServerProcess:
 
     def wait_status(self, model: str, predicate: Callable[[object], bool], what: str = "", timeout: float = WAIT):
         """Poll GetModel until `predicate(status)` holds; returns that status."""
-        seen = []
+        seen: list = []
 
         def check() -> bool:
             seen[:] = [self.status(model)]
@@ -458,9 +458,7 @@ class InProcess:
         """GetModel through the client."""
         return self.management.get(model, timeout=5)
 
-    def wait_status(
-        self, model: str, predicate: Callable[[object], bool], what: str = "", timeout: float = WAIT
-    ) -> float:
+    def wait_status(self, model: str, predicate: Callable[..., bool], what: str = "", timeout: float = WAIT) -> float:
         """Poll GetModel until `predicate(status)` holds; returns the seconds it took."""
         return wait_until(lambda: predicate(self.status(model)), what or f"status of {model}", timeout, poll=0.002)
 
@@ -468,9 +466,7 @@ class InProcess:
         """The registry's own status (service.core.lifecycle.ModelStatus), readable at any time."""
         return self.server.registry.get(model).status()
 
-    def wait_core(
-        self, model: str, predicate: Callable[[object], bool], what: str = "", timeout: float = WAIT
-    ) -> float:
+    def wait_core(self, model: str, predicate: Callable[..., bool], what: str = "", timeout: float = WAIT) -> float:
         return wait_until(lambda: predicate(self.core_status(model)), what or f"status of {model}", timeout, poll=0.002)
 
     def shutdown(self, *, drain: float = 0.0, grace: float = 10.0, margin: float = MARGIN) -> Background:

@@ -459,12 +459,13 @@ class _BareProcess:
         self._lock = threading.Lock()  # guards: _lines
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        wait_until(lambda: self._SERVING.search(self.log) or self.process.poll() is not None, "the serving line")
+        wait_until(lambda: bool(self._SERVING.search(self.log)) or self.process.poll() is not None, "the serving line")
         match = self._SERVING.search(self.log)
         assert match, f"exited {self.process.poll()} before serving:\n{self.log}"
         self.address = match.group(1)
 
     def _read(self) -> None:
+        assert self.process.stderr is not None  # stderr=PIPE
         for line in self.process.stderr:
             with self._lock:
                 self._lines.append(line.rstrip("\n"))
@@ -483,7 +484,7 @@ class _BareProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
-        self.process.stderr.close()
+        self.process.stderr.close()  # type: ignore[union-attr]  # stderr=PIPE
 
 
 @pytest.fixture

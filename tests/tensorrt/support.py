@@ -80,7 +80,7 @@ def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
 
 def write_add_sub_onnx(root: Path, name: str = "add_sub") -> Path:
     """`root/<name>/1/model.onnx`: the add_sub function as ONNX, INT32 ["batch", 16]."""
-    dims = ["batch", WIDTH]
+    dims: list[str | int] = ["batch", WIDTH]
     graph = helper.make_graph(
         [
             helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),

@@ -1,5 +1,5 @@
-"""The TensorRT backend inside the whole server, over real gRPC: the test double (engine/testing/tensorrt_double/) stands
-for TensorRT and the CUDA runtime and enforces their rules (one thread per context, one enqueue in flight per
+"""The TensorRT backend inside the whole server, over real gRPC: the test double (engine/testing/tensorrt_double/)
+stands for TensorRT and the CUDA runtime and enforces their rules (one thread per context, one enqueue in flight per
 context, no default stream, no buffer reuse while in flight); the `device` fixture fails the test if any rule was
 broken. A model directory with `platform: "tensorrt_plan"` (or `backend: "tensorrt"`) and a prebuilt model.plan
 is read by the repository like any other.

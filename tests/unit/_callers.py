@@ -28,7 +28,7 @@ class Caller:
         **options,
     ) -> None:
         self.token = options.pop("cancel", None) or CancelToken()
-        self.outcome = None
+        self.outcome: object = None
         self.done = threading.Event()
         self.thread = threading.Thread(
             target=self._run, args=(controller, kind, deadline, options), name=name, daemon=True

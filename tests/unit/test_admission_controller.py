@@ -222,7 +222,7 @@ class ControllerMachine(RuleBasedStateMachine):
 
     def _timed_waiters(self) -> list[Waiter]:
         """Queued waiters with a deadline, oldest first."""
-        return sorted((w for w in self._queued_waiters() if w.deadline is not None), key=lambda w: w.ticket.seq)
+        return sorted((w for w in self._queued_waiters() if w.deadline is not None), key=lambda w: w.ticket.seq)  # type: ignore[union-attr]  # queued: has a ticket
 
     def _park(self, waiter: Waiter) -> None:
         """Park `waiter` inside its next clock call (it makes one within its timeout, when it re-checks)."""
@@ -232,6 +232,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def _grant_to(self, waiter: Waiter, data) -> bool:
         """Release leases, and those the releases grant to the waiters ahead, until the parked `waiter`'s ticket
         is granted (or nothing is left to release); whether it was granted."""
+        assert waiter.ticket is not None  # parked in the queue
         while self.held and waiter.ticket.state is TicketState.QUEUED:
             self._release_one(data)
             self._settle(parked=waiter)

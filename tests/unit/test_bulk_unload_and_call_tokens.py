@@ -33,7 +33,7 @@ class _Context:
 
     def __init__(self, active: bool) -> None:
         self.active = active
-        self.callbacks = []
+        self.callbacks: list = []
 
     def add_callback(self, callback) -> bool:
         if self.active:

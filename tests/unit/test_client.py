@@ -40,7 +40,7 @@ def _echo(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
     """Each input back as an output of the same name, decoded and re-encoded the way a server does."""
     response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
     wanted = {output.name for output in request.outputs}
-    for tensor, raw in zip(request.inputs, request.raw_input_contents):
+    for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
         if wanted and tensor.name not in wanted:
             continue
         array = tensor_codec.decode_raw(raw, tensor.datatype, tuple(tensor.shape), tensor.name)
@@ -52,7 +52,7 @@ def _echo(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
 def _add(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
     arrays = [
         tensor_codec.decode_raw(raw, t.datatype, tuple(t.shape), t.name)
-        for t, raw in zip(request.inputs, request.raw_input_contents)
+        for t, raw in zip(request.inputs, request.raw_input_contents, strict=True)
     ]
     total = arrays[0] + arrays[1]
     response = pb.ModelInferResponse(model_name="add", id=request.id)

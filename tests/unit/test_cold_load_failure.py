@@ -16,11 +16,14 @@ def test_every_waiter_of_a_failed_cold_load_raises_its_own_exception(tmp_path):
         requests = [lab.infer("a") for _ in range(4)]
         load.wait_blocked(1)
         lab.wait_status("a", lambda s: s.active_slots == 4, "all four admitted, three waiting on the load")
+
         # The three that wait for the initializer's outcome block in its wait; that is where they must be.
-        waiting = lambda: sum(
-            any(frame.name == "wait" and "lifecycle" in frame.filename for frame in traceback.extract_stack(stack))
-            for stack in _stacks(requests)
-        )
+        def waiting() -> int:
+            return sum(
+                any(frame.name == "wait" and "lifecycle" in frame.filename for frame in traceback.extract_stack(stack))
+                for stack in _stacks(requests)
+            )
+
         lab.wait_until(lambda: waiting() == 3, "three waiters in the initializer's wait")
         load.release()
         errors = [op.error() for op in requests]

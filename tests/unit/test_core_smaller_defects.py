@@ -39,7 +39,7 @@ def _interrupting_waiter(after_grant: bool):
 
     class Waiter(residency_module._GuardWaiter):
         def __init__(self) -> None:
-            self.lock = Lock()
+            self.lock = Lock()  # type: ignore[assignment]  # a Lock that records its waits, in place of the real one
             self.lock.acquire()
             self.granted = False
 

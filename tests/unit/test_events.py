@@ -127,9 +127,12 @@ def test_at_debug_every_rejection_is_logged(logger):
 # ---- outcomes ------------------------------------------------------------------------------------------------
 
 
+REASONED = sorted(status_codes.reasoned_classes().items(), key=lambda kv: kv[0].__name__)
+
+
 @pytest.mark.parametrize(
     "cls, reason",
-    sorted(status_codes.reasoned_classes().items(), key=lambda kv: kv[0].__name__),
+    REASONED,
     ids=lambda value: getattr(value, "__name__", value),
 )
 def test_every_error_reason_has_a_status_code_and_is_the_outcome_counted(cls, reason):

@@ -22,6 +22,7 @@ def lab(tmp_path):
 def _reaper_check(lab: Lab) -> None:
     """Let the reaper examine what is due now, and wait until it has."""
     reaper = lab.residency.reaper
+    assert reaper is not None  # the lab sets an idle unload
     checks = reaper.checks
     reaper.poke()
     lab.wait_until(lambda: reaper.checks > checks, "the reaper's check")

@@ -20,7 +20,7 @@ NOT_IN_CORE = ("grpc", "generated", "google.protobuf")
 
 def imported_modules(path: Path, package: str) -> set[str]:
     """Absolute names of every module `path` imports (relative imports resolved against `package`)."""
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)

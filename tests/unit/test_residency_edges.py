@@ -100,6 +100,7 @@ def _reaper_lab(lab, **options) -> Lab:
 def _poke_and_wait(lab: Lab, checks: int) -> None:
     """Let the reaper look at what is due now, and wait until it has examined `checks` items in all."""
     reaper = lab.residency.reaper
+    assert reaper is not None  # the lab sets an idle unload
     reaper.poke()
     lab.wait_until(lambda: reaper.checks >= checks, f"{checks} reaper check(s)")
 
@@ -108,6 +109,7 @@ def _no_more_checks_within(lab: Lab, seconds: float = 0.3) -> None:
     """A window for a reaper that spins to show itself (the real one sleeps until the next expiry, so it cannot
     fail this): no check happens while the fake clock stands still."""
     reaper = lab.residency.reaper
+    assert reaper is not None  # the lab sets an idle unload
     checks = reaper.checks
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -300,7 +300,8 @@ def output_shapes(
     inputs `probe_values` gives a value."""
     function, inputs, outputs = plan.function, plan.inputs, plan.outputs
     if function == "identity":
-        found = {out.name: shapes[inp.name] for inp, out in zip(inputs, outputs)}
+        # strict=False: extra inputs (a shape tensor) have no output of their own
+        found = {out.name: shapes[inp.name] for inp, out in zip(inputs, outputs, strict=False)}
     elif function == "add_sub":
         try:
             shape = tuple(np.broadcast_shapes(*(shapes[t.name] for t in inputs[:2])))
@@ -327,7 +328,7 @@ def compute(
 ) -> dict[str, np.ndarray]:
     function, inputs, outputs = plan.function, plan.inputs, plan.outputs
     if function == "identity":
-        return {out.name: arrays[inp.name] for inp, out in zip(inputs, outputs)}
+        return {out.name: arrays[inp.name] for inp, out in zip(inputs, outputs, strict=False)}  # as output_shapes
     if function == "add_sub":
         first, second = (arrays[t.name] for t in inputs[:2])
         return {outputs[0].name: first + second, outputs[1].name: first - second}

@@ -260,11 +260,11 @@ class Builder(_Bound):
                 continue
             for shape in shapes:
                 if len(shape) != len(tensor.shape) or any(
-                    fixed >= 0 and d != fixed for d, fixed in zip(shape, tensor.shape)
+                    fixed >= 0 and d != fixed for d, fixed in zip(shape, tensor.shape, strict=True)
                 ):
                     return f"profile shape {list(shape)} does not fit {tensor.name} {list(tensor.shape)}"
             low, opt, high = shapes
-            if any(not a <= b <= c for a, b, c in zip(low, opt, high)):
+            if any(not a <= b <= c for a, b, c in zip(low, opt, high, strict=True)):
                 return f"profile of {tensor.name} is not min <= opt <= max"
         return None
 

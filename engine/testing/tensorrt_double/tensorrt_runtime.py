@@ -111,7 +111,7 @@ class Dims:
 
     def __eq__(self, other: object) -> bool:
         try:
-            values = tuple(other)  # type: ignore[arg-type]
+            values: tuple[object, ...] = tuple(other)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return False
         return self._valid and values == self._dims
@@ -334,7 +334,7 @@ class ICudaEngine(_Bound):
                 )
             session = self._session
         names = [t.name for t in self._plan.outputs]
-        return dict(zip(names, session.run(names, arrays)))
+        return dict(zip(names, session.run(names, arrays), strict=True))
 
     def _output_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         """Raises plans.ShapeMismatch."""
@@ -431,7 +431,7 @@ class IExecutionContext(_Bound):
                 log_error(None, self._fake, f"set_input_shape({name!r}, {list(shape)}): rank or mode mismatch")
                 return False
             low, _, high = self._engine._plan.profiles[self._profile][name]
-            if any(not lo <= d <= hi for d, lo, hi in zip(shape, low, high)):
+            if any(not lo <= d <= hi for d, lo, hi in zip(shape, low, high, strict=True)):
                 return False
             self._shapes[name] = shape
             return True
@@ -657,7 +657,7 @@ class IExecutionContext(_Bound):
             with device._lock:
                 device.stats.output_reallocations += 1
             try:
-                allocator.notify_shape(tensor.name, Dims(shape))
+                allocator.notify_shape(tensor.name, Dims(shape))  # type: ignore[attr-defined]  # not in tensorrt-stubs
             except Exception as error:  # the real binding prints it and goes on
                 log_error(None, device, f"[ERROR] Exception caught in notifyShape(): {error}")
         return True

@@ -93,7 +93,7 @@ def _raw_outputs(response: service_pb2.ModelInferResponse, decode) -> list[np.nd
     assert len(response.outputs) == len(response.raw_output_contents) == 2, response
     return [
         np.resize(decode(raw), list(output.shape))
-        for output, raw in zip(response.outputs, response.raw_output_contents)
+        for output, raw in zip(response.outputs, response.raw_output_contents, strict=True)
     ]
 
 

@@ -14,6 +14,7 @@ import asyncio
 import json
 import queue
 import sys
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -151,7 +152,7 @@ def case_aio(address: str) -> dict:
                 )
             )
             checked = {}
-            for i, ((a, b), result) in enumerate(zip(batches, results)):
+            for i, ((a, b), result) in enumerate(zip(batches, results, strict=True)):
                 assert result.get_response().id == f"aio-{i}"
                 checked[f"aio-{i}"] = check_simple(result, a, b)
             return checked
@@ -177,7 +178,7 @@ def case_explicit_int(address: str) -> dict:
     # Outputs come back raw, one raw_output_contents entry per output, by position.
     assert len(response.raw_output_contents) == len(response.outputs) == 2, response
     outputs = {}
-    for output, raw in zip(response.outputs, response.raw_output_contents):
+    for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         assert output.datatype == "INT32" and list(output.shape) == [2, 16], output
         outputs[output.name] = np.frombuffer(raw, dtype="<i4").reshape(tuple(output.shape))
     np.testing.assert_array_equal(outputs["OUTPUT0"], a + b)
@@ -212,7 +213,7 @@ def case_stream(address: str) -> dict:
     client = grpcclient.InferenceServerClient(address)
     answers: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    plan = []
+    plan: list[tuple[str, tuple | None]] = []
     try:
         for index in range(5):
             request_id = f"stream-{index}"
@@ -360,7 +361,7 @@ def case_control(client: grpcclient.InferenceServerClient) -> dict:
         steps["batch_5_after_override"] = str(error.status())
 
     # Failed loads answer an error that says "failed to load" (what Triton's clients look for).
-    errors = {}
+    errors: dict[str, dict | None] = {}
     for label, (name, config) in FAILING_LOADS.items():
         try:
             client.load_model(name, config=config)
@@ -426,7 +427,7 @@ def case_metadata(client: grpcclient.InferenceServerClient) -> dict:
     assert client.is_server_live() and client.is_server_ready()
     server = client.get_server_metadata(as_json=True)
     model = client.get_model_metadata("simple", as_json=True)
-    errors = {}
+    errors: dict[str, dict | None] = {}
     for label, call in (
         ("metadata", lambda: client.get_model_metadata("no_such_model")),
         ("infer", lambda: client.infer("no_such_model", triton_inputs(*simple_inputs(1)))),
@@ -489,7 +490,12 @@ CASES = {
     "metadata": case_metadata,
 }
 CLIENT_CASES_WITH_ARGUMENTS = {"batched": case_batched}
-ADDRESS_CASES = {"aio": case_aio, "explicit_int": case_explicit_int, "stream": case_stream, "secure": case_secure}
+ADDRESS_CASES: dict[str, Callable[..., object]] = {
+    "aio": case_aio,
+    "explicit_int": case_explicit_int,
+    "stream": case_stream,
+    "secure": case_secure,
+}
 
 
 def main() -> None:
