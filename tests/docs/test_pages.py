@@ -11,7 +11,7 @@ import pytest
 from tests.docs.markdown import DOCS, README, ROOT, anchors, links, name, pages, table_rows
 
 READMES = [ROOT / "bench" / "README.md", ROOT / "soak" / "README.md", ROOT / "deploy" / "README.md"]
-MAX_README_LINES = 150
+MAX_README_LINES = 160  # the docs table grows a row per page; the rest stays an overview
 
 
 def test_the_readme_is_short():
