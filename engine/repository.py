@@ -40,9 +40,14 @@ _PLATFORM_BACKEND = {
     "onnxruntime_onnx": "onnxruntime",
     "tensorrt_plan": "tensorrt",
 }
-_BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "fixture": "fixture"}
-_DEFAULT_FILE = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
-KNOWN_BACKENDS = ("onnxruntime", "tensorrt", "fixture")
+_BACKEND_PLATFORM = {
+    "onnxruntime": "onnxruntime_onnx",
+    "tensorrt": "tensorrt_plan",
+    "fixture": "fixture",
+    "python": "python",
+}
+_DEFAULT_FILE = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "python": "model.py"}
+KNOWN_BACKENDS = ("onnxruntime", "tensorrt", "python", "fixture")
 ALLOW_ROOT_FLAG = "--allow-model-root"
 # The folder part of an absolute path in free text ("/srv/models/" in "/srv/models/m/1/model.onnx"), not preceded
 # by a character that would make it the tail of a relative path ("1/model.onnx") or of a word.
