@@ -13,7 +13,8 @@ FAILURE_WINDOW seconds the model is taken out of service (DeviceFailedError: the
 reason as its last error). A cancelled request shows `is_cancelled()` true to the model (a word in shared memory
 the worker reads); when the server cancels its work at shutdown, a worker that has not answered within
 SHUTDOWN_KILL_SECONDS is killed, so a hung model.py cannot hold the server past its bound. Closing a slot asks
-its worker to run `finalize` and kills it if it has not ended within the model's close grace.
+its worker to run `finalize` and returns; a thread kills the worker if it has not ended within the model's
+finalize grace.
 
 Parameters read from config.pbtxt (all optional):
     max_parallel_slots          cap on the advertised capacity (default 16)
@@ -294,6 +295,15 @@ class WorkerProcess:
         except OSError:
             pass
 
+    def stop(self, deadline: float) -> None:
+        """Ask the worker to finalize and exit, and return at once: a thread waits for it until `deadline`, then
+        kills it and frees its pipe and segments. So closing a model never waits on a slow finalize (a server's
+        shutdown stays inside its bound), and a hung one is killed at the deadline."""
+        self.ask_to_stop()
+        threading.Thread(
+            target=self.wait_or_kill, args=(deadline,), name=f"python-worker-stop-{self.process.pid}", daemon=True
+        ).start()
+
     def wait_or_kill(self, deadline: float) -> None:
         try:
             self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -363,8 +373,7 @@ class PythonContext(Context):
     def close(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None:
-            worker.ask_to_stop()
-            worker.wait_or_kill(self._model.close_deadline())
+            worker.stop(self._model.close_deadline())
 
 
 class _Single:
@@ -388,11 +397,10 @@ class PythonModel(LoadedModel):
         self._initialize_timeout = _parameter(spec, "initialize_timeout_seconds", 600.0, 0.1, 86400.0)
         self._finalize_grace = _parameter(spec, "finalize_grace_seconds", 2.0, 0.0, 600.0)
         self._cancel_kill = _parameter(spec, "cancel_kill_seconds", 0.0, 0.0, 86400.0)
-        self._lock = threading.Lock()  # guards: _spare, _instances, _deaths, _close_deadline, _worker_bytes
+        self._lock = threading.Lock()  # guards: _spare, _instances, _deaths, _worker_bytes
         self._spare: WorkerProcess | None = None
         self._instances = 0
         self._deaths: deque[float] = deque()
-        self._close_deadline = 0.0
         self._worker_bytes = 0
         self._config_json = json.dumps(triton_config(spec))
         self._auto_complete = True
@@ -496,19 +504,14 @@ class PythonModel(LoadedModel):
         return self._cancel_kill or None
 
     def close_deadline(self) -> float:
-        """One finalize deadline shared by the slots a pool closes one after the other."""
-        now = time.monotonic()
-        with self._lock:
-            if self._close_deadline < now:
-                self._close_deadline = now + self._finalize_grace
-            return self._close_deadline
+        """When a worker asked to stop now is killed if it has not ended (finalize's grace)."""
+        return time.monotonic() + self._finalize_grace
 
     def close(self) -> None:
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None:
-            spare.ask_to_stop()
-            spare.wait_or_kill(self.close_deadline())
+            spare.stop(self.close_deadline())
 
 
 def triton_config(spec: ModelSpec) -> dict:

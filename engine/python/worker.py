@@ -242,7 +242,9 @@ def main(argv: list[str]) -> int:
     if worker.model is None:
         return 1
     worker.serve()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip the interpreter's teardown: the server is waiting for this process to end
 
 
 if __name__ == "__main__":

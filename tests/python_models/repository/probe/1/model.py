@@ -46,6 +46,7 @@ class TritonPythonModel:
                 open(arg.decode(), "w").close()
             text = b"cancelled"
         elif mode == "hang":
+            open(arg.decode(), "w").close()
             while True:
                 pass
         elif mode == "pid":

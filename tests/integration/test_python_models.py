@@ -1,0 +1,190 @@
+"""Python models on a real server (in-process, slotserve's own client): loading, faults that stay in their
+slot, model errors, memory accounting, tensors larger than the shared-memory segments. The flows a stock Triton
+client sees are in tests/interop/test_python_models.py."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import ClientError
+
+HEADER = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+"""
+
+
+def write_model(root: Path, name: str, body: str, config: str, version: str = "1") -> Path:
+    directory = root / name
+    (directory / version).mkdir(parents=True)
+    (directory / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(config))
+    (directory / version / "model.py").write_text(HEADER + textwrap.dedent(body))
+    return directory
+
+
+FLOAT_IO = """
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+DOUBLER = """
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2)])
+            for r in requests
+        ]
+"""
+
+EXITER = """
+class TritonPythonModel:
+    def execute(self, requests):
+        os._exit(5)
+"""
+
+
+def test_a_large_tensor_grows_the_shared_memory_and_comes_back_whole(slotserve, tmp_path):
+    write_model(tmp_path, "doubler", DOUBLER, FLOAT_IO)
+    running = slotserve(tmp_path)
+    rng = np.random.default_rng(1)
+    for size in (10, 3_000_000, 100, 5_000_000):  # grows twice (past the 64 KiB start), then reuses
+        x = rng.standard_normal(size).astype(np.float32)
+        np.testing.assert_array_equal(running.client.infer("doubler", {"X": x})["Y"], x * 2)
+
+
+def test_bad_input_is_refused_by_name_and_the_model_keeps_serving(slotserve, tmp_path):
+    write_model(tmp_path, "doubler", DOUBLER, FLOAT_IO)
+    running = slotserve(tmp_path)
+    with pytest.raises(ClientError) as refused:
+        running.client.infer("doubler", {"X": np.zeros(3, dtype=np.int32)})
+    assert refused.value.code == "INVALID_ARGUMENT" and "expects FP32" in refused.value.message
+    np.testing.assert_array_equal(running.client.infer("doubler", {"X": np.ones(2, np.float32)})["Y"], [2, 2])
+
+
+def test_repeated_worker_deaths_take_the_model_out_of_service_with_the_reason(slotserve, tmp_path):
+    write_model(tmp_path, "exiter", EXITER, FLOAT_IO)
+    running = slotserve(tmp_path)
+    x = {"X": np.ones(1, np.float32)}
+    for _ in range(2):
+        with pytest.raises(ClientError) as died:
+            running.client.infer("exiter", x)
+        assert died.value.code == "INTERNAL" and "exited with code 5" in died.value.message
+    with pytest.raises(ClientError) as out:
+        running.client.infer("exiter", x)
+    assert out.value.code == "UNAVAILABLE" and out.value.reason == "device_failed"
+    assert "out of service" in out.value.message and "died 3 times" in out.value.message
+    status = running.management.get("exiter")
+    assert not status.loaded and "died 3 times" in status.last_error
+
+
+def test_execute_returning_the_wrong_responses_fails_with_the_models_mistake(slotserve, tmp_path):
+    body = """
+    class TritonPythonModel:
+        def execute(self, requests):
+            mode = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0]
+            if mode == 0:
+                return []
+            if mode == 1:
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.zeros(1, np.float64))])]
+            if mode == 2:
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("Z", np.zeros(1, np.float32))])]
+            return ["not a response"]
+    """
+    write_model(tmp_path, "wrong", body, FLOAT_IO)
+    running = slotserve(tmp_path)
+    expected = {
+        0: "execute returned 0 responses for 1 requests",
+        1: "returned output 'Y' as FP64; its configuration says FP32",
+        2: "returned output 'Z', which its configuration lacks",
+        3: "must return pb_utils.InferenceResponse objects, got str",
+    }
+    for mode, message in expected.items():
+        with pytest.raises(ClientError) as failed:
+            running.client.infer("wrong", {"X": np.full(1, mode, np.float32)})
+        assert failed.value.code == "INTERNAL" and message in failed.value.message, (mode, failed.value.message)
+
+
+def test_initialize_args_are_tritons(slotserve, tmp_path):
+    body = """
+    import json
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.args = args
+        def execute(self, requests):
+            args = dict(self.args, model_config=json.loads(self.args["model_config"])["name"])
+            text = np.array([json.dumps(args, sort_keys=True).encode()], dtype=np.object_)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", text)]) for r in requests]
+    """
+    config = """
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_STRING dims: [ 1 ] } ]
+    """
+    directory = write_model(tmp_path, "args", body, config, version="3")
+    running = slotserve(tmp_path)
+    import json
+
+    args = json.loads(running.client.infer("args", {"X": np.zeros(1, np.float32)})["Y"][0])
+    assert args == {
+        "model_config": "args",
+        "model_instance_device_id": "0",
+        "model_instance_kind": "CPU",
+        "model_instance_name": "args_0_0",
+        "model_name": "args",
+        "model_repository": str(directory),
+        "model_version": "3",
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("class Other:\n    pass\n", "defines no class TritonPythonModel"),
+        (
+            "class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError('no weights')\n",
+            "RuntimeError: no weights",
+        ),
+        ("import not_a_module_anywhere\n", "No module named 'not_a_module_anywhere'"),
+    ],
+)
+def test_a_model_py_that_cannot_load_is_refused_with_its_reason(slotserve, tmp_path, body, message):
+    write_model(tmp_path, "broken", body, FLOAT_IO)
+    write_model(tmp_path, "fine", DOUBLER, FLOAT_IO)
+    running = slotserve(tmp_path)
+    with pytest.raises(ClientError) as failed:
+        running.client.infer("broken", {"X": np.ones(1, np.float32)})
+    assert failed.value.code == "FAILED_PRECONDITION" and message in failed.value.message
+    np.testing.assert_array_equal(running.client.infer("fine", {"X": np.ones(1, np.float32)})["Y"], [2])
+
+
+def test_execution_env_path_is_refused_by_name(slotserve, tmp_path):
+    config = FLOAT_IO + 'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "env.tar.gz" } }\n'
+    write_model(tmp_path, "envmodel", DOUBLER, config)
+    running = slotserve(tmp_path)
+    with pytest.raises(ClientError) as failed:
+        running.client.infer("envmodel", {"X": np.ones(1, np.float32)})
+    assert "EXECUTION_ENV_PATH" in failed.value.message and "not supported" in failed.value.message
+
+
+def test_every_worker_counts_in_the_models_memory(slotserve, tmp_path):
+    write_model(tmp_path, "doubler", DOUBLER, FLOAT_IO + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    running = slotserve(tmp_path, parallel_jobs=2)
+    status = running.management.get("doubler")
+    assert status.slots == 2
+    # each slot is a python process of its own (tens of MB with numpy): counted once per slot
+    assert status.memory_bytes is not None and status.memory_bytes >= 2 * 10_000_000, status.memory_bytes
+
+
+def test_a_decoupled_model_is_refused_by_name(slotserve, tmp_path, caplog):
+    write_model(tmp_path, "decoupled", DOUBLER, FLOAT_IO + "model_transaction_policy { decoupled: true }\n")
+    write_model(tmp_path, "fine", DOUBLER, FLOAT_IO)
+    running = slotserve(tmp_path)
+    with pytest.raises(ClientError) as failed:
+        running.client.infer("decoupled", {"X": np.ones(1, np.float32)})
+    assert failed.value.code == "NOT_FOUND"  # its configuration was refused when the repository was read
+    assert "model 'decoupled': model_transaction_policy.decoupled is not supported by slotserve" in caplog.text
+    np.testing.assert_array_equal(running.client.infer("fine", {"X": np.ones(1, np.float32)})["Y"], [2])
