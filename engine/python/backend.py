@@ -11,8 +11,9 @@ Faults stay in their slot: a worker that dies fails only its in-flight call (Mod
 the worker ended) and the slot starts a new worker on its next use; after WORKER_FAILURES deaths within
 FAILURE_WINDOW seconds the model is taken out of service (DeviceFailedError: the server unloads it, with the
 reason as its last error). A cancelled request shows `is_cancelled()` true to the model (a word in shared memory
-the worker reads); when the server cancels its work at shutdown, a worker that has not answered within
-SHUTDOWN_KILL_SECONDS is killed, so a hung model.py cannot hold the server past its bound. Closing a slot asks
+the worker reads); a worker that has not answered CANCEL_KILL_SECONDS after its request was cancelled
+(SHUTDOWN_KILL_SECONDS when the server cancelled it at shutdown) is killed and its slot starts a new one, so a
+hung model.py can hold neither a slot nor the server past its bound. Closing a slot asks
 its worker to run `finalize` and returns; a thread kills the worker if it has not ended within the model's
 finalize grace.
 
@@ -20,8 +21,8 @@ Parameters read from config.pbtxt (all optional):
     max_parallel_slots          cap on the advertised capacity (default 16)
     initialize_timeout_seconds  how long a worker may take to import model.py and initialize (default 600)
     finalize_grace_seconds      how long closing the model waits for `finalize` before killing (default 2)
-    cancel_kill_seconds         kill a worker still running this long after its request was cancelled by the
-                                client (default 0: never; the model should poll `is_cancelled()`)
+    cancel_kill_seconds         kill (and replace) a worker still running this long after its request was
+                                cancelled by its client or deadline (default 2; 0: never, Triton's behaviour)
 Refused by name: EXECUTION_ENV_PATH (custom execution environments).
 """
 
@@ -69,6 +70,9 @@ MAX_SLOTS = 16
 WORKER_FAILURES = 3
 FAILURE_WINDOW = 60.0
 SHUTDOWN_KILL_SECONDS = 1.0  # well inside the server's SHUTDOWN_MARGIN (2 s) for cancelled work to return
+# A request its client gave up on before a shutdown was cancelled then, not by the shutdown (the first cancel
+# names the reason): killing its worker within the margin too keeps a hung model.py inside the shutdown's bound.
+CANCEL_KILL_SECONDS = 2.0
 SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: the engine does not import the service
 POLL_SECONDS = 0.1  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
@@ -396,7 +400,7 @@ class PythonModel(LoadedModel):
         self.max_parallel_slots = int(_parameter(spec, "max_parallel_slots", MAX_SLOTS, 1, MAX_SLOTS))
         self._initialize_timeout = _parameter(spec, "initialize_timeout_seconds", 600.0, 0.1, 86400.0)
         self._finalize_grace = _parameter(spec, "finalize_grace_seconds", 2.0, 0.0, 600.0)
-        self._cancel_kill = _parameter(spec, "cancel_kill_seconds", 0.0, 0.0, 86400.0)
+        self._cancel_kill = _parameter(spec, "cancel_kill_seconds", CANCEL_KILL_SECONDS, 0.0, 86400.0)
         self._lock = threading.Lock()  # guards: _spare, _instances, _deaths, _worker_bytes
         self._spare: WorkerProcess | None = None
         self._instances = 0

@@ -4,6 +4,7 @@ client sees are in tests/interop/test_python_models.py."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -188,3 +189,125 @@ def test_a_decoupled_model_is_refused_by_name(slotserve, tmp_path, caplog):
     assert failed.value.code == "NOT_FOUND"  # its configuration was refused when the repository was read
     assert "model 'decoupled': model_transaction_policy.decoupled is not supported by slotserve" in caplog.text
     np.testing.assert_array_equal(running.client.infer("fine", {"X": np.ones(1, np.float32)})["Y"], [2])
+
+
+def test_responses_sent_through_response_senders_answer_their_requests(slotserve, tmp_path):
+    body = """
+    class TritonPythonModel:
+        def execute(self, requests):
+            for r in requests:
+                y = pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1
+                final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                r.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]), flags=final)
+            return None
+    """
+    write_model(tmp_path, "sender", body, FLOAT_IO)
+    running = slotserve(tmp_path)
+    np.testing.assert_array_equal(running.client.infer("sender", {"X": np.zeros(2, np.float32)})["Y"], [1, 1])
+
+
+SIGNALS = """
+import ctypes, signal, time
+class TritonPythonModel:
+    def execute(self, requests):
+        mode = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0]
+        if mode == 1:
+            ctypes.string_at(0)  # a segmentation fault
+        if mode == 2:
+            open(os.environ["SLOTSERVE_TEST_MARKER"] + str(os.getpid()), "w").close()
+            time.sleep(300)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([float(os.getpid())], np.float32))])]
+"""
+
+
+def test_a_segfault_or_a_kill_fails_the_request_naming_the_signal(slotserve, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLOTSERVE_TEST_MARKER", str(tmp_path / "sleeping-"))
+    write_model(tmp_path / "repo", "signals", SIGNALS, FLOAT_IO)
+    running = slotserve(tmp_path / "repo")
+    with pytest.raises(ClientError) as crashed:
+        running.client.infer("signals", {"X": np.ones(1, np.float32)})
+    assert crashed.value.code == "INTERNAL" and "was killed by signal 11 (SIGSEGV)" in crashed.value.message
+    assert "model 'signals'" in crashed.value.message
+
+    import signal
+    import threading
+    import time
+
+    outcome: list = []
+
+    def sleeping_request() -> None:
+        try:
+            running.client.infer("signals", {"X": np.full(1, 2, np.float32)}, timeout=120)
+        except ClientError as error:
+            outcome.append(error)
+
+    caller = threading.Thread(target=sleeping_request)
+    caller.start()
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("sleeping-*")):
+        assert time.monotonic() < deadline, "the model never started its sleep"
+        time.sleep(0.02)
+    (marker,) = tmp_path.glob("sleeping-*")
+    os.kill(int(marker.name.split("-")[1]), signal.SIGKILL)  # as the OOM killer would
+    caller.join(60)
+    assert outcome and outcome[0].code == "INTERNAL", outcome
+    assert "was killed by signal 9 (SIGKILL)" in outcome[0].message
+    answer = running.client.infer("signals", {"X": np.zeros(1, np.float32)})["Y"]  # a new worker serves
+    assert int(answer[0]) != int(marker.name.split("-")[1])
+
+
+TORCH_MODEL = """
+import torch
+class TritonPythonModel:
+    def initialize(self, args):
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 2)
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            x = torch.from_numpy(pb_utils.get_input_tensor_by_name(r, "X").as_numpy().copy())
+            with torch.no_grad():
+                y = self.layer(x).numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return responses
+"""
+
+
+def test_a_pytorch_model_in_model_py(slotserve, tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0 to run this)")
+    config = """
+    max_batch_size: 8
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    """
+    write_model(tmp_path, "torchy", TORCH_MODEL, config)
+    running = slotserve(tmp_path)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        expected = layer(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(running.client.infer("torchy", {"X": x})["Y"], expected, rtol=1e-6)
+
+
+HANGER = """
+class TritonPythonModel:
+    def execute(self, requests):
+        if pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0] == 1:
+            while True:  # ignores is_cancelled()
+                pass
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([float(os.getpid())], np.float32))])]
+"""
+
+
+def test_a_worker_that_ignores_its_cancelled_request_is_replaced_and_frees_its_slot(slotserve, tmp_path):
+    write_model(tmp_path, "hanger", HANGER, FLOAT_IO)  # one slot
+    running = slotserve(tmp_path)
+    first = int(running.client.infer("hanger", {"X": np.zeros(1, np.float32)})["Y"][0])
+    with pytest.raises(ClientError) as gave_up:
+        running.client.infer("hanger", {"X": np.ones(1, np.float32)}, timeout=1.0)
+    assert gave_up.value.code == "DEADLINE_EXCEEDED"
+    # the only slot is free again once its worker is killed (cancel_kill_seconds, 2 s after the cancellation)
+    answer = running.client.infer("hanger", {"X": np.zeros(1, np.float32)}, timeout=60)
+    assert int(answer["Y"][0]) != first  # served by a new worker
+    assert running.management.get("hanger").loaded  # a kill after a cancellation is no failure of the model
