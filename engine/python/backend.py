@@ -198,11 +198,18 @@ class WorkerProcess:
         layout.write(self.requests)
         watchers = [self._cancel_watcher(run, index, member.cancel) for index, member in enumerate(members)]
         try:
-            self.connection.send(("execute", run, requests, self._segments_message()))
+            self._send(("execute", run, requests, self._segments_message()))
             return self._results(run, kill_cancel)
         finally:
             for member, watcher in zip(members, watchers, strict=True):
                 member.cancel.remove_callback(watcher)
+
+    def _send(self, message) -> None:
+        """Send a control message; a worker that is gone raises ModelError (its end named)."""
+        try:
+            self.connection.send(message)
+        except OSError:
+            raise self._died() from None
 
     def _cancel_watcher(self, run: int, index: int, cancel: CancelToken):
         board = self.board.view
@@ -226,7 +233,7 @@ class WorkerProcess:
             kind = message[0]
             if kind == "grow":
                 self._replace("response", message[2])
-                self.connection.send((self.responses.path, self.responses.size))
+                self._send((self.responses.path, self.responses.size))
                 continue
             if kind == "failed":
                 raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
@@ -366,6 +373,15 @@ class PythonContext(Context):
         return [self._model.outcome(result, member.outputs) for result, member in zip(results, members, strict=True)]
 
     def _worker_for_call(self) -> WorkerProcess:
+        """The slot's worker, a new one if it has none or it died while idle (no request of its failed then)."""
+        worker = self._worker
+        if worker is not None and worker.process.poll() is not None:
+            description = (
+                f"model '{self._model.name}': its python worker (instance {self._instance}) "
+                f"{how_it_ended(worker.process.returncode)} while idle; the slot starts a new one"
+            )
+            self._lost_worker(worker)
+            self._model.worker_died(description)
         if self._worker is None:
             self._worker = self._model.start_worker(self._instance, error_type=ModelError)
         return self._worker

@@ -311,3 +311,32 @@ def test_a_worker_that_ignores_its_cancelled_request_is_replaced_and_frees_its_s
     answer = running.client.infer("hanger", {"X": np.zeros(1, np.float32)}, timeout=60)
     assert int(answer["Y"][0]) != first  # served by a new worker
     assert running.management.get("hanger").loaded  # a kill after a cancellation is no failure of the model
+
+
+def test_a_worker_killed_while_idle_fails_no_request(slotserve, tmp_path):
+    import signal
+
+    write_model(tmp_path, "idle", HANGER, FLOAT_IO)
+    running = slotserve(tmp_path)
+    first = int(running.client.infer("idle", {"X": np.zeros(1, np.float32)})["Y"][0])
+    os.kill(first, signal.SIGKILL)
+    wait_until_dead(first)  # dead before the next request arrives: it was idle when it died
+    answer = running.client.infer("idle", {"X": np.zeros(1, np.float32)}, timeout=60)  # no error: a new worker
+    assert int(answer["Y"][0]) != first
+
+
+def wait_until_dead(pid: int, timeout: float = 30.0) -> None:
+    """Until `pid` is a zombie with no thread left, or gone (its death is then visible to its parent)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            threads = len(list(Path(f"/proc/{pid}/task").iterdir()))
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X") and threads <= 1:  # a leader is a zombie before its other threads have ended
+            return
+        assert time.monotonic() < deadline, f"process {pid} still {state} after {timeout} s"
+        time.sleep(0.01)
