@@ -340,3 +340,48 @@ def wait_until_dead(pid: int, timeout: float = 30.0) -> None:
             return
         assert time.monotonic() < deadline, f"process {pid} still {state} after {timeout} s"
         time.sleep(0.01)
+
+
+BATCH_CANCEL = """
+import time
+class TritonPythonModel:
+    def execute(self, requests):
+        flags = [pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0, 0] for r in requests]
+        deadline = time.monotonic() + 120  # past the other caller's 60 s: it answers only if the cancel was seen
+        waiting = [r for r, flag in zip(requests, flags) if flag == 1]
+        while waiting and not all(r.is_cancelled() for r in waiting) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen = np.array([[float(r.is_cancelled()), float(len(requests))] for r in requests], np.float32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", seen[i : i + 1])]) for i in range(len(requests))]
+"""
+
+
+def test_in_a_batch_only_the_cancelled_request_shows_is_cancelled(slotserve, tmp_path):
+    import threading
+
+    config = """
+    max_batch_size: 4
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    dynamic_batching { max_queue_delay_microseconds: 5000000 preferred_batch_size: [ 2 ] }
+    """
+    write_model(tmp_path, "batchcancel", BATCH_CANCEL, config)
+    running = slotserve(tmp_path)
+    answers: dict = {}
+
+    def call(flag: int, timeout: float) -> None:
+        try:
+            answers[flag] = running.client.infer(
+                "batchcancel", {"X": np.full((1, 1), flag, np.float32)}, timeout=timeout
+            )
+        except ClientError as error:
+            answers[flag] = error
+
+    callers = [threading.Thread(target=call, args=(1, 3.0)), threading.Thread(target=call, args=(0, 60.0))]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(90)
+    assert isinstance(answers[1], ClientError) and answers[1].code == "DEADLINE_EXCEEDED", answers
+    # the other member of the batch was not cancelled, waited for the model, and got its own answer
+    np.testing.assert_array_equal(answers[0]["Y"], [[0.0, 2.0]])
