@@ -122,7 +122,7 @@ def how_it_ended(returncode: int | None) -> str:
 
 class WorkerProcess:
     """One worker: its process, pipe, shared-memory segments and cancel board. Used by one thread at a time
-    (its slot's), except `cancel_request`, which any thread may call."""
+    (its slot's); the cancel callbacks it registers run on any thread and write only their word of the board."""
 
     def __init__(self, model: PythonModel, instance: int) -> None:
         self.model = model
@@ -143,6 +143,7 @@ class WorkerProcess:
                 stdin=subprocess.DEVNULL,
             )
         except OSError as error:
+            ours.close()
             self._free_segments()
             raise ModelLoadError(f"model '{model.name}': could not start a python worker: {error}") from None
         finally:
