@@ -134,7 +134,7 @@ class WorkerProcess:
         self.board = transport.Segment.create(8 * (max(1, model.metadata_batch) + 1))
         self.requests = transport.Segment.create(0)
         self.responses = transport.Segment.create(0)
-        self._new_segments = {"request": self.requests, "response": self.responses}
+        self._new_segments: dict[str, transport.Segment] = {}  # replaced segments the worker has yet to map
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
@@ -153,7 +153,11 @@ class WorkerProcess:
     def start(self, settings: dict, timeout: float) -> str:
         """Send the init message and wait for initialize. Returns the completed configuration (JSON). Raises
         ModelLoadError with the model's message (the worker is ended) or after `timeout`."""
-        settings = dict(settings, cancel_board=(self.board.path, self.board.size))
+        settings = dict(
+            settings,
+            cancel_board=(self.board.path, self.board.size),
+            segments={key: (segment.path, segment.size) for key, segment in self._segments().items()},
+        )
         try:
             self.connection.send(("init", settings))
             if not self.connection.poll(timeout):
@@ -166,7 +170,8 @@ class WorkerProcess:
                 f"model '{self.model.name}': its python worker {how_it_ended(self.process.wait())} while loading"
             ) from None
         finally:
-            self.board.unlink()
+            for segment in (self.board, self.requests, self.responses):
+                segment.unlink()  # mapped by both sides now (or never to be): no file outlives the start
         if kind != "ready":
             self.kill()
             raise ModelLoadError(f"model '{self.model.name}': loading {self.model.shown_file} failed: {payload}")
@@ -204,6 +209,9 @@ class WorkerProcess:
         finally:
             for member, watcher in zip(members, watchers, strict=True):
                 member.cancel.remove_callback(watcher)
+
+    def _segments(self) -> dict[str, transport.Segment]:
+        return {"request": self.requests, "response": self.responses}
 
     def _send(self, message) -> None:
         """Send a control message; a worker that is gone raises ModelError (its end named)."""
@@ -312,6 +320,8 @@ class WorkerProcess:
         kills it and frees its pipe and segments. So closing a model never waits on a slow finalize (a server's
         shutdown stays inside its bound), and a hung one is killed at the deadline."""
         self.ask_to_stop()
+        for segment in self._new_segments.values():
+            segment.unlink()  # the thread below may not outlive the process; the files must not either
         threading.Thread(
             target=self.wait_or_kill, args=(deadline,), name=f"python-worker-stop-{self.process.pid}", daemon=True
         ).start()

@@ -45,6 +45,8 @@ class Worker:
         ("error", message)."""
         self.name = settings["model_name"]
         try:
+            self.cancel_board = transport.Segment.attach(*settings["cancel_board"])
+            self._remap(settings["segments"])  # mapped first: the server unlinks the files once this call replies
             config = json.loads(settings["model_config"])
             module = _import_model(settings["model_file"], self.name)
             model_class = getattr(module, "TritonPythonModel", None)
@@ -55,7 +57,6 @@ class Worker:
                 completed = auto_complete(pb_utils.ModelConfig(config))
                 if isinstance(completed, pb_utils.ModelConfig):
                     config = completed.as_dict()
-            self.cancel_board = transport.Segment.attach(*settings["cancel_board"])
             self.model = model_class()
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:

@@ -49,13 +49,25 @@ class TritonPythonModel:
 """
 
 
-def test_a_large_tensor_grows_the_shared_memory_and_comes_back_whole(slotserve, tmp_path):
+def shared_memory_files() -> list[str]:
+    """This process's python-worker segments still named in /dev/shm."""
+    folder = Path("/dev/shm")
+    return sorted(p.name for p in folder.glob(f"slotserve-py-{os.getpid()}-*")) if folder.is_dir() else []
+
+
+def test_a_large_tensor_grows_the_shared_memory_and_comes_back_whole(tmp_path):
+    from service.testing import serve
+
     write_model(tmp_path, "doubler", DOUBLER, FLOAT_IO)
-    running = slotserve(tmp_path)
-    rng = np.random.default_rng(1)
-    for size in (10, 3_000_000, 100, 5_000_000):  # grows twice (past the 64 KiB start), then reuses
-        x = rng.standard_normal(size).astype(np.float32)
-        np.testing.assert_array_equal(running.client.infer("doubler", {"X": x})["Y"], x * 2)
+    with serve(tmp_path) as running:
+        assert shared_memory_files() == []  # the worker mapped its segments while starting
+        rng = np.random.default_rng(1)
+        for size in (10, 3_000_000, 100, 5_000_000):  # grows twice (past the 64 KiB start), then reuses
+            x = rng.standard_normal(size).astype(np.float32)
+            np.testing.assert_array_equal(running.client.infer("doubler", {"X": x})["Y"], x * 2)
+            # each segment's file is unlinked once both sides map it: a killed server leaves none behind
+            assert shared_memory_files() == []
+    assert shared_memory_files() == []
 
 
 def test_bad_input_is_refused_by_name_and_the_model_keeps_serving(slotserve, tmp_path):
