@@ -60,6 +60,38 @@ class ExecutionError(EngineError):
     """The backend failed while executing a request. Maps to INTERNAL with a generic message."""
 
 
+class ModelError(ExecutionError):
+    """A python model's own failure, with its message for the client: execute raised (INTERNAL, the exception's
+    type and message; the traceback is in the log only), returned a TritonError, or its worker process died
+    under the request. The subclasses carry the other TritonError codes."""
+
+    error_reason: str | None = "model_error"
+
+
+class ModelErrorUnknown(ModelError):
+    error_reason: str | None = "model_error_unknown"
+
+
+class ModelErrorNotFound(ModelError):
+    error_reason: str | None = "model_error_not_found"
+
+
+class ModelErrorInvalidArgument(ModelError):
+    error_reason: str | None = "model_error_invalid_argument"
+
+
+class ModelErrorUnavailable(ModelError):
+    error_reason: str | None = "model_error_unavailable"
+
+
+class ModelErrorUnsupported(ModelError):
+    error_reason: str | None = "model_error_unsupported"
+
+
+class ModelErrorAlreadyExists(ModelError):
+    error_reason: str | None = "model_error_already_exists"
+
+
 class DeviceFailedError(ExecutionError):
     """The model's device can no longer run anything (a sticky CUDA error corrupted its context): this request
     failed, and every later one would. The server takes the model out of service (the next request or load

@@ -219,7 +219,7 @@ class ModelSpec:
     """
 
     name: str
-    backend: str  # "onnxruntime", "tensorrt" or "fixture"
+    backend: str  # "onnxruntime", "tensorrt", "python" or "fixture"
     version: str = "1"
     directory: Path | None = None
     model_file: Path | None = None
@@ -232,7 +232,7 @@ class ModelSpec:
     batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
     version_policy: VersionPolicy = VersionPolicy()  # today only the highest version is served
     warmup: tuple[WarmupSample, ...] = ()  # read and checked; not run yet
-    response_cache: bool = False  # `response_cache { enable: true }`; no cache yet
+    response_cache: bool = False  # `response_cache { enable: true }` (service/response_cache.py)
     config: object = field(default=None, compare=False, repr=False)
     roots: ModelRoots | None = field(default=None, compare=False, repr=False)
 

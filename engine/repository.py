@@ -42,9 +42,14 @@ _PLATFORM_BACKEND = {
     "onnxruntime_onnx": "onnxruntime",
     "tensorrt_plan": "tensorrt",
 }
-_BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "fixture": "fixture"}
-_DEFAULT_FILE = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
-KNOWN_BACKENDS = ("onnxruntime", "tensorrt", "fixture")
+_BACKEND_PLATFORM = {
+    "onnxruntime": "onnxruntime_onnx",
+    "tensorrt": "tensorrt_plan",
+    "fixture": "fixture",
+    "python": "python",
+}
+_DEFAULT_FILE = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "python": "model.py"}
+KNOWN_BACKENDS = ("onnxruntime", "tensorrt", "python", "fixture")
 ALLOW_ROOT_FLAG = "--allow-model-root"
 # The folder part of an absolute path in free text ("/srv/models/" in "/srv/models/m/1/model.onnx"), not preceded
 # by a character that would make it the tail of a relative path ("1/model.onnx") or of a word.
@@ -210,7 +215,7 @@ _ROUTING = "slots run where the backend runs them (TensorRT takes its device fro
 FIELDS: dict[str, FieldRule] = {
     "name": _applied("must be the folder's name, or left out"),
     "platform": _applied("selects the backend: onnxruntime_onnx or tensorrt_plan; 'ensemble' is not supported yet"),
-    "backend": _applied("onnxruntime, tensorrt or fixture (test backend); python is not supported yet"),
+    "backend": _applied("onnxruntime, tensorrt, python (docs/python-models.md) or fixture (test backend)"),
     "runtime": _ignored("the backend chooses its own runtime library"),
     "version_policy": _applied(
         "only the highest version folder is served; a policy that selects any other version is refused "
@@ -419,7 +424,6 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
 
 # Backends and platforms of Triton that slotserve will build, refused by name until then.
 _NOT_YET = {
-    "backend": {"python": "the python backend is not supported yet"},
     "platform": {"ensemble": "ensembles are not supported yet"},
 }
 

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from engine.interface import Backend
 from engine.onnxruntime_backend import OnnxRuntimeBackend
+from engine.python.backend import PythonBackend
 from engine.repository import ModelRepository
 from engine.tensorrt.backend import TensorRTBackend
 from generated import grpc_service_pb2, management_pb2, management_pb2_grpc
@@ -55,7 +56,11 @@ def default_backends(*, test_backends: bool = False) -> dict[str, Backend]:
     TensorRT model loads; without them that load fails with FAILED_PRECONDITION. The test doubles
     (engine/testing/: the fixture backend) are imported and added only with `test_backends`
     (--enable-test-backends); without it a model naming them is refused by name."""
-    backends: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(), "tensorrt": TensorRTBackend()}
+    backends: dict[str, Backend] = {
+        "onnxruntime": OnnxRuntimeBackend(),
+        "tensorrt": TensorRTBackend(),
+        "python": PythonBackend(),
+    }
     if test_backends:
         from engine.testing import test_backends as make_test_backends
 

@@ -65,6 +65,14 @@ TABLE: dict[str, grpc.StatusCode] = {
     "out_of_memory": grpc.StatusCode.RESOURCE_EXHAUSTED,
     # The GPU's CUDA context broke under this request: retryable once the model is rebuilt (a later request does).
     "device_failed": grpc.StatusCode.UNAVAILABLE,
+    # A python model's own errors (engine.errors.ModelError): its message, and the code of its TritonError.
+    "model_error": grpc.StatusCode.INTERNAL,
+    "model_error_unknown": grpc.StatusCode.UNKNOWN,
+    "model_error_not_found": grpc.StatusCode.NOT_FOUND,
+    "model_error_invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
+    "model_error_unavailable": grpc.StatusCode.UNAVAILABLE,
+    "model_error_unsupported": grpc.StatusCode.UNIMPLEMENTED,
+    "model_error_already_exists": grpc.StatusCode.ALREADY_EXISTS,
 }
 
 # Where the error classes live: every class under these roots that sets its own `error_reason` is one a client

@@ -159,6 +159,9 @@ def run_batch(
         for item in items:
             item.fail(ExecutionCancelled("every request of the batch gave up before it ran"))
         return
+    if getattr(lease.pool.primary, "batches_as_requests", False):
+        _run_as_requests(lease, live, run_cancel, statistics, started)
+        return
     inputs = stack(live)
     stacked = time.perf_counter_ns()
     rows = sum(item.rows for item in live)
@@ -182,6 +185,31 @@ def run_batch(
         infer_ns=executed - stacked,
         output_ns=time.perf_counter_ns() - executed,
     )
+
+
+def _run_as_requests(lease, live: Sequence[BatchItem], run_cancel: CancelToken, statistics, started: int) -> None:
+    """A backend that takes a batch as its list of requests (python models: Triton's semantics) gets the members
+    unstacked (each with its own inputs, outputs and cancel token) and returns one outcome each: its outputs, or
+    the error that fails it alone."""
+    try:
+        outcomes = lease.execute(list(live), (), run_cancel)
+    except (EngineError, ExecutionCancelled) as error:
+        for item in live:
+            item.fail(error)
+        return
+    except BaseException as error:  # a backend bug: the same status for every member, and the log has it
+        for item in live:
+            item.fail(error)
+        raise
+    executed = time.perf_counter_ns()
+    rows = sum(item.rows for item in live)
+    for item, outcome in zip(live, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            item.fail(outcome)
+        else:
+            item.result = outcome
+        item.infer_ns, item.batch_rows = executed - started, rows
+    statistics.record_execution(batch_size=rows, input_ns=0, infer_ns=executed - started, output_ns=0)
 
 
 def _checked(item: BatchItem, metadata: ModelMetadata, live: list[BatchItem]) -> None:

@@ -151,9 +151,11 @@ def test_an_ensemble_is_refused_as_not_supported_yet(tmp_path):
     assert "platform 'ensemble': not supported yet" in message
 
 
-def test_the_python_backend_is_refused_as_not_supported_yet(tmp_path):
-    message = refusal(tmp_path, 'name: "m"\nbackend: "python"\n' + TENSORS)
-    assert "backend 'python': not supported yet" in message
+def test_the_python_backend_is_read_with_its_model_py(tmp_path):
+    directory = write_model(tmp_path, 'name: "m"\nbackend: "python"\n' + TENSORS)
+    (directory / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    spec = ModelRepository(tmp_path).read("m")
+    assert spec.backend == "python" and spec.model_file == (directory / "1" / "model.py").resolve()
 
 
 # Shaped like Triton's simple_sequence and simple_dyna_sequence examples (control inputs in list syntax, the

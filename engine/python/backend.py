@@ -1,0 +1,612 @@
+"""Python models (`backend: "python"`): Triton's python-backend `model.py`, each slot in a worker process.
+
+    PythonBackend.load(spec)    starts the first worker: it imports model.py, runs `auto_complete_config` (its
+                                result gives the served inputs and outputs) and `initialize`
+    PythonModel.create_context  one worker per slot (the first one is the load's); a slot's worker runs one
+                                call at a time, so slots run in parallel whatever the model does with the GIL
+    PythonContext.execute       one request -> `execute([request])`; a batch leader passes its member requests
+                                (`batches_as_requests`), and the model gets them as one list, Triton's semantics
+
+Faults stay in their slot: a worker that dies fails only its in-flight call (ModelError naming the model and how
+the worker ended) and the slot starts a new worker on its next use; after WORKER_FAILURES deaths within
+FAILURE_WINDOW seconds the model is taken out of service (DeviceFailedError: the server unloads it, with the
+reason as its last error). A cancelled request shows `is_cancelled()` true to the model (a word in shared memory
+the worker reads); a worker that has not answered CANCEL_KILL_SECONDS after its request was cancelled
+(SHUTDOWN_KILL_SECONDS when the server cancelled it at shutdown) is killed and its slot starts a new one, so a
+hung model.py can hold neither a slot nor the server past its bound. Closing a slot asks
+its worker to run `finalize` and returns; a thread kills the worker if it has not ended within the model's
+finalize grace.
+
+Parameters read from config.pbtxt (all optional):
+    max_parallel_slots          cap on the advertised capacity (default 16)
+    initialize_timeout_seconds  how long a worker may take to import model.py and initialize (default 600)
+    finalize_grace_seconds      how long closing the model waits for `finalize` before killing (default 2)
+    cancel_kill_seconds         kill (and replace) a worker still running this long after its request was
+                                cancelled by its client or deadline (default 2; 0: never, Triton's behaviour)
+Refused by name: EXECUTION_ENV_PATH (custom execution environments).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+
+from .. import datatypes
+from ..errors import (
+    DeviceFailedError,
+    EngineError,
+    ExecutionCancelled,
+    ModelConfigError,
+    ModelError,
+    ModelErrorAlreadyExists,
+    ModelErrorInvalidArgument,
+    ModelErrorNotFound,
+    ModelErrorUnavailable,
+    ModelErrorUnknown,
+    ModelErrorUnsupported,
+    ModelLoadError,
+)
+from ..interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
+from ..repository import shown_path
+from . import transport
+
+_LOG = logging.getLogger(__name__)
+
+MAX_SLOTS = 16
+WORKER_FAILURES = 3
+FAILURE_WINDOW = 60.0
+SHUTDOWN_KILL_SECONDS = 1.0  # well inside the server's SHUTDOWN_MARGIN (2 s) for cancelled work to return
+# A request its client gave up on before a shutdown was cancelled then, not by the shutdown (the first cancel
+# names the reason): killing its worker within the margin too keeps a hung model.py inside the shutdown's bound.
+CANCEL_KILL_SECONDS = 2.0
+SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: the engine does not import the service
+POLL_SECONDS = 0.1  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+
+# TritonError codes (triton_python_backend_utils.TritonError) -> the error each becomes here.
+_BY_TRITON_CODE: dict[int, type[EngineError]] = {
+    0: ModelErrorUnknown,
+    1: ModelError,
+    2: ModelErrorNotFound,
+    3: ModelErrorInvalidArgument,
+    4: ModelErrorUnavailable,
+    5: ModelErrorUnsupported,
+    6: ModelErrorAlreadyExists,
+    7: ExecutionCancelled,
+}
+
+
+class WorkersFailing(DeviceFailedError):
+    """A python model's workers died too often: the model is taken out of service (UNAVAILABLE)."""
+
+
+def _parameter(spec: ModelSpec, key: str, default: float, minimum: float, maximum: float) -> float:
+    raw = spec.parameter(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ModelConfigError(f"model '{spec.name}': parameter {key} must be a number, got {raw!r}") from None
+    if not minimum <= value <= maximum:
+        raise ModelConfigError(f"model '{spec.name}': parameter {key} must be {minimum:g}..{maximum:g}, got {raw}")
+    return value
+
+
+def how_it_ended(returncode: int | None) -> str:
+    """A worker's end in words: "exited with code 3", "was killed by signal 11 (SIGSEGV)"."""
+    if returncode is None:
+        return "stopped answering"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {-returncode} ({name})"
+    return f"exited with code {returncode}"
+
+
+class WorkerProcess:
+    """One worker: its process, pipe, shared-memory segments and cancel board. Used by one thread at a time
+    (its slot's); the cancel callbacks it registers run on any thread and write only their word of the board."""
+
+    def __init__(self, model: PythonModel, instance: int) -> None:
+        self.model = model
+        self.instance = instance
+        self.run = 0
+        ours, theirs = socket.socketpair()
+        environment = dict(os.environ)
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, environment.get("PYTHONPATH")]))
+        self.board = transport.Segment.create(8 * (max(1, model.metadata_batch) + 1))
+        self.requests = transport.Segment.create(0)
+        self.responses = transport.Segment.create(0)
+        self._new_segments: dict[str, transport.Segment] = {}  # replaced segments the worker has yet to map
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),),
+                env=environment,
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as error:
+            ours.close()
+            self._free_segments()
+            raise ModelLoadError(f"model '{model.name}': could not start a python worker: {error}") from None
+        finally:
+            theirs.close()
+        self.connection = Connection(ours.detach())
+
+    def start(self, settings: dict, timeout: float) -> str:
+        """Send the init message and wait for initialize. Returns the completed configuration (JSON). Raises
+        ModelLoadError with the model's message (the worker is ended) or after `timeout`."""
+        settings = dict(
+            settings,
+            cancel_board=(self.board.path, self.board.size),
+            segments={key: (segment.path, segment.size) for key, segment in self._segments().items()},
+        )
+        try:
+            self.connection.send(("init", settings))
+            if not self.connection.poll(timeout):
+                self.kill()
+                raise ModelLoadError(f"model '{self.model.name}': initialize did not finish within {timeout:g} s")
+            kind, payload = self.connection.recv()
+        except (EOFError, OSError):
+            self.kill()
+            raise ModelLoadError(
+                f"model '{self.model.name}': its python worker {how_it_ended(self.process.wait())} while loading"
+            ) from None
+        finally:
+            for segment in (self.board, self.requests, self.responses):
+                segment.unlink()  # mapped by both sides now (or never to be): no file outlives the start
+        if kind != "ready":
+            self.kill()
+            raise ModelLoadError(f"model '{self.model.name}': loading {self.model.shown_file} failed: {payload}")
+        return payload
+
+    def resident_bytes(self) -> int:
+        try:
+            with open(f"/proc/{self.process.pid}/statm") as handle:
+                return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    # ---- one call --------------------------------------------------------------------------------------------
+
+    def call(self, members: Sequence, kill_cancel: CancelToken) -> list:
+        """Run `members` (objects with .inputs, .outputs, .cancel) as one execute call. Returns per member
+        ("ok", {name: array}) or ("error", code, message). Raises ModelError (execute raised; the worker
+        died: `self.ended` is then set), ExecutionCancelled (killed after a cancellation)."""
+        self.run += 1
+        run = self.run
+        layout = transport.Layout()
+        requests = []
+        for member in members:
+            descriptors = [
+                layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
+            ]
+            requests.append({"inputs": descriptors, "outputs": list(member.outputs)})
+        if layout.size > self.requests.size:
+            self._replace("request", layout.size)
+        layout.write(self.requests)
+        watchers = [self._cancel_watcher(run, index, member.cancel) for index, member in enumerate(members)]
+        try:
+            self._send(("execute", run, requests, self._segments_message()))
+            return self._results(run, kill_cancel)
+        finally:
+            for member, watcher in zip(members, watchers, strict=True):
+                member.cancel.remove_callback(watcher)
+
+    def _segments(self) -> dict[str, transport.Segment]:
+        return {"request": self.requests, "response": self.responses}
+
+    def _send(self, message) -> None:
+        """Send a control message; a worker that is gone raises ModelError (its end named)."""
+        try:
+            self.connection.send(message)
+        except OSError:
+            raise self._died() from None
+
+    def _cancel_watcher(self, run: int, index: int, cancel: CancelToken):
+        board = self.board.view
+
+        def cancelled() -> None:  # writes only this run's number: a late callback of an older run is harmless
+            struct.pack_into("<q", board, 8 * index, run)
+
+        cancel.add_callback(cancelled)
+        return cancelled
+
+    def _segments_message(self) -> dict:
+        message = {key: (segment.path, segment.size) for key, segment in self._new_segments.items()}
+        return message
+
+    def _results(self, run: int, kill_cancel: CancelToken) -> list:
+        while True:
+            message = self._receive(kill_cancel)
+            for segment in self._new_segments.values():
+                segment.unlink()  # the worker has mapped it (it answered after reading the message)
+            self._new_segments = {}
+            kind = message[0]
+            if kind == "grow":
+                self._replace("response", message[2])
+                self._send((self.responses.path, self.responses.size))
+                continue
+            if kind == "failed":
+                raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
+            results = []
+            for result in message[2]:
+                if result[0] == "ok":
+                    results.append(("ok", {d.name: self._read(d) for d in result[1]}))
+                else:
+                    results.append(result)
+            return results
+
+    def _read(self, descriptor: transport.Descriptor) -> np.ndarray:
+        bf16 = datatypes.bfloat16() if descriptor.datatype == "BF16" else None
+        return transport.read(self.responses, descriptor, copy=True, bf16=bf16)
+
+    def _receive(self, kill_cancel: CancelToken):
+        """The worker's next message. Raises ModelError when the worker died, ExecutionCancelled when it was
+        killed because it outlived the kill grace after a cancellation."""
+        cancelled_at = None
+        while True:
+            try:
+                if self.connection.poll(POLL_SECONDS):
+                    return self.connection.recv()
+            except (EOFError, OSError):
+                raise self._died() from None
+            if self.process.poll() is not None:
+                raise self._died()
+            if kill_cancel.cancelled:
+                grace = self.model.kill_grace(kill_cancel.reason)
+                cancelled_at = cancelled_at or time.monotonic()
+                if grace is not None and time.monotonic() - cancelled_at >= grace:
+                    self.kill()
+                    self.ended = True
+                    raise ExecutionCancelled(
+                        f"model '{self.model.name}': its worker did not return {grace:g} s after the request was "
+                        "cancelled and was killed (the slot starts a new one)"
+                    )
+
+    ended = False
+
+    def _died(self) -> ModelError:
+        self.ended = True
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.process.returncode
+        return ModelError(
+            f"model '{self.model.name}': its python worker (instance {self.instance}) {how_it_ended(code)} while "
+            "running this request; the slot starts a new worker for the next one"
+        )
+
+    def _replace(self, key: str, size: int) -> None:
+        segment = transport.Segment.create(size)
+        old = self.requests if key == "request" else self.responses
+        if key == "request":
+            self.requests = segment
+        else:
+            self.responses = segment
+        self._new_segments[key] = segment
+        old.unlink()
+        old.close()
+
+    # ---- the end ---------------------------------------------------------------------------------------------
+
+    def ask_to_stop(self) -> None:
+        """Ask the worker to run finalize and exit (never blocks on a busy worker)."""
+        try:
+            self.connection.send(("stop",))
+        except OSError:
+            pass
+
+    def stop(self, deadline: float) -> None:
+        """Ask the worker to finalize and exit, and return at once: a thread waits for it until `deadline`, then
+        kills it and frees its pipe and segments. So closing a model never waits on a slow finalize (a server's
+        shutdown stays inside its bound), and a hung one is killed at the deadline."""
+        self.ask_to_stop()
+        for segment in self._new_segments.values():
+            segment.unlink()  # the thread below may not outlive the process; the files must not either
+        threading.Thread(
+            target=self.wait_or_kill, args=(deadline,), name=f"python-worker-stop-{self.process.pid}", daemon=True
+        ).start()
+
+    def wait_or_kill(self, deadline: float) -> None:
+        try:
+            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _LOG.warning(
+                "model '%s': worker %d did not finish finalize in time; killed", self.model.name, self.instance
+            )
+            self.kill()
+        self.close_resources()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def close_resources(self) -> None:
+        self.connection.close()
+        self._free_segments()
+
+    def _free_segments(self) -> None:
+        for segment in (self.board, self.requests, self.responses):
+            segment.unlink()
+            segment.close()
+
+
+class PythonContext(Context):
+    """One slot: its worker (started again after a death, on the slot's next use)."""
+
+    def __init__(self, model: PythonModel, instance: int, worker: WorkerProcess) -> None:
+        self._model = model
+        self._instance = instance
+        self._worker: WorkerProcess | None = worker
+
+    def execute(self, inputs, outputs: Sequence[str], cancel: CancelToken):
+        """One request, or (from a batch leader, `batches_as_requests`) a list of member requests: then a list
+        of outcomes, each its Outputs or its EngineError. Blocks for the run."""
+        if isinstance(inputs, list):
+            return self._call(inputs, cancel)
+        if cancel.cancelled:
+            raise ExecutionCancelled("the caller gave up before the run started")
+        (outcome,) = self._call([_Single(inputs, outputs, cancel)], cancel)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _call(self, members: Sequence, cancel: CancelToken) -> list:
+        worker = self._worker_for_call()
+        try:
+            results = worker.call(members, cancel)
+        except (ModelError, ExecutionCancelled) as error:
+            if worker.ended:
+                self._lost_worker(worker)
+                if isinstance(error, ModelError):
+                    self._model.worker_died(str(error))
+            raise
+        return [self._model.outcome(result, member.outputs) for result, member in zip(results, members, strict=True)]
+
+    def _worker_for_call(self) -> WorkerProcess:
+        """The slot's worker, a new one if it has none or it died while idle (no request of its failed then)."""
+        worker = self._worker
+        if worker is not None and worker.process.poll() is not None:
+            description = (
+                f"model '{self._model.name}': its python worker (instance {self._instance}) "
+                f"{how_it_ended(worker.process.returncode)} while idle; the slot starts a new one"
+            )
+            self._lost_worker(worker)
+            self._model.worker_died(description)
+        if self._worker is None:
+            self._worker = self._model.start_worker(self._instance, error_type=ModelError)
+        return self._worker
+
+    def _lost_worker(self, worker: WorkerProcess) -> None:
+        worker.close_resources()
+        self._worker = None
+
+    def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(self._model.close_deadline())
+
+
+class _Single:
+    __slots__ = ("inputs", "outputs", "cancel")
+
+    def __init__(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> None:
+        self.inputs, self.outputs, self.cancel = inputs, outputs, cancel
+
+
+class PythonModel(LoadedModel):
+    """A model.py with its (auto-completed) configuration; workers are started per slot."""
+
+    batches_as_requests = True  # service/core/batching.py hands a batch's member requests, unstacked
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.shown_file = shown_path(spec.model_file, spec.roots) if spec.model_file is not None else "model.py"
+        self.metadata_batch = spec.max_batch_size
+        self.max_parallel_slots = int(_parameter(spec, "max_parallel_slots", MAX_SLOTS, 1, MAX_SLOTS))
+        self._initialize_timeout = _parameter(spec, "initialize_timeout_seconds", 600.0, 0.1, 86400.0)
+        self._finalize_grace = _parameter(spec, "finalize_grace_seconds", 2.0, 0.0, 600.0)
+        self._cancel_kill = _parameter(spec, "cancel_kill_seconds", CANCEL_KILL_SECONDS, 0.0, 86400.0)
+        self._lock = threading.Lock()  # guards: _spare, _instances, _deaths, _worker_bytes
+        self._spare: WorkerProcess | None = None
+        self._instances = 0
+        self._deaths: deque[float] = deque()
+        self._worker_bytes = 0
+        self._config_json = json.dumps(triton_config(spec))
+        self._auto_complete = True
+
+    # ---- load --------------------------------------------------------------------------------------------------
+
+    def load_first_worker(self) -> None:
+        """Start the first worker (auto-complete + initialize) and read the served I/O from its configuration."""
+        worker = self.start_worker(0, error_type=ModelLoadError)
+        self._auto_complete = False
+        try:
+            self.metadata = metadata_from_config(json.loads(self._config_json), self.spec)
+        except BaseException:
+            worker.ask_to_stop()
+            worker.wait_or_kill(time.monotonic() + self._finalize_grace)
+            raise
+        self._spare = worker
+        self._instances = 1
+
+    def start_worker(self, instance: int, error_type: type[EngineError]) -> WorkerProcess:
+        spec = self.spec
+        worker = WorkerProcess(self, instance)
+        settings = {
+            "model_name": spec.name,
+            "model_file": str(spec.model_file),
+            "shown_file": self.shown_file,
+            "model_config": self._config_json,
+            "auto_complete": self._auto_complete,
+            "model_instance_kind": "CPU",
+            "model_instance_name": f"{spec.name}_0_{instance}",
+            "model_instance_device_id": "0",
+            "model_repository": str(spec.directory or ""),
+            "model_version": spec.version,
+        }
+        try:
+            completed = worker.start(settings, self._initialize_timeout)
+        except ModelLoadError as error:
+            worker.close_resources()
+            raise error_type(str(error)) from None
+        if self._auto_complete:
+            self._config_json = completed
+        with self._lock:
+            self._worker_bytes = max(self._worker_bytes, worker.resident_bytes())
+        return worker
+
+    # ---- slots -------------------------------------------------------------------------------------------------
+
+    def create_context(self) -> Context:
+        with self._lock:
+            worker, self._spare = self._spare, None
+            instance = self._instances
+            if worker is None:
+                self._instances += 1
+        if worker is not None:
+            return PythonContext(self, 0, worker)
+        return PythonContext(self, instance, self.start_worker(instance, error_type=ModelLoadError))
+
+    def memory_bytes(self, slots: int) -> int:
+        # Every slot is a process of its own: the model's weights are loaded once per worker.
+        return self._worker_bytes * slots
+
+    def outcome(self, result: tuple, requested: Sequence[str]):
+        """A member's Outputs, or the EngineError its response carried or its outputs earn."""
+        if result[0] == "error":
+            code, message = result[1], result[2]
+            return _BY_TRITON_CODE.get(code, ModelError)(f"model '{self.name}': {message}"[:2000])
+        outputs: Outputs = result[1]
+        for name, array in outputs.items():
+            declared = self.metadata.output(name)
+            if declared is None:
+                return ModelError(f"model '{self.name}' returned output '{name}', which its configuration lacks")
+            datatype = datatypes.from_numpy(array.dtype) if array.dtype.kind not in "OSU" else "BYTES"
+            if datatype != declared.datatype:
+                return ModelError(
+                    f"model '{self.name}' returned output '{name}' as {datatype}; its configuration says "
+                    f"{declared.datatype}"
+                )
+        for name in requested:
+            if name not in outputs:
+                return ModelError(f"model '{self.name}' did not return the requested output '{name}'")
+        return outputs
+
+    def worker_died(self, description: str) -> None:
+        """Count a death; raise WorkersFailing when the model's workers die too often."""
+        now = time.monotonic()
+        with self._lock:
+            self._deaths.append(now)
+            while self._deaths and now - self._deaths[0] > FAILURE_WINDOW:
+                self._deaths.popleft()
+            count = len(self._deaths)
+        _LOG.error("%s", description)
+        if count >= WORKER_FAILURES:
+            raise WorkersFailing(
+                f"model '{self.name}' is out of service: its python workers died {count} times within "
+                f"{FAILURE_WINDOW:g} s (last: {description.split(': ', 1)[-1]})"
+            )
+
+    def kill_grace(self, reason: str) -> float | None:
+        if reason == SHUTDOWN_REASON:
+            return SHUTDOWN_KILL_SECONDS
+        return self._cancel_kill or None
+
+    def close_deadline(self) -> float:
+        """When a worker asked to stop now is killed if it has not ended (finalize's grace)."""
+        return time.monotonic() + self._finalize_grace
+
+    def close(self) -> None:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.stop(self.close_deadline())
+
+
+def triton_config(spec: ModelSpec) -> dict:
+    """The model's configuration as Triton hands it to a python model (JSON-shaped; dims as integers)."""
+    from google.protobuf import json_format
+
+    config: dict = {}
+    if spec.config is not None:
+        config = json_format.MessageToDict(spec.config, preserving_proto_field_name=True)
+    config.setdefault("name", spec.name)
+    config.setdefault("backend", "python")
+    config.setdefault("max_batch_size", spec.max_batch_size)
+    for kind in ("input", "output"):
+        config.setdefault(kind, [])
+        for tensor in config[kind]:
+            tensor["dims"] = [int(d) for d in tensor.get("dims", [])]
+            tensor.setdefault("data_type", "TYPE_INVALID")
+    return config
+
+
+def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
+    """The served metadata of a (completed) configuration. Raises ModelConfigError for a tensor it cannot
+    serve, or for settings slotserve refuses."""
+    origin = f"model '{spec.name}'"
+    if config.get("model_transaction_policy", {}).get("decoupled"):
+        raise ModelConfigError(
+            f"{origin}: model_transaction_policy.decoupled (set by auto_complete_config) is not supported by "
+            "slotserve yet"
+        )
+    max_batch = int(config.get("max_batch_size", 0) or 0)
+    if max_batch != spec.max_batch_size:
+        raise ModelConfigError(
+            f"{origin}: auto_complete_config set max_batch_size {max_batch}; set it in config.pbtxt "
+            f"(it is {spec.max_batch_size} there), where the server's batching reads it"
+        )
+
+    def tensors(kind: str) -> tuple[TensorSpec, ...]:
+        specs = []
+        for entry in config.get(kind, []):
+            name = entry.get("name", "")
+            datatype = datatypes.BY_CONFIG_NAME.get(entry.get("data_type", ""))
+            if datatype is None:
+                raise ModelConfigError(f"{origin}: {kind} '{name}' has data_type {entry.get('data_type')!r}")
+            dims = tuple(int(d) for d in entry.get("dims", []))
+            specs.append(TensorSpec(name, datatype.name, dims, bool(entry.get("optional", False))))
+        return tuple(specs)
+
+    return ModelMetadata(
+        inputs=tensors("input"), outputs=tensors("output"), max_batch_size=max_batch, platform=spec.platform or "python"
+    )
+
+
+class PythonBackend(Backend):
+    name = "python"
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        origin = f"model '{spec.name}'"
+        if spec.model_file is None or not spec.model_file.exists():
+            raise ModelConfigError(f"{origin}: model.py not found")
+        if spec.parameter("EXECUTION_ENV_PATH"):
+            raise ModelConfigError(
+                f"{origin}: EXECUTION_ENV_PATH (custom execution environments) is not supported by slotserve; "
+                "install the model's packages into the server's environment"
+            )
+        model = PythonModel(spec)
+        model.load_first_worker()
+        return model

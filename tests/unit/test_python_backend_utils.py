@@ -1,0 +1,201 @@
+"""triton_python_backend_utils as slotserve writes it (engine/python/triton_python_backend_utils.py), and the
+shared-memory tensor transport its workers use (engine/python/transport.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.python import transport
+from engine.python import triton_python_backend_utils as pb_utils
+
+
+def test_tensor_and_response_accessors():
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    tensor = pb_utils.Tensor("OUT", array)
+    assert tensor.name() == "OUT" and tensor.as_numpy() is array and tensor.is_cpu()
+    assert tensor.shape() == [2, 3] and tensor.triton_dtype() == 11
+    response = pb_utils.InferenceResponse(output_tensors=[tensor])
+    assert not response.has_error() and response.error() is None
+    assert pb_utils.get_output_tensor_by_name(response, "OUT") is tensor
+    assert pb_utils.get_output_tensor_by_name(response, "NOPE") is None
+    failed = pb_utils.InferenceResponse(error=pb_utils.TritonError("no", pb_utils.TritonError.NOT_FOUND))
+    assert failed.has_error() and failed.error().code() == 2 and failed.error().message() == "no"
+
+
+def test_tensor_refuses_what_is_not_a_numpy_array_by_name():
+    with pytest.raises(pb_utils.TritonModelException, match="numpy array, got list"):
+        pb_utils.Tensor("X", [1, 2])
+    with pytest.raises(pb_utils.TritonModelException, match="DLPack"):
+        pb_utils.Tensor("X", np.zeros(1)).to_dlpack()
+    with pytest.raises(pb_utils.TritonModelException, match="InferenceResponse output_tensors"):
+        pb_utils.InferenceResponse(output_tensors=[np.zeros(1)])
+
+
+def test_triton_error_codes_are_tritons():
+    codes = [
+        pb_utils.TritonError.UNKNOWN,
+        pb_utils.TritonError.INTERNAL,
+        pb_utils.TritonError.NOT_FOUND,
+        pb_utils.TritonError.INVALID_ARG,
+        pb_utils.TritonError.UNAVAILABLE,
+        pb_utils.TritonError.UNSUPPORTED,
+        pb_utils.TritonError.ALREADY_EXISTS,
+        pb_utils.TritonError.CANCELLED,
+    ]
+    assert codes == list(range(8))
+    assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
+    with pytest.raises(pb_utils.TritonModelException, match="0..7, got 9"):
+        pb_utils.TritonError("x", 9)
+
+
+def test_request_accessors_and_input_lookup():
+    flags = []
+    request = pb_utils.InferenceRequest(
+        model_name="m",
+        inputs=[pb_utils.Tensor("A", np.zeros(2))],
+        requested_output_names=["B"],
+        request_id="r1",
+        correlation_id=5,
+        parameters={"k": 1},
+        _cancelled=lambda: bool(flags),
+    )
+    assert pb_utils.get_input_tensor_by_name(request, "A").name() == "A"
+    assert pb_utils.get_input_tensor_by_name(request, "Z") is None
+    assert request.requested_output_names() == ["B"] and request.request_id() == "r1"
+    assert request.correlation_id() == 5 and json.loads(request.parameters()) == {"k": 1}
+    assert not request.is_cancelled()
+    flags.append(1)
+    assert request.is_cancelled()
+
+
+def test_bls_and_custom_metrics_are_refused_by_name():
+    request = pb_utils.InferenceRequest(model_name="other", inputs=[], requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException, match=r"BLS \(InferenceRequest.exec\) is not supported"):
+        request.exec()
+    with pytest.raises(pb_utils.TritonModelException, match="BLS"):
+        request.async_exec()
+    with pytest.raises(pb_utils.TritonModelException, match="custom metrics"):
+        pb_utils.MetricFamily(name="m", description="d", kind=pb_utils.MetricFamily.COUNTER)
+
+
+def test_response_sender_takes_one_response_for_a_model_that_is_not_decoupled():
+    sender = pb_utils.InferenceRequest().get_response_sender()
+    response = pb_utils.InferenceResponse()
+    sender.send(response)
+    with pytest.raises(pb_utils.TritonModelException, match="decoupled models are not supported"):
+        sender.send(pb_utils.InferenceResponse())
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sender.response is response and sender.closed
+    with pytest.raises(pb_utils.TritonModelException, match="closed"):
+        sender.send(response)
+
+
+def test_type_conversions():
+    assert pb_utils.triton_string_to_numpy("TYPE_FP32") is np.float32
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_
+    assert pb_utils.numpy_to_triton_type(np.int64) == 9
+    assert pb_utils.numpy_to_triton_type(np.object_) == 13
+    assert pb_utils.triton_to_numpy_type(8) is np.int32
+    assert pb_utils.triton_to_numpy_type(99) is None
+
+
+def test_config_lookup_and_decoupled_policy():
+    config = {"input": [{"name": "A", "data_type": "TYPE_FP32"}], "output": [{"name": "B", "data_type": "TYPE_INT8"}]}
+    assert pb_utils.get_input_config_by_name(config, "A")["data_type"] == "TYPE_FP32"
+    assert pb_utils.get_output_config_by_name(json.dumps(config), "B")["data_type"] == "TYPE_INT8"
+    assert pb_utils.get_input_config_by_name(config, "B") is None
+    assert not pb_utils.using_decoupled_model_transaction_policy(config)
+    assert pb_utils.using_decoupled_model_transaction_policy({"model_transaction_policy": {"decoupled": True}})
+
+
+def test_auto_complete_config_adds_and_refuses_contradictions():
+    config = pb_utils.ModelConfig({"max_batch_size": 0, "input": [{"name": "A", "data_type": "TYPE_FP32"}]})
+    config.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [4]})
+    config.add_output({"name": "B", "data_type": "TYPE_INT32", "dims": [-1]})
+    config.set_max_batch_size(8)
+    config.set_dynamic_batching()
+    config.set_model_transaction_policy({"decoupled": False})
+    assert config.as_dict() == {
+        "max_batch_size": 8,
+        "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "B", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "dynamic_batching": {},
+        "model_transaction_policy": {"decoupled": False},
+    }
+    with pytest.raises(pb_utils.TritonModelException, match="data_type TYPE_FP32 in the configuration"):
+        config.add_input({"name": "A", "data_type": "TYPE_INT8"})
+    with pytest.raises(pb_utils.TritonModelException, match="max_batch_size 8"):
+        config.set_max_batch_size(4)
+    with pytest.raises(pb_utils.TritonModelException, match="unknown fields"):
+        config.add_output({"name": "C", "format": "x"})
+
+
+def test_logger_writes_to_the_log(caplog):
+    with caplog.at_level("INFO", logger="slotserve.python_model"):
+        pb_utils.Logger.log_info("hello from model.py")
+        pb_utils.Logger.log_error("bad thing")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "hello from model.py"),
+        ("ERROR", "bad thing"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.int32).reshape(3, 4),
+        np.linspace(-1, 1, 7, dtype=np.float16),
+        np.array([True, False, True]),
+        np.zeros((0, 3), dtype=np.float64),
+        np.arange(10, dtype=np.uint64)[::2],  # not contiguous
+    ],
+)
+def test_transport_round_trips_numeric_tensors(array):
+    segment = transport.Segment.create(0)
+    try:
+        layout = transport.Layout()
+        first = layout.plan("A", array, transport.datatype_of(array))
+        second = layout.plan("B", array[::-1].copy(), transport.datatype_of(array))
+        layout.write(segment)
+        assert first.offset % transport.ALIGNMENT == 0 and second.offset % transport.ALIGNMENT == 0
+        view = transport.read(segment, first, copy=False)
+        np.testing.assert_array_equal(view, array)
+        assert not view.flags.writeable  # the model gets a read-only view of the segment
+        owned = transport.read(segment, second, copy=True)
+        np.testing.assert_array_equal(owned, array[::-1])
+        assert owned.flags.owndata
+        del view
+    finally:
+        segment.unlink()
+        segment.close()
+
+
+def test_transport_round_trips_bytes_tensors_as_object_arrays_of_bytes():
+    array = np.array([[b"", b"\x00\xff"], ["grüße", b"x" * 1000]], dtype=np.object_)
+    segment = transport.Segment.create(0)
+    try:
+        layout = transport.Layout()
+        descriptor = layout.plan("S", array, "BYTES")
+        layout.write(segment)
+        back = transport.read(segment, descriptor, copy=False)
+        assert back.dtype == object and back.shape == (2, 2)
+        assert back.tolist() == [[b"", b"\x00\xff"], ["grüße".encode(), b"x" * 1000]]
+    finally:
+        segment.unlink()
+        segment.close()
+
+
+def test_segment_sizes_round_up_and_attach_sees_the_same_memory():
+    segment = transport.Segment.create(70_000)
+    try:
+        assert segment.size == 1 << 17
+        other = transport.Segment.attach(segment.path, segment.size)
+        segment.view[:4] = b"abcd"
+        assert bytes(other.view[:4]) == b"abcd"
+        other.close()
+    finally:
+        segment.unlink()
+        segment.close()
