@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.CRITICAL, force=True)  # the check reports what the server would log
+    try:
+        server_options(args)  # the server's own validation of the shared flags
+    except ValueError as error:
+        print(f"slotserve check: {error}", file=sys.stderr)
+        return 2
     problem = not_a_repository(args.repository)
     if problem:
         print(f"slotserve check: {args.repository} is not a model repository: {problem}", file=sys.stderr)
@@ -123,6 +128,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(as_text(verdicts), end="")
     return 0 if all(v.serves for v in verdicts) else 1
+
+
+def server_options(args: argparse.Namespace, **more):
+    """The ServerOptions a server started with these flags would have. Raises ValueError as the server does for a
+    value out of range or flags that do not go together (--load-model without explicit mode)."""
+    from .options import ServerOptions
+
+    return ServerOptions(
+        model_repository=args.repository,
+        allowed_model_roots=tuple(args.allowed_model_roots or ()),
+        parallel_jobs=args.parallel_jobs,
+        admission_timeout=args.admission_timeout,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_models or ()),
+        enable_test_backends=bool(args.enable_test_backends),
+        **more,
+    )
 
 
 def not_a_repository(path: Path) -> str:
@@ -280,7 +302,7 @@ def load_models(args, verdicts: list[ModelVerdict]) -> None:
     from .testing import serve
 
     options = dict(
-        model_control_mode="explicit",
+        model_control_mode="explicit",  # nothing loads at startup: each load below is timed alone
         allow_management=True,
         parallel_jobs=args.parallel_jobs,
         admission_timeout=args.admission_timeout,

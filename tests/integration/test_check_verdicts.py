@@ -213,3 +213,18 @@ def test_load_loads_each_model_and_sends_one_request(mixed):
         assert load["request"] == "ok" and load["seconds"] > 0 and load["memory_bytes"] > 0, load
     assert by_name["wrong_inputs"]["load"] is None  # refused before any load
     assert by_name["python"]["load"] is None  # refused by name: its model.py (which raises) never ran
+
+
+def test_the_servers_flags_are_checked_as_the_server_checks_them(tmp_path):
+    model(tmp_path / "repo", "good", GOOD_CONFIG)
+    model(tmp_path / "repo", "other", GOOD_CONFIG)
+    done = run_check(str(tmp_path / "repo"), "--load-model", "good")  # lazy mode, as the server's default
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "slotserve check: --load-model needs --model-control-mode explicit (the mode is lazy)\n"
+    status, report = check_json(tmp_path / "repo", "--model-control-mode", "explicit", "--load-model", "good")
+    startup = {m["name"]: m["startup"] for m in report["models"]}
+    assert status == 0
+    assert startup["good"] == "loaded at startup (--model-control-mode explicit, --load-model)"
+    assert startup["other"].startswith("registered, not loaded at startup")
+    with serve(tmp_path / "repo", model_control_mode="explicit", load_models=("good",)) as running:
+        assert running.client.model_ready("good") and not running.client.model_ready("other")
