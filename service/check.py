@@ -33,6 +33,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from engine.errors import ModelConfigError
 from engine.interface import ModelSpec, TensorSpec
@@ -173,10 +174,10 @@ def check_model(repository: ModelRepository, name: str, args: argparse.Namespace
     reading = repository.judge(name)
     verdict = ModelVerdict(name=name, serves=reading.error is None)
     describe_reading(verdict, reading)
-    if reading.error is not None:
+    spec = reading.spec
+    if spec is None:
         verdict.fail(str(reading.error))
         return verdict
-    spec = reading.spec
     describe_spec(verdict, spec, repository)
     for step in (check_slots, check_backend, check_files):
         try:
@@ -212,10 +213,12 @@ def describe_spec(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepos
 
 def check_slots(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepository, args) -> None:
     """The slot count the server's registry computes with these flags (its own rule, no model loaded)."""
+    from .core.lifecycle import SharedRuntime  # noqa: F401 - named by the cast
     from .core.registry import ModelRegistry, Registration, RegistryPolicy
 
     policy = RegistryPolicy(parallel_jobs=args.parallel_jobs, admission_timeout=args.admission_timeout)
-    registry = ModelRegistry(repository, runtime=None, policy=policy)  # settings_for reads only the policy
+    # settings_for reads only the policy: a registry without a runtime computes what the server's computes.
+    registry = ModelRegistry(repository, runtime=cast("SharedRuntime", None), policy=policy)
     verdict.slots = registry.settings_for(spec, Registration(name=spec.name)).slots
     if args.parallel_jobs is None and spec.instance_count not in (None, 1):
         reason = "without --parallel-jobs every model has one slot"  # the registry's warning
@@ -237,7 +240,7 @@ def check_files(verdict: ModelVerdict, spec: ModelSpec, repository: ModelReposit
     from engine.onnxruntime_backend import _reconcile
 
     origin = f"model '{spec.name}'"
-    entry = {"file": verdict.model_file, "inputs": [], "outputs": [], "problem": None}
+    entry: dict[str, Any] = {"file": verdict.model_file, "inputs": [], "outputs": [], "problem": None}
     verdict.files.append(entry)
     try:
         inputs, outputs = onnx_tensors(spec.model_file, origin)
