@@ -12,7 +12,7 @@ of the page is written by hand.
 * docs/model-repository.md, `config-fields`: every entry of engine/repository.py's FIELDS table (each config.pbtxt
   field applied, refused or ignored, and why).
 * docs/migrating-from-triton.md, `walkthrough-*`: the walkthrough's configurations and the real output of
-  `python -m service check` at each stage (tests/docs/migration_walkthrough.py).
+  `python -m service check` at each stage (tests/docs/migration.py).
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ MIGRATION_PAGE = DOCS / "migrating-from-triton.md"
 
 
 def migration_page(text: str) -> str:
-    from .migration_walkthrough import parts
+    from .migration import parts
 
     for name, content in parts().items():
         text = with_part(text, name, content, MIGRATION_PAGE)

@@ -1,12 +1,12 @@
 """docs/migrating-from-triton.md shows the check's real output: its walkthrough parts are what `make docs` generates
-from tests/docs/migration_walkthrough.py today (the check run on the walkthrough's repository at each stage), and
+from tests/docs/migration.py today (the check run on the walkthrough's repository at each stage), and
 the walkthrough ends where the page says it does: refused at first, served after the edits."""
 
 from __future__ import annotations
 
 from tests.docs import generate
 from tests.docs.generate import MIGRATION_PAGE, generated_part
-from tests.docs.migration_walkthrough import NOT_YET
+from tests.docs.migration import NOT_YET
 
 
 def test_the_migration_page_is_current():

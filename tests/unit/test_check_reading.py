@@ -18,7 +18,7 @@ TENSORS = (
 CONFIGS = {
     "good": f'backend: "fixture"\nmax_batch_size: 4\n{TENSORS}dynamic_batching {{ }}\n',
     "ignored": f'backend: "fixture"\n{TENSORS}dynamic_batching {{ }}\n'
-    "instance_group [ { count: 1 kind: KIND_GPU } ]\nresponse_cache { enable: true }\n",
+    "instance_group [ { count: 1 kind: KIND_GPU } ]\noptimization { priority: PRIORITY_MAX }\n",
     "refused": f'backend: "fixture"\n{TENSORS}sequence_batching {{ }}\ninstance_group [ {{ passive: true }} ]\n'
     "optimization { priority: PRIORITY_MAX }\n",
     "unparsable": 'backend: "fixture"\ninput [ { name: "X" ',
@@ -68,7 +68,7 @@ def test_the_ignored_fields_are_those_the_servers_warning_names(repository, capl
     assert reading.error is None and reading.ignored
     expected = "; ".join(f"{path} ignored: {reason}" for path, reason in reading.ignored)
     assert warning == f"model 'ignored': settings ignored: {expected}"
-    assert {path for path, _ in reading.ignored} == {"instance_group[0].kind", "response_cache", "dynamic_batching"}
+    assert {path for path, _ in reading.ignored} == {"instance_group[0].kind", "optimization", "dynamic_batching"}
 
 
 def test_versions_chosen_by_the_policy_are_recorded(repository):

@@ -1,4 +1,9 @@
-"""The walkthrough of docs/migrating-from-triton.md: a Triton-style repository (an ONNX model with settings slotserve
+"""The generated parts of docs/migrating-from-triton.md.
+
+The features of config.pbtxt: each Triton feature with what slotserve does, in the words of engine/repository.py's
+FIELDS table (so the page says what the server does, and `make docs` updates it when a rule changes).
+
+The walkthrough: a Triton-style repository (an ONNX model with settings slotserve
 refuses or ignores, a python model, an ensemble, a sequence model), the edits `python -m service check` leads to,
 and the check's real output at each stage. `make docs` writes the page's generated parts from here (tests/docs
 fails when they are stale), so every output the page shows is what the check prints today.
@@ -27,7 +32,6 @@ dynamic_batching {
   default_priority_level: 1
 }
 optimization { execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }
-response_cache { enable: true }
 """
 # First edit: the priority levels removed (slotserve serves one level, in arrival order).
 CLASSIFIER_EDITED = CLASSIFIER_BEFORE.replace("  priority_levels: 2\n  default_priority_level: 1\n", "")
@@ -150,6 +154,47 @@ def outputs() -> dict[str, str]:
         return found
 
 
+# Triton's configuration features, each judged by the FIELDS entry named beside it.
+CONFIG_FEATURES = (
+    ("Backends", "backend"),
+    ("Platforms", "platform"),
+    ("Ensembles", "ensemble_scheduling"),
+    ("Sequence batching (stateful models)", "sequence_batching"),
+    ("Version policies", "version_policy"),
+    ("Instance groups: count", "instance_group.count"),
+    ("Instance groups: kind, GPUs, host policy", "instance_group.kind"),
+    ("Instance groups: rate limiter", "instance_group.rate_limiter"),
+    ("Dynamic batching", "dynamic_batching"),
+    ("Dynamic batching: priority levels", "dynamic_batching.priority_levels"),
+    ("Dynamic batching: queue policy", "dynamic_batching.default_queue_policy"),
+    ("Dynamic batching: timeout action DELAY", "dynamic_batching.default_queue_policy.timeout_action"),
+    ("Ragged batching", "input.allow_ragged_batch"),
+    ("Batch inputs and outputs", "batch_input"),
+    ("Input and output reshape, formats", "input.reshape"),
+    ("Classification labels", "output.label_filename"),
+    ("Optimization (execution accelerators, CUDA graphs, priority)", "optimization"),
+    ("Model warmup", "model_warmup"),
+    ("Response cache", "response_cache"),
+    ("Decoupled models", "model_transaction_policy.decoupled"),
+    ("Custom operations", "model_operations"),
+    ("Repository agents", "model_repository_agents"),
+    ("Metric tags", "metric_tags"),
+    ("Backend parameters", "parameters"),
+)
+TREATMENT_WORDS = {"applied": "supported", "refused": "refused", "ignored": "ignored"}
+
+
+def config_features_table() -> str:
+    from engine.repository import FIELDS
+
+    rows = ["| Triton | field | slotserve | what happens |", "|---|---|---|---|"]
+    for feature, path in CONFIG_FEATURES:
+        rule = FIELDS[path]
+        reason = rule.reason.replace("|", "\\|")
+        rows.append(f"| {feature} | `{path}` | {TREATMENT_WORDS[rule.treatment.value]} | {reason} |")
+    return "\n".join(rows) + "\n"
+
+
 def fenced(text: str, language: str) -> str:
     return f"```{language}\n{text}```\n"
 
@@ -163,6 +208,7 @@ def parts() -> dict[str, str]:
     )
     moves = "".join(f"mv {REPOSITORY}/{name} {SET_ASIDE}/\n" for name in NOT_YET)
     return {
+        "config-features": config_features_table(),
         "walkthrough-files": files.rstrip("\n") + "\n",
         "walkthrough-before": fenced(found["before"], "console"),
         "walkthrough-first-edit": fenced(f"mkdir {SET_ASIDE}\n{moves}", "bash")
