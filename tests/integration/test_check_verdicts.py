@@ -228,3 +228,13 @@ def test_the_servers_flags_are_checked_as_the_server_checks_them(tmp_path):
     assert startup["other"].startswith("registered, not loaded at startup")
     with serve(tmp_path / "repo", model_control_mode="explicit", load_models=("good",)) as running:
         assert running.client.model_ready("good") and not running.client.model_ready("other")
+
+
+def test_the_slotserve_command_has_the_check_too(tmp_path, capsys):
+    """`slotserve check PATH` (the console script, service.cli.main) is `python -m service check PATH`."""
+    from service.cli import main
+
+    model(tmp_path / "repo", "good", GOOD_CONFIG)
+    assert main(["check", str(tmp_path / "repo"), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(m["name"], m["serves"]) for m in report["models"]] == [("good", True)]
