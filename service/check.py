@@ -25,6 +25,7 @@ Exit status: 0 when every model would serve, 1 when any would not, 2 when PATH i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -113,7 +114,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.CRITICAL, force=True)  # the check reports what the server would log
+    with _quiet_logs():  # the check reports what the server would log
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _quiet_logs():
+    """Logging off (below CRITICAL) while the check runs, as it was afterwards (main may run inside a test)."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         server_options(args)  # the server's own validation of the shared flags
     except ValueError as error:
