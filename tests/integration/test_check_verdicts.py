@@ -238,3 +238,18 @@ def test_the_slotserve_command_has_the_check_too(tmp_path, capsys):
     assert main(["check", str(tmp_path / "repo"), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [(m["name"], m["serves"]) for m in report["models"]] == [("good", True)]
+
+
+MODEL_KEYS = {  # the JSON shape docs/migrating-from-triton.md documents (format 1)
+    "name", "serves", "reason", "backend", "model_file", "version_folders", "versions", "slots", "max_batch_size",
+    "batching", "warmup", "warmup_runs", "startup", "refused", "ignored", "files", "load",
+}  # fmt: skip
+
+
+def test_the_json_has_the_documented_shape(mixed):
+    _, report = check_json(mixed)
+    assert set(report) == {"format", "repository", "serves", "models"} and report["format"] == 1
+    assert report["repository"] == str(mixed)
+    assert all(set(m) == MODEL_KEYS for m in report["models"]), [sorted(m) for m in report["models"]]
+    page = (ROOT / "docs" / "migrating-from-triton.md").read_text()
+    assert all(f"`{key}`" in page for key in MODEL_KEYS)
