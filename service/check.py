@@ -183,7 +183,7 @@ def check_repository(args: argparse.Namespace) -> list[ModelVerdict]:
     repository = ModelRepository(args.repository, args.allowed_model_roots or ())
     verdicts = [check_model(repository, name, args) for name in repository.names()]
     if args.load:
-        load_models(args, [v for v in verdicts if v.serves])
+        load_models(args, [v for v in verdicts if v.backend is not None])  # every model the server registers
     return verdicts
 
 
@@ -260,7 +260,7 @@ def check_files(verdict: ModelVerdict, spec: ModelSpec, repository: ModelReposit
     entry: dict[str, Any] = {"file": verdict.model_file, "inputs": [], "outputs": [], "problem": None}
     verdict.files.append(entry)
     try:
-        inputs, outputs = onnx_tensors(spec.model_file, origin)
+        inputs, outputs = onnx_tensors(spec.model_file, origin, entry["file"])
         entry["inputs"] = [shown_tensor(t) for t in inputs]
         entry["outputs"] = [shown_tensor(t) for t in outputs]
         _reconcile(spec.inputs, inputs, spec.max_batch_size, "input", origin)
@@ -270,7 +270,7 @@ def check_files(verdict: ModelVerdict, spec: ModelSpec, repository: ModelReposit
         raise
 
 
-def onnx_tensors(path: Path, origin: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def onnx_tensors(path: Path, origin: str, shown: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The graph's inputs (initializers left out) and outputs as the backend names them. Raises
     ModelConfigError for a file onnx cannot read or a type slotserve has no datatype for."""
     import onnx
@@ -280,8 +280,9 @@ def onnx_tensors(path: Path, origin: str) -> tuple[list[TensorSpec], list[Tensor
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as error:
+        first_line = (str(error).splitlines() or [type(error).__name__])[0][:200]
         raise ModelConfigError(
-            f"{origin}: onnx could not read {path.name}: {str(error).splitlines()[0][:200]}"
+            f"{origin}: model file {shown} is not an ONNX model onnx can read: {first_line}"
         ) from None
     graph = model.graph
     initializers = {i.name for i in graph.initializer}
@@ -317,8 +318,10 @@ def startup_line(name: str, args) -> str:
 
 def load_models(args, verdicts: list[ModelVerdict]) -> None:
     """Load each model in one throwaway in-process server (explicit control: one at a time, timed), send one
-    request of zeros, unload it. A model whose load fails does not serve, with the server's words; a request of
-    zeros that fails is reported and changes no verdict."""
+    request of zeros, unload it. The load decides the verdict: one that fails does not serve, with the server's
+    words (they replace the check's own, e.g. onnx's for a file ONNX Runtime cannot load either); a request of
+    zeros that fails is reported and changes no verdict. Blocks for as long as the loads take (no timeout: a
+    backend that hangs in its load hangs the check, as it would hang the server's startup)."""
     from .testing import serve
 
     options = dict(
@@ -341,8 +344,9 @@ def load_one(running, verdict: ModelVerdict) -> None:
     try:
         registry.load(verdict.name)
     except Exception as error:
-        verdict.fail(str(error))
+        verdict.serves, verdict.reason = False, server_reason(verdict.name, str(error))
         return
+    verdict.serves, verdict.reason = True, None
     seconds = time.monotonic() - started
     status = registry.get(verdict.name).status()
     verdict.load = {

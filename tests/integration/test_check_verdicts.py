@@ -211,7 +211,7 @@ def test_load_loads_each_model_and_sends_one_request(mixed):
     for name in ("good", "listed"):
         load = by_name[name]["load"]
         assert load["request"] == "ok" and load["seconds"] > 0 and load["memory_bytes"] > 0, load
-    assert by_name["wrong_inputs"]["load"] is None  # refused before any load
+    assert by_name["wrong_inputs"]["load"] is None  # its load failed: nothing to measure
     assert by_name["python"]["load"] is None  # refused by name: its model.py (which raises) never ran
 
 
@@ -253,3 +253,20 @@ def test_the_json_has_the_documented_shape(mixed):
     assert all(set(m) == MODEL_KEYS for m in report["models"]), [sorted(m) for m in report["models"]]
     page = (ROOT / "docs" / "migrating-from-triton.md").read_text()
     assert all(f"`{key}`" in page for key in MODEL_KEYS)
+
+
+def test_a_file_onnx_cannot_read_does_not_serve_and_load_gives_the_servers_words(tmp_path):
+    root = tmp_path / "repo"
+    model(root, "good", GOOD_CONFIG)
+    corrupt = model(root, "corrupt", GOOD_CONFIG, file=False)
+    (corrupt / "1" / "model.onnx").write_bytes(b"\x08\x07 this is not a protobuf message" * 8)
+    expected = server_verdicts(root)
+    assert expected["corrupt"][0] is False and expected["good"][0] is True
+    assert expected["corrupt"][1].startswith("onnxruntime could not load corrupt/1/model.onnx: ")
+    status, report = check_json(root)
+    verdicts = check_verdicts(report)
+    assert status == 1 and {name: serves for name, (serves, _) in verdicts.items()} == {"good": True, "corrupt": False}
+    # Without a session the words are onnx's, naming the file; --load asks ONNX Runtime, as the server does.
+    assert verdicts["corrupt"][1].startswith("model file corrupt/1/model.onnx is not an ONNX model onnx can read: ")
+    status, loaded = check_json(root, "--load")
+    assert status == 1 and check_verdicts(loaded) == expected
