@@ -82,6 +82,12 @@ $(DEMO_REPOSITORY)/.stamp: $(VENV)/.editable $(wildcard demo/*.py)
 run: setup-runtime $(if $(filter $(abspath $(DEMO_REPOSITORY)),$(abspath $(REPOSITORY))),models)
 	$(PY) -m service --model-repository $(REPOSITORY) --host $(HOST) --port $(PORT) $(ARGS)
 
+# What REPOSITORY will do on slotserve, read without serving it (docs/migrating-from-triton.md); ARGS adds the
+# check's flags (--load, --format json, --parallel-jobs N, ...). Exit status 1 when a model would not serve.
+.PHONY: check
+check: setup $(if $(filter $(abspath $(DEMO_REPOSITORY)),$(abspath $(REPOSITORY))),models)
+	$(PY) -m service check $(REPOSITORY) $(ARGS)
+
 # The Node.js interop client's packages (skipped with a notice where npm is missing; its test then skips).
 node-deps: tests/interop/node/node_modules/.stamp
 tests/interop/node/node_modules/.stamp: tests/interop/node/package.json tests/interop/node/package-lock.json

@@ -364,24 +364,32 @@ def classify_fields(config: model_config_pb2.ModelConfig) -> Classified:
     return Classified(tuple(refused), tuple(ignored))
 
 
+def judge_config(config: model_config_pb2.ModelConfig, more_refused: Iterable[tuple[str, str]] = ()) -> Classified:
+    """Every refused and ignored field of `config` (classify_fields), with the refusals found elsewhere
+    (`more_refused`: a backend not run yet, a version policy) and dynamic_batching ignored without a batch
+    dimension. Pure; never raises. The server (through `_judge_fields`) and `python -m service check` both use it."""
+    judged = classify_fields(config)
+    ignored = judged.ignored
+    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
+        ignored = (*ignored, ("dynamic_batching", "max_batch_size is 0, so there is no batch dimension"))
+    return Classified((*judged.refused, *more_refused), ignored)
+
+
 def _judge_fields(
     config: model_config_pb2.ModelConfig, origin: str, more_refused: Iterable[tuple[str, str]] = ()
 ) -> None:
     """Raise ModelConfigError naming every refused field of `config`; log one warning naming every ignored one.
     A model that asks for what slotserve does not do is refused rather than run with a behaviour it did not ask
     for; settings that only tune (or describe) are ignored, and said so."""
-    judged = classify_fields(config)
-    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
-        ignored = (*judged.ignored, ("dynamic_batching", "max_batch_size is 0, so there is no batch dimension"))
-    else:
-        ignored = judged.ignored
-    refused = (*judged.refused, *more_refused)
-    if refused:
-        listed = "; ".join(f"{path}: {reason}" for path, reason in refused)
+    judged = judge_config(config, more_refused)
+    if judged.refused:
+        listed = "; ".join(f"{path}: {reason}" for path, reason in judged.refused)
         raise ModelConfigError(f"{origin}: configuration refused: {listed}")
-    if ignored:
+    if judged.ignored:
         _LOG.warning(
-            "%s: settings ignored: %s", origin, "; ".join(f"{path} ignored: {reason}" for path, reason in ignored)
+            "%s: settings ignored: %s",
+            origin,
+            "; ".join(f"{path} ignored: {reason}" for path, reason in judged.ignored),
         )
 
 
@@ -502,6 +510,13 @@ def _version_refusals(policy: VersionPolicy, folders: dict[int, Path]) -> list[t
     return []
 
 
+def _other_refusals(
+    config: model_config_pb2.ModelConfig, policy: VersionPolicy, folders: dict[int, Path]
+) -> list[tuple[str, str]]:
+    """Refusals that are not a field's own rule: a backend or platform not run yet, a version policy."""
+    return [*_not_yet(config), *_version_refusals(policy, folders)]
+
+
 def spec_from_config(
     name: str,
     directory: Path | None,
@@ -520,7 +535,7 @@ def spec_from_config(
         raise ModelConfigError(f"{origin}: max_batch_size must be >= 0, got {config.max_batch_size}")
     folders = _version_folders(directory)
     policy = _version_policy(config, origin)
-    _judge_fields(config, origin, [*_not_yet(config), *_version_refusals(policy, folders)])
+    _judge_fields(config, origin, _other_refusals(config, policy, folders))
     batching = _batching_spec(config, origin)
     version, version_dir = (str(max(folders)), folders[max(folders)]) if folders else ("1", None)
     if backend:
@@ -710,6 +725,34 @@ class ModelRepository:
         `config_json` replaces config.pbtxt. Raises ModelConfigError when the directory, the configuration or
         the model file is missing, invalid, or outside the repository and the allowed roots.
         """
+        directory, config = self._config_of(name, source, config_json)
+        return spec_from_config(name, directory, config, backend or None, roots=self.roots)
+
+    def judge(self, name: str, *, source: str = "", config_json: str = "", backend: str = "") -> ModelReading:
+        """What `read` makes of model `name`, as a record instead of a raise: the spec or the error, and every
+        refused and ignored field with its reason (judge_config). Loads nothing; never raises ModelConfigError.
+        For `python -m service check`; the server calls `read`, which runs the same steps."""
+        try:
+            directory, config = self._config_of(name, source, config_json)
+        except ModelConfigError as error:
+            return ModelReading(name, None, error, (), (), ())
+        folders = _version_folders(directory)
+        try:
+            policy = _version_policy(config, f"model '{name}'")
+            judged = judge_config(config, _other_refusals(config, policy, folders))
+            chosen = policy.select(folders) if folders else ()
+        except ModelConfigError as error:
+            return ModelReading(name, None, error, (), classify_fields(config).ignored, tuple(sorted(folders)))
+        try:
+            spec = spec_from_config(name, directory, config, backend or None, roots=self.roots)
+        except ModelConfigError as error:
+            return ModelReading(name, None, error, judged.refused, judged.ignored, tuple(sorted(folders)), chosen)
+        return ModelReading(name, spec, None, judged.refused, judged.ignored, tuple(sorted(folders)), chosen)
+
+    def _config_of(self, name: str, source: str, config_json: str) -> tuple[Path, model_config_pb2.ModelConfig]:
+        """Model `name`'s directory and parsed configuration (config.pbtxt, or `config_json` instead; an empty
+        message without either). Raises ModelConfigError for a bad name, a missing or outside directory, or a
+        configuration that does not parse."""
         check_model_name(name)
         origin = f"model '{name}'"
         if source:
@@ -719,11 +762,23 @@ class ModelRepository:
         if not directory.is_dir():
             raise ModelConfigError(f"{origin}: no model directory at '{self.roots.shown(directory)}'")
         if config_json:
-            config = parse_config_json(config_json, origin)
-        else:
-            config_path = self.roots.resolve(directory / CONFIG_FILE, CONFIG_FILE, origin=origin)
-            if config_path.exists():
-                config = parse_config_text(config_path.read_text(), f"{origin} ({CONFIG_FILE})")
-            else:
-                config = model_config_pb2.ModelConfig()
-        return spec_from_config(name, directory, config, backend or None, roots=self.roots)
+            return directory, parse_config_json(config_json, origin)
+        config_path = self.roots.resolve(directory / CONFIG_FILE, CONFIG_FILE, origin=origin)
+        if config_path.exists():
+            return directory, parse_config_text(config_path.read_text(), f"{origin} ({CONFIG_FILE})")
+        return directory, model_config_pb2.ModelConfig()
+
+
+@dataclass(frozen=True)
+class ModelReading:
+    """One model as the server would read it (ModelRepository.judge): `spec` when it would be registered,
+    otherwise `error` (the ModelConfigError the server logs and lists); the refused and ignored fields (path,
+    reason); the numbered version folders found and those the version policy chooses."""
+
+    name: str
+    spec: ModelSpec | None
+    error: ModelConfigError | None
+    refused: tuple[tuple[str, str], ...]
+    ignored: tuple[tuple[str, str], ...]
+    version_folders: tuple[int, ...]
+    chosen_versions: tuple[int, ...] = ()

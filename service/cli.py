@@ -25,7 +25,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="slotserve", description="Serve a model repository over the KServe v2 gRPC protocol.")
+    parser = _Parser(
+        prog="slotserve",
+        description="Serve a model repository over the KServe v2 gRPC protocol.",
+        epilog="slotserve check PATH (python -m service check PATH) tells what a repository will do, without serving "
+        "it: slotserve check --help, docs/migrating-from-triton.md",
+    )
     add = parser.add_argument
     add(
         "--model-repository",
@@ -402,6 +407,11 @@ def option_fields(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:  # `slotserve check PATH`: read a repository without serving it (service/check.py)
+        from .check import main as check
+
+        return check(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging(args.log_format, args.log_level)
     try:

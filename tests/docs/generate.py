@@ -11,6 +11,8 @@ of the page is written by hand.
   pytest collects them: tests/docs/cell_marks.py), cells marked improved or not applicable shown as such.
 * docs/model-repository.md, `config-fields`: every entry of engine/repository.py's FIELDS table (each config.pbtxt
   field applied, refused or ignored, and why).
+* docs/migrating-from-triton.md, `walkthrough-*`: the walkthrough's configurations and the real output of
+  `python -m service check` at each stage (tests/docs/migration.py).
 """
 
 from __future__ import annotations
@@ -274,10 +276,24 @@ def model_repository_page(text: str) -> str:
     return with_part(text, "config-fields", config_fields_table(), MODEL_REPOSITORY_PAGE)
 
 
+# ---- docs/migrating-from-triton.md: the walkthrough's files and the check's real output ---------------------------
+
+MIGRATION_PAGE = DOCS / "migrating-from-triton.md"
+
+
+def migration_page(text: str) -> str:
+    from .migration import parts
+
+    for name, content in parts().items():
+        text = with_part(text, name, content, MIGRATION_PAGE)
+    return text
+
+
 PAGES = {
     COMMAND_LINE_PAGE: command_line_page,
     BEHAVIOUR_PAGE: behaviour_page,
     MODEL_REPOSITORY_PAGE: model_repository_page,
+    MIGRATION_PAGE: migration_page,
 }
 
 

@@ -1,0 +1,28 @@
+"""docs/migrating-from-triton.md shows the check's real output: its walkthrough parts are what `make docs` generates
+from tests/docs/migration.py today (the check run on the walkthrough's repository at each stage), and
+the walkthrough ends where the page says it does: refused at first, served after the edits."""
+
+from __future__ import annotations
+
+from tests.docs import generate
+from tests.docs.generate import MIGRATION_PAGE, generated_part
+from tests.docs.migration import NOT_YET
+
+
+def test_the_migration_page_is_current():
+    text = MIGRATION_PAGE.read_text()
+    assert generate.migration_page(text) == text, "docs/migrating-from-triton.md is stale: run `make docs`"
+
+
+def test_the_walkthrough_goes_from_refused_to_served():
+    text = MIGRATION_PAGE.read_text()
+    before = generated_part(text, "walkthrough-before", MIGRATION_PAGE)
+    edited = generated_part(text, "walkthrough-edited", MIGRATION_PAGE)
+    after = generated_part(text, "walkthrough-after", MIGRATION_PAGE)
+    assert before.rstrip("`\n").endswith("$ echo $?\n1") and "0 of 4 models would serve" in before
+    for name in NOT_YET:
+        assert f"model '{name}' version 1: does not serve" in before
+    assert "refused: dynamic_batching.priority_levels" in before
+    assert "mismatch: output 'scores' is FP32 in the model, FP16 in the config" in edited
+    assert after.rstrip("`\n").endswith("$ echo $?\n0") and "1 of 1 models would serve" in after
+    assert "  slots: 2" in after
