@@ -17,7 +17,8 @@ Exit status: 0 when every model would serve, 1 when any would not, 2 when PATH i
     MODEL = {"name", "serves": bool, "reason": str | null (the server's words, the model's name cut off),
              "backend", "model_file", "version_folders": [int], "versions": [int] (chosen by the policy),
              "slots", "max_batch_size", "batching": {...} | null, "warmup": [{"name", "batch_size", "count",
-             "inputs"}], "warmup_runs": str, "startup": str, "refused": [{"field", "reason"}],
+             "inputs"}], "warmup_runs": str, "startup": str, "not_run": str (a python model's code, not run
+             without --load; "" otherwise), "refused": [{"field", "reason"}],
              "ignored": [{"field", "reason"}], "files": [{"file", "inputs", "outputs", "problem"}],
              "load": null | {"seconds", "memory_bytes", "rss_delta_bytes", "request"}}
 """
@@ -70,6 +71,7 @@ class ModelVerdict:
     warmup: list[dict] = field(default_factory=list)
     warmup_runs: str = WARMUP_RUNS
     startup: str = ""
+    not_run: str = ""  # a python model's model.py without --load: its code is not imported
     refused: list[dict] = field(default_factory=list)
     ignored: list[dict] = field(default_factory=list)
     files: list[dict] = field(default_factory=list)
@@ -247,6 +249,11 @@ def check_backend(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepos
 
     if spec.backend in TEST_BACKENDS and not args.enable_test_backends:
         verdict.fail(backend_missing_message(spec.name, spec.backend))
+    if spec.backend == "python" and not args.load:
+        verdict.not_run = (
+            "model.py is imported (its code runs) only with --load; without it the configuration and the file's "
+            "presence are checked"
+        )
 
 
 def check_files(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepository, args) -> None:
@@ -427,6 +434,8 @@ def text_block(v: ModelVerdict) -> list[str]:
             )
         if v.startup:
             lines.append(f"  startup: {v.startup}")
+        if v.not_run:
+            lines.append(f"  not run: {v.not_run}")
     for entry in v.files:
         lines.append(f"  file {entry['file']}: inputs {entry['inputs']}, outputs {entry['outputs']}")
         if entry["problem"]:
