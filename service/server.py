@@ -186,7 +186,7 @@ class Server:
         limit = self.options.max_message_bytes
         self._executor = HandlerThreads(keep=self.options.max_workers)
         server = grpc.server(
-            self._executor,
+            self._executor,  # type: ignore[arg-type]  # grpcio only calls submit; its stubs ask for a ThreadPoolExecutor
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
