@@ -37,6 +37,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from .core.lifecycle import ModelEntry
 from .core.outcomes import FAILED, STANDARD, SUCCESS
 from .core.statistics import BUCKETS_SECONDS, StatisticsSnapshot
 from .response_cache import model_enables_cache
@@ -238,7 +239,9 @@ class SlotserveCollector(Collector):
             for name, documentation, value in TRITON_CACHE_COUNTERS:
                 lines.counter(name, documentation, [(entry, {}, value(snapshot)) for entry, snapshot in cached])
         if rows:
-            pending = [(entry, {}, entry.status().queued_requests) for entry, _ in rows]
+            pending: list[tuple[ModelEntry, dict[str, str], int]] = [
+                (entry, {}, entry.status().queued_requests) for entry, _ in rows
+            ]
             lines.family(
                 "nv_inference_pending_request_count", "Requests waiting for a slot, per model", "gauge", pending
             )

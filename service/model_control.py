@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from engine.interface import CancelToken
 
@@ -174,6 +175,7 @@ class ModelControl:
         registry's errors."""
         self._check_explicit()
         config_json = parameters.get("config", "")
+        assert isinstance(config_json, str)  # the servicer passes the string_param
         files = {key[len("file:") :]: value for key, value in parameters.items() if key.startswith("file:")}
         if not files:
             if self.files.owns(self._current_source(name)):  # leave a files load behind: read the folder again
@@ -182,7 +184,7 @@ class ModelControl:
                 self.registry.load(name, config_json=config_json, cancel=cancel)
             self.files.sweep(name, self._current_source(name))
             return
-        folder = self.files.stage(name, files, config_json)
+        folder = self.files.stage(name, cast(Mapping[str, bytes], files), config_json)  # stage checks they are bytes
         try:
             self.registry.register(Registration(name=name, source=str(folder), config_json=config_json), cancel=cancel)
         finally:

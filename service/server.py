@@ -186,12 +186,12 @@ class Server:
         threads are kept, more start on demand and end when idle. The threads are bounded by the calls open at
         once, --max-concurrent-rpcs (beyond it grpcio refuses a call with RESOURCE_EXHAUSTED before it takes a
         thread). No per-connection stream limit: HTTP/2 refuses a stream beyond it, and a client's next call
-        racing the close of its last one then fails with UNAVAILABLE (the fuzz tests saw it). docs/operations.md ("Probes and stalled calls") has the
-        figures."""
+        racing the close of its last one then fails with UNAVAILABLE (the fuzz tests saw it). docs/operations.md
+        ("Probes and stalled calls") has the figures."""
         limit = self.options.max_message_bytes
         self._executor = HandlerThreads(keep=self.options.max_workers)
         server = grpc.server(
-            self._executor,
+            self._executor,  # type: ignore[arg-type]  # grpcio only calls submit; its stubs ask for a ThreadPoolExecutor
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -487,7 +487,7 @@ def encode_response(
     region instead, and gets an empty raw entry (so raw_output_contents stays one entry per output). Raises
     InvalidRequest, having written nothing, when an output does not fit its region."""
     tensors = response.outputs
-    raw = []
+    raw: list[bytes | np.ndarray] = []
     size = 0
     to_write = []
     for name, datatype, dtype in _output_plan(metadata):
@@ -515,7 +515,10 @@ def encode_response(
         return InferResponse(
             response, [np.ascontiguousarray(item) if type(item) is np.ndarray else item for item in raw]
         )
-    response.raw_output_contents.extend([item.tobytes() if type(item) is np.ndarray else item for item in raw])
+    # (mypy narrows `type(item) is` only where it holds: every other item is bytes.)
+    response.raw_output_contents.extend(
+        [item.tobytes() if type(item) is np.ndarray else cast(bytes, item) for item in raw]
+    )
     return response
 
 

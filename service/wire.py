@@ -62,7 +62,7 @@ def byte_view(item) -> memoryview:
     protocol cannot describe every dtype (ml_dtypes' bfloat16 has no buffer format, so `memoryview()` of a BF16
     array raises). `item` is a C-contiguous array or a bytes-like object."""
     if isinstance(item, np.ndarray):
-        return memoryview(item.reshape(-1).view(np.uint8))
+        return item.reshape(-1).view(np.uint8).data
     return memoryview(item)
 
 

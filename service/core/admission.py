@@ -53,6 +53,8 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from engine.interface import CancelToken
+
 from .errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
 
 
@@ -298,6 +300,7 @@ class AdmissionCore:
         """The batch the queue's head request would lead now, and whether it can still grow (nothing behind it
         in the queue stops it, and it is below max_rows)."""
         rule = self.batching
+        assert rule is not None  # the callers check that the model batches
         members, rows = [head], head.rows
         if head.key is None:
             return members, False
@@ -521,7 +524,7 @@ class AdmissionController:
         *,
         overdue_after: float = 0.0,
         max_queue: int = 0,
-        cancel=None,
+        cancel: CancelToken | None = None,
         rows: int = 1,
         key: Hashable | None = None,
         payload: object = None,
@@ -571,7 +574,7 @@ class AdmissionController:
         ticket.on_change = on_change
         return ticket
 
-    def _wait(self, ticket: Ticket, cancel) -> Ticket:
+    def _wait(self, ticket: Ticket, cancel: CancelToken | None) -> Ticket:
         on_cancel = None
         if cancel is not None:
 
@@ -614,6 +617,7 @@ class AdmissionController:
             raise
         finally:
             if on_cancel is not None:
+                assert cancel is not None  # on_cancel is set only with a token
                 cancel.remove_callback(on_cancel)
 
     def _time_left(self, ticket: Ticket) -> float | None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.errors import EngineError, ExecutionCancelled
-from engine.interface import BatchingSpec, CancelToken, ModelMetadata, Outputs
+from engine.interface import BatchingSpec, CancelToken, ModelMetadata, ModelSpec, Outputs
 
 from .admission import BatchRule
 from .errors import InvalidRequest, ServiceError, own_copy
@@ -43,7 +43,7 @@ def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | No
     )
 
 
-def describe_batching(spec) -> str:
+def describe_batching(spec: ModelSpec) -> str:
     """A model's batching settings in a few words, for its `loaded` event ("" without batching)."""
     batching = spec.batching
     if batching is None:
@@ -117,10 +117,10 @@ class EveryoneGaveUp(CancelToken):
         self._gone: set[int] = set()  # indexes of the members' tokens that fired (a token may fire a callback twice)
         self._tokens = list(tokens)
         self._watchers = [self._watcher(index) for index in range(len(self._tokens))]
-        for token, watcher in zip(self._tokens, self._watchers):
+        for token, watcher in zip(self._tokens, self._watchers, strict=True):
             token.add_callback(watcher)
 
-    def _watcher(self, index: int):
+    def _watcher(self, index: int) -> Callable[[], None]:
         def gone() -> None:
             with self._count_lock:
                 self._gone.add(index)
@@ -132,7 +132,7 @@ class EveryoneGaveUp(CancelToken):
 
     def detach(self) -> None:
         """Stop watching the members' tokens (the run is over)."""
-        for token, watcher in zip(self._tokens, self._watchers):
+        for token, watcher in zip(self._tokens, self._watchers, strict=True):
             token.remove_callback(watcher)
 
 
@@ -143,7 +143,7 @@ def run_batch(
     for a member's sake: every item ends with a result or an error. Blocks for the run."""
     metadata = lease.metadata
     started = time.perf_counter_ns()
-    live = []
+    live: list[BatchItem] = []
     for item in items:
         item.started_ns, item.metadata, item.version = started, metadata, lease.version
         if lease.streaming:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, TextIO
 
 # The keys every JSON line has; an event's own fields never use these names (tests/unit/test_events.py checks).
 FIXED_KEYS = ("time", "level", "logger", "event", "model", "message")
@@ -38,7 +39,7 @@ class EventSpec:
 
     level: int
     fields: tuple[str, ...]
-    text: str | Callable[[Mapping[str, object]], str]
+    text: str | Callable[[Mapping[str, Any]], str]  # Any: the fields are an emit's keyword arguments, of any type
 
     def render(self, fields: Mapping[str, object]) -> str:
         return self.text(fields) if callable(self.text) else self.text.format(**fields)
@@ -51,7 +52,7 @@ def _evicted_text(fields: Mapping[str, object]) -> str:
     return f"evicted to make room for model '{fields['for_model']}'"
 
 
-def _rejected_text(fields: Mapping[str, object]) -> str:
+def _rejected_text(fields: Mapping[str, Any]) -> str:
     more = int(fields["count"]) - 1
     tail = f" ({more} more since the previous line)" if more > 0 else ""
     return f"rejected a request ({fields['reason']}): {fields['error']}{tail}"
@@ -127,7 +128,12 @@ EVENTS: dict[str, EventSpec] = {
 
 
 def log_event(
-    logger: logging.Logger, event: str, model: str | None = None, *, exc_info: BaseException | None = None, **fields
+    logger: logging.Logger,
+    event: str,
+    model: str | None = None,
+    *,
+    exc_info: BaseException | None = None,
+    **fields: object,
 ) -> None:
     """Log `event` (a key of EVENTS) as one line: a sentence for people, with the event name, model and fields
     attached to the record for the JSON formatter; `exc_info` adds a traceback (an unexpected error). Costs one
@@ -158,7 +164,7 @@ class Events:
         model: str | None = None,
         *,
         exc_info: BaseException | None = None,
-        **fields,
+        **fields: object,
     ) -> None:
         if model is not None:
             with self._lock:
@@ -188,7 +194,7 @@ class RejectionLog:
         self.interval = interval
         self._clock = clock
         self._lock = threading.Lock()  # guards: _windows
-        self._windows: dict[tuple[str, str], list] = {}  # (model, reason) -> [time of the last line, not logged]
+        self._windows: dict[tuple[str, str], list[float]] = {}  # (model, reason) -> [time of the last line, not logged]
 
     def note(self, model: str, reason: str, error: str) -> None:
         """One rejected request of `model` for `reason`, with the message its client got."""
@@ -228,7 +234,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-class QuietStreamHandler(logging.StreamHandler):
+class QuietStreamHandler(logging.StreamHandler[TextIO]):
     """A StreamHandler that drops a record when its stream is broken (EPIPE once the reader of a pipe is gone, EIO
     after the terminal hung up, a closed file), instead of printing a "--- Logging error ---" traceback for every
     line: logging must never stop or stall a server, and a broken stream leaves nowhere to report it. Any other

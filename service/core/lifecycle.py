@@ -32,9 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
 
 from engine.errors import DeviceFailedError, EngineError
-from engine.interface import Backend, BatchingSpec, CancelToken, Context, ModelMetadata, ModelSpec
+from engine.interface import Backend, BatchingSpec, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs
 from engine.repository import hide_paths
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState, refusal_error
@@ -232,14 +235,16 @@ class Lease:
         """Whether the model answers a request with a stream of responses (execute_stream)."""
         return self.pool.primary.streaming
 
-    def execute(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> dict:
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
         try:
             return self.context.execute(inputs, outputs, cancel)
         except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
             self._device_failure = error
             raise
 
-    def execute_stream(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> Iterator[dict]:
+    def execute_stream(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
+    ) -> Iterator[Outputs]:
         try:
             yield from self.context.execute_stream(inputs, outputs, cancel)
         except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
@@ -258,7 +263,7 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -283,7 +288,7 @@ class ExclusiveLease:
     def __enter__(self) -> ExclusiveLease:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -329,7 +334,7 @@ class Barrier:
     def __enter__(self) -> Barrier:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.withdraw()
 
 
@@ -484,7 +489,8 @@ class ModelEntry:
         if ticket.is_member:
             return item  # released by its leader: the outcome is posted
         # (No members: the model's batching was reconfigured away while this request arrived; it runs alone.)
-        items = [member.payload for member in ticket.members or [ticket]]
+        # Every ticket of a batch was acquired here, with its BatchItem as the payload.
+        items = [cast(BatchItem, member.payload) for member in ticket.members or [ticket]]
         # A batch of one is cancelled with its request (the common case when idle: no extra token).
         run_cancel = cancel if len(items) == 1 else EveryoneGaveUp([member.cancel for member in items])
         try:
@@ -500,6 +506,7 @@ class ModelEntry:
                 run_batch(lease, items, run_cancel, self.statistics)
         finally:
             if run_cancel is not cancel:
+                assert isinstance(run_cancel, EveryoneGaveUp)  # made above for a batch of several
                 run_cancel.detach()
         if cancel.cancelled and item.error is None:
             item.error = RequestCancelled("the caller gave up while its batch ran")
@@ -576,7 +583,13 @@ class ModelEntry:
     # ---- loading and publication (callers hold a lease; no lock held while building) ------------------------
 
     def _load(
-        self, spec: ModelSpec, settings: ModelSettings, primary=None, *, cause: str, cancel: CancelToken | None = None
+        self,
+        spec: ModelSpec,
+        settings: ModelSettings,
+        primary: LoadedModel | None = None,
+        *,
+        cause: str,
+        cancel: CancelToken | None = None,
     ) -> SlotPool:
         """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
         memory budget checked. `cause` says why, for the log. Raises the backend's errors, ResidencyLimit or
@@ -625,7 +638,7 @@ class ModelEntry:
             if guard is not None:
                 guard.release()
 
-    def _build_reserved(self, spec: ModelSpec, settings: ModelSettings, primary) -> SlotPool:
+    def _build_reserved(self, spec: ModelSpec, settings: ModelSettings, primary: LoadedModel | None) -> SlotPool:
         """_load's work under the guard: reserve residency, build, check the budget; undo all on failure."""
         residency = self._runtime.residency
         if residency is not None:
@@ -761,13 +774,17 @@ class ModelEntry:
             self._runtime.events.emit(_LOG, "reconfigure_refused", self.name, error=str(error) or type(error).__name__)
             raise
         if replacement is not None:
+            assert old_pool is not None  # a resized pool is made only over the live one (same_engine)
             self._commit_resized(spec, settings, old_pool, replacement)
             return
         self._commit_replacement(spec, settings, old_pool, probe)
 
-    def _validate_replacement(self, spec, settings, old_pool, same_engine):
+    def _validate_replacement(
+        self, spec: ModelSpec, settings: ModelSettings, old_pool: SlotPool | None, same_engine: bool
+    ) -> tuple[SlotPool | None, LoadedModel | None]:
         """Returns (resized pool over the live engine, None) or (None, the replacement's validated primary)."""
         if same_engine:
+            assert old_pool is not None  # same_engine compares with the live pool's spec
             check_slot_count(spec, settings.slots, settings.explicit_slots, old_pool.max_parallel_slots)
             resized = old_pool.grown(min(settings.slots, old_pool.max_parallel_slots))
             residency = self._runtime.residency
@@ -786,7 +803,7 @@ class ModelEntry:
             raise
         return None, primary
 
-    def _load_primary(self, spec: ModelSpec):
+    def _load_primary(self, spec: ModelSpec) -> LoadedModel:
         """Load a primary privately, under the cold-load guard (a probe is a cold load too)."""
         guard = self._runtime.cold_loads
         if guard is not None:
@@ -802,7 +819,7 @@ class ModelEntry:
         self._committed = committed
         self.admission.set_batching_locked(batch_rule(committed.spec.batching, committed.spec.max_batch_size))
 
-    def _commit_resized(self, spec, settings, old_pool: SlotPool, resized: SlotPool) -> None:
+    def _commit_resized(self, spec: ModelSpec, settings: ModelSettings, old_pool: SlotPool, resized: SlotPool) -> None:
         with self._lock:
             self._commit_locked(_Committed(spec, settings, self._committed.metadata))
             self._pool = None
@@ -810,7 +827,9 @@ class ModelEntry:
         old_pool.close_surplus(resized)
         self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=resized.capacity, in_place=True)
 
-    def _commit_replacement(self, spec, settings, old_pool: SlotPool | None, probe) -> None:
+    def _commit_replacement(
+        self, spec: ModelSpec, settings: ModelSettings, old_pool: SlotPool | None, probe: LoadedModel | None
+    ) -> None:
         with self._lock:
             retired = self._retire_locked(ModelState.RECONFIGURING) if old_pool is not None else None
             self._commit_locked(_Committed(spec, settings, None))
@@ -827,11 +846,12 @@ class ModelEntry:
             self._publish_locked(pool)
         self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=pool.capacity, in_place=False)
 
-    def unload_leased(self, event: str = "unloaded", **fields) -> bool:
+    def unload_leased(self, event: str = "unloaded", **fields: Any) -> bool:
         """Retire and tear down the pool (caller holds the exclusive lease). Idempotent: returns False when
         there was nothing to unload. Teardown runs outside the lock and may be slow; the model counts as
         unloaded from its first step. Emits `event` (unloaded, evicted, idle_retired, closed_at_shutdown) with
-        `fields` and the teardown's seconds, once the teardown is done."""
+        `fields` and the teardown's seconds, once the teardown is done. (`fields` are typed Any: of type object,
+        mypy would take them for Events.emit's keyword-only exc_info as well.)"""
         with self._lock:
             if self._pool is None:
                 return False
@@ -866,7 +886,7 @@ class ModelEntry:
                 with self._lock:
                     self._last_error = str(error)
 
-    def retire_if_idle(self, event: str, **fields) -> bool:
+    def retire_if_idle(self, event: str, **fields: Any) -> bool:
         """Unload this model if it is ready, idle and queue-free now (try-acquire; never queues): eviction,
         idle retirement and the shutdown's close. Returns whether it was retired. Teardown runs on the calling
         thread, after the model already counts as unloaded. The unload is logged (and counted) as `event` with

@@ -54,7 +54,7 @@ class SlotPool:
         surplus ones closed. Only valid while no context is lent (the caller holds the exclusive lease).
         Raises what create_context raises, after closing the contexts it built."""
         kept = self._contexts[:slots]
-        built = []
+        built: list[Context] = []
         try:
             while len(kept) + len(built) < slots:
                 built.append(self.primary.create_context())

@@ -20,6 +20,7 @@ import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.errors import ModelConfigError
 from engine.interface import CancelToken, ModelSpec
@@ -335,7 +336,7 @@ def _with_options(spec: ModelSpec, options: Mapping[str, str]) -> ModelSpec:
     """`spec` with backend options laid over its config parameters (the ModelConfig message too)."""
     parameters = dict(spec.parameters)
     parameters.update(options)
-    config = spec.config
+    config: Any = spec.config  # the ModelConfig message; engine.interface types it object (no protobuf in the core)
     if config is not None:
         config = type(config)()
         config.CopyFrom(spec.config)

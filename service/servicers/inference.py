@@ -317,6 +317,7 @@ def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
     spec, metadata = view.spec, view.metadata
     config = model_config_pb2.ModelConfig()
     if spec.config is not None:
+        assert isinstance(spec.config, model_config_pb2.ModelConfig)  # engine.repository parses it into one
         config.CopyFrom(spec.config)
     config.name = entry.name
     if metadata is not None:
@@ -406,7 +407,10 @@ def add_inference_servicer(servicer: InferenceServicer, server: grpc.Server) -> 
             response_serializer=response_class.SerializeToString,
         )
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer, request_deserializer=parse_infer_request, response_serializer=serialize_infer_response
+        servicer.ModelInfer,
+        # grpcio passes the deserializer's result to the handler as it is; its stubs ask for a protobuf Message.
+        request_deserializer=parse_infer_request,  # type: ignore[arg-type]
+        response_serializer=serialize_infer_response,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)

@@ -4,6 +4,7 @@ name, details)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -13,7 +14,7 @@ from generated import grpc_service_pb2 as pb
 CALL_TIMEOUT = 60.0  # a loaded machine; these calls answer in milliseconds otherwise
 
 
-def outcome(method: Callable, request) -> tuple[str, object]:
+def outcome(method: Callable, request) -> tuple[str, Any]:
     """("OK", reply) or (code name, details) for one unary call."""
     try:
         return "OK", method(request, timeout=CALL_TIMEOUT)

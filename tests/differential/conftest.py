@@ -9,7 +9,7 @@ replies are protobuf messages of one type that compare field by field.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +54,7 @@ def _start_slotserve(stack: ExitStack, repository: Path, **options) -> Endpoint:
 
 
 @pytest.fixture
-def triton(tmp_path) -> Callable[..., Endpoint]:
+def triton(tmp_path) -> Iterator[Callable[..., Endpoint]]:
     """`triton(repository, *args) -> Endpoint`: real tritonserver on free ports with extra command-line `args`
     (e.g. "--model-control-mode=explicit"), ready; stopped at the end of the test. Skips when not set up."""
     with ExitStack() as stack:
@@ -62,7 +62,7 @@ def triton(tmp_path) -> Callable[..., Endpoint]:
 
 
 @pytest.fixture
-def slotserve_endpoint() -> Callable[..., Endpoint]:
+def slotserve_endpoint() -> Iterator[Callable[..., Endpoint]]:
     """`slotserve_endpoint(repository, **options) -> Endpoint`: slotserve in this process (service.testing.serve,
     management allowed unless told otherwise), ready; stopped at the end of the test."""
     with ExitStack() as stack:
@@ -77,7 +77,7 @@ def write_repositories(tmp_path) -> Callable[..., Repositories]:
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory) -> tuple[Endpoint, Endpoint]:
+def both(tmp_path_factory) -> Iterator[tuple[Endpoint, Endpoint]]:
     """(triton, slotserve) on the same add/sub repository, started once for a module of read-only questions."""
     if INSTALLATION is None:
         pytest.skip(MISSING_REASON)
