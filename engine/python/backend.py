@@ -551,7 +551,7 @@ def triton_config(spec: ModelSpec) -> dict:
 
     config: dict = {}
     if spec.config is not None:
-        config = json_format.MessageToDict(spec.config, preserving_proto_field_name=True)
+        config = json_format.MessageToDict(spec.config, preserving_proto_field_name=True)  # type: ignore[arg-type]  # the ModelConfig message (typed `object` in the interface)
     config.setdefault("name", spec.name)
     config.setdefault("backend", "python")
     config.setdefault("max_batch_size", spec.max_batch_size)

@@ -178,7 +178,7 @@ class Layout:
                 view[descriptor.offset : end] = payload
             else:
                 target = np.frombuffer(view[descriptor.offset : end], dtype=np.uint8)
-                target[:] = payload.reshape(-1).view(np.uint8)  # type: ignore[union-attr]
+                target[:] = payload.reshape(-1).view(np.uint8)  # type: ignore[attr-defined]  # an ndarray here
         self._pending = []
 
 

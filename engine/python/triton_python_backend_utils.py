@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -106,7 +107,9 @@ class Tensor:
         return list(self._array.shape)
 
     def triton_dtype(self) -> int:
-        return numpy_to_triton_type(self._array.dtype)
+        value = numpy_to_triton_type(self._array.dtype)
+        assert value is not None  # a Tensor holds only arrays of the protocol's datatypes
+        return value
 
     def is_cpu(self) -> bool:
         return True
@@ -294,13 +297,13 @@ def triton_to_numpy_type(data_type: int):
     return _ENUM_TO_NUMPY.get(data_type)
 
 
-def numpy_to_triton_type(data_type) -> int | None:
+def numpy_to_triton_type(data_type: npt.DTypeLike) -> int | None:
     """TRITONSERVER_DataType value of a numpy type (np.float32 -> 11); None when none fits."""
     dtype = np.dtype(data_type)
     if dtype.kind in ("O", "S", "U"):
         return 13
     for value, _, candidate in _TRITON_TYPES:
-        if candidate is not np.object_ and np.dtype(candidate) == dtype:
+        if candidate is not np.object_ and np.dtype(candidate) == dtype:  # type: ignore[call-overload]  # a numpy type
             return value
     return None
 

@@ -91,7 +91,7 @@ class Worker:
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
         try:
-            responses = self.model.execute(built)  # type: ignore[union-attr]
+            responses = self.model.execute(built)  # type: ignore[attr-defined]  # set by initialize, which ran first
             results, layout = self._collect(built, requests, responses)
         except BaseException as error:  # the model's own code
             _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())

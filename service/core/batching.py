@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -187,12 +187,17 @@ def run_batch(
     )
 
 
-def _run_as_requests(lease, live: Sequence[BatchItem], run_cancel: CancelToken, statistics, started: int) -> None:
+def _run_as_requests(
+    lease: Lease, live: Sequence[BatchItem], run_cancel: CancelToken, statistics: InferenceStatistics, started: int
+) -> None:
     """A backend that takes a batch as its list of requests (python models: Triton's semantics) gets the members
     unstacked (each with its own inputs, outputs and cancel token) and returns one outcome each: its outputs, or
     the error that fails it alone."""
     try:
-        outcomes = lease.execute(list(live), (), run_cancel)
+        # A backend with `batches_as_requests` takes the members themselves and answers one outcome each (its
+        # outputs or its error), where other backends take stacked inputs and give stacked outputs.
+        members = cast(Any, list(live))
+        outcomes = cast(list[Any], lease.execute(members, (), run_cancel))
     except (EngineError, ExecutionCancelled) as error:
         for item in live:
             item.fail(error)

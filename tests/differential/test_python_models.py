@@ -75,7 +75,7 @@ sys.exit(0 if all(client.is_model_ready(m) for m in ("add_sub", "batched", "prob
 @contextlib.contextmanager
 def triton(folder: Path):
     venv, server, reason = _installation()
-    if venv is None:
+    if venv is None or server is None:
         pytest.skip(reason)
     backends = folder / "backends"
     shutil.copytree(server / "backends", backends, ignore=shutil.ignore_patterns("__pycache__"))
