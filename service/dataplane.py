@@ -1,10 +1,15 @@
 """The inference path, independent of the transport: find the model, reserve the tensors' memory, decode, admit,
-run, encode (for ModelInfer: serialize), count.
+run, respond, count.
 
-The gRPC servicer calls `infer` / `infer_stream` with the request message, the client's deadline and a cancel
-token; everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens here and
-below. A request's tensor memory is reserved before decoding (service/tensor_memory.py) and given back when it
-ends, whatever the end. Nothing here imports grpc.
+The wire layer (service/servicers/inference.py with service/tensors.py) hands `Dataplane.infer` /
+`Dataplane.infer_stream` an `InferenceRequest`: model name, version, id, the client's deadline, the request's
+tensors (decoded here, after their memory is reserved) and `respond`, its encoder, which turns each neutral
+`InferenceResponse` (the outputs of a run) into what the transport sends. Both calls go through one path
+(`_answers`): unary and stream requests are admitted, run (alone on a slot, or in a batch) and counted the same
+way; only a streaming model's several answers differ. Everything else (the tensor memory account, FIFO admission,
+lazy loading, statistics) happens here and below. A request's tensor memory is reserved before decoding
+(service/tensor_memory.py) and given back when it ends, whatever the end. Nothing here imports grpc, protobuf
+messages or the wire layer (tests/unit/test_layers.py says so).
 """
 
 from __future__ import annotations
@@ -14,23 +19,104 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
-from engine.interface import CancelToken, ModelMetadata
-from generated import grpc_service_pb2 as pb
+import numpy as np
 
-from . import wire
+from engine.interface import CancelToken, ModelMetadata, Outputs
+from engine.tensor_codec import BYTES_ELEMENT_COST
+
 from .core.batching import BatchItem
 from .core.errors import InvalidRequest, ModelNotFound
 from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry
-from .shared_memory import SharedMemoryRegistry
+from .shared_memory import Region, RegionSlice
 from .tensor_memory import Reservation, TensorMemory
-from .tensors import DecodedRequest, decode_request, decoded_bytes, encode_response, output_bytes
-from .wire import InferRequest, InferResponse
 
 _LOG = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+@dataclass
+class DecodedRequest:
+    """A request's tensors and parameters, decoded (service/tensors.py decode_request)."""
+
+    inputs: dict[str, np.ndarray]
+    signature: dict[str, tuple[str, tuple[int, ...]]]  # name -> (datatype, shape), for ModelMetadata.check_request
+    outputs: list[str]  # requested output names; empty = all
+    timeout_us: int  # the request's `timeout` parameter; 0 = none
+    output_regions: dict[str, RegionSlice] = field(default_factory=dict)  # outputs to write into shared memory
+    regions: list[Region] = field(default_factory=list)  # one reference per tensor in shared memory
+
+    def rows(self) -> int:
+        """The first input's first dimension (1 for scalars): the rows the request brings to a batch."""
+        return next((shape[0] for _, shape in self.signature.values() if shape), 1)
+
+    def batch_size(self, metadata: ModelMetadata) -> int:
+        """The batch size the statistics count: its rows for a model that batches, else 1."""
+        return self.rows() if metadata.max_batch_size > 0 else 1
+
+    def check_regions(self) -> None:
+        """Call when the request is about to run. Raises InvalidRequest if a region it names was unregistered
+        since it was decoded (while it waited for a slot): it is refused rather than run on memory its client
+        has let go; nothing was written to the region yet."""
+        for region in self.regions:
+            region.check_current()
+
+    def release(self) -> None:
+        """The request is finished (answered or failed): drop its views of shared memory and its region
+        references, so an unregistered region can be unmapped. Idempotent; a no-op without shared memory."""
+        if self.regions:
+            regions, self.regions = self.regions, []
+            self.inputs = {}
+            self.output_regions = {}
+            for region in regions:
+                region.release()
+
+
+class RequestTensors(Protocol):
+    """A request's tensors as the transport received them, decoded on demand."""
+
+    def decoded_bytes(self) -> int:
+        """About how many bytes decoding takes and holds, read without decoding. Raises InvalidRequest for a
+        shape decoding would refuse."""
+        ...
+
+    def decode(self) -> DecodedRequest:
+        """Decode every input and the parameters (no copy of raw inputs: views of the received bytes). Raises
+        InvalidRequest or RegionNotFound, holding nothing then; the caller releases the result."""
+        ...
+
+
+@dataclass
+class InferenceResponse:
+    """One answer of a run, before the transport encodes it."""
+
+    model: str
+    version: str
+    id: str
+    outputs: Outputs
+    metadata: ModelMetadata  # the outputs' declared order and datatypes
+    output_regions: dict[str, RegionSlice]  # outputs to write into shared memory instead of the message
+
+
+@dataclass
+class InferenceRequest(Generic[R]):
+    """One inference request as the transport hands it over.
+
+    `respond` encodes an answer for the transport (for ModelInfer: its wire bytes); it runs inside the request's
+    accounting, while its regions are held, so a response that cannot be encoded counts as a failure and its
+    memory is given back."""
+
+    model: str
+    version: str
+    id: str
+    tensors: RequestTensors
+    respond: Callable[[InferenceResponse], R]
+    client_deadline: float | None = None  # on the monotonic clock; None: the client set none
 
 
 def check_version(entry: ModelEntry, version: str) -> None:
@@ -45,16 +131,24 @@ def check_version(entry: ModelEntry, version: str) -> None:
     raise ModelNotFound(entry.name, version)
 
 
+def output_bytes(outputs: Outputs) -> int:
+    """About how much memory the run's outputs hold: nbytes, and for BYTES (object arrays) BYTES_ELEMENT_COST per
+    element (their contents are not walked for this)."""
+    return sum(
+        array.size * BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
+        for array in outputs.values()
+        if isinstance(array, np.ndarray)
+    )
+
+
 class Dataplane:
     def __init__(
         self,
         registry: ModelRegistry,
         clock: Callable[[], float] = time.monotonic,
-        shared_memory: SharedMemoryRegistry | None = None,
         tensor_memory: TensorMemory | None = None,
     ) -> None:
         self.registry = registry
-        self.shared_memory = shared_memory
         # Every request's tensors are accounted for from before decoding to its end (service/tensor_memory.py);
         # without limits given, the account only counts.
         self.tensor_memory = tensor_memory if tensor_memory is not None else TensorMemory()
@@ -89,13 +183,13 @@ class Dataplane:
         if outcome in REJECTIONS:
             self.rejections.note(entry.name, outcome, str(error))
 
-    def _decode(self, request: pb.ModelInferRequest, raw_contents) -> tuple[Reservation, DecodedRequest]:
+    def _decode(self, tensors: RequestTensors) -> tuple[Reservation, DecodedRequest]:
         """Reserve the memory the request's tensors take (estimated from the message), then decode them. Raises
-        TensorMemoryLimit before anything is decoded, or decode_request's errors (the reservation released).
+        TensorMemoryLimit before anything is decoded, or the decoder's errors (the reservation released).
         On success the caller releases both when the request ends."""
-        reservation = self.tensor_memory.reserve(decoded_bytes(request, raw_contents, self.shared_memory))
+        reservation = self.tensor_memory.reserve(tensors.decoded_bytes())
         try:
-            return reservation, decode_request(request, raw_contents, self.shared_memory)
+            return reservation, tensors.decode()
         except BaseException:
             reservation.release()
             raise
@@ -118,91 +212,70 @@ class Dataplane:
             deadline = _earliest(deadline, now + timeout_us / 1e6)
         return deadline
 
-    def infer(
-        self,
-        request: pb.ModelInferRequest | InferRequest,
-        *,
-        client_deadline: float | None = None,
-        cancel: CancelToken | None = None,
-        serialize: bool = False,
-    ) -> pb.ModelInferResponse | InferResponse | bytes:
-        """Run one request to completion. Blocks while queued (until the admission deadline), while the model
-        loads, and for the run (a batching model: for its batch's run). Returns the response message, or an
-        InferResponse (large outputs kept out of the message for the wire layer); with `serialize`, the
-        response's wire bytes (wire.serialize_infer_response), made before the request is counted, so that a
-        response that cannot be serialized is counted as failed rather than as a success. Raises the core's
-        errors (see status_codes.py for how they map)."""
-        started = time.perf_counter_ns()
-        request, raw_contents = _unwrap(request)
-        entry = self._request_entry(request.model_name)
-        cancel = cancel or CancelToken()
-        reservation = decoded = None
+    def infer(self, request: InferenceRequest[R], *, cancel: CancelToken | None = None) -> R:
+        """Run one request to completion and return its one answer, encoded by `request.respond` before the
+        request is counted. Blocks while queued (until the admission deadline), while the model loads, and for
+        the run (a batching model: for its batch's run). Raises the core's errors (see status_codes.py for how
+        they map); a streaming model is refused (InvalidRequest: it answers on a stream only)."""
+        answers = self._answers(request, cancel, stream=False)
         try:
-            check_version(entry, request.model_version)
-            reservation, decoded = self._decode(request, raw_contents)
-            ran = self._run(entry, decoded, client_deadline, cancel, started)
-            response = self._response(request, ran, decoded, reservation)
-            if serialize:
-                response = wire.serialize_infer_response(response)
-        except BaseException as error:
-            self._record_failure(entry, error, cancel, started)
-            raise
+            return next(answers)
         finally:
-            _finish(reservation, decoded)
-        self._record_success(entry, ran, started)
-        return response
+            answers.close()
 
-    def infer_stream(
-        self, request: pb.ModelInferRequest, *, client_deadline: float | None = None, cancel: CancelToken | None = None
-    ) -> Iterator[pb.ModelInferResponse]:
-        """Responses for one request on a stream: one for an ordinary model, several for a streaming model.
+    def infer_stream(self, request: InferenceRequest[R], *, cancel: CancelToken | None = None) -> Iterator[R]:
+        """Answers for one request on a stream: one for an ordinary model, several for a streaming model.
 
-        A streaming model's lease is held until the last response is taken from this generator, the generator
+        A streaming model's lease is held until the last answer is taken from this generator, the generator
         is closed, or it raises; closing it (as a cancelled stream does) releases the slot. Any other model
-        runs as ModelInfer does (batching included), and its slot is free before the answer is yielded.
+        runs as `infer` does (batching included), and its slot is free before the answer is yielded.
         """
+        return self._answers(request, cancel, stream=True)
+
+    def _answers(self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool) -> Iterator[R]:
+        """The one admit-and-run path of `infer` and `infer_stream`: a request that answers once is counted
+        before its answer is yielded (a stream cancelled right after it never resumes the generator, and the
+        answer was complete); a streaming model's answers are counted after the last."""
         started = time.perf_counter_ns()
-        request, raw_contents = _unwrap(request)
-        entry = self._request_entry(request.model_name)
+        entry = self._request_entry(request.model)
         recorded = False
         cancel = cancel or CancelToken()
         reservation = decoded = None
         try:
-            check_version(entry, request.model_version)
-            reservation, decoded = self._decode(request, raw_contents)
-            if not entry.batches:
-                lease = entry.acquire_lease(self.admission_deadline(entry, decoded.timeout_us, client_deadline), cancel)
-                if lease.pool.primary.streaming:
+            check_version(entry, request.version)
+            reservation, decoded = self._decode(request.tensors)
+            deadline = self.admission_deadline(entry, decoded.timeout_us, request.client_deadline)
+            if entry.batches:
+                ran = self._run_batched(entry, decoded, deadline, cancel, started)
+            else:
+                lease = entry.acquire_lease(deadline, cancel)
+                if stream and lease.streaming:
                     yield from self._stream_from(entry, request, decoded, reservation, lease, cancel, started)
                     recorded = True
                     return
                 ran = self._run_on(lease, decoded, cancel)
-            else:
-                ran = self._run(entry, decoded, client_deadline, cancel, started)
-            response = _as_message(self._response(request, ran, decoded, reservation))
-            # Counted before the yield, as ModelInfer counts before returning: a stream cancelled right after
-            # this answer never resumes the generator, and the answer was complete.
+            answer = self._respond(request, ran, decoded, reservation)
             self._record_success(entry, ran, started)
             recorded = True
-            yield response
+            yield answer
         except BaseException as error:
             if not recorded:
                 self._record_failure(entry, error, cancel, started)
             raise
-        finally:  # also when the stream goes away (the generator is closed at a yield)
+        finally:  # also when the caller goes away (the generator is closed at a yield)
             _finish(reservation, decoded)
 
     def _stream_from(
         self,
         entry: ModelEntry,
-        request,
+        request: InferenceRequest[R],
         decoded: DecodedRequest,
         reservation: Reservation,
         lease: Lease,
         cancel: CancelToken,
         started: int,
-    ) -> Iterator[pb.ModelInferResponse]:
-        """A streaming model's responses, holding its slot until the last one is taken (or the generator is
+    ) -> Iterator[R]:
+        """A streaming model's answers, holding its slot until the last one is taken (or the generator is
         closed), then counted."""
         with lease:
             decoded.check_regions()
@@ -211,26 +284,19 @@ class Dataplane:
             began = time.perf_counter_ns()
             for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
                 ran.outputs = outputs
-                yield _as_message(self._response(request, ran, decoded, reservation))
+                yield self._respond(request, ran, decoded, reservation)
             ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
 
-    def _run(
-        self,
-        entry: ModelEntry,
-        decoded: DecodedRequest,
-        client_deadline: float | None,
-        cancel: CancelToken,
-        started: int,
+    @staticmethod
+    def _run_batched(
+        entry: ModelEntry, decoded: DecodedRequest, deadline: float | None, cancel: CancelToken, started: int
     ) -> _Ran:
-        """Admit and run a request that answers once: alone on a slot, or in a batch (a batching model)."""
-        deadline = self.admission_deadline(entry, decoded.timeout_us, client_deadline)
-        if not entry.batches:
-            return self._run_on(entry.acquire_lease(deadline, cancel), decoded, cancel)
+        """Admit a request of a batching model and see it run, alone or in a batch."""
         metadata = entry.known_metadata()
         if metadata is not None:  # bad input is refused before it can join a batch
             metadata.check_request(decoded.signature, decoded.outputs)
-        rows = next((shape[0] for _, shape in decoded.signature.values() if shape), 1)
+        rows = decoded.rows()
         item = entry.run_batched(
             BatchItem(
                 decoded.inputs, decoded.signature, decoded.outputs, rows, cancel, before_run=decoded.check_regions
@@ -240,7 +306,7 @@ class Dataplane:
         )
         outputs = item.outcome()
         return _Ran(
-            item.metadata,
+            item.metadata,  # type: ignore[arg-type]  # posted by the batch's leader with the outcome
             item.version,
             item.started_ns - started,
             item.input_ns,
@@ -255,7 +321,7 @@ class Dataplane:
         """Run a request alone on its leased slot, and free the slot."""
         try:
             decoded.check_regions()  # a region unregistered while the request waited is refused, not used
-            if lease.pool.primary.streaming:
+            if lease.streaming:
                 raise InvalidRequest(f"model '{lease.entry.name}' streams its responses; call ModelStreamInfer")
             checked = time.perf_counter_ns()
             lease.metadata.check_request(decoded.signature, decoded.outputs)
@@ -289,12 +355,14 @@ class Dataplane:
         )
 
     @staticmethod
-    def _response(request: pb.ModelInferRequest, ran: _Ran, decoded: DecodedRequest, reservation: Reservation):
-        """The response of a run; its outputs are counted in the request's reservation first (they are held
-        until the response is sent)."""
-        reservation.count_outputs(output_bytes(ran.outputs))
-        response = pb.ModelInferResponse(model_name=request.model_name, model_version=ran.version, id=request.id)
-        return encode_response(response, ran.outputs, ran.metadata, decoded.output_regions)
+    def _respond(request: InferenceRequest[R], ran: _Ran, decoded: DecodedRequest, reservation: Reservation) -> R:
+        """The encoded answer of a run; its outputs are counted in the request's reservation first (they are held
+        until the answer is sent)."""
+        outputs = ran.outputs if ran.outputs is not None else {}
+        reservation.count_outputs(output_bytes(outputs))
+        return request.respond(
+            InferenceResponse(request.model, ran.version, request.id, outputs, ran.metadata, decoded.output_regions)
+        )
 
 
 @dataclass
@@ -308,7 +376,7 @@ class _Ran:
     infer_ns: int = 0
     rows: int = 1  # the request's batch size
     batched: bool = False  # it ran in a batch, whose run is counted once by the batch
-    outputs: dict | None = None
+    outputs: Outputs | None = None
     finished_ns: int = field(default_factory=time.perf_counter_ns)  # when the run ended: the output time's start
 
 
@@ -322,17 +390,6 @@ def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> 
             reservation.release()
 
 
-def _unwrap(request) -> tuple[pb.ModelInferRequest, list | None]:
-    if isinstance(request, InferRequest):
-        return request.message, request.raw_contents
-    return request, None
-
-
-def _as_message(response) -> pb.ModelInferResponse:
-    """Streams carry a whole ModelInferResponse inside each stream message."""
-    return response.to_message() if isinstance(response, InferResponse) else response
-
-
 def _timeout_override_allowed(entry: ModelEntry) -> bool:
     """A request's `timeout` shortens the admission timeout, unless the model's dynamic_batching queue policy
     says allow_timeout_override: false."""
@@ -344,4 +401,4 @@ def _earliest(a: float | None, b: float) -> float:
     return b if a is None or b < a else a
 
 
-__all__ = ["Dataplane", "DecodedRequest", "check_version"]
+__all__ = ["Dataplane", "DecodedRequest", "InferenceRequest", "InferenceResponse", "RequestTensors", "check_version"]

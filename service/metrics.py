@@ -116,7 +116,8 @@ class SlotserveCollector(Collector):
             "slotserve_max_resident_models", "--max-resident-models; 0 = no limit.", value=residency.max_resident_models
         )
         if self._cold_loads is not None:
-            running, waiting = self._cold_loads.statistics()
+            loads = self._cold_loads.statistics()
+            running, waiting = loads.running, loads.waiting
             yield GaugeMetricFamily("slotserve_cold_loads_running", "Cold loads in progress.", value=running)
             yield GaugeMetricFamily(
                 "slotserve_cold_loads_waiting", "Cold loads waiting for --max-concurrent-loads.", value=waiting

@@ -32,7 +32,7 @@ from .dataplane import Dataplane
 from .handler_threads import HandlerThreads
 from .metrics import ServerMetrics, SlotserveCollector
 from .options import ServerOptions
-from .servicers.common import SHUTDOWN, CallTracker, ManagementGate
+from .servicers.common import SHUTDOWN, AccessGate, CallTracker
 from .servicers.inference import InferenceServicer, add_inference_servicer
 from .servicers.management import ManagementServicer
 from .shared_memory import SharedMemoryRegistry
@@ -73,7 +73,6 @@ class ServerState:
 
     def __init__(self) -> None:
         self.ready = False
-        self.shutting_down = False
 
 
 class Server:
@@ -86,7 +85,6 @@ class Server:
         )
         all_backends.update(options.extra_backends)
         self.residency = Residency(
-            lambda: self.registry.entries(),
             max_resident_models=options.max_resident_models,
             memory_budget=options.memory_budget,
             idle_unload=options.idle_unload,
@@ -111,7 +109,6 @@ class Server:
         )
         self.dataplane = Dataplane(
             self.registry,
-            shared_memory=self.shared_memory,
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
         )
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
@@ -179,7 +176,7 @@ class Server:
             ],
             maximum_concurrent_rpcs=self.options.concurrent_rpcs,
         )
-        management = ManagementGate(
+        access = AccessGate(
             self.options.allow_management, Authenticator(self.options.management_token, self.options.inference_token)
         )
         add_inference_servicer(
@@ -187,7 +184,7 @@ class Server:
                 self.registry,
                 self.dataplane,
                 self.calls,
-                management,
+                access,
                 self.state,
                 VERSION,
                 self.timers,
@@ -197,7 +194,7 @@ class Server:
             server,
         )
         management_pb2_grpc.add_ModelManagementServicer_to_server(
-            ManagementServicer(self.registry, management, self.calls), server
+            ManagementServicer(self.registry, access, self.calls), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.options.reflection:
@@ -290,7 +287,6 @@ class Server:
         drain = self.options.drain_seconds if drain_seconds is None else drain_seconds
         grace = self.options.shutdown_grace if grace is None else grace
         self.state.ready = False
-        self.state.shutting_down = True
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         log_event(_LOG, "shutdown_draining", drain_seconds=drain)
         # Every wait ends by `bound`, counted from the start (a step that began late cannot push it back), and

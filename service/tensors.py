@@ -18,7 +18,9 @@ that is not registered); nothing is written to a region unless every output fits
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -35,8 +37,10 @@ from engine.tensor_codec import (
 )
 from generated import grpc_service_pb2 as pb
 
+from . import wire
 from .core.errors import InvalidRequest
-from .shared_memory import Region, RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
+from .dataplane import DecodedRequest, InferenceRequest, InferenceResponse, output_bytes  # noqa: F401
+from .shared_memory import RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
 from .wire import LARGE_MESSAGE_BYTES, InferResponse
 
 _TYPED_FIELDS = (
@@ -54,38 +58,60 @@ BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 
 
+R = TypeVar("R")
+
+
 @dataclass
-class DecodedRequest:
-    inputs: dict[str, np.ndarray]
-    signature: dict[str, tuple[str, tuple[int, ...]]]  # name -> (datatype, shape), for ModelMetadata.check_request
-    outputs: list[str]  # requested output names; empty = all
-    timeout_us: int  # the request's `timeout` parameter; 0 = none
-    output_regions: dict[str, RegionSlice] = field(default_factory=dict)  # outputs to write into shared memory
-    regions: list[Region] = field(default_factory=list)  # one reference per tensor in shared memory
+class MessageTensors:
+    """The tensors of a ModelInferRequest, for the dataplane to decode (dataplane.RequestTensors). `raw_contents`
+    (buffers, one per input not in shared memory) replaces the message's own raw_input_contents when the wire
+    layer kept them out of it (service/wire.py: views of the received bytes, no copy)."""
 
-    def batch_size(self, metadata: ModelMetadata) -> int:
-        if metadata.max_batch_size > 0:
-            for _, shape in self.signature.values():
-                if shape:
-                    return shape[0]
-        return 1
+    message: pb.ModelInferRequest
+    raw_contents: Sequence | None = None
+    shared_memory: SharedMemoryRegistry | None = None
 
-    def check_regions(self) -> None:
-        """Call when the request is about to run. Raises InvalidRequest if a region it names was unregistered
-        since it was decoded (while it waited for a slot): it is refused rather than run on memory its client
-        has let go; nothing was written to the region yet."""
-        for region in self.regions:
-            region.check_current()
+    def decoded_bytes(self) -> int:
+        return decoded_bytes(self.message, self.raw_contents, self.shared_memory)
 
-    def release(self) -> None:
-        """The request is finished (answered or failed): drop its views of shared memory and its region
-        references, so an unregistered region can be unmapped. Idempotent; a no-op without shared memory."""
-        if self.regions:
-            regions, self.regions = self.regions, []
-            self.inputs = {}
-            self.output_regions = {}
-            for region in regions:
-                region.release()
+    def decode(self) -> DecodedRequest:
+        return decode_request(self.message, self.raw_contents, self.shared_memory)
+
+
+def inference_request(
+    message: pb.ModelInferRequest,
+    respond: Callable[[InferenceResponse], R],
+    raw_contents: Sequence | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
+    client_deadline: float | None = None,
+) -> InferenceRequest[R]:
+    """The dataplane's neutral request for a ModelInferRequest; `respond` is `as_bytes` (ModelInfer) or
+    `as_message` (a stream's infer_response)."""
+    return InferenceRequest(
+        model=message.model_name,
+        version=message.model_version,
+        id=message.id,
+        tensors=MessageTensors(message, raw_contents, shared_memory),
+        respond=respond,
+        client_deadline=client_deadline,
+    )
+
+
+def encoded(response: InferenceResponse) -> pb.ModelInferResponse | InferResponse:
+    """The ModelInferResponse of an answer (see encode_response: large outputs stay out of the message)."""
+    message = pb.ModelInferResponse(model_name=response.model, model_version=response.version, id=response.id)
+    return encode_response(message, response.outputs, response.metadata, response.output_regions)
+
+
+def as_bytes(response: InferenceResponse) -> bytes:
+    """An answer's ModelInferResponse wire bytes, raw outputs appended with one copy (wire.serialize_infer_response)."""
+    return wire.serialize_infer_response(encoded(response))
+
+
+def as_message(response: InferenceResponse) -> pb.ModelInferResponse:
+    """An answer as one whole ModelInferResponse (streams carry one inside each stream message)."""
+    message = encoded(response)
+    return message.to_message() if isinstance(message, InferResponse) else message
 
 
 def decode_request(
@@ -205,16 +231,6 @@ def _placement_or_none(parameters) -> tuple[str, int, int] | None:
         return _placement("", parameters)
     except InvalidRequest:
         return None
-
-
-def output_bytes(outputs: dict[str, np.ndarray]) -> int:
-    """About how much memory the run's outputs hold: nbytes, and for BYTES (object arrays) BYTES_ELEMENT_COST per
-    element (their contents are not walked for this)."""
-    return sum(
-        array.size * BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
-        for array in outputs.values()
-        if isinstance(array, np.ndarray)
-    )
 
 
 def _decode_inputs(

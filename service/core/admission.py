@@ -677,11 +677,6 @@ class AdmissionController:
             ticket.notify()
         self._changed_locked(granted)
 
-    def _expire(self, ticket: Ticket) -> None:
-        with self._lock:
-            if ticket.state is TicketState.QUEUED:
-                self._withdraw_locked(ticket, TicketState.EXPIRED)
-
     def cancel_queued(self, ticket: Ticket) -> None:
         """Take `ticket` out of the queue if it is still queued (safe from any thread, e.g. a cancellation
         callback); a batch member waiting for its leader is woken, to leave. A ticket holding a slot is left to
@@ -729,3 +724,12 @@ class AdmissionController:
     def statistics(self) -> AdmissionStatistics:
         with self._lock:
             return self._core.statistics()
+
+    def statistics_locked(self) -> AdmissionStatistics:
+        """As statistics; caller holds the model lock."""
+        return self._core.statistics()
+
+    def try_exclusive_locked(self) -> Ticket | None:
+        """A manager's lease granted at once if the model is idle and nothing is queued, else None; never
+        queues. Caller holds the model lock."""
+        return self._core.try_exclusive(self._clock())

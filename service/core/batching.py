@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,10 @@ from engine.interface import BatchingSpec, CancelToken, ModelMetadata, Outputs
 
 from .admission import BatchRule
 from .errors import InvalidRequest, ServiceError, own_copy
+from .statistics import InferenceStatistics
+
+if TYPE_CHECKING:  # lifecycle imports this module
+    from .lifecycle import Lease
 
 
 def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | None:
@@ -131,7 +136,9 @@ class EveryoneGaveUp(CancelToken):
             token.remove_callback(watcher)
 
 
-def run_batch(lease, items: Sequence[BatchItem], run_cancel: CancelToken, statistics) -> None:
+def run_batch(
+    lease: Lease, items: Sequence[BatchItem], run_cancel: CancelToken, statistics: InferenceStatistics
+) -> None:
     """Run `items` (a granted batch, leader first) on `lease`'s slot and post every item's outcome. Never raises
     for a member's sake: every item ends with a result or an error. Blocks for the run."""
     metadata = lease.metadata
@@ -139,7 +146,7 @@ def run_batch(lease, items: Sequence[BatchItem], run_cancel: CancelToken, statis
     live = []
     for item in items:
         item.started_ns, item.metadata, item.version = started, metadata, lease.version
-        if lease.pool.primary.streaming:
+        if lease.streaming:
             item.fail(
                 InvalidRequest(
                     f"model '{lease.entry.name}' streams its responses, which dynamic batching "

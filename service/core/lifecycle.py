@@ -16,8 +16,12 @@ initialization and the admission core. Order: the registry lock before a model l
 lock is held across loading, inference, teardown or any wait; those run with only a lease held.
 
 Ownership: a request holds one slot (a REQUEST ticket) from admission until its `Lease` is released; a manager
-holds the whole model (a MANAGER ticket). Only a holder of a lease changes the pool, so the pool a request
-runs on can never be torn down under it.
+holds the whole model (a MANAGER ticket) for the body of `with entry.exclusive(...)` (an `ExclusiveLease`). Only a
+holder of a lease changes the pool, so the pool a request runs on can never be torn down under it.
+
+`ModelEntry` is the only way into a model: no other module takes its lock, reads its pool or calls its admission
+controller's `*_locked` methods. The registry publishes new entries with `claim_new` and posts bulk-unload
+barriers with `post_barrier`; residency sees entries through its `ResidentModel` protocol.
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ from engine.errors import DeviceFailedError, EngineError
 from engine.interface import Backend, BatchingSpec, CancelToken, Context, ModelMetadata, ModelSpec
 from engine.repository import hide_paths
 
-from .admission import AdmissionController, Ticket, TicketKind
+from .admission import AdmissionController, Ticket, TicketKind, TicketState, refusal_error
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
 from .errors import BackendNotAvailable, ModelLoadFailed, RequestCancelled, ServiceError, UnsupportedSlotCount, own_copy
 from .events import Events
 from .outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
+from .residency import ColdLoadGuard, Residency
 from .statistics import InferenceStatistics
 
 _LOG = logging.getLogger(__name__)
@@ -83,8 +88,8 @@ class SharedRuntime:
     backends: Mapping[str, Backend]
     max_queue: int = 0
     clock: Callable[[], float] = time.monotonic
-    cold_loads: object = None  # service.residency.ColdLoadGuard; None: loads are not limited
-    residency: object = None  # service.residency.Residency; None: no resident-model limit or budget
+    cold_loads: ColdLoadGuard | None = None  # None: loads are not limited
+    residency: Residency | None = None  # None: no resident-model limit or budget
     events: Events = field(default_factory=Events)  # lifecycle events: logged, and counted for the metrics
 
     def backend(self, spec: ModelSpec) -> Backend:
@@ -211,6 +216,11 @@ class Lease:
     def version(self) -> str:
         return self.pool.spec.version
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the model answers a request with a stream of responses (execute_stream)."""
+        return self.pool.primary.streaming
+
     def execute(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> dict:
         try:
             return self.context.execute(inputs, outputs, cancel)
@@ -239,6 +249,77 @@ class Lease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class ExclusiveLease:
+    """A manager's hold on a whole model (a granted MANAGER ticket): every earlier lease has ended and no later
+    one is granted until it is released. Use it as a context manager (`with entry.exclusive(...):`); `release`
+    is idempotent."""
+
+    __slots__ = ("entry", "_ticket", "_released")
+
+    def __init__(self, entry: ModelEntry, ticket: Ticket) -> None:
+        self.entry = entry
+        self._ticket = ticket
+        self._released = False
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self.entry._release_exclusive(self._ticket)
+
+    def __enter__(self) -> ExclusiveLease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class Barrier:
+    """A bulk unload's exclusive barrier on one model, queued without waiting (ModelEntry.post_barrier). Its
+    `on_change` callback reports it when it is granted or refused; the bulk unload then unloads under it, or
+    gives up. `withdraw` ends it in any state (idempotent)."""
+
+    __slots__ = ("entry", "_ticket", "_ended")
+
+    def __init__(self, entry: ModelEntry) -> None:
+        self.entry = entry
+        self._ticket: Ticket | None = None
+        self._ended = False
+
+    @property
+    def decided(self) -> bool:
+        """Granted or refused already (a queued barrier is reported by its callback later)."""
+        return self._ticket is not None and self._ticket.state is not TicketState.QUEUED
+
+    @property
+    def granted(self) -> bool:
+        return self._ticket is not None and self._ticket.state is TicketState.GRANTED
+
+    @property
+    def refused(self) -> bool:
+        return self._ticket is not None and self._ticket.state is TicketState.REFUSED
+
+    def refusal(self) -> Exception:
+        """The error a refused barrier's bulk unload raises (ShuttingDown: the queue closed under it)."""
+        assert self._ticket is not None
+        return refusal_error(self._ticket, self.entry.name)
+
+    def withdraw(self) -> None:
+        """Leave the queue if still queued; release if granted. Never blocks."""
+        if self._ended or self._ticket is None:
+            return
+        self._ended = True
+        self.entry.admission.cancel_queued(self._ticket)
+        if self._ticket.state is TicketState.GRANTED:
+            self.entry._release_exclusive(self._ticket)
+
+    def __enter__(self) -> Barrier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.withdraw()
 
 
 @dataclass
@@ -305,7 +386,7 @@ class ModelEntry:
 
     def _status_locked(self) -> ModelStatus:
         committed, pool = self._committed, self._pool
-        admission = self.admission.core.statistics()
+        admission = self.admission.statistics_locked()
         return ModelStatus(
             name=self.name,
             state=self._state,
@@ -585,9 +666,13 @@ class ModelEntry:
 
     # ---- management (exclusive leases) ----------------------------------------------------------------------
 
-    def acquire_exclusive(self, deadline: float | None, cancel: CancelToken | None = None) -> Ticket:
-        """A manager's exclusive lease, after every earlier lease (FIFO). Raises like acquire_lease's
-        admission step."""
+    def exclusive(self, deadline: float | None, cancel: CancelToken | None = None) -> ExclusiveLease:
+        """A manager's exclusive lease, after every earlier lease (FIFO); use it as `with entry.exclusive(...):`.
+        Blocks while queued, until `deadline` (None: no limit). Raises like acquire_lease's admission step
+        (ServerBusy subclasses, RequestCancelled, ShuttingDown), holding nothing then."""
+        return ExclusiveLease(self, self._acquire_exclusive(deadline, cancel))
+
+    def _acquire_exclusive(self, deadline: float | None, cancel: CancelToken | None) -> Ticket:
         settings = self._committed.settings
         return self.admission.acquire(
             TicketKind.MANAGER,
@@ -596,9 +681,31 @@ class ModelEntry:
             cancel=cancel,
         )
 
-    def release_exclusive(self, ticket: Ticket) -> None:
+    def _release_exclusive(self, ticket: Ticket) -> None:
         self.admission.release(ticket)
         self._lease_ended()
+
+    def claim_new(self) -> ExclusiveLease:
+        """The first exclusive lease of an entry nobody else has seen yet (granted at once: nothing can be
+        queued). The registry calls it under its own lock before publishing the entry, so that concurrent
+        registrations of the same id queue behind it (registry lock -> model lock: the stated order)."""
+        with self._lock:
+            ticket = self.admission.arrive_locked(TicketKind.MANAGER, None)
+        if ticket.state is not TicketState.GRANTED:
+            raise RuntimeError(f"model '{self.name}': a new entry's first lease was not granted ({ticket.state})")
+        return ExclusiveLease(self, ticket)
+
+    def post_barrier(self, on_change: Callable[[Barrier], None]) -> Barrier:
+        """Queue a bulk unload's exclusive barrier without waiting. `on_change(barrier)` is called, under this
+        model's lock (it must not block), when the barrier is granted, refused or withdrawn later; a barrier
+        decided at once (`decided`) is not reported by it. The caller must `withdraw` the barrier, or unload
+        under it and `withdraw` it, in every case."""
+        barrier = Barrier(self)
+        with self._lock:
+            barrier._ticket = self.admission.arrive_locked(
+                TicketKind.MANAGER, None, on_change=lambda _ticket: on_change(barrier)
+            )
+        return barrier
 
     def load_leased(self) -> None:
         """Load the committed configuration if unloaded (caller holds the exclusive lease).
@@ -734,27 +841,42 @@ class ModelEntry:
         operator's load rebuilds it. A pool already retired or replaced is left alone. Blocks the calling request
         (after its slot and ticket were released) for that drain; during shutdown it does nothing."""
         try:
-            ticket = self.acquire_exclusive(deadline=None)
+            lease = self.exclusive(deadline=None)
         except ServiceError as refusal:  # shutting down: the shutdown closes the pool anyway
             _LOG.warning("model '%s': not retiring the pool after its device failed: %s", self.name, refusal)
             return
-        try:
+        with lease:
             with self._lock:
                 current = self._pool is pool
             if current:
                 self.unload_leased(event="device_failed", error=str(error))
                 with self._lock:
                     self._last_error = str(error)
-        finally:
-            self.release_exclusive(ticket)
 
-    def try_acquire_idle_exclusive(self) -> Ticket | None:
-        """For eviction and idle retirement: an exclusive lease only if the model is ready, idle and
-        queue-free right now; never queues. Returns None otherwise."""
+    def retire_if_idle(self, event: str, **fields) -> bool:
+        """Unload this model if it is ready, idle and queue-free now (try-acquire; never queues): eviction,
+        idle retirement and the shutdown's close. Returns whether it was retired. Teardown runs on the calling
+        thread, after the model already counts as unloaded. The unload is logged (and counted) as `event` with
+        `fields`: evicted, idle_retired or closed_at_shutdown."""
+        ticket = self._try_acquire_idle_exclusive()
+        if ticket is None:
+            return False
+        with ExclusiveLease(self, ticket):
+            return self.unload_leased(event, **fields)
+
+    def _try_acquire_idle_exclusive(self) -> Ticket | None:
+        """An exclusive lease only if the model is ready, idle and queue-free right now; never queues.
+        Returns None otherwise."""
         with self._lock:
             if self._state is not ModelState.READY:
                 return None
-            return self.admission.core.try_exclusive(self._clock())
+            return self.admission.try_exclusive_locked()
+
+    def resident_bytes(self) -> int:
+        """Bytes the published pool reports (0 when none). Reads the pool reference without the lock (one
+        atomic read), so residency may call it while this model's lock is held (on_published)."""
+        pool = self._pool
+        return pool.memory_bytes() if pool is not None else 0
 
 
 def _as_request_error(name: str, error: BaseException) -> BaseException:

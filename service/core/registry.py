@@ -25,10 +25,8 @@ from engine.errors import ModelConfigError
 from engine.interface import CancelToken, ModelSpec
 from engine.repository import ModelRepository, check_model_name
 
-from .admission import Ticket, TicketKind, TicketState, refusal_error
 from .errors import InvalidRequest, ModelConfigFailed, ModelNotFound, RequestCancelled, UnsupportedSlotCount
-from .lifecycle import ModelEntry, ModelSettings, ModelStatus, SharedRuntime
-from .residency import retire_if_idle
+from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, ModelStatus, SharedRuntime
 
 _LOG = logging.getLogger(__name__)
 
@@ -197,31 +195,24 @@ class ModelRegistry:
         spec, settings = self._validated(registration, self._entries.get(registration.name))  # fails fast
         # Each operation answers with the status its own lease produced, taken before the lease is released: a
         # manager queued behind it may change the model the moment it is.
-        entry, ticket = self._publish_or_find(spec, settings)
-        if ticket is not None:
+        entry, claimed = self._publish_or_find(spec, settings)
+        if claimed is not None:
             self.runtime.events.emit(
                 _LOG, "registered", entry.name, backend=spec.backend, slots=settings.slots, source=settings.source
             )
-            try:
+            with claimed:
                 if load:
                     entry.load_leased()
-                status = entry.status()
-            finally:
-                entry.release_exclusive(ticket)
-            return status
-        ticket = entry.acquire_exclusive(self.manager_deadline(entry), cancel)
-        try:
+                return entry.status()
+        with entry.exclusive(self.manager_deadline(entry), cancel):
             if not registration.source:
                 # "Keep the current source" means the one committed now: a manager ahead of this one in the
                 # queue may have changed it since the early validation read it.
                 spec, settings = self._validated(registration, entry)
             entry.reconfigure_leased(spec, settings)  # emits reconfigured or reconfigure_refused
-            status = entry.status()
-        finally:
-            entry.release_exclusive(ticket)
-        return status
+            return entry.status()
 
-    def _publish_or_find(self, spec: ModelSpec, settings: ModelSettings) -> tuple[ModelEntry, Ticket | None]:
+    def _publish_or_find(self, spec: ModelSpec, settings: ModelSettings) -> tuple[ModelEntry, ExclusiveLease | None]:
         """Publish a new entry already holding an exclusive lease (so concurrent registrations of the same id
         queue behind it), or return the existing entry and None."""
         with self._lock:
@@ -229,12 +220,10 @@ class ModelRegistry:
             if existing is not None:
                 return existing, None
             entry = ModelEntry(spec, settings, self.runtime)
-            with entry._lock:  # registry lock -> model lock: the stated order
-                ticket = entry.admission.arrive_locked(TicketKind.MANAGER, None)
-            assert ticket.state is TicketState.GRANTED
+            claimed = entry.claim_new()  # registry lock -> model lock: the stated order
             self._entries[spec.name] = entry
             self._failed.pop(spec.name, None)  # its configuration is good now
-            return entry, ticket
+            return entry, claimed
 
     def load(self, name: str, *, config_json: str = "", cancel: CancelToken | None = None) -> ModelStatus:
         """Triton's RepositoryModelLoad: (re)read the model from the repository, with an optional JSON config
@@ -253,13 +242,9 @@ class ModelRegistry:
         """Unload one model after every earlier lease drains (bounded by its admission timeout). Idempotent.
         Raises ModelNotFound or ServerBusy."""
         entry = self.get(name)
-        ticket = entry.acquire_exclusive(self.manager_deadline(entry), cancel)
-        try:
+        with entry.exclusive(self.manager_deadline(entry), cancel):
             entry.unload_leased()
-            status = entry.status()
-        finally:
-            entry.release_exclusive(ticket)
-        return status
+            return entry.status()
 
     def unload_many(
         self, names: Iterable[str] = (), *, all_models: bool = False, cancel: CancelToken | None = None
@@ -273,40 +258,35 @@ class ModelRegistry:
         RequestCancelled then, and ShuttingDown when shutdown refused a barrier still queued.
         """
         selected, not_found = self._select(names, all_models)
-        granted: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-        pending: dict[Ticket, ModelEntry] = {}
+        reports: queue.SimpleQueue[Barrier | None] = queue.SimpleQueue()
+        pending: dict[Barrier, None] = {}  # insertion-ordered
         with self._bulk_lock:
             for entry in selected:
-                with entry._lock:
-                    ticket = entry.admission.arrive_locked(TicketKind.MANAGER, None, on_change=granted.put)
-                    if ticket.state is not TicketState.QUEUED:
-                        # Decided on arrival (granted, or refused by a closed queue): no later change will
-                        # report it, so report it now.
-                        granted.put(ticket)
-                pending[ticket] = entry
+                barrier = entry.post_barrier(on_change=reports.put)
+                if barrier.decided:
+                    # Decided on arrival (granted, or refused by a closed queue): no later change will report
+                    # it, so report it now.
+                    reports.put(barrier)
+                pending[barrier] = None
         if cancel is not None:
-            cancel.add_callback(lambda: granted.put(None))
+            cancel.add_callback(lambda: reports.put(None))
         unloaded: set[str] = set()
         try:
             while pending:
-                ticket = granted.get()
-                if ticket is None:
+                reported = reports.get()
+                if reported is None:
                     raise RequestCancelled("the bulk unload was cancelled")
-                entry = pending.pop(ticket)
-                if ticket.state is TicketState.REFUSED:
+                pending.pop(reported, None)
+                if reported.refused:
                     # The queue closed under the barrier (shutdown): this bulk did not complete.
-                    raise refusal_error(ticket, entry.name)
-                if ticket.state is TicketState.GRANTED:
-                    try:
-                        entry.unload_leased()
-                    finally:
-                        entry.release_exclusive(ticket)
-                    unloaded.add(entry.name)
+                    raise reported.refusal()
+                if reported.granted:
+                    with reported:
+                        reported.entry.unload_leased()
+                    unloaded.add(reported.entry.name)
         finally:
-            for ticket, entry in pending.items():
-                entry.admission.cancel_queued(ticket)
-                if ticket.state is TicketState.GRANTED:
-                    entry.release_exclusive(ticket)
+            for barrier in pending:
+                barrier.withdraw()
         return [entry.name for entry in selected if entry.name in unloaded], not_found
 
     def _select(self, names: Iterable[str], all_models: bool) -> tuple[list[ModelEntry], list[str]]:
@@ -331,7 +311,7 @@ class ModelRegistry:
         closed, held = [], []
         for entry in self.entries():
             if entry.status().loaded:
-                if retire_if_idle(entry, "closed_at_shutdown"):
+                if entry.retire_if_idle("closed_at_shutdown"):
                     closed.append(entry.name)
                 else:
                     held.append(entry.name)

@@ -11,9 +11,13 @@ on simultaneous cold loads.
 * `IdleReaper` retires models idle and queue-free for --idle-unload seconds: one thread sleeping until the
   nearest expiry (a heap with at most one entry per model), not a timer per model and not a polling loop.
 
+Models are seen through the `ResidentModel` protocol (service/core/lifecycle.py's ModelEntry is the one
+implementation): this module never touches a model's lock, pool or admission.
+
 Locking: `Residency._lock` guards only its bookkeeping and is never held while taking a model lock or tearing
 anything down; model code calls `on_published` / `on_retired` under its own model lock, so the order is
-model lock -> residency lock, and residency code takes model locks only with its own lock released.
+model lock -> residency lock, and residency code calls into models (which take their locks) only with its own
+lock released.
 """
 
 from __future__ import annotations
@@ -24,10 +28,37 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.interface import CancelToken
 
 from .errors import MemoryLimit, RequestCancelled, ResidencyLimit
 
 _LOG = logging.getLogger(__name__)
+
+
+class ResidentModel(Protocol):
+    """What residency needs of a model (implemented by ModelEntry)."""
+
+    name: str
+    last_used: float  # monotonic seconds of its last lease's end: the LRU order and the idle clock
+
+    def is_ready(self) -> bool: ...
+
+    def resident_bytes(self) -> int:
+        """Bytes its published pool reports; must not take the model's lock (called under it)."""
+        ...
+
+    def retire_if_idle(self, event: str, **fields: object) -> bool:
+        """Unload it if ready, idle and queue-free now (never queues); whether it was retired."""
+        ...
+
+
+@dataclass(frozen=True)
+class ColdLoadStatistics:
+    running: int  # cold loads holding a place
+    waiting: int  # cold loads queued for one
 
 
 class _GuardWaiter:
@@ -54,7 +85,7 @@ class ColdLoadGuard:
         self._active = 0
         self._waiting: list[_GuardWaiter] = []
 
-    def acquire(self, cancel=None) -> None:
+    def acquire(self, cancel: CancelToken | None = None) -> None:
         with self._lock:
             if self._active < self.limit and not self._waiting:
                 self._active += 1
@@ -101,35 +132,32 @@ class ColdLoadGuard:
             else:
                 self._active -= 1
 
-    def statistics(self) -> tuple[int, int]:
-        """(loads running, loads waiting)"""
+    def statistics(self) -> ColdLoadStatistics:
         with self._lock:
-            return self._active, len(self._waiting)
+            return ColdLoadStatistics(running=self._active, waiting=len(self._waiting))
 
 
 class Residency:
-    """The resident-model limit and the memory budget. `entries` lists every registered model entry."""
+    """The resident-model limit and the memory budget."""
 
     def __init__(
         self,
-        entries: Callable[[], list],
         *,
         max_resident_models: int = 0,
         memory_budget: int = 0,
         idle_unload: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._entries = entries
         self.max_resident_models = max_resident_models
         self.memory_budget = memory_budget
         self._clock = clock
         self._lock = threading.Lock()  # guards: _held, _memory, _reserved, _departures, evictions
-        self._held: set = set()  # entries resident or reserved for a load in progress
-        self._memory: dict = {}  # entry -> bytes its published pool reports
+        self._held: set[ResidentModel] = set()  # entries resident or reserved for a load in progress
+        self._memory: dict[ResidentModel, int] = {}  # entry -> bytes its published pool reports
         # entry -> bytes of a pool that passed the budget and is not published yet. Without it two loads could
         # both pass a budget that only one fits: the first's pool is built and checked, but counted only once
         # published, and the cold-load guard is released before that.
-        self._reserved: dict = {}
+        self._reserved: dict[ResidentModel, int] = {}
         # Counts models leaving residency. An eviction round that retired nobody re-checks when it moved: the
         # room it looked for may have been freed meanwhile by an unload it did not make.
         self._departures = 0
@@ -138,7 +166,7 @@ class Residency:
 
     # ---- before and after a load (called by the loading entry, holding its lease, no lock) ------------------
 
-    def make_room(self, entry) -> None:
+    def make_room(self, entry: ResidentModel) -> None:
         """Reserve residency for `entry`, retiring LRU idle models if the limit is reached.
         Raises ResidencyLimit when no model can be retired; the reservation is then not taken."""
         while True:
@@ -155,7 +183,7 @@ class Residency:
                     f"model '{entry.name}' was not loaded"
                 )
 
-    def check_budget(self, entry, pool) -> None:
+    def check_budget(self, entry: ResidentModel, pool: _SizedPool) -> None:
         """After a pool is built: fit it under --memory-budget, retiring LRU idle models if needed, and reserve
         its bytes until it is published (`on_published`) or its load fails (`cancel`).
         Raises MemoryLimit (the caller frees the pool and publishes nothing); at once, evicting nobody, for a
@@ -182,12 +210,12 @@ class Residency:
                     f"{self.memory_budget}-byte budget are held by models that are loading or not idle"
                 )
 
-    def _bytes_held_locked(self, exclude) -> int:
+    def _bytes_held_locked(self, exclude: ResidentModel) -> int:
         """Bytes of published pools and reservations, `exclude`'s own left out (it is being replaced)."""
         published = sum(size for other, size in self._memory.items() if other is not exclude)
         return published + sum(size for other, size in self._reserved.items() if other is not exclude)
 
-    def cancel(self, entry) -> None:
+    def cancel(self, entry: ResidentModel) -> None:
         """A reserved load failed: give the reservations (residency, bytes) back."""
         with self._lock:
             self._reserved.pop(entry, None)
@@ -200,15 +228,15 @@ class Residency:
         with self._lock:
             return self._departures != departures
 
-    def _victims_locked(self, exclude) -> list:
+    def _victims_locked(self, exclude: ResidentModel) -> list[ResidentModel]:
         resident = [e for e in self._held if e is not exclude and e in self._memory]
         return sorted(resident, key=lambda e: e.last_used)
 
-    def _evict_one(self, candidates: list, loading, reason: str) -> bool:
+    def _evict_one(self, candidates: list[ResidentModel], loading: ResidentModel, reason: str) -> bool:
         """Retire the first candidate that is ready, idle and queue-free right now, to make room for `loading`
         under the limit named by `reason` (max_resident_models or memory_budget). Never waits for one."""
         for victim in candidates:
-            if retire_if_idle(victim, "evicted", reason=reason, for_model=loading.name):
+            if victim.retire_if_idle("evicted", reason=reason, for_model=loading.name):
                 with self._lock:
                     self.evictions += 1
                 return True
@@ -216,21 +244,21 @@ class Residency:
 
     # ---- notifications from entries (under the entry's lock: must not block or take model locks) ------------
 
-    def on_published(self, entry) -> None:
+    def on_published(self, entry: ResidentModel) -> None:
         with self._lock:
             self._held.add(entry)
-            self._memory[entry] = entry_memory(entry)
+            self._memory[entry] = entry.resident_bytes()
             self._reserved.pop(entry, None)  # the reservation became the published pool's bytes
         if self.reaper is not None:
             self.reaper.schedule(entry)
 
-    def on_retired(self, entry) -> None:
+    def on_retired(self, entry: ResidentModel) -> None:
         with self._lock:
             self._held.discard(entry)
             self._memory.pop(entry, None)
             self._departures += 1
 
-    def on_lease_end(self, entry) -> None:
+    def on_lease_end(self, entry: ResidentModel) -> None:
         """A request or manager lease of `entry` ended: have the reaper look at it again (cheap when it is
         already scheduled)."""
         if self.reaper is not None:
@@ -258,23 +286,8 @@ class Residency:
         return self.reaper.stop(timeout)
 
 
-def entry_memory(entry) -> int:
-    pool = entry._pool
-    return pool.memory_bytes() if pool is not None else 0
-
-
-def retire_if_idle(entry, event: str, **fields) -> bool:
-    """Unload `entry` if it is ready, idle and queue-free now (try-acquire; never queues). Returns whether it
-    was retired. Teardown runs on the calling thread, after the model already counts as unloaded. The unload
-    is logged (and counted) as `event` with `fields`: evicted, idle_retired or closed_at_shutdown."""
-    ticket = entry.try_acquire_idle_exclusive()
-    if ticket is None:
-        return False
-    try:
-        retired = entry.unload_leased(event, **fields)
-    finally:
-        entry.release_exclusive(ticket)
-    return retired
+class _SizedPool(Protocol):
+    def memory_bytes(self) -> int: ...
 
 
 class IdleReaper:
@@ -284,8 +297,8 @@ class IdleReaper:
         self.idle_seconds = idle_seconds
         self._clock = clock
         self._cond = threading.Condition()  # guards: _heap, _scheduled, _stopping
-        self._heap: list[tuple[float, int, object]] = []
-        self._scheduled: set = set()  # at most one heap item per entry
+        self._heap: list[tuple[float, int, ResidentModel]] = []
+        self._scheduled: set[ResidentModel] = set()  # at most one heap item per entry
         self._order = itertools.count()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -312,7 +325,7 @@ class IdleReaper:
         with self._cond:
             self._cond.notify_all()
 
-    def schedule(self, entry, at: float | None = None) -> None:
+    def schedule(self, entry: ResidentModel, at: float | None = None) -> None:
         """Make sure `entry` is checked when its idle time may have run out. Cheap when already scheduled."""
         if entry in self._scheduled:  # a set read without the lock: a stale answer only delays by one check
             return
@@ -325,7 +338,7 @@ class IdleReaper:
             if self._heap[0][2] is entry:
                 self._cond.notify()
 
-    def _next_due(self):
+    def _next_due(self) -> ResidentModel | None:
         """Block until the earliest item is due (or stop). Returns the entry, or None when stopping."""
         with self._cond:
             while not self._stopping:
@@ -353,10 +366,8 @@ class IdleReaper:
                     self.checks += 1
                     self._cond.notify_all()
 
-    def _check(self, entry) -> None:
-        from .lifecycle import ModelState  # lifecycle imports this module
-
-        if entry.state is not ModelState.READY:
+    def _check(self, entry: ResidentModel) -> None:
+        if not entry.is_ready():
             # Not resident, or changing under a manager's lease: scheduled again when that lease ends
             # (ModelEntry._lease_ended) or the model is published.
             return
@@ -364,7 +375,7 @@ class IdleReaper:
         now = self._clock()
         if due > now:
             self.schedule(entry, due)  # used since it was scheduled
-        elif retire_if_idle(entry, "idle_retired", idle_seconds=self.idle_seconds):
+        elif entry.retire_if_idle("idle_retired", idle_seconds=self.idle_seconds):
             self.retired += 1
         else:
             self.schedule(entry, now + self.idle_seconds)  # busy or queued now: not idle

@@ -33,9 +33,9 @@ def rpc(method=None, *, inference: bool = False, access: Access = Access.READ):
     handler limit; an `Access.MANAGE` call counts against the management limit.
 
     `access` says who may call it (service.auth): READ by default, so a new RPC is guarded unless it is
-    declared OPEN; MANAGE runs the management gate (permission, then the management token). The check comes
+    declared OPEN; MANAGE also needs management enabled (permission, then the management token). The check comes
     before the call is tracked, so refused callers never occupy an inference handler slot. The servicer
-    holds the gate as `self._management`.
+    holds the gate (AccessGate) as `self._access`.
     """
     kind = CallKind.INFERENCE if inference else CallKind.MANAGEMENT if access is Access.MANAGE else CallKind.CONTROL
 
@@ -43,7 +43,7 @@ def rpc(method=None, *, inference: bool = False, access: Access = Access.READ):
         @functools.wraps(method)
         def handler(self, request, context):
             try:
-                self._management.require(access, method.__name__, context)
+                self._access.require(access, method.__name__, context)
                 token = self._calls.begin(context, kind)
             except ServiceError as error:  # refused (unauthenticated, disabled) or busy
                 status_codes.abort(context, error)
@@ -157,8 +157,9 @@ def client_deadline(context: grpc.ServicerContext) -> float | None:
     return time.monotonic() + remaining
 
 
-class ManagementGate:
-    """Who may call what: management permission (--allow-management) and bearer tokens (service.auth)."""
+class AccessGate:
+    """Who may call what, for every RPC of both services: bearer tokens (service.auth) at the access a method
+    declares, and for management calls (Access.MANAGE) the permission --allow-management gives too."""
 
     def __init__(self, allowed: bool, authenticator: Authenticator | None = None) -> None:
         self.allowed = allowed

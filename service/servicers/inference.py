@@ -19,9 +19,10 @@ from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
 from ..dataplane import Dataplane, check_version
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
+from ..tensors import as_bytes, as_message, inference_request
 from ..timers import TimerQueue
-from ..wire import parse_infer_request, serialize_infer_response
-from .common import SHUTDOWN, CallKind, CallTracker, ManagementGate, as_client_error, client_deadline, rpc
+from ..wire import InferRequest, parse_infer_request, serialize_infer_response
+from .common import SHUTDOWN, AccessGate, CallKind, CallTracker, as_client_error, client_deadline, rpc
 
 _LOG = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         registry: ModelRegistry,
         dataplane: Dataplane,
         calls: CallTracker,
-        management: ManagementGate,
+        access: AccessGate,
         server_state,
         version: str,
         timers: TimerQueue,
@@ -62,7 +63,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._calls = calls
         self._timers = timers
         self._write_timeout = write_timeout
-        self._management = management
+        self._access = access
         self._server_state = server_state
         self._version = version
 
@@ -131,9 +132,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ---- inference ------------------------------------------------------------------------------------------
 
     @rpc(inference=True)
-    def ModelInfer(self, request, context, token):
-        # Serialized in the dataplane (the handler's serializer passes the bytes on): a failure is counted there.
-        return self._dataplane.infer(request, client_deadline=client_deadline(context), cancel=token, serialize=True)
+    def ModelInfer(self, request: InferRequest, context, token):
+        # Serialized inside the dataplane's accounting (as_bytes; the handler's serializer passes the bytes on):
+        # a response that cannot be serialized is counted as a failure.
+        call = inference_request(
+            request.message, as_bytes, request.raw_contents, self._shared_memory, client_deadline(context)
+        )
+        return self._dataplane.infer(call, cancel=token)
 
     def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered on the stream; a failed one gets `error_message` and the stream goes on.
@@ -149,7 +154,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         or waiting for the next request of a client that keeps its side open, returns and is joined within the
         shutdown margin instead of being abandoned with its model's engine.
         """
-        self._management.abort_unless(Access.READ, "ModelStreamInfer", context)
+        self._access.abort_unless(Access.READ, "ModelStreamInfer", context)
         try:
             token = self._calls.begin(context, CallKind.INFERENCE)
         except ServiceError as error:
@@ -177,7 +182,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self._calls.end(token, CallKind.INFERENCE)
 
     def _stream_one(self, request, deadline, cancel):
-        responses = self._dataplane.infer_stream(request, client_deadline=deadline, cancel=cancel)
+        call = inference_request(request, as_message, shared_memory=self._shared_memory, client_deadline=deadline)
+        responses = self._dataplane.infer_stream(call, cancel=cancel)
         try:
             for response in responses:
                 yield pb.ModelStreamInferResponse(infer_response=response)
@@ -289,11 +295,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ---- not supported: trace and log settings -------------------------------------------------------------
 
     def TraceSetting(self, request, context):
-        self._management.abort_unless(Access.READ, "TraceSetting", context)
+        self._access.abort_unless(Access.READ, "TraceSetting", context)
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support trace settings")
 
     def LogSettings(self, request, context):
-        self._management.abort_unless(Access.READ, "LogSettings", context)
+        self._access.abort_unless(Access.READ, "LogSettings", context)
         context.abort(
             grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; use --log-format"
         )

@@ -10,7 +10,7 @@ from ..core.errors import InvalidRequest
 from ..core.lifecycle import ModelState, ModelStatus
 from ..core.registry import ModelRegistry, Registration
 from ..options import seconds_problem
-from .common import CallTracker, ManagementGate, rpc
+from .common import AccessGate, CallTracker, rpc
 
 _STATE = {
     ModelState.UNLOADED: pb.MODEL_STATE_UNLOADED,
@@ -69,10 +69,10 @@ def _admission_timeout(request: pb.RegisterModelRequest) -> float | None:
 
 
 class ManagementServicer(pb_grpc.ModelManagementServicer):
-    def __init__(self, registry: ModelRegistry, management: ManagementGate, calls: CallTracker) -> None:
+    def __init__(self, registry: ModelRegistry, access: AccessGate, calls: CallTracker) -> None:
         self._registry = registry
         self._calls = calls
-        self._management = management
+        self._access = access
 
     @rpc(access=Access.MANAGE)
     def RegisterModel(self, request, context, token):

@@ -118,7 +118,6 @@ class Lab:
         self.controls = FixtureControls()
         self.clock = clock
         self.residency = Residency(
-            lambda: self.registry.entries(),
             max_resident_models=max_resident_models,
             memory_budget=memory_budget,
             idle_unload=idle_unload,

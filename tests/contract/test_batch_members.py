@@ -231,6 +231,7 @@ def test_the_same_outputs_asked_in_another_order_batch_together_and_other_output
     root = tmp_path / "repository"
     _write_two_output_model(root)
     from service.dataplane import Dataplane
+    from service.tensors import as_message, inference_request
 
     from .harness import Lab
 
@@ -238,13 +239,21 @@ def test_the_same_outputs_asked_in_another_order_batch_together_and_other_output
     try:
         dataplane = Dataplane(lab.registry)
         prepare = lab.gate("two", "prepare").hold()
-        busy = lab.start("busy", lambda: dataplane.infer(_asking(rows_of(100.0), []), cancel=CancelToken()))
+        busy = lab.start(
+            "busy",
+            lambda: dataplane.infer(inference_request(_asking(rows_of(100.0), []), as_message), cancel=CancelToken()),
+        )
         prepare.wait_blocked(1)
         asks = [["OUTPUT0", "OUTPUT1"], ["OUTPUT1", "OUTPUT0"], ["OUTPUT1"]]
         ops = []
         for index, outputs in enumerate(asks):
             message = _asking(rows_of(float(index)), outputs)
-            ops.append(lab.start(f"ask{index}", lambda m=message: dataplane.infer(m, cancel=CancelToken())))
+            ops.append(
+                lab.start(
+                    f"ask{index}",
+                    lambda m=message: dataplane.infer(inference_request(m, as_message), cancel=CancelToken()),
+                )
+            )
             lab.wait_until(
                 lambda n=index + 1: lab.registry.get("two").admission.statistics().queued == n, f"{index + 1} queued"
             )

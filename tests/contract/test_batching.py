@@ -16,6 +16,7 @@ from service.core.errors import AdmissionTimeout, RequestCancelled, ResidencyLim
 from service.core.lifecycle import ModelState
 from service.dataplane import Dataplane
 from service.status_codes import describe
+from service.tensors import as_message, inference_request
 
 from .harness import FakeClock, Lab
 
@@ -95,7 +96,10 @@ class Batching:
     ):
         message = request(model, array, datatype, timeout_us)
         return self.lab.start(
-            name or f"infer:{model}", lambda: output(self.dataplane.infer(message, cancel=cancel or CancelToken()))
+            name or f"infer:{model}",
+            lambda: output(
+                self.dataplane.infer(inference_request(message, as_message), cancel=cancel or CancelToken())
+            ),
         )
 
     def entry(self, model: str):

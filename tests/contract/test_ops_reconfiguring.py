@@ -169,14 +169,14 @@ def test_later_registration_answers_its_own_ready_config_even_when_a_queued_unlo
     rec = Reconfiguring(lab_factory, "teardown")
     lab = rec.lab
     entry = lab.registry.get("m")
-    original = entry.release_exclusive
+    original = entry._release_exclusive
 
     def release_then_let_the_next_one_run(ticket):
         original(ticket)
         if threading.current_thread().name.startswith("later-register"):
             lab.wait_state("m", ModelState.UNLOADED)  # the queued unload retired the registration's pool
 
-    monkeypatch.setattr(entry, "release_exclusive", release_then_let_the_next_one_run)
+    monkeypatch.setattr(entry, "_release_exclusive", release_then_let_the_next_one_run)
     later = lab.register("m", slots=4, name="later-register")
     lab.wait_status("m", lambda s: s.queued_managers == 1, "later registration queued")
     unload = lab.unload("m", name="unload")

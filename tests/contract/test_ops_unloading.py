@@ -152,14 +152,14 @@ def test_second_unload_answers_unloaded_even_when_a_later_request_reloads_at_onc
     loaded=false."""
     lab = unloading.lab
     entry = lab.registry.get("m")
-    original = entry.release_exclusive
+    original = entry._release_exclusive
 
     def release_then_let_the_next_one_run(ticket):
         original(ticket)
         if threading.current_thread().name.startswith("second-unload"):
             lab.wait_state("m", ModelState.READY)  # the later request reloaded M
 
-    monkeypatch.setattr(entry, "release_exclusive", release_then_let_the_next_one_run)
+    monkeypatch.setattr(entry, "_release_exclusive", release_then_let_the_next_one_run)
     second = lab.unload("m", name="second-unload")
     lab.wait_status("m", lambda s: s.queued_managers == 1, "second unload queued")
     request = lab.infer("m", 3.0, name="request")

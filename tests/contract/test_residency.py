@@ -7,6 +7,7 @@ import pytest
 
 from service.core.errors import MemoryLimit, ModelLoadFailed, ResidencyLimit
 from service.core.lifecycle import ModelState
+from service.core.residency import ColdLoadStatistics
 from service.status_codes import describe
 
 from .harness import FakeClock
@@ -244,7 +245,10 @@ def test_cold_load_guard_serializes_cold_loads_but_not_warm_requests(lab_factory
     cold_a = lab.infer("a")
     load_a.wait_blocked(1)
     cold_b = lab.infer("b")
-    lab.wait_until(lambda: lab.runtime.cold_loads.statistics() == (1, 1), "b waiting for the cold-load guard")
+    lab.wait_until(
+        lambda: lab.runtime.cold_loads.statistics() == ColdLoadStatistics(running=1, waiting=1),
+        "b waiting for the cold-load guard",
+    )
     assert lab.gate("b", "load").arrivals == 0
     assert lab.infer("warm", 2.0).result()["OUTPUT0"][0] == 2.0
     load_a.release()
@@ -264,13 +268,19 @@ def test_initializer_cancelled_while_waiting_for_the_cold_load_guard_leaves_and_
     load_a.wait_blocked(1)  # a holds the only cold-load place
     token = CancelToken()
     initializer = lab.infer("b", 1.0, cancel=token, name="b-initializer")
-    lab.wait_until(lambda: lab.runtime.cold_loads.statistics() == (1, 1), "b's initializer waiting for the guard")
+    lab.wait_until(
+        lambda: lab.runtime.cold_loads.statistics() == ColdLoadStatistics(running=1, waiting=1),
+        "b's initializer waiting for the guard",
+    )
     follower = lab.infer("b", 2.0, name="b-follower")
     lab.wait_active("b", 2)
     token.cancel()
     assert isinstance(initializer.error(), RequestCancelled)
     # the follower becomes the initializer and waits for the guard itself; nothing of b was loaded or failed
-    lab.wait_until(lambda: lab.runtime.cold_loads.statistics() == (1, 1), "the follower waiting for the guard")
+    lab.wait_until(
+        lambda: lab.runtime.cold_loads.statistics() == ColdLoadStatistics(running=1, waiting=1),
+        "the follower waiting for the guard",
+    )
     status = lab.status("b")
     assert status.active_slots == 1 and status.last_error == "" and lab.controls.count("b", "load") == 0
     load_a.release()

@@ -7,6 +7,7 @@ import pytest
 
 from service.core.errors import MemoryLimit, ResidencyLimit
 from service.core.lifecycle import ModelState
+from service.core.residency import ColdLoadStatistics
 from service.status_codes import describe
 
 from .harness import FakeClock
@@ -38,7 +39,10 @@ def test_a_request_waiting_on_a_cold_load_refused_for_the_residency_limit_gets_r
     busy = lab.infer("m", name="m-busy")
     m_load.wait_blocked(1)
     initializer = lab.infer("y", 1.0, name="y-initializer")
-    lab.wait_until(lambda: lab.runtime.cold_loads.statistics() == (1, 1), "y's initializer waiting for the guard")
+    lab.wait_until(
+        lambda: lab.runtime.cold_loads.statistics() == ColdLoadStatistics(running=1, waiting=1),
+        "y's initializer waiting for the guard",
+    )
     follower = lab.infer("y", 2.0, name="y-follower")
     lab.wait_active("y", 2)  # admitted to the second slot: it waits for the initializer's outcome
     assert lab.status("y").state is ModelState.LOADING

@@ -7,13 +7,14 @@ import numpy as np
 
 from generated import grpc_service_pb2 as pb
 from service.dataplane import Dataplane
+from service.tensors import as_message, inference_request
 
 
-def _request(model: str) -> pb.ModelInferRequest:
+def _request(model: str):
     request = pb.ModelInferRequest(model_name=model, id="r1")
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
     request.raw_input_contents.append(np.ones(2, np.float32).tobytes())
-    return request
+    return inference_request(request, as_message)
 
 
 def _counts(lab, model: str) -> tuple[int, int]:

@@ -516,7 +516,7 @@ def test_shutdown_waits_for_an_active_handler_and_an_active_stream_then_destroys
     rest = lab.call(list, items)
 
     shutdown = lab.shutdown(grace=20.0)
-    wait_until(lambda: lab.server.state.shutting_down, "shutdown started", timeout=5)
+    wait_until(lambda: not lab.server.state.ready, "shutdown started (ServerReady false)", timeout=5)
     from tests.shutdown.harness import wait_stopped_accepting
 
     wait_stopped_accepting(lab.address)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from service.core.lifecycle import ModelState
+from service.core.residency import ColdLoadStatistics
 from tests.contract.harness import admission_stats, events_since, wait_admission
 
 cell = pytest.mark.cell
@@ -28,7 +29,9 @@ def _a_loading_b_ready(lab_factory):
     status = lab.status("a")
     assert status.state is ModelState.LOADING and not status.loaded and status.active_slots == 1
     assert lab.status("b").state is ModelState.READY
-    assert lab.runtime.cold_loads.statistics() == (1, 0)  # A's initializer holds the only cold-load permit
+    assert lab.runtime.cold_loads.statistics() == ColdLoadStatistics(
+        running=1, waiting=0
+    )  # A's initializer holds the only cold-load permit
     return lab, load, first
 
 
@@ -63,7 +66,9 @@ def test_warm_b_bypasses_a_initialization_and_the_cold_load_guard(lab_factory):
     warm = lab.infer("b", 4.0)
     _echo(warm, 4.0)  # completes while A's load is held and the single cold-load permit is taken
     assert load.blocked == 1 and lab.status("a").state is ModelState.LOADING
-    assert lab.runtime.cold_loads.statistics() == (1, 0)  # B never queued on the guard
+    assert lab.runtime.cold_loads.statistics() == ColdLoadStatistics(
+        running=1, waiting=0
+    )  # B never queued on the guard
     assert lab.controls.count("b", "load") == b_loads
     assert lab.status("b").state is ModelState.READY
     assert not first.done()

@@ -152,14 +152,14 @@ def _pause_after_release(lab, model: str, thread_prefix: str, until, what: str) 
     its exclusive lease on `model`, it pauses there until `until(status)` holds (the next owner has acted),
     before it builds its response. Observation only: wraps the entry's own method."""
     entry = lab.registry.get(model)
-    original = entry.release_exclusive
+    original = entry._release_exclusive
 
     def release_exclusive(ticket):
         original(ticket)
         if threading.current_thread().name.startswith(thread_prefix):
             lab.wait_status(model, until, what)
 
-    entry.release_exclusive = release_exclusive
+    entry._release_exclusive = release_exclusive
 
 
 @cell("TWO.a-spare-b-ready.unload-a")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from service.core.lifecycle import ModelState
+from service.core.residency import ColdLoadStatistics
 from tests.contract.harness import admission_stats, wait_admission
 
 cell = pytest.mark.cell
@@ -44,7 +45,10 @@ def test_request_to_a_initializes_a_only_behind_the_global_cold_guard(lab_factor
     a_load = lab.gate("a", "load")
     a_arrivals = a_load.arrivals
     a_first = lab.infer("a", 2.0, name="a-first")
-    lab.wait_until(lambda: _guard(lab).statistics() == (1, 1), "A's initializer waiting for the cold-load guard")
+    lab.wait_until(
+        lambda: _guard(lab).statistics() == ColdLoadStatistics(running=1, waiting=1),
+        "A's initializer waiting for the cold-load guard",
+    )
     assert lab.status("a").state is ModelState.LOADING and a_load.arrivals == a_arrivals
     slots = lab.status("a").slots
     a_more = [lab.infer("a", float(3 + index)) for index in range(slots - 1)]
@@ -73,7 +77,7 @@ def test_request_to_a_loads_beside_loading_b_when_the_guard_allows_two(lab_facto
     b_load.wait_blocked(1)
     a_cold = lab.infer("a", 2.0, name="a-cold")
     a_load.wait_blocked(1)  # A's load runs while B's is still in progress
-    assert _guard(lab).statistics() == (2, 0)
+    assert _guard(lab).statistics() == ColdLoadStatistics(running=2, waiting=0)
     a_load.release()
     _echo(a_cold, 2.0)  # A finishes while B is still loading
     assert b_load.blocked == 1 and lab.status("b").state is ModelState.LOADING
@@ -92,7 +96,10 @@ def test_request_to_b_initializes_b_only_behind_the_global_cold_guard(lab_factor
     b_load = lab.gate("b", "load")
     b_arrivals = b_load.arrivals
     b_cold = lab.infer("b", 2.0, name="b-cold")
-    lab.wait_until(lambda: _guard(lab).statistics() == (1, 1), "B's initializer waiting for the cold-load guard")
+    lab.wait_until(
+        lambda: _guard(lab).statistics() == ColdLoadStatistics(running=1, waiting=1),
+        "B's initializer waiting for the cold-load guard",
+    )
     assert lab.status("b").state is ModelState.LOADING and b_load.arrivals == b_arrivals
     a_load.release()
     _echo(a_cold, 1.0)
@@ -205,7 +212,10 @@ def test_bulk_unload_of_loading_a_and_b_waits_for_earlier_work_then_unloads_both
     a_cold = lab.infer("a", 1.0, name="a-cold")
     a_load.wait_blocked(1)
     b_cold = lab.infer("b", 2.0, name="b-cold")
-    lab.wait_until(lambda: _guard(lab).statistics() == (1, 1), "B waiting for the cold-load guard")
+    lab.wait_until(
+        lambda: _guard(lab).statistics() == ColdLoadStatistics(running=1, waiting=1),
+        "B waiting for the cold-load guard",
+    )
     bulk = lab.unload_many(["a", "b"])
     for model in "ab":  # barriers published before either pool exists
         wait_admission(lab, model, lambda s: s.queued_managers == 1, f"barrier on {model}")

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import service.core.residency as residency_module
-from service.core.residency import ColdLoadGuard
+from service.core.residency import ColdLoadGuard, ColdLoadStatistics
 from tests.contract.harness import FakeClock, Lab
 
 WAIT = 10.0
@@ -55,13 +55,13 @@ def test_an_interrupted_cold_load_waiter_keeps_no_place(monkeypatch, after_grant
     waiter = threading.Thread(target=lambda: _catch(guard.acquire, outcome))
     waiter.start()
     if after_grant:
-        _wait_until(lambda: guard.statistics() == (1, 1))
+        _wait_until(lambda: guard.statistics() == ColdLoadStatistics(running=1, waiting=1))
         guard.release()  # the place goes to the waiter, which is interrupted as it wakes
     waiter.join(WAIT)
     assert isinstance(outcome[0], _Interrupt)
     if not after_grant:
         guard.release()
-    assert guard.statistics() == (0, 0), guard.statistics()
+    assert guard.statistics() == ColdLoadStatistics(running=0, waiting=0), guard.statistics()
     monkeypatch.undo()
     guard.acquire()  # the guard still works: a later load gets it at once
     guard.release()
@@ -123,14 +123,14 @@ def test_an_eviction_round_that_finds_no_idle_victim_looks_again_when_a_model_le
         busy = lab.infer("a")
         execute.wait_blocked(1)
         entry_a = lab.registry.get("a")
-        try_a = entry_a.try_acquire_idle_exclusive
+        try_a = entry_a._try_acquire_idle_exclusive
 
         def a_is_busy_and_meanwhile_b_leaves():
             unload = lab.unload("b")
             unload.result()
             return try_a()
 
-        entry_a.try_acquire_idle_exclusive = a_is_busy_and_meanwhile_b_leaves
+        entry_a._try_acquire_idle_exclusive = a_is_busy_and_meanwhile_b_leaves
         assert lab.infer("c", 5.0).result()["OUTPUT0"][0] == 5.0
         assert lab.residency.resident_names() == ["a", "c"]
         execute.release()

@@ -32,7 +32,7 @@ def test_a_reconfiguration_refused_before_commit_while_the_reaper_looked_keeps_i
     model's capacity) is refused before commit and the model is READY again: it must still retire once idle."""
     reaper = lab.residency.reaper
     entry = lab.registry.get("a")
-    held = entry.acquire_exclusive(None)  # a manager holds the model ...
+    held = entry.exclusive(None)  # a manager holds the model ...
     with entry._lock:
         entry._transition_locked(ModelState.RECONFIGURING)  # ... as a reconfiguration does, before validating
     lab.clock.now += 31
@@ -40,7 +40,7 @@ def test_a_reconfiguration_refused_before_commit_while_the_reaper_looked_keeps_i
     assert lab.status("a").loaded and reaper.retired == 0
     with entry._lock:
         entry._transition_locked(ModelState.READY)  # refused before commit: back to READY ...
-    entry.release_exclusive(held)  # ... and the manager's lease ends: idle for 31 s, it retires now
+    held.release()  # ... and the manager's lease ends: idle for 31 s, it retires now
     lab.wait_until(lambda: reaper.retired == 1, "the idle model retired")
     assert lab.status("a").state is ModelState.UNLOADED
 

@@ -76,3 +76,10 @@ def test_engines_import_nothing_of_the_server_or_grpc(path):
         "generated.management_pb2_grpc",
     )
     assert _forbidden(imported_modules(path, package), transport) == []
+
+
+def test_the_dataplane_knows_no_wire_format():
+    """One admit-and-run path over a neutral request (docs/architecture.md): the dataplane imports neither gRPC nor
+    protobuf messages nor the modules that speak them (service/wire.py, service/tensors.py, the servicers)."""
+    names = imported_modules(ROOT / "service" / "dataplane.py", "service")
+    assert _forbidden(names, NOT_IN_CORE + ("service.wire", "service.tensors", "service.servicers")) == []

@@ -51,7 +51,7 @@ def test_two_loads_never_exceed_the_budget_together(concurrent_loads):
     (the first is loading, so it is no eviction victim), and the bytes in use stay within the budget."""
     controls = FixtureControls()
     events = _BEnded()
-    residency = Residency(lambda: [], memory_budget=100)
+    residency = Residency(memory_budget=100)
     runtime = SharedRuntime(
         backends={"fixture": FixtureBackend(controls)},
         cold_loads=_HoldAfterRelease(concurrent_loads, events.b_ended),
@@ -87,8 +87,7 @@ def test_two_loads_never_exceed_the_budget_together(concurrent_loads):
     assert "needs 60 bytes; 60 of the 100-byte budget" in str(outcomes["b"])
     assert residency.resident_names() == ["a"] and residency.memory_in_use() == 60
     # b's refusal left nothing reserved: after a is unloaded, b fits.
-    ticket = entries["a"].acquire_exclusive(None)
-    entries["a"].unload_leased()
-    entries["a"].release_exclusive(ticket)
+    with entries["a"].exclusive(None):
+        entries["a"].unload_leased()
     with entries["b"].acquire_lease(None):
         assert residency.resident_names() == ["b"] and residency.memory_in_use() == 60

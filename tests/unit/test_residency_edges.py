@@ -21,8 +21,8 @@ def test_a_cold_load_limit_below_one_is_refused_naming_the_flag():
 
 
 def test_an_idle_unload_under_a_second_still_has_a_reaper():
-    assert Residency(lambda: [], idle_unload=0.5).reaper is not None
-    assert Residency(lambda: []).reaper is None
+    assert Residency(idle_unload=0.5).reaper is not None
+    assert Residency().reaper is None
 
 
 @pytest.fixture
@@ -75,13 +75,13 @@ def test_a_budget_round_that_finds_no_idle_victim_looks_again_when_a_model_left_
     busy = lab.infer("a")
     execute.wait_blocked(1)
     entry_a = lab.registry.get("a")
-    try_a = entry_a.try_acquire_idle_exclusive
+    try_a = entry_a._try_acquire_idle_exclusive
 
     def a_is_busy_and_meanwhile_b_leaves():
         lab.unload("b").result()
         return try_a()
 
-    entry_a.try_acquire_idle_exclusive = a_is_busy_and_meanwhile_b_leaves
+    entry_a._try_acquire_idle_exclusive = a_is_busy_and_meanwhile_b_leaves
     assert lab.infer("c", 5.0).result()["OUTPUT0"][0] == 5.0
     assert lab.residency.resident_names() == ["a", "c"] and lab.residency.evictions == 0
     execute.release()
@@ -192,6 +192,6 @@ def test_the_reaper_thread_is_a_daemon_and_stop_reports_whether_it_ended(lab):
     teardown.release()
     assert stopping.result() is True
     assert lab.residency.stop(timeout=0.0) is True  # idempotent
-    assert Residency(lambda: []).stop() is True  # no reaper: nothing to wait for
-    never_started = Residency(lambda: [], idle_unload=1.0)
+    assert Residency().stop() is True  # no reaper: nothing to wait for
+    never_started = Residency(idle_unload=1.0)
     assert never_started.stop(timeout=0.0) is True

@@ -13,7 +13,7 @@ import pytest
 
 from service.core.errors import ResidencyLimit
 from service.core.lifecycle import ModelState
-from service.core.residency import ColdLoadGuard
+from service.core.residency import ColdLoadGuard, ColdLoadStatistics
 from tests.contract.harness import WAIT, FakeClock, Lab
 from tests.contract.test_batching import Batching, rows_of
 from tests.unit._callers import wait_until
@@ -36,14 +36,17 @@ def test_a_freed_cold_load_place_goes_to_the_oldest_waiter():
     for count, name in enumerate(("first", "second"), start=1):
         threads.append(threading.Thread(target=wait_for_a_place, args=(name,), name=name, daemon=True))
         threads[-1].start()
-        wait_until(lambda n=count: guard.statistics() == (1, n), f"{count} waiting for the guard")
+        wait_until(
+            lambda n=count: guard.statistics() == ColdLoadStatistics(running=1, waiting=n),
+            f"{count} waiting for the guard",
+        )
     guard.release()
     assert done["first"].wait(WAIT), f"the oldest waiter was passed over: {order}"
-    assert order == ["first"] and guard.statistics() == (1, 1)
+    assert order == ["first"] and guard.statistics() == ColdLoadStatistics(running=1, waiting=1)
     guard.release()
     assert done["second"].wait(WAIT)
     guard.release()
-    assert order == ["first", "second"] and guard.statistics() == (0, 0)
+    assert order == ["first", "second"] and guard.statistics() == ColdLoadStatistics(running=0, waiting=0)
     for thread in threads:
         thread.join(WAIT)
 
@@ -113,14 +116,14 @@ def test_a_load_that_fails_during_an_eviction_round_is_a_departure_and_the_round
         loading_b = lab.infer("b")
         load_b.wait_blocked(1)  # b holds its reservation
         entry_a = lab.registry.get("a")
-        try_a = entry_a.try_acquire_idle_exclusive
+        try_a = entry_a._try_acquire_idle_exclusive
 
         def a_is_busy_and_meanwhile_b_fails():
             load_b.release()
             loading_b.error()  # b's load has failed and given its reservation back
             return try_a()
 
-        entry_a.try_acquire_idle_exclusive = a_is_busy_and_meanwhile_b_fails
+        entry_a._try_acquire_idle_exclusive = a_is_busy_and_meanwhile_b_fails
         assert lab.infer("c", 5.0).result()["OUTPUT0"][0] == 5.0
         assert lab.residency.resident_names() == ["a", "c"]
         execute.release()
