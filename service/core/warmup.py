@@ -53,11 +53,15 @@ def warm_up_pool(
     stopping: Callable[[], bool] = lambda: False,
 ) -> LoadTimes:
     """`warm_up` on `contexts` of `pool` (every one when None), none of them lent. Raises as `warm_up`."""
+    every = pool.contexts()
+    chosen = every if contexts is None else list(contexts)
+    position = {id(context): number for number, context in enumerate(every)}
     return warm_up(
         pool.spec.name,
         pool.metadata,
         samples,
-        pool.contexts() if contexts is None else contexts,
+        chosen,
+        numbers=[position[id(context)] for context in chosen],  # messages name the pool's slot numbers
         streaming=pool.primary.streaming,
         cancel=cancel,
         stopping=stopping,
@@ -70,12 +74,13 @@ def warm_up(
     samples: Sequence[WarmupSample],
     contexts: Sequence[Context],
     *,
+    numbers: Sequence[int] | None = None,
     streaming: bool = False,
     cancel: CancelToken | None = None,
     stopping: Callable[[], bool] = lambda: False,
 ) -> LoadTimes:
-    """Run every sample `count` times on each of `contexts`. Blocks for all the runs; returns their seconds and
-    number (`load_seconds` 0: the caller knows it).
+    """Run every sample `count` times on each of `contexts` (named slot `numbers[i]` in messages; default: its
+    index). Blocks for all the runs; returns their seconds and number (`load_seconds` 0: the caller knows it).
 
     Stops before the next run when `stopping()` is true or `cancel` fired for a shutdown (reason
     SHUTDOWN_CANCEL_REASON; a client giving up on its first request does not stop a load, nor its warmup), and a
@@ -97,7 +102,7 @@ def warm_up(
         cancel.add_callback(on_cancel)
     try:
         prepared = [(sample, _checked_inputs(model, metadata, sample)) for sample in samples]
-        for slot, context in enumerate(contexts):
+        for slot, context in zip(numbers or range(len(contexts)), contexts, strict=True):
             for sample, inputs in prepared:
                 for run in range(sample.count):
                     if stop.cancelled or stopping():

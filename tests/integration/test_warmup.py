@@ -248,3 +248,20 @@ def test_a_bytes_warmup_file_is_length_prefixed(tmp_path, controls):
     with serve(root, backends={"fixture": FixtureBackend(controls)}) as running:
         assert running.client.model_ready("strings")
         assert controls.count("strings", "execute") == 1
+
+
+def test_an_in_place_resize_warms_only_the_added_slots_and_a_failure_keeps_the_old_pool(repository, controls):
+    backends = {"fixture": FixtureBackend(controls)}
+    with serve(repository, backends=backends, parallel_jobs=2, allow_management=True) as running:
+        assert controls.count("warm", "execute") == 2 * RUNS_PER_SLOT and controls.count("warm", "load") == 1
+        running.management.register("warm", slots=3)  # same engine: resized in place, one slot added
+        assert controls.count("warm", "load") == 1  # the engine stayed
+        assert controls.count("warm", "execute") == 3 * RUNS_PER_SLOT
+        times = get_model(running, "warm").load_times
+        assert times.warmup_runs == RUNS_PER_SLOT and times.load_seconds > 0
+        controls.gate("warm", "execute").fail_next(Defect("slot 4 is bad"))
+        error = client_error(running.management.register, "warm", slots=4)
+        assert "warmup sample 'zeros' failed on slot 3 (run 1 of 1): slot 4 is bad" in error.message, error
+        status = get_model(running, "warm")
+        assert (status.state, status.slots) == (mpb.MODEL_STATE_READY, 3)  # the old pool serves on
+        assert controls.live_contexts("warm") == 3 and serves(running, "warm")
