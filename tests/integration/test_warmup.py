@@ -265,3 +265,38 @@ def test_an_in_place_resize_warms_only_the_added_slots_and_a_failure_keeps_the_o
         status = get_model(running, "warm")
         assert (status.state, status.slots) == (mpb.MODEL_STATE_READY, 3)  # the old pool serves on
         assert controls.live_contexts("warm") == 3 and serves(running, "warm")
+
+
+def test_a_model_warmed_up_at_startup_keeps_the_server_not_serving_until_it_is_done(repository, controls):
+    from grpc_health.v1 import health_pb2
+
+    from service.options import ServerOptions
+    from service.server import Server
+
+    settings = ServerOptions(
+        model_repository=repository,
+        host="127.0.0.1",
+        port=0,
+        parallel_jobs=2,
+        enable_test_backends=True,
+        extra_backends={"fixture": FixtureBackend(controls)},
+    )
+    server = Server(settings)
+    gate = controls.gate("warm", "execute").hold()
+    starter, outcome = in_thread(server.start)
+    try:
+        gate.wait_blocked(1, timeout=30)
+        # (Check answers a registered service without touching its context.)
+        health = server.health.Check(health_pb2.HealthCheckRequest(service=""), None)
+        assert (server.state.ready, health.status) == (False, health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert server.registry.get("warm").status().state.value == "loading"
+        gate.release()
+        starter.join(CALL_TIMEOUT)
+        assert outcome == [server.port]
+        health = server.health.Check(health_pb2.HealthCheckRequest(service=""), None)
+        assert (server.state.ready, health.status) == (True, health_pb2.HealthCheckResponse.SERVING)
+        assert server.registry.get("warm").is_ready() and controls.count("warm", "execute") == 2 * RUNS_PER_SLOT
+    finally:
+        gate.release()
+        starter.join(CALL_TIMEOUT)
+        server.stop(grace=1.0)
