@@ -231,7 +231,7 @@ class ModelSpec:
     parameters: Mapping[str, str] = field(default_factory=dict)
     batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
     version_policy: VersionPolicy = VersionPolicy()  # today only the highest version is served
-    warmup: tuple[WarmupSample, ...] = ()  # read and checked; not run yet
+    warmup: tuple[WarmupSample, ...] = ()  # run on every slot before the pool is published
     response_cache: bool = False  # `response_cache { enable: true }` (service/response_cache.py)
     config: object = field(default=None, compare=False, repr=False)
     roots: ModelRoots | None = field(default=None, compare=False, repr=False)

@@ -289,7 +289,9 @@ FIELDS: dict[str, FieldRule] = {
     "cc_model_filenames": _ignored("one model file serves every device"),
     "metric_tags": _ignored("metrics are labelled by model only"),
     "parameters": _applied("backend settings, `string_value` each"),
-    "model_warmup": _ignored("read and checked against the inputs and the warmup/ folder; not run yet"),
+    "model_warmup": _applied(
+        "every sample runs `count` times on every slot before the model is ready; a failure fails the load"
+    ),
     "model_operations": _refused("not supported: custom operation libraries are not loaded"),
     "model_transaction_policy": _applied("decoupled: false is the only policy"),
     "model_transaction_policy.decoupled": _refused(

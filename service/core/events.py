@@ -71,11 +71,13 @@ EVENTS: dict[str, EventSpec] = {
     "registered": EventSpec(_INFO, ("backend", "slots", "source"), "registered ({backend}, {slots} slot(s))"),
     "not_loaded_at_startup": EventSpec(_ERROR, ("error",), "not loaded at startup: {error}"),
     "load_started": EventSpec(_INFO, ("backend", "slots", "cause"), "loading {slots} slot(s) on {backend} ({cause})"),
+    # `seconds` is the load without its warmup; `warmup_seconds` the warmup of every slot (0 without model_warmup).
     "loaded": EventSpec(
         _INFO,
-        ("backend", "slots", "seconds", "memory_bytes", "batching"),
+        ("backend", "slots", "seconds", "warmup_seconds", "memory_bytes", "batching"),
         lambda f: (
             f"loaded {f['slots']} slot(s) on {f['backend']} in {f['seconds']:.3f} s"
+            + (f", then warmed up in {f['warmup_seconds']:.3f} s" if f.get("warmup_seconds") else "")
             + (f"; dynamic batching: {f['batching']}" if f.get("batching") else "")
         ),
     ),

@@ -26,6 +26,7 @@ barriers with `post_barrier`; residency sees entries through its `ResidentModel`
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -56,6 +57,7 @@ from .outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
 from .residency import ColdLoadGuard, Residency
 from .statistics import InferenceStatistics
+from .warmup import LoadTimes, warm_up_pool
 
 _LOG = logging.getLogger(__name__)
 
@@ -148,6 +150,7 @@ class ModelStatus:
     queued_managers: int = 0
     batching: BatchingSpec | None = None  # dynamic batching settings; None: one request per engine call
     max_batch_size: int = 0
+    load_times: LoadTimes | None = None  # the published pool's load and warmup seconds; None when not loaded
 
 
 @dataclass(frozen=True)
@@ -422,6 +425,7 @@ class ModelEntry:
             queued_managers=admission.queued_managers,
             batching=committed.spec.batching,
             max_batch_size=committed.spec.max_batch_size,
+            load_times=pool.times if pool is not None else None,
         )
 
     def is_ready(self) -> bool:
@@ -608,7 +612,10 @@ class ModelEntry:
             events.emit(_LOG, "load_started", self.name, backend=spec.backend, slots=settings.slots, cause=cause)
             started = time.perf_counter()
             try:
-                pool = self._build_reserved(spec, settings, primary)
+                pool = self._build_reserved(spec, settings, primary, cancel)
+                pool.times = dataclasses.replace(  # the load's own time, warmup apart
+                    pool.times, load_seconds=time.perf_counter() - started - pool.times.warmup_seconds
+                )
             except BaseException as error:
                 reason = outcome_of(error)  # the reason a request for this model would be told
                 # An error outside the table (a backend bug) is logged with its traceback; known ones need none.
@@ -629,7 +636,8 @@ class ModelEntry:
                 self.name,
                 backend=spec.backend,
                 slots=pool.capacity,
-                seconds=time.perf_counter() - started,
+                seconds=pool.times.load_seconds,
+                warmup_seconds=pool.times.warmup_seconds,
                 memory_bytes=pool.memory_bytes(),
                 batching=describe_batching(spec),
             )
@@ -638,8 +646,11 @@ class ModelEntry:
             if guard is not None:
                 guard.release()
 
-    def _build_reserved(self, spec: ModelSpec, settings: ModelSettings, primary: LoadedModel | None) -> SlotPool:
-        """_load's work under the guard: reserve residency, build, check the budget; undo all on failure."""
+    def _build_reserved(
+        self, spec: ModelSpec, settings: ModelSettings, primary: LoadedModel | None, cancel: CancelToken | None = None
+    ) -> SlotPool:
+        """_load's work under the guard: reserve residency, build, check the budget, warm up (stopped by a
+        shutdown: service/core/warmup.py); undo all on failure."""
         residency = self._runtime.residency
         if residency is not None:
             try:
@@ -650,17 +661,22 @@ class ModelEntry:
                 raise
         try:
             pool = build_pool(self._runtime.backend(spec), spec, settings.slots, settings.explicit_slots, primary)
-            if residency is not None:
-                try:
+            try:
+                if residency is not None:
                     residency.check_budget(self, pool)
-                except BaseException:
-                    pool.close()
-                    raise
+                pool.times = warm_up_pool(pool, spec.warmup, cancel=cancel, stopping=self._shutting_down)
+            except BaseException:
+                pool.close()
+                raise
         except BaseException:
             if residency is not None:
                 residency.cancel(self)
             raise
         return pool
+
+    def _shutting_down(self) -> bool:
+        """Whether shutdown closed this model's admission (a warmup stops before its next run then)."""
+        return self.admission.statistics().closed
 
     def _publish_locked(self, pool: SlotPool) -> None:
         self._pool = pool
@@ -788,12 +804,20 @@ class ModelEntry:
             check_slot_count(spec, settings.slots, settings.explicit_slots, old_pool.max_parallel_slots)
             resized = old_pool.grown(min(settings.slots, old_pool.max_parallel_slots))
             residency = self._runtime.residency
-            if residency is not None:
-                try:
+            try:
+                if residency is not None:
                     residency.check_budget(self, resized)
-                except BaseException:
-                    resized.close_added(old_pool)
-                    raise
+                # New slots are warmed; every slot when the samples changed.
+                unwarmed = resized.added_to(old_pool) if spec.warmup == old_pool.spec.warmup else None
+                warmed = warm_up_pool(resized, spec.warmup, unwarmed, stopping=self._shutting_down)
+            except BaseException:
+                resized.close_added(old_pool)
+                raise
+            resized.times = (
+                old_pool.times
+                if not warmed.warmup_runs
+                else dataclasses.replace(warmed, load_seconds=old_pool.times.load_seconds)
+            )
             return resized, None
         primary = self._load_primary(spec)
         try:

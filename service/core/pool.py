@@ -13,6 +13,7 @@ import queue
 from engine.interface import Backend, Context, LoadedModel, ModelSpec
 
 from .errors import UnsupportedSlotCount
+from .warmup import LoadTimes
 
 _LOG = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class SlotPool:
         self._free: queue.SimpleQueue[Context] = queue.SimpleQueue()
         for context in contexts:
             self._free.put(context)
+        self.times = LoadTimes()  # set by the load that built it (service/core/warmup.py)
 
     @property
     def capacity(self) -> int:
@@ -63,10 +65,18 @@ class SlotPool:
             raise
         return SlotPool(self.spec, self.primary, kept + built)
 
+    def contexts(self) -> list[Context]:
+        """Every context, lent or not (for warmup: only valid while none is lent)."""
+        return list(self._contexts)
+
+    def added_to(self, original: SlotPool) -> list[Context]:
+        """The contexts this pool (made by `original.grown`) built beyond `original`'s."""
+        kept = {id(c) for c in original._contexts}
+        return [c for c in self._contexts if id(c) not in kept]
+
     def close_added(self, original: SlotPool) -> None:
         """Close the contexts this pool (made by `original.grown`) built beyond `original`'s."""
-        kept = {id(c) for c in original._contexts}
-        close_contexts([c for c in self._contexts if id(c) not in kept], self.spec.name)
+        close_contexts(self.added_to(original), self.spec.name)
 
     def close_surplus(self, successor: SlotPool) -> None:
         """Close the contexts of this pool that `successor` (made by `grown`) did not keep."""

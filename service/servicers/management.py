@@ -39,6 +39,13 @@ def status_message(status: ModelStatus) -> pb.ModelStatus:
         message.max_parallel_slots = status.max_parallel_slots
     if status.memory_bytes is not None:
         message.memory_bytes = status.memory_bytes
+    times = status.load_times
+    if times is not None:
+        message.load_times.CopyFrom(
+            pb.LoadTimes(
+                load_seconds=times.load_seconds, warmup_seconds=times.warmup_seconds, warmup_runs=times.warmup_runs
+            )
+        )
     batching = status.batching
     if batching is not None:
         message.batching.CopyFrom(

@@ -16,6 +16,7 @@ from service.servicers.common import SHUTDOWN
 
 SAMPLE_VALUES = {
     "seconds": 0.0451,
+    "warmup_seconds": 0.25,
     "slots": 2,
     "backend": "onnxruntime",
     "models": ["h"],
@@ -73,10 +74,12 @@ def test_every_event_renders_from_its_declared_fields_and_none_shadows_a_fixed_k
 
 def test_text_lines_read_as_before(logger):
     log_event(logger, "loaded", "x", backend="onnxruntime", slots=2, seconds=0.045, memory_bytes=1)
+    log_event(logger, "loaded", "w", backend="onnxruntime", slots=1, seconds=0.045, warmup_seconds=0.25)
     log_event(logger, "evicted", "simple", reason="max_resident_models", for_model="matmul_chain", seconds=0.001)
     log_event(logger, "shutdown_engines_left_open", models=["h"])
     assert [record.getMessage() for record in logger.capture.records] == [
         "model 'x': loaded 2 slot(s) on onnxruntime in 0.045 s",
+        "model 'w': loaded 1 slot(s) on onnxruntime in 0.045 s, then warmed up in 0.250 s",
         "model 'simple': evicted to make room for model 'matmul_chain'",
         "shutdown: engines of h left open: still held by hung calls",
     ]
