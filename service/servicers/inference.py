@@ -8,6 +8,7 @@ import grpc
 from google.protobuf import message_factory
 
 from engine.errors import EngineError
+from engine.interface import ModelSpec
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
@@ -342,7 +343,7 @@ def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
     return config
 
 
-def _fill_tritons_defaults(config: model_config_pb2.ModelConfig, spec) -> None:
+def _fill_tritons_defaults(config: model_config_pb2.ModelConfig, spec: ModelSpec) -> None:
     """The defaults Triton writes into its ModelConfig answer where config.pbtxt leaves them out, where they are
     what slotserve does too: the version policy (the latest version) and the model file's name. Triton's
     `optimization` (pinned input and output memory) is not filled: slotserve does not apply it."""
