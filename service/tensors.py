@@ -247,7 +247,7 @@ def _decode_inputs(
     # for first only when the counts differ, so the common request (every input raw) pays nothing for them.
     one_per_input = len(raw) == count
     if raw and not one_per_input:
-        _check_raw_count(tensors, len(raw))
+        _check_raw_count(request, len(raw))
     inputs = decoded.inputs
     signature = decoded.signature
     next_raw = 0
@@ -278,9 +278,7 @@ def _decode_inputs(
             array = _region_input(decoded, name, datatype, shape, elements, place, shared_memory)
         elif raw:
             if tensor.HasField("contents"):
-                raise InvalidRequest(
-                    f"input '{name}' has typed contents while the request uses raw_input_contents; use one or the other"
-                )
+                raise _mixed_contents(name, request.model_name)
             buffer = raw[next_raw]
             next_raw += 1
             dtype = _FIXED_SIZE.get(datatype)
@@ -306,14 +304,25 @@ def _decode_inputs(
         signature[name] = (datatype, shape)
 
 
-def _check_raw_count(tensors, entries: int) -> None:
-    """Raise InvalidRequest unless raw_input_contents' `entries` are one per input not in shared memory."""
-    count = len(tensors)
-    placed = sum(
-        1
-        for tensor in tensors
-        if tensor.parameters and _placement(f"input '{tensor.name}'", tensor.parameters) is not None
+def _mixed_contents(name: str, model: str) -> InvalidRequest:
+    """An input with typed contents in a request that uses raw_input_contents, in Triton's words (tritonclient's
+    grpc_explicit_int_content_client looks for them)."""
+    return InvalidRequest(
+        f"contents field must not be specified when using raw_input_contents for '{name}' for model '{model}'"
     )
+
+
+def _check_raw_count(request: pb.ModelInferRequest, entries: int) -> None:
+    """Raise InvalidRequest unless raw_input_contents' `entries` are one per input not in shared memory. An input
+    with typed contents is refused first, as Triton refuses it: the count is then not the problem."""
+    tensors = request.inputs
+    count = len(tensors)
+    placed = 0
+    for tensor in tensors:
+        if tensor.parameters and _placement(f"input '{tensor.name}'", tensor.parameters) is not None:
+            placed += 1
+        elif tensor.HasField("contents"):
+            raise _mixed_contents(tensor.name, request.model_name)
     if entries == count - placed:
         return
     if placed:

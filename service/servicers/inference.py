@@ -8,6 +8,7 @@ import grpc
 from google.protobuf import message_factory
 
 from engine.errors import EngineError
+from engine.interface import ModelSpec
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
@@ -244,7 +245,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc(access=Access.MANAGE)
     def RepositoryModelUnload(self, request, context, token):
-        self._control.unload(request.model_name, cancel=token)
+        try:
+            self._control.unload(request.model_name, cancel=token)
+        except ModelNotFound:
+            pass  # as Triton: a model that does not exist is unloaded already, as a second unload finds it
         return pb.RepositoryModelUnloadResponse()
 
     # ---- system shared memory (service/shared_memory.py); CUDA shared memory is not supported ----------------
@@ -327,14 +331,29 @@ def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
         if not config.output:
             for tensor in metadata.outputs:
                 config.output.add(name=tensor.name, data_type=_config_type(tensor.datatype), dims=tensor.shape)
+    # Triton's names: the model's for the group it adds itself, <model>_<index> for a declared one without a name.
+    group_name = (config.instance_group[0].name or f"{entry.name}_0") if config.instance_group else entry.name
     del config.instance_group[:]
     kind = (
         model_config_pb2.ModelInstanceGroup.KIND_GPU
         if spec.backend == "tensorrt"
         else model_config_pb2.ModelInstanceGroup.KIND_CPU
     )
-    config.instance_group.add(count=view.status.slots, kind=kind)
+    config.instance_group.add(name=group_name, count=view.status.slots, kind=kind)
+    _fill_tritons_defaults(config, spec)
     return config
+
+
+def _fill_tritons_defaults(config: model_config_pb2.ModelConfig, spec: ModelSpec) -> None:
+    """The defaults Triton writes into its ModelConfig answer where config.pbtxt leaves them out, where they are
+    what slotserve does too: the version policy (the latest version) and the model file's name. Triton's
+    `optimization` (pinned input and output memory) is not filled: slotserve does not apply it."""
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.default_model_filename and spec.model_file is not None:
+        # The file a model is read from when config.pbtxt names none; TensorRT falls back to model.onnx.
+        onnx = spec.backend == "onnxruntime" or spec.model_file.suffix == ".onnx"
+        config.default_model_filename = "model.onnx" if onnx else "model.plan"
 
 
 def _config_type(datatype: str) -> int:

@@ -107,7 +107,7 @@ def test_batch_beyond_max_batch_size(infer):
 def test_raw_and_typed_contents_both_set(infer):
     request = simple(*GOOD, raw=[ROW, ROW])
     request.inputs[0].contents.int_contents.extend(range(16))
-    refused(infer, request, says=("'INPUT0'", "typed contents", "raw_input_contents"))
+    refused(infer, request, says=("contents field must not be specified when using raw_input_contents for 'INPUT0'",))
 
 
 def test_typed_contents_of_the_wrong_kind(infer):

@@ -323,8 +323,7 @@ def test_repository_unload_then_load(slotserve, tmp_path):
     assert client.model_ready("simple") is True
     inputs = simple_inputs(4)
     check_simple(client.infer("simple", inputs), inputs)
-    error = client_error(client.unload, "no_such_model")
-    assert (error.code, error.reason) == ("NOT_FOUND", "model_not_found")
+    client.unload("no_such_model")  # OK, as Triton: a model the repository does not have is unloaded already
 
 
 def _config_dict(client, model):

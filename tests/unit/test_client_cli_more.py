@@ -99,7 +99,9 @@ def test_config_prints_the_model_configuration_as_text(slotserve, demo_repositor
     squeezed = " ".join(out.split())
     assert 'input { name: "INPUT0" data_type: TYPE_STRING dims: -1 }' in squeezed
     assert 'output { name: "OUTPUT0" data_type: TYPE_STRING dims: -1 }' in squeezed
-    assert "instance_group { count: 3 kind: KIND_CPU }" in squeezed  # the server's slot count (parallel_jobs)
+    assert (
+        'instance_group { name: "simple_identity" count: 3 kind: KIND_CPU }' in squeezed
+    )  # the server's slot count (parallel_jobs)
     code, out, err = cli(running, "--json", "config", "simple")
     assert (code, err) == (0, "")
     data = json.loads(out)
