@@ -42,7 +42,7 @@ from engine.interface import ModelSpec, TensorSpec
 from engine.repository import ModelReading, ModelRepository
 
 FORMAT_VERSION = 1
-WARMUP_RUNS = "read, runs at load once supported"  # warmup samples are checked at read, not run yet
+WARMUP_RUNS = "runs on every slot at load, before the model is ready"  # service/core/warmup.py
 # The server's flags the verdict depends on: copied from service/cli.py's parser, help and defaults included.
 SHARED_FLAGS = (
     "allowed_model_roots",

@@ -168,7 +168,7 @@ def test_each_model_block_names_its_refused_and_ignored_fields_and_the_file(mixe
     refused = {f["field"] for f in by_name["refused"]["refused"]}
     assert refused == {"instance_group[0].rate_limiter", "sequence_batching"}
     listed = by_name["listed"]
-    assert {f["field"] for f in listed["ignored"]} == {"instance_group[0].kind", "model_warmup"}
+    assert {f["field"] for f in listed["ignored"]} == {"instance_group[0].kind"}  # model_warmup is applied: it runs
     assert listed["warmup"] == [{"name": "zeros", "batch_size": 1, "count": 1, "inputs": ["X FP32 [4] zero"]}]
     assert listed["batching"]["max_queue_delay_us"] == 100 and listed["versions"] == [1]
     wrong = by_name["wrong_inputs"]["files"]
