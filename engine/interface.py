@@ -228,7 +228,7 @@ class ModelSpec:
     instance_count: int | None = None
     parameters: Mapping[str, str] = field(default_factory=dict)
     batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
-    version_policy: VersionPolicy = VersionPolicy()  # today only the highest version is served
+    version_policy: VersionPolicy = VersionPolicy()  # every version it selects is served (its own spec)
     warmup: tuple[WarmupSample, ...] = ()  # read and checked; not run yet
     response_cache: bool = False  # `response_cache { enable: true }`; no cache yet
     config: object = field(default=None, compare=False, repr=False)
