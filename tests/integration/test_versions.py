@@ -17,6 +17,8 @@ from service.testing import serve
 
 from ._support import CALL_TIMEOUT, rpc_error, stub, write_fixture_model
 
+cell = pytest.mark.cell
+
 TENSORS = {"inputs": [("X", "FP32", [4])], "outputs": [("Y", "FP32", [4])]}
 X = np.arange(4, dtype=np.float32)
 
@@ -56,6 +58,7 @@ def index_rows(running) -> list[tuple[str, str]]:
         ("version_policy { specific { versions: [ 1, 3 ] } }", ["1", "3"]),
     ],
 )
+@cell("VERSION.01", "VERSION.03")
 def test_each_policy_serves_its_versions_and_each_answers_for_itself(tmp_path, policy, served):
     write_versioned(tmp_path, policy)
     with serve(tmp_path) as running:
@@ -75,6 +78,7 @@ def test_each_policy_serves_its_versions_and_each_answers_for_itself(tmp_path, p
         assert list(running.client.model_metadata("m").versions) == served  # every ready version, as Triton
 
 
+@cell("VERSION.02", "VERSION.03")
 def test_no_version_goes_to_the_highest_ready_version_and_each_version_loads_on_its_own(tmp_path):
     write_versioned(tmp_path, "version_policy { all { } }")
     with serve(tmp_path, load_at_startup=False) as running:
@@ -89,6 +93,7 @@ def test_no_version_goes_to_the_highest_ready_version_and_each_version_loads_on_
         assert list(running.client.model_metadata("m").versions) == ["1", "3"]
 
 
+@cell("VERSION.02")
 def test_with_no_version_ready_a_request_loads_the_highest(tmp_path):
     write_versioned(tmp_path, "version_policy { latest { num_versions: 2 } }")
     with serve(tmp_path, load_at_startup=False) as running:
@@ -96,6 +101,7 @@ def test_with_no_version_ready_a_request_loads_the_highest(tmp_path):
         assert index_rows(running) == [("2", "UNAVAILABLE"), ("3", "READY")]
 
 
+@cell("VERSION.04")
 def test_statistics_per_version_and_for_every_version_when_none_is_named(tmp_path):
     write_versioned(tmp_path, "version_policy { all { } }")
     with serve(tmp_path) as running:
@@ -108,6 +114,7 @@ def test_statistics_per_version_and_for_every_version_when_none_is_named(tmp_pat
         assert {(s.name, s.version) for s in running.client.statistics()} >= {("m", "1"), ("m", "2"), ("m", "3")}
 
 
+@cell("VERSION.06", "VERSION.03")
 def test_unload_retires_every_version_and_a_request_loads_them_again(tmp_path):
     write_versioned(tmp_path, "version_policy { all { } }")
     with serve(tmp_path, allow_management=True) as running:
@@ -120,6 +127,7 @@ def test_unload_retires_every_version_and_a_request_loads_them_again(tmp_path):
         assert index_rows(running) == [("1", "READY"), ("2", "READY"), ("3", "READY")]
 
 
+@cell("VERSION.06")
 def test_bulk_unload_takes_every_version(tmp_path):
     write_versioned(tmp_path, "version_policy { latest { num_versions: 2 } }")
     with serve(tmp_path, allow_management=True) as running:
@@ -128,6 +136,7 @@ def test_bulk_unload_takes_every_version(tmp_path):
         assert index_rows(running) == [("2", "UNAVAILABLE"), ("3", "UNAVAILABLE")]
 
 
+@cell("VERSION.05")
 def test_a_reload_that_changes_the_policy_adds_and_retires_versions_while_the_kept_one_serves(tmp_path, controls):
     directory = write_versioned(tmp_path, "version_policy { specific { versions: [ 2 ] } }")
     with serve(tmp_path, backends={"fixture": FixtureBackend(controls)}, allow_management=True) as running:
@@ -172,6 +181,7 @@ def test_a_reload_that_changes_the_policy_adds_and_retires_versions_while_the_ke
         assert controls.live_engines("m") == 1  # version 2's engine was closed
 
 
+@cell("VERSION.07")
 def test_residency_counts_each_version(tmp_path):
     write_versioned(tmp_path, "version_policy { all { } }")
     with serve(tmp_path, load_at_startup=False, max_resident_models=2) as running:
