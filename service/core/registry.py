@@ -275,14 +275,18 @@ class ModelRegistry:
         released. Returns the highest one's status; raises the first load error once all were tried."""
         statuses: dict[int, ModelStatus] = {}
         failure: BaseException | None = None
-        for entry, lease in sorted(claimed, key=lambda pair: -int(pair[0].spec.version)):
-            with lease:
-                if load:
-                    try:
-                        entry.load_leased()
-                    except Exception as error:  # the other versions still load
-                        failure = failure or error
-                statuses[int(entry.spec.version)] = entry.status()
+        try:
+            for entry, lease in sorted(claimed, key=lambda pair: -int(pair[0].spec.version)):
+                with lease:
+                    if load:
+                        try:
+                            entry.load_leased()
+                        except Exception as error:  # the other versions still load
+                            failure = failure or error
+                    statuses[int(entry.spec.version)] = entry.status()
+        finally:  # leases not reached (an interrupted load) are released too: idempotent
+            for _entry, lease in claimed:
+                lease.release()
         if failure is not None:
             raise failure
         return statuses[max(statuses)]
@@ -314,7 +318,9 @@ class ModelRegistry:
         added, group = self._add_versions(registration.name, validated)
         if added:
             statuses[max(int(e.spec.version) for e, _ in added)] = self._load_claimed(added, load=True)
-        self._retire([entry for version, entry in group.by_version.items() if version not in validated], cancel)
+        self._retire([entry for version, entry in group.by_version.items() if version not in validated])
+        if not statuses:  # every kept version was retired by a concurrent reload, and none was added
+            return group.highest().status()
         return statuses[max(statuses)]
 
     def _add_versions(
@@ -338,10 +344,12 @@ class ModelRegistry:
             self._failed.pop(name, None)  # its configuration is good now
             return added, group
 
-    def _retire(self, dropped: list[ModelEntry], cancel: CancelToken | None) -> None:
+    def _retire(self, dropped: list[ModelEntry]) -> None:
         """Take the versions a reload dropped out of their group at once (no new request finds them), then
-        unload each for good under its exclusive lease, after its earlier leases drain (a request queued
-        before is refused with ModelNotFound naming the version)."""
+        unload each for good under its exclusive lease, after the work admitted before it drains; a request
+        that found the entry earlier and queues behind the retirement is refused with ModelNotFound naming the
+        version. Not cancellable, and not bounded by the admission timeout: a dropped version left loaded
+        would hold its engine with nothing listing it."""
         if not dropped:
             return
         with self._lock:
@@ -349,7 +357,7 @@ class ModelRegistry:
             kept = {v: e for v, e in group.by_version.items() if all(e is not d for d in dropped)}
             self._entries[group.name] = ModelVersions(group.name, kept)
         for entry in dropped:
-            with entry.exclusive(None, cancel):  # a retirement is not refused: it waits for its earlier work
+            with entry.exclusive(None):
                 entry.retire_leased()
 
     def load(self, name: str, *, config_json: str = "", cancel: CancelToken | None = None) -> ModelStatus:
