@@ -230,7 +230,7 @@ class ModelSpec:
     instance_count: int | None = None
     parameters: Mapping[str, str] = field(default_factory=dict)
     batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
-    version_policy: VersionPolicy = VersionPolicy()  # today only the highest version is served
+    version_policy: VersionPolicy = VersionPolicy()  # every version it selects is served (its own spec)
     warmup: tuple[WarmupSample, ...] = ()  # run on every slot before the pool is published
     response_cache: bool = False  # `response_cache { enable: true }` (service/response_cache.py)
     config: object = field(default=None, compare=False, repr=False)

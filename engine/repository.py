@@ -218,8 +218,8 @@ FIELDS: dict[str, FieldRule] = {
     "backend": _applied("onnxruntime, tensorrt, python (docs/python-models.md) or fixture (test backend)"),
     "runtime": _ignored("the backend chooses its own runtime library"),
     "version_policy": _applied(
-        "only the highest version folder is served; a policy that selects any other version is refused "
-        "(several versions: not supported yet)"
+        "latest (num_versions), all or specific: each selected version folder is served as its own pool; "
+        "a policy that selects none of the folders is refused"
     ),
     "max_batch_size": _applied("0: no batch dimension; N > 0: a leading batch dimension of 1..N rows"),
     "input": _applied("declared inputs are checked against the model at load"),
@@ -494,21 +494,9 @@ def _version_policy(config: model_config_pb2.ModelConfig, origin: str) -> Versio
 
 
 def _version_refusals(policy: VersionPolicy, folders: dict[int, Path]) -> list[tuple[str, str]]:
-    """Today one version is served, the highest folder: a policy that selects any other is refused by name."""
-    if not folders:
-        return []
-    highest = max(folders)
-    selected = policy.select(folders)
-    if not selected:
+    """A policy that selects none of the version folders serves nothing: refused by name (Triton fails the load)."""
+    if folders and not policy.select(folders):
         return [("version_policy", f"selects none of the version folders {sorted(folders)}")]
-    if selected != (highest,):
-        return [
-            (
-                "version_policy",
-                f"selects versions {sorted(selected)}: not supported yet: only the highest version folder "
-                f"({highest}) is served",
-            )
-        ]
     return []
 
 
@@ -519,6 +507,16 @@ def _other_refusals(
     return [*_not_yet(config), *_version_refusals(policy, folders)]
 
 
+def served_versions(config: model_config_pb2.ModelConfig, directory: Path | None) -> tuple[int, ...]:
+    """The version folders `config`'s version_policy serves in `directory`, highest first; (1,) for a model with
+    no version folder (a backend that needs no file); possibly none. Raises ModelConfigError for a policy that cannot
+    be read."""
+    folders = _version_folders(directory)
+    if not folders:
+        return (1,)
+    return _version_policy(config, "version_policy").select(folders)
+
+
 def spec_from_config(
     name: str,
     directory: Path | None,
@@ -526,8 +524,10 @@ def spec_from_config(
     backend: str | None = None,
     *,
     roots: ModelRoots,
+    version: int | None = None,
 ) -> ModelSpec:
-    """Build a ModelSpec from a parsed config. `backend` (a management request's choice) overrides the
+    """Build a ModelSpec from a parsed config for one version folder: `version`, or by default the highest one
+    the version policy selects (see `served_versions`). `backend` (a management request's choice) overrides the
     config's; the model file must resolve inside `roots`. Raises ModelConfigError naming the problem."""
     origin = f"model '{name}'"
     check_model_name(name)
@@ -539,7 +539,11 @@ def spec_from_config(
     policy = _version_policy(config, origin)
     _judge_fields(config, origin, _other_refusals(config, policy, folders))
     batching = _batching_spec(config, origin)
-    version, version_dir = (str(max(folders)), folders[max(folders)]) if folders else ("1", None)
+    if version is None:
+        version = policy.select(folders)[0] if folders else 1
+    if folders and version not in folders:
+        raise ModelConfigError(f"{origin}: no version folder {version}/ (the folders are {sorted(folders)})")
+    version_dir = folders.get(version)
     if backend:
         if backend not in KNOWN_BACKENDS:
             raise ModelConfigError(f"{origin}: unknown backend '{backend}'; slotserve has {', '.join(KNOWN_BACKENDS)}")
@@ -565,7 +569,7 @@ def spec_from_config(
     return ModelSpec(
         name=name,
         backend=backend,
-        version=version,
+        version=str(version),
         directory=directory,
         model_file=model_file,
         platform=final.platform,
@@ -727,8 +731,7 @@ class ModelRepository:
         `config_json` replaces config.pbtxt. Raises ModelConfigError when the directory, the configuration or
         the model file is missing, invalid, or outside the repository and the allowed roots.
         """
-        directory, config = self._config_of(name, source, config_json)
-        return spec_from_config(name, directory, config, backend or None, roots=self.roots)
+        return self.read_versions(name, source=source, config_json=config_json, backend=backend)[0]
 
     def judge(self, name: str, *, source: str = "", config_json: str = "", backend: str = "") -> ModelReading:
         """What `read` makes of model `name`, as a record instead of a raise: the spec or the error, and every
@@ -769,6 +772,19 @@ class ModelRepository:
         if config_path.exists():
             return directory, parse_config_text(config_path.read_text(), f"{origin} ({CONFIG_FILE})")
         return directory, model_config_pb2.ModelConfig()
+
+    def read_versions(
+        self, name: str, *, source: str = "", config_json: str = "", backend: str = ""
+    ) -> tuple[ModelSpec, ...]:
+        """Every version of model `name` its version_policy serves, highest first, one ModelSpec each (read as
+        `read` does, the configuration read once). Raises ModelConfigError as `read` does, for any version."""
+        directory, config = self._config_of(name, source=source, config_json=config_json)
+        highest = spec_from_config(name, directory, config, backend or None, roots=self.roots)  # judges the config
+        others = served_versions(config, directory)[1:]
+        return (highest,) + tuple(
+            spec_from_config(name, directory, config, backend or None, roots=self.roots, version=version)
+            for version in others
+        )
 
 
 @dataclass(frozen=True)

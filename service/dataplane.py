@@ -31,7 +31,7 @@ from .core.errors import InvalidRequest, ModelNotFound
 from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
-from .core.registry import ModelRegistry
+from .core.registry import ModelRegistry, ModelVersions
 from .response_cache import NOT_CACHEABLE, CacheLookup, ResponseCache
 from .shared_memory import Region, RegionSlice
 from .tensor_memory import Reservation, TensorMemory
@@ -126,18 +126,6 @@ class InferenceRequest(Generic[R]):
     client_deadline: float | None = None  # on the monotonic clock; None: the client set none
 
 
-def check_version(entry: ModelEntry, version: str) -> None:
-    """Raise unless `version` is empty or the model's version. Non-numeric versions are malformed."""
-    if not version or version == entry.spec.version:
-        return
-    if not version.isdigit():
-        # Triton's wording: tritonclient's explicit int8 example recognises the refusal by it.
-        raise InvalidRequest(
-            f"failed to get model version from specified version string '{version}': a model version is a number"
-        )
-    raise ModelNotFound(entry.name, version)
-
-
 def output_bytes(outputs: Outputs) -> int:
     """About how much memory the run's outputs hold: nbytes, and for BYTES (object arrays) BYTES_ELEMENT_COST per
     element (their contents are not walked for this)."""
@@ -173,11 +161,12 @@ class Dataplane:
         with self._unknown_lock:
             return self._unknown_model_requests
 
-    def _request_entry(self, name: str) -> ModelEntry:
-        """The entry an inference request names; a request for an unknown name is counted server-wide (a
-        per-name count would let clients grow the metrics without bound) and raises ModelNotFound."""
+    def _request_versions(self, name: str) -> ModelVersions:
+        """The versions of the model an inference request names; a request for an unknown name is counted
+        server-wide (a per-name count would let clients grow the metrics without bound) and raises
+        ModelNotFound."""
         try:
-            return self.registry.get(name)
+            return self.registry.versions(name)
         except ModelNotFound:
             with self._unknown_lock:
                 self._unknown_model_requests += 1
@@ -205,9 +194,8 @@ class Dataplane:
             raise
 
     def resolve(self, name: str, version: str) -> ModelEntry:
-        entry = self.registry.get(name)
-        check_version(entry, version)
-        return entry
+        """The entry of `name`'s `version` ("": the highest ready one). Raises as ModelRegistry.get does."""
+        return self.registry.get(name, version)
 
     def admission_deadline(self, entry: ModelEntry, timeout_us: int, client_deadline: float | None) -> float | None:
         """The earliest of: the model's admission timeout, the request's `timeout` parameter (which can only
@@ -246,12 +234,13 @@ class Dataplane:
         before its answer is yielded (a stream cancelled right after it never resumes the generator, and the
         answer was complete); a streaming model's answers are counted after the last."""
         started = time.perf_counter_ns()
-        entry = self._request_entry(request.model)
+        versions = self._request_versions(request.model)
+        entry = versions.default()  # where a request for a version that is not served is counted
         recorded = False
         cancel = cancel or CancelToken()
         reservation = decoded = None
         try:
-            check_version(entry, request.version)
+            entry = versions.find(request.version)
             reservation, decoded = self._decode(request.tensors)
             cached = self._cached(entry, request, decoded, stream)
             deadline = self.admission_deadline(entry, decoded.timeout_us, request.client_deadline)
@@ -441,4 +430,4 @@ def _earliest(a: float | None, b: float) -> float:
     return b if a is None or b < a else a
 
 
-__all__ = ["Dataplane", "DecodedRequest", "InferenceRequest", "InferenceResponse", "RequestTensors", "check_version"]
+__all__ = ["Dataplane", "DecodedRequest", "InferenceRequest", "InferenceResponse", "RequestTensors"]

@@ -46,6 +46,7 @@ from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, 
 from .errors import (
     BackendNotAvailable,
     ModelLoadFailed,
+    ModelNotFound,
     ModelNotLoadedByControl,
     RequestCancelled,
     ServiceError,
@@ -357,8 +358,9 @@ class ModelEntry:
         self.name = spec.name
         self._runtime = runtime
         self._clock = runtime.clock
-        self._lock = threading.Lock()  # guards: _state, _committed, _pool, _init, _last_error, admission core
+        self._lock = threading.Lock()  # guards: _state, _committed, _pool, _init, _last_error, _retired, admission core
         self._state = ModelState.UNLOADED
+        self._retired = False  # a version its policy no longer serves: never loaded again (retire_leased)
         self._committed = _Committed(spec, settings)
         self._pool: SlotPool | None = None
         self._init: _InitAttempt | None = None
@@ -542,6 +544,9 @@ class ModelEntry:
                 if self._pool is not None:
                     return self._pool
                 attempt = self._init
+                if attempt is None and self._retired:
+                    # A request that found this version before a reload dropped it.
+                    raise ModelNotFound(self.name, self._committed.spec.version)
                 if attempt is None and self._runtime.lazy_load_refusal:
                     raise ModelNotLoadedByControl(self.name, self._runtime.lazy_load_refusal)
                 if attempt is None:
@@ -888,6 +893,19 @@ class ModelEntry:
                 self._transition_locked(ModelState.UNLOADED)
         self._runtime.events.emit(_LOG, event, self.name, **fields, seconds=time.perf_counter() - started)
         return True
+
+    @property
+    def retired(self) -> bool:
+        """Whether a reload dropped this version (retire_leased): the registry no longer lists it."""
+        return self._retired
+
+    def retire_leased(self) -> None:
+        """Unload this version for good (caller holds the exclusive lease): its policy no longer serves it. A
+        request still holding the entry is refused with ModelNotFound naming the version; nothing loads it
+        again. Teardown as in unload_leased."""
+        with self._lock:
+            self._retired = True
+        self.unload_leased()
 
     # ---- a backend reported its device unusable (engine.errors.DeviceFailedError) ---------------------------------
 

@@ -2,12 +2,20 @@
 unload, bulk unload). Management calls and Triton's repository load/unload RPCs both come here, so they share
 one lifecycle code path.
 
+Versions: a name maps to a `ModelVersions`, one ModelEntry per version its `version_policy` serves; each version
+is a model of its own (slots, FIFO, leases, batching, residency, statistics). A request naming no version goes to
+the highest READY version (the highest version when none is ready: its first request loads it, as any lazy
+model). A reload adds the versions the new policy selects and retires those it drops (their entries leave the
+group, then unload under their own exclusive lease and never load again); the versions it keeps are reconfigured
+one by one under their own leases, as a single model is. Unload takes every version.
+
 Locking: `_lock` guards `_entries` only and is held for dictionary work, never across a wait; it is taken before
 any model lock, never after. `_bulk_lock` serializes the publication of bulk-unload barriers (a few
 non-blocking enqueues), so two bulk operations over overlapping models order their barriers the same way on
 every shared model and cannot wait on each other in a cycle. Ordinary requests never touch it.
 
-Entries are never removed: a worker may hold one at any time. An unloaded entry costs a few objects.
+Names are never removed, nor a version's entry except when a reload retires it: a worker may hold one at any
+time. An unloaded entry costs a few objects.
 """
 
 from __future__ import annotations
@@ -56,6 +64,45 @@ class Registration:
     config_json: str = ""
 
 
+@dataclass(frozen=True)
+class ModelVersions:
+    """The served versions of one model name, by version number (replaced whole under the registry lock, so a
+    reader without it sees one consistent set)."""
+
+    name: str
+    by_version: Mapping[int, ModelEntry]
+
+    def entries(self) -> list[ModelEntry]:
+        """Every version's entry, lowest version first."""
+        return [self.by_version[version] for version in sorted(self.by_version)]
+
+    def highest(self) -> ModelEntry:
+        return self.by_version[max(self.by_version)]
+
+    def default(self) -> ModelEntry:
+        """The version a request naming none gets: the highest READY one, else the highest."""
+        ready = [version for version, entry in self.by_version.items() if entry.is_ready()]
+        return self.by_version[max(ready)] if ready else self.highest()
+
+    def ready_versions(self) -> list[str]:
+        return [str(version) for version in sorted(self.by_version) if self.by_version[version].is_ready()]
+
+    def find(self, version: str) -> ModelEntry:
+        """The entry of `version` ("" for the default). Raises InvalidRequest for a version that is not a number
+        (Triton's wording), ModelNotFound for one that is not served."""
+        if not version:
+            return self.default()
+        if not version.isdigit():
+            # Triton's wording: tritonclient's explicit int8 example recognises the refusal by it.
+            raise InvalidRequest(
+                f"failed to get model version from specified version string '{version}': a model version is a number"
+            )
+        entry = self.by_version.get(int(version))
+        if entry is None:
+            raise ModelNotFound(self.name, version)
+        return entry
+
+
 class ModelRegistry:
     def __init__(
         self, repository: ModelRepository, runtime: SharedRuntime, policy: RegistryPolicy | None = None
@@ -64,7 +111,7 @@ class ModelRegistry:
         self.runtime = runtime
         self.policy = policy or RegistryPolicy()
         self._lock = threading.Lock()  # guards: _entries, _failed
-        self._entries: dict[str, ModelEntry] = {}
+        self._entries: dict[str, ModelVersions] = {}
         # Repository models with no entry because their configuration could not be read or was refused: the
         # reason, until a registration of the name succeeds.
         self._failed: dict[str, str] = {}
@@ -72,16 +119,21 @@ class ModelRegistry:
 
     # ---- lookup ---------------------------------------------------------------------------------------------
 
-    def get(self, name: str) -> ModelEntry:
-        """The entry of `name`. Raises ModelConfigFailed for a repository model whose configuration failed (with
-        its reason), ModelNotFound for any other unknown name."""
-        entry = self._entries.get(name)  # a dict read is atomic; entries are never removed
-        if entry is None:
+    def versions(self, name: str) -> ModelVersions:
+        """The served versions of `name`. Raises ModelConfigFailed for a repository model whose configuration
+        failed (with its reason), ModelNotFound for any other unknown name."""
+        group = self._entries.get(name)  # a dict read is atomic; names are never removed
+        if group is None:
             reason = self._failed.get(name)
             if reason is not None:
                 raise ModelConfigFailed(name, reason)
             raise ModelNotFound(name)
-        return entry
+        return group
+
+    def get(self, name: str, version: str = "") -> ModelEntry:
+        """The entry of `name`'s `version` ("": the highest ready version, else the highest). Raises as
+        `versions` does, and as ModelVersions.find for the version."""
+        return self.versions(name).find(version)
 
     def unregistered_reason(self, name: str) -> str:
         """Why repository model `name` has no entry: "failed to load: <reason>", or "not registered"."""
@@ -97,30 +149,37 @@ class ModelRegistry:
                 self._failed[name] = reason
 
     def entries(self) -> list[ModelEntry]:
+        """Every served version of every model, by name, then version (lowest first)."""
         with self._lock:
-            return [self._entries[name] for name in sorted(self._entries)]
+            groups = [self._entries[name] for name in sorted(self._entries)]
+        return [entry for group in groups for entry in group.entries()]
 
     def statuses(self) -> list[ModelStatus]:
         return [entry.status() for entry in self.entries()]
 
     # ---- settings -------------------------------------------------------------------------------------------
 
-    def _read_spec(self, registration: Registration, current: ModelEntry | None) -> ModelSpec:
+    def _read_specs(self, registration: Registration, current: ModelEntry | None) -> tuple[ModelSpec, ...]:
         source = registration.source or (current.settings.source if current is not None else "")
-        spec = self.repository.read(
+        specs = self.repository.read_versions(
             registration.name, source=source, config_json=registration.config_json, backend=registration.backend
         )
         if registration.options:
-            spec = _with_options(spec, registration.options)
-        return spec
+            specs = tuple(_with_options(spec, registration.options) for spec in specs)
+        return specs
 
-    def _validated(self, registration: Registration, current: ModelEntry | None) -> tuple[ModelSpec, ModelSettings]:
-        """The spec and settings `registration` asks for, a missing source taken from `current`'s committed one.
-        Raises ModelConfigError, UnsupportedSlotCount or InvalidRequest naming the problem."""
-        spec = self._read_spec(registration, current)
-        settings = self.settings_for(spec, registration)
+    def _validated(
+        self, registration: Registration, current: ModelEntry | None
+    ) -> dict[int, tuple[ModelSpec, ModelSettings]]:
+        """The spec and settings `registration` asks for, per served version, a missing source taken from
+        `current`'s committed one. Raises ModelConfigError, UnsupportedSlotCount or InvalidRequest naming the
+        problem."""
         source = registration.source or (current.settings.source if current is not None else "")
-        return spec, dataclasses.replace(settings, source=source)
+        validated = {}
+        for spec in self._read_specs(registration, current):
+            settings = self.settings_for(spec, registration)
+            validated[int(spec.version)] = (spec, dataclasses.replace(settings, source=source))
+        return validated
 
     def settings_for(self, spec: ModelSpec, registration: Registration) -> ModelSettings:
         """Slot count and admission timeout of a registration. Raises UnsupportedSlotCount or
@@ -184,47 +243,123 @@ class ModelRegistry:
         self, registration: Registration, *, load: bool = True, cancel: CancelToken | None = None
     ) -> ModelStatus:
         """Register a new id or reconfigure an existing one, then load it (unless `load` is False for a new id).
+        Returns the highest served version's status.
 
         Validation (files, configuration, slot count against the mode) happens before anything is published or
-        changed. A new id publishes one stable entry holding an exclusive lease, then loads; if that load fails
-        the entry stays registered and unloaded, and the error is raised. An existing id waits for an exclusive
-        lease in its FIFO queue (bounded by its admission timeout), then reconfigures (see
-        ModelEntry.reconfigure_leased). Raises ModelConfigError, UnsupportedSlotCount, InvalidRequest,
-        ServerBusy, or the load's error.
+        changed, for every version the policy serves. A new id publishes one stable entry per version, each
+        holding an exclusive lease, then loads them one by one; if a load fails that version stays registered
+        and unloaded, the others are still loaded, and the first error is raised. An existing id reconfigures
+        the versions it keeps, each after an exclusive lease in its own FIFO queue (bounded by its admission
+        timeout; see ModelEntry.reconfigure_leased), adds and loads the versions the policy now selects, and
+        retires those it no longer does (`_retire`). Raises ModelConfigError, UnsupportedSlotCount,
+        InvalidRequest, ServerBusy, or a load's error.
         """
         check_model_name(registration.name)
-        spec, settings = self._validated(registration, self._entries.get(registration.name))  # fails fast
+        current = self._entries.get(registration.name)
+        validated = self._validated(registration, current.highest() if current is not None else None)  # fails fast
         # Each operation answers with the status its own lease produced, taken before the lease is released: a
         # manager queued behind it may change the model the moment it is.
-        entry, claimed = self._publish_or_find(spec, settings)
-        if claimed is not None:
-            self.runtime.events.emit(
-                _LOG, "registered", entry.name, backend=spec.backend, slots=settings.slots, source=settings.source
-            )
-            with claimed:
-                if load:
-                    entry.load_leased()
-                return entry.status()
-        with entry.exclusive(self.manager_deadline(entry), cancel):
-            if not registration.source:
-                # "Keep the current source" means the one committed now: a manager ahead of this one in the
-                # queue may have changed it since the early validation read it.
-                spec, settings = self._validated(registration, entry)
-            entry.reconfigure_leased(spec, settings)  # emits reconfigured or reconfigure_refused
-            return entry.status()
+        if current is None:
+            added, current = self._add_versions(registration.name, validated)
+            if not added:  # a registration of the same name published it first: reconfigure it as ours
+                return self._reconfigure(registration, current, validated, cancel)
+            for entry, _claimed in added:
+                spec, settings = validated[int(entry.spec.version)]
+                self.runtime.events.emit(
+                    _LOG, "registered", entry.name, backend=spec.backend, slots=settings.slots, source=settings.source
+                )
+            return self._load_claimed(added, load=load)
+        return self._reconfigure(registration, current, validated, cancel)
 
-    def _publish_or_find(self, spec: ModelSpec, settings: ModelSettings) -> tuple[ModelEntry, ExclusiveLease | None]:
-        """Publish a new entry already holding an exclusive lease (so concurrent registrations of the same id
-        queue behind it), or return the existing entry and None."""
+    def _load_claimed(self, claimed: list[tuple[ModelEntry, ExclusiveLease]], *, load: bool) -> ModelStatus:
+        """Load (when `load`) each newly published version under its first lease, highest first; every lease is
+        released. Returns the highest one's status; raises the first load error once all were tried."""
+        statuses: dict[int, ModelStatus] = {}
+        failure: BaseException | None = None
+        try:
+            for entry, lease in sorted(claimed, key=lambda pair: -int(pair[0].spec.version)):
+                with lease:
+                    if load:
+                        try:
+                            entry.load_leased()
+                        except Exception as error:  # the other versions still load
+                            failure = failure or error
+                    statuses[int(entry.spec.version)] = entry.status()
+        finally:  # leases not reached (an interrupted load) are released too: idempotent
+            for _entry, lease in claimed:
+                lease.release()
+        if failure is not None:
+            raise failure
+        return statuses[max(statuses)]
+
+    def _reconfigure(
+        self,
+        registration: Registration,
+        group: ModelVersions,
+        validated: dict[int, tuple[ModelSpec, ModelSettings]],
+        cancel: CancelToken | None,
+    ) -> ModelStatus:
+        """An existing id: the kept versions reconfigured in place (each under its own exclusive lease, highest
+        first), then the new versions added and loaded, then the dropped ones retired. A kept version's pool
+        stays published throughout (an unchanged configuration keeps its engine), so it serves through the
+        reload."""
+        statuses: dict[int, ModelStatus] = {}
+        for version in sorted(set(group.by_version) & set(validated), reverse=True):
+            entry = group.by_version[version]
+            with entry.exclusive(self.manager_deadline(entry), cancel):
+                if entry.retired:
+                    continue  # a concurrent reload dropped it: added again below
+                spec, settings = validated[version]
+                if not registration.source:
+                    # "Keep the current source" means the one committed now: a manager ahead of this one in the
+                    # queue may have changed it since the early validation read it.
+                    spec, settings = self._validated(registration, entry).get(version, (spec, settings))
+                entry.reconfigure_leased(spec, settings)  # emits reconfigured or reconfigure_refused
+                statuses[version] = entry.status()
+        added, group = self._add_versions(registration.name, validated)
+        if added:
+            statuses[max(int(e.spec.version) for e, _ in added)] = self._load_claimed(added, load=True)
+        self._retire([entry for version, entry in group.by_version.items() if version not in validated])
+        if not statuses:  # every kept version was retired by a concurrent reload, and none was added
+            return group.highest().status()
+        return statuses[max(statuses)]
+
+    def _add_versions(
+        self, name: str, validated: dict[int, tuple[ModelSpec, ModelSettings]]
+    ) -> tuple[list[tuple[ModelEntry, ExclusiveLease]], ModelVersions]:
+        """Publish an entry, already holding its first exclusive lease, for each version of `validated` that
+        `name` does not serve yet (so requests and managers for it queue behind its load). Returns those and
+        the group now published."""
         with self._lock:
-            existing = self._entries.get(spec.name)
-            if existing is not None:
-                return existing, None
-            entry = ModelEntry(spec, settings, self.runtime)
-            claimed = entry.claim_new()  # registry lock -> model lock: the stated order
-            self._entries[spec.name] = entry
-            self._failed.pop(spec.name, None)  # its configuration is good now
-            return entry, claimed
+            group = self._entries.get(name)
+            by_version = dict(group.by_version) if group is not None else {}
+            added = []
+            for version, (spec, settings) in validated.items():
+                if version in by_version and not by_version[version].retired:
+                    continue
+                entry = ModelEntry(spec, settings, self.runtime)
+                added.append((entry, entry.claim_new()))  # registry lock -> model lock: the stated order
+                by_version[version] = entry
+            group = ModelVersions(name, by_version)
+            self._entries[name] = group
+            self._failed.pop(name, None)  # its configuration is good now
+            return added, group
+
+    def _retire(self, dropped: list[ModelEntry]) -> None:
+        """Take the versions a reload dropped out of their group at once (no new request finds them), then
+        unload each for good under its exclusive lease, after the work admitted before it drains; a request
+        that found the entry earlier and queues behind the retirement is refused with ModelNotFound naming the
+        version. Not cancellable, and not bounded by the admission timeout: a dropped version left loaded
+        would hold its engine with nothing listing it."""
+        if not dropped:
+            return
+        with self._lock:
+            group = self._entries[dropped[0].name]
+            kept = {v: e for v, e in group.by_version.items() if all(e is not d for d in dropped)}
+            self._entries[group.name] = ModelVersions(group.name, kept)
+        for entry in dropped:
+            with entry.exclusive(None):
+                entry.retire_leased()
 
     def load(self, name: str, *, config_json: str = "", cancel: CancelToken | None = None) -> ModelStatus:
         """Triton's RepositoryModelLoad: (re)read the model from the repository, with an optional JSON config
@@ -240,12 +375,15 @@ class ModelRegistry:
     # ---- unload ---------------------------------------------------------------------------------------------
 
     def unload(self, name: str, cancel: CancelToken | None = None) -> ModelStatus:
-        """Unload one model after every earlier lease drains (bounded by its admission timeout). Idempotent.
-        Raises ModelNotFound or ServerBusy."""
-        entry = self.get(name)
-        with entry.exclusive(self.manager_deadline(entry), cancel):
-            entry.unload_leased()
-            return entry.status()
+        """Unload every version of one model, highest first, each after its earlier leases drain (bounded by its
+        admission timeout). Idempotent. Returns the highest version's status. Raises ModelNotFound or
+        ServerBusy (the versions unloaded before it stay unloaded)."""
+        statuses = []
+        for entry in reversed(self.versions(name).entries()):
+            with entry.exclusive(self.manager_deadline(entry), cancel):
+                entry.unload_leased()
+                statuses.append(entry.status())
+        return statuses[0]
 
     def unload_many(
         self, names: Iterable[str] = (), *, all_models: bool = False, cancel: CancelToken | None = None
@@ -288,22 +426,22 @@ class ModelRegistry:
         finally:
             for barrier in pending:
                 barrier.withdraw()
-        return [entry.name for entry in selected if entry.name in unloaded], not_found
+        return list(dict.fromkeys(entry.name for entry in selected if entry.name in unloaded)), not_found
 
     def _select(self, names: Iterable[str], all_models: bool) -> tuple[list[ModelEntry], list[str]]:
         with self._lock:
             if all_models:
-                return [self._entries[name] for name in sorted(self._entries)], []
+                return [e for name in sorted(self._entries) for e in self._entries[name].entries()], []
             selected, not_found, seen = [], [], set()
             for name in names:
                 if name in seen:
                     continue
                 seen.add(name)
-                entry = self._entries.get(name)
-                if entry is None:
+                group = self._entries.get(name)
+                if group is None:
                     not_found.append(name)
                 else:
-                    selected.append(entry)
+                    selected.extend(group.entries())
             return selected, not_found
 
     def close_idle_models(self) -> tuple[list[str], list[str]]:
@@ -345,4 +483,4 @@ def _with_options(spec: ModelSpec, options: Mapping[str, str]) -> ModelSpec:
     return dataclasses.replace(spec, parameters=parameters, config=config)
 
 
-__all__ = ["ModelRegistry", "Registration", "RegistryPolicy", "MAX_SLOTS", "ModelConfigError"]
+__all__ = ["ModelRegistry", "ModelVersions", "Registration", "RegistryPolicy", "MAX_SLOTS", "ModelConfigError"]

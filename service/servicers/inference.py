@@ -18,7 +18,7 @@ from ..auth import Access
 from ..core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
-from ..dataplane import Dataplane, check_version
+from ..dataplane import Dataplane
 from ..model_control import ModelControl
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
 from ..tensors import as_bytes, as_message, inference_request
@@ -89,8 +89,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @rpc(access=Access.OPEN)
     def ModelReady(self, request, context, token):
         try:
-            entry = self._registry.get(request.name)
-            check_version(entry, request.version)
+            entry = self._registry.get(request.name, request.version)  # no version: the highest ready one
         except (ModelNotFound, ModelConfigFailed):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=entry.is_ready())
@@ -101,14 +100,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ModelMetadata(self, request, context, token):
-        entry = self._dataplane.resolve(request.name, request.version)
+        group = self._registry.versions(request.name)
+        entry = group.find(request.version)
+        ready = group.ready_versions() if not request.version else []  # read before the view: see below
         view = entry.view()  # one reading: never a new version with the old inputs
         metadata, spec = view.metadata, view.spec
         if metadata is None and not spec.inputs:
             raise ModelNotLoadedYet(
                 f"model '{entry.name}' has not been loaded yet and its configuration declares no inputs"
             )
-        response = pb.ModelMetadataResponse(name=entry.name, versions=[spec.version], platform=spec.platform)
+        # As Triton: the version asked for, or (none asked) every ready version. The one described is always among
+        # them: a reload that replaced it since the group was read lists it alone.
+        versions = ready if spec.version in ready else [spec.version]
+        response = pb.ModelMetadataResponse(name=entry.name, versions=versions, platform=spec.platform)
         if metadata is not None:
             inputs, outputs, batch = metadata.inputs, metadata.outputs, metadata.max_batch_size
         else:
@@ -126,8 +130,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ModelStatistics(self, request, context, token):
-        if request.name:
+        if request.name and request.version:
             entries = [self._dataplane.resolve(request.name, request.version)]
+        elif request.name:
+            entries = self._registry.versions(request.name).entries()  # every version, as Triton
         else:
             entries = self._registry.entries()
         response = pb.ModelStatisticsResponse()

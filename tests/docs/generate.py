@@ -132,6 +132,7 @@ GROUPS = {  # id prefix -> (heading, what the cells of that group are about)
     "FAIL": ("Failures", "Loads, reconfigurations, runs and teardowns that fail or are slow."),
     "TIME": ("Timeouts, disconnects and shutdown", "Deadlines, clients that go away, and stopping the server."),
     "BATCH": ("Dynamic batching (slotserve's own cells)", "Queued requests run together as one engine call."),
+    "VERSION": ("Model versions (slotserve's own cells)", "A model serving several versions, each its own model."),
 }
 
 

@@ -35,7 +35,7 @@ def repository(tmp_path):
     write_fixture_model(root, "refused", **TENSORS, max_batch_size=4, extra=REFUSED)
     broken = write_fixture_model(root, "broken", **TENSORS)
     (broken / "config.pbtxt").write_text('name: "broken"\nbackend: "fixture"\ninput [ { name: "X" ')
-    versioned = write_fixture_model(root, "versioned", **TENSORS, extra="version_policy { specific { versions: 1 } }")
+    versioned = write_fixture_model(root, "versioned", **TENSORS, extra="version_policy { specific { versions: 7 } }")
     (versioned / "1").mkdir()
     (versioned / "2").mkdir()
     return root
@@ -58,7 +58,7 @@ def serves(running, model: str) -> bool:
 EXPECTED_REASONS = {
     "broken": "config.pbtxt: 3:",  # protobuf's line and column
     "refused": "instance_group[0].rate_limiter: not supported",
-    "versioned": "version_policy: selects versions [1]: not supported yet",
+    "versioned": "version_policy: selects none of the version folders [1, 2]",
 }
 
 

@@ -276,17 +276,38 @@ def test_a_policy_that_selects_the_highest_version_is_read_into_the_spec(tmp_pat
 
 
 @pytest.mark.parametrize(
-    "policy, versions, words",
+    "policy, folders, served",
     [
-        ("version_policy { specific { versions: [ 1 ] } }", (1, 2), "selects versions [1]: not supported yet"),
-        ("version_policy { latest { num_versions: 2 } }", (1, 2), "selects versions [1, 2]: not supported yet"),
-        ("version_policy { all { } }", (1, 2), "selects versions [1, 2]: not supported yet"),
-        ("version_policy { specific { versions: [ 7 ] } }", (1, 2), "selects none of the version folders [1, 2]"),
+        ("", (1, 2, 3), ("3",)),
+        ("version_policy { latest { num_versions: 2 } }", (1, 2, 3), ("3", "2")),
+        ("version_policy { all { } }", (1, 2, 3), ("3", "2", "1")),
+        ("version_policy { specific { versions: [ 1, 3, 9 ] } }", (1, 2, 3), ("3", "1")),
+        ("version_policy { specific { versions: [ 1 ] } }", (1, 2, 3), ("1",)),
     ],
 )
-def test_a_policy_that_selects_another_version_is_refused_by_name(tmp_path, policy, versions, words):
-    message = refusal(tmp_path, HEAD + TENSORS + policy, versions=versions)
-    assert "version_policy" in message and words in message
+def test_every_version_the_policy_selects_is_read_as_its_own_spec(tmp_path, policy, folders, served):
+    write_model(tmp_path, HEAD + TENSORS + policy, versions=folders)
+    specs = ModelRepository(tmp_path).read_versions("m")
+    assert tuple(spec.version for spec in specs) == served
+    assert ModelRepository(tmp_path).read("m").version == served[0]  # read: the highest served version
+
+
+def test_each_versions_spec_names_its_own_folders_model_file(tmp_path):
+    directory = write_model(
+        tmp_path, 'name: "m"\nplatform: "onnxruntime_onnx"\nversion_policy { all { } }\n', versions=(1, 2)
+    )
+    for version in (1, 2):
+        (directory / str(version) / "model.onnx").write_bytes(b"x")
+    specs = ModelRepository(tmp_path).read_versions("m")
+    assert [(s.version, s.model_file) for s in specs] == [
+        ("2", (directory / "2" / "model.onnx").resolve()),
+        ("1", (directory / "1" / "model.onnx").resolve()),
+    ]
+
+
+def test_a_policy_that_selects_no_version_folder_is_refused_by_name(tmp_path):
+    message = refusal(tmp_path, HEAD + TENSORS + "version_policy { specific { versions: [ 7 ] } }", versions=(1, 2))
+    assert "version_policy" in message and "selects none of the version folders [1, 2]" in message
 
 
 def test_the_version_policy_selects_as_triton_defines_it():
