@@ -31,6 +31,9 @@ from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, Model
 _LOG = logging.getLogger(__name__)
 
 MAX_SLOTS = 16
+# An ensemble's slots hold nothing (service/ensemble.py): enough that its own admission never binds before the
+# inference handler budget does; its steps' admissions throttle.
+ENSEMBLE_SLOTS = 1024
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ class ModelRegistry:
         )
 
     def _slot_count(self, spec: ModelSpec, requested: int | None) -> tuple[int, bool]:
+        if spec.backend == "ensemble":
+            return ENSEMBLE_SLOTS, False
         jobs = self.policy.parallel_jobs
         if jobs is None:
             if requested is not None:
@@ -323,7 +328,7 @@ class ModelRegistry:
         """Register every model directory of the repository (and load each when `load`). A model that fails
         is logged and stays registered unloaded; one whose configuration cannot be read or is refused is
         remembered as failed with its reason (`get` raises ModelConfigFailed)."""
-        for name in self.repository.names():
+        for name in self.repository.load_order(self.repository.names()):  # an ensemble after its steps
             try:
                 self.register(Registration(name=name), load=load)
             except Exception as error:  # one broken model must not stop the others
