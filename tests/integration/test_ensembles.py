@@ -244,3 +244,27 @@ def test_an_ensemble_naming_an_unknown_model_is_listed_with_that_reason(tmp_path
         index = {m.name: m for m in running.client.repository_index()}
         assert index["left"].state == "READY"
         assert "step 1 (model 'missing') names a model that is not registered" in index["broken"].reason
+
+
+def test_the_ensembles_own_slots_do_not_throttle_its_steps_do(tmp_path, controls):
+    # The step model has 4 slots; with --parallel-jobs 2 an ordinary model would have 2. Three ensemble requests
+    # at once all reach the step's run: the ensemble's own admission let them all through.
+    fixture_repository(tmp_path, "wide", parameters="instance_group [ { count: 4 } ]\n")
+    write_ensemble(
+        tmp_path, "through", [("X", F, [-1])], [("Y", F, [-1])], [("wide", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]
+    )
+    with start_fixture_server(tmp_path, controls, parallel_jobs=2) as running:
+        gate = controls.gate("wide", "execute").hold()
+        results: list = []
+        calls = [
+            threading.Thread(target=lambda: results.append(running.client.infer("through", {"X": np.ones(2, "f")})))
+            for _ in range(3)
+        ]
+        for call in calls:
+            call.start()
+        gate.wait_arrivals(3, timeout=30)
+        assert running.management.get("through").slots == 1024
+        gate.release()
+        for call in calls:
+            call.join(timeout=30)
+        assert len(results) == 3
