@@ -16,8 +16,9 @@ them whatever --parallel-jobs or instance_group say, so the ensemble's own admis
 that; its steps' admissions do the throttling.
 
 Errors: a failing step's error keeps its class (so its status code) and its message is prefixed with the ensemble
-and the step (`ensemble 'e': step 1 (model 'm'): ...`). A step model that is not registered, or failed, when a
-request arrives makes the request fail with UNAVAILABLE (model_not_loaded) naming the step and the reason.
+and the step (`ensemble 'e': step 1 (model 'm'): ...`). A step model that is not registered when a request arrives
+makes the request fail with UNAVAILABLE (model_not_loaded) naming the step; one unloaded or failed fails (or
+loads) in its own call, its error named for the step.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from engine.errors import ExecutionError, ModelConfigError, ModelError
 from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs
 
 from .core.errors import ModelNotFound, ModelNotLoadedYet, own_copy
-from .core.lifecycle import ModelState
 from .core.registry import ENSEMBLE_SLOTS
 from .dataplane import Dataplane
 from .internal_calls import call_model
@@ -91,7 +91,6 @@ def _step_model(dataplane: Dataplane, step: Step, origin: str) -> StepModel:
 
 class EnsembleModel(LoadedModel):
     max_parallel_slots = ENSEMBLE_SLOTS
-    interruptible = True  # a cancelled ensemble cancels its steps
 
     def __init__(self, name: str, metadata: ModelMetadata, steps: Sequence[Step], dataplane: Dataplane) -> None:
         self.name = name
@@ -119,20 +118,17 @@ class EnsembleContext(Context):
         return {name: run.tensors[name] for name in wanted}
 
     def _check_steps_available(self) -> None:
-        """Refuse a request while a step model is not registered or failed (UNAVAILABLE, naming the step)."""
+        """Refuse a request while a step model is not registered (UNAVAILABLE, naming the step). A step model that
+        is registered but unloaded or failed is left to its own call: it loads there as any request would load it,
+        or fails naming its reason (prefixed with the step)."""
         model = self.model
         for step in model.steps:
             try:
-                entry = model.dataplane.registry.get(step.model)
+                model.dataplane.registry.get(step.model)
             except ModelNotFound:
                 raise ModelNotLoadedYet(
                     f"ensemble '{model.name}' is unavailable: {step.label} is not registered"
                 ) from None
-            status = entry.status()
-            if status.state is ModelState.UNLOADED and status.last_error:
-                raise ModelNotLoadedYet(
-                    f"ensemble '{model.name}' is unavailable: {step.label} failed: {status.last_error}"
-                )
 
 
 class _Run:
@@ -183,7 +179,10 @@ class _Run:
                 self._run_step(inline)
                 continue
             for step in ready:
-                threading.Thread(target=self._run_step, args=(step,), name=f"ensemble-{step.model}").start()
+                # daemon: a step hung in its backend must not keep the process from exiting (shutdown abandons it)
+                threading.Thread(
+                    target=self._run_step, args=(step,), name=f"ensemble-{step.model}", daemon=True
+                ).start()
 
     def _ready(self) -> list[Step]:
         return [step for step in self.pending if all(t in self.tensors for t in step.inputs.values())]

@@ -268,3 +268,18 @@ def test_the_ensembles_own_slots_do_not_throttle_its_steps_do(tmp_path, controls
         for call in calls:
             call.join(timeout=30)
         assert len(results) == 3
+
+
+def test_a_step_refusing_its_input_keeps_its_status_and_names_the_step(tmp_path, controls):
+    write_fixture_model(tmp_path, "three", inputs=[("INPUT0", "FP32", [3])], outputs=[("OUTPUT0", "FP32", [3])])
+    write_ensemble(
+        tmp_path, "loose", [("X", F, [-1])], [("Y", F, [-1])], [("three", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]
+    )
+    with start_fixture_server(tmp_path, controls) as running:
+        with pytest.raises(ClientError) as refused:
+            running.client.infer("loose", {"X": np.ones(2, "f")})
+        assert refused.value.code == "INVALID_ARGUMENT"
+        assert refused.value.message.startswith(
+            "ensemble 'loose': step 0 (model 'three'): input 'INPUT0' has shape [2]"
+        )
+        np.testing.assert_array_equal(running.client.infer("loose", {"X": np.ones(3, "f")})["Y"], [1, 1, 1])
