@@ -65,8 +65,10 @@ class ModelRegistry:
         self.repository = repository
         self.runtime = runtime
         self.policy = policy or RegistryPolicy()
-        self._lock = threading.Lock()  # guards: _entries, _failed
+        self._lock = threading.Lock()  # guards: _entries, _failed, _unloaded_with_step
         self._entries: dict[str, ModelEntry] = {}
+        # Ensembles unloaded because a step model was (Triton's rule); loaded again when that step model loads.
+        self._unloaded_with_step: dict[str, set[str]] = {}
         # Repository models with no entry because their configuration could not be read or was refused: the
         # reason, until a registration of the name succeeds.
         self._failed: dict[str, str] = {}
@@ -235,11 +237,13 @@ class ModelRegistry:
         override, and load it through the same path as register. A repository model that has no entry and
         still fails keeps failing with the new reason."""
         try:
-            return self.register(Registration(name=name, config_json=config_json), cancel=cancel)
+            status = self.register(Registration(name=name, config_json=config_json), cancel=cancel)
         except (ModelConfigError, InvalidRequest) as error:
             if name not in self._entries and name in self.repository.names():
                 self._note_failure(name, error)
             raise
+        self._reload_ensembles_of(name, cancel)
+        return status
 
     # ---- unload ---------------------------------------------------------------------------------------------
 
@@ -249,7 +253,42 @@ class ModelRegistry:
         entry = self.get(name)
         with entry.exclusive(self.manager_deadline(entry), cancel):
             entry.unload_leased()
-            return entry.status()
+            status = entry.status()
+        self._unload_ensembles_of(name, cancel)
+        return status
+
+    def _ensembles_of(self, step: str) -> list[ModelEntry]:
+        """The registered ensembles that have a step running model `step`."""
+        return [
+            entry
+            for entry in self.entries()
+            if entry.spec.backend == "ensemble"
+            and entry.spec.config is not None
+            and step in {s.model_name for s in entry.spec.config.ensemble_scheduling.step}
+        ]
+
+    def _unload_ensembles_of(self, step: str, cancel: CancelToken | None) -> None:
+        """Triton's rule: an ensemble whose step model was unloaded is unloaded too (after its running requests),
+        and remembered, so that loading the step model loads it again. A failure is logged, never raised."""
+        for ensemble in self._ensembles_of(step):
+            if not ensemble.status().loaded:
+                continue
+            with self._lock:
+                self._unloaded_with_step.setdefault(step, set()).add(ensemble.name)
+            try:
+                self.unload(ensemble.name, cancel)
+            except Exception as error:  # the step's unload succeeded; the ensemble's requests name the step
+                _LOG.warning("ensemble '%s' not unloaded with its step '%s': %s", ensemble.name, step, error)
+
+    def _reload_ensembles_of(self, step: str, cancel: CancelToken | None) -> None:
+        """Load again the ensembles unloaded with step model `step`. A failure is logged, never raised."""
+        with self._lock:
+            names = self._unloaded_with_step.pop(step, set())
+        for name in sorted(names):
+            try:
+                self.load(name, cancel=cancel)
+            except Exception as error:  # the step loaded; the ensemble stays listed with its reason
+                _LOG.warning("ensemble '%s' not loaded again with its step '%s': %s", name, step, error)
 
     def unload_many(
         self, names: Iterable[str] = (), *, all_models: bool = False, cancel: CancelToken | None = None

@@ -52,3 +52,26 @@ def test_a_request_for_some_of_the_outputs_is_answered_where_triton_reports_a_de
     # output is not set"); slotserve runs every step and answers the outputs asked for.
     assert reference["only_y"][0] == "INVALID_ARGUMENT" and "unexpected deadlock" in reference["only_y"][1]
     assert ours["only_y"] == ["Y"]
+
+
+def test_a_step_model_unloaded_unloads_the_ensemble_and_its_reload_loads_it_as_on_triton(
+    triton, slotserve_endpoint, tmp_path
+):
+    repository = write_python_pipeline(tmp_path / "models")
+    explicit = ("--model-control-mode=explicit", "--load-model=*")
+    reference = run_case(triton(repository, *explicit).address, "step_unloaded")
+    ours = run_case(
+        slotserve_endpoint(repository, model_control_mode="explicit", load_models=("*",)).address, "step_unloaded"
+    )
+
+    def pipeline(seen: dict) -> list:
+        return next(entry for entry in seen["index"] if entry[0] == "pipeline")
+
+    assert pipeline(reference["unloaded"]) == ["pipeline", "UNAVAILABLE", "unloaded"]
+    assert pipeline(ours["unloaded"]) == pipeline(reference["unloaded"])
+    assert ours["unloaded"]["ready"] is reference["unloaded"]["ready"] is False
+    # The call to the unloaded ensemble: Triton answers NOT_FOUND, slotserve UNAVAILABLE (model_not_loaded), as for
+    # any model unloaded in explicit mode.
+    assert reference["unloaded"]["call"][0] == "NOT_FOUND" and ours["unloaded"]["call"][0] == "UNAVAILABLE"
+    assert ours["reloaded"] == reference["reloaded"]
+    assert ours["reloaded"]["call"] == ["A", "Y"] and ours["reloaded"]["ready"] is True

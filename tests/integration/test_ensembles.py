@@ -213,19 +213,29 @@ def wait_until(condition, timeout: float = 30.0) -> None:
 
 def test_a_step_model_unloaded_makes_the_ensemble_unavailable_and_a_reload_brings_it_back(tmp_path, controls):
     write_diamond(tmp_path)
-    with start_fixture_server(
-        tmp_path, controls, model_control_mode="explicit", load_models=("*",), allow_management=True
-    ) as running:
+    options = {"model_control_mode": "explicit", "load_models": ("*",), "allow_management": True}
+    with start_fixture_server(tmp_path, controls, **options) as running:
         np.testing.assert_array_equal(running.client.infer("diamond", {"X": np.ones(1, "f")})["L"], [1])
         running.client.unload("join_r")
+        # Triton's rule: the ensemble is unloaded with its step
+        index = {m.name: m for m in running.client.repository_index()}
+        assert (index["diamond"].state, index["join_r"].state, index["left"].state) == ("UNAVAILABLE",) * 2 + ("READY",)
+        assert not running.client.model_ready("diamond")
         with pytest.raises(ClientError) as unavailable:
             running.client.infer("diamond", {"X": np.ones(1, "f")})
-        assert unavailable.value.code == "UNAVAILABLE"
-        assert unavailable.value.message.startswith(
-            "ensemble 'diamond': step 3 (model 'join_r'): model 'join_r' is not loaded (--model-control-mode explicit"
-        )
-        running.client.load("join_r")
+        assert unavailable.value.code == "UNAVAILABLE" and "model 'diamond' is not loaded" in unavailable.value.message
+        running.client.load("join_r")  # loads the ensemble again
+        assert running.client.model_ready("diamond")
         np.testing.assert_array_equal(running.client.infer("diamond", {"X": np.ones(1, "f")})["R"], [1])
+
+
+def test_a_step_model_unloaded_in_lazy_mode_loads_again_with_the_ensembles_next_request(tmp_path, controls):
+    write_diamond(tmp_path)
+    with start_fixture_server(tmp_path, controls, allow_management=True) as running:
+        running.client.unload("join_r")
+        assert not running.client.model_ready("diamond")
+        np.testing.assert_array_equal(running.client.infer("diamond", {"X": np.ones(1, "f")})["R"], [1])
+        assert running.client.model_ready("diamond") and running.client.model_ready("join_r")
 
 
 def test_an_ensemble_naming_an_unknown_model_is_listed_with_that_reason(tmp_path, controls):

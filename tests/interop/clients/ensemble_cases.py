@@ -76,6 +76,27 @@ def case_subset(client) -> dict:
         return {"only_y": [str(error.status()).replace("StatusCode.", ""), error.message()]}
 
 
+def case_step_unloaded(client) -> dict:
+    """Unload the step 'square', then: the index, the ensemble's readiness and a call; load it again, the same."""
+
+    def seen() -> dict:
+        index = client.get_model_repository_index(as_json=True).get("models", [])
+        try:
+            answered = sorted(infer(client, np.arange(3, dtype=np.float32)))
+        except InferenceServerException as error:
+            answered = [str(error.status()).replace("StatusCode.", ""), error.message()]
+        return {
+            "index": sorted([m["name"], m.get("state", ""), m.get("reason", "")] for m in index),
+            "ready": client.is_model_ready("pipeline"),
+            "call": answered,
+        }
+
+    client.unload_model("square")
+    unloaded = seen()
+    client.load_model("square")
+    return {"unloaded": unloaded, "reloaded": seen()}
+
+
 def main() -> int:
     address, case = sys.argv[1], sys.argv[2]
     with grpcclient.InferenceServerClient(address) as client:
