@@ -84,8 +84,8 @@ def _step_model(dataplane: Dataplane, step: Step, origin: str) -> StepModel:
     inputs, outputs, batch = spec.inputs, spec.outputs, spec.max_batch_size
     if not inputs and not outputs and view.metadata is not None:
         inputs, outputs, batch = view.metadata.inputs, view.metadata.outputs, view.metadata.max_batch_size
-    config = spec.config
-    decoupled = bool(config is not None and config.model_transaction_policy.decoupled)
+    policy = getattr(spec.config, "model_transaction_policy", None)  # spec.config: the parsed ModelConfig, or None
+    decoupled = bool(policy is not None and policy.decoupled)
     return StepModel(batch, tuple(inputs), tuple(outputs), decoupled, spec.version)
 
 
