@@ -29,6 +29,7 @@ from google.protobuf import json_format, text_format
 from generated import model_config_pb2
 
 from . import datatypes
+from .ensemble_graph import read_steps
 from .errors import ModelConfigError
 from .interface import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy, WarmupInput, WarmupSample
 
@@ -41,15 +42,17 @@ _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 _PLATFORM_BACKEND = {
     "onnxruntime_onnx": "onnxruntime",
     "tensorrt_plan": "tensorrt",
+    "ensemble": "ensemble",
 }
 _BACKEND_PLATFORM = {
     "onnxruntime": "onnxruntime_onnx",
     "tensorrt": "tensorrt_plan",
     "fixture": "fixture",
     "python": "python",
+    "ensemble": "ensemble",
 }
 _DEFAULT_FILE = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "python": "model.py"}
-KNOWN_BACKENDS = ("onnxruntime", "tensorrt", "python", "fixture")
+KNOWN_BACKENDS = ("onnxruntime", "tensorrt", "python", "fixture", "ensemble")
 ALLOW_ROOT_FLAG = "--allow-model-root"
 # The folder part of an absolute path in free text ("/srv/models/" in "/srv/models/m/1/model.onnx"), not preceded
 # by a character that would make it the tail of a relative path ("1/model.onnx") or of a word.
@@ -214,7 +217,7 @@ _ROUTING = "slots run where the backend runs them (TensorRT takes its device fro
 # (`make docs`; tests/docs fails when they differ), and tests/unit checks that it covers the whole message.
 FIELDS: dict[str, FieldRule] = {
     "name": _applied("must be the folder's name, or left out"),
-    "platform": _applied("selects the backend: onnxruntime_onnx or tensorrt_plan; 'ensemble' is not supported yet"),
+    "platform": _applied("selects the backend: onnxruntime_onnx, tensorrt_plan or ensemble (docs/ensembles.md)"),
     "backend": _applied("onnxruntime, tensorrt, python (docs/python-models.md) or fixture (test backend)"),
     "runtime": _ignored("the backend chooses its own runtime library"),
     "version_policy": _applied(
@@ -272,7 +275,13 @@ FIELDS: dict[str, FieldRule] = {
         "not supported: timeout_action DELAY; a request whose admission timeout passes is refused (REJECT)"
     ),
     "sequence_batching": _refused("not supported yet: stateful sequences are not implemented"),
-    "ensemble_scheduling": _refused("not supported yet: ensembles are not implemented"),
+    "ensemble_scheduling": _applied("the steps of an ensemble, run as a data flow (docs/ensembles.md)"),
+    "ensemble_scheduling.step": _applied("one step: a model run through its own admission"),
+    "ensemble_scheduling.step.model_name": _applied("the step's model, registered on this server"),
+    "ensemble_scheduling.step.model_version": _applied("-1: the served version; a number must be that version"),
+    "ensemble_scheduling.step.input_map": _applied("the step model's input -> the ensemble tensor feeding it"),
+    "ensemble_scheduling.step.output_map": _applied("the step model's output -> the ensemble tensor it produces"),
+    "ensemble_scheduling.step.model_namespace": _refused("not supported: model namespaces are not implemented"),
     "instance_group": _applied("the first group's count is the slot count"),
     "instance_group.count": _applied(
         "the model's slot count (1..16, with --parallel-jobs); a later group's count is ignored"
@@ -433,9 +442,7 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
 
 
 # Backends and platforms of Triton that slotserve will build, refused by name until then.
-_NOT_YET = {
-    "platform": {"ensemble": "ensembles are not supported yet"},
-}
+_NOT_YET: dict[str, dict[str, str]] = {}
 
 
 def _not_yet(config: model_config_pb2.ModelConfig) -> list[tuple[str, str]]:
@@ -539,6 +546,8 @@ def spec_from_config(
     policy = _version_policy(config, origin)
     _judge_fields(config, origin, _other_refusals(config, policy, folders))
     batching = _batching_spec(config, origin)
+    if config.platform == "ensemble" or config.backend == "ensemble" or config.HasField("ensemble_scheduling"):
+        _check_ensemble(config, backend, origin)
     if version is None:
         version = policy.select(folders)[0] if folders else 1
     if folders and version not in folders:
@@ -585,6 +594,16 @@ def spec_from_config(
         config=final,
         roots=roots,
     )
+
+
+def _check_ensemble(config: model_config_pb2.ModelConfig, backend: str | None, origin: str) -> None:
+    """An ensemble is `platform: "ensemble"` with `ensemble_scheduling` whose steps form a valid graph
+    (engine/ensemble_graph.py read_steps); raises ModelConfigError naming the problem."""
+    if config.platform != "ensemble" and config.backend != "ensemble" and backend != "ensemble":
+        raise ModelConfigError(f'{origin}: ensemble_scheduling needs platform: "ensemble"')
+    if backend and backend != "ensemble":
+        raise ModelConfigError(f"{origin}: an ensemble runs on the ensemble backend, not '{backend}'")
+    read_steps(config, origin)
 
 
 WARMUP_FOLDER = "warmup"  # a model's warmup input files, as in Triton
@@ -753,6 +772,35 @@ class ModelRepository:
         except ModelConfigError as error:
             return ModelReading(name, None, error, judged.refused, judged.ignored, tuple(sorted(folders)), chosen)
         return ModelReading(name, spec, None, judged.refused, judged.ignored, tuple(sorted(folders)), chosen)
+
+    def load_order(self, names: Iterable[str]) -> list[str]:
+        """`names` with every ensemble after the models its steps name (Triton loads an ensemble's steps first;
+        an ensemble's load checks its steps against their registered specs). Otherwise in the given order; a
+        configuration that cannot be read keeps its place (its refusal comes when it is registered)."""
+        names = list(names)
+        steps: dict[str, list[str]] = {}
+        for name in names:
+            try:
+                _, config = self._config_of(name, "", "")
+            except ModelConfigError:
+                continue
+            if config.platform == "ensemble":
+                steps[name] = [step.model_name for step in config.ensemble_scheduling.step]
+        ordered: list[str] = []
+        placed: set[str] = set()
+
+        def place(name: str, path: frozenset[str]) -> None:
+            if name in placed or name in path:
+                return  # placed already, or an ensemble cycle (refused when it loads)
+            for step in steps.get(name, ()):
+                if step in steps:
+                    place(step, path | {name})
+            placed.add(name)
+            ordered.append(name)
+
+        for name in [n for n in names if n not in steps] + [n for n in names if n in steps]:
+            place(name, frozenset())
+        return ordered
 
     def _config_of(self, name: str, source: str, config_json: str) -> tuple[Path, model_config_pb2.ModelConfig]:
         """Model `name`'s directory and parsed configuration (config.pbtxt, or `config_json` instead; an empty

@@ -146,7 +146,7 @@ class ModelControl:
         names = list(names)
         if LOAD_ALL in names:
             names = self.registry.repository.names()
-        for name in dict.fromkeys(names):
+        for name in self.registry.repository.load_order(dict.fromkeys(names)):  # an ensemble after its steps
             try:
                 self.registry.load(name)
             except Exception as error:  # one broken model must not stop the others (Triton logs it too)

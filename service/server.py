@@ -30,6 +30,7 @@ from .core.lifecycle import SharedRuntime
 from .core.registry import ModelRegistry, RegistryPolicy
 from .core.residency import ColdLoadGuard, Residency
 from .dataplane import Dataplane
+from .ensemble import EnsembleBackend
 from .handler_threads import HandlerThreads
 from .metrics import ServerMetrics, SlotserveCollector
 from .model_control import ControlSettings, ModelControl, lazy_load_refusal
@@ -92,6 +93,7 @@ class Server:
             backends if backends is not None else default_backends(test_backends=options.enable_test_backends)
         )
         all_backends.update(options.extra_backends)
+        ensembles = all_backends.setdefault("ensemble", EnsembleBackend())  # bound to the dataplane below
         self.residency = Residency(
             max_resident_models=options.max_resident_models,
             memory_budget=options.memory_budget,
@@ -134,6 +136,8 @@ class Server:
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
             response_cache=ResponseCache(options.response_cache_bytes),
         )
+        if isinstance(ensembles, EnsembleBackend):
+            ensembles.bind(self.dataplane)
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.
         self.metrics = ServerMetrics(

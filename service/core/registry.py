@@ -40,6 +40,9 @@ from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, Model
 _LOG = logging.getLogger(__name__)
 
 MAX_SLOTS = 16
+# An ensemble's slots hold nothing (service/ensemble.py): enough that its own admission never binds before the
+# inference handler budget does; its steps' admissions throttle.
+ENSEMBLE_SLOTS = 1024
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,10 @@ class ModelRegistry:
         self.repository = repository
         self.runtime = runtime
         self.policy = policy or RegistryPolicy()
-        self._lock = threading.Lock()  # guards: _entries, _failed
+        self._lock = threading.Lock()  # guards: _entries, _failed, _unloaded_with_step
         self._entries: dict[str, ModelVersions] = {}
+        # Ensembles unloaded because a step model was (Triton's rule); loaded again when that step model loads.
+        self._unloaded_with_step: dict[str, set[str]] = {}
         # Repository models with no entry because their configuration could not be read or was refused: the
         # reason, until a registration of the name succeeds.
         self._failed: dict[str, str] = {}
@@ -201,6 +206,8 @@ class ModelRegistry:
         )
 
     def _slot_count(self, spec: ModelSpec, requested: int | None) -> tuple[int, bool]:
+        if spec.backend == "ensemble":
+            return ENSEMBLE_SLOTS, False
         jobs = self.policy.parallel_jobs
         if jobs is None:
             if requested is not None:
@@ -366,11 +373,13 @@ class ModelRegistry:
         override, and load it through the same path as register. A repository model that has no entry and
         still fails keeps failing with the new reason."""
         try:
-            return self.register(Registration(name=name, config_json=config_json), cancel=cancel)
+            status = self.register(Registration(name=name, config_json=config_json), cancel=cancel)
         except (ModelConfigError, InvalidRequest) as error:
             if name not in self._entries and name in self.repository.names():
                 self._note_failure(name, error)
             raise
+        self._reload_ensembles_of(name, cancel)
+        return status
 
     # ---- unload ---------------------------------------------------------------------------------------------
 
@@ -383,7 +392,41 @@ class ModelRegistry:
             with entry.exclusive(self.manager_deadline(entry), cancel):
                 entry.unload_leased()
                 statuses.append(entry.status())
+        self._unload_ensembles_of(name, cancel)
         return statuses[0]
+
+    def _ensembles_of(self, step: str) -> list[ModelEntry]:
+        """The registered ensembles that have a step running model `step`."""
+        return [
+            entry
+            for entry in self.entries()
+            if entry.spec.backend == "ensemble"
+            and entry.spec.config is not None
+            and step in _step_models(entry.spec.config)
+        ]
+
+    def _unload_ensembles_of(self, step: str, cancel: CancelToken | None) -> None:
+        """Triton's rule: an ensemble whose step model was unloaded is unloaded too (after its running requests),
+        and remembered, so that loading the step model loads it again. A failure is logged, never raised."""
+        for ensemble in self._ensembles_of(step):
+            if not ensemble.status().loaded:
+                continue
+            with self._lock:
+                self._unloaded_with_step.setdefault(step, set()).add(ensemble.name)
+            try:
+                self.unload(ensemble.name, cancel)
+            except Exception as error:  # the step's unload succeeded; the ensemble's requests name the step
+                _LOG.warning("ensemble '%s' not unloaded with its step '%s': %s", ensemble.name, step, error)
+
+    def _reload_ensembles_of(self, step: str, cancel: CancelToken | None) -> None:
+        """Load again the ensembles unloaded with step model `step`. A failure is logged, never raised."""
+        with self._lock:
+            names = self._unloaded_with_step.pop(step, set())
+        for name in sorted(names):
+            try:
+                self.load(name, cancel=cancel)
+            except Exception as error:  # the step loaded; the ensemble stays listed with its reason
+                _LOG.warning("ensemble '%s' not loaded again with its step '%s': %s", name, step, error)
 
     def unload_many(
         self, names: Iterable[str] = (), *, all_models: bool = False, cancel: CancelToken | None = None
@@ -462,12 +505,17 @@ class ModelRegistry:
         """Register every model directory of the repository (and load each when `load`). A model that fails
         is logged and stays registered unloaded; one whose configuration cannot be read or is refused is
         remembered as failed with its reason (`get` raises ModelConfigFailed)."""
-        for name in self.repository.names():
+        for name in self.repository.load_order(self.repository.names()):  # an ensemble after its steps
             try:
                 self.register(Registration(name=name), load=load)
             except Exception as error:  # one broken model must not stop the others
                 self.runtime.events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
                 self._note_failure(name, error)
+
+
+def _step_models(config: Any) -> set[str]:
+    """The models an ensemble's steps name (`config` is its ModelConfig message: the core imports no protobuf)."""
+    return {step.model_name for step in config.ensemble_scheduling.step}
 
 
 def _with_options(spec: ModelSpec, options: Mapping[str, str]) -> ModelSpec:

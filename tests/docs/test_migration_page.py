@@ -19,10 +19,12 @@ def test_the_walkthrough_goes_from_refused_to_served():
     before = generated_part(text, "walkthrough-before", MIGRATION_PAGE)
     edited = generated_part(text, "walkthrough-edited", MIGRATION_PAGE)
     after = generated_part(text, "walkthrough-after", MIGRATION_PAGE)
-    assert before.rstrip("`\n").endswith("$ echo $?\n1") and "1 of 4 models would serve" in before  # the python one
+    assert (
+        before.rstrip("`\n").endswith("$ echo $?\n1") and "2 of 4 models would serve" in before
+    )  # the python one, the ensemble
     for name in NOT_YET:
         assert f"model '{name}' version 1: does not serve" in before
     assert "refused: dynamic_batching.priority_levels" in before
     assert "mismatch: output 'scores' is FP32 in the model, FP16 in the config" in edited
-    assert after.rstrip("`\n").endswith("$ echo $?\n0") and "2 of 2 models would serve" in after
+    assert after.rstrip("`\n").endswith("$ echo $?\n0") and "3 of 3 models would serve" in after
     assert "  slots: 2" in after

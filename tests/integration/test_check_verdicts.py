@@ -146,7 +146,7 @@ def test_the_check_says_of_each_model_what_a_real_server_does(mixed):
     assert "input 'X' has dims [4] in the model" in reasons["wrong_inputs"]
     assert "instance_group[0].rate_limiter: not supported" in reasons["refused"]
     assert "sequence_batching: not supported yet" in reasons["refused"]
-    assert "platform 'ensemble': not supported yet" in reasons["ensemble"]
+    assert "an ensemble needs ensemble_scheduling with at least one step" in reasons["ensemble"]
 
 
 def test_the_same_verdict_under_the_parallel_runtime(mixed):

@@ -144,11 +144,11 @@ def test_the_refusal_names_every_refused_field_with_its_path(tmp_path):
     assert "model_operations: not supported" in message
 
 
-def test_an_ensemble_is_refused_as_not_supported_yet(tmp_path):
+def test_an_ensemble_is_read_with_its_steps_applied(tmp_path):
     text = 'name: "m"\nplatform: "ensemble"\nmax_batch_size: 8\n' + TENSORS + LIST_SYNTAX["ensemble_scheduling"]
-    message = refusal(tmp_path, text)
-    assert "ensemble_scheduling: not supported yet" in message
-    assert "platform 'ensemble': not supported yet" in message
+    spec = read(tmp_path, text)
+    assert spec.backend == "ensemble" and spec.platform == "ensemble" and spec.model_file is None
+    assert [step.model_name for step in spec.config.ensemble_scheduling.step] == ["a", "b"]
 
 
 def test_the_python_backend_is_read_with_its_model_py(tmp_path):

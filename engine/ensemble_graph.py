@@ -1,0 +1,243 @@
+"""An ensemble's graph (config.pbtxt `platform: "ensemble"` with `ensemble_scheduling { step [...] }`): reading it
+and checking it. Pure: no threads, no server.
+
+Two checks, each refusal a ModelConfigError naming the step, the tensor or the model:
+
+* `read_steps` (when the configuration is read): at least one step; each step names a model, a version (-1 =
+  latest, or a number), and maps inputs and outputs; every ensemble tensor is produced once (by the ensemble's
+  inputs or by one step's output_map); every step input is produced by something; every ensemble output is produced
+  by a step; the steps form no cycle.
+* `check_against_models` (when the ensemble loads, with the step models' declared tensors): every step model is
+  known, not decoupled, has the inputs and outputs its maps name; the datatypes and shapes of each tensor agree
+  between its producer and every consumer; Triton's max_batch_size rules for ensembles (an ensemble that batches
+  needs every step model to batch at least as far).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import ModelConfigError
+from .interface import TensorSpec
+
+LATEST = -1  # model_version of a step that runs the model's served (latest) version
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: the model it runs and how its tensors connect to the ensemble's."""
+
+    index: int
+    model: str
+    version: int  # -1: the latest
+    inputs: Mapping[str, str]  # step model's input -> ensemble tensor feeding it
+    outputs: Mapping[str, str]  # step model's output -> ensemble tensor it produces
+
+    @property
+    def label(self) -> str:
+        """How messages name the step: `step 1 (model 'm')`, counted from 0 as in the config's list."""
+        return f"step {self.index} (model '{self.model}')"
+
+    @property
+    def version_string(self) -> str:
+        """The version a step call asks for: '' (the served one) for -1."""
+        return "" if self.version == LATEST else str(self.version)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """What the load check needs to know of a step model (from its registered spec or its loaded metadata)."""
+
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]  # empty with outputs: the tensors are not known before the model loads
+    outputs: tuple[TensorSpec, ...]
+    decoupled: bool = False
+    version: str = ""
+
+
+def read_steps(config, origin: str) -> tuple[Step, ...]:
+    """The steps of an ensemble's config (an inference.ModelConfig with platform 'ensemble'), checked as a graph.
+    Raises ModelConfigError naming the first problem."""
+    blocks = list(config.ensemble_scheduling.step)
+    if not blocks:
+        raise ModelConfigError(f"{origin}: an ensemble needs ensemble_scheduling with at least one step")
+    steps = tuple(_step(index, block, origin) for index, block in enumerate(blocks))
+    inputs = [t.name for t in config.input]
+    outputs = [t.name for t in config.output]
+    if not inputs or not outputs:
+        raise ModelConfigError(f"{origin}: an ensemble declares its inputs and outputs (input and output blocks)")
+    producers = _producers(steps, inputs, origin)
+    for step in steps:
+        for model_input, tensor in step.inputs.items():
+            if tensor not in producers:
+                raise ModelConfigError(
+                    f"{origin}: {step.label} input '{model_input}' reads tensor '{tensor}', which neither an "
+                    "ensemble input nor any step produces"
+                )
+    for name in outputs:
+        if name not in producers or producers[name] is None:
+            raise ModelConfigError(f"{origin}: ensemble output '{name}' is produced by no step")
+    _check_acyclic(steps, producers, origin)
+    return steps
+
+
+def _step(index: int, block, origin: str) -> Step:
+    where = f"{origin}: step {index}"
+    if not block.model_name:
+        raise ModelConfigError(f"{where} names no model (model_name)")
+    if block.model_namespace:
+        raise ModelConfigError(f"{where} (model '{block.model_name}'): model_namespace is not supported")
+    if block.model_version < LATEST:
+        raise ModelConfigError(
+            f"{where} (model '{block.model_name}'): model_version must be -1 (latest) or a version number, "
+            f"got {block.model_version}"
+        )
+    step = Step(index, block.model_name, int(block.model_version), dict(block.input_map), dict(block.output_map))
+    if not step.inputs or not step.outputs:
+        raise ModelConfigError(f"{origin}: {step.label} needs an input_map and an output_map")
+    return step
+
+
+def _producers(steps: Sequence[Step], inputs: Sequence[str], origin: str) -> dict[str, Step | None]:
+    """Ensemble tensor -> the step producing it (None: an ensemble input). Raises for a tensor produced twice."""
+    producers: dict[str, Step | None] = dict.fromkeys(inputs)
+    for step in steps:
+        for model_output, tensor in step.outputs.items():
+            if tensor in producers:
+                earlier = producers[tensor]
+                by = "the ensemble's inputs" if earlier is None else earlier.label
+                raise ModelConfigError(
+                    f"{origin}: tensor '{tensor}' is produced twice: by {by} and by {step.label} "
+                    f"(output '{model_output}')"
+                )
+            producers[tensor] = step
+    return producers
+
+
+def _check_acyclic(steps: Sequence[Step], producers: Mapping[str, Step | None], origin: str) -> None:
+    """Raise naming the steps of a cycle, if the steps' tensors form one (depth-first, three colours)."""
+    state: dict[int, str] = {}
+
+    def visit(step: Step, path: list[Step]) -> None:
+        state[step.index] = "open"
+        for tensor in step.inputs.values():
+            before = producers.get(tensor)
+            if before is None:
+                continue
+            if state.get(before.index) == "open":
+                cycle = [*path[path.index(before) :], step] if before in path else [before, step]
+                names = " -> ".join(s.label for s in cycle)
+                raise ModelConfigError(f"{origin}: the steps form a cycle: {names}")
+            if before.index not in state:
+                visit(before, [*path, before])
+        state[step.index] = "done"
+
+    for step in steps:
+        if step.index not in state:
+            visit(step, [step])
+
+
+def check_against_models(
+    origin: str,
+    max_batch_size: int,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    steps: Sequence[Step],
+    model_of: Callable[[Step], StepModel],
+) -> None:
+    """Check the steps against their models. `model_of` gives a step's model or raises ModelConfigError naming
+    why it has none (unknown, not loaded). Raises ModelConfigError naming the step, the tensor and both sides."""
+    declared: dict[str, tuple[str, tuple[int, ...], str]] = {
+        t.name: (t.datatype, t.shape, "the ensemble's input") for t in inputs
+    }
+    models = {step.index: model_of(step) for step in steps}
+    for step in steps:
+        _check_step_model(origin, max_batch_size, step, models[step.index])
+    # Producers first: record what each step's outputs are, then compare every consumer against them.
+    for step in steps:
+        model = models[step.index]
+        for model_output, tensor in step.outputs.items():
+            spec = _named(model.outputs, model_output)
+            if spec is None:
+                if model.outputs:
+                    raise ModelConfigError(
+                        f"{origin}: {step.label} maps output '{model_output}', which the model does not produce "
+                        f"(it produces {sorted(t.name for t in model.outputs)})"
+                    )
+                continue
+            declared[tensor] = (spec.datatype, _shape(spec, model, max_batch_size), f"{step.label} output")
+    for step in steps:
+        model = models[step.index]
+        for model_input, tensor in step.inputs.items():
+            spec = _named(model.inputs, model_input)
+            if spec is None:
+                if model.inputs:
+                    raise ModelConfigError(
+                        f"{origin}: {step.label} maps input '{model_input}', which the model does not take "
+                        f"(it takes {sorted(t.name for t in model.inputs)})"
+                    )
+                continue
+            _agree(origin, tensor, declared.get(tensor), spec.datatype, _shape(spec, model, max_batch_size), step)
+    for spec in outputs:
+        _agree(origin, spec.name, declared.get(spec.name), spec.datatype, spec.shape, None)
+
+
+def _check_step_model(origin: str, max_batch_size: int, step: Step, model: StepModel) -> None:
+    if model.decoupled:
+        raise ModelConfigError(f"{origin}: {step.label} is decoupled; ensembles with decoupled steps are not supported")
+    if step.version != LATEST and model.version and str(step.version) != model.version:
+        raise ModelConfigError(
+            f"{origin}: {step.label} asks for version {step.version}; the model serves version {model.version}"
+        )
+    if max_batch_size > 0:  # Triton's rule: an ensemble that batches passes its batch to every step
+        if model.max_batch_size == 0:
+            raise ModelConfigError(
+                f"{origin}: the ensemble allows maximum batch size {max_batch_size}, but {step.label} does not "
+                "support batching"
+            )
+        if model.max_batch_size < max_batch_size:
+            raise ModelConfigError(
+                f"{origin}: the ensemble allows maximum batch size {max_batch_size}, but {step.label} only "
+                f"allows maximum batch size {model.max_batch_size}"
+            )
+
+
+def _named(specs: Sequence[TensorSpec], name: str) -> TensorSpec | None:
+    return next((spec for spec in specs if spec.name == name), None)
+
+
+def _shape(spec: TensorSpec, model: StepModel, ensemble_batch: int) -> tuple[int, ...]:
+    """A step tensor's shape as the ensemble sees it: without the batch dimension when the ensemble batches
+    (both carry one), with it (variable) when only the step model batches."""
+    if model.max_batch_size > 0 and ensemble_batch == 0:
+        return (-1, *spec.shape)
+    return spec.shape
+
+
+def _agree(
+    origin: str,
+    tensor: str,
+    produced: tuple[str, tuple[int, ...], str] | None,
+    datatype: str,
+    shape: tuple[int, ...],
+    consumer: Step | None,
+) -> None:
+    """Raise when a tensor's producer and a consumer disagree on datatype or shape (-1 matches any size)."""
+    if produced is None:
+        return  # produced by a step whose tensors are not known before it loads
+    made_type, made_shape, by = produced
+    reader = f"{consumer.label} input" if consumer is not None else "the ensemble's output"
+    if made_type != datatype:
+        raise ModelConfigError(f"{origin}: tensor '{tensor}' is {made_type} from {by}, but {reader} expects {datatype}")
+    if not _shapes_agree(made_shape, shape):
+        raise ModelConfigError(
+            f"{origin}: tensor '{tensor}' has shape {list(made_shape)} from {by}, but {reader} expects {list(shape)}"
+        )
+
+
+def _shapes_agree(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
+
+
+__all__ = ["LATEST", "Step", "StepModel", "check_against_models", "read_steps"]

@@ -1,0 +1,230 @@
+"""An ensemble's graph is checked when its configuration is read (engine/ensemble_graph.py read_steps, through the
+repository) and against its step models when it loads (check_against_models): each refusal names the step, the
+tensor or the model."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from engine.ensemble_graph import StepModel, check_against_models, read_steps
+from engine.errors import ModelConfigError
+from engine.interface import TensorSpec
+from engine.repository import ModelRepository, parse_config_text
+
+HEAD = 'name: "e"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+TENSORS = textwrap.dedent(
+    """
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    """
+)
+
+
+def step(model: str, inputs: dict[str, str], outputs: dict[str, str], version: int = -1) -> str:
+    maps = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
+    maps += " " + " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
+    return f'{{ model_name: "{model}" model_version: {version} {maps} }}'
+
+
+def config_text(*steps: str, head: str = HEAD, tensors: str = TENSORS) -> str:
+    return head + tensors + "ensemble_scheduling { step [ " + ", ".join(steps) + " ] }\n"
+
+
+CHAIN = (step("a", {"IN": "X"}, {"OUT": "t"}), step("b", {"IN": "t"}, {"OUT": "Y"}))
+
+
+def steps_of(text: str):
+    return read_steps(parse_config_text(text, "ensemble 'e'"), "ensemble 'e'")
+
+
+def refused(text: str) -> str:
+    with pytest.raises(ModelConfigError) as error:
+        steps_of(text)
+    return str(error.value)
+
+
+def test_a_chain_reads_in_order_with_its_maps():
+    steps = steps_of(config_text(*CHAIN))
+    assert [(s.model, s.version, dict(s.inputs), dict(s.outputs)) for s in steps] == [
+        ("a", -1, {"IN": "X"}, {"OUT": "t"}),
+        ("b", -1, {"IN": "t"}, {"OUT": "Y"}),
+    ]
+    assert steps[0].version_string == "" and steps[0].label == "step 0 (model 'a')"
+
+
+def test_no_steps_is_refused():
+    assert "at least one step" in refused(HEAD + TENSORS + "ensemble_scheduling { }\n")
+
+
+def test_a_step_without_a_model_is_refused():
+    assert "step 1 names no model" in refused(config_text(CHAIN[0], '{ input_map { key: "I" value: "t" } }'))
+
+
+def test_a_version_below_minus_one_is_refused():
+    message = refused(config_text(step("a", {"IN": "X"}, {"OUT": "Y"}, version=-2)))
+    assert "step 0 (model 'a'): model_version must be -1 (latest) or a version number, got -2" in message
+
+
+def test_a_tensor_produced_twice_is_refused_naming_both_producers():
+    message = refused(config_text(*CHAIN, step("c", {"IN": "X"}, {"OUT": "t"})))
+    assert "tensor 't' is produced twice: by step 0 (model 'a') and by step 2 (model 'c') (output 'OUT')" in message
+
+
+def test_a_step_writing_an_ensemble_input_is_refused():
+    message = refused(config_text(step("a", {"IN": "X"}, {"OUT": "X"}), CHAIN[1]))
+    assert "tensor 'X' is produced twice: by the ensemble's inputs and by step 0 (model 'a')" in message
+
+
+def test_a_step_reading_a_tensor_nothing_produces_is_refused():
+    message = refused(config_text(CHAIN[0], step("b", {"IN": "nowhere"}, {"OUT": "Y"})))
+    assert "step 1 (model 'b') input 'IN' reads tensor 'nowhere', which neither an ensemble input nor" in message
+
+
+def test_an_ensemble_output_no_step_produces_is_refused():
+    message = refused(config_text(step("a", {"IN": "X"}, {"OUT": "t"}), step("b", {"IN": "t"}, {"OUT": "u"})))
+    assert "ensemble output 'Y' is produced by no step" in message
+
+
+def test_a_cycle_is_refused_naming_its_steps():
+    cycle = (
+        step("a", {"IN": "X", "BACK": "v"}, {"OUT": "t"}),
+        step("b", {"IN": "t"}, {"OUT": "u"}),
+        step("c", {"IN": "u"}, {"OUT": "v", "OUT2": "Y"}),
+    )
+    message = refused(config_text(*cycle))
+    assert "the steps form a cycle:" in message
+    for label in ("step 0 (model 'a')", "step 1 (model 'b')", "step 2 (model 'c')"):
+        assert label in message
+
+
+def test_an_ensemble_without_declared_tensors_is_refused():
+    assert "declares its inputs and outputs" in refused(config_text(*CHAIN, tensors=""))
+
+
+def test_model_namespace_is_refused_by_name(tmp_path):
+    text = config_text(
+        '{ model_name: "a" model_namespace: "ns" input_map { key: "IN" value: "X" } '
+        'output_map { key: "OUT" value: "Y" } }'
+    )
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "config.pbtxt").write_text(text)
+    with pytest.raises(ModelConfigError) as error:
+        ModelRepository(tmp_path).read("e")
+    assert "ensemble_scheduling.step[0].model_namespace: not supported" in str(error.value)
+
+
+def test_the_repository_refuses_a_bad_graph_when_it_reads_the_config(tmp_path):
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "config.pbtxt").write_text(config_text(CHAIN[0], step("b", {"IN": "t"}, {"OUT": "u"})))
+    with pytest.raises(ModelConfigError) as error:
+        ModelRepository(tmp_path).read("e")
+    assert "model 'e': ensemble output 'Y' is produced by no step" in str(error.value)
+
+
+def test_ensemble_scheduling_without_the_ensemble_platform_is_refused(tmp_path):
+    (tmp_path / "m").mkdir()
+    text = 'name: "m"\nbackend: "fixture"\n' + TENSORS + "ensemble_scheduling { step [ " + CHAIN[0] + " ] }\n"
+    (tmp_path / "m" / "config.pbtxt").write_text(text)
+    with pytest.raises(ModelConfigError) as error:
+        ModelRepository(tmp_path).read("m")
+    assert 'ensemble_scheduling needs platform: "ensemble"' in str(error.value)
+
+
+# ---- against the step models ---------------------------------------------------------------------------------
+
+
+def fp32(name: str, *dims: int) -> TensorSpec:
+    return TensorSpec(name, "FP32", tuple(dims))
+
+
+PLAIN = StepModel(0, (fp32("IN", 4),), (fp32("OUT", 4),))
+X4, Y4 = (fp32("X", 4),), (fp32("Y", 4),)
+
+
+def check(models: dict, *, batch: int = 0, steps=CHAIN, inputs=X4, outputs=Y4) -> None:
+    graph = steps_of(config_text(*steps, head=HEAD.replace("max_batch_size: 0", f"max_batch_size: {batch}")))
+
+    def model_of(s):
+        if s.model not in models:
+            raise ModelConfigError(f"ensemble 'e': {s.label} names a model that is not registered")
+        return models[s.model]
+
+    check_against_models("ensemble 'e'", batch, inputs, outputs, graph, model_of)
+
+
+def check_refusal(models: dict, **kwargs) -> str:
+    with pytest.raises(ModelConfigError) as error:
+        check(models, **kwargs)
+    return str(error.value)
+
+
+def test_agreeing_models_pass():
+    check({"a": PLAIN, "b": PLAIN})
+
+
+def test_an_unknown_step_model_is_refused_by_name():
+    assert "step 1 (model 'b') names a model that is not registered" in check_refusal({"a": PLAIN})
+
+
+def test_a_datatype_mismatch_is_refused_naming_the_tensor_and_both_sides():
+    b = StepModel(0, (TensorSpec("IN", "INT32", (4,)),), (fp32("OUT", 4),))
+    message = check_refusal({"a": PLAIN, "b": b})
+    assert "tensor 't' is FP32 from step 0 (model 'a') output, but step 1 (model 'b') input expects INT32" in message
+
+
+def test_a_shape_mismatch_is_refused_and_a_variable_dimension_agrees():
+    b = StepModel(0, (fp32("IN", 5),), (fp32("OUT", 4),))
+    message = check_refusal({"a": PLAIN, "b": b})
+    assert (
+        "tensor 't' has shape [4] from step 0 (model 'a') output, but step 1 (model 'b') input expects [5]" in message
+    )
+    check({"a": PLAIN, "b": StepModel(0, (fp32("IN", -1),), (fp32("OUT", 4),))})
+
+
+def test_an_ensemble_output_disagreeing_with_its_producer_is_refused():
+    b = StepModel(0, (fp32("IN", 4),), (fp32("OUT", 3),))
+    assert "but the ensemble's output expects [4]" in check_refusal({"a": PLAIN, "b": b})
+
+
+def test_a_map_naming_a_tensor_the_model_lacks_is_refused():
+    b = StepModel(0, (fp32("OTHER", 4),), (fp32("OUT", 4),))
+    assert "step 1 (model 'b') maps input 'IN', which the model does not take" in check_refusal({"a": PLAIN, "b": b})
+    b = StepModel(0, (fp32("IN", 4),), (fp32("ELSE", 4),))
+    assert "maps output 'OUT', which the model does not produce" in check_refusal({"a": PLAIN, "b": b})
+
+
+def test_a_decoupled_step_is_refused_by_name():
+    b = StepModel(0, (fp32("IN", 4),), (fp32("OUT", 4),), decoupled=True)
+    message = check_refusal({"a": PLAIN, "b": b})
+    assert "step 1 (model 'b') is decoupled; ensembles with decoupled steps are not supported" in message
+
+
+def test_a_step_version_other_than_the_served_one_is_refused():
+    steps = (step("a", {"IN": "X"}, {"OUT": "t"}, version=3), CHAIN[1])
+    a = StepModel(0, (fp32("IN", 4),), (fp32("OUT", 4),), version="1")
+    message = check_refusal({"a": a, "b": PLAIN}, steps=steps)
+    assert "step 0 (model 'a') asks for version 3; the model serves version 1" in message
+
+
+def test_tritons_max_batch_size_rules():
+    batching = StepModel(8, (fp32("IN", 4),), (fp32("OUT", 4),))
+    small = StepModel(2, (fp32("IN", 4),), (fp32("OUT", 4),))
+    check({"a": batching, "b": batching}, batch=8)
+    message = check_refusal({"a": batching, "b": PLAIN}, batch=4)
+    assert "the ensemble allows maximum batch size 4, but step 1 (model 'b') does not support batching" in message
+    message = check_refusal({"a": batching, "b": small}, batch=4)
+    assert "maximum batch size 4, but step 1 (model 'b') only allows maximum batch size 2" in message
+
+
+def test_a_batching_step_in_an_ensemble_that_does_not_batch_carries_its_batch_dimension():
+    batching = StepModel(8, (fp32("IN", 4),), (fp32("OUT", 4),))
+    # The step sees [-1, 4]; the ensemble's [4] input does not fit it, a [2, 4] input does.
+    assert "expects [-1, 4]" in check_refusal({"a": batching, "b": batching})
+    check({"a": batching, "b": batching}, inputs=(fp32("X", 2, 4),), outputs=(fp32("Y", 2, 4),))
+
+
+def test_a_step_whose_tensors_are_known_only_after_loading_is_checked_at_run_time():
+    unknown = StepModel(0, (), ())
+    check({"a": unknown, "b": PLAIN})
