@@ -262,6 +262,34 @@ def test_a_cancelled_stream_shows_is_cancelled_to_the_model_and_frees_its_slot(s
     assert streamed(running, 2) == [0, 1]
 
 
+IGNORES_CANCELLATION = """
+import time
+class TritonPythonModel:
+    def execute(self, requests):
+        sender = requests[0].get_response_sender()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([float(os.getpid())], np.float32))]))
+        if pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0] > 0:
+            while True:  # never looks at is_cancelled()
+                time.sleep(0.01)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def test_a_decoupled_worker_that_ignores_its_cancelled_stream_is_replaced_and_frees_its_slot(slotserve, tmp_path):
+    kill_soon = 'parameters { key: "cancel_kill_seconds" value: { string_value: "0.5" } }\n'
+    config = FLOAT_IO + "model_transaction_policy { decoupled: true }\n" + kill_soon
+    write_model(tmp_path, "stubborn", IGNORES_CANCELLATION, config)
+    running = slotserve(tmp_path)
+
+    items = running.client.stream_infer("stubborn", [{"X": np.ones(1, np.float32)}], timeout=60)
+    hung = int(next(items)["Y"][0])  # its worker now loops for ever
+    items.close()  # leaving the loop cancels the call
+    # the one slot is free again only once that worker was killed: the next request runs on a new one
+    (answer,) = running.client.stream_infer("stubborn", [{"X": np.zeros(1, np.float32)}], timeout=60)
+    assert int(answer["Y"][0]) != hung
+    assert running.management.get("stubborn").loaded  # one kill is no reason to take the model out of service
+
+
 def test_a_decoupled_model_with_dynamic_batching_is_refused_by_name(slotserve, tmp_path):
     config = FLOAT_IO.replace("[ -1 ]", "[ 1 ]") + "max_batch_size: 4\ndynamic_batching { }\n"
     write_model(tmp_path, "batching", DOUBLER, config + "model_transaction_policy { decoupled: true }\n")
