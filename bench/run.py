@@ -35,6 +35,10 @@ talks to 127.0.0.1 only. Sections, in order (all by default):
              waiter running (beside the same hand-off through a bare threading.Lock).
   coldload   each demo model: RepositoryModelUnload, then the time RepositoryModelLoad takes to return (files
              in the page cache: this is engine build time, not disk time); and server start to ready.
+  python     the same model.py files on slotserve (--parallel-jobs 2) and on real Triton 2.51 (bench/.venv-pytriton,
+             started as tests/differential/reference.py starts it), alternating point by point: a GIL-holding
+             pure-Python loop (~3 ms) on 1 and 2 slots / instances at 4 clients, and the add/sub model.py at 1
+             and 16 clients against slotserve's ONNX `simple` in the same server, with its ratio to Triton beside it.
   bytes_memory
              the peak RSS (VmHWM) rise of a fresh slotserve for one BYTES request to `simple_identity` of 2-byte
              elements, about 11 and 34 MiB on the wire, and one past --max-request-tensor-bytes (refused).
@@ -74,6 +78,7 @@ from bench.sections.bytes_memory import section_bytes_memory  # noqa: E402
 from bench.sections.coldload import section_coldload  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
+from bench.sections.python import section_python  # noqa: E402
 from bench.sections.shared_memory import section_shared_memory  # noqa: E402
 from bench.sections.simple import section_simple  # noqa: E402
 from bench.sections.slots import section_slots  # noqa: E402
@@ -90,6 +95,7 @@ SECTIONS = (
     "admission",
     "coldload",
     "bytes_memory",
+    "python",
 )
 
 
@@ -133,7 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots"} & set(args.sections)
+    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots", "python"} & set(args.sections)
     if needs_pa and not os.access(PERF_ANALYZER, os.X_OK):
         print(f"bench: {PERF_ANALYZER} is missing: run bench/setup.sh first", file=sys.stderr)
         return 2
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "admission": lambda: section_admission(args, table, raw),
             "coldload": lambda: section_coldload(args, launcher, table, raw),
             "bytes_memory": lambda: section_bytes_memory(args, launcher, table, raw),
+            "python": lambda: section_python(args, launcher, pa, table, raw, Path(scratch)),
         }
         for section in args.sections:
             raw.setdefault("loadavg_1min", {})[section] = os.getloadavg()[0]

@@ -2,7 +2,9 @@
 
 Layout (DESIGN.md §4.4): `DIR/<name>/config.pbtxt` (text format of inference.ModelConfig) and
 `DIR/<name>/1/model.onnx`. Seven models are made here with the onnx helper API; the eighth is the published Silero
-VAD checkpoint, taken from its wheel. No config sets instance_group: the server decides slot counts.
+VAD checkpoint, taken from its wheel; the ninth is a python model (`DIR/byte_tokenizer/1/model.py`). No ONNX
+config sets instance_group: the server decides slot counts. The python model asks for one slot: each slot is a
+worker process that starts with the server (see docs/python-models.md), and one keeps start-up short.
 
     simple           INT32 INPUT0, INPUT1 [16], max_batch_size 8 -> OUTPUT0 = sum, OUTPUT1 = difference
                      (Triton's classic example model, which stock tritonclient examples call)
@@ -30,6 +32,11 @@ VAD checkpoint, taken from its wheel. No config sets instance_group: the server 
                      a fixed seed). Weight-bound: every call reads all the weights, so rows per call are nearly
                      free (onnxruntime, one thread, this machine: about 98 rows/s one at a time, 750 rows/s in
                      calls of 16). The model dynamic batching exists for.
+    byte_tokenizer   python model (backend "python"): BYTES TEXT [-1] (one UTF-8 text per element) -> INT64
+                     INPUT_IDS, ATTENTION_MASK [-1, -1]: ByT5's byte-level tokenization (id = byte + 3, then the
+                     end-of-sequence id 1; pad id 0 and mask 0 after a text's end), rows padded to the longest text,
+                     each text cut to `max_tokens` ids (parameter, default 1024) with its end id kept. The
+                     pre-processing a byte-level model (ByT5, CANINE-style) needs in front of it.
 
 The build is deterministic (fixed seeds, deterministic serialization) and idempotent: every file is written
 atomically, so rebuilding over an existing repository, or while a server reads it, is safe. The silero wheel is
@@ -87,7 +94,9 @@ MODEL_NAMES = (
     "matmul_chain",
     "silero_vad",
     "mlp",
+    "byte_tokenizer",
 )
+PYTHON_MODEL_NAMES = ("byte_tokenizer",)  # backend "python": a model.py instead of a model.onnx
 
 _CONFIG_HEADER = "# Written by demo/build_repository.py (make models); edits are lost on the next build.\n"
 _CONFIG_TYPE: dict[int, int] = {
@@ -182,6 +191,14 @@ def write_model(root: Path, model: BuiltModel) -> Path:
     directory = root / model.name
     _write_atomic(directory / "1" / "model.onnx", model.onnx_bytes)
     _write_atomic(directory / "config.pbtxt", config_text(model).encode("utf-8"))
+    return directory
+
+
+def write_python_model(root: Path, name: str, config: str, source: str) -> Path:
+    """Write a python model (config.pbtxt and 1/model.py) into `root/<name>/` and return that directory."""
+    directory = root / name
+    _write_atomic(directory / "1" / "model.py", source.encode("utf-8"))
+    _write_atomic(directory / "config.pbtxt", (_CONFIG_HEADER + config).encode("utf-8"))
     return directory
 
 
@@ -388,6 +405,70 @@ def build_silero_vad(cache: Path) -> BuiltModel:
 # ------------------------------------------------------------------------------------------------ entry point
 
 
+BYTE_TOKENIZER_CONFIG = """name: "byte_tokenizer"
+backend: "python"
+max_batch_size: 0
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [
+  { name: "INPUT_IDS" data_type: TYPE_INT64 dims: [ -1, -1 ] },
+  { name: "ATTENTION_MASK" data_type: TYPE_INT64 dims: [ -1, -1 ] }
+]
+instance_group [ { count: 1 } ]
+parameters { key: "max_tokens" value: { string_value: "1024" } }
+"""
+
+BYTE_TOKENIZER_SOURCE = '''"""ByT5's byte-level tokenizer as a Triton python model (demo/build_repository.py wrote it).
+
+TEXT (BYTES [-1], one UTF-8 text per element) -> INPUT_IDS, ATTENTION_MASK (INT64 [texts, longest + 1]): each
+byte becomes id byte + 3 (0 is padding, 1 the end of a sequence, 2 unknown), the end id follows the text, rows
+are padded with 0 (mask 0) to the longest; a text is cut to `max_tokens` ids, its end id kept.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+PAD, EOS, OFFSET = 0, 1, 3
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.max_tokens = int(parameters.get("max_tokens", {}).get("string_value", "1024"))
+        if self.max_tokens < 1:
+            raise pb_utils.TritonModelException(f"max_tokens must be at least 1, got {self.max_tokens}")
+
+    def execute(self, requests):
+        return [self._tokenize(request) for request in requests]
+
+    def _tokenize(self, request):
+        texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+        rows = [np.frombuffer(text, np.uint8)[: self.max_tokens - 1] for text in texts]
+        width = max((len(row) for row in rows), default=0) + 1
+        ids = np.full((len(rows), width), PAD, np.int64)
+        mask = np.zeros((len(rows), width), np.int64)
+        for index, row in enumerate(rows):
+            ids[index, : len(row)] = row.astype(np.int64) + OFFSET
+            ids[index, len(row)] = EOS
+            mask[index, : len(row) + 1] = 1
+        outputs = [pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("ATTENTION_MASK", mask)]
+        return pb_utils.InferenceResponse(output_tensors=outputs)
+'''
+
+
+def byte_tokenizer_reference(texts: list[bytes], max_tokens: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """What byte_tokenizer answers, computed here, to check what a server returns."""
+    rows = [list(text[: max_tokens - 1]) for text in texts]
+    width = max((len(row) for row in rows), default=0) + 1
+    ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for index, row in enumerate(rows):
+        ids[index, : len(row) + 1] = [byte + 3 for byte in row] + [1]
+        mask[index, : len(row) + 1] = 1
+    return ids, mask
+
+
 def default_cache(output: Path) -> Path:
     """`.cache` beside the output folder: outside the repository, so the server never sees it."""
     return Path(output).resolve().parent / ".cache"
@@ -408,7 +489,8 @@ def build_repository(output: Path | str, cache: Path | str | None = None) -> lis
         lambda: build_silero_vad(cache),
         build_mlp,
     )
-    return [write_model(output, build()) for build in builders]
+    built = [write_model(output, build()) for build in builders]
+    return [*built, write_python_model(output, "byte_tokenizer", BYTE_TOKENIZER_CONFIG, BYTE_TOKENIZER_SOURCE)]
 
 
 def measure_matmul_chain(model_file: Path, runs: int = 50) -> float:
@@ -448,8 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     for directory in directories:
-        size = (directory / "1" / "model.onnx").stat().st_size
-        print(f"{directory}: model.onnx {size / 1e6:.1f} MB")
+        model_file = next(iter(sorted((directory / "1").glob("model.*"))))
+        print(f"{directory}: {model_file.name} {model_file.stat().st_size / 1e6:.1f} MB")
     if args.measure:
         median = measure_matmul_chain(args.output / "matmul_chain" / "1" / "model.onnx")
         print(f"matmul_chain: median {median:.2f} ms per call (intra_op_num_threads=1)")

@@ -302,10 +302,10 @@ FIELDS: dict[str, FieldRule] = {
         "every sample runs `count` times on every slot before the model is ready; a failure fails the load"
     ),
     "model_operations": _refused("not supported: custom operation libraries are not loaded"),
-    "model_transaction_policy": _applied("decoupled: false is the only policy"),
-    "model_transaction_policy.decoupled": _refused(
-        "not supported: every request gets one response, or a stream of them from a model that streams "
-        "(ModelStreamInfer)"
+    "model_transaction_policy": _applied("decoupled: python models only"),
+    "model_transaction_policy.decoupled": _applied(
+        "python models only: the model answers through response senders, over ModelStreamInfer "
+        "(docs/python-models.md); refused for other backends"
     ),
     "model_repository_agents": _refused("not supported: repository agents are not run"),
     "response_cache": _applied(
@@ -508,10 +508,24 @@ def _version_refusals(policy: VersionPolicy, folders: dict[int, Path]) -> list[t
 
 
 def _other_refusals(
-    config: model_config_pb2.ModelConfig, policy: VersionPolicy, folders: dict[int, Path]
+    config: model_config_pb2.ModelConfig, policy: VersionPolicy, folders: dict[int, Path], backend: str | None
 ) -> list[tuple[str, str]]:
-    """Refusals that are not a field's own rule: a backend or platform not run yet, a version policy."""
-    return [*_not_yet(config), *_version_refusals(policy, folders)]
+    """Refusals that are not a field's own rule: a backend or platform not run yet, a version policy, a decoupled
+    model of a backend other than python."""
+    return [*_not_yet(config), *_version_refusals(policy, folders), *_decoupled_refusals(config, backend)]
+
+
+def _decoupled_refusals(config: model_config_pb2.ModelConfig, backend: str | None) -> list[tuple[str, str]]:
+    """Only python models answer through response senders; another backend's decoupled model is refused."""
+    if not config.model_transaction_policy.decoupled or (backend or config.backend) == "python":
+        return []
+    return [
+        (
+            "model_transaction_policy.decoupled",
+            "not supported for this backend: only python models are decoupled (docs/python-models.md); every "
+            "other request gets one response, or a stream of them from a model that streams (ModelStreamInfer)",
+        )
+    ]
 
 
 def served_versions(config: model_config_pb2.ModelConfig, directory: Path | None) -> tuple[int, ...]:
@@ -544,7 +558,7 @@ def spec_from_config(
         raise ModelConfigError(f"{origin}: max_batch_size must be >= 0, got {config.max_batch_size}")
     folders = _version_folders(directory)
     policy = _version_policy(config, origin)
-    _judge_fields(config, origin, _other_refusals(config, policy, folders))
+    _judge_fields(config, origin, _other_refusals(config, policy, folders, backend))
     batching = _batching_spec(config, origin)
     if config.platform == "ensemble" or config.backend == "ensemble" or config.HasField("ensemble_scheduling"):
         _check_ensemble(config, backend, origin)
@@ -763,7 +777,7 @@ class ModelRepository:
         folders = _version_folders(directory)
         try:
             policy = _version_policy(config, f"model '{name}'")
-            judged = judge_config(config, _other_refusals(config, policy, folders))
+            judged = judge_config(config, _other_refusals(config, policy, folders, backend))
             chosen = policy.select(folders) if folders else ()
         except ModelConfigError as error:
             return ModelReading(name, None, error, (), classify_fields(config).ignored, tuple(sorted(folders)))

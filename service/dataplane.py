@@ -23,11 +23,12 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
+from engine.errors import ModelErrorUnsupported
 from engine.interface import CancelToken, ModelMetadata, Outputs
 from engine.tensor_codec import BYTES_ELEMENT_COST
 
 from .core.batching import BatchItem
-from .core.errors import InvalidRequest, ModelNotFound
+from .core.errors import ModelNotFound
 from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
@@ -214,7 +215,7 @@ class Dataplane:
         """Run one request to completion and return its one answer, encoded by `request.respond` before the
         request is counted. Blocks while queued (until the admission deadline), while the model loads, and for
         the run (a batching model: for its batch's run). Raises the core's errors (see status_codes.py for how
-        they map); a streaming model is refused (InvalidRequest: it answers on a stream only)."""
+        they map); a streaming model is refused (ModelErrorUnsupported, Triton's answer for a decoupled model)."""
         answers = self._answers(request, cancel, stream=False)
         answer = next(answers)  # an error ends the generator (its finally has run) and propagates
         next(answers, None)  # run it to its end (its finally gives the memory back) rather than throw GeneratorExit in
@@ -343,8 +344,8 @@ class Dataplane:
         """Run a request alone on its leased slot, and free the slot."""
         try:
             decoded.check_regions()  # a region unregistered while the request waited is refused, not used
-            if lease.streaming:
-                raise InvalidRequest(f"model '{lease.entry.name}' streams its responses; call ModelStreamInfer")
+            if lease.streaming:  # Triton's code and words for a decoupled model (ours answer on a stream too)
+                raise ModelErrorUnsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
             checked = time.perf_counter_ns()
             lease.metadata.check_request(decoded.signature, decoded.outputs)
             ran = time.perf_counter_ns()

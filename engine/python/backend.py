@@ -6,6 +6,8 @@
                                 call at a time, so slots run in parallel whatever the model does with the GIL
     PythonContext.execute       one request -> `execute([request])`; a batch leader passes its member requests
                                 (`batches_as_requests`), and the model gets them as one list, Triton's semantics
+    PythonContext.execute_stream  a decoupled model (`streaming`): its responses as the model sends them; the
+                                slot is held until the final flag (the dataplane's streaming path)
 
 Faults stay in their slot: a worker that dies fails only its in-flight call (ModelError naming the model and how
 the worker ended) and the slot starts a new worker on its next use; after WORKER_FAILURES deaths within
@@ -39,7 +41,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -209,6 +211,98 @@ class WorkerProcess:
         finally:
             for member, watcher in zip(members, watchers, strict=True):
                 member.cancel.remove_callback(watcher)
+
+    def stream(self, member: _Single, cancel: CancelToken) -> Iterator[Outputs]:
+        """Run one request of a decoupled model, yielding its responses' outputs as the worker sends them; ends
+        at the final flag (zero responses is a valid answer). A response carrying an error raises it (the
+        request ends there). Raises as `call` does. Closed early (its client went away), or ended by an error
+        before the final flag, it marks the request cancelled for the model and reads (and drops) what the
+        worker still sends until the final flag; a worker that outlives the kill grace is killed (`ended`)."""
+        self.run += 1
+        run = self.run
+        watcher = self._send_call(run, [member])
+        finished = False
+        try:
+            while True:
+                message = self._next_message(run, cancel)
+                if message[0] == "failed":
+                    finished = True
+                    raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
+                _, _, _index, result, final = message
+                outputs = self._read_result(result)
+                self._send(("ack",))
+                finished = bool(final)
+                if result is not None:
+                    outcome = self.model.outcome(outputs, member.outputs)
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    yield outcome
+                if finished:
+                    return
+        finally:
+            cancel.remove_callback(watcher)
+            if not finished and not self.ended:
+                self._drop_the_rest(run, cancel)
+
+    def _read_result(self, result):
+        """A response's result with its tensors copied out of the response segment (None: a final flag alone)."""
+        if result is None or result[0] != "ok":
+            return result
+        return ("ok", {d.name: self._read(d) for d in result[1]})
+
+    def _next_message(self, run: int, kill_cancel: CancelToken):
+        """The worker's next "response" or "failed" of this run (a segment it asks for is handed over on the
+        way). Raises as `_receive`."""
+        while True:
+            message = self._receive(kill_cancel)
+            for segment in self._new_segments.values():
+                segment.unlink()  # the worker has mapped it (it answered after reading the message)
+            self._new_segments = {}
+            if message[0] == "grow":
+                self._replace("response", message[2])
+                self._send((self.responses.path, self.responses.size))
+                continue
+            return message
+
+    def _drop_the_rest(self, run: int, cancel: CancelToken) -> None:
+        """The request ended early: show it cancelled to the model and take what it still sends until the final
+        flag (or the kill grace ends the worker). Never raises: it runs when the stream is closed."""
+        struct.pack_into("<q", self.board.view, 0, run)
+        if not cancel.cancelled:
+            cancel = CancelToken()
+            cancel.cancel("the request ended before its final response")
+        try:
+            while True:
+                message = self._next_message(run, cancel)
+                if message[0] == "failed":
+                    return
+                self._send(("ack",))
+                if message[4]:
+                    return
+        except (ModelError, ExecutionCancelled) as error:
+            _LOG.warning("%s", error)
+            self.ended = True
+
+    def _send_call(self, run: int, members: Sequence):
+        """Lay the members' inputs into the request segment and send the execute message. Returns the cancel
+        watcher of the first member (to remove when the call ends)."""
+        layout = transport.Layout()
+        requests = []
+        for member in members:
+            descriptors = [
+                layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
+            ]
+            requests.append({"inputs": descriptors, "outputs": list(member.outputs)})
+        if layout.size > self.requests.size:
+            self._replace("request", layout.size)
+        layout.write(self.requests)
+        watcher = self._cancel_watcher(run, 0, members[0].cancel)
+        try:
+            self._send(("execute", run, requests, self._segments_message()))
+        except BaseException:
+            members[0].cancel.remove_callback(watcher)
+            raise
+        return watcher
 
     def _segments(self) -> dict[str, transport.Segment]:
         return {"request": self.requests, "response": self.responses}
@@ -401,6 +495,26 @@ class PythonContext(Context):
         worker.close_resources()
         self._worker = None
 
+    def execute_stream(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> Iterator[Outputs]:
+        """A decoupled model's responses to one request, as the model sends them (see WorkerProcess.stream).
+        A model that is not decoupled yields its one response."""
+        if not self._model.decoupled:
+            yield self.execute(inputs, outputs, cancel)
+            return
+        if cancel.cancelled:
+            raise ExecutionCancelled("the caller gave up before the run started")
+        worker = self._worker_for_call()
+        try:
+            yield from worker.stream(_Single(inputs, outputs, cancel), cancel)
+        except ModelError as error:
+            if worker.ended:
+                self._lost_worker(worker)
+                self._model.worker_died(str(error))
+            raise
+        finally:  # ended while its request was cancelled, or killed while the rest was dropped
+            if worker.ended and self._worker is worker:
+                self._lost_worker(worker)
+
     def close(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None:
@@ -435,6 +549,7 @@ class PythonModel(LoadedModel):
         self._worker_bytes = 0
         self._config_json = json.dumps(triton_config(spec))
         self._auto_complete = True
+        self.decoupled = False  # set from the completed configuration at load
 
     # ---- load --------------------------------------------------------------------------------------------------
 
@@ -443,7 +558,9 @@ class PythonModel(LoadedModel):
         worker = self.start_worker(0, error_type=ModelLoadError)
         self._auto_complete = False
         try:
-            self.metadata = metadata_from_config(json.loads(self._config_json), self.spec)
+            config = json.loads(self._config_json)
+            self.metadata = metadata_from_config(config, self.spec)
+            self.decoupled = self.streaming = is_decoupled(config)
         except BaseException:
             worker.ask_to_stop()
             worker.wait_or_kill(time.monotonic() + self._finalize_grace)
@@ -563,14 +680,22 @@ def triton_config(spec: ModelSpec) -> dict:
     return config
 
 
+def is_decoupled(config: dict) -> bool:
+    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
 def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
     """The served metadata of a (completed) configuration. Raises ModelConfigError for a tensor it cannot
     serve, or for settings slotserve refuses."""
     origin = f"model '{spec.name}'"
-    if config.get("model_transaction_policy", {}).get("decoupled"):
+    if is_decoupled(config) and spec.batching is not None:
         raise ModelConfigError(
-            f"{origin}: model_transaction_policy.decoupled (set by auto_complete_config) is not supported by "
-            "slotserve yet"
+            f"{origin}: a decoupled model (model_transaction_policy.decoupled) with dynamic_batching is not "
+            "supported by slotserve: its requests run one at a time per slot"
+        )
+    if is_decoupled(config) and config.get("response_cache", {}).get("enable"):
+        raise ModelConfigError(  # Triton 2.51 refuses it too
+            f"{origin}: the response cache does not support a model with the 'decoupled' transaction policy"
         )
     max_batch = int(config.get("max_batch_size", 0) or 0)
     if max_batch != spec.max_batch_size:

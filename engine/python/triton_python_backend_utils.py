@@ -7,7 +7,8 @@ unit tests (and model code) can use it outside a worker.
 
 What Triton has and slotserve does not is refused by name, never missing silently: custom metrics
 (`MetricFamily`, `Metric`), DLPack and GPU tensors, BLS calls (`InferenceRequest(...).exec()`,
-`async_exec`), and decoupled response senders (see docs/python-models.md).
+`async_exec`) (see docs/python-models.md). A decoupled model's response senders are the worker's
+(engine/python/worker.py): each `send` reaches the client before it returns.
 """
 
 from __future__ import annotations
@@ -152,9 +153,9 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """A request's response sender. slotserve runs models without a decoupled transaction policy only, so a
-    sender takes exactly one response, which must carry TRITONSERVER_RESPONSE_COMPLETE_FINAL (or be followed by
-    a final `send(flags=...)` without a response)."""
+    """The response sender of a model that is not decoupled: it takes exactly one response, which must carry
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL (or be followed by a final `send(flags=...)` without a response). A
+    decoupled model's requests get the worker's streaming sender instead."""
 
     def __init__(self) -> None:
         self.response: InferenceResponse | None = None
@@ -168,8 +169,8 @@ class InferenceResponseSender:
                 raise TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
             if self.response is not None:
                 raise TritonModelException(
-                    "this model is not decoupled: a request takes one response (decoupled models are not "
-                    "supported by slotserve yet)"
+                    "this model is not decoupled: a request takes one response (a model with "
+                    "model_transaction_policy { decoupled: true } may send several)"
                 )
             self.response = response
         if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:

@@ -3,9 +3,17 @@
 
 It imports the model.py, runs `auto_complete_config` and `initialize`, then serves `execute` calls one at a
 time until told to stop (then `finalize`). Tensors arrive and leave through the server's shared-memory segments
-(engine/python/transport.py); the pipe carries only control messages. An exception in the model is reported to
-the server with its type and message; its traceback goes to stderr, which is the server's log. A watchdog thread
-ends the worker when the server process is gone, so a worker never outlives its server.
+(engine/python/transport.py); the pipe carries only control messages.
+
+A decoupled model (`model_transaction_policy { decoupled: true }`) answers through its requests' response senders,
+from `execute` or from threads of its own: each `send` lays its tensors into the response segment, tells the
+server ("response", run, index, result, final) and waits for its "ack" (the server has copied them out), all under
+the pipe's lock, so sends from several threads go one after another. The main thread waits until every request of
+the call got its final flag before it reads the next control message: only then is the pipe its own again.
+
+An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
+which is the server's log. A watchdog thread ends the worker when the server process is gone, so a worker never
+outlives its server.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
+from typing import Any
 
 from . import transport
 from . import triton_python_backend_utils as pb_utils
@@ -31,12 +40,16 @@ WATCHDOG_SECONDS = 0.5
 class Worker:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self.model = None
+        self.model: Any = None  # the TritonPythonModel instance, once `initialize` ran
         self.name = ""
         self.request_segment: transport.Segment | None = None
         self.response_segment: transport.Segment | None = None
         self.cancel_board: transport.Segment | None = None
         self.requested_cache: dict = {}
+        self.decoupled = False
+        self.pipe_lock = threading.Lock()  # guards: the pipe and the response segment while a decoupled call runs
+        self.finals = threading.Condition()  # guards: open_senders
+        self.open_senders = 0
 
     # ---- start -----------------------------------------------------------------------------------------------
 
@@ -57,6 +70,7 @@ class Worker:
                 completed = auto_complete(pb_utils.ModelConfig(config))
                 if isinstance(completed, pb_utils.ModelConfig):
                     config = completed.as_dict()
+            self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
             self.model = model_class()
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
@@ -78,7 +92,9 @@ class Worker:
             except (EOFError, OSError):
                 return  # the server is gone
             kind = message[0]
-            if kind == "execute":
+            if kind == "execute" and self.decoupled:
+                self.execute_decoupled(*message[1:])
+            elif kind == "execute":
                 self.execute(*message[1:])
             elif kind == "stop":
                 self.finalize()
@@ -91,7 +107,7 @@ class Worker:
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
         try:
-            responses = self.model.execute(built)  # type: ignore[attr-defined]  # set by initialize, which ran first
+            responses = self.model.execute(built)
             results, layout = self._collect(built, requests, responses)
         except BaseException as error:  # the model's own code
             _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
@@ -105,6 +121,56 @@ class Worker:
             self._replace_response_segment(path, size)
         layout.write(self.response_segment)  # type: ignore[arg-type]
         self.connection.send(("done", run, results))
+
+    def execute_decoupled(self, run: int, requests: list[dict], segments: dict) -> None:
+        """Run one call of a decoupled model: its responses go to the server as they are sent (`send_response`);
+        returns once every request got its final flag. An exception in `execute` (or a return value other than
+        None) closes the senders still open and is reported as ("failed", run, message)."""
+        self._remap(segments)
+        board = self.cancel_board
+        built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
+        senders = [
+            _StreamSender(self, run, index, request["outputs"], built[index]) for index, request in enumerate(requests)
+        ]
+        with self.finals:
+            self.open_senders = len(senders)
+        for request, sender in zip(built, senders, strict=True):
+            request._sender = sender
+        try:
+            returned = self.model.execute(built)
+            if returned is not None:
+                raise pb_utils.TritonModelException(
+                    "a decoupled model's execute must return None: it answers through the requests' response senders"
+                )
+        except BaseException as error:  # the model's own code
+            _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
+            with self.pipe_lock:
+                if any(not sender.closed for sender in senders):
+                    for sender in senders:
+                        sender.close()
+                    self.connection.send(("failed", run, _describe(error)))
+        finally:
+            del built
+        with self.finals:
+            self.finals.wait_for(lambda: self.open_senders == 0)
+
+    def send_response(self, run: int, index: int, requested: list[str], response, final: bool) -> None:
+        """Hand one response of a decoupled call to the server and wait until it has taken the tensors. Called
+        with pipe_lock held, on the model's thread."""
+        layout = transport.Layout()
+        result = None if response is None else self._result(response, requested, layout)
+        if layout.size > self.response_segment.size:  # type: ignore[union-attr]
+            self.connection.send(("grow", run, layout.size))
+            path, size = self.connection.recv()
+            self._replace_response_segment(path, size)
+        layout.write(self.response_segment)  # type: ignore[arg-type]
+        self.connection.send(("response", run, index, result, final))
+        self.connection.recv()  # ("ack",): the server copied the tensors out; the segment is free again
+
+    def sender_closed(self) -> None:
+        with self.finals:
+            self.open_senders -= 1
+            self.finals.notify_all()
 
     def _request(self, run: int, index: int, request: dict, board) -> pb_utils.InferenceRequest:
         segment = self.request_segment
@@ -186,6 +252,47 @@ class Worker:
             finalize()
         except BaseException:  # the model's own code: logged, the worker ends anyway
             _LOG.error("model '%s': finalize raised:\n%s", self.name, traceback.format_exc())
+
+
+class _StreamSender(pb_utils.InferenceResponseSender):
+    """A decoupled request's response sender: every `send` reaches the server (and its client) before it returns.
+    Raises TritonModelException after the final flag, for a response that is not an InferenceResponse, and when
+    the server is gone."""
+
+    def __init__(self, worker: Worker, run: int, index: int, requested: list[str], request) -> None:
+        super().__init__()
+        self._worker, self._run, self._index, self._requested = worker, run, index, requested
+        self._request_cancelled = request.is_cancelled
+
+    def send(self, response: pb_utils.InferenceResponse | None = None, flags: int = 0) -> None:
+        if response is not None and not isinstance(response, pb_utils.InferenceResponse):
+            raise pb_utils.TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise pb_utils.TritonModelException(
+                "send() without a response must carry TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+            )
+        worker = self._worker
+        with worker.pipe_lock:
+            if self.closed:
+                raise pb_utils.TritonModelException(
+                    "the response sender was closed: a response with the final flag was sent (or execute failed)"
+                )
+            try:
+                worker.send_response(self._run, self._index, self._requested, response, final)
+            except (EOFError, OSError):
+                raise pb_utils.TritonModelException("the server is gone: the response was not delivered") from None
+            if final:
+                self.close()
+
+    def close(self) -> None:
+        """No response after this one (called with the pipe's lock held)."""
+        if not self.closed:
+            self.closed = True
+            self._worker.sender_closed()
+
+    def is_cancelled(self) -> bool:
+        return self._request_cancelled()
 
 
 _ARG_KEYS = (

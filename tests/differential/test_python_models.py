@@ -68,7 +68,7 @@ def _ready(process: subprocess.Popen, address: str, log: Path) -> None:
 _READY_PROBE = """
 import sys, tritonclient.grpc as g
 client = g.InferenceServerClient(sys.argv[1])
-sys.exit(0 if all(client.is_model_ready(m) for m in ("add_sub", "batched", "probe", "autocomplete")) else 1)
+sys.exit(0 if all(client.is_model_ready(m) for m in ("add_sub", "batched", "probe", "autocomplete", "repeat")) else 1)
 """
 
 
@@ -178,3 +178,12 @@ def test_a_dying_worker_fails_its_request_with_the_same_code(both):
     ours_after, theirs_after = (ask(address, "pids", "4")["answers"] for address in both)
     assert all("pid" in answer for answer in ours_after), ours_after
     assert all("pid" in answer or "is not healthy" in answer[1] for answer in theirs_after), theirs_after
+
+
+def test_a_decoupled_models_streams_and_its_unary_refusal_are_the_same(both):
+    ours, theirs = (ask(address, "decoupled") for address in both)
+    assert ours["streams"] == theirs["streams"]
+    assert ours["unary"] == theirs["unary"]
+    # the model's own text reaches the client on both (slotserve prefixes the model's name)
+    assert len(ours["errors"]) == len(theirs["errors"]) == 1
+    assert theirs["errors"][0] in ours["errors"][0], (ours, theirs)

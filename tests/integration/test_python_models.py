@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from client import ClientError
+from tests.python_models import REPOSITORY
 
 HEADER = """
 import os
@@ -192,17 +193,111 @@ def test_every_worker_counts_in_the_models_memory(slotserve, tmp_path):
     assert status.memory_bytes is not None and status.memory_bytes >= 2 * 10_000_000, status.memory_bytes
 
 
-def test_a_decoupled_model_is_refused_by_name(slotserve, tmp_path, caplog):
-    write_model(tmp_path, "decoupled", DOUBLER, FLOAT_IO + "model_transaction_policy { decoupled: true }\n")
-    write_model(tmp_path, "fine", DOUBLER, FLOAT_IO)
+def repeat(n: int) -> dict:
+    return {"IN": np.array([n], np.int32)}
+
+
+def streamed(running, *counts: int, timeout: float = 60) -> list:
+    """Every item of one ModelStreamInfer call to tests/python_models' decoupled `repeat`: OUT values, errors."""
+    items = running.client.stream_infer("repeat", [repeat(n) for n in counts], timeout=timeout)
+    return [item if isinstance(item, ClientError) else int(item["OUT"][0]) for item in items]
+
+
+def test_a_decoupled_model_streams_each_response_as_it_is_sent_and_the_final_flag_ends_the_request(slotserve):
+    running = slotserve(REPOSITORY)
+    # 3 responses, then none at all (the final flag alone), then 2 sent from a thread after execute returned:
+    # each request's responses in order, and the zero-response request answers nothing and ends
+    assert streamed(running, 3, 0, 1002) == [0, 1, 2, 0, 1]
+    (stats,) = running.client.statistics("repeat")
+    assert stats.inference_stats.success.count == 3
+    assert stats.inference_stats.fail.count == 0
+    assert dict(stats.response_stats) == {}  # as on Triton 2.51, which leaves them empty for a python model
+
+
+def test_an_error_response_reaches_its_request_and_the_stream_goes_on(slotserve):
+    running = slotserve(REPOSITORY)
+    error, *rest = streamed(running, -1, 2)
+    assert isinstance(error, ClientError), error
+    assert "n must be >= 0, got -1" in error.message
+    assert rest == [0, 1]
+
+
+def test_execute_raising_in_a_decoupled_model_fails_its_request_and_the_model_keeps_serving(slotserve, tmp_path):
+    body = """
+    class TritonPythonModel:
+        def execute(self, requests):
+            sender = requests[0].get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.ones(1, np.float32))]))
+            if pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0] < 0:
+                raise ValueError("negative input")
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    """
+    write_model(tmp_path, "raiser", body, FLOAT_IO + "model_transaction_policy { decoupled: true }\n")
     running = slotserve(tmp_path)
-    with pytest.raises(ClientError) as failed:
-        running.client.infer("decoupled", {"X": np.ones(1, np.float32)})
-    # its configuration was refused when the repository was read: listed as failed, with the field named
-    assert failed.value.code == "UNAVAILABLE", failed.value
-    assert "model 'decoupled' failed to load: " in failed.value.message
-    assert "model_transaction_policy.decoupled" in failed.value.message
-    np.testing.assert_array_equal(running.client.infer("fine", {"X": np.ones(1, np.float32)})["Y"], [2])
+    requests = [{"X": -np.ones(1, np.float32)}, {"X": np.ones(1, np.float32)}]
+    items = list(running.client.stream_infer("raiser", requests, timeout=60))
+    assert len(items) == 3, items  # the first: a response, then the error; the second: its response (the final flag
+    # alone sends nothing)
+    assert not isinstance(items[0], ClientError) and not isinstance(items[2], ClientError), items
+    assert isinstance(items[1], ClientError) and "ValueError: negative input" in items[1].message, items[1]
+
+
+def test_unary_infer_on_a_decoupled_model_is_refused_as_triton_refuses_it(slotserve):
+    running = slotserve(REPOSITORY)
+    with pytest.raises(ClientError) as refused:
+        running.client.infer("repeat", repeat(2))
+    assert refused.value.code == "UNIMPLEMENTED"
+    assert refused.value.message == "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    assert streamed(running, 1) == [0]  # the model is intact
+
+
+def test_a_cancelled_stream_shows_is_cancelled_to_the_model_and_frees_its_slot(slotserve):
+    running = slotserve(REPOSITORY)  # one slot: the next request runs only once the cancelled one let it go
+    (pid,) = streamed(running, 997)
+    items = running.client.stream_infer("repeat", [repeat(999)], timeout=60)
+    assert int(next(items)["OUT"][0]) == 0  # the model now waits for is_cancelled()
+    items.close()  # leaving the loop cancels the call
+    # the model saw the cancellation and sent its final flag: its worker was not killed, and the slot is free
+    assert streamed(running, 997) == [pid]
+    assert streamed(running, 2) == [0, 1]
+
+
+IGNORES_CANCELLATION = """
+import time
+class TritonPythonModel:
+    def execute(self, requests):
+        sender = requests[0].get_response_sender()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([float(os.getpid())], np.float32))]))
+        if pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0] > 0:
+            while True:  # never looks at is_cancelled()
+                time.sleep(0.01)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def test_a_decoupled_worker_that_ignores_its_cancelled_stream_is_replaced_and_frees_its_slot(slotserve, tmp_path):
+    kill_soon = 'parameters { key: "cancel_kill_seconds" value: { string_value: "0.5" } }\n'
+    config = FLOAT_IO + "model_transaction_policy { decoupled: true }\n" + kill_soon
+    write_model(tmp_path, "stubborn", IGNORES_CANCELLATION, config)
+    running = slotserve(tmp_path)
+
+    items = running.client.stream_infer("stubborn", [{"X": np.ones(1, np.float32)}], timeout=60)
+    hung = int(next(items)["Y"][0])  # its worker now loops for ever
+    items.close()  # leaving the loop cancels the call
+    # the one slot is free again only once that worker was killed: the next request runs on a new one
+    (answer,) = running.client.stream_infer("stubborn", [{"X": np.zeros(1, np.float32)}], timeout=60)
+    assert int(answer["Y"][0]) != hung
+    assert running.management.get("stubborn").loaded  # one kill is no reason to take the model out of service
+
+
+def test_a_decoupled_model_with_dynamic_batching_is_refused_by_name(slotserve, tmp_path):
+    config = FLOAT_IO.replace("[ -1 ]", "[ 1 ]") + "max_batch_size: 4\ndynamic_batching { }\n"
+    write_model(tmp_path, "batching", DOUBLER, config + "model_transaction_policy { decoupled: true }\n")
+    running = slotserve(tmp_path)
+    (failed,) = running.client.stream_infer("batching", [{"X": np.ones((1, 1), np.float32)}], timeout=60)
+    assert isinstance(failed, ClientError), failed
+    assert "failed to load" in failed.message, failed
+    assert "decoupled" in failed.message and "with dynamic_batching is not supported" in failed.message, failed
 
 
 def test_responses_sent_through_response_senders_answer_their_requests(slotserve, tmp_path):

@@ -150,3 +150,13 @@ def _worker_pids() -> list[int]:
         if parent == os.getpid() and b"engine.python.worker" in command:
             pids.append(int(entry.name))
     return pids
+
+
+def test_a_decoupled_model_streams_its_responses_to_tritonclient(server, run_client):
+    result = run_client(SCRIPT, server.address, "decoupled")
+    assert result["streams"] == {"three": [0, 1, 2], "none": [], "negative": [], "threaded": [0, 1], "one": [0]}
+    (error,) = result["errors"]
+    assert "n must be >= 0, got -1" in error
+    code, message = result["unary"]
+    assert code == "UNIMPLEMENTED"
+    assert message == "ModelInfer RPC doesn't support models with decoupled transaction policy"

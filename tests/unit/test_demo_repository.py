@@ -1,6 +1,7 @@
 """The demo model repository: built by demo.build_repository, read by engine.repository, served by the ONNX
-Runtime backend. Every model's metadata is checked and one real inference per model is compared with an
-independent computation (numpy, or a direct onnxruntime session for the Silero checkpoint).
+Runtime backend (the python model by the python backend, in a worker process). Every model's metadata is checked
+and one real inference per model is compared with an independent computation (numpy, or a direct onnxruntime
+session for the Silero checkpoint).
 
 The silero-vad wheel is downloaded once into demo/.cache and reused by later runs.
 """
@@ -21,6 +22,7 @@ from demo import build_repository as builder
 from engine.errors import ExecutionError
 from engine.interface import CancelToken
 from engine.onnxruntime_backend import OnnxRuntimeBackend, session_options
+from engine.python.backend import PythonBackend
 from engine.repository import ModelRepository
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -41,7 +43,7 @@ def load(repository):
 
     def _load(name: str):
         spec = ModelRepository(repository).read(name)
-        loaded = OnnxRuntimeBackend().load(spec)
+        loaded = (PythonBackend() if spec.backend == "python" else OnnxRuntimeBackend()).load(spec)
         context = loaded.create_context()
         opened.append((loaded, context))
         return spec, loaded, context
@@ -66,7 +68,14 @@ def _digests(root: Path) -> dict[str, str]:
 
 def test_layout_and_configs(repository):
     assert ModelRepository(repository).names() == sorted(builder.MODEL_NAMES)
-    for name in builder.MODEL_NAMES:
+    for name in builder.PYTHON_MODEL_NAMES:
+        text = (repository / name / "config.pbtxt").read_text()
+        assert (repository / name / "1" / "model.py").is_file()
+        # a python model's slot is a worker process that starts with the server: one keeps start-up short
+        assert f'name: "{name}"' in text and 'backend: "python"' in text
+        spec = ModelRepository(repository).read(name)
+        assert (spec.backend, spec.version, spec.instance_count) == ("python", "1", 1)
+    for name in (name for name in builder.MODEL_NAMES if name not in builder.PYTHON_MODEL_NAMES):
         text = (repository / name / "config.pbtxt").read_text()
         assert (repository / name / "1" / "model.onnx").is_file()
         # name, backend and max_batch_size are always stated; slot counts are the server's to decide.
@@ -284,3 +293,27 @@ def test_broken_wheel_is_reported(tmp_path):
     wheel.write_bytes(b"not a zip")
     with pytest.raises(builder.BuildError, match="delete it to download again"):
         builder.extract_silero(wheel)
+
+
+def test_byte_tokenizer_gives_byt5_ids_padded_to_the_longest_text(load):
+    _, loaded, context = load("byte_tokenizer")
+    metadata = loaded.metadata
+    assert metadata.max_batch_size == 0
+    assert _signature(metadata.inputs) == [("TEXT", "BYTES", (-1,))]
+    assert _signature(metadata.outputs) == [("INPUT_IDS", "INT64", (-1, -1)), ("ATTENTION_MASK", "INT64", (-1, -1))]
+    texts = [b"hi", "grüße".encode(), b""]
+    result = context.execute({"TEXT": np.array(texts, dtype=np.object_)}, [], CancelToken())
+    ids, mask = builder.byte_tokenizer_reference(texts)
+    np.testing.assert_array_equal(result["INPUT_IDS"], ids)
+    np.testing.assert_array_equal(result["ATTENTION_MASK"], mask)
+    # ByT5's ids, written out: byte + 3, then 1 (end), 0 (padding)
+    assert result["INPUT_IDS"][0].tolist() == [ord("h") + 3, ord("i") + 3, 1, 0, 0, 0, 0, 0]
+    assert result["INPUT_IDS"][2].tolist()[:2] == [1, 0] and result["ATTENTION_MASK"][2].tolist()[:2] == [1, 0]
+
+
+def test_byte_tokenizer_cuts_a_long_text_to_max_tokens_keeping_its_end(load, repository):
+    _, _, context = load("byte_tokenizer")
+    text = b"x" * 5000
+    result = context.execute({"TEXT": np.array([text], dtype=np.object_)}, [], CancelToken())
+    assert result["INPUT_IDS"].shape == (1, 1024)
+    assert result["INPUT_IDS"][0, -1] == 1 and result["INPUT_IDS"][0, 0] == ord("x") + 3

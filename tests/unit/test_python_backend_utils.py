@@ -85,7 +85,9 @@ def test_response_sender_takes_one_response_for_a_model_that_is_not_decoupled():
     sender = pb_utils.InferenceRequest().get_response_sender()
     response = pb_utils.InferenceResponse()
     sender.send(response)
-    with pytest.raises(pb_utils.TritonModelException, match="decoupled models are not supported"):
+    with pytest.raises(
+        pb_utils.TritonModelException, match="this model is not decoupled: a request takes one response"
+    ):
         sender.send(pb_utils.InferenceResponse())
     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     assert sender.response is response and sender.closed

@@ -144,6 +144,39 @@ def case_autocomplete(client) -> dict:
     }
 
 
+def repeat_inputs(n: int) -> list:
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([n], np.int32))
+    return [tensor]
+
+
+def case_decoupled(client) -> dict:
+    """The decoupled `repeat` model on one stream: n = 3, 0 (no response), -1 (an error response), 1002 (sent
+    from the model's thread), 1; and unary ModelInfer on it (refused)."""
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    counts = {"three": 3, "none": 0, "negative": -1, "threaded": 1002, "one": 1}
+    try:
+        for request_id, n in counts.items():
+            client.async_stream_infer("repeat", repeat_inputs(n), request_id=request_id)
+        streams: dict = {request_id: [] for request_id in counts}
+        errors = []
+        for _ in range(3 + 1 + 2 + 1):  # every response the model sends, the error one included
+            result, error = answers.get(timeout=WAIT)
+            if error is not None:
+                errors.append(error.message())
+            else:
+                streams[result.get_response().id].append(int(result.as_numpy("OUT")[0]))
+    finally:
+        client.stop_stream()
+    try:
+        client.infer("repeat", repeat_inputs(2))
+        unary = ["OK", ""]
+    except InferenceServerException as error:
+        unary = failure(error)
+    return {"streams": streams, "errors": errors, "unary": unary}
+
+
 def main(argv: list[str]) -> int:
     address, case, *args = argv[1:]
     with grpcclient.InferenceServerClient(address) as client:
