@@ -29,6 +29,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterable, Iterator
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -316,9 +317,20 @@ def _model_gauges(observed) -> Iterator[Metric]:
     )
     for name, documentation, value in gauges:
         family = GaugeMetricFamily(name, documentation, labels=["model"])
-        for model, status, _ in observed:
-            family.add_metric([model], value(status))
+        combine = max if name == "slotserve_model_loaded" else sum
+        for model, statuses in _by_model((model, status) for model, status, _ in observed).items():
+            family.add_metric([model], combine(value(status) for status in statuses))
         yield family
+
+
+def _by_model(rows: Iterable[tuple[str, Any]]) -> dict[str, list[Any]]:
+    """Rows grouped by model name, in the order first seen. The slotserve_model_* families are per model: a model
+    serving several versions (each its own entry) is summed over them, so no series repeats; Triton's nv_*
+    families carry the version label."""
+    grouped: dict[str, list[Any]] = {}
+    for model, row in rows:
+        grouped.setdefault(model, []).append(row)
+    return grouped
 
 
 def _requests(observed) -> Metric:
@@ -330,8 +342,12 @@ def _requests(observed) -> Metric:
         "load_failed, ...), or failed for an internal error.",
         labels=["model", "outcome"],
     )
-    for model, _, snapshot in observed:
-        for outcome, count in _outcomes(snapshot).items():
+    for model, snapshots in _by_model((model, snapshot) for model, _, snapshot in observed).items():
+        totals: dict[str, int] = {}
+        for snapshot in snapshots:
+            for outcome, count in _outcomes(snapshot).items():
+                totals[outcome] = totals.get(outcome, 0) + count
+        for outcome, count in totals.items():
             family.add_metric([model, outcome], count)
     return family
 
@@ -347,8 +363,10 @@ def _histogram(name: str, documentation: str, observed, read) -> Metric:
     """A per-model histogram from non-cumulative bucket counts (BUCKETS_SECONDS, then +Inf) and a sum in ns."""
     family = HistogramMetricFamily(name, documentation, labels=["model"])
     bounds = [floatToGoString(bound) for bound in BUCKETS_SECONDS] + ["+Inf"]
-    for model, _, snapshot in observed:
-        counts, total_ns = read(snapshot)
+    for model, snapshots in _by_model((model, snapshot) for model, _, snapshot in observed).items():
+        reads = [read(snapshot) for snapshot in snapshots]
+        counts = [sum(column) for column in zip(*(c for c, _ in reads), strict=True)]
+        total_ns = sum(ns for _, ns in reads)
         cumulative, buckets = 0, []
         for bound, count in zip(bounds, counts, strict=True):
             cumulative += count
@@ -373,20 +391,19 @@ def _executions(observed) -> Iterator[Metric]:
     sizes = HistogramMetricFamily(
         "slotserve_model_batch_size", "Rows (batch dimension) each engine run took.", labels=["model"]
     )
-    for model, _, snapshot in observed:
-        executions.add_metric([model], snapshot.execution_count)
-        buckets, rows = [], 0
-        for bound in BATCH_SIZE_BUCKETS:
-            buckets.append((str(bound), sum(b.count for b in snapshot.batch_stats if b.batch_size <= bound)))
-        buckets.append(("+Inf", snapshot.execution_count))
-        rows = sum(b.batch_size * b.count for b in snapshot.batch_stats)
-        sizes.add_metric([model], buckets, rows)
+    for model, snapshots in _by_model((model, snapshot) for model, _, snapshot in observed).items():
+        runs = sum(snapshot.execution_count for snapshot in snapshots)
+        batches = [b for snapshot in snapshots for b in snapshot.batch_stats]
+        executions.add_metric([model], runs)
+        buckets = [(str(bound), sum(b.count for b in batches if b.batch_size <= bound)) for bound in BATCH_SIZE_BUCKETS]
+        buckets.append(("+Inf", runs))
+        sizes.add_metric([model], buckets, sum(b.batch_size * b.count for b in batches))
     yield executions
     yield sizes
 
 
 def _lifecycle_counters(models: Iterable[str], counts: dict[tuple[str, str], int]) -> Iterator[Metric]:
-    models = list(models)
+    models = list(dict.fromkeys(models))  # one series per model: lifecycle events name the model, not a version
     for name, event, documentation in LIFECYCLE_COUNTERS:
         family = CounterMetricFamily(name, documentation, labels=["model"])
         for model in models:

@@ -93,6 +93,12 @@ def model_enables_cache(config) -> bool:
     return config is not None and config.HasField("response_cache") and config.response_cache.enable
 
 
+def served_name(model: str, version: str) -> str:
+    """The cache's name for one served version of a model: versions are entries of their own (their own
+    generation, dropped apart), so two versions of a model never drop each other's answers."""
+    return f"{model}\x00{version}"  # NUL: never part of a model name (engine/repository.py check_model_name)
+
+
 def request_key(request, decoded: DecodedRequest, version: str) -> bytes:
     """The digest that identifies a request's answer (see the module docstring for what it covers). Reads every
     input's bytes once; no lock."""
@@ -188,15 +194,16 @@ class ResponseCache:
         began = time.perf_counter_ns()
         view = entry.view()  # spec, metadata and state from one reading
         status = view.status
+        served = served_name(entry.name, entry.spec.version)  # each served version is its own model here
         if status.state is not ModelState.READY:
-            self.drop(entry.name)
+            self.drop(served)
             return NOT_CACHEABLE
         if status.manager_active or status.queued_managers:
             return NOT_CACHEABLE
         generation = (view.spec, view.metadata)
         key = key_of(version_asked or entry.spec.version)
-        answer = self.get(entry.name, generation, key)
-        return CacheLookup(entry.name, key, generation, answer, time.perf_counter_ns() - began)
+        answer = self.get(served, generation, key)
+        return CacheLookup(served, key, generation, answer, time.perf_counter_ns() - began)
 
     def store_answer(self, lookup: CacheLookup, metadata: ModelMetadata, version: str, outputs: dict) -> int:
         """After a successful run that missed: keep its answer. Returns the nanoseconds the lookup and the
@@ -258,8 +265,10 @@ class ResponseCache:
             self._bytes -= dropped.nbytes
 
     def entries_of(self, model: str) -> int:
+        """Entries kept for `model`: under that name, and under each of its served versions."""
+        prefix = served_name(model, "")
         with self._lock:
-            return len(self._keys.get(model, ()))
+            return sum(len(keys) for name, keys in self._keys.items() if name == model or name.startswith(prefix))
 
     def statistics(self) -> CacheStatistics:
         with self._lock:

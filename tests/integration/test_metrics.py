@@ -295,3 +295,33 @@ def test_a_metrics_port_in_use_fails_startup_and_leaves_nothing_running(reposito
             with serve(repository, backends={"fixture": FixtureBackend(controls)}, metrics_port=taken):
                 pass
         assert controls.live_engines("a") == 1  # the failed server loaded nothing
+
+
+def test_a_model_serving_two_versions_has_one_series_per_family_summed_over_them(tmp_path):
+    """Each served version is its own entry: slotserve_model_* must not repeat a series (Prometheus refuses a
+    scrape with duplicate samples); the figures are the versions' sum (Triton's nv_* names keep `version`)."""
+    root = tmp_path / "repository"
+    directory = write_fixture_model(root, "m", inputs=TENSOR, outputs=OUT, extra="version_policy { all { } }\n")
+    for version in ("1", "2"):
+        (directory / version).mkdir(exist_ok=True)
+    with serve(root, metrics_port=0) as running:
+        x = np.ones(4, np.float32)
+        running.client.infer("m", {"INPUT0": x}, version="1")
+        running.client.infer("m", {"INPUT0": x}, version="2")
+        running.client.infer("m", {"INPUT0": x}, version="2")
+        url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=WAIT) as response:
+            text = response.read().decode()
+    series = [line.split(" ")[0] for line in text.splitlines() if line.startswith("slotserve_model_")]
+    assert len(series) == len(set(series)), sorted(s for s in series if series.count(s) > 1)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert value(samples, "slotserve_model_slots", model="m") == 2  # one slot per version
+    assert value(samples, "slotserve_model_loaded", model="m") == 1
+    assert value(samples, "slotserve_model_requests_total", model="m", outcome="success") == 3
+    assert value(samples, "slotserve_model_executions_total", model="m") == 3
+    versions = {dict(labels).get("version") for (name, labels) in samples if name.startswith("nv_inference_count")}
+    assert versions == {"1", "2"}

@@ -310,3 +310,25 @@ def test_a_batching_model_and_bytes_tensors_are_cached_too(tmp_path, controls):
         assert running.client.infer("text", other)["OUTPUT0"].tolist() == [b"alpha", b"", b"\x00\xfe"]
         assert controls.count("text", "execute") == 2
         assert stats(running, "text").inference_stats.cache_hit.count == 1
+
+
+def test_two_versions_of_a_model_keep_their_answers_apart(tmp_path, controls):
+    """Each served version is its own entry with its own generation: answering version 2 must not drop version
+    1's answers (nor the reverse), and each version's answer is its own."""
+    root = tmp_path / "repository"
+    directory = write_fixture_model(
+        root, "cached", inputs=TENSOR, outputs=OUT, extra=CACHED + MEMORY + "version_policy { all { } }\n"
+    )
+    for version in ("1", "2"):
+        (directory / version).mkdir(exist_ok=True)
+    with serve(root, backends={"fixture": FixtureBackend(controls)}, response_cache_bytes=CACHE_BYTES) as running:
+        for _ in range(2):
+            for version in ("1", "2"):
+                running.client.infer("cached", values(1, 2), version=version)
+        rows = {row.version: row.inference_stats for row in running.client.statistics("cached")}
+        cache = running.server.dataplane.response_cache
+        assert cache.entries_of("cached") == 2
+    assert {version: (s.cache_hit.count, s.cache_miss.count) for version, s in rows.items()} == {
+        "1": (1, 1),
+        "2": (1, 1),
+    }
