@@ -133,6 +133,12 @@ def shown_path(path: Path, roots: ModelRoots | None) -> str:
     return roots.shown(path) if roots is not None else path.name
 
 
+def is_version_number(text: str) -> bool:
+    """A version as a folder name or a request names it: ASCII digits only. str.isdigit alone also takes "²" and
+    other Unicode digits, which int() refuses (a request naming version "²" was an internal error)."""
+    return text.isascii() and text.isdigit()
+
+
 def check_model_name(name: str) -> None:
     """Raise ModelConfigError unless `name` is a usable model id (letters, digits, `_.-`; no path parts)."""
     if not _MODEL_NAME.match(name or ""):
@@ -481,7 +487,7 @@ def _version_folders(directory: Path | None) -> dict[int, Path]:
     """The numbered version folders of a model directory, by number."""
     if directory is None:
         return {}
-    return {int(p.name): p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()}
+    return {int(p.name): p for p in directory.iterdir() if p.is_dir() and is_version_number(p.name)}
 
 
 def _version_policy(config: model_config_pb2.ModelConfig, origin: str) -> VersionPolicy:
@@ -749,7 +755,7 @@ class ModelRepository:
         for path in sorted(self.root.iterdir()):
             if not path.is_dir() or not _MODEL_NAME.match(path.name):
                 continue
-            if (path / CONFIG_FILE).exists() or any(p.is_dir() and p.name.isdigit() for p in path.iterdir()):
+            if (path / CONFIG_FILE).exists() or any(p.is_dir() and is_version_number(p.name) for p in path.iterdir()):
                 found.append(path.name)
         return found
 

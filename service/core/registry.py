@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.errors import ModelConfigError
 from engine.interface import CancelToken, ModelSpec
-from engine.repository import ModelRepository, check_model_name
+from engine.repository import ModelRepository, check_model_name, is_version_number
 
 from .errors import InvalidRequest, ModelConfigFailed, ModelNotFound, RequestCancelled, UnsupportedSlotCount
 from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, ModelStatus, SharedRuntime
@@ -95,7 +95,7 @@ class ModelVersions:
         (Triton's wording), ModelNotFound for one that is not served."""
         if not version:
             return self.default()
-        if not version.isdigit():
+        if not is_version_number(version):
             # Triton's wording: tritonclient's explicit int8 example recognises the refusal by it.
             raise InvalidRequest(
                 f"failed to get model version from specified version string '{version}': a model version is a number"

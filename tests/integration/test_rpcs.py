@@ -705,3 +705,17 @@ def test_management_bulk_unload(slotserve, tmp_path):
 def test_second_client_on_the_same_address(demo):
     with InferenceClient(demo.address, timeout=CALL_TIMEOUT) as other:
         assert other.live() and other.model_ready("simple")
+
+
+@pytest.mark.parametrize("version", ["²", "١", "abc", "-1"])
+def test_a_version_that_is_not_ascii_digits_is_invalid_argument_on_every_call(demo, version):
+    """Unicode digits ("²", Arabic-Indic "١") pass str.isdigit but not int(): each call must refuse them as any other
+    non-number (the fuzz test found ModelInfer answering INTERNAL for "²")."""
+    request, _, _ = simple_request(batch=1, request_id="v")
+    request.model_version = version
+    with pytest.raises(grpc.RpcError) as refused:
+        stub(demo).ModelInfer(request, timeout=CALL_TIMEOUT)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    assert "a model version is a number" in refused.value.details()
+    for call in (demo.client.model_ready, demo.client.model_metadata, demo.client.statistics):
+        assert client_error(call, "simple", version).code == "INVALID_ARGUMENT"
