@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..common import RESULTS, ROOT, log
 from ..perf_analyzer import PerfAnalyzer, describe, measure
-from ..profiling import PROFILE_RATE, find_py_spy, render_profile, summarize_profile
+from ..profiling import PROFILE_RATE, _frame_key, find_py_spy, render_profile, summarize_profile
 from ..servers import Launcher, ServerProcess
 from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, ok, paired_ratio
 from ..transport.accounting import TritonServer, counters, inference_count, ipc_round_trip_us
@@ -194,7 +194,49 @@ def _profiles(args, servers: dict, pa: PerfAnalyzer) -> dict:
         summary = summarize_profile(out)
         summary["gil_busy"] = summary["samples"] / (PROFILE_RATE * duration)
         summary["perf_analyzer_while_profiling"] = point
-        (RESULTS / f"profile-transport-{name}.txt").write_text(render_profile(f"transport {name}", summary))
+        parts = {"all": None} if name != "multiproc" else {"model process": "--front-ends", "front ends": "front-end "}
+        summary["buckets"] = {part: profile_buckets(out, process) for part, process in parts.items()}
+        text = render_profile(f"transport {name}", summary)
+        for part, buckets in summary["buckets"].items():
+            text += f"\nby kind of leaf frame ({part}):\n"
+            text += "".join(f"  {pct:5.1f} %  {bucket}\n" for bucket, pct in buckets.items())
+        (RESULTS / f"profile-transport-{name}.txt").write_text(text)
         profiles[name] = summary
         log(f"profile (transport {name}) written to {out.with_suffix('.txt')}")
     return profiles
+
+
+# Leaf frames by kind, first match wins: where a GIL-holding thread's time goes.
+_BUCKETS = (
+    (
+        "thread wake-ups and waits (sem_post, futex)",
+        ("sem_post", "sem_wait", "sem_trywait", "syscall (", "pthread_cond"),
+    ),
+    ("socket and eventfd system calls", ("sendmsg", "recvmsg", "write (libc", "read (libc", "epoll", "eventfd")),
+    ("grpcio (Python and Cython)", ("grpc/", "grpc_")),
+    ("asyncio and selectors", ("asyncio", "selectors", "_asynciomodule", "events.py", "base_events")),
+    ("slotserve (service/, engine/, the adapter)", ("service/", "engine/", "bench/transport/", "bare_server")),
+    ("onnxruntime", ("onnxruntime",)),
+    ("protobuf and numpy", ("protobuf", "_message", "upb", "numpy", "PyArray")),
+    ("Python threading, queues, futures", ("threading.py", "queue.py", "concurrent", "_thread")),
+)
+
+
+def profile_buckets(path: Path, process: str | None = None) -> dict[str, float]:
+    """Share of samples per kind of leaf frame (see _BUCKETS; "other": the interpreter, libc, the rest); with
+    `process`, only the stacks of processes whose command line contains it (py-spy --subprocesses)."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        owner = next((frame for frame in reversed(frames) if frame.startswith("process ")), "")
+        if process is not None and process not in owner:  # a child's stacks sit under its parent's frame
+            continue
+        leaf = _frame_key(frames[-1])
+        bucket = next((name for name, marks in _BUCKETS if any(mark in leaf for mark in marks)), "other")
+        counts[bucket] = counts.get(bucket, 0) + int(count)
+        total += int(count)
+    return {name: 100 * n / total for name, n in sorted(counts.items(), key=lambda item: -item[1])} if total else {}
