@@ -5,7 +5,9 @@ Designs (bench/transport/ has the prototypes, bench/README.md the details):
   today       `python -m service` (grpcio sync server, a handler thread per call)
   aio-inline  grpc.aio; fast models inline on the event loop, others on slot threads, hand-back batched
   sync-lean   today's server with a fixed pool of --cores handler threads (fewer thread switches)
-  sync-lean-1 the same with one handler thread
+  sync-watchdog
+              today's server on bench/transport/watchdog_pool.py: --cores runner threads, and one more thread
+              for each waiting call after 20 ms without progress (stalled calls cannot silence it)
   multiproc   --cores grpc.aio front-end processes on one port (SO_REUSEPORT) forwarding bytes over Unix
               sockets to one model process that schedules as aio-inline
   bare        bench/bare_server.py (no admission, statistics or checks: the ceiling of a thread-pooled server)
@@ -30,10 +32,18 @@ from ..perf_analyzer import PerfAnalyzer, describe, measure
 from ..profiling import PROFILE_RATE, _frame_key, find_py_spy, render_profile, summarize_profile
 from ..servers import Launcher, ServerProcess
 from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, ok, paired_ratio
-from ..transport.accounting import TritonServer, counters, inference_count, ipc_round_trip_us
+from ..transport.accounting import (
+    TritonServer,
+    counters,
+    inference_count,
+    ipc_round_trip_us,
+    probe_behind_stalled_calls,
+)
 
 CONCURRENCY = (1, 4, 16)
-DESIGNS = ("today", "aio-inline", "sync-lean", "sync-lean-1", "multiproc", "bare", "triton")
+DESIGNS = ("today", "aio-inline", "sync-lean", "sync-watchdog", "multiproc", "bare", "triton")
+WATCHDOG_MS = 20  # sync-watchdog: after this many ms without a finished call, a thread for each waiting call
+STALLED_CALLS = 32  # the stall probe: ModelInfer calls that send headers and never their message
 ANCHORS = ("today", "bare", "triton")  # every design's ratio is given to these
 INLINE_THRESHOLD_US = 200  # aio-inline / multiproc: mean run time under which a model's calls run inline
 
@@ -68,9 +78,10 @@ def _servers(launcher: Launcher, cores: int, repository: Path, scratch: Path) ->
             [python, "-m", "bench.transport.sync_lean", "--workers", str(cores), "--", *flags],
             ROOT,
         ),
-        "sync-lean-1": ServerProcess(
-            "transport-sync-lean-1",
-            [python, "-m", "bench.transport.sync_lean", "--workers", "1", "--", *flags],
+        "sync-watchdog": ServerProcess(
+            "transport-sync-watchdog",
+            [python, "-m", "bench.transport.sync_lean", "--workers", str(cores), "--watchdog-ms", str(WATCHDOG_MS),
+             "--", *flags],
             ROOT,
         ),
         "multiproc": ServerProcess(
@@ -121,6 +132,11 @@ def _run(args, launcher, pa, table, raw, cores: int, cpus: list[int], scratch: P
                     points[(name, c)].append(point)
                     log(f"transport round {round_index + 1}/{args.rounds} c={c} {name}: {describe(point)}")
         raw["transport_load"] = os.getloadavg()
+        raw["transport_stall_probe_s"] = {}
+        for name in names:  # last: a server whose threads the stalled calls took needs them back first
+            answered = probe_behind_stalled_calls(servers[name].address, STALLED_CALLS)
+            raw["transport_stall_probe_s"][name] = answered
+            log(f"transport stall probe {name}: " + ("no answer" if answered is None else f"{answered * 1000:.0f} ms"))
         if args.profile:
             raw["transport_profile"] = _profiles(args, servers, pa)
     raw["transport"] = {f"{d} c={c}": runs for (d, c), runs in points.items()}
@@ -134,6 +150,14 @@ def _rows(table: Table, raw: dict, points: dict, names: list[str], cores: int) -
         "transport",
         f"transport: {cores} core(s) {setup['cpus']}, triton instances {setup.get('triton_instances', 'n/a')}",
         f"IPC round trip (Unix socketpair, 200 B, blocking): p50 {ipc['p50_us']:.1f} us, mean {ipc['mean_us']:.1f} us",
+    )
+    probes = raw.get("transport_stall_probe_s", {})
+    table.add(
+        "transport",
+        f"transport: ServerReady behind {STALLED_CALLS} stalled ModelInfer calls (3 s limit)",
+        ", ".join(
+            f"{name} " + ("no answer" if probes[name] is None else f"{probes[name] * 1000:.0f} ms") for name in probes
+        ),
     )
     for c in CONCURRENCY:
         for name in names:
@@ -172,7 +196,7 @@ def _profiles(args, servers: dict, pa: PerfAnalyzer) -> dict:
         return {"error": "py-spy not found"}
     duration = max(3, int(pa.trials * pa.interval_ms / 1000))
     profiles = {}
-    for name in ("today", "aio-inline", "sync-lean", "sync-lean-1", "multiproc", "bare"):
+    for name in ("today", "aio-inline", "sync-lean", "sync-watchdog", "multiproc", "bare"):
         if name not in servers:
             continue
         server = servers[name]
@@ -195,10 +219,14 @@ def _profiles(args, servers: dict, pa: PerfAnalyzer) -> dict:
         summary["gil_busy"] = summary["samples"] / (PROFILE_RATE * duration)
         summary["perf_analyzer_while_profiling"] = point
         parts = {"all": None} if name != "multiproc" else {"model process": "--front-ends", "front ends": "front-end "}
-        summary["buckets"] = {part: profile_buckets(out, process) for part, process in parts.items()}
+        summary["parts"] = {}
+        for part, process in parts.items():
+            buckets, samples = profile_buckets(out, process)
+            summary["parts"][part] = {"gil_busy": samples / (PROFILE_RATE * duration), "buckets": buckets}
         text = render_profile(f"transport {name}", summary)
-        for part, buckets in summary["buckets"].items():
-            text += f"\nby kind of leaf frame ({part}):\n"
+        for part, found in summary["parts"].items():
+            buckets = found["buckets"]
+            text += f"\nby kind of leaf frame ({part}, GIL held {100 * found['gil_busy']:.0f} % of the time):\n"
             text += "".join(f"  {pct:5.1f} %  {bucket}\n" for bucket, pct in buckets.items())
         (RESULTS / f"profile-transport-{name}.txt").write_text(text)
         profiles[name] = summary
@@ -215,6 +243,7 @@ _BUCKETS = (
     ("socket and eventfd system calls", ("sendmsg", "recvmsg", "write (libc", "read (libc", "epoll", "eventfd")),
     ("grpcio (Python and Cython)", ("grpc/", "grpc_")),
     ("asyncio and selectors", ("asyncio", "selectors", "_asynciomodule", "events.py", "base_events")),
+    ("handler pool (service/handler_threads.py, watchdog_pool.py)", ("handler_threads", "watchdog_pool")),
     ("slotserve (service/, engine/, the adapter)", ("service/", "engine/", "bench/transport/", "bare_server")),
     ("onnxruntime", ("onnxruntime",)),
     ("protobuf and numpy", ("protobuf", "_message", "upb", "numpy", "PyArray")),
@@ -222,9 +251,10 @@ _BUCKETS = (
 )
 
 
-def profile_buckets(path: Path, process: str | None = None) -> dict[str, float]:
+def profile_buckets(path: Path, process: str | None = None) -> tuple[dict[str, float], int]:
     """Share of samples per kind of leaf frame (see _BUCKETS; "other": the interpreter, libc, the rest); with
-    `process`, only the stacks of processes whose command line contains it (py-spy --subprocesses)."""
+    `process`, only the stacks of processes whose command line contains it (py-spy --subprocesses). Also returns
+    the samples counted."""
     counts: dict[str, int] = {}
     total = 0
     for line in path.read_text(errors="replace").splitlines():
@@ -239,4 +269,5 @@ def profile_buckets(path: Path, process: str | None = None) -> dict[str, float]:
         bucket = next((name for name, marks in _BUCKETS if any(mark in leaf for mark in marks)), "other")
         counts[bucket] = counts.get(bucket, 0) + int(count)
         total += int(count)
-    return {name: 100 * n / total for name, n in sorted(counts.items(), key=lambda item: -item[1])} if total else {}
+    shares = {name: 100 * n / total for name, n in sorted(counts.items(), key=lambda item: -item[1])} if total else {}
+    return shares, total

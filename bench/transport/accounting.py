@@ -139,3 +139,34 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def probe_behind_stalled_calls(address: str, stalled: int = 4, timeout: float = 3.0) -> float | None:
+    """Seconds a ServerReady call takes while `stalled` ModelInfer calls have sent their headers and never their
+    message (what service/handler_threads.py guards against); None when it did not answer within `timeout`."""
+    import threading
+
+    release = threading.Event()
+
+    def never_sends():
+        release.wait()
+        return
+        yield  # a generator that ends without sending a message
+
+    with grpc.insecure_channel(address) as stall_channel, grpc.insecure_channel(address) as probe_channel:
+        infer = stall_channel.stream_unary(
+            "/inference.GRPCInferenceService/ModelInfer", request_serializer=None, response_deserializer=None
+        )
+        calls = [infer.future(never_sends(), timeout=timeout + 5) for _ in range(stalled)]
+        time.sleep(0.5)  # let the calls reach the server and take what they take (headers only)
+        stub = pb_grpc.GRPCInferenceServiceStub(probe_channel)
+        started = time.perf_counter()
+        try:
+            stub.ServerReady(pb.ServerReadyRequest(), timeout=timeout)
+            answered = time.perf_counter() - started
+        except grpc.RpcError:
+            answered = None
+        release.set()
+        for call in calls:
+            call.cancel()
+    return answered

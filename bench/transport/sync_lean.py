@@ -1,7 +1,7 @@
 """Design 3a: today's server with a grpcio setting that cuts thread switches: a fixed pool of `--workers` handler
 threads (default: the CPUs this process may run on) in place of slotserve's thread per call.
 
-    python -m bench.transport.sync_lean [--workers N] -- SLOTSERVE FLAGS...
+    python -m bench.transport.sync_lean [--workers N] [--watchdog-ms MS] -- SLOTSERVE FLAGS...
 
 Everything else is `python -m service` unchanged (prints `slotserve listening on ...`). What it gives up is why
 service/handler_threads.py exists: with a fixed pool, calls that never send their message hold the threads and
@@ -24,6 +24,12 @@ if str(ROOT) not in sys.path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument(
+        "--watchdog-ms",
+        type=float,
+        help="run calls on bench/transport/watchdog_pool.py: --workers runners, and after this many ms without a "
+        "finished call a thread for each waiting call (design 3c)",
+    )
     from bench.transport.adapter import split_argv
     from service import cli, server
 
@@ -31,7 +37,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(own)
 
     # The one change: Server._build_grpc builds its executor through this name.
-    server.HandlerThreads = lambda keep: ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="grpc-fixed")
+    if args.watchdog_ms:
+        from bench.transport.watchdog_pool import WatchdogPool
+
+        server.HandlerThreads = lambda keep: WatchdogPool(args.workers, args.watchdog_ms / 1000)
+    else:
+        server.HandlerThreads = lambda keep: ThreadPoolExecutor(args.workers, thread_name_prefix="grpc-fixed")
     return cli.main(flags)
 
 
