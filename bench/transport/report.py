@@ -45,9 +45,7 @@ def figures(raw: dict) -> str:
 
 def profiles(raw: dict) -> str:
     found = raw.get("transport_profile") or {}
-    parts = [
-        (name, part, buckets) for name, s in found.items() if "buckets" in s for part, buckets in s["buckets"].items()
-    ]
+    parts = [(name, part, p) for name, s in found.items() if "parts" in s for part, p in s["parts"].items()]
     kinds = sorted({kind for _, _, p in parts for kind in p["buckets"]}, key=lambda k: (k == "other", k))
     lines = [
         "| design | GIL held | " + " | ".join(kinds) + " |",
