@@ -234,20 +234,21 @@ def _profiles(args, servers: dict, pa: PerfAnalyzer) -> dict:
     return profiles
 
 
-# Leaf frames by kind, first match wins: where a GIL-holding thread's time goes.
+# Leaf frames by kind, first match wins: where a GIL-holding thread's time goes. wake-ups: sem_post, futex and
+# condition calls (waking or waiting for another thread); sockets: sendmsg, recvmsg, read, write, epoll, eventfd;
+# grpcio: its Python and Cython code; handler pool: service/handler_threads.py or bench/transport/watchdog_pool.py;
+# slotserve: service/, engine/, the prototypes' adapter (and the bare server's handler); threading: threading.py,
+# queue.py, concurrent.futures.
 _BUCKETS = (
-    (
-        "thread wake-ups and waits (sem_post, futex)",
-        ("sem_post", "sem_wait", "sem_trywait", "syscall (", "pthread_cond"),
-    ),
-    ("socket and eventfd system calls", ("sendmsg", "recvmsg", "write (libc", "read (libc", "epoll", "eventfd")),
-    ("grpcio (Python and Cython)", ("grpc/", "grpc_")),
-    ("asyncio and selectors", ("asyncio", "selectors", "_asynciomodule", "events.py", "base_events")),
-    ("handler pool (service/handler_threads.py, watchdog_pool.py)", ("handler_threads", "watchdog_pool")),
-    ("slotserve (service/, engine/, the adapter)", ("service/", "engine/", "bench/transport/", "bare_server")),
+    ("wake-ups", ("sem_post", "sem_wait", "sem_trywait", "syscall (", "pthread_cond")),
+    ("sockets", ("sendmsg", "recvmsg", "write (libc", "read (libc", "epoll", "eventfd")),
+    ("grpcio", ("grpc/", "grpc_")),
+    ("asyncio", ("asyncio", "selectors", "_asynciomodule", "events.py", "base_events")),
+    ("handler pool", ("handler_threads", "watchdog_pool")),
+    ("slotserve", ("service/", "engine/", "bench/transport/", "bare_server")),
     ("onnxruntime", ("onnxruntime",)),
-    ("protobuf and numpy", ("protobuf", "_message", "upb", "numpy", "PyArray")),
-    ("Python threading, queues, futures", ("threading.py", "queue.py", "concurrent", "_thread")),
+    ("protobuf, numpy", ("protobuf", "_message", "upb", "numpy", "PyArray")),
+    ("threading", ("threading.py", "queue.py", "concurrent", "_thread")),
 )
 
 
