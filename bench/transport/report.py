@@ -60,14 +60,19 @@ def profiles(raw: dict) -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    document = json.loads(Path(argv[0] if argv else ROOT / "bench" / "results" / "latest.json").read_text())
-    raw = document["raw"]
-    machine = document["machine"]
-    print(f"{document['date']}, git {machine['git']}, load {raw.get('loadavg_1min')} -> {machine['loadavg_end']}")
-    print(f"setup {raw.get('transport_setup')}; IPC {raw.get('transport_ipc')}")
-    print(f"stall probe (s): {raw.get('transport_stall_probe_s')}\n")
-    print(figures(raw))
+    argv = (sys.argv[1:] if argv is None else argv) or [str(ROOT / "bench" / "results" / "latest.json")]
+    pooled: dict[str, list] = {}
+    for path in argv:
+        document = json.loads(Path(path).read_text())
+        raw = document["raw"]
+        machine = document["machine"]
+        print(f"{path}: {document['date']}, git {machine['git']}, load {raw.get('loadavg_1min')} -> "
+              f"{machine['loadavg_end']}; setup {raw.get('transport_setup')}; IPC {raw.get('transport_ipc')}; "
+              f"stall probe (s) {raw.get('transport_stall_probe_s')}")  # fmt: skip
+        for key, runs in raw["transport"].items():
+            pooled.setdefault(key, []).extend(runs)
+    print()
+    print(figures({**raw, "transport": pooled}))
     print()
     print(profiles(raw))
     return 0
