@@ -11,6 +11,7 @@ calls wait in this queue instead of each holding a thread, so at most `runners` 
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
 from concurrent import futures
@@ -69,6 +70,9 @@ class WatchdogPool(futures.Executor):
                 self.extra_threads += extra
                 if stalled:
                     self._progress = time.monotonic()  # the next extra threads one tick later at the earliest
+            if extra:  # said on stderr, so that a run's log shows when it fired (the bench expects: only when stalled)
+                print(f"watchdog: no call finished for {self._stall_s * 1000:.0f} ms: {extra} more thread(s)",
+                      file=sys.stderr, flush=True)  # fmt: skip
             for _ in range(extra):
                 threading.Thread(target=self._extra, name="grpc-extra", daemon=True).start()
             time.sleep(self._stall_s)
