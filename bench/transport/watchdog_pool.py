@@ -71,7 +71,8 @@ class WatchdogPool(futures.Executor):
                 if stalled:
                     self._progress = time.monotonic()  # the next extra threads one tick later at the earliest
             if extra:  # said on stderr, so that a run's log shows when it fired (the bench expects: only when stalled)
-                print(f"watchdog: no call finished for {self._stall_s * 1000:.0f} ms: {extra} more thread(s)",
+                print(f"{time.strftime('%H:%M:%S')} watchdog: no call finished for {self._stall_s * 1000:.0f} ms: "
+                      f"{extra} more thread(s)",
                       file=sys.stderr, flush=True)  # fmt: skip
             for _ in range(extra):
                 threading.Thread(target=self._extra, name="grpc-extra", daemon=True).start()
