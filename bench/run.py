@@ -3,7 +3,7 @@
     .venv/bin/python bench/run.py [--quick] [--rounds N] [--sections simple,identity,...] [--profile]
 
 Run bench/setup.sh first (it makes bench/.venv-pa and the perf_analyzer wrapper in bench/.cache). Everything
-talks to 127.0.0.1 only. Sections, in order (all by default):
+talks to 127.0.0.1 only. Sections, in order (all but transport by default):
 
   simple     `simple` at concurrency 1, 4, 16 with perf_analyzer (C++ client, sync, one channel), slotserve and
              bench/bare_server.py both running, alternating point by point (the order flips every round);
@@ -39,6 +39,8 @@ talks to 127.0.0.1 only. Sections, in order (all by default):
              started as tests/differential/reference.py starts it), alternating point by point: a GIL-holding
              pure-Python loop (~3 ms) on 1 and 2 slots / instances at 4 clients, and the add/sub model.py at 1
              and 16 clients against slotserve's ONNX `simple` in the same server, with its ratio to Triton beside it.
+  transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
+             server and real Triton's python backend; `--cores N` pins them; see bench/sections/transport.py.
   bytes_memory
              the peak RSS (VmHWM) rise of a fresh slotserve for one BYTES request to `simple_identity` of 2-byte
              elements, about 11 and 34 MiB on the wire, and one past --max-request-tensor-bytes (refused).
@@ -82,6 +84,7 @@ from bench.sections.python import section_python  # noqa: E402
 from bench.sections.shared_memory import section_shared_memory  # noqa: E402
 from bench.sections.simple import section_simple  # noqa: E402
 from bench.sections.slots import section_slots  # noqa: E402
+from bench.sections.transport import section_transport  # noqa: E402
 from bench.servers import Launcher  # noqa: E402
 from bench.table import Table  # noqa: E402
 
@@ -96,7 +99,9 @@ SECTIONS = (
     "coldload",
     "bytes_memory",
     "python",
+    "transport",
 )
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "transport")  # transport (~10 min, real Triton): on request
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,7 +110,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="round-robin rounds per paired figure (default 3, quick 1)")
     parser.add_argument("--interval-ms", type=int, help="perf_analyzer measurement window (default 2000, quick 1000)")
     parser.add_argument("--trials", type=int, default=3, help="perf_analyzer windows per point (default 3)")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument(
+        "--sections",
+        default=",".join(DEFAULT_SECTIONS),
+        help=f"comma-separated subset of {SECTIONS} (default: all but transport)",
+    )
     parser.add_argument(
         "--slotserve-args",
         default="",
@@ -120,6 +129,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--profile", action="store_true", help="py-spy both servers during a c=16 simple run")
     parser.add_argument("--py-spy", help="path of the py-spy executable (default: bench/.venv-pa/bin, then PATH)")
+    parser.add_argument(
+        "--cores", type=int, help="transport: pin servers and clients to the first N CPUs, size prototypes by N"
+    )
     parser.add_argument("--json", type=Path, default=RESULTS / "latest.json")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -139,7 +151,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots", "python"} & set(args.sections)
+    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots", "python", "transport"} & set(args.sections)
     if needs_pa and not os.access(PERF_ANALYZER, os.X_OK):
         print(f"bench: {PERF_ANALYZER} is missing: run bench/setup.sh first", file=sys.stderr)
         return 2
@@ -167,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             "coldload": lambda: section_coldload(args, launcher, table, raw),
             "bytes_memory": lambda: section_bytes_memory(args, launcher, table, raw),
             "python": lambda: section_python(args, launcher, pa, table, raw, Path(scratch)),
+            "transport": lambda: section_transport(args, launcher, pa, table, raw),
         }
         for section in args.sections:
             raw.setdefault("loadavg_1min", {})[section] = os.getloadavg()[0]
