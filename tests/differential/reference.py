@@ -138,7 +138,7 @@ def _wait_ready(stub: pb_grpc.GRPCInferenceServiceStub, process: subprocess.Pope
                 return
         except grpc.RpcError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.2)  # ordering-free: polls an observable state until a deadline
     raise RuntimeError(f"tritonserver not ready within {READY_SECONDS}s:\n{_tail(log)}")
 
 

@@ -124,7 +124,7 @@ def triton(folder: Path, work: Path):
         while not ready(http):
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"tritonserver did not get ready; its log: {work / 'tritonserver.log'}")
-            time.sleep(0.2)  # polling an observable state (readiness) with a deadline
+            time.sleep(0.2)  # ordering-free: polls an observable state until a deadline
         yield http, metrics
     finally:
         process.terminate()

@@ -168,7 +168,7 @@ def _wait_ready(server: TritonServer) -> None:
             except grpc.RpcError:
                 pass
             assert time.monotonic() < deadline, f"tritonserver not ready:\n{server.log.read_text()[-4000:]}"
-            time.sleep(0.05)  # waits on an observable state (the server's readiness)
+            time.sleep(0.05)  # ordering-free: polls an observable state until a deadline
 
 
 # ---- both servers, the same calls -----------------------------------------------------------------------------
@@ -262,7 +262,7 @@ class Calls:
         deadline = time.monotonic() + WAIT
         while (state := self.index_state(name)) is not None and state[0] in ("LOADING", "UNLOADING"):
             assert time.monotonic() < deadline, f"{name} stayed {state}"
-            time.sleep(0.02)  # waits on an observable state
+            time.sleep(0.02)  # ordering-free: polls an observable state until a deadline
         return state
 
     def close(self) -> None:
@@ -425,7 +425,7 @@ def _wait_until(predicate, what: str) -> None:
     deadline = time.monotonic() + WAIT
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)  # waits on an observable state
+        time.sleep(0.05)  # ordering-free: polls an observable state until a deadline
 
 
 def test_poll_mode_picks_up_an_added_and_a_removed_folder(tmp_path, repositories):

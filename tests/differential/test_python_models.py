@@ -61,7 +61,7 @@ def _ready(process: subprocess.Popen, address: str, log: Path) -> None:
         )
         if completed.returncode == 0:
             return
-        time.sleep(0.5)
+        time.sleep(0.5)  # ordering-free: polls an observable state until a deadline
     pytest.fail(f"tritonserver not ready within {READY_SECONDS} s:\n{log.read_text(errors='replace')[-3000:]}")
 
 

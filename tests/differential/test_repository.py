@@ -38,7 +38,7 @@ def _unload(endpoint, model: str = "simple") -> None:
     deadline = time.monotonic() + UNLOAD_SECONDS
     while any(entry[0] == model and entry[2] == "UNLOADING" for entry in _index(endpoint)):
         assert time.monotonic() < deadline, f"{endpoint.name}: {model} still UNLOADING after {UNLOAD_SECONDS}s"
-        time.sleep(0.1)
+        time.sleep(0.1)  # ordering-free: polls an observable state until a deadline
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
-        time.sleep(0.02)
+        time.sleep(0.02)  # ordering-free: polls an observable state until a deadline
 
 
 def test_unary_add_sub(server, run_client):
