@@ -24,23 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..datatypes import NAMES, numpy_dtype
+
 ALIGNMENT = 64
 MIN_SEGMENT = 1 << 16
 
-_NUMPY = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-}
+_NUMPY = {name: numpy_dtype(name) for name in NAMES if name not in ("BYTES", "BF16")}  # fixed-size, plain numpy
 
 
 def _shm_directory() -> str:
