@@ -300,6 +300,12 @@ class CancelToken:
 Outputs = dict[str, np.ndarray]
 
 
+class FinalOutputs(dict[str, np.ndarray]):
+    """A streaming context's answer that the model sent together with its final flag (Triton's
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL on a response): the stream ends with it. A context yields it so that the
+    front end can mark that response final (`triton_final_response`) instead of sending an empty one after it."""
+
+
 class Context(ABC):
     """One slot's execution state over a LoadedModel. Used by one thread at a time."""
 
@@ -314,7 +320,8 @@ class Context(ABC):
     def execute_stream(
         self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
     ) -> Iterator[Outputs]:
-        """Run one request of a streaming model, yielding partial outputs. The default yields `execute`'s."""
+        """Run one request of a streaming model, yielding partial outputs (the last one as FinalOutputs when the
+        model marked it final as it sent it). The default yields `execute`'s."""
         yield self.execute(inputs, outputs, cancel)
 
     def close(self) -> None:  # noqa: B027 (optional hook: a context with nothing to free keeps this one)

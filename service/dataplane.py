@@ -24,7 +24,7 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 
 from engine.errors import ModelErrorUnsupported
-from engine.interface import CancelToken, ModelMetadata, Outputs
+from engine.interface import CancelToken, FinalOutputs, ModelMetadata, Outputs
 from engine.tensor_codec import BYTES_ELEMENT_COST
 
 from .core.batching import BatchItem
@@ -109,6 +109,9 @@ class InferenceResponse:
     outputs: Outputs
     metadata: ModelMetadata  # the outputs' declared order and datatypes
     output_regions: dict[str, RegionSlice]  # outputs to write into shared memory instead of the message
+    # False only for a streaming model's answer that was not sent with the final flag (more may follow; the stream
+    # front end tells the client with Triton's `triton_final_response` parameter).
+    final: bool = True
 
 
 @dataclass
@@ -307,7 +310,7 @@ class Dataplane:
             began = time.perf_counter_ns()
             for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
                 ran.outputs = outputs
-                yield self._respond(request, ran, decoded, reservation)
+                yield self._respond(request, ran, decoded, reservation, final=isinstance(outputs, FinalOutputs))
             ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
 
@@ -378,13 +381,22 @@ class Dataplane:
         )
 
     @staticmethod
-    def _respond(request: InferenceRequest[R], ran: _Ran, decoded: DecodedRequest, reservation: Reservation) -> R:
+    def _respond(
+        request: InferenceRequest[R],
+        ran: _Ran,
+        decoded: DecodedRequest,
+        reservation: Reservation,
+        *,
+        final: bool = True,
+    ) -> R:
         """The encoded answer of a run; its outputs are counted in the request's reservation first (they are held
         until the answer is sent)."""
         outputs = ran.outputs if ran.outputs is not None else {}
         reservation.count_outputs(output_bytes(outputs))
         return request.respond(
-            InferenceResponse(request.model, ran.version, request.id, outputs, ran.metadata, decoded.output_regions)
+            InferenceResponse(
+                request.model, ran.version, request.id, outputs, ran.metadata, decoded.output_regions, final
+            )
         )
 
 

@@ -113,10 +113,41 @@ def as_bytes(response: InferenceResponse) -> bytes:
     return wire.serialize_infer_response(encoded(response))
 
 
+FINAL_RESPONSE = "triton_final_response"  # Triton's parameter on every stream response: is it the request's last?
+ENABLE_EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"  # a stream request's ask for an empty last one
+
+
 def as_message(response: InferenceResponse) -> pb.ModelInferResponse:
-    """An answer as one whole ModelInferResponse (streams carry one inside each stream message)."""
+    """An answer as one whole ModelInferResponse, the way a stream carries it: with Triton's
+    `triton_final_response` parameter saying whether it is the request's last answer."""
     message = encoded(response)
-    return message.to_message() if isinstance(message, InferResponse) else message
+    whole = message.to_message() if isinstance(message, InferResponse) else message
+    whole.parameters[FINAL_RESPONSE].bool_param = response.final
+    return whole
+
+
+def empty_final_response(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    """The answer that ends a streaming model's request on the stream when the model sent its final flag alone
+    and the client asked for it (Triton's `triton_enable_empty_final_response`): no outputs, the final parameter
+    true. Like Triton 2.51's, it names the model and the request's id, and no version."""
+    message = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+    message.parameters[FINAL_RESPONSE].bool_param = True
+    return message
+
+
+def wants_empty_final_response(request: pb.ModelInferRequest) -> bool:
+    """Whether a stream request asks for an empty final answer (`triton_enable_empty_final_response`; decoding
+    the request refused a parameter of another type)."""
+    parameter = request.parameters.get(ENABLE_EMPTY_FINAL_RESPONSE)
+    return parameter is not None and parameter.bool_param
+
+
+def _check_final_response_ask(request: pb.ModelInferRequest) -> None:
+    """Refuse `triton_enable_empty_final_response` of a type other than bool, in Triton 2.51's words (on
+    ModelInfer too, where it means nothing)."""
+    parameter = request.parameters.get(ENABLE_EMPTY_FINAL_RESPONSE)
+    if parameter is not None and parameter.WhichOneof("parameter_choice") != "bool_param":
+        raise InvalidRequest(f"invalid value type for '{ENABLE_EMPTY_FINAL_RESPONSE}' parameter, expected bool_param.")
 
 
 def decode_request(
@@ -135,6 +166,7 @@ def decode_request(
             decoded.outputs = _requested_outputs(request, decoded, shared_memory)
         if request.parameters:
             decoded.timeout_us = _timeout_us(request)
+            _check_final_response_ask(request)
     except BaseException:
         decoded.release()
         raise

@@ -62,7 +62,17 @@ from ..errors import (
     ModelErrorUnsupported,
     ModelLoadError,
 )
-from ..interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
+from ..interface import (
+    Backend,
+    CancelToken,
+    Context,
+    FinalOutputs,
+    LoadedModel,
+    ModelMetadata,
+    ModelSpec,
+    Outputs,
+    TensorSpec,
+)
 from ..repository import shown_path
 from . import transport
 
@@ -236,7 +246,7 @@ class WorkerProcess:
                     outcome = self.model.outcome(outputs, member.outputs)
                     if isinstance(outcome, BaseException):
                         raise outcome
-                    yield outcome
+                    yield FinalOutputs(outcome) if finished else outcome
                 if finished:
                     return
         finally:

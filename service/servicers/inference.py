@@ -21,7 +21,14 @@ from ..core.registry import ModelRegistry
 from ..dataplane import Dataplane
 from ..model_control import ModelControl
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
-from ..tensors import as_bytes, as_message, inference_request
+from ..tensors import (
+    FINAL_RESPONSE,
+    as_bytes,
+    as_message,
+    empty_final_response,
+    inference_request,
+    wants_empty_final_response,
+)
 from ..timers import TimerQueue
 from ..wire import InferRequest, parse_infer_request, serialize_infer_response
 from .common import SHUTDOWN, AccessGate, CallKind, CallTracker, as_client_error, client_deadline, rpc
@@ -194,19 +201,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self._calls.end(token, CallKind.INFERENCE)
 
     def _stream_one(self, request, deadline, cancel):
+        """One request's messages on the stream. Each answer says whether it is the request's last
+        (`triton_final_response`); a streaming model whose final flag came alone ends with an empty final answer
+        when the client asked for one (`triton_enable_empty_final_response`), as on Triton."""
         call = inference_request(request, as_message, shared_memory=self._shared_memory, client_deadline=deadline)
         responses = self._dataplane.infer_stream(call, cancel=cancel)
+        final = False
         try:
             for response in responses:
+                final = response.parameters[FINAL_RESPONSE].bool_param
                 yield pb.ModelStreamInferResponse(infer_response=response)
+            if not final and wants_empty_final_response(request):
+                yield pb.ModelStreamInferResponse(infer_response=empty_final_response(request))
         except Exception as error:  # a failed request must not end the stream
             _code, message, _reason = status_codes.describe(as_client_error(error, cancel))
-            yield pb.ModelStreamInferResponse(
-                error_message=message,
-                infer_response=pb.ModelInferResponse(
-                    model_name=request.model_name, model_version=request.model_version, id=request.id
-                ),
+            failed = pb.ModelInferResponse(
+                model_name=request.model_name, model_version=request.model_version, id=request.id
             )
+            failed.parameters[FINAL_RESPONSE].bool_param = True  # a failed request ends there, as on Triton
+            yield pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
         finally:
             responses.close()
 
