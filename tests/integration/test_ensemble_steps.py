@@ -15,8 +15,11 @@ import pytest
 
 from client import ClientError
 from engine.errors import DeviceFailedError, ModelLoadError
+from generated import grpc_service_pb2 as pb
+from generated import grpc_service_pb2_grpc as pb_grpc
 
-from ._support import write_fixture_model
+from ._shm import ShmObject, in_region, register
+from ._support import CALL_TIMEOUT, write_fixture_model
 from .test_ensembles import F, fixture_repository, start_fixture_server, wait_until, write_diamond, write_ensemble
 
 JOIN_R = "step 3 (model 'join_r')"
@@ -201,3 +204,31 @@ def test_the_steps_of_concurrent_ensemble_requests_run_as_one_batch(tmp_path, co
         stats = {s.name: s for s in running.client.statistics()}
         assert (stats["batched"].inference_count, stats["batched"].execution_count) == (4, 2)
         assert stats["via_batch"].inference_count == 4
+
+
+def test_an_ensembles_outputs_go_to_a_system_shared_memory_region(tmp_path, controls):
+    write_diamond(tmp_path)
+    x = np.arange(5, dtype=np.float32) - 2
+    size = x.nbytes
+    target = ShmObject(2 * size)
+    try:
+        target.write(0, b"\xee" * target.size)
+        with start_fixture_server(tmp_path, controls, shared_memory="system") as running:
+            stub = pb_grpc.GRPCInferenceServiceStub(running.client.channel)
+            register(stub, "out", target.key, target.size, timeout=CALL_TIMEOUT)
+            request = pb.ModelInferRequest(model_name="diamond", id="ens")
+            request.inputs.add(name="X", datatype="FP32", shape=[5])
+            request.raw_input_contents.append(x.tobytes())
+            in_region(request.outputs.add(name="L"), "out", size, 0)
+            in_region(request.outputs.add(name="R"), "out", size, size)
+            response = stub.ModelInfer(request, timeout=CALL_TIMEOUT)
+            assert [(t.name, t.datatype, list(t.shape)) for t in response.outputs] == [
+                ("L", "FP32", [5]),
+                ("R", "FP32", [5]),
+            ]
+            assert list(response.raw_output_contents) == [b"", b""]  # the bytes are in the region
+            np.testing.assert_array_equal(target.array(0, "<f4", (5,)), x)
+            np.testing.assert_array_equal(target.array(size, "<f4", (5,)), x)
+            stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=CALL_TIMEOUT)
+    finally:
+        target.close()
