@@ -17,8 +17,13 @@ that; its steps' admissions do the throttling.
 
 Errors: a failing step's error keeps its class (so its status code) and its message is prefixed with the ensemble
 and the step (`ensemble 'e': step 1 (model 'm'): ...`). A step model that is not registered when a request arrives
-makes the request fail with UNAVAILABLE (model_not_loaded) naming the step; one unloaded or failed fails (or
-loads) in its own call, its error named for the step.
+makes the request fail with UNAVAILABLE (model_not_loaded) naming the step; one unloaded fails (or loads) in its
+own call, its error named for the step.
+
+Step models' lives (StepWatcher): a step model that failed (its load, or its device) unloads the ensembles with
+a step on it, listed with the reason naming the step, and a load of such an ensemble is refused while the step
+stays failed; the step's next load loads them again. An evicted or idle-retired step model is not failed: the
+ensemble stays loaded and the step's next call loads it.
 """
 
 from __future__ import annotations
