@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from engine.ensemble_graph import Step, StepModel, check_against_models, read_steps
-from engine.errors import ExecutionError, ModelConfigError, ModelError, ModelLoadError
+from engine.errors import DeviceFailedError, ExecutionError, ModelConfigError, ModelError, ModelLoadError
 from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs
 from engine.repository import hide_paths
 
@@ -306,11 +306,21 @@ class _Run:
             self.cancel.cancel(f"{step.label} failed")
 
 
+class StepDeviceFailed(ExecutionError):
+    """A step model's device failed under a step: UNAVAILABLE `device_failed` for the client, as the step's own
+    error, but not a DeviceFailedError of the ensemble: the step model is taken out of service (and its ensembles
+    unloaded with the reason, by StepWatcher), never the ensemble's own engine, which has no device."""
+
+    error_reason: str | None = "device_failed"
+
+
 def _named(ensemble: str, step: Step, error: BaseException) -> BaseException:
     """`error` with the ensemble and the step in front of its message, its class kept (so its status code). An
     error whose message clients never see (an internal one: no reason of its own) is logged here and becomes a
     ModelError (INTERNAL) that names the step and its model, and no more."""
     prefix = f"ensemble '{ensemble}': {step.label}"
+    if isinstance(error, DeviceFailedError):
+        return StepDeviceFailed(f"{prefix}: {error}")
     if getattr(error, "error_reason", None) is None:
         _LOG.error("%s failed: %s", prefix, error, exc_info=error)
         return ModelError(f"{prefix} failed to execute this request; see the server log")

@@ -73,7 +73,11 @@ def test_a_step_whose_device_failed_makes_the_ensemble_unavailable_until_the_ste
         controls.gate("join_r", "execute").fail_next(DeviceFailedError("device lost under join_r"))
         with pytest.raises(ClientError) as failed:
             one(running)
-        assert failed.value.code == "UNAVAILABLE" and JOIN_R in failed.value.message
+        assert failed.value.code == "UNAVAILABLE" and failed.value.reason == "device_failed"
+        assert JOIN_R in failed.value.message
+        # the step model's device failed, not the ensemble's (it has none): only the step is taken out of service
+        counts = running.server.runtime.events.counts()
+        assert counts[("device_failed", "join_r")] == 1 and ("device_failed", "diamond") not in counts
         wait_until(lambda: index_of(running)["diamond"].state == "UNAVAILABLE")
         entry = index_of(running)["diamond"]
         assert entry.reason == f"ensemble 'diamond': {JOIN_R} failed: device lost under join_r"
