@@ -69,6 +69,7 @@ def test_a_reconfigure_of_the_ensemble_waits_for_its_running_requests_and_later_
     reload = lab.call(lab.management.register, "chain", timeout=60)  # reconfigure: same files
     wait_until(lambda: registry_status(lab, "chain").queued_managers == 1, "the reconfigure queued on the ensemble")
     later = ensemble_request(lab)
+    # queued_requests counts the manager and the request behind it
     wait_until(lambda: registry_status(lab, "chain").queued_requests == 2, "the later request queued behind it")
     assert not reload.done() and not later.done()
     gate.release()
@@ -162,7 +163,7 @@ def test_a_draining_shutdown_lets_a_running_ensemble_request_finish_its_steps_wi
     lab = chain()
     gate, running = held_in_first_step(lab)
     shutdown = lab.shutdown(grace=30.0)
-    wait_until(lambda: registry_status(lab, "second").queued_requests == 0 and not lab.server.state.ready, "draining")
+    wait_until(lambda: not lab.server.state.ready, "the shutdown under way")
     gate.release()
     answered(running)  # its later step ran during the shutdown
     shutdown.result()
