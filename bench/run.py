@@ -39,6 +39,9 @@ talks to 127.0.0.1 only. Sections, in order (all but transport by default):
              started as tests/differential/reference.py starts it), alternating point by point: a GIL-holding
              pure-Python loop (~3 ms) on 1 and 2 slots / instances at 4 clients, and the add/sub model.py at 1
              and 16 clients against slotserve's ONNX `simple` in the same server, with its ratio to Triton beside it.
+  ensemble   a chain of three light python steps as one ensemble against the same three calls made by the
+             client one after another, on slotserve and on real Triton 2.51 (python backend), same run, alternating;
+             pipelines/s and p50 at 1 and 4 clients (this process's gRPC client: perf_analyzer cannot chain calls).
   transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
              server and real Triton's python backend; `--cores N` pins them; see bench/sections/transport.py.
   bytes_memory
@@ -78,6 +81,7 @@ from bench.sections.admission import section_admission  # noqa: E402
 from bench.sections.batching import section_batching  # noqa: E402
 from bench.sections.bytes_memory import section_bytes_memory  # noqa: E402
 from bench.sections.coldload import section_coldload  # noqa: E402
+from bench.sections.ensemble import section_ensemble  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
 from bench.sections.python import section_python  # noqa: E402
@@ -99,6 +103,7 @@ SECTIONS = (
     "coldload",
     "bytes_memory",
     "python",
+    "ensemble",
     "transport",
 )
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "transport")  # transport (~10 min, real Triton): on request
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             "coldload": lambda: section_coldload(args, launcher, table, raw),
             "bytes_memory": lambda: section_bytes_memory(args, launcher, table, raw),
             "python": lambda: section_python(args, launcher, pa, table, raw, Path(scratch)),
+            "ensemble": lambda: section_ensemble(args, launcher, table, raw, Path(scratch)),
             "transport": lambda: section_transport(args, launcher, pa, table, raw),
         }
         for section in args.sections:

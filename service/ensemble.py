@@ -17,12 +17,18 @@ that; its steps' admissions do the throttling.
 
 Errors: a failing step's error keeps its class (so its status code) and its message is prefixed with the ensemble
 and the step (`ensemble 'e': step 1 (model 'm'): ...`). A step model that is not registered when a request arrives
-makes the request fail with UNAVAILABLE (model_not_loaded) naming the step; one unloaded or failed fails (or
-loads) in its own call, its error named for the step.
+makes the request fail with UNAVAILABLE (model_not_loaded) naming the step; one unloaded fails (or loads) in its
+own call, its error named for the step.
+
+Step models' lives (StepWatcher): a step model that failed (its load, or its device) unloads the ensembles with
+a step on it, listed with the reason naming the step, and a load of such an ensemble is refused while the step
+stays failed; the step's next load loads them again. An evicted or idle-retired step model is not failed: the
+ensemble stays loaded and the step's next call loads it.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -30,11 +36,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from engine.ensemble_graph import Step, StepModel, check_against_models, read_steps
-from engine.errors import ExecutionError, ModelConfigError, ModelError
+from engine.errors import DeviceFailedError, ExecutionError, ModelConfigError, ModelError, ModelLoadError
 from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs
+from engine.repository import hide_paths
 
-from .core.errors import ModelNotFound, ModelNotLoadedYet, own_copy
-from .core.registry import ENSEMBLE_SLOTS
+from .core.errors import ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, own_copy
+from .core.lifecycle import ModelEntry, ModelState
+from .core.registry import ENSEMBLE_SLOTS, ModelRegistry
 from .dataplane import Dataplane
 from .internal_calls import call_model
 
@@ -50,7 +58,11 @@ class EnsembleBackend(Backend):
         self._dataplane: Dataplane | None = None
 
     def bind(self, dataplane: Dataplane) -> None:
+        """Give the backend the server's dataplane, and keep the registered ensembles in step with the failures
+        and loads of their step models from now on (StepWatcher)."""
         self._dataplane = dataplane
+        registry = dataplane.registry
+        registry.runtime.events.subscribe(StepWatcher(registry).note)
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         """Check the ensemble's graph against its step models as registered now. Raises ModelConfigError naming
@@ -74,12 +86,15 @@ class EnsembleBackend(Backend):
 
 def _step_model(dataplane: Dataplane, step: Step, origin: str) -> StepModel:
     """A step's model as the load check sees it: its declared tensors, else those it published when it last
-    loaded. Raises ModelConfigError when it is not registered or failed."""
+    loaded. Raises ModelConfigError when it is not registered, ModelLoadError when it failed (its last load
+    failed, or its device did, and nothing loaded it since: unloaded with an error)."""
     try:
         entry = dataplane.registry.get(step.model)
     except ModelNotFound:
         raise ModelConfigError(f"{origin}: {step.label} names a model that is not registered") from None
     view = entry.view()
+    if view.status.state is ModelState.UNLOADED and view.status.last_error:
+        raise ModelLoadError(failed_step_reason(origin, step, view.status.last_error))  # not the config's fault
     spec = view.spec
     inputs, outputs, batch = spec.inputs, spec.outputs, spec.max_batch_size
     if not inputs and not outputs and view.metadata is not None:
@@ -87,6 +102,78 @@ def _step_model(dataplane: Dataplane, step: Step, origin: str) -> StepModel:
     policy = getattr(spec.config, "model_transaction_policy", None)  # spec.config: the parsed ModelConfig, or None
     decoupled = bool(policy is not None and policy.decoupled)
     return StepModel(batch, tuple(inputs), tuple(outputs), decoupled, spec.version)
+
+
+def failed_step_reason(origin: str, step: Step, error: str) -> str:
+    """What an ensemble whose step model failed is listed with, and what a load of it is refused with."""
+    return f"{origin}: {step.label} failed: {error}"
+
+
+# The events of a step model that change what its ensembles can do (service/core/events.py).
+_FAILED = ("load_failed", "device_failed")
+_LOADED = "loaded"
+
+
+class StepWatcher:
+    """Keeps the ensembles in step with their step models (subscribed to the lifecycle events by
+    EnsembleBackend.bind):
+
+    * a step model failed (its load failed, or its device under a request): every loaded ensemble with a step on
+      it is unloaded, after its running requests, and listed UNAVAILABLE with the reason naming the step;
+    * a step model loaded (by any path: a request, RepositoryModelLoad, a rebuild after a device failure): the
+      ensembles unloaded with it, or whose own load failed, are loaded again.
+
+    An eviction or an idle retirement of a step model changes nothing: its next call (an ensemble's step) loads
+    it again, as any call would. The work runs on one thread, in the order the events came, started when an event
+    arrives and ended when none is left (the emitting thread may hold the step's lease, or be an ensemble's own
+    request, which an unload of that ensemble waits for). Each event's work is logged on failure, never raised."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._registry = registry
+        self._lock = threading.Lock()  # guards: _events, _working
+        self._events: collections.deque[tuple[str, str, str]] = collections.deque()
+        self._working = False
+
+    def note(self, event: str, model: str, fields: Mapping[str, object]) -> None:
+        """Events.subscribe's listener: queue a step model's failure or load; never blocks."""
+        if event not in _FAILED and event != _LOADED:
+            return
+        with self._lock:
+            self._events.append((event, model, str(fields.get("error", ""))))
+            if self._working:
+                return
+            self._working = True
+        threading.Thread(target=self._work, name="ensemble-step-watcher", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._events:
+                    self._working = False
+                    return
+                event, model, error = self._events.popleft()
+            try:
+                self._apply(event, model, error)
+            except Exception:  # noqa: BLE001 (the watcher must outlive one event's failure)
+                _LOG.exception("ensembles of model '%s' not updated after %s", model, event)
+
+    def _apply(self, event: str, model: str, error: str) -> None:
+        registry = self._registry
+        if event == _LOADED:
+            registry.reload_ensembles_of(model, None)
+            return
+        try:
+            roots = registry.get(model).spec.roots
+        except (ModelNotFound, ModelConfigFailed):
+            roots = None
+        hidden = hide_paths(error, roots) or event
+
+        def reason(ensemble: ModelEntry) -> str:
+            origin = f"ensemble '{ensemble.name}'"
+            steps = [s for s in read_steps(ensemble.spec.config, origin) if s.model == model]
+            return failed_step_reason(origin, steps[0], hidden)
+
+        registry.unload_ensembles_of(model, None, reason)
 
 
 class EnsembleModel(LoadedModel):
@@ -219,11 +306,21 @@ class _Run:
             self.cancel.cancel(f"{step.label} failed")
 
 
+class StepDeviceFailed(ExecutionError):
+    """A step model's device failed under a step: UNAVAILABLE `device_failed` for the client, as the step's own
+    error, but not a DeviceFailedError of the ensemble: the step model is taken out of service (and its ensembles
+    unloaded with the reason, by StepWatcher), never the ensemble's own engine, which has no device."""
+
+    error_reason: str | None = "device_failed"
+
+
 def _named(ensemble: str, step: Step, error: BaseException) -> BaseException:
     """`error` with the ensemble and the step in front of its message, its class kept (so its status code). An
     error whose message clients never see (an internal one: no reason of its own) is logged here and becomes a
     ModelError (INTERNAL) that names the step and its model, and no more."""
     prefix = f"ensemble '{ensemble}': {step.label}"
+    if isinstance(error, DeviceFailedError):
+        return StepDeviceFailed(f"{prefix}: {error}")
     if getattr(error, "error_reason", None) is None:
         _LOG.error("%s failed: %s", prefix, error, exc_info=error)
         return ModelError(f"{prefix} failed to execute this request; see the server log")

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from engine.interface import CancelToken
 
@@ -178,6 +178,7 @@ class ModelControl:
         assert isinstance(config_json, str)  # the servicer passes the string_param
         files = {key[len("file:") :]: value for key, value in parameters.items() if key.startswith("file:")}
         if not files:
+            self._load_steps(name, config_json, cancel, {name})
             if self.files.owns(self._current_source(name)):  # leave a files load behind: read the folder again
                 self.registry.register(Registration(name=name, source=name, config_json=config_json), cancel=cancel)
             else:  # the repository's folder; a failure there keeps the model listed with the new reason
@@ -190,6 +191,34 @@ class ModelControl:
         finally:
             self.files.done(folder)
             self.files.sweep(name, self._current_source(name))
+
+    def _load_steps(self, name: str, config_json: str, cancel: CancelToken | None, seen: set[str]) -> None:
+        """Before an ensemble loads from its repository folder: load each of its step models that is not loaded
+        (Triton does; the steps of a step that is an ensemble too first). A step that fails to load is logged
+        and left failed: the ensemble's own load then refuses it, naming the step. Unloading an ensemble leaves
+        its steps loaded, as in Triton."""
+        try:
+            specs = self.registry.repository.read_versions(name, config_json=config_json)
+        except Exception:  # noqa: BLE001 (not readable: the ensemble's own load reports it)
+            return
+        if not specs or specs[0].backend != "ensemble" or specs[0].config is None:
+            return
+        config: Any = specs[0].config  # the ModelConfig message (typed object in engine.interface)
+        for step in dict.fromkeys(block.model_name for block in config.ensemble_scheduling.step):
+            if step in seen:
+                continue  # a cycle of ensembles: refused when they load
+            seen.add(step)
+            try:
+                loaded = self.registry.get(step).status().loaded
+            except (ModelNotFound, ModelConfigFailed):
+                loaded = False
+            if loaded:
+                continue
+            self._load_steps(step, "", cancel, seen)
+            try:
+                self.registry.load(step, cancel=cancel)
+            except Exception as error:  # the ensemble's load names the step and its failure
+                _LOG.warning("step model '%s' of ensemble '%s' did not load: %s", step, name, error)
 
     def unload(self, name: str, cancel: CancelToken | None = None) -> None:
         """RepositoryModelUnload; refused in none and poll mode. A model loaded with files loses them."""

@@ -79,10 +79,29 @@ ensemble_scheduling {{
 """
 
 
-def write_python_pipeline(root: Path) -> Path:
-    """Write the ensemble and its three python steps into `root`; return `root`."""
+# A step whose model fails to load (its initialize raises): the repository of the "step failed" cases.
+BROKEN_STEP = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("square is broken")
+
+    def execute(self, requests):
+        return []
+"""
+
+SQUARE = _UNARY.replace("{expression}", "x * x")
+SQUARE_CONFIG_JSON = (
+    '{"name": "square", "backend": "python", "max_batch_size": 0, '
+    '"input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [-1]}], '
+    '"output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}]}'
+)
+
+
+def write_python_pipeline(root: Path, *, broken_square: bool = False) -> Path:
+    """Write the ensemble and its three python steps into `root` (with `broken_square`, the step 'square' fails
+    to load: BROKEN_STEP); return `root`."""
     _python_model(root, "add3", _UNARY.replace("{expression}", "x + 3"), ("X",))
-    _python_model(root, "square", _UNARY.replace("{expression}", "x * x"), ("X",))
+    _python_model(root, "square", BROKEN_STEP if broken_square else SQUARE, ("X",))
     _python_model(root, "combine", _COMBINE, ("A", "S"))
     (root / ENSEMBLE / "1").mkdir(parents=True)
     (root / ENSEMBLE / "config.pbtxt").write_text(PIPELINE_CONFIG)

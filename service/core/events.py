@@ -156,8 +156,15 @@ class Events:
     can report loads, unloads, evictions and the like without a counter object on any code path."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards: _counts
+        self._lock = threading.Lock()  # guards: _counts, _listeners
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._listeners: tuple[Callable[[str, str, Mapping[str, object]], None], ...] = ()
+
+    def subscribe(self, listener: Callable[[str, str, Mapping[str, object]], None]) -> None:
+        """Call `listener(event, model, fields)` after each event of a model is logged, on the emitting thread,
+        which may hold a model's lease or lock: it must only note the event (never block, never raise)."""
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
 
     def emit(
         self,
@@ -172,6 +179,9 @@ class Events:
             with self._lock:
                 self._counts[(event, model)] += 1
         log_event(logger, event, model, exc_info=exc_info, **fields)
+        if model is not None:
+            for listener in self._listeners:  # a tuple, replaced whole: read without the lock
+                listener(event, model, fields)
 
     def counts(self) -> dict[tuple[str, str], int]:
         """(event, model) -> how many times it happened, for every pair that happened at least once."""

@@ -792,6 +792,8 @@ class ModelEntry:
         except BaseException as error:
             with self._lock:
                 self._transition_locked(old_state)  # pre-commit failure: back to where it was
+                if old_pool is None:  # nothing serves: the model failed to load, and is listed with the reason
+                    self._last_error = hide_paths(str(error) or type(error).__name__, self._committed.spec.roots)
             self._runtime.events.emit(_LOG, "reconfigure_refused", self.name, error=str(error) or type(error).__name__)
             raise
         if replacement is not None:
@@ -875,12 +877,13 @@ class ModelEntry:
             self._publish_locked(pool)
         self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=pool.capacity, in_place=False)
 
-    def unload_leased(self, event: str = "unloaded", **fields: Any) -> bool:
+    def unload_leased(self, event: str = "unloaded", *, last_error: str = "", **fields: Any) -> bool:
         """Retire and tear down the pool (caller holds the exclusive lease). Idempotent: returns False when
         there was nothing to unload. Teardown runs outside the lock and may be slow; the model counts as
-        unloaded from its first step. Emits `event` (unloaded, evicted, idle_retired, closed_at_shutdown) with
-        `fields` and the teardown's seconds, once the teardown is done. (`fields` are typed Any: of type object,
-        mypy would take them for Events.emit's keyword-only exc_info as well.)"""
+        unloaded from its first step. `last_error`, when given, is the reason the model is listed with after it
+        (an ensemble unloaded because a step model failed). Emits `event` (unloaded, evicted, idle_retired,
+        closed_at_shutdown) with `fields` and the teardown's seconds, once the teardown is done. (`fields` are
+        typed Any: of type object, mypy would take them for Events.emit's keyword-only exc_info as well.)"""
         with self._lock:
             if self._pool is None:
                 return False
@@ -891,6 +894,8 @@ class ModelEntry:
         finally:
             with self._lock:
                 self._transition_locked(ModelState.UNLOADED)
+                if last_error:
+                    self._last_error = last_error
         self._runtime.events.emit(_LOG, event, self.name, **fields, seconds=time.perf_counter() - started)
         return True
 

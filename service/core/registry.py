@@ -26,7 +26,7 @@ import math
 import queue
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -378,21 +378,22 @@ class ModelRegistry:
             if name not in self._entries and name in self.repository.names():
                 self._note_failure(name, error)
             raise
-        self._reload_ensembles_of(name, cancel)
+        self.reload_ensembles_of(name, cancel)
         return status
 
     # ---- unload ---------------------------------------------------------------------------------------------
 
-    def unload(self, name: str, cancel: CancelToken | None = None) -> ModelStatus:
+    def unload(self, name: str, cancel: CancelToken | None = None, *, reason: str = "") -> ModelStatus:
         """Unload every version of one model, highest first, each after its earlier leases drain (bounded by its
-        admission timeout). Idempotent. Returns the highest version's status. Raises ModelNotFound or
-        ServerBusy (the versions unloaded before it stay unloaded)."""
+        admission timeout); `reason`, when given, is what it is listed with then (default "unloaded").
+        Idempotent. Returns the highest version's status. Raises ModelNotFound or ServerBusy (the versions
+        unloaded before it stay unloaded)."""
         statuses = []
         for entry in reversed(self.versions(name).entries()):
             with entry.exclusive(self.manager_deadline(entry), cancel):
-                entry.unload_leased()
+                entry.unload_leased(last_error=reason)
                 statuses.append(entry.status())
-        self._unload_ensembles_of(name, cancel)
+        self.unload_ensembles_of(name, cancel)
         return statuses[0]
 
     def _ensembles_of(self, step: str) -> list[ModelEntry]:
@@ -405,28 +406,37 @@ class ModelRegistry:
             and step in _step_models(entry.spec.config)
         ]
 
-    def _unload_ensembles_of(self, step: str, cancel: CancelToken | None) -> None:
+    def unload_ensembles_of(
+        self, step: str, cancel: CancelToken | None, reason_for: Callable[[ModelEntry], str] | None = None
+    ) -> None:
         """Triton's rule: an ensemble whose step model was unloaded is unloaded too (after its running requests),
-        and remembered, so that loading the step model loads it again. A failure is logged, never raised."""
+        and remembered, so that loading the step model loads it again. `reason_for(ensemble)`: what it is listed
+        with then (service/ensemble.py names a failed step); None: "unloaded". A failure is logged, never raised."""
         for ensemble in self._ensembles_of(step):
             if not ensemble.status().loaded:
                 continue
             with self._lock:
                 self._unloaded_with_step.setdefault(step, set()).add(ensemble.name)
             try:
-                self.unload(ensemble.name, cancel)
+                self.unload(ensemble.name, cancel, reason=reason_for(ensemble) if reason_for is not None else "")
             except Exception as error:  # the step's unload succeeded; the ensemble's requests name the step
                 _LOG.warning("ensemble '%s' not unloaded with its step '%s': %s", ensemble.name, step, error)
 
-    def _reload_ensembles_of(self, step: str, cancel: CancelToken | None) -> None:
-        """Load again the ensembles unloaded with step model `step`. A failure is logged, never raised."""
-        with self._lock:
-            names = self._unloaded_with_step.pop(step, set())
+    def reload_ensembles_of(self, step: str, cancel: CancelToken | None) -> None:
+        """Load again the ensembles unloaded with step model `step`, and those of its ensembles whose own load
+        failed (a step model that had failed refuses it). A failure is logged, never raised."""
+        with self._lock:  # a copy: a concurrent call (the load's own event) must find the names too
+            names = set(self._unloaded_with_step.get(step, ()))
+        names |= {e.name for e in self._ensembles_of(step) if not e.status().loaded and e.status().last_error}
         for name in sorted(names):
             try:
-                self.load(name, cancel=cancel)
+                if not self.get(name).status().loaded:
+                    self.load(name, cancel=cancel)
             except Exception as error:  # the step loaded; the ensemble stays listed with its reason
                 _LOG.warning("ensemble '%s' not loaded again with its step '%s': %s", name, step, error)
+                continue
+            with self._lock:
+                self._unloaded_with_step.get(step, set()).discard(name)
 
     def unload_many(
         self, names: Iterable[str] = (), *, all_models: bool = False, cancel: CancelToken | None = None

@@ -75,3 +75,51 @@ def test_a_step_model_unloaded_unloads_the_ensemble_and_its_reload_loads_it_as_o
     assert reference["unloaded"]["call"][0] == "NOT_FOUND" and ours["unloaded"]["call"][0] == "UNAVAILABLE"
     assert ours["reloaded"] == reference["reloaded"]
     assert ours["reloaded"]["call"] == ["A", "Y"] and ours["reloaded"]["ready"] is True
+
+
+def test_a_step_model_that_failed_to_load_leaves_the_ensemble_unavailable_until_it_loads_as_on_triton(
+    triton, slotserve_endpoint, tmp_path
+):
+    repository = write_python_pipeline(tmp_path / "models", broken_square=True)
+    flags = ("--model-control-mode=explicit", "--load-model=*", "--exit-on-error=false", "--strict-readiness=false")
+    reference = run_case(triton(repository, *flags).address, "step_failed")
+    ours = run_case(
+        slotserve_endpoint(repository, model_control_mode="explicit", load_models=("*",)).address, "step_failed"
+    )
+
+    def entry(seen: dict, name: str) -> list:
+        return next(found for found in seen["index"] if found[0] == name)
+
+    # Both: the step UNAVAILABLE with its error, the ensemble not ready, a call refused; the step loaded again
+    # (a load with a working model.py) loads the ensemble again.
+    for seen in (reference["failed"], ours["failed"]):
+        state, reason = entry(seen, "square")[1:]
+        assert state == "UNAVAILABLE" and "square is broken" in reason
+        assert seen["ready"] is False
+    assert ours["reloaded"] == reference["reloaded"]
+    assert ours["reloaded"]["call"] == ["A", "Y"] and ours["reloaded"]["ready"] is True
+    # The differences: Triton never tries the ensemble (listed with no state and no reason; a call is NOT_FOUND);
+    # slotserve lists it UNAVAILABLE naming the failed step, and a call is UNAVAILABLE (not loaded, explicit mode).
+    assert entry(reference["failed"], "pipeline") == ["pipeline", "", ""]
+    state, reason = entry(ours["failed"], "pipeline")[1:]
+    assert state == "UNAVAILABLE" and reason.startswith("ensemble 'pipeline': step 1 (model 'square') failed: ")
+    assert reference["failed"]["call"][0] == "NOT_FOUND" and ours["failed"]["call"][0] == "UNAVAILABLE"
+
+
+def test_loading_an_ensemble_in_explicit_mode_loads_its_steps_and_unloading_it_leaves_them_as_on_triton(
+    triton, slotserve_endpoint, tmp_path
+):
+    repository = write_python_pipeline(tmp_path / "models")
+    reference = run_case(triton(repository, "--model-control-mode=explicit").address, "explicit_load")
+    ours = run_case(slotserve_endpoint(repository, model_control_mode="explicit").address, "explicit_load")
+    assert reference["loaded"]["index"] == [[name, "READY"] for name in ("add3", "combine", "pipeline", "square")]
+    assert reference["unloaded"] == [
+        ["add3", "READY"],
+        ["combine", "READY"],
+        ["pipeline", "UNAVAILABLE"],
+        ["square", "READY"],
+    ]
+    assert ours["loaded"] == reference["loaded"] and ours["unloaded"] == reference["unloaded"]
+    # Before any load Triton lists the models with no state, slotserve UNAVAILABLE (registered, not loaded).
+    assert {state for _, state in reference["before"]} == {""}
+    assert {state for _, state in ours["before"]} == {"UNAVAILABLE"}

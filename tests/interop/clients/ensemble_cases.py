@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -95,6 +96,46 @@ def case_step_unloaded(client) -> dict:
     unloaded = seen()
     client.load_model("square")
     return {"unloaded": unloaded, "reloaded": seen()}
+
+
+def case_step_failed(client) -> dict:
+    """The step 'square' failed to load at startup: what the server says of the ensemble; then 'square' loaded
+    with a working model.py (a load with files): the same."""
+    import textwrap
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, for tests/ensemble_models.py
+    from tests.ensemble_models import SQUARE, SQUARE_CONFIG_JSON
+
+    failed = _seen(client)
+    client.load_model("square", config=SQUARE_CONFIG_JSON, files={"file:1/model.py": textwrap.dedent(SQUARE).encode()})
+    return {"failed": failed, "reloaded": _seen(client)}
+
+
+def case_explicit_load(client) -> dict:
+    """Explicit mode with nothing loaded: load the ensemble alone, then unload it; the index after each."""
+
+    def index() -> list:
+        models = client.get_model_repository_index(as_json=True).get("models", [])
+        return sorted([m["name"], m.get("state", "")] for m in models)
+
+    before = index()
+    client.load_model("pipeline")
+    loaded = {"index": index(), "call": sorted(infer(client, np.arange(3, dtype=np.float32)))}
+    client.unload_model("pipeline")
+    return {"before": before, "loaded": loaded, "unloaded": index()}
+
+
+def _seen(client) -> dict:
+    index = client.get_model_repository_index(as_json=True).get("models", [])
+    try:
+        answered = sorted(infer(client, np.arange(3, dtype=np.float32)))
+    except InferenceServerException as error:
+        answered = [str(error.status()).replace("StatusCode.", ""), error.message()]
+    return {
+        "index": sorted([m["name"], m.get("state", ""), m.get("reason", "")] for m in index),
+        "ready": client.is_model_ready("pipeline"),
+        "call": answered,
+    }
 
 
 def main() -> int:
