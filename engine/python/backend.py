@@ -8,6 +8,16 @@
                                 (`batches_as_requests`), and the model gets them as one list, Triton's semantics
     PythonContext.execute_stream  a decoupled model (`streaming`): its responses as the model sends them; the
                                 slot is held until the final flag (the dataplane's streaming path)
+    run_bls                     a BLS call of the model (`InferenceRequest(...).exec()`), on a thread of its own:
+                                through the server's ModelCalls (`bind_model_calls`), so through the callee's
+                                admission, with the calling request's deadline and a token its cancellation fires
+
+Each request reaches the model with its id, parameters, correlation id and flags (the dataplane's RequestInfo on
+its CancelToken).
+
+A BLS call that can never be granted (a model calling itself while every one of its slots is held by a caller)
+waits in the callee's queue until the caller's deadline, the call's own `timeout` or the callee's admission
+timeout, then fails (UNAVAILABLE, server_busy); with none of them set it waits until the client gives up.
 
 Faults stay in their slot: a worker that dies fails only its in-flight call (ModelError naming the model and how
 the worker ended) and the slot starts a new worker on its next use; after WORKER_FAILURES deaths within
@@ -30,6 +40,7 @@ Refused by name: EXECUTION_ENV_PATH (custom execution environments).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -62,7 +73,18 @@ from ..errors import (
     ModelErrorUnsupported,
     ModelLoadError,
 )
-from ..interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
+from ..interface import (
+    Backend,
+    CancelToken,
+    Context,
+    LoadedModel,
+    ModelCalls,
+    ModelMetadata,
+    ModelSpec,
+    Outputs,
+    RequestInfo,
+    TensorSpec,
+)
 from ..repository import shown_path
 from . import transport
 
@@ -137,6 +159,9 @@ class WorkerProcess:
         self.requests = transport.Segment.create(0)
         self.responses = transport.Segment.create(0)
         self._new_segments: dict[str, transport.Segment] = {}  # replaced segments the worker has yet to map
+        self._send_lock = threading.Lock()  # guards: writing a message on the pipe (BLS replies come from threads)
+        self._caller: tuple[CancelToken, float | None] = (CancelToken(), None)  # the running call's, for its BLS
+        self._reply_files: set[str] = set()  # BLS reply segments the worker may not have mapped (unlinked it then)
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
@@ -200,10 +225,11 @@ class WorkerProcess:
             descriptors = [
                 layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
             ]
-            requests.append({"inputs": descriptors, "outputs": list(member.outputs)})
+            requests.append(_request_fields(descriptors, member))
         if layout.size > self.requests.size:
             self._replace("request", layout.size)
         layout.write(self.requests)
+        self._caller = (kill_cancel, _caller_deadline(members))
         watchers = [self._cancel_watcher(run, index, member.cancel) for index, member in enumerate(members)]
         try:
             self._send(("execute", run, requests, self._segments_message()))
@@ -228,9 +254,9 @@ class WorkerProcess:
                 if message[0] == "failed":
                     finished = True
                     raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
-                _, _, _index, result, final = message
+                _, tag, _run, _index, result, final = message
                 outputs = self._read_result(result)
-                self._send(("ack",))
+                self._send(("reply", tag, None))  # the tensors are copied out: the worker may reuse the segment
                 finished = bool(final)
                 if result is not None:
                     outcome = self.model.outcome(outputs, member.outputs)
@@ -251,18 +277,38 @@ class WorkerProcess:
         return ("ok", {d.name: self._read(d) for d in result[1]})
 
     def _next_message(self, run: int, kill_cancel: CancelToken):
-        """The worker's next "response" or "failed" of this run (a segment it asks for is handed over on the
-        way). Raises as `_receive`."""
+        """The worker's next "response", "done" or "failed" of this run: a segment it asks for is handed over
+        and a BLS call it makes is started on the way. Raises as `_receive`."""
         while True:
             message = self._receive(kill_cancel)
             for segment in self._new_segments.values():
                 segment.unlink()  # the worker has mapped it (it answered after reading the message)
             self._new_segments = {}
             if message[0] == "grow":
-                self._replace("response", message[2])
-                self._send((self.responses.path, self.responses.size))
+                _, tag, _run, size = message
+                self._replace("response", size)
+                self._send(("reply", tag, (self.responses.path, self.responses.size)))
+                continue
+            if message[0] == "bls":
+                self._start_bls(message[1], message[2])
                 continue
             return message
+
+    def _start_bls(self, tag: int, call: transport.CallRequest) -> None:
+        """Run a BLS call of the running request on a thread of its own (the model may make several at once);
+        its reply goes to the worker when the callee answered."""
+        cancel, deadline = self._caller
+
+        def run() -> None:
+            reply = run_bls(self.model, call, cancel, deadline)
+            if reply.segment is not None:
+                self._reply_files.add(reply.segment[0])
+            try:
+                self._send(("reply", tag, reply))
+            except ModelError:
+                pass  # the worker is gone; its slot thread reports that
+
+        threading.Thread(target=run, name=f"bls-{self.model.name}-{call.model}", daemon=True).start()
 
     def _drop_the_rest(self, run: int, cancel: CancelToken) -> None:
         """The request ended early: show it cancelled to the model and take what it still sends until the final
@@ -276,8 +322,8 @@ class WorkerProcess:
                 message = self._next_message(run, cancel)
                 if message[0] == "failed":
                     return
-                self._send(("ack",))
-                if message[4]:
+                self._send(("reply", message[1], None))
+                if message[5]:
                     return
         except (ModelError, ExecutionCancelled) as error:
             _LOG.warning("%s", error)
@@ -292,10 +338,11 @@ class WorkerProcess:
             descriptors = [
                 layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
             ]
-            requests.append({"inputs": descriptors, "outputs": list(member.outputs)})
+            requests.append(_request_fields(descriptors, member))
         if layout.size > self.requests.size:
             self._replace("request", layout.size)
         layout.write(self.requests)
+        self._caller = (members[0].cancel, _caller_deadline(members))
         watcher = self._cancel_watcher(run, 0, members[0].cancel)
         try:
             self._send(("execute", run, requests, self._segments_message()))
@@ -310,7 +357,8 @@ class WorkerProcess:
     def _send(self, message) -> None:
         """Send a control message; a worker that is gone raises ModelError (its end named)."""
         try:
-            self.connection.send(message)
+            with self._send_lock:
+                self.connection.send(message)
         except OSError:
             raise self._died() from None
 
@@ -329,15 +377,8 @@ class WorkerProcess:
 
     def _results(self, run: int, kill_cancel: CancelToken) -> list:
         while True:
-            message = self._receive(kill_cancel)
-            for segment in self._new_segments.values():
-                segment.unlink()  # the worker has mapped it (it answered after reading the message)
-            self._new_segments = {}
+            message = self._next_message(run, kill_cancel)
             kind = message[0]
-            if kind == "grow":
-                self._replace("response", message[2])
-                self._send((self.responses.path, self.responses.size))
-                continue
             if kind == "failed":
                 raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
             results = []
@@ -438,6 +479,12 @@ class WorkerProcess:
     def close_resources(self) -> None:
         self.connection.close()
         self._free_segments()
+        # BLS segments the worker made (named by its pid) or had yet to map: a dead worker unlinks none of them.
+        stale = {*self._reply_files, *transport.segments_of(self.process.pid)}
+        for path in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self._reply_files.clear()
 
     def _free_segments(self) -> None:
         for segment in (self.board, self.requests, self.responses):
@@ -521,6 +568,91 @@ class PythonContext(Context):
             worker.stop(self._model.close_deadline())
 
 
+def _request_fields(descriptors: list, member) -> dict:
+    """What the worker needs of one request: its tensors, requested outputs and what it says about itself."""
+    info = member.cancel.request or _NO_INFO
+    return {
+        "inputs": descriptors,
+        "outputs": list(member.outputs),
+        "id": info.id,
+        "parameters": dict(info.parameters),
+        "correlation_id": info.correlation_id,
+        "flags": info.flags,
+    }
+
+
+_NO_INFO = RequestInfo()
+
+
+def _caller_deadline(members: Sequence) -> float | None:
+    """The deadline a call's BLS calls carry: the latest of its requests' (None when one of them has none)."""
+    deadlines = [(member.cancel.request or _NO_INFO).deadline for member in members]
+    if any(deadline is None for deadline in deadlines):
+        return None
+    return max(deadlines)  # type: ignore[type-var]  # none is None here
+
+
+SELF_CALL_HINT = (
+    " (a BLS call to the calling model itself needs another of its slots: while callers hold every slot it can "
+    "only time out)"
+)
+
+
+def run_bls(
+    model: PythonModel, call: transport.CallRequest, cancel: CancelToken, deadline: float | None
+) -> transport.CallReply:
+    """Run one BLS call of `model` through the server and lay out its reply. Blocks for the call: until the
+    callee answered, `deadline` (the calling request's) or the call's own timeout passed, or `cancel` (the calling
+    request's) fired, which cancels the call. Never raises: a failure is the reply's error response, with the
+    TritonError code of the status a client would have got."""
+    calls = model.calls
+    if calls is None:
+        return transport.CallReply(((("error", 4, "BLS calls need a server (no ModelCalls was bound)")),), None)
+    if call.timeout_us > 0:
+        own = time.monotonic() + call.timeout_us / 1e6
+        deadline = own if deadline is None else min(deadline, own)
+    info = RequestInfo(call.request_id, call.parameters, deadline, call.correlation_id, call.flags)
+    token = CancelToken()  # the call's own: the dataplane sets its RequestInfo on it
+
+    def forward() -> None:
+        token.cancel(cancel.reason or "the calling request was cancelled")
+
+    cancel.add_callback(forward)
+    segment = None
+    outcomes: list = []
+    try:
+        bf16 = datatypes.bfloat16() if any(d.datatype == "BF16" for d in call.inputs) else None
+        segment, inputs = transport.read_call(call, bf16=bf16)
+        if call.decoupled:
+            responses = calls.infer_stream(
+                call.model, inputs, version=call.version, outputs=call.outputs, cancel=token, request=info
+            )
+            try:
+                outcomes.extend(responses)
+            finally:
+                close = getattr(responses, "close", None)
+                if close is not None:
+                    close()  # an error or a cancellation ends the callee's stream: its slot is released now
+        else:
+            outcomes.append(
+                calls.infer(call.model, inputs, version=call.version, outputs=call.outputs, cancel=token, request=info)
+            )
+    except BaseException as error:  # noqa: BLE001 (every failure is the caller's error response)
+        status, message = calls.describe(error)
+        if call.model == model.name and status == "UNAVAILABLE":
+            message += SELF_CALL_HINT
+        outcomes.append((transport.triton_code(status), message))
+    finally:
+        cancel.remove_callback(forward)
+    try:
+        return transport.write_reply(outcomes)
+    except (ValueError, OSError) as error:
+        return transport.CallReply((("error", 1, f"BLS call to model '{call.model}': {error}"),), None)
+    finally:
+        if segment is not None:
+            segment.close()  # after the reply copied the outputs: an output may be a view of an input
+
+
 class _Single:
     __slots__ = ("inputs", "outputs", "cancel")
 
@@ -550,6 +682,7 @@ class PythonModel(LoadedModel):
         self._config_json = json.dumps(triton_config(spec))
         self._auto_complete = True
         self.decoupled = False  # set from the completed configuration at load
+        self.calls: ModelCalls | None = None  # the server's, for BLS calls (PythonBackend.bind_model_calls)
 
     # ---- load --------------------------------------------------------------------------------------------------
 
@@ -723,6 +856,12 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
 class PythonBackend(Backend):
     name = "python"
 
+    def __init__(self) -> None:
+        self._calls: ModelCalls | None = None
+
+    def bind_model_calls(self, calls: ModelCalls) -> None:
+        self._calls = calls
+
     def load(self, spec: ModelSpec) -> LoadedModel:
         origin = f"model '{spec.name}'"
         if spec.model_file is None or not spec.model_file.exists():
@@ -733,5 +872,6 @@ class PythonBackend(Backend):
                 "install the model's packages into the server's environment"
             )
         model = PythonModel(spec)
+        model.calls = self._calls
         model.load_first_worker()
         return model

@@ -11,6 +11,13 @@ server ("response", run, index, result, final) and waits for its "ack" (the serv
 the pipe's lock, so sends from several threads go one after another. The main thread waits until every request of
 the call got its final flag before it reads the next control message: only then is the pipe its own again.
 
+BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any thread while it runs) go to the
+server as ("bls", tag, CallRequest) with their inputs in a segment of their own (engine/python/transport.py); the
+server runs each through the callee's admission on a thread of its own and answers ("reply", tag, CallReply), so
+several calls may be in flight at once. One reader thread takes every message from the pipe: replies go to the
+thread waiting for their tag (`ask`), "execute" and "stop" to the main thread. `async def execute` runs to its end on
+the worker's event loop; `async_exec` runs `exec` on the loop's thread pool, so calls awaited together overlap.
+
 An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
 which is the server's log. A watchdog thread ends the worker when the server process is gone, so a worker never
 outlives its server.
@@ -18,10 +25,14 @@ outlives its server.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
+import itertools
 import json
 import logging
 import os
+import queue
 import struct
 import sys
 import threading
@@ -50,6 +61,14 @@ class Worker:
         self.pipe_lock = threading.Lock()  # guards: the pipe and the response segment while a decoupled call runs
         self.finals = threading.Condition()  # guards: open_senders
         self.open_senders = 0
+        self.send_lock = threading.Lock()  # guards: sending on the pipe (a message is written whole)
+        self.replies = threading.Condition()  # guards: answered, pipe_closed
+        self.answered: dict[int, object] = {}
+        self.pipe_closed = False
+        self.tags = itertools.count(1)
+        self.inbox: queue.Queue = queue.Queue()  # "execute" and "stop" messages, for the main thread
+        self.executing = False  # True while execute runs: BLS calls are allowed then only (Triton's rule)
+        self.loop: asyncio.AbstractEventLoop | None = None  # runs an `async def execute`
 
     # ---- start -----------------------------------------------------------------------------------------------
 
@@ -86,12 +105,12 @@ class Worker:
     # ---- serve -----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
+        threading.Thread(target=self.read_pipe, name="pipe-reader", daemon=True).start()
         while True:
-            try:
-                message = self.connection.recv()
-            except (EOFError, OSError):
-                return  # the server is gone
+            message = self.inbox.get()
             kind = message[0]
+            if kind == "gone":
+                return  # the server is gone
             if kind == "execute" and self.decoupled:
                 self.execute_decoupled(*message[1:])
             elif kind == "execute":
@@ -100,6 +119,89 @@ class Worker:
                 self.finalize()
                 return
 
+    def read_pipe(self) -> None:
+        """The reader thread: every message the server sends. Replies wake the thread that asked (by tag); the
+        others go to the main thread's inbox. Ends when the pipe closes (the server is gone)."""
+        while True:
+            try:
+                message = self.connection.recv()
+            except (EOFError, OSError):
+                with self.replies:
+                    self.pipe_closed = True
+                    self.replies.notify_all()
+                self.inbox.put(("gone",))
+                return
+            if message[0] == "reply":
+                with self.replies:
+                    self.answered[message[1]] = message[2]
+                    self.replies.notify_all()
+            else:
+                self.inbox.put(message)
+
+    def send(self, message) -> None:
+        with self.send_lock:
+            self.connection.send(message)
+
+    def ask(self, kind: str, *fields):
+        """Send (kind, tag, *fields) and wait for the server's reply to it. Raises EOFError when the server is gone."""
+        tag = next(self.tags)
+        self.send((kind, tag, *fields))
+        with self.replies:
+            self.replies.wait_for(lambda: tag in self.answered or self.pipe_closed)
+            if tag not in self.answered:
+                raise EOFError("the server is gone")
+            return self.answered.pop(tag)
+
+    def run_model(self, built):
+        """`execute(built)`, an `async def execute` run to its end on the worker's event loop. BLS calls are
+        allowed while it runs."""
+        self.executing = True
+        try:
+            returned = self.model.execute(built)
+            if inspect.iscoroutine(returned):
+                if self.loop is None:
+                    self.loop = asyncio.new_event_loop()
+                returned = self.loop.run_until_complete(returned)
+            return returned
+        finally:
+            self.executing = False
+
+    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool) -> list[pb_utils.InferenceResponse]:
+        """Run a BLS call through the server: the callee's responses (one; every one with `decoupled`). Raises
+        TritonModelException outside execute, for an input no datatype fits, or when the server is gone."""
+        if not self.executing:
+            raise pb_utils.TritonModelException(
+                "a BLS call can only be made while execute runs (as in Triton): this one came after it returned"
+            )
+        tensors = [(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
+        try:
+            segment, descriptors = transport.write_call(tensors)
+        except ValueError as error:
+            raise pb_utils.TritonModelException(f"BLS call to model '{request.model_name()}': {error}") from None
+        version = request.model_version()
+        call = transport.CallRequest(
+            model=request.model_name(),
+            version="" if version is None or int(version) < 0 else str(int(version)),
+            inputs=descriptors,
+            outputs=tuple(request.requested_output_names()),
+            segment=None if segment is None else (segment.path, segment.size),
+            decoupled=decoupled,
+            timeout_us=int(request.timeout() or 0),
+            request_id=request.request_id(),
+            correlation_id=request.correlation_id(),
+            flags=request.flags(),
+            parameters=json.loads(request.parameters()),
+        )
+        try:
+            reply = self.ask("bls", call)
+        except (EOFError, OSError):
+            raise pb_utils.TritonModelException("the server is gone: the BLS call was not answered") from None
+        finally:
+            if segment is not None:
+                segment.unlink()
+                segment.close()
+        return [_response_of(result) for result in transport.read_reply(reply, bf16=_bf16_type(reply))]
+
     def execute(self, run: int, requests: list[dict], segments: dict) -> None:
         """Run one call (a list of requests) and reply ("done", run, results), results per request
         ("ok", descriptors) or ("error", code, message); ("failed", run, message) if execute raised."""
@@ -107,20 +209,18 @@ class Worker:
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
         try:
-            responses = self.model.execute(built)
+            responses = self.run_model(built)
             results, layout = self._collect(built, requests, responses)
         except BaseException as error:  # the model's own code
             _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
-            self.connection.send(("failed", run, _describe(error)))
+            self.send(("failed", run, _describe(error)))
             return
         finally:
             del built
         if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self.connection.send(("grow", run, layout.size))
-            path, size = self.connection.recv()
-            self._replace_response_segment(path, size)
+            self._replace_response_segment(*self.ask("grow", run, layout.size))
         layout.write(self.response_segment)  # type: ignore[arg-type]
-        self.connection.send(("done", run, results))
+        self.send(("done", run, results))
 
     def execute_decoupled(self, run: int, requests: list[dict], segments: dict) -> None:
         """Run one call of a decoupled model: its responses go to the server as they are sent (`send_response`);
@@ -137,7 +237,7 @@ class Worker:
         for request, sender in zip(built, senders, strict=True):
             request._sender = sender
         try:
-            returned = self.model.execute(built)
+            returned = self.run_model(built)
             if returned is not None:
                 raise pb_utils.TritonModelException(
                     "a decoupled model's execute must return None: it answers through the requests' response senders"
@@ -148,7 +248,7 @@ class Worker:
                 if any(not sender.closed for sender in senders):
                     for sender in senders:
                         sender.close()
-                    self.connection.send(("failed", run, _describe(error)))
+                    self.send(("failed", run, _describe(error)))
         finally:
             del built
         with self.finals:
@@ -160,12 +260,9 @@ class Worker:
         layout = transport.Layout()
         result = None if response is None else self._result(response, requested, layout)
         if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self.connection.send(("grow", run, layout.size))
-            path, size = self.connection.recv()
-            self._replace_response_segment(path, size)
+            self._replace_response_segment(*self.ask("grow", run, layout.size))
         layout.write(self.response_segment)  # type: ignore[arg-type]
-        self.connection.send(("response", run, index, result, final))
-        self.connection.recv()  # ("ack",): the server copied the tensors out; the segment is free again
+        self.ask("response", run, index, result, final)  # answered once the server copied the tensors out
 
     def sender_closed(self) -> None:
         with self.finals:
@@ -190,7 +287,7 @@ class Worker:
             request_id=request.get("id", ""),
             correlation_id=request.get("correlation_id", 0),
             flags=request.get("flags", 0),
-            parameters=request.get("parameters") or "{}",
+            parameters=json.dumps(request.get("parameters") or {}, separators=(",", ":")),
             _cancelled=cancelled,
         )
 
@@ -305,6 +402,17 @@ _ARG_KEYS = (
 )
 
 
+def _response_of(result: tuple) -> pb_utils.InferenceResponse:
+    if result[0] == "ok":
+        return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in result[1].items()])
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(result[2], result[1]))
+
+
+def _bf16_type(reply: transport.CallReply):
+    wanted = any(r[0] == "ok" and any(d.datatype == "BF16" for d in r[1]) for r in reply.responses)
+    return _bf16(transport.Descriptor("", "BF16", (), 0, 0)) if wanted else None
+
+
 def _bf16(descriptor):
     if descriptor.datatype != "BF16":
         return None
@@ -346,6 +454,7 @@ def main(argv: list[str]) -> int:
     if kind != "init":
         return 2
     worker = Worker(connection)
+    pb_utils._bls_caller = worker.bls
     worker.start(settings)
     if worker.model is None:
         return 1
