@@ -12,6 +12,7 @@ callee_raise  probe raising ValueError
 stream        repeat(n) with exec(decoupled=True): every response's OUT, [] for one without tensors
 info          this request's request_id, parameters, correlation_id and flags
 forward       a call to this model's `info` mode carrying a request_id, parameters and a correlation_id of its own
+wait_cancel   probe's `cancel` mode (it waits until its request is cancelled, then creates ARG's "marker" file)
 """
 
 import json
@@ -91,6 +92,9 @@ class TritonPythonModel:
         inputs = [pb_utils.Tensor("IN", np.array([arg["n"]], dtype=np.int32))]
         call = pb_utils.InferenceRequest(model_name="repeat", inputs=inputs, requested_output_names=["OUT"])
         return [outcome(response).get("OUT", outcome(response)) for response in call.exec(decoupled=True)]
+
+    def mode_wait_cancel(self, request, arg):
+        return outcome(probe("cancel", arg["marker"]).exec())
 
     def mode_info(self, request, arg):
         return {
