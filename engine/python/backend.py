@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -299,16 +299,23 @@ class WorkerProcess:
         its reply goes to the worker when the callee answered."""
         cancel, deadline = self._caller
 
-        def run() -> None:
-            reply = run_bls(self.model, call, cancel, deadline)
+        def deliver(reply: transport.CallReply, final: bool) -> None:
             if reply.segment is not None:
                 self._reply_files.add(reply.segment[0])
             try:
-                self._send(("reply", tag, reply))
+                self._send(("part", tag, reply, final))
             except ModelError:
                 pass  # the worker is gone; its slot thread reports that
 
+        def run() -> None:
+            run_bls(self.model, call, cancel, deadline, deliver)
+
         threading.Thread(target=run, name=f"bls-{self.model.name}-{call.model}", daemon=True).start()
+
+    def _forget_mapped_replies(self) -> None:
+        """Stop tracking BLS reply files the worker has mapped (it unlinks each as it maps it)."""
+        for path in [path for path in self._reply_files if not os.path.exists(path)]:
+            self._reply_files.discard(path)
 
     def _drop_the_rest(self, run: int, cancel: CancelToken) -> None:
         """The request ended early: show it cancelled to the model and take what it still sends until the final
@@ -379,6 +386,7 @@ class WorkerProcess:
         while True:
             message = self._next_message(run, kill_cancel)
             kind = message[0]
+            self._forget_mapped_replies()
             if kind == "failed":
                 raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
             results = []
@@ -599,15 +607,21 @@ SELF_CALL_HINT = (
 
 
 def run_bls(
-    model: PythonModel, call: transport.CallRequest, cancel: CancelToken, deadline: float | None
-) -> transport.CallReply:
-    """Run one BLS call of `model` through the server and lay out its reply. Blocks for the call: until the
-    callee answered, `deadline` (the calling request's) or the call's own timeout passed, or `cancel` (the calling
-    request's) fired, which cancels the call. Never raises: a failure is the reply's error response, with the
-    TritonError code of the status a client would have got."""
+    model: PythonModel,
+    call: transport.CallRequest,
+    cancel: CancelToken,
+    deadline: float | None,
+    deliver: Callable[[transport.CallReply, bool], None],
+) -> None:
+    """Run one BLS call of `model` through the server, handing its reply to `deliver(reply, final)`: once (final)
+    for an ordinary call; for `decoupled` each response of the callee as it comes, then a final part (empty, or
+    the error that ended the responses). Blocks for the call: until the callee answered, `deadline` (the calling
+    request's) or the call's own timeout passed, or `cancel` (the calling request's) fired, which cancels the call.
+    Never raises: a failure is an error response, with the TritonError code of the status a client would get."""
     calls = model.calls
     if calls is None:
-        return transport.CallReply(((("error", 4, "BLS calls need a server (no ModelCalls was bound)")),), None)
+        deliver(transport.CallReply((("error", 4, "BLS calls need a server (no ModelCalls was bound)"),), None), True)
+        return
     if call.timeout_us > 0:
         own = time.monotonic() + call.timeout_us / 1e6
         deadline = own if deadline is None else min(deadline, own)
@@ -628,7 +642,8 @@ def run_bls(
                 call.model, inputs, version=call.version, outputs=call.outputs, cancel=token, request=info
             )
             try:
-                outcomes.extend(responses)
+                for outputs in responses:
+                    deliver(_reply([outputs], call.model), False)
             finally:
                 close = getattr(responses, "close", None)
                 if close is not None:
@@ -645,12 +660,17 @@ def run_bls(
     finally:
         cancel.remove_callback(forward)
     try:
-        return transport.write_reply(outcomes)
-    except (ValueError, OSError) as error:
-        return transport.CallReply((("error", 1, f"BLS call to model '{call.model}': {error}"),), None)
+        deliver(_reply(outcomes, call.model), True)
     finally:
         if segment is not None:
             segment.close()  # after the reply copied the outputs: an output may be a view of an input
+
+
+def _reply(outcomes: list, callee: str) -> transport.CallReply:
+    try:
+        return transport.write_reply(outcomes)
+    except (ValueError, OSError) as error:
+        return transport.CallReply((("error", 1, f"BLS call to model '{callee}': {error}"),), None)
 
 
 class _Single:

@@ -275,9 +275,7 @@ class InferenceRequest:
         responses = _bls_caller(self, bool(decoupled))
         if not decoupled:
             return responses[0]
-        if responses and responses[-1].has_error():  # an error response is the callee's last (its final flag)
-            return iter(responses)
-        return iter([*responses, InferenceResponse()])
+        return _ending_with_final(responses)
 
     def async_exec(self, decoupled: bool = False):
         """`exec` as an awaitable, for `async def execute`: it runs on the event loop's thread pool, so calls
@@ -287,6 +285,16 @@ class InferenceRequest:
             return await asyncio.get_running_loop().run_in_executor(None, functools.partial(self.exec, decoupled))
 
         return call()
+
+
+def _ending_with_final(responses):
+    """A decoupled BLS call's responses as Triton's iterator gives them: each as it arrives, then an empty one (the
+    final flag), unless an error response ended them."""
+    last = None
+    for last in responses:
+        yield last
+    if last is None or not last.has_error():
+        yield InferenceResponse()
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

@@ -62,8 +62,9 @@ class Worker:
         self.finals = threading.Condition()  # guards: open_senders
         self.open_senders = 0
         self.send_lock = threading.Lock()  # guards: sending on the pipe (a message is written whole)
-        self.replies = threading.Condition()  # guards: answered, pipe_closed
+        self.replies = threading.Condition()  # guards: answered, pipe_closed, parts
         self.answered: dict[int, object] = {}
+        self.parts: dict[int, queue.Queue] = {}  # a BLS call's parts, by its tag, until its final one
         self.pipe_closed = False
         self.tags = itertools.count(1)
         self.inbox: queue.Queue = queue.Queue()  # "execute" and "stop" messages, for the main thread
@@ -129,9 +130,19 @@ class Worker:
                 with self.replies:
                     self.pipe_closed = True
                     self.replies.notify_all()
+                    for parts in self.parts.values():
+                        parts.put(None)
                 self.inbox.put(("gone",))
                 return
-            if message[0] == "reply":
+            if message[0] == "part":
+                _, tag, reply, final = message
+                with self.replies:
+                    waiting = self.parts.get(tag)
+                    if waiting is not None:
+                        waiting.put((reply, final))
+                if waiting is None:
+                    _unlink_reply(reply)  # the model let go of that call's responses
+            elif message[0] == "reply":
                 with self.replies:
                     self.answered[message[1]] = message[2]
                     self.replies.notify_all()
@@ -166,9 +177,10 @@ class Worker:
         finally:
             self.executing = False
 
-    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool) -> list[pb_utils.InferenceResponse]:
-        """Run a BLS call through the server: the callee's responses (one; every one with `decoupled`). Raises
-        TritonModelException outside execute, for an input no datatype fits, or when the server is gone."""
+    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool):
+        """Send a BLS call to the server. Returns the list of the callee's responses (one), or with `decoupled` an
+        iterator of them, each as it arrives. Raises TritonModelException outside execute, for an input no
+        datatype fits, or when the server is gone (the iterator raises it too)."""
         if not self.executing:
             raise pb_utils.TritonModelException(
                 "a BLS call can only be made while execute runs (as in Triton): this one came after it returned"
@@ -192,15 +204,48 @@ class Worker:
             flags=request.flags(),
             parameters=json.loads(request.parameters()),
         )
+        tag = next(self.tags)
+        parts: queue.Queue = queue.Queue()
+        with self.replies:
+            self.parts[tag] = parts
         try:
-            reply = self.ask("bls", call)
-        except (EOFError, OSError):
-            raise pb_utils.TritonModelException("the server is gone: the BLS call was not answered") from None
+            self.send(("bls", tag, call))
+        except OSError:
+            self._end_call(tag, parts, segment)
+            raise pb_utils.TritonModelException("the server is gone: the BLS call was not sent") from None
+        responses = self._responses(tag, parts, segment)
+        return responses if decoupled else list(responses)
+
+    def _responses(self, tag: int, parts: queue.Queue, segment):
+        """A BLS call's responses as its parts arrive (a decoupled callee's one by one), up to the final part.
+        Closed early (the model let go of it), the parts still to come are dropped, their files unlinked."""
+        try:
+            while True:
+                part = parts.get()
+                if part is None:
+                    raise pb_utils.TritonModelException("the server is gone: the BLS call was not answered")
+                reply, final = part
+                try:
+                    results = transport.read_reply(reply, bf16=_bf16_type(reply))
+                except OSError as error:
+                    raise pb_utils.TritonModelException(f"the BLS reply could not be mapped: {error}") from None
+                for result in results:
+                    yield _response_of(result)
+                if final:
+                    return
         finally:
-            if segment is not None:
-                segment.unlink()
-                segment.close()
-        return [_response_of(result) for result in transport.read_reply(reply, bf16=_bf16_type(reply))]
+            self._end_call(tag, parts, segment)
+
+    def _end_call(self, tag: int, parts: queue.Queue, segment) -> None:
+        with self.replies:
+            self.parts.pop(tag, None)
+        while not parts.empty():
+            part = parts.get_nowait()
+            if part is not None:
+                _unlink_reply(part[0])
+        if segment is not None:
+            segment.unlink()
+            segment.close()
 
     def execute(self, run: int, requests: list[dict], segments: dict) -> None:
         """Run one call (a list of requests) and reply ("done", run, results), results per request
@@ -400,6 +445,14 @@ _ARG_KEYS = (
     "model_version",
     "model_name",
 )
+
+
+def _unlink_reply(reply: transport.CallReply) -> None:
+    if reply.segment is not None:
+        try:
+            os.unlink(reply.segment[0])
+        except FileNotFoundError:
+            pass
 
 
 def _response_of(result: tuple) -> pb_utils.InferenceResponse:

@@ -294,3 +294,49 @@ def test_a_bls_call_outside_execute_is_refused_by_name(slotserve, tmp_path):
     running = slotserve(tmp_path)
     text = running.client.infer("early", {"X": np.zeros(1, np.int32)})["TEXT"][0].decode()
     assert "a BLS call can only be made while execute runs" in text
+
+
+RELAY = """
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            n = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            call = pb_utils.InferenceRequest(
+                model_name="repeat", inputs=[pb_utils.Tensor("IN", n)], requested_output_names=["OUT"]
+            )
+            for response in call.exec(decoupled=True):  # each response of the callee as it comes
+                tensor = pb_utils.get_output_tensor_by_name(response, "OUT")
+                if tensor is not None:
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", tensor.as_numpy() + 100)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+RELAY_IO = """
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_a_decoupled_callees_responses_reach_the_caller_as_they_come_and_its_cancel_reaches_the_callee(
+    slotserve, tmp_path
+):
+    root = python_repository(tmp_path, "repeat")
+    write_model(root, "relay", RELAY, RELAY_IO)
+    running = slotserve(root)
+    assert [
+        int(item["OUT"][0]) for item in running.client.stream_infer("relay", [{"IN": np.array([3], np.int32)}])
+    ] == [
+        100,
+        101,
+        102,
+    ]
+    (before,) = running.client.stream_infer("repeat", [{"IN": np.array([997], np.int32)}], timeout=60)
+    # repeat(999) sends [0], then waits until its request is cancelled: the relay forwards [0] while it waits
+    items = running.client.stream_infer("relay", [{"IN": np.array([999], np.int32)}], timeout=60)
+    assert int(next(items)["OUT"][0]) == 100
+    items.close()  # the client goes: the relay's request is cancelled, so is its BLS call, and repeat ends
+    # repeat has one slot: it serves again only once the cancelled call let it go (no kill: the same worker)
+    (after,) = running.client.stream_infer("repeat", [{"IN": np.array([997], np.int32)}], timeout=60)
+    assert int(after["OUT"][0]) == int(before["OUT"][0])
