@@ -21,7 +21,9 @@ Control messages while a call runs (each answered ("reply", tag, payload) by the
 
     ("grow", tag, run, size)                     the response segment is too small: the reply is a new (path, size)
     ("response", tag, run, index, result, final) a decoupled response is in the response segment: the reply is None
-    ("bls", tag, CallRequest)                    a BLS call: the reply is a CallReply
+    ("bls", tag, CallRequest)                    a BLS call: answered by ("part", tag, CallReply, final) messages,
+                                                 one (final) for an ordinary call; for a decoupled one, one per
+                                                 response as the callee sends it, then a final one
 """
 
 from __future__ import annotations

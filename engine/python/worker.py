@@ -13,10 +13,11 @@ the call got its final flag before it reads the next control message: only then 
 
 BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any thread while it runs) go to the
 server as ("bls", tag, CallRequest) with their inputs in a segment of their own (engine/python/transport.py); the
-server runs each through the callee's admission on a thread of its own and answers ("reply", tag, CallReply), so
-several calls may be in flight at once. One reader thread takes every message from the pipe: replies go to the
-thread waiting for their tag (`ask`), "execute" and "stop" to the main thread. `async def execute` runs to its end on
-the worker's event loop; `async_exec` runs `exec` on the loop's thread pool, so calls awaited together overlap.
+server runs each through the callee's admission on a thread of its own and answers ("part", tag, CallReply,
+final) messages (a decoupled callee's responses one by one, as they come), so several calls may be in flight at
+once. One reader thread takes every message from the pipe: replies and parts go to the thread waiting for their
+tag (`ask`, `bls`), "execute" and "stop" to the main thread. `async def execute` runs to its end on the worker's
+event loop; `async_exec` runs `exec` on the loop's thread pool, so calls awaited together overlap.
 
 An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
 which is the server's log. A watchdog thread ends the worker when the server process is gone, so a worker never

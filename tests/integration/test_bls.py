@@ -123,6 +123,8 @@ def test_callee_errors_arrive_as_has_error_with_their_codes_and_nothing_is_lost(
     raised = ask_bls(running, "callee_raise")["error"]
     assert raised[0] == 1 and "ValueError: the callee is broken" in raised[1]  # INTERNAL
     assert ask_bls(running, "stream", {"n": -1}) == [{"error": [3, "model 'repeat': n must be >= 0, got -1"]}]
+    unary = ask_bls(running, "stream_unary")["error"]  # a decoupled callee without exec(decoupled=True)
+    assert unary[0] == 5 and "decoupled transaction policy" in unary[1]  # UNSUPPORTED
     # the caller, the callees and the server serve on
     assert ask_bls(running, "add_sub", {"a": [1], "b": [1]}) == {"OUTPUT0": [2], "OUTPUT1": [0]}
 

@@ -12,6 +12,7 @@ callee_raise  probe raising ValueError
 stream        repeat(n) with exec(decoupled=True): every response's OUT, [] for one without tensors
 info          this request's request_id, parameters, correlation_id and flags
 forward       a call to this model's `info` mode carrying a request_id, parameters and a correlation_id of its own
+stream_unary  repeat(1) with exec() (not decoupled=True)
 wait_cancel   probe's `cancel` mode (it waits until its request is cancelled, then creates ARG's "marker" file)
 """
 
@@ -95,6 +96,12 @@ class TritonPythonModel:
 
     def mode_wait_cancel(self, request, arg):
         return outcome(probe("cancel", arg["marker"]).exec())
+
+    def mode_stream_unary(self, request, arg):
+        inputs = [pb_utils.Tensor("IN", np.array([1], dtype=np.int32))]
+        return outcome(
+            pb_utils.InferenceRequest(model_name="repeat", inputs=inputs, requested_output_names=["OUT"]).exec()
+        )
 
     def mode_info(self, request, arg):
         return {
