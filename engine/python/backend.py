@@ -161,6 +161,7 @@ class WorkerProcess:
         self._new_segments: dict[str, transport.Segment] = {}  # replaced segments the worker has yet to map
         self._send_lock = threading.Lock()  # guards: writing a message on the pipe (BLS replies come from threads)
         self._caller: tuple[CancelToken, float | None] = (CancelToken(), None)  # the running call's, for its BLS
+        self._files_lock = threading.Lock()  # guards: _reply_files (BLS threads add, the slot thread prunes)
         self._reply_files: set[str] = set()  # BLS reply segments the worker may not have mapped (unlinked it then)
         try:
             self.process = subprocess.Popen(
@@ -269,6 +270,7 @@ class WorkerProcess:
             cancel.remove_callback(watcher)
             if not finished and not self.ended:
                 self._drop_the_rest(run, cancel)
+            self._forget_mapped_replies()
 
     def _read_result(self, result):
         """A response's result with its tensors copied out of the response segment (None: a final flag alone)."""
@@ -301,7 +303,8 @@ class WorkerProcess:
 
         def deliver(reply: transport.CallReply, final: bool) -> None:
             if reply.segment is not None:
-                self._reply_files.add(reply.segment[0])
+                with self._files_lock:
+                    self._reply_files.add(reply.segment[0])
             try:
                 self._send(("part", tag, reply, final))
             except ModelError:
@@ -314,8 +317,11 @@ class WorkerProcess:
 
     def _forget_mapped_replies(self) -> None:
         """Stop tracking BLS reply files the worker has mapped (it unlinks each as it maps it)."""
-        for path in [path for path in self._reply_files if not os.path.exists(path)]:
-            self._reply_files.discard(path)
+        with self._files_lock:
+            tracked = list(self._reply_files)
+        mapped = [path for path in tracked if not os.path.exists(path)]
+        with self._files_lock:
+            self._reply_files.difference_update(mapped)
 
     def _drop_the_rest(self, run: int, cancel: CancelToken) -> None:
         """The request ended early: show it cancelled to the model and take what it still sends until the final
@@ -488,11 +494,13 @@ class WorkerProcess:
         self.connection.close()
         self._free_segments()
         # BLS segments the worker made (named by its pid) or had yet to map: a dead worker unlinks none of them.
-        stale = {*self._reply_files, *transport.segments_of(self.process.pid)}
+        with self._files_lock:
+            stale = {*self._reply_files, *transport.segments_of(self.process.pid)}
         for path in stale:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        self._reply_files.clear()
+        with self._files_lock:
+            self._reply_files.clear()
 
     def _free_segments(self) -> None:
         for segment in (self.board, self.requests, self.responses):

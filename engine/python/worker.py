@@ -69,7 +69,8 @@ class Worker:
         self.pipe_closed = False
         self.tags = itertools.count(1)
         self.inbox: queue.Queue = queue.Queue()  # "execute" and "stop" messages, for the main thread
-        self.executing = False  # True while execute runs: BLS calls are allowed then only (Triton's rule)
+        # True while a call runs (a decoupled model's: until every final flag): BLS calls are allowed then only.
+        self.executing = False
         self.loop: asyncio.AbstractEventLoop | None = None  # runs an `async def execute`
 
     # ---- start -----------------------------------------------------------------------------------------------
@@ -165,18 +166,13 @@ class Worker:
             return self.answered.pop(tag)
 
     def run_model(self, built):
-        """`execute(built)`, an `async def execute` run to its end on the worker's event loop. BLS calls are
-        allowed while it runs."""
-        self.executing = True
-        try:
-            returned = self.model.execute(built)
-            if inspect.iscoroutine(returned):
-                if self.loop is None:
-                    self.loop = asyncio.new_event_loop()
-                returned = self.loop.run_until_complete(returned)
-            return returned
-        finally:
-            self.executing = False
+        """`execute(built)`, an `async def execute` run to its end on the worker's event loop."""
+        returned = self.model.execute(built)
+        if inspect.iscoroutine(returned):
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            returned = self.loop.run_until_complete(returned)
+        return returned
 
     def bls(self, request: pb_utils.InferenceRequest, decoupled: bool):
         """Send a BLS call to the server. Returns the list of the callee's responses (one), or with `decoupled` an
@@ -254,6 +250,7 @@ class Worker:
         self._remap(segments)
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
+        self.executing = True
         try:
             responses = self.run_model(built)
             results, layout = self._collect(built, requests, responses)
@@ -262,6 +259,7 @@ class Worker:
             self.send(("failed", run, _describe(error)))
             return
         finally:
+            self.executing = False
             del built
         if layout.size > self.response_segment.size:  # type: ignore[union-attr]
             self._replace_response_segment(*self.ask("grow", run, layout.size))
@@ -282,6 +280,7 @@ class Worker:
             self.open_senders = len(senders)
         for request, sender in zip(built, senders, strict=True):
             request._sender = sender
+        self.executing = True  # until every final flag: the model's threads may make BLS calls for its requests
         try:
             returned = self.run_model(built)
             if returned is not None:
@@ -299,6 +298,7 @@ class Worker:
             del built
         with self.finals:
             self.finals.wait_for(lambda: self.open_senders == 0)
+        self.executing = False
 
     def send_response(self, run: int, index: int, requested: list[str], response, final: bool) -> None:
         """Hand one response of a decoupled call to the server and wait until it has taken the tensors. Called

@@ -342,3 +342,33 @@ def test_a_decoupled_callees_responses_reach_the_caller_as_they_come_and_its_can
     # repeat has one slot: it serves again only once the cancelled call let it go (no kill: the same worker)
     (after,) = running.client.stream_infer("repeat", [{"IN": np.array([997], np.int32)}], timeout=60)
     assert int(after["OUT"][0]) == int(before["OUT"][0])
+
+
+LATE_CALLER = """
+import threading
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:  # answered from a thread, after execute returned: the call runs until the final flag
+            threading.Thread(target=self.answer, args=(request,)).start()
+        return None
+
+    def answer(self, request):
+        sender = request.get_response_sender()
+        n = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+        call = pb_utils.InferenceRequest(
+            model_name="add_sub", inputs=[pb_utils.Tensor("INPUT0", n), pb_utils.Tensor("INPUT1", n)],
+            requested_output_names=["OUTPUT0"],
+        )
+        doubled = pb_utils.get_output_tensor_by_name(call.exec(), "OUTPUT0").as_numpy()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", doubled)]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def test_a_decoupled_models_thread_may_call_until_its_final_flag(slotserve, tmp_path):
+    root = python_repository(tmp_path, "add_sub")
+    write_model(root, "late_caller", LATE_CALLER, RELAY_IO)
+    running = slotserve(root)
+    (answer,) = running.client.stream_infer("late_caller", [{"IN": np.array([21], np.int32)}], timeout=60)
+    assert answer["OUT"].tolist() == [42]
