@@ -307,8 +307,10 @@ class WorkerProcess:
                     self._reply_files.add(reply.segment[0])
             try:
                 self._send(("part", tag, reply, final))
-            except ModelError:
-                pass  # the worker is gone; its slot thread reports that
+            except ModelError:  # the worker is gone (its slot thread reports that): nobody will map the reply
+                if reply.segment is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(reply.segment[0])
 
         def run() -> None:
             run_bls(self.model, call, cancel, deadline, deliver)

@@ -372,3 +372,64 @@ def test_a_decoupled_models_thread_may_call_until_its_final_flag(slotserve, tmp_
     running = slotserve(root)
     (answer,) = running.client.stream_infer("late_caller", [{"IN": np.array([21], np.int32)}], timeout=60)
     assert answer["OUT"].tolist() == [42]
+
+
+WAITER = """
+import time
+
+class TritonPythonModel:
+    def execute(self, requests):
+        folder = pb_utils.get_input_tensor_by_name(requests[0], "TEXT").as_numpy()[0].decode()
+        open(os.path.join(folder, "started"), "w").close()
+        deadline = time.monotonic() + 60
+        while not requests[0].is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)  # polls is_cancelled()
+        if requests[0].is_cancelled():
+            open(os.path.join(folder, "cancelled"), "w").close()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", np.array([b"x" * 100000], dtype=object))])]
+"""
+
+DIER = """
+import threading
+import time
+
+class TritonPythonModel:
+    def execute(self, requests):
+        folder = pb_utils.get_input_tensor_by_name(requests[0], "TEXT").as_numpy()[0].decode()
+
+        def die_once_the_callee_runs():
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.path.join(folder, "started")) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os._exit(9)
+
+        threading.Thread(target=die_once_the_callee_runs, daemon=True).start()
+        pb_utils.InferenceRequest(
+            model_name="waiter", inputs=[requests[0].inputs()[0]], requested_output_names=["TEXT"]
+        ).exec()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", np.array([b"unreachable"], dtype=object))])]
+"""
+
+TEXT_IO = """
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+def test_a_caller_whose_worker_dies_mid_call_cancels_the_call_and_leaves_no_files(slotserve, tmp_path):
+    write_model(tmp_path / "repo", "waiter", WAITER, TEXT_IO)
+    write_model(tmp_path / "repo", "dier", DIER, TEXT_IO)
+    running = slotserve(tmp_path / "repo")
+    folder = tmp_path / "marks"
+    folder.mkdir()
+    with pytest.raises(ClientError) as failed:
+        running.client.infer("dier", {"TEXT": np.array([str(folder).encode()], dtype=object)}, timeout=60)
+    assert failed.value.code == "INTERNAL" and "exited with code 9" in failed.value.message
+    deadline = time.monotonic() + BOUND
+    while not (folder / "cancelled").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # ordering-free: polls an observable state until a deadline
+    assert (folder / "cancelled").exists(), "the callee never saw the call cancelled"
+    # the callee's answer had nowhere to go: its reply segment's file is gone too (polled: it is written last)
+    while shared_memory_files() and time.monotonic() < deadline:
+        time.sleep(0.05)  # ordering-free: polls an observable state until a deadline
+    assert shared_memory_files() == []
