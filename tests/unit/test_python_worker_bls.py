@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -138,3 +139,41 @@ def test_a_server_that_goes_away_fails_the_waiting_call(pipe):
     server.close()
     thread.join(WAIT)
     assert not thread.is_alive() and failures == ["the server is gone: the BLS call was not answered"]
+
+
+# ---- the server's threads for BLS calls (engine/python/backend.py CallThreads) ------------------------------
+
+
+def test_call_threads_run_calls_at_once_reuse_idle_threads_and_end_idle_ones():
+    from engine.python.backend import CallThreads
+
+    threads = CallThreads()
+    threads.IDLE_SECONDS = 0.5
+    release = threading.Event()
+    started: list[int] = []
+    both = threading.Barrier(3, timeout=WAIT)
+
+    def blocking() -> None:
+        started.append(threading.get_ident())
+        both.wait()  # both calls run at the same time: neither waits for the other to end
+        release.wait(WAIT)
+
+    threads.submit(blocking)
+    threads.submit(blocking)
+    both.wait()
+    release.set()
+    assert len(set(started)) == 2
+    done = threading.Event()
+    deadline = time.monotonic() + WAIT
+    while len(threads._idle) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # ordering-free: polls an observable state until a deadline
+    reused: list[int] = []
+    threads.submit(lambda: (reused.append(threading.get_ident()), done.set()))
+    assert done.wait(WAIT) and reused[0] in started  # an idle thread took it
+
+    def alive() -> list[int]:
+        return [thread.ident for thread in threading.enumerate() if thread.ident in started]  # type: ignore[misc]
+
+    while (threads._idle or alive()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # ordering-free: polls an observable state until a deadline
+    assert threads._idle == [] and alive() == []  # idle threads ended
