@@ -262,13 +262,16 @@ class CancelToken:
     the run's number; see OnnxRuntimeContext), never on state a later request may own by then.
     """
 
-    __slots__ = ("_lock", "_cancelled", "_callbacks", "reason")
+    __slots__ = ("_lock", "_cancelled", "_callbacks", "reason", "request")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # serializes cancel(): the first cancel decides `reason`
         self._cancelled = False
         self._callbacks: list[Callable[[], None]] = []
         self.reason = ""  # why it was cancelled, e.g. "shutdown"
+        # What the request being run says about itself (set by the dataplane as it admits the request; a token a
+        # stream's requests share holds the one running now). Backends that show it to a model read it here.
+        self.request: RequestInfo | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -304,6 +307,59 @@ class FinalOutputs(dict[str, np.ndarray]):
     """A streaming context's answer that the model sent together with its final flag (Triton's
     TRITONSERVER_RESPONSE_COMPLETE_FINAL on a response): the stream ends with it. A context yields it so that the
     front end can mark that response final (`triton_final_response`) instead of sending an empty one after it."""
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What a request says about itself, beyond its tensors: its id, the client's request parameters (bool, int,
+    float or str values; the protocol's own keys such as `timeout` are left out) and the client's deadline (on
+    the monotonic clock; None: none). `correlation_id` and `flags` are Triton's view of the sequence parameters
+    (`sequence_id`; `sequence_start` 1 | `sequence_end` 2)."""
+
+    id: str = ""
+    parameters: Mapping[str, object] = field(default_factory=dict)
+    deadline: float | None = None
+    correlation_id: int | str = 0
+    flags: int = 0
+
+
+class ModelCalls(ABC):
+    """Calls from a backend to another model of the same server, through that model's own admission (FIFO,
+    slots, batching): python models' BLS calls. The server hands one to every backend at start
+    (`Backend.bind_model_calls`); the engine never imports the service that implements it."""
+
+    @abstractmethod
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str,
+        outputs: Sequence[str],
+        cancel: CancelToken,
+        request: RequestInfo,
+    ) -> Outputs:
+        """Run `model` once. Blocks while queued (until `request.deadline` or the model's admission timeout) and
+        for the run. Raises the server's errors (each with its status), cancellation once `cancel` fires."""
+
+    @abstractmethod
+    def infer_stream(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str,
+        outputs: Sequence[str],
+        cancel: CancelToken,
+        request: RequestInfo,
+    ) -> Iterator[Outputs]:
+        """Run `model` once and yield each of its responses (a decoupled model's several, another model's one).
+        Blocks as `infer`; closing the iterator early releases the callee's slot."""
+
+    @staticmethod
+    @abstractmethod
+    def describe(error: BaseException) -> tuple[str, str]:
+        """(status code name, message) a client would get for `error`, e.g. ("NOT_FOUND", "...")."""
 
 
 class Context(ABC):
@@ -361,3 +417,6 @@ class Backend(ABC):
         Blocks for the load. Raises ModelConfigError (the spec does not fit the model files), ModelLoadError,
         or BackendUnavailableError (the backend cannot run here).
         """
+
+    def bind_model_calls(self, calls: ModelCalls) -> None:  # noqa: B027 (optional hook)
+        """Take the server's calls to other models (python models' BLS); called once, before any load."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -33,6 +33,7 @@ from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry, ModelVersions
+from .request_info import request_info
 from .response_cache import NOT_CACHEABLE, CacheLookup, ResponseCache
 from .shared_memory import Region, RegionSlice
 from .tensor_memory import Reservation, TensorMemory
@@ -128,6 +129,7 @@ class InferenceRequest(Generic[R]):
     tensors: RequestTensors
     respond: Callable[[InferenceResponse], R]
     client_deadline: float | None = None  # on the monotonic clock; None: the client set none
+    parameters: Mapping[str, object] = field(default_factory=dict)  # the request's own (plain values)
 
 
 def output_bytes(outputs: Outputs) -> int:
@@ -242,6 +244,7 @@ class Dataplane:
         entry = versions.default()  # where a request for a version that is not served is counted
         recorded = False
         cancel = cancel or CancelToken()
+        cancel.request = request_info(request)  # what a backend may show the model (python models do)
         reservation = decoded = None
         try:
             entry = versions.find(request.version)

@@ -3,7 +3,8 @@ residency, statistics), with numpy arrays in and out: no wire encoding or decodi
 
     outputs = call_model(dataplane, "preprocess", {"RAW": array}, deadline=..., cancel=token)
 
-An ensemble's steps (service/ensemble.py) go through here; BLS calls from python models will too. The request is
+An ensemble's steps (service/ensemble.py) go through here, and python models' BLS calls (service/model_calls.py;
+`call_model_stream` for a decoupled callee). The request is
 the dataplane's neutral `InferenceRequest`: its tensors are `ArrayTensors` (the arrays themselves, never copied:
 a step's output goes to the next step as the same array), counted in the tensor-memory account like a client's
 (`decoded_bytes` is what the arrays hold), and its `respond` returns the run's outputs. The caller's deadline is
@@ -14,7 +15,7 @@ request's. Errors are the dataplane's (the core's errors, as for a client call).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,20 +94,45 @@ def call_model(
     deadline: float | None = None,
     cancel: CancelToken | None = None,
     request_id: str = "",
+    parameters: Mapping[str, object] | None = None,
 ) -> Outputs:
     """Run `model` on `inputs` through its admission and return its outputs ({name: array}; all of them when
     `outputs` is empty). Blocks while queued (until `deadline`, on the monotonic clock, or the model's own
     admission timeout), while the model loads, and for the run. Raises what `Dataplane.infer` raises:
-    ModelNotFound, ServerBusy, InvalidRequest, the engine's errors; CANCELLED-type errors once `cancel` fires."""
-    request = InferenceRequest(
+    ModelNotFound, ServerBusy, InvalidRequest, the engine's errors; CANCELLED-type errors once `cancel` fires.
+    `parameters` are the request's (as a client's: `sequence_id` and the like included)."""
+    request = _request(model, inputs, version, outputs, datatypes_of, deadline, request_id, parameters)
+    return dataplane.infer(request, cancel=cancel)
+
+
+def call_model_stream(
+    dataplane: Dataplane,
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    version: str = "",
+    outputs: Sequence[str] = (),
+    deadline: float | None = None,
+    cancel: CancelToken | None = None,
+    request_id: str = "",
+    parameters: Mapping[str, object] | None = None,
+) -> Iterator[Outputs]:
+    """`call_model` for a streaming (decoupled) model: its outputs, response by response (another model's one).
+    Holds the callee's slot until the iterator ends or is closed. Raises as `call_model`, from the iterator."""
+    request = _request(model, inputs, version, outputs, None, deadline, request_id, parameters)
+    return dataplane.infer_stream(request, cancel=cancel)
+
+
+def _request(model, inputs, version, outputs, datatypes_of, deadline, request_id, parameters) -> InferenceRequest:
+    return InferenceRequest(
         model=model,
         version=version,
         id=request_id,
         tensors=ArrayTensors(inputs, outputs, datatypes_of or {}),
         respond=_outputs_of,
         client_deadline=deadline,
+        parameters=dict(parameters or {}),
     )
-    return dataplane.infer(request, cancel=cancel)
 
 
-__all__ = ["ArrayTensors", "call_model"]
+__all__ = ["ArrayTensors", "call_model", "call_model_stream"]

@@ -33,6 +33,7 @@ from .dataplane import Dataplane
 from .ensemble import EnsembleBackend
 from .handler_threads import HandlerThreads
 from .metrics import ServerMetrics, SlotserveCollector
+from .model_calls import DataplaneModelCalls
 from .model_control import ControlSettings, ModelControl, lazy_load_refusal
 from .model_files import ModelFiles
 from .options import ServerOptions
@@ -138,6 +139,9 @@ class Server:
         )
         if isinstance(ensembles, EnsembleBackend):
             ensembles.bind(self.dataplane)
+        model_calls = DataplaneModelCalls(self.dataplane)  # python models' BLS calls
+        for backend in all_backends.values():
+            backend.bind_model_calls(model_calls)
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.
         self.metrics = ServerMetrics(

@@ -40,6 +40,7 @@ from generated import grpc_service_pb2 as pb
 from . import wire
 from .core.errors import InvalidRequest
 from .dataplane import DecodedRequest, InferenceRequest, InferenceResponse, output_bytes  # noqa: F401
+from .request_info import plain_parameters
 from .shared_memory import RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
 from .wire import LARGE_MESSAGE_BYTES, InferResponse
 
@@ -99,6 +100,7 @@ def inference_request(
         tensors=MessageTensors(message, raw_contents, shared_memory),
         respond=respond,
         client_deadline=client_deadline,
+        parameters=plain_parameters(message.parameters),
     )
 
 

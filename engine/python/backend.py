@@ -8,6 +8,16 @@
                                 (`batches_as_requests`), and the model gets them as one list, Triton's semantics
     PythonContext.execute_stream  a decoupled model (`streaming`): its responses as the model sends them; the
                                 slot is held until the final flag (the dataplane's streaming path)
+    run_bls                     a BLS call of the model (`InferenceRequest(...).exec()`), on a thread of its own:
+                                through the server's ModelCalls (`bind_model_calls`), so through the callee's
+                                admission, with the calling request's deadline and a token its cancellation fires
+
+Each request reaches the model with its id, parameters, correlation id and flags (the dataplane's RequestInfo on
+its CancelToken).
+
+A BLS call that can never be granted (a model calling itself while every one of its slots is held by a caller)
+waits in the callee's queue until the caller's deadline, the call's own `timeout` or the callee's admission
+timeout, then fails (UNAVAILABLE, server_busy); with none of them set it waits until the client gives up.
 
 Faults stay in their slot: a worker that dies fails only its in-flight call (ModelError naming the model and how
 the worker ended) and the slot starts a new worker on its next use; after WORKER_FAILURES deaths within
@@ -30,9 +40,11 @@ Refused by name: EXECUTION_ENV_PATH (custom execution environments).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import struct
@@ -41,7 +53,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -68,9 +80,11 @@ from ..interface import (
     Context,
     FinalOutputs,
     LoadedModel,
+    ModelCalls,
     ModelMetadata,
     ModelSpec,
     Outputs,
+    RequestInfo,
     TensorSpec,
 )
 from ..repository import shown_path
@@ -147,6 +161,10 @@ class WorkerProcess:
         self.requests = transport.Segment.create(0)
         self.responses = transport.Segment.create(0)
         self._new_segments: dict[str, transport.Segment] = {}  # replaced segments the worker has yet to map
+        self._send_lock = threading.Lock()  # guards: writing a message on the pipe (BLS replies come from threads)
+        self._caller: tuple[CancelToken, float | None] = (CancelToken(), None)  # the running call's, for its BLS
+        self._files_lock = threading.Lock()  # guards: _reply_files (BLS threads add, the slot thread prunes)
+        self._reply_files: set[str] = set()  # BLS reply segments the worker may not have mapped (unlinked it then)
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
@@ -210,10 +228,11 @@ class WorkerProcess:
             descriptors = [
                 layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
             ]
-            requests.append({"inputs": descriptors, "outputs": list(member.outputs)})
+            requests.append(_request_fields(descriptors, member))
         if layout.size > self.requests.size:
             self._replace("request", layout.size)
         layout.write(self.requests)
+        self._caller = (kill_cancel, _caller_deadline(members))
         watchers = [self._cancel_watcher(run, index, member.cancel) for index, member in enumerate(members)]
         try:
             self._send(("execute", run, requests, self._segments_message()))
@@ -238,9 +257,9 @@ class WorkerProcess:
                 if message[0] == "failed":
                     finished = True
                     raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
-                _, _, _index, result, final = message
+                _, tag, _run, _index, result, final = message
                 outputs = self._read_result(result)
-                self._send(("ack",))
+                self._send(("reply", tag, None))  # the tensors are copied out: the worker may reuse the segment
                 finished = bool(final)
                 if result is not None:
                     outcome = self.model.outcome(outputs, member.outputs)
@@ -253,6 +272,7 @@ class WorkerProcess:
             cancel.remove_callback(watcher)
             if not finished and not self.ended:
                 self._drop_the_rest(run, cancel)
+            self._forget_mapped_replies()
 
     def _read_result(self, result):
         """A response's result with its tensors copied out of the response segment (None: a final flag alone)."""
@@ -261,18 +281,51 @@ class WorkerProcess:
         return ("ok", {d.name: self._read(d) for d in result[1]})
 
     def _next_message(self, run: int, kill_cancel: CancelToken):
-        """The worker's next "response" or "failed" of this run (a segment it asks for is handed over on the
-        way). Raises as `_receive`."""
+        """The worker's next "response", "done" or "failed" of this run: a segment it asks for is handed over
+        and a BLS call it makes is started on the way. Raises as `_receive`."""
         while True:
             message = self._receive(kill_cancel)
             for segment in self._new_segments.values():
                 segment.unlink()  # the worker has mapped it (it answered after reading the message)
             self._new_segments = {}
             if message[0] == "grow":
-                self._replace("response", message[2])
-                self._send((self.responses.path, self.responses.size))
+                _, tag, _run, size = message
+                self._replace("response", size)
+                self._send(("reply", tag, (self.responses.path, self.responses.size)))
+                continue
+            if message[0] == "bls":
+                self._start_bls(message[1], message[2])
                 continue
             return message
+
+    def _start_bls(self, tag: int, call: transport.CallRequest) -> None:
+        """Run a BLS call of the running request on a thread of its own (the model may make several at once);
+        its reply goes to the worker when the callee answered."""
+        cancel, deadline = self._caller
+
+        def deliver(reply: transport.CallReply, final: bool) -> None:
+            if reply.segment is not None:
+                with self._files_lock:
+                    self._reply_files.add(reply.segment[0])
+            try:
+                self._send(("part", tag, reply, final))
+            except ModelError:  # the worker is gone (its slot thread reports that): nobody will map the reply
+                if reply.segment is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(reply.segment[0])
+
+        def run() -> None:
+            run_bls(self.model, call, cancel, deadline, deliver)
+
+        CALL_THREADS.submit(run)
+
+    def _forget_mapped_replies(self) -> None:
+        """Stop tracking BLS reply files the worker has mapped (it unlinks each as it maps it)."""
+        with self._files_lock:
+            tracked = list(self._reply_files)
+        mapped = [path for path in tracked if not os.path.exists(path)]
+        with self._files_lock:
+            self._reply_files.difference_update(mapped)
 
     def _drop_the_rest(self, run: int, cancel: CancelToken) -> None:
         """The request ended early: show it cancelled to the model and take what it still sends until the final
@@ -286,8 +339,8 @@ class WorkerProcess:
                 message = self._next_message(run, cancel)
                 if message[0] == "failed":
                     return
-                self._send(("ack",))
-                if message[4]:
+                self._send(("reply", message[1], None))
+                if message[5]:
                     return
         except (ModelError, ExecutionCancelled) as error:
             _LOG.warning("%s", error)
@@ -302,10 +355,11 @@ class WorkerProcess:
             descriptors = [
                 layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
             ]
-            requests.append({"inputs": descriptors, "outputs": list(member.outputs)})
+            requests.append(_request_fields(descriptors, member))
         if layout.size > self.requests.size:
             self._replace("request", layout.size)
         layout.write(self.requests)
+        self._caller = (members[0].cancel, _caller_deadline(members))
         watcher = self._cancel_watcher(run, 0, members[0].cancel)
         try:
             self._send(("execute", run, requests, self._segments_message()))
@@ -320,7 +374,8 @@ class WorkerProcess:
     def _send(self, message) -> None:
         """Send a control message; a worker that is gone raises ModelError (its end named)."""
         try:
-            self.connection.send(message)
+            with self._send_lock:
+                self.connection.send(message)
         except OSError:
             raise self._died() from None
 
@@ -339,15 +394,9 @@ class WorkerProcess:
 
     def _results(self, run: int, kill_cancel: CancelToken) -> list:
         while True:
-            message = self._receive(kill_cancel)
-            for segment in self._new_segments.values():
-                segment.unlink()  # the worker has mapped it (it answered after reading the message)
-            self._new_segments = {}
+            message = self._next_message(run, kill_cancel)
             kind = message[0]
-            if kind == "grow":
-                self._replace("response", message[2])
-                self._send((self.responses.path, self.responses.size))
-                continue
+            self._forget_mapped_replies()
             if kind == "failed":
                 raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
             results = []
@@ -448,6 +497,14 @@ class WorkerProcess:
     def close_resources(self) -> None:
         self.connection.close()
         self._free_segments()
+        # BLS segments the worker made (named by its pid) or had yet to map: a dead worker unlinks none of them.
+        with self._files_lock:
+            stale = {*self._reply_files, *transport.segments_of(self.process.pid)}
+        for path in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        with self._files_lock:
+            self._reply_files.clear()
 
     def _free_segments(self) -> None:
         for segment in (self.board, self.requests, self.responses):
@@ -531,6 +588,145 @@ class PythonContext(Context):
             worker.stop(self._model.close_deadline())
 
 
+class CallThreads:
+    """The threads BLS calls run on: an idle one takes the next call, else a new one starts, so calls are never
+    queued behind each other (a call may wait long for the callee's slot). A thread idle IDLE_SECONDS ends.
+    Starting a thread costs more than a call's own overhead on a loaded machine; reusing one does not."""
+
+    IDLE_SECONDS = 10.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: _idle
+        self._idle: list[queue.SimpleQueue] = []  # each idle thread's own inbox, the latest idle last
+
+    def submit(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is not None:
+            inbox.put(work)
+            return
+        threading.Thread(target=self._serve, args=(work,), name="python-bls-call", daemon=True).start()
+
+    def _serve(self, work: Callable[[], None]) -> None:
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        while True:
+            work()
+            with self._lock:
+                self._idle.append(inbox)
+            try:
+                work = inbox.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:  # nobody took it: end
+                        self._idle.remove(inbox)
+                        return
+                work = inbox.get()  # taken just now: its work is on the way
+
+
+CALL_THREADS = CallThreads()
+
+
+def _request_fields(descriptors: list, member) -> dict:
+    """What the worker needs of one request: its tensors, requested outputs and what it says about itself."""
+    info = member.cancel.request or _NO_INFO
+    return {
+        "inputs": descriptors,
+        "outputs": list(member.outputs),
+        "id": info.id,
+        "parameters": dict(info.parameters),
+        "correlation_id": info.correlation_id,
+        "flags": info.flags,
+    }
+
+
+_NO_INFO = RequestInfo()
+
+
+def _caller_deadline(members: Sequence) -> float | None:
+    """The deadline a call's BLS calls carry: the latest of its requests' (None when one of them has none)."""
+    deadlines = [(member.cancel.request or _NO_INFO).deadline for member in members]
+    if any(deadline is None for deadline in deadlines):
+        return None
+    return max(deadlines)  # type: ignore[type-var]  # none is None here
+
+
+SELF_CALL_HINT = (
+    " (a BLS call to the calling model itself needs another of its slots: while callers hold every slot it can "
+    "only time out)"
+)
+
+
+def run_bls(
+    model: PythonModel,
+    call: transport.CallRequest,
+    cancel: CancelToken,
+    deadline: float | None,
+    deliver: Callable[[transport.CallReply, bool], None],
+) -> None:
+    """Run one BLS call of `model` through the server, handing its reply to `deliver(reply, final)`: once (final)
+    for an ordinary call; for `decoupled` each response of the callee as it comes, then a final part (empty, or
+    the error that ended the responses), unless the callee sent its last response with the final flag (that part
+    is final then, as on Triton). Blocks for the call: until the callee answered, `deadline` (the calling
+    request's) or the call's own timeout passed, or `cancel` (the calling request's) fired, which cancels the call.
+    Never raises: a failure is an error response, with the TritonError code of the status a client would get."""
+    calls = model.calls
+    if calls is None:
+        deliver(transport.CallReply((("error", 4, "BLS calls need a server (no ModelCalls was bound)"),), None), True)
+        return
+    if call.timeout_us > 0:
+        own = time.monotonic() + call.timeout_us / 1e6
+        deadline = own if deadline is None else min(deadline, own)
+    info = RequestInfo(call.request_id, call.parameters, deadline, call.correlation_id, call.flags)
+    token = CancelToken()  # the call's own: the dataplane sets its RequestInfo on it
+
+    def forward() -> None:
+        token.cancel(cancel.reason or "the calling request was cancelled")
+
+    cancel.add_callback(forward)
+    segment = None
+    outcomes: list = []
+    ended = False  # the callee sent its last response with the final flag: no empty final part after it
+    try:
+        bf16 = datatypes.bfloat16() if any(d.datatype == "BF16" for d in call.inputs) else None
+        segment, inputs = transport.read_call(call, bf16=bf16)
+        if call.decoupled:
+            responses = calls.infer_stream(
+                call.model, inputs, version=call.version, outputs=call.outputs, cancel=token, request=info
+            )
+            try:
+                for outputs in responses:
+                    ended = isinstance(outputs, FinalOutputs)
+                    deliver(_reply([outputs], call.model), ended)
+            finally:
+                close = getattr(responses, "close", None)
+                if close is not None:
+                    close()  # an error or a cancellation ends the callee's stream: its slot is released now
+        else:
+            outcomes.append(
+                calls.infer(call.model, inputs, version=call.version, outputs=call.outputs, cancel=token, request=info)
+            )
+    except BaseException as error:  # noqa: BLE001 (every failure is the caller's error response)
+        status, message = calls.describe(error)
+        if call.model == model.name and status == "UNAVAILABLE":
+            message += SELF_CALL_HINT
+        outcomes.append((transport.triton_code(status), message))
+    finally:
+        cancel.remove_callback(forward)
+    try:
+        if not ended:  # after a final part the caller's iterator has ended: nothing more reaches it
+            deliver(_reply(outcomes, call.model), True)
+    finally:
+        if segment is not None:
+            segment.close()  # after the reply copied the outputs: an output may be a view of an input
+
+
+def _reply(outcomes: list, callee: str) -> transport.CallReply:
+    try:
+        return transport.write_reply(outcomes)
+    except (ValueError, OSError) as error:
+        return transport.CallReply((("error", 1, f"BLS call to model '{callee}': {error}"),), None)
+
+
 class _Single:
     __slots__ = ("inputs", "outputs", "cancel")
 
@@ -560,6 +756,7 @@ class PythonModel(LoadedModel):
         self._config_json = json.dumps(triton_config(spec))
         self._auto_complete = True
         self.decoupled = False  # set from the completed configuration at load
+        self.calls: ModelCalls | None = None  # the server's, for BLS calls (PythonBackend.bind_model_calls)
 
     # ---- load --------------------------------------------------------------------------------------------------
 
@@ -733,6 +930,12 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
 class PythonBackend(Backend):
     name = "python"
 
+    def __init__(self) -> None:
+        self._calls: ModelCalls | None = None
+
+    def bind_model_calls(self, calls: ModelCalls) -> None:
+        self._calls = calls
+
     def load(self, spec: ModelSpec) -> LoadedModel:
         origin = f"model '{spec.name}'"
         if spec.model_file is None or not spec.model_file.exists():
@@ -743,5 +946,6 @@ class PythonBackend(Backend):
                 "install the model's packages into the server's environment"
             )
         model = PythonModel(spec)
+        model.calls = self._calls
         model.load_first_worker()
         return model

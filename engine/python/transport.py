@@ -11,6 +11,19 @@ numpy view of it (valid for the call: the segment is reused by the next one). An
 worker into the response segment, then once out of it by the server (the segment is reused by the next call),
 so two copies. BYTES tensors are laid out as 4-byte little-endian lengths followed by the bytes (KServe's raw
 format) and rebuilt as numpy object arrays of `bytes` on the other side.
+
+BLS calls (a model calling another model of the server) go the other way and use a segment per call: the worker
+copies the call's inputs into a segment it creates (`write_call`: one copy) and sends a `CallRequest`; the server
+maps it, unlinks its file and hands read-only views of it to the callee (no copy), then copies the callee's outputs
+into a segment it creates (`write_reply`: one copy) and answers a `CallReply`; the worker maps it, unlinks its file
+and gives the model views of it (no copy: the mapping lives as long as the arrays do). So one copy each way.
+Control messages while a call runs (each answered ("reply", tag, payload) by the server, matched by its tag):
+
+    ("grow", tag, run, size)                     the response segment is too small: the reply is a new (path, size)
+    ("response", tag, run, index, result, final) a decoupled response is in the response segment: the reply is None
+    ("bls", tag, CallRequest)                    a BLS call: answered by ("part", tag, CallReply, final) messages,
+                                                 one (final) for an ordinary call; for a decoupled one, one per
+                                                 response as the callee sends it, then a final one
 """
 
 from __future__ import annotations
@@ -20,7 +33,8 @@ import os
 import struct
 import tempfile
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -85,6 +99,16 @@ class Segment:
             self.mapping.close()
         except BufferError:
             pass
+
+
+def segments_of(pid: int) -> list[str]:
+    """The paths of the segments process `pid` created that are still named (a dead worker's BLS inputs)."""
+    directory = _shm_directory()
+    prefix = f"slotserve-py-{pid}-"
+    try:
+        return [os.path.join(directory, name) for name in os.listdir(directory) if name.startswith(prefix)]
+    except OSError:
+        return []
 
 
 def _rounded(size: int) -> int:
@@ -184,3 +208,133 @@ def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16=None) -> 
         return array.copy()
     array.flags.writeable = False
     return array
+
+
+def read_writable(segment: Segment | None, descriptor: Descriptor, bf16=None) -> np.ndarray:
+    """The tensor as a writable view of the segment (a BLS call's output: the segment is the model's alone)."""
+    if segment is None:  # every tensor of the reply is empty: there is no segment
+        dtype = object if descriptor.datatype == "BYTES" else bf16 if descriptor.datatype == "BF16" else None
+        return np.empty(descriptor.shape, dtype=dtype or _NUMPY[descriptor.datatype])
+    if descriptor.datatype == "BYTES":
+        return read(segment, descriptor, copy=False)
+    raw = segment.view[descriptor.offset : descriptor.offset + descriptor.nbytes]
+    dtype = bf16 if descriptor.datatype == "BF16" else _NUMPY[descriptor.datatype]
+    count = int(np.prod(descriptor.shape, dtype=np.int64))
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(descriptor.shape)
+
+
+# ---- BLS calls ------------------------------------------------------------------------------------------------
+
+# Triton's TRITONSERVER_Error codes (pb_utils.TritonError) for the status a client of the server would get.
+TRITON_CODES = {
+    "UNKNOWN": 0,
+    "INTERNAL": 1,
+    "NOT_FOUND": 2,
+    "INVALID_ARGUMENT": 3,
+    "UNAVAILABLE": 4,
+    "RESOURCE_EXHAUSTED": 4,
+    "FAILED_PRECONDITION": 4,
+    "DEADLINE_EXCEEDED": 4,
+    "UNIMPLEMENTED": 5,
+    "ALREADY_EXISTS": 6,
+    "CANCELLED": 7,
+}
+
+
+def triton_code(status: str) -> int:
+    """The TritonError code for a gRPC status name ("NOT_FOUND" -> 2); INTERNAL for one Triton has no code for."""
+    return TRITON_CODES.get(status, 1)
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """A BLS call, worker -> server: the callee, where its inputs lie, and the request's own fields."""
+
+    model: str
+    version: str  # "" for the highest ready version (Triton's model_version -1)
+    inputs: tuple[Descriptor, ...]
+    outputs: tuple[str, ...]  # requested outputs; empty: all of them
+    segment: tuple[str, int] | None  # the inputs' segment (path, size); None when there is no input
+    decoupled: bool = False  # exec(decoupled=True): every response of the callee
+    timeout_us: int = 0  # the request's own timeout (Triton's `timeout`, microseconds); 0: none
+    request_id: str = ""
+    correlation_id: int | str = 0
+    flags: int = 0
+    parameters: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CallReply:
+    """A BLS call's answer, server -> worker: one entry per response, ("ok", descriptors) or ("error", code,
+    message), in order (an error ends a decoupled callee's responses), and the segment the tensors lie in."""
+
+    responses: tuple[tuple, ...]
+    segment: tuple[str, int] | None
+
+
+def write_call(tensors: Sequence[tuple[str, np.ndarray]]) -> tuple[Segment | None, tuple[Descriptor, ...]]:
+    """Lay a BLS call's inputs into a new segment (the caller unlinks and closes it once the call is answered).
+    Raises ValueError for an array no datatype fits."""
+    layout = Layout()
+    descriptors = tuple(layout.plan(name, array, _datatype_or_raise(name, array)) for name, array in tensors)
+    if not descriptors:
+        return None, descriptors
+    segment = Segment.create(layout.size)
+    layout.write(segment)
+    return segment, descriptors
+
+
+def read_call(request: CallRequest, bf16=None) -> tuple[Segment | None, dict[str, np.ndarray]]:
+    """Map a BLS call's input segment (its file unlinked at once) and view its inputs, read-only. The caller closes
+    the segment once the call is done. Raises OSError when the segment is gone (its worker died)."""
+    if request.segment is None:
+        return None, {}
+    segment = Segment.attach(*request.segment)
+    segment.unlink()
+    return segment, {d.name: read(segment, d, copy=False, bf16=bf16) for d in request.inputs}
+
+
+def write_reply(outcomes: Sequence[Mapping[str, np.ndarray] | tuple[int, str]]) -> CallReply:
+    """A BLS call's reply: each outcome is the callee's outputs ({name: array}) or an error (code, message). The
+    outputs are copied into a new segment whose file the worker unlinks once it mapped it. Raises ValueError for
+    an output no datatype fits."""
+    layout = Layout()
+    responses: list[tuple] = []
+    for outcome in outcomes:
+        if isinstance(outcome, tuple):
+            responses.append(("error", int(outcome[0]), str(outcome[1])))
+            continue
+        planned = [layout.plan(name, array, _datatype_or_raise(name, array)) for name, array in outcome.items()]
+        responses.append(("ok", tuple(planned)))
+    if layout.size == 0:
+        return CallReply(tuple(responses), None)
+    segment = Segment.create(layout.size)
+    layout.write(segment)
+    path, size = segment.path, segment.size
+    segment.close()  # the file holds the data until the worker maps it
+    return CallReply(tuple(responses), (path, size))
+
+
+def read_reply(reply: CallReply, bf16=None) -> list[tuple]:
+    """The responses of a BLS reply: ("ok", {name: array}) with writable views of the reply's segment (mapped, its
+    file unlinked; the mapping lives as long as the arrays), or ("error", code, message)."""
+    segment = None
+    if reply.segment is not None:
+        segment = Segment.attach(*reply.segment)
+        segment.unlink()
+    results: list[tuple] = []
+    for response in reply.responses:
+        if response[0] == "ok":
+            results.append(("ok", {d.name: read_writable(segment, d, bf16) for d in response[1]}))
+        else:
+            results.append(response)
+    return results
+
+
+def _datatype_or_raise(name: str, array: np.ndarray) -> str:
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"tensor '{name}' is a {type(array).__name__}, not a numpy array")
+    datatype = datatype_of(array)
+    if datatype is None:
+        raise ValueError(f"tensor '{name}' has numpy dtype {array.dtype}, which has no Triton datatype")
+    return datatype

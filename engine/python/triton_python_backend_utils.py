@@ -6,13 +6,16 @@ Written from Triton's documented python_backend API (its README). A worker proce
 unit tests (and model code) can use it outside a worker.
 
 What Triton has and slotserve does not is refused by name, never missing silently: custom metrics
-(`MetricFamily`, `Metric`), DLPack and GPU tensors, BLS calls (`InferenceRequest(...).exec()`,
-`async_exec`) (see docs/python-models.md). A decoupled model's response senders are the worker's
-(engine/python/worker.py): each `send` reaches the client before it returns.
+(`MetricFamily`, `Metric`), DLPack and GPU tensors (see docs/python-models.md). A decoupled model's response
+senders are the worker's (engine/python/worker.py): each `send` reaches the client before it returns. BLS calls
+(`InferenceRequest(...).exec()`, `async_exec`) run through the worker too (`_bls_caller`); outside a worker they
+are refused by name.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import sys
@@ -45,6 +48,10 @@ _TRITON_TYPES: tuple[tuple[int, str, object], ...] = (
 )
 _STRING_TO_NUMPY = {name: dtype for (_, name, dtype) in _TRITON_TYPES}
 _ENUM_TO_NUMPY = {value: dtype for (value, _, dtype) in _TRITON_TYPES}
+
+
+# The worker's BLS call (engine/python/worker.py Worker.bls): (request, decoupled) -> list of InferenceResponse.
+_bls_caller: Callable | None = None
 
 
 def _refuse(what: str) -> TritonModelException:
@@ -181,10 +188,14 @@ class InferenceResponseSender:
 
 
 class InferenceRequest:
-    """A request handed to `execute` (built by the worker), or a BLS request a model builds (refused when run).
+    """A request handed to `execute` (built by the worker), or a BLS request a model builds and runs.
 
-    Built by a model: `InferenceRequest(model_name=..., inputs=[...], requested_output_names=[...])`;
-    `exec()` and `async_exec()` raise TritonModelException saying BLS is not supported yet."""
+    Built by a model: `InferenceRequest(model_name=..., inputs=[...], requested_output_names=[...])`, then
+    `exec()` (blocks; returns an InferenceResponse, whose `has_error()` tells a failed call: errors are not
+    raised), `exec(decoupled=True)` (an iterator of every response of the callee, then an empty one for a final
+    flag sent alone), or `await async_exec()` (the same, without blocking the event loop: calls awaited together
+    overlap). Raises
+    TritonModelException for a call that cannot be made (outside execute, an input no datatype fits)."""
 
     def __init__(
         self,
@@ -210,6 +221,8 @@ class InferenceRequest:
         self._flags = flags
         if isinstance(parameters, dict):
             parameters = json.dumps(parameters)
+        elif parameters is not None and not isinstance(parameters, str):
+            raise TritonModelException(f"parameters must be a dict or a JSON string, got {type(parameters).__name__}")
         self._parameters = parameters or "{}"
         self._timeout = timeout
         self._model_version = model_version
@@ -241,6 +254,9 @@ class InferenceRequest:
     def model_name(self) -> str:
         return self._model_name
 
+    def model_version(self) -> int:
+        return self._model_version
+
     def is_cancelled(self) -> bool:
         """True once the request's caller gave up (cancelled, deadline passed, server stopping)."""
         return bool(self._cancelled is not None and self._cancelled())
@@ -251,10 +267,23 @@ class InferenceRequest:
         return self._sender
 
     def exec(self, decoupled: bool = False):
-        raise _refuse("BLS (InferenceRequest.exec)")
+        """Run this request on model `model_name` of the server (BLS). Returns its InferenceResponse (an error is
+        `has_error()`, not raised), or with `decoupled` an iterator of its responses, ending with an empty one when
+        the callee's final flag came alone (as Triton's). Blocks until the callee answered (or the caller's
+        deadline, or the callee's admission timeout)."""
+        if _bls_caller is None:
+            raise _refuse("BLS outside a worker (InferenceRequest.exec)")
+        responses = _bls_caller(self, bool(decoupled))
+        return responses if decoupled else responses[0]
 
     def async_exec(self, decoupled: bool = False):
-        raise _refuse("BLS (InferenceRequest.async_exec)")
+        """`exec` as an awaitable, for `async def execute`: it runs on the event loop's thread pool, so calls
+        awaited together (asyncio.gather) are in flight at once."""
+
+        async def call():
+            return await asyncio.get_running_loop().run_in_executor(None, functools.partial(self.exec, decoupled))
+
+        return call()
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

@@ -11,6 +11,14 @@ server ("response", run, index, result, final) and waits for its "ack" (the serv
 the pipe's lock, so sends from several threads go one after another. The main thread waits until every request of
 the call got its final flag before it reads the next control message: only then is the pipe its own again.
 
+BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any thread while it runs) go to the
+server as ("bls", tag, CallRequest) with their inputs in a segment of their own (engine/python/transport.py); the
+server runs each through the callee's admission on a thread of its own and answers ("part", tag, CallReply,
+final) messages (a decoupled callee's responses one by one, as they come), so several calls may be in flight at
+once. One reader thread takes every message from the pipe: replies and parts go to the thread waiting for their
+tag (`ask`, `bls`), "execute" and "stop" to the main thread. `async def execute` runs to its end on the worker's
+event loop; `async_exec` runs `exec` on the loop's thread pool, so calls awaited together overlap.
+
 An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
 which is the server's log. A watchdog thread ends the worker when the server process is gone, so a worker never
 outlives its server.
@@ -18,10 +26,14 @@ outlives its server.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
+import itertools
 import json
 import logging
 import os
+import queue
 import struct
 import sys
 import threading
@@ -50,6 +62,16 @@ class Worker:
         self.pipe_lock = threading.Lock()  # guards: the pipe and the response segment while a decoupled call runs
         self.finals = threading.Condition()  # guards: open_senders
         self.open_senders = 0
+        self.send_lock = threading.Lock()  # guards: sending on the pipe (a message is written whole)
+        self.replies = threading.Condition()  # guards: answered, pipe_closed, parts
+        self.answered: dict[int, object] = {}
+        self.parts: dict[int, queue.Queue] = {}  # a BLS call's parts, by its tag, until its final one
+        self.pipe_closed = False
+        self.tags = itertools.count(1)
+        self.inbox: queue.Queue = queue.Queue()  # "execute" and "stop" messages, for the main thread
+        # True while a call runs (a decoupled model's: until every final flag): BLS calls are allowed then only.
+        self.executing = False
+        self.loop: asyncio.AbstractEventLoop | None = None  # runs an `async def execute`
 
     # ---- start -----------------------------------------------------------------------------------------------
 
@@ -86,12 +108,12 @@ class Worker:
     # ---- serve -----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
+        threading.Thread(target=self.read_pipe, name="pipe-reader", daemon=True).start()
         while True:
-            try:
-                message = self.connection.recv()
-            except (EOFError, OSError):
-                return  # the server is gone
+            message = self.inbox.get()
             kind = message[0]
+            if kind == "gone":
+                return  # the server is gone
             if kind == "execute" and self.decoupled:
                 self.execute_decoupled(*message[1:])
             elif kind == "execute":
@@ -100,27 +122,152 @@ class Worker:
                 self.finalize()
                 return
 
+    def read_pipe(self) -> None:
+        """The reader thread: every message the server sends. Replies wake the thread that asked (by tag); the
+        others go to the main thread's inbox. Ends when the pipe closes (the server is gone)."""
+        while True:
+            try:
+                message = self.connection.recv()
+            except (EOFError, OSError):
+                with self.replies:
+                    self.pipe_closed = True
+                    self.replies.notify_all()
+                    for parts in self.parts.values():
+                        parts.put(None)
+                self.inbox.put(("gone",))
+                return
+            if message[0] == "part":
+                _, tag, reply, final = message
+                with self.replies:
+                    waiting = self.parts.get(tag)
+                    if waiting is not None:
+                        waiting.put((reply, final))
+                if waiting is None:
+                    _unlink_reply(reply)  # the model let go of that call's responses
+            elif message[0] == "reply":
+                with self.replies:
+                    self.answered[message[1]] = message[2]
+                    self.replies.notify_all()
+            else:
+                self.inbox.put(message)
+
+    def send(self, message) -> None:
+        with self.send_lock:
+            self.connection.send(message)
+
+    def ask(self, kind: str, *fields):
+        """Send (kind, tag, *fields) and wait for the server's reply to it. Raises EOFError when the server is gone."""
+        tag = next(self.tags)
+        self.send((kind, tag, *fields))
+        with self.replies:
+            self.replies.wait_for(lambda: tag in self.answered or self.pipe_closed)
+            if tag not in self.answered:
+                raise EOFError("the server is gone")
+            return self.answered.pop(tag)
+
+    def run_model(self, built):
+        """`execute(built)`, an `async def execute` run to its end on the worker's event loop."""
+        returned = self.model.execute(built)
+        if inspect.iscoroutine(returned):
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            returned = self.loop.run_until_complete(returned)
+        return returned
+
+    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool):
+        """Send a BLS call to the server. Returns the list of the callee's responses (one), or with `decoupled` an
+        iterator of them, each as it arrives. Raises TritonModelException outside execute, for an input no
+        datatype fits, or when the server is gone (the iterator raises it too)."""
+        if not self.executing:
+            raise pb_utils.TritonModelException(
+                "a BLS call can only be made while execute runs (as in Triton): this one came after it returned"
+            )
+        tensors = [(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
+        try:
+            segment, descriptors = transport.write_call(tensors)
+        except ValueError as error:
+            raise pb_utils.TritonModelException(f"BLS call to model '{request.model_name()}': {error}") from None
+        version = request.model_version()
+        call = transport.CallRequest(
+            model=request.model_name(),
+            version="" if version is None or int(version) < 0 else str(int(version)),
+            inputs=descriptors,
+            outputs=tuple(request.requested_output_names()),
+            segment=None if segment is None else (segment.path, segment.size),
+            decoupled=decoupled,
+            timeout_us=int(request.timeout() or 0),
+            request_id=request.request_id(),
+            correlation_id=request.correlation_id(),
+            flags=request.flags(),
+            parameters=json.loads(request.parameters()),
+        )
+        tag = next(self.tags)
+        parts: queue.Queue = queue.Queue()
+        with self.replies:
+            self.parts[tag] = parts
+        try:
+            self.send(("bls", tag, call))
+        except OSError:
+            self._end_call(tag, parts, segment)
+            raise pb_utils.TritonModelException("the server is gone: the BLS call was not sent") from None
+        responses = self._responses(tag, parts, segment)
+        return responses if decoupled else list(responses)
+
+    def _responses(self, tag: int, parts: queue.Queue, segment):
+        """A BLS call's responses as its parts arrive (a decoupled callee's one by one), up to the final part (a final
+        part without a response, the callee's final flag alone, is an empty response, as Triton's iterator ends).
+        Closed early (the model let go of it), the parts still to come are dropped, their files unlinked."""
+        try:
+            while True:
+                part = parts.get()
+                if part is None:
+                    raise pb_utils.TritonModelException("the server is gone: the BLS call was not answered")
+                reply, final = part
+                try:
+                    results = transport.read_reply(reply, bf16=_bf16_type(reply))
+                except OSError as error:
+                    raise pb_utils.TritonModelException(f"the BLS reply could not be mapped: {error}") from None
+                for result in results:
+                    yield _response_of(result)
+                if final:
+                    if not results:  # the callee's final flag came alone: Triton's iterator ends with an empty response
+                        yield pb_utils.InferenceResponse()
+                    return
+        finally:
+            self._end_call(tag, parts, segment)
+
+    def _end_call(self, tag: int, parts: queue.Queue, segment) -> None:
+        with self.replies:
+            self.parts.pop(tag, None)
+        while not parts.empty():
+            part = parts.get_nowait()
+            if part is not None:
+                _unlink_reply(part[0])
+        if segment is not None:
+            segment.unlink()
+            segment.close()
+
     def execute(self, run: int, requests: list[dict], segments: dict) -> None:
         """Run one call (a list of requests) and reply ("done", run, results), results per request
         ("ok", descriptors) or ("error", code, message); ("failed", run, message) if execute raised."""
         self._remap(segments)
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
+        self.executing = True
         try:
-            responses = self.model.execute(built)
+            responses = self.run_model(built)
             results, layout = self._collect(built, requests, responses)
         except BaseException as error:  # the model's own code
             _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
-            self.connection.send(("failed", run, _describe(error)))
+            self.send(("failed", run, _describe(error)))
             return
         finally:
+            self.executing = False
             del built
         if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self.connection.send(("grow", run, layout.size))
-            path, size = self.connection.recv()
-            self._replace_response_segment(path, size)
+            self._replace_response_segment(*self.ask("grow", run, layout.size))
         layout.write(self.response_segment)  # type: ignore[arg-type]
-        self.connection.send(("done", run, results))
+        self.send(("done", run, results))
 
     def execute_decoupled(self, run: int, requests: list[dict], segments: dict) -> None:
         """Run one call of a decoupled model: its responses go to the server as they are sent (`send_response`);
@@ -136,8 +283,9 @@ class Worker:
             self.open_senders = len(senders)
         for request, sender in zip(built, senders, strict=True):
             request._sender = sender
+        self.executing = True  # until every final flag: the model's threads may make BLS calls for its requests
         try:
-            returned = self.model.execute(built)
+            returned = self.run_model(built)
             if returned is not None:
                 raise pb_utils.TritonModelException(
                     "a decoupled model's execute must return None: it answers through the requests' response senders"
@@ -148,11 +296,12 @@ class Worker:
                 if any(not sender.closed for sender in senders):
                     for sender in senders:
                         sender.close()
-                    self.connection.send(("failed", run, _describe(error)))
+                    self.send(("failed", run, _describe(error)))
         finally:
             del built
         with self.finals:
             self.finals.wait_for(lambda: self.open_senders == 0)
+        self.executing = False
 
     def send_response(self, run: int, index: int, requested: list[str], response, final: bool) -> None:
         """Hand one response of a decoupled call to the server and wait until it has taken the tensors. Called
@@ -160,12 +309,9 @@ class Worker:
         layout = transport.Layout()
         result = None if response is None else self._result(response, requested, layout)
         if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self.connection.send(("grow", run, layout.size))
-            path, size = self.connection.recv()
-            self._replace_response_segment(path, size)
+            self._replace_response_segment(*self.ask("grow", run, layout.size))
         layout.write(self.response_segment)  # type: ignore[arg-type]
-        self.connection.send(("response", run, index, result, final))
-        self.connection.recv()  # ("ack",): the server copied the tensors out; the segment is free again
+        self.ask("response", run, index, result, final)  # answered once the server copied the tensors out
 
     def sender_closed(self) -> None:
         with self.finals:
@@ -190,7 +336,7 @@ class Worker:
             request_id=request.get("id", ""),
             correlation_id=request.get("correlation_id", 0),
             flags=request.get("flags", 0),
-            parameters=request.get("parameters") or "{}",
+            parameters=json.dumps(request.get("parameters") or {}, separators=(",", ":")),
             _cancelled=cancelled,
         )
 
@@ -305,6 +451,25 @@ _ARG_KEYS = (
 )
 
 
+def _unlink_reply(reply: transport.CallReply) -> None:
+    if reply.segment is not None:
+        try:
+            os.unlink(reply.segment[0])
+        except FileNotFoundError:
+            pass
+
+
+def _response_of(result: tuple) -> pb_utils.InferenceResponse:
+    if result[0] == "ok":
+        return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in result[1].items()])
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(result[2], result[1]))
+
+
+def _bf16_type(reply: transport.CallReply):
+    wanted = any(r[0] == "ok" and any(d.datatype == "BF16" for d in r[1]) for r in reply.responses)
+    return _bf16(transport.Descriptor("", "BF16", (), 0, 0)) if wanted else None
+
+
 def _bf16(descriptor):
     if descriptor.datatype != "BF16":
         return None
@@ -346,6 +511,7 @@ def main(argv: list[str]) -> int:
     if kind != "init":
         return 2
     worker = Worker(connection)
+    pb_utils._bls_caller = worker.bls
     worker.start(settings)
     if worker.model is None:
         return 1

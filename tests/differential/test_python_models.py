@@ -1,6 +1,7 @@
 """The same model.py files (tests/python_models/repository) on slotserve and on real Triton 2.51 (the
 tritonserver with its python backend inside bench/.venv-pytriton's nvidia-pytriton wheel): the same tritonclient
-calls (tests/interop/clients/python_models_cases.py) must get the same answers and the same status codes.
+calls (tests/interop/clients/python_models_cases.py, and for BLS clients/bls_cases.py) must get the same answers and
+the same status codes (BLS error codes excepted, on purpose: see OUR_BLS_CODES).
 
 Skips, naming the reason, where the reference is not set up (`bench/setup.sh` builds it; `ln -s
 /work/main/bench/.venv-pytriton bench/` in a worktree). The starter here is small and local; the shared harness
@@ -27,6 +28,7 @@ from tests.python_models import REPOSITORY
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "tests" / "interop" / "clients" / "python_models_cases.py"
+BLS_CLIENT = ROOT / "tests" / "interop" / "clients" / "bls_cases.py"
 READY_SECONDS = 180.0
 
 pytestmark = pytest.mark.interop
@@ -68,7 +70,8 @@ def _ready(process: subprocess.Popen, address: str, log: Path) -> None:
 _READY_PROBE = """
 import sys, tritonclient.grpc as g
 client = g.InferenceServerClient(sys.argv[1])
-sys.exit(0 if all(client.is_model_ready(m) for m in ("add_sub", "batched", "probe", "autocomplete", "repeat")) else 1)
+MODELS = ("add_sub", "batched", "probe", "autocomplete", "repeat", "bls", "bls_async")
+sys.exit(0 if all(client.is_model_ready(m) for m in MODELS) else 1)
 """
 
 
@@ -130,8 +133,8 @@ def both(tmp_path_factory):
             yield running.address, reference
 
 
-def ask(address: str, *args: str) -> dict:
-    completed = run_process([sys.executable, str(CLIENT), address, *args], timeout=180)
+def ask(address: str, *args: str, client: Path = CLIENT) -> dict:
+    completed = run_process([sys.executable, str(client), address, *args], timeout=180)
     assert completed.returncode == 0, f"{args}: exited {completed.returncode}\n{completed.stderr[-3000:]}"
     return last_json_line(completed)
 
@@ -161,6 +164,65 @@ def test_exception_and_triton_error_codes_are_the_same(both):
         # the model's own text reaches the client on both (the wording around it differs)
         text = "the value 42 is bad" if case == "raise" else f"refused with {case}"
         assert text in ours[case][1] and text in theirs[case][1], (case, ours[case], theirs[case])
+
+
+# ---- BLS (tests/python_models/repository/bls and bls_async; clients/bls_cases.py) ------------------------------
+# Before the fault tests below: a probe instance Triton lost to them fails its later requests ("not healthy").
+
+
+def test_bls_answers_are_the_same(both):
+    """exec() to a python model, several calls in one execute, a call from a thread, exec(decoupled=True) with its
+    empty final response, zero responses."""
+    ours, theirs = (ask(address, "calls", client=BLS_CLIENT) for address in both)
+    assert ours == theirs
+
+
+def test_async_exec_in_an_async_execute_answers_the_same(both):
+    ours, theirs = (ask(address, "async", client=BLS_CLIENT) for address in both)
+    assert ours == theirs
+
+
+def test_request_ids_parameters_and_sequence_fields_look_the_same_to_the_model(both):
+    """request_id(), parameters() (the client's own, without sequence_id & co.), correlation_id() and flags(), for
+    a client's request and for a BLS call carrying its own."""
+    ours, theirs = (ask(address, "info", client=BLS_CLIENT) for address in both)
+    assert ours == theirs
+
+
+# Where the callee's failure shows in the message on both servers (the wording around it differs).
+BLS_ERROR_WORDS = {
+    "unknown": "no_such_model",
+    "bad_input": "FP32",
+    "callee_error": "refused by the callee",
+    "callee_unavailable": "refused by the callee",
+    "callee_raise": "ValueError: the callee is broken",
+    "stream_error": "n must be >= 0, got -1",
+}
+# slotserve's codes, on purpose: Triton 2.51 gives every BLS error the code INTERNAL (1), whatever the callee said.
+OUR_BLS_CODES = {
+    "unknown": 2,
+    "bad_input": 3,
+    "callee_error": 3,
+    "callee_unavailable": 4,
+    "callee_raise": 1,
+    "stream_error": 3,
+}
+
+
+def test_callee_failures_are_error_responses_on_both_with_the_callees_code_kept_here(both):
+    ours, theirs = (ask(address, "errors", client=BLS_CLIENT) for address in both)
+    assert set(ours) == set(theirs) == set(BLS_ERROR_WORDS)
+    for case, words in BLS_ERROR_WORDS.items():
+        mine, reference = ours[case], theirs[case]
+        if case == "stream_error":  # a decoupled callee's error response ends its responses: one, no empty final
+            assert len(mine) == len(reference) == 1, (mine, reference)
+            mine, reference = mine[0], reference[0]
+        assert words in mine["error"][1] and words in reference["error"][1], (case, mine, reference)
+        assert reference["error"][0] == 1, (case, reference)  # Triton: INTERNAL for all
+        assert mine["error"][0] == OUR_BLS_CODES[case], (case, mine)
+
+
+# ---- faults ---------------------------------------------------------------------------------------------------
 
 
 def test_a_gil_holding_model_overlaps_its_two_instances_on_both(both, tmp_path):

@@ -3,6 +3,7 @@ shared-memory tensor transport its workers use (engine/python/transport.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -71,12 +72,12 @@ def test_request_accessors_and_input_lookup():
     assert request.is_cancelled()
 
 
-def test_bls_and_custom_metrics_are_refused_by_name():
+def test_bls_outside_a_worker_and_custom_metrics_are_refused_by_name():
     request = pb_utils.InferenceRequest(model_name="other", inputs=[], requested_output_names=[])
-    with pytest.raises(pb_utils.TritonModelException, match=r"BLS \(InferenceRequest.exec\) is not supported"):
+    with pytest.raises(pb_utils.TritonModelException, match=r"BLS outside a worker \(InferenceRequest.exec\)"):
         request.exec()
-    with pytest.raises(pb_utils.TritonModelException, match="BLS"):
-        request.async_exec()
+    with pytest.raises(pb_utils.TritonModelException, match="BLS outside a worker"):
+        asyncio.run(request.async_exec())
     with pytest.raises(pb_utils.TritonModelException, match="custom metrics"):
         pb_utils.MetricFamily(name="m", description="d", kind=pb_utils.MetricFamily.COUNTER)
 
