@@ -98,14 +98,13 @@ def read_flags(model: str, parameters: Mapping[str, tuple[str, object]]) -> Sequ
     if "sequence_id" in parameters:
         kind, value = parameters["sequence_id"]
         if kind in ("int64_param", "uint64_param") and isinstance(value, int):
-            if value < 0:
-                raise SequenceParameterError(f"parameter 'sequence_id' must be >= 0, got {value}")
-            sequence_id = value
+            sequence_id = value  # a negative int64 is a sequence id too (Triton's CORRID reinterprets it)
         elif kind == "string_param" and isinstance(value, str):
             sequence_id = value
-        else:
+        else:  # Triton's words (it takes no uint64_param; slotserve does)
             raise SequenceParameterError(
-                f"parameter 'sequence_id' must be an int64_param, uint64_param or string_param, got {kind}"
+                "invalid value type for 'sequence_id' parameter, expected int64_param, uint64_param or "
+                f"string_param (got {kind})"
             )
     start, end = (_flag(parameters, name) for name in ("sequence_start", "sequence_end"))
     if sequence_id in (0, ""):
@@ -120,7 +119,7 @@ def _flag(parameters: Mapping[str, tuple[str, object]], name: str) -> bool:
         return False
     kind, value = parameters[name]
     if kind != "bool_param":
-        raise SequenceParameterError(f"parameter '{name}' must be a bool_param, got {kind}")
+        raise SequenceParameterError(f"invalid value type for '{name}' parameter, expected bool_param (got {kind})")
     return bool(value)
 
 
@@ -559,9 +558,13 @@ def _corrid(datatype: str, sequence_id: SequenceId, shape: tuple[int, ...]) -> n
             f"sequence id '{sequence_id}' is a string; the model's CORRID control input is {datatype}"
         )
     dtype = datatypes.numpy_dtype(datatype)
-    if sequence_id > np.iinfo(dtype).max:
+    limits = np.iinfo(dtype)
+    value = sequence_id
+    if value < 0 and limits.min == 0 and value >= -(2**63):  # a negative int64 id, as Triton reinterprets it
+        value += 2 ** (8 * dtype.itemsize)
+    if not limits.min <= value <= limits.max:
         raise SequenceParameterError(f"sequence id {sequence_id} does not fit the model's CORRID input ({datatype})")
-    return np.full(shape, sequence_id, dtype)
+    return np.full(shape, value, dtype)
 
 
 __all__ = [

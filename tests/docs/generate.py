@@ -133,6 +133,10 @@ GROUPS = {  # id prefix -> (heading, what the cells of that group are about)
     "TIME": ("Timeouts, disconnects and shutdown", "Deadlines, clients that go away, and stopping the server."),
     "BATCH": ("Dynamic batching (slotserve's own cells)", "Queued requests run together as one engine call."),
     "VERSION": ("Model versions (slotserve's own cells)", "A model serving several versions, each its own model."),
+    "SEQUENCE": (
+        "Sequences (slotserve's own cells)",
+        "Stateful sequences: a slot per sequence, its requests in order.",
+    ),
 }
 
 

@@ -137,10 +137,12 @@ def test_sequence_errors_are_invalid_argument_and_lose_nothing(repository):
         wrong = sequence_request("accumulate", 1, 5)
         wrong.parameters["sequence_end"].string_param = "yes"
         bad_type = rpc_error(infer, wrong)
-        assert bad_type.code == "INVALID_ARGUMENT" and "'sequence_end' must be a bool_param" in (bad_type.message)
+        assert bad_type.code == "INVALID_ARGUMENT" and "'sequence_end' parameter, expected bool_param" in (
+            bad_type.message
+        )
         wrong_id = sequence_request("accumulate", 1, 0)
         wrong_id.parameters["sequence_id"].double_param = 1.5
-        assert "'sequence_id' must be an int64_param" in rpc_error(infer, wrong_id).message
+        assert "'sequence_id' parameter, expected int64_param" in rpc_error(infer, wrong_id).message
         batch = sequence_request("accumulate_batched", 1, 9, start=True, batched=True)
         batch.inputs[0].shape[:] = [2, 1]
         batch.raw_input_contents[0] = np.array([1, 2], np.int32).tobytes()
