@@ -13,7 +13,7 @@ from generated import grpc_service_pb2 as pb
 from service.testing import serve
 from tests.sequence_builders import expected_sums, write_accumulate, write_controls
 
-from ._support import CALL_TIMEOUT, rpc_error, stub
+from ._support import CALL_TIMEOUT, demo_subset, rpc_error, stub
 
 
 def sequence_request(model: str, value: int, sequence_id, *, start=False, end=False, batched=False):
@@ -150,3 +150,50 @@ def test_sequence_errors_are_invalid_argument_and_lose_nothing(repository):
         # Sequence 5 lost nothing: its sum goes on from 2.
         last = infer(sequence_request("accumulate", 3, 5, end=True), timeout=CALL_TIMEOUT)
         assert int(output(last)[0]) == 5
+
+
+def test_the_demo_silero_vad_stream_keeps_each_streams_state_on_the_server(tmp_path):
+    """The demo's silero_vad_stream over a sequence (the client sends chunks and `sr` only) equals the checkpoint
+    run by ONNX Runtime here with the recurrent state carried by hand, chunk by chunk, for two interleaved
+    streams."""
+    import onnxruntime
+
+    from engine.onnxruntime_backend import session_options
+    from engine.repository import ModelRepository
+
+    repository = demo_subset(tmp_path / "models", "silero_vad_stream")
+    spec = ModelRepository(repository).read("silero_vad_stream")
+    reference = onnxruntime.InferenceSession(
+        str(spec.model_file), session_options(spec), providers=["CPUExecutionProvider"]
+    )
+    rng = np.random.default_rng(23)
+    chunks = {
+        1: rng.normal(0, 0.1, (5, 1, 576)).astype(np.float32),
+        2: rng.normal(0, 0.3, (5, 1, 576)).astype(np.float32),
+    }
+    sr = np.array(16000, np.int64)
+    expected = {}
+    for sequence_id, audio in chunks.items():
+        state = np.zeros((2, 1, 128), np.float32)
+        expected[sequence_id] = []
+        for chunk in audio:
+            probability, state = reference.run(["output", "stateN"], {"input": chunk, "state": state, "sr": sr})
+            expected[sequence_id].append(probability)
+    served: dict[int, list] = {1: [], 2: []}
+    with serve(repository, parallel_jobs=2) as running:
+        infer = stub(running).ModelInfer
+        for index in range(5):
+            for sequence_id, audio in chunks.items():
+                request = pb.ModelInferRequest(model_name="silero_vad_stream")
+                request.inputs.add(name="input", datatype="FP32", shape=[1, 576])
+                request.raw_input_contents.append(audio[index].tobytes())
+                request.inputs.add(name="sr", datatype="INT64", shape=[])
+                request.raw_input_contents.append(sr.tobytes())
+                request.parameters["sequence_id"].int64_param = sequence_id
+                request.parameters["sequence_start"].bool_param = index == 0
+                request.parameters["sequence_end"].bool_param = index == 4
+                response = infer(request, timeout=CALL_TIMEOUT)
+                assert [o.name for o in response.outputs] == ["output"]
+                served[sequence_id].append(output(response, "output", np.float32).reshape(1, 1))
+    for sequence_id in chunks:
+        np.testing.assert_array_equal(np.array(served[sequence_id]), np.array(expected[sequence_id]))
