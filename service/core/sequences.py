@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine import datatypes
+from engine.errors import ModelError
 from engine.interface import CancelToken, ModelMetadata, Outputs
 from engine.sequence_config import CORRID, END, READY, START, SequenceSpec
 
@@ -342,14 +343,15 @@ class SequenceTable:
 
     def keep_states(self, turn: Turn, spec: SequenceSpec, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """After a successful run: store its state outputs as the sequence's next state inputs, and return the
-        other outputs (the client's). Raises InvalidRequest if the model returned no state output."""
+        other outputs (the client's). Raises ModelError if the model returned no state output (the sequence's
+        state stays as it was)."""
         if not spec.states:
             return outputs
         states: dict[str, np.ndarray] = {}
         for state in spec.states:
             array = outputs.pop(state.output_name, None)
-            if array is None:
-                raise InvalidRequest(
+            if array is None:  # the model's fault, not the request's
+                raise ModelError(
                     f"model '{self.model}' returned no state output '{state.output_name}' for sequence {turn.flags.id}"
                 )
             states[state.input_name] = np.array(array, copy=True)  # its own memory, not the run's

@@ -197,3 +197,60 @@ def test_the_demo_silero_vad_stream_keeps_each_streams_state_on_the_server(tmp_p
                 served[sequence_id].append(output(response, "output", np.float32).reshape(1, 1))
     for sequence_id in chunks:
         np.testing.assert_array_equal(np.array(served[sequence_id]), np.array(expected[sequence_id]))
+
+
+PYTHON_ACCUMULATE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}  # per CORRID, inside this slot's worker: needs every request of a sequence on this slot
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = int(pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()[0])
+            start = int(pb_utils.get_input_tensor_by_name(request, "START").as_numpy()[0])
+            corrid = int(pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()[0])
+            state = pb_utils.get_input_tensor_by_name(request, "STATE_IN").as_numpy()
+            self.sums[corrid] = (0 if start else self.sums.get(corrid, 0)) + value
+            carried = (state * (1 - start) + value).astype(np.int32)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT", np.array([self.sums[corrid]], np.int32)),
+                pb_utils.Tensor("CARRIED", carried),
+                pb_utils.Tensor("STATE_OUT", carried),
+            ]))
+        return responses
+"""
+
+
+def test_a_python_sequence_model_gets_its_controls_its_state_and_always_its_own_worker(tmp_path):
+    """A python model keeping a sum per CORRID in its worker answers running sums only if every request of a
+    sequence reaches the same slot's worker; its implicit state (CARRIED) accumulates the same."""
+    root = tmp_path / "models"
+    (root / "pyacc" / "1").mkdir(parents=True)
+    (root / "pyacc" / "1" / "model.py").write_text(PYTHON_ACCUMULATE)
+    (root / "pyacc" / "config.pbtxt").write_text(
+        'name: "pyacc"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] },'
+        ' { name: "CARRIED" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "instance_group [ { count: 3 } ]\n"
+        "sequence_batching {\n  control_input [\n"
+        '    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },\n'
+        '    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] } ]\n'
+        '  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n}\n'
+    )
+    values = {sequence_id: [sequence_id * 7 + k for k in range(5)] for sequence_id in (1, 2, 3)}
+    got: dict[int, list[tuple[int, int]]] = {s: [] for s in values}
+    with serve(root, parallel_jobs=3) as running:
+        infer = stub(running).ModelInfer
+        for index in range(5):
+            for sequence_id, vals in values.items():
+                request = sequence_request("pyacc", vals[index], sequence_id, start=index == 0, end=index == 4)
+                response = infer(request, timeout=CALL_TIMEOUT)
+                assert sorted(o.name for o in response.outputs) == ["CARRIED", "OUTPUT"]
+                got[sequence_id].append((int(output(response)[0]), int(output(response, "CARRIED")[0])))
+    assert got == {s: [(total, total) for total in expected_sums(v)] for s, v in values.items()}
