@@ -32,7 +32,7 @@ from . import datatypes
 from .ensemble_graph import read_steps
 from .errors import ModelConfigError
 from .interface import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy, WarmupInput, WarmupSample
-from .sequence_config import read_sequence_spec
+from .sequence_config import oldest_batching, read_sequence_spec
 
 _LOG = logging.getLogger(__name__)
 
@@ -306,9 +306,15 @@ FIELDS: dict[str, FieldRule] = {
     "sequence_batching.direct.minimum_slot_utilization": _ignored(
         "a sequence's request runs at once on its own slot: there is no batch to fill"
     ),
-    "sequence_batching.oldest": _refused(
-        "not supported yet: only the direct strategy (one sequence per slot) is served; use direct { }"
+    "sequence_batching.oldest": _applied(
+        "up to max_candidate_sequences open sequences; their next requests that wait together run as one batch"
     ),
+    "sequence_batching.oldest.max_candidate_sequences": _applied("how many sequences may be open at once"),
+    "sequence_batching.oldest.preferred_batch_size": _applied("a delayed batch goes once it reaches one of these"),
+    "sequence_batching.oldest.max_queue_delay_microseconds": _applied(
+        "how long a free slot waits for more sequences' requests to join its batch"
+    ),
+    "sequence_batching.oldest.preserve_ordering": _applied("every request gets its own response, in order"),
     "sequence_batching.state": _applied(
         "implicit state: the output comes back as the input on the sequence's next request, kept on the server"
     ),
@@ -633,7 +639,7 @@ def spec_from_config(
     folders = _version_folders(directory)
     policy = _version_policy(config, origin)
     _judge_fields(config, origin, _other_refusals(config, policy, folders, backend))
-    batching = _batching_spec(config, origin)
+    batching = _batching_spec(config, origin) or oldest_batching(config, origin)
     if config.platform == "ensemble" or config.backend == "ensemble" or config.HasField("ensemble_scheduling"):
         _check_ensemble(config, backend, origin)
     if version is None:

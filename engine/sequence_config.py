@@ -21,6 +21,7 @@ from generated import model_config_pb2
 
 from . import datatypes
 from .errors import ModelConfigError
+from .interface import BatchingSpec
 
 if TYPE_CHECKING:
     from .repository import ModelRoots
@@ -31,6 +32,7 @@ DEFAULT_IDLE_US = 1_000_000
 INITIAL_STATE_FOLDER = "initial_state"
 
 START, END, READY, CORRID = "start", "end", "ready", "corrid"
+DIRECT, OLDEST = "direct", "oldest"
 _KINDS = {
     "CONTROL_SEQUENCE_START": START,
     "CONTROL_SEQUENCE_END": END,
@@ -74,12 +76,16 @@ class SequenceState:
 
 @dataclass(frozen=True)
 class SequenceSpec:
-    """A model's sequence batching (only the direct strategy is served: one sequence per slot)."""
+    """A model's sequence batching. `direct`: one sequence per slot, each request run alone on its sequence's
+    slot. `oldest`: up to `max_candidates` sequences open at once; the next requests of different sequences that
+    wait together run as one batch (dynamic batching's rule: ModelSpec.batching carries the delay and preferred
+    sizes), each sequence still one request at a time, in order, its rows at their own place in the batch."""
 
-    strategy: str = "direct"
+    strategy: str = DIRECT
     max_idle_us: int = DEFAULT_IDLE_US
     controls: tuple[SequenceControl, ...] = ()
     states: tuple[SequenceState, ...] = ()
+    max_candidates: int = 0  # oldest: sequences open at once (0: direct, one per slot)
 
     def provided_inputs(self) -> dict[str, str]:
         """The model inputs the server fills (control inputs and state inputs), name -> datatype."""
@@ -111,7 +117,35 @@ def read_sequence_spec(
     )
     _check_unique(controls, states, {t.name for t in config.input}, {t.name for t in config.output}, where)
     idle = int(block.max_sequence_idle_microseconds) or DEFAULT_IDLE_US
-    return SequenceSpec("direct", idle, controls, states)
+    if block.WhichOneof("strategy_choice") != "oldest":
+        return SequenceSpec(DIRECT, idle, controls, states)
+    oldest = block.oldest
+    if config.max_batch_size < 1:
+        raise ModelConfigError(f"{where}.oldest batches sequences: it needs max_batch_size >= 1")
+    if oldest.max_candidate_sequences < 1:
+        raise ModelConfigError(
+            f"{where}.oldest.max_candidate_sequences must be >= 1, got {oldest.max_candidate_sequences}"
+        )
+    return SequenceSpec(OLDEST, idle, controls, states, int(oldest.max_candidate_sequences))
+
+
+def oldest_batching(config: model_config_pb2.ModelConfig, origin: str) -> BatchingSpec | None:
+    """The dynamic batching an `oldest` sequence model's requests get (its delay and preferred sizes), or None.
+    Raises ModelConfigError for a preferred size outside 1..max_batch_size."""
+    if not config.HasField("sequence_batching") or config.sequence_batching.WhichOneof("strategy_choice") != "oldest":
+        return None
+    oldest = config.sequence_batching.oldest
+    preferred = sorted(set(int(size) for size in oldest.preferred_batch_size))
+    for size in preferred:
+        if not 1 <= size <= config.max_batch_size:
+            raise ModelConfigError(
+                f"{origin}: sequence_batching.oldest.preferred_batch_size {size} is outside 1..{config.max_batch_size}"
+            )
+    return BatchingSpec(
+        max_queue_delay_us=int(oldest.max_queue_delay_microseconds),
+        preferred_batch_sizes=tuple(preferred),
+        allow_timeout_override=True,
+    )
 
 
 def _control(entry, where: str) -> SequenceControl:

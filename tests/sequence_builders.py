@@ -41,9 +41,17 @@ def _shape(batched: bool) -> list:
 
 
 def write_accumulate(
-    root: Path, name: str = "accumulate", *, slots: int = 1, idle_us: int = 5_000_000, batched: bool = False, extra=""
+    root: Path,
+    name: str = "accumulate",
+    *,
+    slots: int = 1,
+    idle_us: int = 5_000_000,
+    batched: bool = False,
+    extra="",
+    strategy: str = "direct { }",
+    max_batch_size: int = 1,
 ) -> Path:
-    """The accumulator with implicit state (see the module docstring); `batched`: max_batch_size 1."""
+    """The accumulator with implicit state (see the module docstring); `batched`: `max_batch_size` (1)."""
     shape = _shape(batched)
     inputs = [
         helper.make_tensor_value_info("INPUT", TensorProto.INT32, shape),
@@ -63,13 +71,13 @@ def write_accumulate(
     ]
     _save(helper.make_graph(nodes, name, inputs, outputs, [one]), root / name / "1" / "model.onnx")
     config = (
-        f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {1 if batched else 0}\n'
+        f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch_size if batched else 0}\n'
         'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
         'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
         f"instance_group [ {{ count: {slots} }} ]\n"
         "sequence_batching {\n"
         f"  max_sequence_idle_microseconds: {idle_us}\n"
-        "  direct { }\n"
+        f"  {strategy}\n"
         '  control_input [ { name: "START"\n'
         "    control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]\n"
         '  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ]\n'
@@ -112,19 +120,27 @@ def write_controls(root: Path, name: str = "controls", *, slots: int = 1, idle_u
 
 
 def write_fixture_sequence(
-    root: Path, name: str = "seq", *, slots: int = 1, idle_us: int = 5_000_000, parameters: dict | None = None
+    root: Path,
+    name: str = "seq",
+    *,
+    slots: int = 1,
+    idle_us: int = 5_000_000,
+    parameters: dict | None = None,
+    strategy: str = "direct { }",
+    max_batch_size: int = 0,
 ) -> Path:
-    """A fixture model (OUTPUT0 = INPUT0) with sequence batching and a START control, `slots` slots."""
+    """A fixture model (OUTPUT0 = INPUT0) with sequence batching (`strategy`) and a START control, `slots`
+    slots."""
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
     lines = [
         f'name: "{name}"',
         'backend: "fixture"',
-        "max_batch_size: 0",
+        f"max_batch_size: {max_batch_size}",
         'input { name: "INPUT0" data_type: TYPE_FP32 dims: -1 }',
         'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: -1 }',
         f"instance_group [ {{ count: {slots} }} ]",
-        f"sequence_batching {{ max_sequence_idle_microseconds: {idle_us} direct {{ }}",
+        f"sequence_batching {{ max_sequence_idle_microseconds: {idle_us} {strategy}",
         '  control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]',
         "}",
     ]

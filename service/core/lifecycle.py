@@ -479,7 +479,11 @@ class ModelEntry:
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
     def sequence_capacity(self) -> int:
-        """How many sequences may be open at once: the published pool's slots, else the configured count."""
+        """How many sequences may be open at once: `oldest`'s max_candidate_sequences, else (direct) the published
+        pool's slots, else the configured count."""
+        sequence = self._committed.spec.sequence
+        if sequence is not None and sequence.max_candidates:
+            return sequence.max_candidates
         pool = self._pool
         return pool.capacity if pool is not None else self._committed.settings.slots
 

@@ -45,8 +45,9 @@ import numpy as np
 from engine import datatypes
 from engine.errors import ModelError
 from engine.interface import CancelToken, ModelMetadata, Outputs
-from engine.sequence_config import CORRID, END, READY, START, SequenceSpec
+from engine.sequence_config import CORRID, END, OLDEST, READY, START, SequenceSpec
 
+from .batching import BatchItem
 from .errors import AdmissionTimeout, InvalidRequest, RequestCancelled
 
 if TYPE_CHECKING:
@@ -318,6 +319,16 @@ class SequenceTable:
             if turn.restart:
                 sequence.states = {}
 
+    def begin(self, turn: Turn, *, restart: bool = True) -> None:
+        """`oldest`'s `bind` (a batch runs on any slot): raises SequenceNotStarted if the sequence was ended
+        meanwhile; a restarting turn (with `restart`) drops the sequence's state first."""
+        with self._lock:
+            sequence = turn.sequence
+            if sequence.phase is not SequencePhase.OPEN:
+                raise SequenceNotStarted(self._ended_message(sequence))
+            if restart and turn.restart:
+                sequence.states = {}
+
     def inputs(self, turn: Turn, spec: SequenceSpec, batched: bool) -> dict[str, np.ndarray]:
         """The control inputs and state inputs of `turn` (batched: a leading batch dimension of 1). Raises
         SequenceParameterError for an id the CORRID input cannot hold."""
@@ -526,6 +537,8 @@ def run_in_sequence(
     table = entry.sequences
     turn = table.enter(flags, spec, entry.sequence_capacity(), deadline, cancel)
     try:
+        if spec.strategy == OLDEST:
+            return _run_in_batch(entry, table, turn, spec, inputs, signature, outputs, deadline, cancel, before_run)
         with entry.acquire_lease(deadline, cancel, context_index=turn.slot) as lease:
             table.bind(turn, lease.pool)
             before_run()
@@ -541,6 +554,42 @@ def run_in_sequence(
             return SequenceRun(lease.metadata, lease.version, checked - arrived, ran - checked, executed - ran, answer)
     finally:
         table.finish(turn)
+
+
+def _run_in_batch(
+    entry: ModelEntry,
+    table: SequenceTable,
+    turn: Turn,
+    spec: SequenceSpec,
+    inputs: Mapping[str, np.ndarray],
+    signature: Mapping[str, tuple[str, tuple[int, ...]]],
+    outputs: Listing[str],
+    deadline: float | None,
+    cancel: CancelToken,
+    before_run: Callable[[], None],
+) -> SequenceRun:
+    """`oldest`: the turn's request, its control and state inputs added, goes through dynamic batching
+    (`ModelEntry.run_batched`): it runs with the next requests of other sequences that wait with it, its own rows
+    of the outputs (state included) posted back. Its sequence is checked open just before the batch runs."""
+    arrived = time.perf_counter_ns()
+    table.begin(turn)
+    feed = dict(inputs)
+    feed.update(table.inputs(turn, spec, batched=True))
+
+    def still_open() -> None:
+        table.begin(turn, restart=False)
+        before_run()
+
+    item = entry.run_batched(
+        BatchItem(feed, signature, outputs, 1, cancel, before_run=still_open, kept_outputs=spec.state_outputs()),
+        deadline,
+        cancel,
+    )
+    produced = item.outcome()
+    answer = table.keep_states(turn, spec, dict(produced))
+    assert item.metadata is not None  # posted by the batch's leader with the outcome
+    queue_ns = max(0, item.started_ns - arrived)
+    return SequenceRun(item.metadata, item.version, queue_ns, item.input_ns, item.infer_ns, answer)
 
 
 def _check_batch_of_one(model: str, signature: Mapping[str, tuple[str, tuple[int, ...]]], batched: bool) -> None:

@@ -289,8 +289,11 @@ def test_implicit_state_is_kept_per_sequence_on_the_server(sequences):
 @pytest.mark.parametrize(
     "block, field",
     [
-        ("oldest { max_candidate_sequences: 4 }", "sequence_batching.oldest: not supported yet"),
         ("iterative_sequence: true", "sequence_batching.iterative_sequence: not supported"),
+        (
+            "oldest { max_candidate_sequences: 0 }",
+            "sequence_batching.oldest batches sequences: it needs max_batch_size",
+        ),
     ],
 )
 def test_sequence_settings_not_implemented_are_refused_at_load_naming_the_field(tmp_path, block, field):
@@ -299,6 +302,7 @@ def test_sequence_settings_not_implemented_are_refused_at_load_naming_the_field(
     directory = tmp_path / "m"
     directory.mkdir()
     (directory / "config.pbtxt").write_text(f'name: "m"\nbackend: "fixture"\nsequence_batching {{ {block} }}\n')
+    # (oldest runs: SEQUENCE.12; with max_batch_size 0 there is nothing to batch along)
     with pytest.raises(Exception) as refused:
         ModelRepository(tmp_path).read("m")
     assert field in str(refused.value) and describe(refused.value)[0].name == "INVALID_ARGUMENT"
@@ -337,3 +341,88 @@ def test_concurrent_sequences_on_the_dataplane_keep_their_sums(sequences):
         thread.join(60)
     assert results == {s: expected_sums([s * 10 + k for k in range(5)]) for s in range(1, 9)}
     assert env.table("acc").open == 0
+
+
+def write_oldest(root, *, candidates: int = 4) -> None:
+    write_fixture_sequence(
+        root,
+        "seqo",
+        slots=1,
+        idle_us=30_000_000,
+        max_batch_size=4,
+        strategy=f"oldest {{ max_candidate_sequences: {candidates} }}",
+    )
+    write_accumulate(
+        root,
+        "acco",
+        batched=True,
+        max_batch_size=4,
+        idle_us=30_000_000,
+        strategy="oldest { max_candidate_sequences: 4 }",
+    )
+
+
+def oldest_request(model: str, value, sequence_id, *, start=False, end=False) -> pb.ModelInferRequest:
+    request = message(model, value, sequence_id, start=start, end=end, datatype="FP32" if model == "seqo" else "INT32")
+    request.inputs[0].shape[:] = [1, 1]
+    return request
+
+
+@cell("SEQUENCE.12")
+def test_oldest_batches_the_next_requests_of_different_sequences_each_in_order(tmp_path):
+    root = tmp_path / "repository"
+    write_oldest(root)
+    lab = Lab(root, {}, load=False, parallel_jobs=1)
+    lab.runtime.backends["onnxruntime"] = OnnxRuntimeBackend()  # type: ignore[index]
+    dataplane = Dataplane(lab.registry, clock=lab.clock)
+
+    def infer(model, value, sequence_id, **flags):
+        request = oldest_request(model, value, sequence_id, **flags)
+
+        def run():
+            response = dataplane.infer(inference_request(request, as_message), cancel=CancelToken())
+            dtype = np.float32 if model == "seqo" else np.int32
+            return float(np.frombuffer(response.raw_output_contents[0], dtype)[0])
+
+        return lab.start(f"{model}:{sequence_id}:{value}", run)
+
+    try:
+        for sequence_id in (1, 2, 3, 4):
+            assert infer("seqo", sequence_id, sequence_id, start=True).result() == sequence_id
+        gate = lab.gate("seqo", "execute").hold()
+        first = infer("seqo", 10.0, 1)
+        gate.wait_blocked(1)
+        later = infer("seqo", 11.0, 1)  # sequence 1's next: waits for its turn, so not in the next batch
+        others = [infer("seqo", 20.0 + s, s) for s in (2, 3, 4)]
+        entry = lab.registry.get("seqo")
+        lab.wait_until(lambda: entry.admission.statistics().queued_requests == 3, "3 sequences' requests queued")
+        assert entry.sequences.statistics().queued_turns == 1
+        gate.release()
+        assert first.result() == 10.0 and [op.result() for op in others] == [22.0, 23.0, 24.0]
+        assert later.result() == 11.0
+        batches = lab.controls.batches("seqo")
+        assert batches[-2:] == [3, 1], batches  # 2, 3 and 4 together; then 1's next request
+        # A fifth sequence waits for one of the four candidates to end.
+        fifth = infer("seqo", 5.0, 5, start=True, end=True)
+        lab.wait_until(lambda: entry.sequences.statistics().waiting_starts == 1, "sequence 5 waiting")
+        infer("seqo", 0.0, 2, end=True).result()
+        assert fifth.result() == 5.0
+
+        # Implicit state per sequence, batched: four interleaved accumulators.
+        results: dict[int, list[int]] = {}
+
+        def drive(sequence_id: int) -> None:
+            values = [sequence_id * 100 + k for k in range(4)]
+            results[sequence_id] = [
+                int(infer("acco", v, sequence_id, start=k == 0, end=k == 3).result()) for k, v in enumerate(values)
+            ]
+
+        threads = [threading.Thread(target=drive, args=(s,)) for s in (1, 2, 3, 4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert results == {s: expected_sums([s * 100 + k for k in range(4)]) for s in (1, 2, 3, 4)}
+        assert lab.registry.get("acco").sequences.statistics().open == 0
+    finally:
+        lab.close()

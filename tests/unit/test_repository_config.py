@@ -196,18 +196,21 @@ SEQUENCE_SHAPES = {
 
 
 @pytest.mark.parametrize("shape", sorted(SEQUENCE_SHAPES))
-def test_sequence_configs_shaped_like_tritons_examples_parse_and_oldest_is_refused_by_name(tmp_path, shape):
+def test_sequence_configs_shaped_like_tritons_examples_are_read(tmp_path, shape):
     config = parse_config_text(textwrap.dedent(SEQUENCE_SHAPES[shape]), "model 'm'")
     assert len(config.sequence_batching.control_input) >= 2
-    if shape == "oldest":  # the oldest strategy is not served yet (docs/sequences.md)
-        assert "sequence_batching.oldest: not supported yet" in refusal(
-            tmp_path, textwrap.dedent(SEQUENCE_SHAPES[shape])
-        )
-        return
     directory = write_model(tmp_path, textwrap.dedent(SEQUENCE_SHAPES[shape]))
     (directory / "1" / "model.onnx").write_bytes(b"")  # read, not loaded
-    sequence = ModelRepository(tmp_path).read("m").sequence
-    assert sequence is not None and sequence.strategy == "direct" and sequence.max_idle_us == 1_000_000
+    spec = ModelRepository(tmp_path).read("m")
+    sequence = spec.sequence
+    assert sequence is not None
+    if shape == "oldest":  # 64 candidates; their requests batch with oldest's delay
+        assert (sequence.strategy, sequence.max_candidates, sequence.max_idle_us) == ("oldest", 64, 5_000_000)
+        assert spec.batching is not None and spec.batching.max_queue_delay_us == 500
+        assert [(s.input_name, s.output_name, s.dims) for s in sequence.states] == [("PAST", "NEXT", (2,))]
+        assert [c.kind for c in sequence.controls] == ["start", "end", "corrid"]
+        return
+    assert sequence.strategy == "direct" and sequence.max_idle_us == 1_000_000 and spec.batching is None
     assert [(c.kind, c.input_name, c.datatype) for c in sequence.controls] == [
         ("start", "BEGIN", "INT32"),
         ("ready", "LIVE", "INT32"),
