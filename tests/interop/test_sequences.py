@@ -1,7 +1,7 @@
 """Stock tritonclient's sequence API from a separate process (clients/sequence_cases.py) against slotserve serving
 the accumulator with implicit state (tests/sequence_builders.py): three interleaved sequences (two number ids, one
-string id) over ModelInfer and over ModelStreamInfer, each getting its own running sums; the refusals in Triton's
-words."""
+string id) over ModelInfer and over ModelStreamInfer (sync and aio clients), each getting its own running sums;
+the refusals in Triton's words."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def test_tritonclient_drives_interleaved_sequences_unary_and_streamed(slotserve,
     want = {sequence_id: expected_sums(values) for sequence_id, values in VALUES.items()}
     assert result["unary"] == want
     assert result["stream"]["sums"] == want
+    assert result["aio_stream"] == want
     # One stream answers in request order: round-robin over the three sequences.
     assert result["stream"]["ids"] == [f"{s}-{i}" for i in range(4) for s in VALUES]
     assert result["no_id"][0] == "StatusCode.INVALID_ARGUMENT"

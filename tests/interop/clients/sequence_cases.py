@@ -4,8 +4,9 @@ process, through tritonclient's own sequence API (`sequence_id=`, `sequence_star
     python sequence_cases.py HOST:PORT MODEL
 
 Prints one JSON object as the last line of stdout: the running sums three interleaved sequences got over
-ModelInfer (sync `infer`) and over ModelStreamInfer (`async_stream_infer`, answers in stream order), string ids
-included, and the errors of a request without an id and of one for a sequence never started.
+ModelInfer (sync `infer`) and over ModelStreamInfer (`async_stream_infer`, answers in stream order; and the aio
+client's `stream_infer`), string ids included, and the errors of a request without an id and of one for a
+sequence never started.
 """
 
 from __future__ import annotations
@@ -71,6 +72,41 @@ def stream(client, model: str) -> dict:
     return {"sums": sums, "ids": [request_id for request_id, _ in got]}
 
 
+def aio_stream(address: str, model: str) -> dict:
+    """The same sequences over tritonclient.grpc.aio's stream_infer (the aio sequence example's API)."""
+    import asyncio
+
+    import tritonclient.grpc.aio as aioclient
+
+    async def run() -> dict:
+        client = aioclient.InferenceServerClient(address)
+
+        async def requests():
+            for index in range(4):
+                for sequence_id, values in VALUES.items():
+                    t = aioclient.InferInput("INPUT", [1], "INT32")
+                    t.set_data_from_numpy(np.array([values[index]], dtype=np.int32))
+                    yield {
+                        "model_name": model,
+                        "inputs": [t],
+                        "request_id": f"{sequence_id}-{index}",
+                        "sequence_id": sequence_id,
+                        "sequence_start": index == 0,
+                        "sequence_end": index == 3,
+                    }
+
+        sums: dict[str, list[int]] = {str(k): [] for k in VALUES}
+        async for result, error in client.stream_infer(requests()):
+            if error is not None:
+                raise RuntimeError(f"aio stream error: {error}")
+            request_id = result.get_response().id
+            sums[request_id.rsplit("-", 1)[0]].append(int(result.as_numpy("OUTPUT")[0]))
+        await client.close()
+        return sums
+
+    return asyncio.run(run())
+
+
 def error_of(call) -> list:
     try:
         call()
@@ -85,6 +121,7 @@ def main() -> None:
     report = {
         "unary": unary(client, model),
         "stream": stream(client, model),
+        "aio_stream": aio_stream(address, model),
         "no_id": error_of(lambda: client.infer(model, tensor(1))),
         "not_started": error_of(lambda: client.infer(model, tensor(1), sequence_id=555)),
     }
