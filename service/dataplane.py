@@ -427,7 +427,16 @@ def _run_in_sequence(entry: ModelEntry, decoded: DecodedRequest, deadline: float
         cancel,
         before_run=decoded.check_regions,
     )
-    return _Ran(run.metadata, run.version, run.queue_ns, run.input_ns, run.infer_ns, rows=1, outputs=run.outputs)
+    return _Ran(
+        run.metadata,
+        run.version,
+        run.queue_ns,
+        run.input_ns,
+        run.infer_ns,
+        rows=1,
+        batched=run.batched,  # an oldest batch counts its run once
+        outputs=run.outputs,
+    )
 
 
 def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:

@@ -509,6 +509,7 @@ class SequenceRun:
     input_ns: int
     infer_ns: int
     outputs: Outputs
+    batched: bool = False  # ran in a batch (oldest), whose run the batch counts once
 
 
 def run_in_sequence(
@@ -589,7 +590,7 @@ def _run_in_batch(
     answer = table.keep_states(turn, spec, dict(produced))
     assert item.metadata is not None  # posted by the batch's leader with the outcome
     queue_ns = max(0, item.started_ns - arrived)
-    return SequenceRun(item.metadata, item.version, queue_ns, item.input_ns, item.infer_ns, answer)
+    return SequenceRun(item.metadata, item.version, queue_ns, item.input_ns, item.infer_ns, answer, batched=True)
 
 
 def _check_batch_of_one(model: str, signature: Mapping[str, tuple[str, tuple[int, ...]]], batched: bool) -> None:

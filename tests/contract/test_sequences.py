@@ -402,6 +402,8 @@ def test_oldest_batches_the_next_requests_of_different_sequences_each_in_order(t
         assert later.result() == 11.0
         batches = lab.controls.batches("seqo")
         assert batches[-2:] == [3, 1], batches  # 2, 3 and 4 together; then 1's next request
+        counts = entry.statistics.snapshot()
+        assert (counts.inference_count, counts.execution_count) == (9, len(batches))  # a batch counts one run
         # A fifth sequence waits for one of the four candidates to end.
         fifth = infer("seqo", 5.0, 5, start=True, end=True)
         lab.wait_until(lambda: entry.sequences.statistics().waiting_starts == 1, "sequence 5 waiting")
