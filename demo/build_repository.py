@@ -27,6 +27,8 @@ worker process that starts with the server (see docs/python-models.md), and one 
                      call, 8.6 MB of weights). `--measure` prints the figure for the machine at hand.
     silero_vad       silero-vad 6.2.3's silero_vad.onnx, unchanged (sha256 pinned below): input FP32 [-1, -1],
                      state FP32 [2, -1, 128], sr INT64 scalar -> output FP32 [-1, 1], stateN FP32 [2, -1, 128]
+    silero_vad_stream  the same checkpoint as a sequence model (`sequence_batching`, implicit state): the server
+                     keeps each stream's `state` (zeros at its start), so clients send `input` and `sr` only
     mlp              FP32 INPUT0 [1024] -> OUTPUT0 [1024], max_batch_size 16, `dynamic_batching { }`: a
                      1024 -> 4096 -> 4096 -> 1024 multilayer perceptron with ReLU (25.2 M FP32 weights, 101 MB, from
                      a fixed seed). Weight-bound: every call reads all the weights, so rows per call are nearly
@@ -93,6 +95,7 @@ MODEL_NAMES = (
     "identity_fp32",
     "matmul_chain",
     "silero_vad",
+    "silero_vad_stream",
     "mlp",
     "byte_tokenizer",
 )
@@ -402,6 +405,24 @@ def build_silero_vad(cache: Path) -> BuiltModel:
     return BuiltModel("silero_vad", 0, SILERO_INPUTS, SILERO_OUTPUTS, data)
 
 
+# The same checkpoint as a sequence model: the server keeps each audio stream's recurrent state (implicit state,
+# docs/sequences.md), so a client sends only its chunks and `sr`, with sequence_id / sequence_start / sequence_end.
+SILERO_STREAM_CONFIG = """sequence_batching {
+  max_sequence_idle_microseconds: 10000000
+  direct { }
+  state [ { input_name: "state" output_name: "stateN" data_type: TYPE_FP32 dims: [ 2, 1, 128 ]
+            initial_state { data_type: TYPE_FP32 dims: [ 2, 1, 128 ] zero_data: true } } ]
+}
+"""
+
+
+def build_silero_vad_stream(cache: Path) -> BuiltModel:
+    data = extract_silero(download_silero_wheel(cache))
+    inputs = tuple(t for t in SILERO_INPUTS if t.name != "state")
+    outputs = tuple(t for t in SILERO_OUTPUTS if t.name != "stateN")
+    return BuiltModel("silero_vad_stream", 0, inputs, outputs, data, config_extra=SILERO_STREAM_CONFIG)
+
+
 # ------------------------------------------------------------------------------------------------ entry point
 
 
@@ -487,6 +508,7 @@ def build_repository(output: Path | str, cache: Path | str | None = None) -> lis
         build_identity_fp32,
         build_matmul_chain,
         lambda: build_silero_vad(cache),
+        lambda: build_silero_vad_stream(cache),
         build_mlp,
     )
     built = [write_model(output, build()) for build in builders]

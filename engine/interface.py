@@ -30,6 +30,7 @@ from .errors import InvalidInputError
 
 if TYPE_CHECKING:
     from .repository import ModelRoots
+    from .sequence_config import SequenceSpec
 
 # Largest dimension and element count a request may ask for; anything above is refused as absurd before any
 # memory is allocated for it.
@@ -233,6 +234,7 @@ class ModelSpec:
     version_policy: VersionPolicy = VersionPolicy()  # every version it selects is served (its own spec)
     warmup: tuple[WarmupSample, ...] = ()  # run on every slot before the pool is published
     response_cache: bool = False  # `response_cache { enable: true }` (service/response_cache.py)
+    sequence: SequenceSpec | None = None  # sequence_batching (engine/sequence_config.py); None: no sequences
     config: object = field(default=None, compare=False, repr=False)
     roots: ModelRoots | None = field(default=None, compare=False, repr=False)
 
@@ -243,7 +245,9 @@ class ModelSpec:
         """What determines the engine built from this spec (everything except slot count and admission
         settings). Two specs with the same key can reuse each other's advertised capacity."""
         params = tuple(sorted((k, v) for k, v in self.parameters.items() if not k.startswith("slotserve.")))
-        return (self.backend, self.model_file, self.max_batch_size, self.inputs, self.outputs, params)
+        # The inputs a sequence model's server fills are checked against the engine at load, so they are part of it.
+        filled = tuple(sorted(self.sequence.provided_inputs().items())) if self.sequence is not None else ()
+        return (self.backend, self.model_file, self.max_batch_size, self.inputs, self.outputs, params, filled)
 
     def parameter(self, key: str, default: str | None = None) -> str | None:
         return self.parameters.get(key, default)

@@ -141,6 +141,29 @@ def _reconcile(
     return declared
 
 
+def _without_sequence_tensors(
+    spec: ModelSpec, inputs: list[TensorSpec], outputs: list[TensorSpec], origin: str
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The model's inputs and outputs less a sequence model's control and state tensors (engine/sequence_config.py),
+    each checked to be in the model with its datatype. Raises ModelConfigError naming the tensor."""
+    assert spec.sequence is not None
+    filled = spec.sequence.provided_inputs()
+    by_name = {t.name: t for t in inputs}
+    for name, datatype in filled.items():
+        found = by_name.get(name)
+        if found is None:
+            raise ModelConfigError(f"{origin}: sequence_batching fills input '{name}', which is not in the model")
+        if found.datatype != datatype:
+            raise ModelConfigError(
+                f"{origin}: sequence_batching input '{name}' is {found.datatype} in the model, {datatype} in the config"
+            )
+    kept = set(spec.sequence.state_outputs())
+    missing = sorted(kept - {t.name for t in outputs})
+    if missing:
+        raise ModelConfigError(f"{origin}: sequence_batching state outputs {missing} are not in the model")
+    return [t for t in inputs if t.name not in filled], [t for t in outputs if t.name not in kept]
+
+
 def _to_ort_input(name: str, array: np.ndarray) -> np.ndarray:
     if array.dtype != object:
         return array
@@ -271,6 +294,8 @@ class OnnxRuntimeBackend(Backend):
             ) from None
         inputs = [_model_tensor(node, origin) for node in session.get_inputs()]
         outputs = [_model_tensor(node, origin) for node in session.get_outputs()]
+        if spec.sequence is not None:  # the inputs and outputs the server fills and keeps are not the client's
+            inputs, outputs = _without_sequence_tensors(spec, inputs, outputs, origin)
         metadata = ModelMetadata(
             inputs=_reconcile(spec.inputs, inputs, spec.max_batch_size, "input", origin),
             outputs=_reconcile(spec.outputs, outputs, spec.max_batch_size, "output", origin),

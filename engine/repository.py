@@ -32,6 +32,7 @@ from . import datatypes
 from .ensemble_graph import read_steps
 from .errors import ModelConfigError
 from .interface import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy, WarmupInput, WarmupSample
+from .sequence_config import oldest_batching, read_sequence_spec
 
 _LOG = logging.getLogger(__name__)
 
@@ -280,7 +281,62 @@ FIELDS: dict[str, FieldRule] = {
     "dynamic_batching.default_queue_policy.timeout_action": _refused(
         "not supported: timeout_action DELAY; a request whose admission timeout passes is refused (REJECT)"
     ),
-    "sequence_batching": _refused("not supported yet: stateful sequences are not implemented"),
+    "sequence_batching": _applied(
+        "stateful sequences: every request of a sequence on one slot, in order (docs/sequences.md)"
+    ),
+    "sequence_batching.max_sequence_idle_microseconds": _applied(
+        "an open sequence with no request for this long is ended and its slot freed (default 1 s)"
+    ),
+    "sequence_batching.control_input": _applied("inputs the server fills on each request of a sequence"),
+    "sequence_batching.control_input.name": _applied("the model input the server fills"),
+    "sequence_batching.control_input.control": _applied("exactly one control per input"),
+    "sequence_batching.control_input.control.kind": _applied(
+        "CONTROL_SEQUENCE_START, _END, _READY (flags) or _CORRID (the sequence id)"
+    ),
+    "sequence_batching.control_input.control.int32_false_true": _applied("a flag as INT32: the false and true values"),
+    "sequence_batching.control_input.control.fp32_false_true": _applied("a flag as FP32: the false and true values"),
+    "sequence_batching.control_input.control.bool_false_true": _applied("a flag as BOOL: the false and true values"),
+    "sequence_batching.control_input.control.data_type": _applied(
+        "CORRID's type: TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING"
+    ),
+    "sequence_batching.direct": _applied("one sequence per slot, each request run alone on its sequence's slot"),
+    "sequence_batching.direct.max_queue_delay_microseconds": _ignored(
+        "a sequence's request runs at once on its own slot: there is no batch to wait for"
+    ),
+    "sequence_batching.direct.minimum_slot_utilization": _ignored(
+        "a sequence's request runs at once on its own slot: there is no batch to fill"
+    ),
+    "sequence_batching.oldest": _applied(
+        "up to max_candidate_sequences open sequences; their next requests that wait together run as one batch"
+    ),
+    "sequence_batching.oldest.max_candidate_sequences": _applied("how many sequences may be open at once"),
+    "sequence_batching.oldest.preferred_batch_size": _applied("a delayed batch goes once it reaches one of these"),
+    "sequence_batching.oldest.max_queue_delay_microseconds": _applied(
+        "how long a free slot waits for more sequences' requests to join its batch"
+    ),
+    "sequence_batching.oldest.preserve_ordering": _applied("every request gets its own response, in order"),
+    "sequence_batching.state": _applied(
+        "implicit state: the output comes back as the input on the sequence's next request, kept on the server"
+    ),
+    "sequence_batching.state.input_name": _applied("the model input that gets the state"),
+    "sequence_batching.state.output_name": _applied("the model output that becomes the next state"),
+    "sequence_batching.state.data_type": _applied("a fixed-size TYPE_* (not TYPE_STRING)"),
+    "sequence_batching.state.dims": _applied("the state's dims without the batch dimension; -1 needs an initial_state"),
+    "sequence_batching.state.initial_state": _applied("the state a sequence starts with (default: zeros of dims)"),
+    "sequence_batching.state.initial_state.data_type": _applied("the state's data_type"),
+    "sequence_batching.state.initial_state.dims": _applied("fixed dims that fit the state's"),
+    "sequence_batching.state.initial_state.zero_data": _applied("start from zeros"),
+    "sequence_batching.state.initial_state.data_file": _applied(
+        "start from this file's raw bytes, in the model's initial_state/ folder"
+    ),
+    "sequence_batching.state.initial_state.name": _ignored("the initial state is named by its state"),
+    "sequence_batching.state.use_same_buffer_for_input_output": _ignored(
+        "states are arrays kept per sequence on the server; there is no device buffer to share"
+    ),
+    "sequence_batching.state.use_growable_memory": _ignored(
+        "states are arrays kept per sequence on the server, as large as the model returns them"
+    ),
+    "sequence_batching.iterative_sequence": _refused("not supported: iterative sequences are not implemented"),
     "ensemble_scheduling": _applied("the steps of an ensemble, run as a data flow (docs/ensembles.md)"),
     "ensemble_scheduling.step": _applied("one step: a model run through its own admission"),
     "ensemble_scheduling.step.model_name": _applied("the step's model, registered on this server"),
@@ -518,7 +574,25 @@ def _other_refusals(
 ) -> list[tuple[str, str]]:
     """Refusals that are not a field's own rule: a backend or platform not run yet, a version policy, a decoupled
     model of a backend other than python."""
-    return [*_not_yet(config), *_version_refusals(policy, folders), *_decoupled_refusals(config, backend)]
+    return [
+        *_not_yet(config),
+        *_version_refusals(policy, folders),
+        *_decoupled_refusals(config, backend),
+        *_sequence_refusals(config),
+    ]
+
+
+def _sequence_refusals(config: model_config_pb2.ModelConfig) -> list[tuple[str, str]]:
+    """A decoupled or caching sequence model is refused by name: a sequence's requests answer once each, in
+    order, from the state its earlier requests left."""
+    if not config.HasField("sequence_batching"):
+        return []
+    found = []
+    if config.model_transaction_policy.decoupled:
+        found.append(("sequence_batching", "not supported yet for a decoupled model (model_transaction_policy)"))
+    if config.response_cache.enable:
+        found.append(("response_cache", "not with sequence_batching: a sequence's answers depend on its state"))
+    return found
 
 
 def _decoupled_refusals(config: model_config_pb2.ModelConfig, backend: str | None) -> list[tuple[str, str]]:
@@ -565,7 +639,7 @@ def spec_from_config(
     folders = _version_folders(directory)
     policy = _version_policy(config, origin)
     _judge_fields(config, origin, _other_refusals(config, policy, folders, backend))
-    batching = _batching_spec(config, origin)
+    batching = _batching_spec(config, origin) or oldest_batching(config, origin)
     if config.platform == "ensemble" or config.backend == "ensemble" or config.HasField("ensemble_scheduling"):
         _check_ensemble(config, backend, origin)
     if version is None:
@@ -595,6 +669,7 @@ def spec_from_config(
     final.backend = backend
     final.platform = config.platform or _BACKEND_PLATFORM[backend]
     inputs = _tensor_specs(config.input, "input", origin)
+    sequence = read_sequence_spec(config, directory, roots, origin)
     return ModelSpec(
         name=name,
         backend=backend,
@@ -611,6 +686,7 @@ def spec_from_config(
         version_policy=policy,
         warmup=_warmup_samples(config, inputs, directory, roots, origin),
         response_cache=config.response_cache.enable,
+        sequence=sequence,
         config=final,
         roots=roots,
     )

@@ -33,6 +33,7 @@ from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry, ModelVersions
+from .core.sequences import run_in_sequence
 from .request_info import request_info
 from .response_cache import NOT_CACHEABLE, CacheLookup, ResponseCache
 from .shared_memory import Region, RegionSlice
@@ -52,6 +53,8 @@ class DecodedRequest:
     outputs: list[str]  # requested output names; empty = all
     timeout_us: int  # the request's `timeout` parameter; 0 = none
     output_regions: dict[str, RegionSlice] = field(default_factory=dict)  # outputs to write into shared memory
+    # sequence_id, sequence_start, sequence_end as sent: name -> (parameter kind, value) (core/sequences.py)
+    sequence_parameters: dict[str, tuple[str, object]] = field(default_factory=dict)
     regions: list[Region] = field(default_factory=list)  # one reference per tensor in shared memory
 
     def rows(self) -> int:
@@ -253,6 +256,8 @@ class Dataplane:
             deadline = self.admission_deadline(entry, decoded.timeout_us, request.client_deadline)
             if cached.answer is not None:  # a hit takes no slot
                 ran = _Ran.of(cached)
+            elif entry.spec.sequence is not None:
+                ran = _run_in_sequence(entry, decoded, deadline, cancel)
             elif entry.batches:
                 ran = self._run_batched(entry, decoded, deadline, cancel, started)
             else:
@@ -423,6 +428,30 @@ class _Ran:
         answer = cached.answer
         assert answer is not None
         return cls(answer.metadata, answer.version, 0, outputs=answer.outputs)
+
+
+def _run_in_sequence(entry: ModelEntry, decoded: DecodedRequest, deadline: float | None, cancel: CancelToken) -> _Ran:
+    """A request of a sequence model, on its sequence's slot (service/core/sequences.py)."""
+    run = run_in_sequence(
+        entry,
+        decoded.sequence_parameters,
+        decoded.inputs,
+        decoded.signature,
+        decoded.outputs,
+        deadline,
+        cancel,
+        before_run=decoded.check_regions,
+    )
+    return _Ran(
+        run.metadata,
+        run.version,
+        run.queue_ns,
+        run.input_ns,
+        run.infer_ns,
+        rows=1,
+        batched=run.batched,  # an oldest batch counts its run once
+        outputs=run.outputs,
+    )
 
 
 def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:

@@ -169,6 +169,7 @@ def decode_request(
         if request.parameters:
             decoded.timeout_us = _timeout_us(request)
             _check_final_response_ask(request)
+            decoded.sequence_parameters = _sequence_parameters(request)
     except BaseException:
         decoded.release()
         raise
@@ -501,6 +502,21 @@ def _requested_outputs(
                 decoded.output_regions[output.name] = _hold_slice(decoded, what, place, shared_memory)
         names.append(output.name)
     return names
+
+
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+
+
+def _sequence_parameters(request: pb.ModelInferRequest) -> dict[str, tuple[str, object]]:
+    """The sequence parameters a request carries, as (parameter_choice, value): the sequence core checks their
+    types (service/core/sequences.py read_flags), so that the wire layer knows nothing of sequences."""
+    found: dict[str, tuple[str, object]] = {}
+    for key in SEQUENCE_PARAMETERS:
+        if key in request.parameters:
+            parameter = request.parameters[key]
+            kind = parameter.WhichOneof("parameter_choice") or "no value"
+            found[key] = (kind, getattr(parameter, kind) if kind != "no value" else None)
+    return found
 
 
 def _timeout_us(request: pb.ModelInferRequest) -> int:

@@ -823,8 +823,11 @@ class PythonModel(LoadedModel):
             code, message = result[1], result[2]
             return _BY_TRITON_CODE.get(code, ModelError)(f"model '{self.name}': {message}"[:2000])
         outputs: Outputs = result[1]
+        kept = self.spec.sequence.state_outputs() if self.spec.sequence is not None else ()
         for name, array in outputs.items():
             declared = self.metadata.output(name)
+            if declared is None and name in kept:  # a sequence's implicit state, kept by the server (sequences.py)
+                continue
             if declared is None:
                 return ModelError(f"model '{self.name}' returned output '{name}', which its configuration lacks")
             datatype = datatypes.from_numpy(array.dtype) if array.dtype.kind not in "OSU" else "BYTES"

@@ -77,6 +77,9 @@ class BatchItem:
     # Called just before the batch runs; raising refuses this request alone (its shared-memory regions may have
     # been unregistered while it waited).
     before_run: Callable[[], None] | None = None
+    # Outputs the server keeps (a sequence's implicit state, service/core/sequences.py): asked of the engine
+    # besides `outputs` (or all the declared ones), not checked against the metadata, split like the others.
+    kept_outputs: Sequence[str] = ()
     result: Outputs | None = None
     error: BaseException | None = None
     metadata: ModelMetadata | None = None
@@ -166,7 +169,7 @@ def run_batch(
     stacked = time.perf_counter_ns()
     rows = sum(item.rows for item in live)
     try:
-        outputs = lease.execute(inputs, live[0].outputs, run_cancel)
+        outputs = lease.execute(inputs, _engine_outputs(live[0], metadata), run_cancel)
     except (EngineError, ExecutionCancelled) as error:
         for item in live:
             item.fail(error)
@@ -185,6 +188,13 @@ def run_batch(
         infer_ns=executed - stacked,
         output_ns=time.perf_counter_ns() - executed,
     )
+
+
+def _engine_outputs(item: BatchItem, metadata: ModelMetadata) -> Sequence[str]:
+    """The outputs a batch asks of the engine: the requested ones (empty: all), and the kept ones."""
+    if not item.kept_outputs:
+        return item.outputs
+    return [*(item.outputs or [t.name for t in metadata.outputs]), *item.kept_outputs]
 
 
 def _run_as_requests(

@@ -57,10 +57,20 @@ from .events import Events
 from .outcomes import outcome_of
 from .pool import SlotPool, build_pool, check_slot_count, close_primary
 from .residency import ColdLoadGuard, Residency
+from .sequences import SequenceTable
 from .statistics import InferenceStatistics
 from .warmup import LoadTimes, warm_up_pool
 
 _LOG = logging.getLogger(__name__)
+
+
+# What ended a model's open sequences, by the unload's event (their next request is told).
+_ENDED_BY = {
+    "evicted": "evicted",
+    "idle_retired": "retired as idle",
+    "closed_at_shutdown": "closed at shutdown",
+    "device_failed": "unloaded after its device failed",
+}
 
 
 class ModelState(enum.Enum):
@@ -370,6 +380,7 @@ class ModelEntry:
             spec.name, settings.slots, self._lock, self._clock, batch_rule(spec.batching, spec.max_batch_size)
         )
         self.statistics = InferenceStatistics()
+        self.sequences = SequenceTable(spec.name, self._clock)  # open sequences (service/core/sequences.py)
 
     # ---- observation ----------------------------------------------------------------------------------------
 
@@ -440,8 +451,11 @@ class ModelEntry:
 
     # ---- requests -------------------------------------------------------------------------------------------
 
-    def acquire_lease(self, deadline: float | None, cancel: CancelToken | None = None) -> Lease:
-        """Admit a request (FIFO, until `deadline`), make sure the pool exists, and lend it a context.
+    def acquire_lease(
+        self, deadline: float | None, cancel: CancelToken | None = None, context_index: int | None = None
+    ) -> Lease:
+        """Admit a request (FIFO, until `deadline`), make sure the pool exists, and lend it a context (the one
+        at `context_index`: a sequence's slot, waiting for it if another lease has it; SlotGone past the pool).
 
         Blocks while queued (bounded by `deadline`) and while the model loads (unbounded; cancellable).
         Raises ServerBusy subclasses, RequestCancelled, ModelLoadFailed, ResidencyLimit or MemoryLimit; on
@@ -458,11 +472,20 @@ class ModelEntry:
         )
         try:
             pool = self._ensure_pool(cancel)
-            context = pool.take()
+            context = pool.take(context_index)
         except BaseException:
             self._end_request(ticket)
             raise
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
+
+    def sequence_capacity(self) -> int:
+        """How many sequences may be open at once: `oldest`'s max_candidate_sequences, else (direct) the published
+        pool's slots, else the configured count."""
+        sequence = self._committed.spec.sequence
+        if sequence is not None and sequence.max_candidates:
+            return sequence.max_candidates
+        pool = self._pool
+        return pool.capacity if pool is not None else self._committed.settings.slots
 
     def _max_queue(self, settings: ModelSettings) -> int:
         return self._runtime.max_queue if settings.max_queue is None else settings.max_queue
@@ -700,9 +723,10 @@ class ModelEntry:
         self.admission.set_capacity_locked(self._committed.settings.slots)
         # Logged by _load (load_failed), outside this lock.
 
-    def _retire_locked(self, next_state: ModelState) -> SlotPool | None:
+    def _retire_locked(self, next_state: ModelState, why: str = "its model was reconfigured") -> SlotPool | None:
         """Clear logical residency first (status shows unloaded at once); the caller tears the pool down
-        outside the lock."""
+        outside the lock. Open sequences end (`why` tells their next request)."""
+        self.sequences.end_all(why)
         pool = self._pool
         self._pool = None
         if next_state is not self._state:
@@ -853,6 +877,7 @@ class ModelEntry:
     def _commit_resized(self, spec: ModelSpec, settings: ModelSettings, old_pool: SlotPool, resized: SlotPool) -> None:
         with self._lock:
             self._commit_locked(_Committed(spec, settings, self._committed.metadata))
+            self.sequences.end_all("its model was reconfigured")
             self._pool = None
             self._publish_locked(resized)
         old_pool.close_surplus(resized)
@@ -887,7 +912,7 @@ class ModelEntry:
         with self._lock:
             if self._pool is None:
                 return False
-            pool = self._retire_locked(ModelState.UNLOADING)
+            pool = self._retire_locked(ModelState.UNLOADING, f"its model was {_ENDED_BY.get(event, 'unloaded')}")
         started = time.perf_counter()
         try:
             pool.close()  # type: ignore[union-attr]
@@ -938,6 +963,8 @@ class ModelEntry:
         idle retirement and the shutdown's close. Returns whether it was retired. Teardown runs on the calling
         thread, after the model already counts as unloaded. The unload is logged (and counted) as `event` with
         `fields`: evicted, idle_retired or closed_at_shutdown."""
+        if event != "closed_at_shutdown" and self.sequences.open_count():
+            return False  # open sequences keep their state on it: in use, except to the shutdown's close
         ticket = self._try_acquire_idle_exclusive()
         if ticket is None:
             return False

@@ -8,14 +8,18 @@ closing block for as long as the backend needs, so callers run them outside ever
 from __future__ import annotations
 
 import logging
-import queue
+import threading
 
 from engine.interface import Backend, Context, LoadedModel, ModelSpec
 
-from .errors import UnsupportedSlotCount
+from .errors import InvalidRequest, UnsupportedSlotCount
 from .warmup import LoadTimes
 
 _LOG = logging.getLogger(__name__)
+
+
+class SlotGone(InvalidRequest):
+    """A sequence's slot is past the pool's capacity (the pool was built with fewer slots than configured)."""
 
 
 class SlotPool:
@@ -32,9 +36,8 @@ class SlotPool:
         self.metadata = primary.metadata
         self.max_parallel_slots = primary.max_parallel_slots
         self._contexts = list(contexts)
-        self._free: queue.SimpleQueue[Context] = queue.SimpleQueue()
-        for context in contexts:
-            self._free.put(context)
+        self._freed = threading.Condition(threading.Lock())  # guards: _free
+        self._free: list[Context] = list(contexts)  # oldest given back first
         self.times = LoadTimes()  # set by the load that built it (service/core/warmup.py)
 
     @property
@@ -44,12 +47,27 @@ class SlotPool:
     def memory_bytes(self) -> int:
         return self.primary.memory_bytes(self.capacity)
 
-    def take(self) -> Context:
-        """A free context (blocks only in the transient described in the class docstring)."""
-        return self._free.get()
+    def take(self, index: int | None = None) -> Context:
+        """A free context, or the one at `index` (a sequence's slot). Blocks only in the transient described in
+        the class docstring, or while another lease has context `index`. Raises SlotGone for an index past the
+        pool's capacity (a sequence whose slot the pool no longer has)."""
+        with self._freed:
+            if index is not None and index >= len(self._contexts):
+                raise SlotGone(f"model '{self.spec.name}' has {len(self._contexts)} slots now; slot {index} is gone")
+            while True:
+                if index is None and self._free:
+                    return self._free.pop(0)
+                if index is not None:
+                    wanted = self._contexts[index]
+                    for position, context in enumerate(self._free):
+                        if context is wanted:
+                            return self._free.pop(position)
+                self._freed.wait()
 
     def give_back(self, context: Context) -> None:
-        self._free.put(context)
+        with self._freed:
+            self._free.append(context)
+            self._freed.notify_all()
 
     def grown(self, slots: int) -> SlotPool:
         """A pool over the same engine with `slots` contexts: existing contexts are kept, new ones built,

@@ -137,6 +137,10 @@ GROUPS = {  # id prefix -> (heading, what the cells of that group are about)
         "Ensembles (slotserve's own cells)",
         "Running ensemble requests meeting managers, eviction, idle retirement and shutdown (docs/ensembles.md).",
     ),
+    "SEQUENCE": (
+        "Sequences (slotserve's own cells)",
+        "Stateful sequences: a slot per sequence, its requests in order.",
+    ),
 }
 
 

@@ -72,6 +72,7 @@ input [ { name: "pixels" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "scores" data_type: TYPE_FP32 dims: [ 4 ] } ]
 sequence_batching {
   max_sequence_idle_microseconds: 5000000
+  iterative_sequence: true
   control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ]
 }
 """

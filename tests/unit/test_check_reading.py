@@ -19,7 +19,8 @@ CONFIGS = {
     "good": f'backend: "fixture"\nmax_batch_size: 4\n{TENSORS}dynamic_batching {{ }}\n',
     "ignored": f'backend: "fixture"\n{TENSORS}dynamic_batching {{ }}\n'
     "instance_group [ { count: 1 kind: KIND_GPU } ]\noptimization { priority: PRIORITY_MAX }\n",
-    "refused": f'backend: "fixture"\n{TENSORS}sequence_batching {{ }}\ninstance_group [ {{ passive: true }} ]\n'
+    "refused": f'backend: "fixture"\n{TENSORS}sequence_batching {{ iterative_sequence: true }}\n'
+    "instance_group [ { passive: true } ]\n"
     "optimization { priority: PRIORITY_MAX }\n",
     "unparsable": 'backend: "fixture"\ninput [ { name: "X" ',
     "no_versions": f'backend: "fixture"\n{TENSORS}version_policy {{ latest {{ num_versions: 0 }} }}\n',
@@ -54,7 +55,10 @@ def test_judge_gives_what_read_gives(repository, name):
 
 def test_the_refused_fields_are_those_the_error_names(repository):
     reading = repository.judge("refused")
-    assert {path for path, _ in reading.refused} == {"sequence_batching", "instance_group[0].passive"}
+    assert {path for path, _ in reading.refused} == {
+        "sequence_batching.iterative_sequence",
+        "instance_group[0].passive",
+    }
     for path, reason in reading.refused:
         assert f"{path}: {reason}" in str(reading.error)
     assert [path for path, _ in reading.ignored] == ["optimization"]  # named even though the model is refused

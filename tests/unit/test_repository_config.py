@@ -136,10 +136,11 @@ def test_list_syntax_parses_with_the_whole_message(block):
 
 
 def test_the_refusal_names_every_refused_field_with_its_path(tmp_path):
-    text = HEAD + TENSORS + "\n".join(LIST_SYNTAX[b] for b in ("batch_input", "instance_group", "sequence_batching"))
+    text = HEAD + TENSORS + "\n".join(LIST_SYNTAX[b] for b in ("batch_input", "instance_group"))
+    text += "\nsequence_batching { iterative_sequence: true }"
     message = refusal(tmp_path, text + '\nmodel_operations { op_library_filename: [ "libop.so" ] }')
     assert "instance_group[0].rate_limiter: not supported" in message
-    assert "sequence_batching: not supported yet" in message
+    assert "sequence_batching.iterative_sequence: not supported" in message
     assert "batch_input: not supported" in message
     assert "model_operations: not supported" in message
 
@@ -195,11 +196,25 @@ SEQUENCE_SHAPES = {
 
 
 @pytest.mark.parametrize("shape", sorted(SEQUENCE_SHAPES))
-def test_sequence_configs_shaped_like_tritons_examples_parse_and_are_refused_by_name(tmp_path, shape):
+def test_sequence_configs_shaped_like_tritons_examples_are_read(tmp_path, shape):
     config = parse_config_text(textwrap.dedent(SEQUENCE_SHAPES[shape]), "model 'm'")
     assert len(config.sequence_batching.control_input) >= 2
-    message = refusal(tmp_path, textwrap.dedent(SEQUENCE_SHAPES[shape]))
-    assert "sequence_batching: not supported yet" in message
+    directory = write_model(tmp_path, textwrap.dedent(SEQUENCE_SHAPES[shape]))
+    (directory / "1" / "model.onnx").write_bytes(b"")  # read, not loaded
+    spec = ModelRepository(tmp_path).read("m")
+    sequence = spec.sequence
+    assert sequence is not None
+    if shape == "oldest":  # 64 candidates; their requests batch with oldest's delay
+        assert (sequence.strategy, sequence.max_candidates, sequence.max_idle_us) == ("oldest", 64, 5_000_000)
+        assert spec.batching is not None and spec.batching.max_queue_delay_us == 500
+        assert [(s.input_name, s.output_name, s.dims) for s in sequence.states] == [("PAST", "NEXT", (2,))]
+        assert [c.kind for c in sequence.controls] == ["start", "end", "corrid"]
+        return
+    assert sequence.strategy == "direct" and sequence.max_idle_us == 1_000_000 and spec.batching is None
+    assert [(c.kind, c.input_name, c.datatype) for c in sequence.controls] == [
+        ("start", "BEGIN", "INT32"),
+        ("ready", "LIVE", "INT32"),
+    ]
 
 
 def test_a_field_triton_does_not_have_is_a_syntax_error_naming_it(tmp_path):

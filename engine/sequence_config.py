@@ -1,0 +1,265 @@
+"""config.pbtxt's `sequence_batching`, read into a SequenceSpec (docs/sequences.md).
+
+A sequence model keeps every request of one sequence (one `sequence_id`) on one slot, in order. What the server
+adds to each request of a sequence is declared here: control inputs (START, END, READY, CORRID) and implicit
+state (a model output fed back as an input on the sequence's next request, kept on the server). Neither is
+declared among the config's `input`s: the server fills them, the client never sends them.
+
+`read_sequence_spec` checks the block and raises ModelConfigError naming the field; nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from generated import model_config_pb2
+
+from . import datatypes
+from .errors import ModelConfigError
+from .interface import BatchingSpec
+
+if TYPE_CHECKING:
+    from .repository import ModelRoots
+
+# Triton's default for max_sequence_idle_microseconds (1 s).
+DEFAULT_IDLE_US = 1_000_000
+# The folder of a model's initial state files, as in Triton.
+INITIAL_STATE_FOLDER = "initial_state"
+
+START, END, READY, CORRID = "start", "end", "ready", "corrid"
+DIRECT, OLDEST = "direct", "oldest"
+_KINDS = {
+    "CONTROL_SEQUENCE_START": START,
+    "CONTROL_SEQUENCE_END": END,
+    "CONTROL_SEQUENCE_READY": READY,
+    "CONTROL_SEQUENCE_CORRID": CORRID,
+}
+_CORRID_TYPES = ("UINT64", "INT64", "UINT32", "INT32", "BYTES")
+
+
+@dataclass(frozen=True)
+class SequenceControl:
+    """One control input: `input_name` gets `true_value` or `false_value` (a flag), or the sequence id (CORRID)."""
+
+    kind: str  # START, END, READY or CORRID
+    input_name: str
+    datatype: str  # KServe name: INT32, FP32 or BOOL for a flag; CORRID's data_type
+    false_value: float = 0
+    true_value: float = 1
+
+
+@dataclass(frozen=True)
+class SequenceState:
+    """One implicit state: the model's output `output_name` comes back as its input `input_name` on the
+    sequence's next request. The first request of a sequence gets `initial` (raw little-endian bytes of
+    `initial_dims`), or zeros of `dims` when no initial state is given."""
+
+    input_name: str
+    output_name: str
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dimension; -1: variable
+    initial_dims: tuple[int, ...]
+    initial: bytes | None = None  # None: zeros
+
+    def initial_array(self) -> np.ndarray:
+        """The state a sequence starts with (a fresh array each time: it becomes the sequence's own)."""
+        dtype = datatypes.numpy_dtype(self.datatype)
+        if self.initial is None:
+            return np.zeros(self.initial_dims, dtype)
+        return np.frombuffer(self.initial, dtype).reshape(self.initial_dims).copy()
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    """A model's sequence batching. `direct`: one sequence per slot, each request run alone on its sequence's
+    slot. `oldest`: up to `max_candidates` sequences open at once; the next requests of different sequences that
+    wait together run as one batch (dynamic batching's rule: ModelSpec.batching carries the delay and preferred
+    sizes), each sequence still one request at a time, in order, its rows at their own place in the batch."""
+
+    strategy: str = DIRECT
+    max_idle_us: int = DEFAULT_IDLE_US
+    controls: tuple[SequenceControl, ...] = ()
+    states: tuple[SequenceState, ...] = ()
+    max_candidates: int = 0  # oldest: sequences open at once (0: direct, one per slot)
+
+    def provided_inputs(self) -> dict[str, str]:
+        """The model inputs the server fills (control inputs and state inputs), name -> datatype."""
+        provided = {control.input_name: control.datatype for control in self.controls}
+        provided.update({state.input_name: state.datatype for state in self.states})
+        return provided
+
+    def state_outputs(self) -> tuple[str, ...]:
+        return tuple(state.output_name for state in self.states)
+
+    def control(self, kind: str) -> SequenceControl | None:
+        return next((control for control in self.controls if control.kind == kind), None)
+
+
+def read_sequence_spec(
+    config: model_config_pb2.ModelConfig, directory: Path | None, roots: ModelRoots, origin: str
+) -> SequenceSpec | None:
+    """The model's SequenceSpec, or None without a `sequence_batching` block. Raises ModelConfigError naming the
+    field for a block that cannot work (a control without its values, a state without names, a name used
+    twice, an initial state file of the wrong size)."""
+    if not config.HasField("sequence_batching"):
+        return None
+    block = config.sequence_batching
+    where = f"{origin}: sequence_batching"
+    controls = tuple(_control(entry, f"{where}.control_input[{i}]") for i, entry in enumerate(block.control_input))
+    states = tuple(
+        _state(entry, directory, roots, f"{where}.state[{i}]", config.max_batch_size)
+        for i, entry in enumerate(block.state)
+    )
+    _check_unique(controls, states, {t.name for t in config.input}, {t.name for t in config.output}, where)
+    idle = int(block.max_sequence_idle_microseconds) or DEFAULT_IDLE_US
+    if block.WhichOneof("strategy_choice") != "oldest":
+        return SequenceSpec(DIRECT, idle, controls, states)
+    oldest = block.oldest
+    if config.max_batch_size < 1:
+        raise ModelConfigError(f"{where}.oldest batches sequences: it needs max_batch_size >= 1")
+    if oldest.max_candidate_sequences < 1:
+        raise ModelConfigError(
+            f"{where}.oldest.max_candidate_sequences must be >= 1, got {oldest.max_candidate_sequences}"
+        )
+    return SequenceSpec(OLDEST, idle, controls, states, int(oldest.max_candidate_sequences))
+
+
+def oldest_batching(config: model_config_pb2.ModelConfig, origin: str) -> BatchingSpec | None:
+    """The dynamic batching an `oldest` sequence model's requests get (its delay and preferred sizes), or None.
+    Raises ModelConfigError for a preferred size outside 1..max_batch_size."""
+    if not config.HasField("sequence_batching") or config.sequence_batching.WhichOneof("strategy_choice") != "oldest":
+        return None
+    oldest = config.sequence_batching.oldest
+    preferred = sorted(set(int(size) for size in oldest.preferred_batch_size))
+    for size in preferred:
+        if not 1 <= size <= config.max_batch_size:
+            raise ModelConfigError(
+                f"{origin}: sequence_batching.oldest.preferred_batch_size {size} is outside 1..{config.max_batch_size}"
+            )
+    return BatchingSpec(
+        max_queue_delay_us=int(oldest.max_queue_delay_microseconds),
+        preferred_batch_sizes=tuple(preferred),
+        allow_timeout_override=True,
+    )
+
+
+def _control(entry, where: str) -> SequenceControl:
+    if not entry.name:
+        raise ModelConfigError(f"{where} has no name")
+    where = f"{where} '{entry.name}'"
+    if len(entry.control) != 1:
+        raise ModelConfigError(f"{where} must have exactly one control, has {len(entry.control)}")
+    control = entry.control[0]
+    kind_name = model_config_pb2.ModelSequenceBatching.Control.Kind.Name(control.kind)
+    kind = _KINDS[kind_name]
+    if kind == CORRID:
+        corrid = datatypes.BY_CONFIG_NAME.get(model_config_pb2.DataType.Name(control.data_type))
+        if corrid is None or corrid.name not in _CORRID_TYPES:
+            raise ModelConfigError(
+                f"{where}: {kind_name} needs data_type TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or "
+                f"TYPE_STRING, got {model_config_pb2.DataType.Name(control.data_type)}"
+            )
+        return SequenceControl(kind, entry.name, corrid.name)
+    given = [
+        (name, values)
+        for name, values in (
+            ("INT32", list(control.int32_false_true)),
+            ("FP32", list(control.fp32_false_true)),
+            ("BOOL", list(control.bool_false_true)),
+        )
+        if values
+    ]
+    if len(given) != 1:
+        raise ModelConfigError(
+            f"{where}: {kind_name} needs exactly one of int32_false_true, fp32_false_true, bool_false_true"
+        )
+    flag_type, values = given[0]
+    if len(values) != 2:
+        raise ModelConfigError(f"{where}: {kind_name}'s false_true must hold two values (false, true), has {values}")
+    return SequenceControl(kind, entry.name, flag_type, values[0], values[1])
+
+
+def _state(entry, directory: Path | None, roots: ModelRoots, where: str, max_batch_size: int) -> SequenceState:
+    if not entry.input_name or not entry.output_name:
+        raise ModelConfigError(f"{where} needs both input_name and output_name")
+    where = f"{where} '{entry.input_name}'"
+    datatype = datatypes.BY_CONFIG_NAME.get(model_config_pb2.DataType.Name(entry.data_type))
+    if datatype is None or datatype.name == "BYTES":
+        raise ModelConfigError(
+            f"{where} has data_type {model_config_pb2.DataType.Name(entry.data_type)}; a state needs a "
+            "fixed-size type (not TYPE_STRING, not TYPE_INVALID)"
+        )
+    dims = tuple(int(d) for d in entry.dims)
+    if not dims or any(d < -1 or d == 0 for d in dims):
+        raise ModelConfigError(f"{where} has invalid dims {list(dims)} (positive, or -1 for a variable dimension)")
+    if len(entry.initial_state) > 1:
+        raise ModelConfigError(f"{where} has {len(entry.initial_state)} initial_state entries; at most one")
+    if not entry.initial_state:
+        if -1 in dims:
+            raise ModelConfigError(f"{where} has variable dims {list(dims)}: it needs an initial_state with fixed dims")
+        return SequenceState(entry.input_name, entry.output_name, datatype.name, dims, dims)
+    initial = entry.initial_state[0]
+    initial_dims = tuple(int(d) for d in initial.dims) or dims
+    if initial.data_type not in (0, entry.data_type):
+        raise ModelConfigError(f"{where}: initial_state's data_type differs from the state's")
+    if len(initial_dims) != len(dims) or any(
+        d < 0 or w not in (-1, d) for d, w in zip(initial_dims, dims, strict=True)
+    ):
+        raise ModelConfigError(f"{where}: initial_state dims {list(initial_dims)} do not fit the state's {list(dims)}")
+    choice = initial.WhichOneof("state_data")
+    if choice == "data_file":
+        data = _initial_file(initial.data_file, directory, roots, where)
+        expected = math.prod(initial_dims) * datatype.itemsize
+        if len(data) != expected:
+            raise ModelConfigError(
+                f"{where}: initial_state data_file '{initial.data_file}' has {len(data)} bytes; "
+                f"{list(initial_dims)} {datatype.name} takes {expected}"
+            )
+        return SequenceState(entry.input_name, entry.output_name, datatype.name, dims, initial_dims, data)
+    if choice != "zero_data":
+        raise ModelConfigError(f"{where}: initial_state needs zero_data or data_file")
+    return SequenceState(entry.input_name, entry.output_name, datatype.name, dims, initial_dims)
+
+
+def _initial_file(name: str, directory: Path | None, roots: ModelRoots, where: str) -> bytes:
+    if directory is None:
+        raise ModelConfigError(f"{where}: initial_state data_file needs a model directory")
+    folder = (directory / INITIAL_STATE_FOLDER).resolve()
+    path = roots.resolve(name, "initial_state data_file", origin=where, base=folder)
+    if folder not in path.parents:
+        raise ModelConfigError(f"{where}: initial_state data_file '{name}' must be inside {INITIAL_STATE_FOLDER}/")
+    if not path.is_file():
+        raise ModelConfigError(f"{where}: initial_state data_file {roots.shown(path)} not found")
+    return path.read_bytes()
+
+
+def _check_unique(
+    controls: tuple[SequenceControl, ...],
+    states: tuple[SequenceState, ...],
+    inputs: set[str],
+    outputs: set[str],
+    where: str,
+) -> None:
+    """Each filled input is filled once and is not also a declared input; each kind of control is given once;
+    a state output is not also a declared output (the client never sees it)."""
+    seen: set[str] = set()
+    for name in [c.input_name for c in controls] + [s.input_name for s in states]:
+        if name in seen:
+            raise ModelConfigError(f"{where}: input '{name}' is filled twice (control or state inputs)")
+        if name in inputs:
+            raise ModelConfigError(f"{where}: input '{name}' is filled by the server and may not be a declared input")
+        seen.add(name)
+    kinds = [c.kind for c in controls]
+    for kind in set(kinds):
+        if kinds.count(kind) > 1:
+            raise ModelConfigError(f"{where}: control {kind.upper()} is given {kinds.count(kind)} times")
+    for state in states:
+        if state.output_name in outputs:
+            raise ModelConfigError(
+                f"{where}: state output '{state.output_name}' is kept by the server and may not be a declared output"
+            )

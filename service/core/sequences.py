@@ -1,0 +1,633 @@
+"""Sequences (config.pbtxt `sequence_batching`, the direct strategy): every request of one sequence runs on one
+slot, in arrival order, with the control inputs and the implicit state the model's configuration declares.
+
+The rule (contract SEQUENCE.nn, docs/sequences.md):
+
+* A model has as many **sequence slots** as slots. A request with `sequence_start` takes one for its sequence,
+  in FIFO order among the starts that wait for one, until the request's admission deadline. The sequence keeps
+  that slot, and each of its requests runs on that slot's context, until a request with `sequence_end` ends it.
+* The requests of a sequence take their **turns** in arrival order: one runs at a time, the next waits until
+  the previous one is done (never reordered, never on another slot). Each turn then goes through the model's
+  ordinary admission (`ModelEntry.acquire_lease` for the sequence's context), so a queued manager is waited
+  for as any request waits for it, and a manager waits only for the turn that runs, not for open sequences.
+* An open sequence with no request for `max_sequence_idle_microseconds` is ended and its slot handed on; its
+  next request is refused naming that. A sequence whose model was reconfigured, unloaded, evicted or closed
+  at shutdown (`end_all`, called when its pool is retired) is ended the same way. An ended id is remembered
+  (the last ENDED_MEMORY of them) so that its next request is told why, not just that it never started.
+* Implicit state is kept per sequence here: the initial state at START, then each successful run's state
+  output, fed back as the state input of the next turn. A failed run leaves the state as it was.
+
+States of a sequence, and their transitions:
+
+    WAITING -> OPEN     a sequence slot was handed to its start
+    WAITING -> ENDED    its start gave up (deadline, cancel) before it had a slot
+    OPEN    -> ENDED    its END request finished (either way), it was idle too long, or its model's pool retired
+
+Locking: `SequenceTable._lock` guards the table and every sequence's fields. It is a leaf: the model lock may be
+held when it is taken (`end_all`, `open_count`), never the reverse; it is never held across a wait or a run.
+A waiting request blocks on its own event.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Listing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine import datatypes
+from engine.errors import ModelError
+from engine.interface import CancelToken, ModelMetadata, Outputs
+from engine.sequence_config import CORRID, END, OLDEST, READY, START, SequenceSpec
+
+from .batching import BatchItem
+from .errors import AdmissionTimeout, InvalidRequest, RequestCancelled
+
+if TYPE_CHECKING:
+    from .lifecycle import ModelEntry
+
+ENDED_MEMORY = 4096  # ended sequence ids remembered for a clear refusal of their next request
+
+SequenceId = int | str
+
+
+class SequenceIdRequired(InvalidRequest):
+    """A request of a sequence model without a (non-zero) sequence id."""
+
+
+class SequenceNotStarted(InvalidRequest):
+    """A request for a sequence that was never started, or already ended (the message says which)."""
+
+
+class SequenceParameterError(InvalidRequest):
+    """A sequence parameter of the wrong type, or a sequence id the model's CORRID cannot hold."""
+
+
+class SequencePhase(enum.Enum):
+    WAITING = "waiting"
+    OPEN = "open"
+    ENDED = "ended"
+
+
+_TRANSITIONS = {
+    SequencePhase.WAITING: frozenset({SequencePhase.OPEN, SequencePhase.ENDED}),
+    SequencePhase.OPEN: frozenset({SequencePhase.ENDED}),
+    SequencePhase.ENDED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class SequenceFlags:
+    """A request's sequence parameters: its id (0 or "": none), and whether it starts or ends its sequence."""
+
+    id: SequenceId = 0
+    start: bool = False
+    end: bool = False
+
+
+def read_flags(model: str, parameters: Mapping[str, tuple[str, object]]) -> SequenceFlags:
+    """The sequence flags of a request to a sequence model, from its parameters as the transport read them
+    ({name: (kind, value)}, kind the protocol's parameter_choice). Raises SequenceParameterError for a wrong
+    type and SequenceIdRequired without an id (Triton's words)."""
+    sequence_id: SequenceId = 0
+    if "sequence_id" in parameters:
+        kind, value = parameters["sequence_id"]
+        if kind in ("int64_param", "uint64_param") and isinstance(value, int):
+            sequence_id = value  # a negative int64 is a sequence id too (Triton's CORRID reinterprets it)
+        elif kind == "string_param" and isinstance(value, str):
+            sequence_id = value
+        else:  # Triton's words (it takes no uint64_param; slotserve does)
+            raise SequenceParameterError(
+                "invalid value type for 'sequence_id' parameter, expected int64_param, uint64_param or "
+                f"string_param (got {kind})"
+            )
+    start, end = (_flag(parameters, name) for name in ("sequence_start", "sequence_end"))
+    if sequence_id in (0, ""):
+        raise SequenceIdRequired(
+            f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
+        )
+    return SequenceFlags(sequence_id, start, end)
+
+
+def _flag(parameters: Mapping[str, tuple[str, object]], name: str) -> bool:
+    if name not in parameters:
+        return False
+    kind, value = parameters[name]
+    if kind != "bool_param":
+        raise SequenceParameterError(f"invalid value type for '{name}' parameter, expected bool_param (got {kind})")
+    return bool(value)
+
+
+class Sequence:
+    """One sequence: its slot, its queued turns, its implicit state. Fields are guarded by its table's lock."""
+
+    __slots__ = ("id", "phase", "slot", "turns", "running", "last_active", "states", "pool", "ended_why", "_granted")
+
+    def __init__(self, sequence_id: SequenceId, now: float) -> None:
+        self.id = sequence_id
+        self.phase = SequencePhase.WAITING
+        self.slot = -1
+        self.turns: deque[Turn] = deque()  # its requests not yet run, in arrival order
+        self.running: Turn | None = None
+        self.last_active = now
+        self.states: dict[str, np.ndarray] = {}
+        self.pool: object | None = None  # the pool its first run used: another pool means it was reloaded
+        self.ended_why = ""
+        self._granted = threading.Event()  # set when the sequence gets its slot (or ends waiting)
+
+    def move(self, phase: SequencePhase) -> None:
+        if phase not in _TRANSITIONS[self.phase]:
+            raise RuntimeError(f"sequence {self.id}: {self.phase.value} -> {phase.value} is not allowed")
+        self.phase = phase
+
+
+@dataclass(eq=False)
+class Turn:
+    """One request of a sequence, from its arrival until `SequenceTable.finish`."""
+
+    sequence: Sequence
+    flags: SequenceFlags
+    number: int
+    woken: threading.Event = field(default_factory=threading.Event)
+    restart: bool = False  # this turn starts the sequence (again): START control true, initial state
+
+    @property
+    def slot(self) -> int:
+        return self.sequence.slot
+
+
+@dataclass(frozen=True)
+class SequenceStatistics:
+    capacity: int
+    open: int  # sequences holding a slot
+    waiting_starts: int  # starts waiting for a slot
+    queued_turns: int  # requests of open sequences waiting for their turn
+    running: int  # turns running (at most one per sequence)
+    slots_in_use: tuple[int, ...]
+    ended: int  # sequences ended since the table was made
+    idle_ended: int
+
+
+class SequenceTable:
+    """A model's sequences and sequence slots. Thread-safe; see the module docstring for the rule."""
+
+    def __init__(self, model: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self._clock = clock
+        # guards: _sequences, _waiting, _ended_ids, _capacity, _ended, _idle_ended and every Sequence's fields
+        self._lock = threading.Lock()
+        self._sequences: dict[SequenceId, Sequence] = {}  # WAITING and OPEN ones
+        self._waiting: deque[Sequence] = deque()  # starts waiting for a slot, oldest first
+        self._ended_ids: OrderedDict[SequenceId, str] = OrderedDict()  # id -> why it ended
+        self._capacity = 1
+        self._numbers = itertools.count(1)
+        self._ended = 0
+        self._idle_ended = 0
+
+    # ---- a request's turn ---------------------------------------------------------------------------------
+
+    def enter(
+        self,
+        flags: SequenceFlags,
+        spec: SequenceSpec,
+        capacity: int,
+        deadline: float | None,
+        cancel: CancelToken | None = None,
+    ) -> Turn:
+        """Take this request's turn in its sequence: returns once it may run (the sequence holds a slot and every
+        earlier request of it is done). A START of a new sequence first waits for a free slot (FIFO). Blocks
+        until `deadline` (None: no limit); raises AdmissionTimeout past it, RequestCancelled when `cancel`
+        fires, SequenceNotStarted for a request of a sequence that is not open. The caller must call `finish`
+        with the returned turn, whatever happens next."""
+        idle_s = spec.max_idle_us / 1e6
+        with self._lock:
+            self._capacity = max(1, capacity)
+            now = self._clock()
+            sequence = self._sequences.get(flags.id)
+            if sequence is not None and self._expired_locked(sequence, now, idle_s):
+                self._end_locked(sequence, f"it was idle for more than {spec.max_idle_us} microseconds", idle=True)
+                sequence = None
+            if sequence is None:
+                if not flags.start:
+                    raise SequenceNotStarted(self._not_started_message(flags.id))
+                sequence = self._open_locked(flags.id, now, idle_s)
+            turn = Turn(sequence, flags, next(self._numbers), restart=flags.start)
+            sequence.turns.append(turn)
+            self._wake_next_locked(sequence)
+        self._wait_turn(turn, deadline, cancel, idle_s)
+        return turn
+
+    def _open_locked(self, sequence_id: SequenceId, now: float, idle_s: float) -> Sequence:
+        sequence = Sequence(sequence_id, now)
+        self._sequences[sequence_id] = sequence
+        self._ended_ids.pop(sequence_id, None)
+        self._waiting.append(sequence)
+        self._sweep_locked(now, idle_s)
+        self._hand_slots_locked()
+        return sequence
+
+    def _wait_turn(self, turn: Turn, deadline: float | None, cancel: CancelToken | None, idle_s: float) -> None:
+        """Block until `turn` may run. While waiting for a slot, wake when an idle sequence may expire (there is
+        no timer thread: a waiting start ends idle sequences itself)."""
+        if cancel is not None:
+            cancel.add_callback(turn.woken.set)
+        try:
+            while not turn.woken.is_set():
+                now = self._clock()
+                if cancel is not None and cancel.cancelled:
+                    self._leave(turn, RequestCancelled("the caller gave up while its sequence request waited"))
+                if deadline is not None and now >= deadline:
+                    self._leave(turn, self._timeout_error(turn))
+                wait = self._next_wake(now, deadline, idle_s)
+                turn.woken.wait(wait)
+                if not turn.woken.is_set():
+                    with self._lock:
+                        self._sweep_locked(self._clock(), idle_s)
+                        self._hand_slots_locked()
+        finally:
+            if cancel is not None:
+                cancel.remove_callback(turn.woken.set)
+        with self._lock:
+            if turn.sequence.running is turn:
+                return
+        # Woken without its turn: by its cancel, or because its sequence ended.
+        if cancel is not None and cancel.cancelled:
+            self._leave(turn, RequestCancelled("the caller gave up while its sequence request waited"))
+        self._leave(turn, SequenceNotStarted(self._ended_message(turn.sequence)))
+
+    def _next_wake(self, now: float, deadline: float | None, idle_s: float) -> float | None:
+        """Seconds until the deadline or the earliest idle expiry, whichever comes first (None: neither)."""
+        with self._lock:
+            expiries = [
+                s.last_active + idle_s
+                for s in self._sequences.values()
+                if s.phase is SequencePhase.OPEN and s.running is None and not s.turns
+            ]
+        wake = min(expiries, default=None)
+        if deadline is not None:
+            wake = deadline if wake is None else min(wake, deadline)
+        return None if wake is None else max(0.001, wake - now)
+
+    def _timeout_error(self, turn: Turn) -> Exception:
+        if turn.sequence.phase is SequencePhase.WAITING:
+            return AdmissionTimeout(
+                f"model '{self.model}' had no free sequence slot for sequence {turn.flags.id} before the admission "
+                f"deadline ({self._capacity} slot{'s' if self._capacity != 1 else ''}, all held by open sequences)"
+            )
+        return AdmissionTimeout(
+            f"model '{self.model}': sequence {turn.flags.id}'s earlier request did not finish before this "
+            "request's admission deadline"
+        )
+
+    def _leave(self, turn: Turn, error: Exception) -> None:
+        """`turn` gives up before running: out of its sequence's queue (a start that never got a slot ends its
+        sequence). Raises `error`."""
+        with self._lock:
+            sequence = turn.sequence
+            if sequence.running is turn:
+                sequence.running = None
+            elif turn in sequence.turns:
+                sequence.turns.remove(turn)
+            if sequence.phase is SequencePhase.WAITING and not sequence.turns and sequence.running is None:
+                self._waiting.remove(sequence)
+                self._end_locked(sequence, "its start gave up before it had a slot")
+            elif sequence.phase is SequencePhase.OPEN:
+                sequence.last_active = self._clock()
+                self._wake_next_locked(sequence)
+        raise error
+
+    # ---- a turn's run -------------------------------------------------------------------------------------
+
+    def bind(self, turn: Turn, pool: object) -> None:
+        """Called with the turn's lease held, before it runs: raises SequenceNotStarted if the sequence was
+        ended meanwhile (its model reconfigured or unloaded while the turn waited for its lease) or its model
+        now serves another pool (the sequence's state belongs to the old one)."""
+        with self._lock:
+            sequence = turn.sequence
+            if sequence.phase is SequencePhase.OPEN and sequence.pool is not None and sequence.pool is not pool:
+                self._end_locked(sequence, "its model was reloaded or reconfigured")
+            if sequence.phase is not SequencePhase.OPEN:
+                raise SequenceNotStarted(self._ended_message(sequence))
+            sequence.pool = pool
+            if turn.restart:
+                sequence.states = {}
+
+    def begin(self, turn: Turn, *, restart: bool = True) -> None:
+        """`oldest`'s `bind` (a batch runs on any slot): raises SequenceNotStarted if the sequence was ended
+        meanwhile; a restarting turn (with `restart`) drops the sequence's state first."""
+        with self._lock:
+            sequence = turn.sequence
+            if sequence.phase is not SequencePhase.OPEN:
+                raise SequenceNotStarted(self._ended_message(sequence))
+            if restart and turn.restart:
+                sequence.states = {}
+
+    def inputs(self, turn: Turn, spec: SequenceSpec, batched: bool) -> dict[str, np.ndarray]:
+        """The control inputs and state inputs of `turn` (batched: a leading batch dimension of 1). Raises
+        SequenceParameterError for an id the CORRID input cannot hold."""
+        shape = (1, 1) if batched else (1,)
+        filled: dict[str, np.ndarray] = {}
+        for control in spec.controls:
+            if control.kind == CORRID:
+                filled[control.input_name] = _corrid(control.datatype, turn.flags.id, shape)
+                continue
+            on = {START: turn.restart, END: turn.flags.end, READY: True}[control.kind]
+            value = control.true_value if on else control.false_value
+            filled[control.input_name] = np.full(shape, value, datatypes.numpy_dtype(control.datatype))
+        with self._lock:
+            kept = dict(turn.sequence.states)
+        for state in spec.states:
+            array = kept.get(state.input_name)
+            if array is None:
+                array = state.initial_array()
+                if batched:
+                    array = array[np.newaxis]
+            filled[state.input_name] = array
+        return filled
+
+    def keep_states(self, turn: Turn, spec: SequenceSpec, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """After a successful run: store its state outputs as the sequence's next state inputs, and return the
+        other outputs (the client's). Raises ModelError if the model returned no state output (the sequence's
+        state stays as it was)."""
+        if not spec.states:
+            return outputs
+        states: dict[str, np.ndarray] = {}
+        for state in spec.states:
+            array = outputs.pop(state.output_name, None)
+            if array is None:  # the model's fault, not the request's
+                raise ModelError(
+                    f"model '{self.model}' returned no state output '{state.output_name}' for sequence {turn.flags.id}"
+                )
+            states[state.input_name] = np.array(array, copy=True)  # its own memory, not the run's
+        with self._lock:
+            turn.sequence.states = states
+        return outputs
+
+    def finish(self, turn: Turn) -> None:
+        """The turn is done (ran, failed or left): the sequence's next request may run; an END frees the slot
+        for the oldest waiting start. Never blocks."""
+        with self._lock:
+            sequence = turn.sequence
+            if sequence.running is turn:
+                sequence.running = None
+            elif turn in sequence.turns:
+                sequence.turns.remove(turn)
+            sequence.last_active = self._clock()
+            if sequence.phase is SequencePhase.OPEN and turn.flags.end:
+                self._end_locked(sequence, "its END request was served")
+            elif sequence.phase is SequencePhase.OPEN:
+                self._wake_next_locked(sequence)
+            self._hand_slots_locked()
+
+    # ---- the model's pool was retired --------------------------------------------------------------------
+
+    def end_all(self, why: str) -> int:
+        """End every open sequence (its model's pool is being retired: reconfigured, unloaded, evicted or closed at
+        shutdown); their queued requests are refused naming `why`. Starts still waiting for a slot keep waiting
+        and get the freed slots. Never blocks; may be called under the model lock. Returns how many ended."""
+        with self._lock:
+            ended = [s for s in self._sequences.values() if s.phase is SequencePhase.OPEN]
+            for sequence in ended:
+                self._end_locked(sequence, why)
+            self._hand_slots_locked()
+            return len(ended)
+
+    def open_count(self) -> int:
+        """Sequences holding a slot (may be called under the model lock)."""
+        with self._lock:
+            return sum(1 for s in self._sequences.values() if s.phase is SequencePhase.OPEN)
+
+    def sweep(self, spec: SequenceSpec) -> int:
+        """End the sequences idle for longer than the spec allows now; returns how many."""
+        with self._lock:
+            ended = self._sweep_locked(self._clock(), spec.max_idle_us / 1e6)
+            self._hand_slots_locked()
+            return ended
+
+    def statistics(self) -> SequenceStatistics:
+        with self._lock:
+            open_ = [s for s in self._sequences.values() if s.phase is SequencePhase.OPEN]
+            return SequenceStatistics(
+                capacity=self._capacity,
+                open=len(open_),
+                waiting_starts=len(self._waiting),
+                queued_turns=sum(len(s.turns) for s in open_),
+                running=sum(1 for s in open_ if s.running is not None),
+                slots_in_use=tuple(sorted(s.slot for s in open_)),
+                ended=self._ended,
+                idle_ended=self._idle_ended,
+            )
+
+    # ---- under the lock -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _expired_locked(sequence: Sequence, now: float, idle_s: float) -> bool:
+        return (
+            sequence.phase is SequencePhase.OPEN
+            and sequence.running is None
+            and not sequence.turns
+            and now - sequence.last_active >= idle_s
+        )
+
+    def _sweep_locked(self, now: float, idle_s: float) -> int:
+        expired = [s for s in self._sequences.values() if self._expired_locked(s, now, idle_s)]
+        for sequence in expired:
+            self._end_locked(sequence, f"it was idle for more than {round(idle_s * 1e6)} microseconds", idle=True)
+        return len(expired)
+
+    def _hand_slots_locked(self) -> None:
+        """Hand free slots to the oldest waiting starts (no barging: only here, in FIFO order)."""
+        if not self._waiting:
+            return
+        used = {s.slot for s in self._sequences.values() if s.phase is SequencePhase.OPEN}
+        free = (slot for slot in range(self._capacity) if slot not in used)
+        while self._waiting:
+            slot = next(free, None)
+            if slot is None:
+                return
+            sequence = self._waiting.popleft()
+            sequence.slot = slot
+            sequence.move(SequencePhase.OPEN)
+            sequence.last_active = self._clock()
+            self._wake_next_locked(sequence)
+
+    def _wake_next_locked(self, sequence: Sequence) -> None:
+        """Let the sequence's oldest queued request run, if it holds a slot and nothing of it runs."""
+        if sequence.phase is SequencePhase.OPEN and sequence.running is None and sequence.turns:
+            turn = sequence.turns.popleft()
+            sequence.running = turn
+            turn.woken.set()
+
+    def _end_locked(self, sequence: Sequence, why: str, *, idle: bool = False) -> None:
+        sequence.move(SequencePhase.ENDED)
+        sequence.ended_why = why
+        sequence.states = {}
+        if self._sequences.get(sequence.id) is sequence:
+            del self._sequences[sequence.id]
+        self._ended_ids[sequence.id] = why
+        self._ended_ids.move_to_end(sequence.id)
+        while len(self._ended_ids) > ENDED_MEMORY:
+            self._ended_ids.popitem(last=False)
+        self._ended += 1
+        self._idle_ended += idle
+        for turn in sequence.turns:  # its queued requests are refused (each wakes, finds it ended)
+            turn.woken.set()
+
+    def _not_started_message(self, sequence_id: SequenceId) -> str:
+        why = self._ended_ids.get(sequence_id)
+        if why is not None:
+            return (
+                f"inference request for sequence {sequence_id} to model '{self.model}': the sequence was ended "
+                f"because {why}; start a new one with sequence_start"
+            )
+        return (
+            f"inference request for sequence {sequence_id} to model '{self.model}' must specify the START flag on "
+            "the first request of the sequence"
+        )
+
+    def _ended_message(self, sequence: Sequence) -> str:
+        return (
+            f"inference request for sequence {sequence.id} to model '{self.model}': the sequence was ended because "
+            f"{sequence.ended_why or 'it ended'}; start a new one with sequence_start"
+        )
+
+
+@dataclass
+class SequenceRun:
+    """What one request of a sequence gave, for its response and statistics."""
+
+    metadata: ModelMetadata
+    version: str
+    queue_ns: int  # from arrival until its lease: its turn and its admission
+    input_ns: int
+    infer_ns: int
+    outputs: Outputs
+    batched: bool = False  # ran in a batch (oldest), whose run the batch counts once
+
+
+def run_in_sequence(
+    entry: ModelEntry,
+    parameters: Mapping[str, tuple[str, object]],
+    inputs: Mapping[str, np.ndarray],
+    signature: Mapping[str, tuple[str, tuple[int, ...]]],
+    outputs: Listing[str],
+    deadline: float | None,
+    cancel: CancelToken,
+    before_run: Callable[[], None] = lambda: None,
+) -> SequenceRun:
+    """Run one request of a sequence model: its flags read, its turn taken (`SequenceTable.enter`), its lease
+    acquired on its sequence's slot, the control and state inputs added, the state outputs kept and the rest
+    returned. Blocks for the turn and the admission (until `deadline`) and for the run. Raises the sequence
+    errors above, the admission's, and the run's; the turn is finished and the lease released in every case."""
+    arrived = time.perf_counter_ns()
+    spec = entry.spec.sequence
+    assert spec is not None  # the dataplane calls it for sequence models only
+    flags = read_flags(entry.name, parameters)
+    batched = entry.spec.max_batch_size > 0
+    _check_batch_of_one(entry.name, signature, batched)
+    metadata = entry.known_metadata()
+    if metadata is not None:  # bad input is refused before it takes a turn
+        metadata.check_request(signature, outputs)
+    table = entry.sequences
+    turn = table.enter(flags, spec, entry.sequence_capacity(), deadline, cancel)
+    try:
+        if spec.strategy == OLDEST:
+            return _run_in_batch(entry, table, turn, spec, inputs, signature, outputs, deadline, cancel, before_run)
+        with entry.acquire_lease(deadline, cancel, context_index=turn.slot) as lease:
+            table.bind(turn, lease.pool)
+            before_run()
+            checked = time.perf_counter_ns()
+            lease.metadata.check_request(signature, outputs)
+            feed = dict(inputs)
+            feed.update(table.inputs(turn, spec, batched))
+            wanted = list(outputs) or [tensor.name for tensor in lease.metadata.outputs]
+            ran = time.perf_counter_ns()
+            produced = lease.execute(feed, [*wanted, *spec.state_outputs()], cancel)
+            executed = time.perf_counter_ns()
+            answer = table.keep_states(turn, spec, dict(produced))
+            return SequenceRun(lease.metadata, lease.version, checked - arrived, ran - checked, executed - ran, answer)
+    finally:
+        table.finish(turn)
+
+
+def _run_in_batch(
+    entry: ModelEntry,
+    table: SequenceTable,
+    turn: Turn,
+    spec: SequenceSpec,
+    inputs: Mapping[str, np.ndarray],
+    signature: Mapping[str, tuple[str, tuple[int, ...]]],
+    outputs: Listing[str],
+    deadline: float | None,
+    cancel: CancelToken,
+    before_run: Callable[[], None],
+) -> SequenceRun:
+    """`oldest`: the turn's request, its control and state inputs added, goes through dynamic batching
+    (`ModelEntry.run_batched`): it runs with the next requests of other sequences that wait with it, its own rows
+    of the outputs (state included) posted back. Its sequence is checked open just before the batch runs."""
+    arrived = time.perf_counter_ns()
+    table.begin(turn)
+    feed = dict(inputs)
+    feed.update(table.inputs(turn, spec, batched=True))
+
+    def still_open() -> None:
+        table.begin(turn, restart=False)
+        before_run()
+
+    item = entry.run_batched(
+        BatchItem(feed, signature, outputs, 1, cancel, before_run=still_open, kept_outputs=spec.state_outputs()),
+        deadline,
+        cancel,
+    )
+    produced = item.outcome()
+    answer = table.keep_states(turn, spec, dict(produced))
+    assert item.metadata is not None  # posted by the batch's leader with the outcome
+    queue_ns = max(0, item.started_ns - arrived)
+    return SequenceRun(item.metadata, item.version, queue_ns, item.input_ns, item.infer_ns, answer, batched=True)
+
+
+def _check_batch_of_one(model: str, signature: Mapping[str, tuple[str, tuple[int, ...]]], batched: bool) -> None:
+    if batched and any(shape and shape[0] != 1 for _, shape in signature.values()):
+        raise InvalidRequest(
+            f"inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
+        )
+
+
+def _corrid(datatype: str, sequence_id: SequenceId, shape: tuple[int, ...]) -> np.ndarray:
+    if datatype == "BYTES":
+        array = np.empty(shape, dtype=object)
+        array.fill(str(sequence_id).encode())
+        return array
+    if isinstance(sequence_id, str):
+        raise SequenceParameterError(
+            f"sequence id '{sequence_id}' is a string; the model's CORRID control input is {datatype}"
+        )
+    dtype = datatypes.numpy_dtype(datatype)
+    limits = np.iinfo(dtype)
+    value = sequence_id
+    if value < 0 and limits.min == 0 and value >= -(2**63):  # a negative int64 id, as Triton reinterprets it
+        value += 2 ** (8 * dtype.itemsize)
+    if not limits.min <= value <= limits.max:
+        raise SequenceParameterError(f"sequence id {sequence_id} does not fit the model's CORRID input ({datatype})")
+    return np.full(shape, value, dtype)
+
+
+__all__ = [
+    "SequenceFlags",
+    "SequenceIdRequired",
+    "SequenceNotStarted",
+    "SequenceParameterError",
+    "SequencePhase",
+    "SequenceStatistics",
+    "SequenceTable",
+    "Turn",
+    "read_flags",
+    "run_in_sequence",
+]
