@@ -41,6 +41,10 @@ talks to 127.0.0.1 only. Sections, in order (all but transport by default):
              and 16 clients against slotserve's ONNX `simple` in the same server, with its ratio to Triton beside it.
   transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
              server and real Triton's python backend; `--cores N` pins them; see bench/sections/transport.py.
+  sequences  16 concurrent sequences (perf_analyzer --sequence-length 20 at concurrency 16) on a python accumulator
+             configured `direct` and `oldest`, on slotserve and on real Triton 2.51, alternating point by point;
+             infer/s, p50 / p99, oldest / direct, requests per execution; a server that refuses the config is
+             "skipped: sequence batching not supported by this server" (see bench/sections/sequences.py).
   bytes_memory
              the peak RSS (VmHWM) rise of a fresh slotserve for one BYTES request to `simple_identity` of 2-byte
              elements, about 11 and 34 MiB on the wire, and one past --max-request-tensor-bytes (refused).
@@ -81,6 +85,7 @@ from bench.sections.coldload import section_coldload  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
 from bench.sections.python import section_python  # noqa: E402
+from bench.sections.sequences import section_sequences  # noqa: E402
 from bench.sections.shared_memory import section_shared_memory  # noqa: E402
 from bench.sections.simple import section_simple  # noqa: E402
 from bench.sections.slots import section_slots  # noqa: E402
@@ -99,6 +104,7 @@ SECTIONS = (
     "coldload",
     "bytes_memory",
     "python",
+    "sequences",
     "transport",
 )
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "transport")  # transport (~10 min, real Triton): on request
@@ -151,7 +157,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots", "python", "transport"} & set(args.sections)
+    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots", "python", "sequences", "transport"} & set(
+        args.sections
+    )
     if needs_pa and not os.access(PERF_ANALYZER, os.X_OK):
         print(f"bench: {PERF_ANALYZER} is missing: run bench/setup.sh first", file=sys.stderr)
         return 2
@@ -179,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             "coldload": lambda: section_coldload(args, launcher, table, raw),
             "bytes_memory": lambda: section_bytes_memory(args, launcher, table, raw),
             "python": lambda: section_python(args, launcher, pa, table, raw, Path(scratch)),
+            "sequences": lambda: section_sequences(args, launcher, pa, table, raw, Path(scratch)),
             "transport": lambda: section_transport(args, launcher, pa, table, raw),
         }
         for section in args.sections:

@@ -226,9 +226,25 @@ def write_python_echo(root: Path, name: str = "echo", options: SequenceOptions =
     return builders.write_python_model(root, name, echo_config(name, options), ECHO_MODEL_PY)
 
 
-def write_python_accumulate(root: Path, name: str = "accumulate", options: SequenceOptions = SequenceOptions()) -> Path:
-    """Write the python accumulator (state inside the worker) into root/<name>/ and return that directory."""
-    return builders.write_python_model(root, name, accumulate_config(name, options), ACCUMULATE_MODEL_PY)
+def accumulate_source(execute_seconds: float = 0.0) -> str:
+    """ACCUMULATE_MODEL_PY, with a fixed cost per execute call when `execute_seconds` > 0: a sleep (it releases
+    the GIL, as a call into a native model would) paid once per call however many requests it holds, so that
+    batching the requests of several sequences into one call shows (bench/sections/sequences.py)."""
+    if execute_seconds <= 0:
+        return ACCUMULATE_MODEL_PY
+    source = ACCUMULATE_MODEL_PY.replace("import numpy as np\n", "import time\n\nimport numpy as np\n", 1)
+    call = "    def execute(self, requests):\n"
+    assert call in source
+    return source.replace(call, call + f"        time.sleep({execute_seconds!r})  # the fixed cost of one call\n", 1)
+
+
+def write_python_accumulate(
+    root: Path, name: str = "accumulate", options: SequenceOptions = SequenceOptions(), execute_seconds: float = 0.0
+) -> Path:
+    """Write the python accumulator (state inside the worker; `execute_seconds`: see accumulate_source) into
+    root/<name>/ and return that directory."""
+    source = accumulate_source(execute_seconds)
+    return builders.write_python_model(root, name, accumulate_config(name, options), source)
 
 
 def write_python_stateful(root: Path, name: str = "stateful", options: SequenceOptions = SequenceOptions()) -> Path:
