@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -493,6 +494,26 @@ class Pending:
         return self.answer
 
 
+PENDING_SECONDS = 60.0  # a loaded machine; the request reaches the server in milliseconds otherwise
+
+
+def pending_requests(endpoint: Endpoint, model: str) -> float:
+    """nv_inference_pending_request_count of `model` (both servers export it): requests waiting to run."""
+    text = urllib.request.urlopen(endpoint.metrics_url, timeout=CALL_TIMEOUT).read().decode()
+    prefix = f'nv_inference_pending_request_count{{model="{model}",'
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)]
+    assert values, f"{endpoint.name} has no pending count for {model}"
+    return sum(values)
+
+
+def wait_until_pending(endpoint: Endpoint, model: str, count: int) -> None:
+    """Poll the pending count of `model` until it is `count` (fails after PENDING_SECONDS)."""
+    deadline = time.monotonic() + PENDING_SECONDS
+    while (seen := pending_requests(endpoint, model)) != count:
+        assert time.monotonic() < deadline, f"{endpoint.name}: {model} pending {seen}, not {count}"
+        time.sleep(0.05)  # ordering-free: polls an observable state until a deadline
+
+
 @pytest.mark.parametrize("model,holders", [("echo_one_slot", 1), ("echo_oldest_two", 2)])
 def test_a_new_sequence_waits_for_a_free_slot_as_on_triton(servers, model, holders):
     # Triton facts: direct with one slot (max_batch_size 1, one instance), and oldest with max_candidate_sequences
@@ -504,6 +525,7 @@ def test_a_new_sequence_waits_for_a_free_slot_as_on_triton(servers, model, holde
         for sequence_id in held:
             assert infer(endpoint, sequence_request(model, sequence_id, start=True))[0] == "OK", endpoint.name
         waiting = Pending(endpoint, sequence_request(model, base + 9, start=True, value=9))
+        wait_until_pending(endpoint, model, 1)  # the new sequence's START has reached the server and waits
         # The holders' requests are answered while the new sequence waits; it is still waiting after them.
         for sequence_id in held:
             assert infer(endpoint, sequence_request(model, sequence_id, value=2))[0] == "OK", endpoint.name
@@ -538,6 +560,7 @@ def test_a_waiting_start_given_up_by_its_client_does_not_open_the_sequence_as_on
         code, _text = infer(endpoint, sequence_request("echo_one_slot", given_up, start=True), timeout=3.0)
         assert code == "DEADLINE_EXCEEDED", (endpoint.name, code)
         assert infer(endpoint, sequence_request("echo_one_slot", holder, end=True))[0] == "OK", endpoint.name
+        wait_until_pending(endpoint, "echo_one_slot", 0)  # nothing of the given-up START is left waiting
         code, text = infer(endpoint, sequence_request("echo_one_slot", given_up, end=True))
         assert code == "INVALID_ARGUMENT" and str(given_up) in text, (endpoint.name, code, text)
         assert infer(endpoint, sequence_request("echo_one_slot", later, start=True, end=True))[0] == "OK", endpoint.name
