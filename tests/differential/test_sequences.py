@@ -71,6 +71,11 @@ MODELS = {
             max_sequence_idle_microseconds=LONG_IDLE_MICROSECONDS,
         ),
     ),
+    "echo_four_slots": lambda root: models.write_python_echo(
+        root,
+        "echo_four_slots",
+        models.SequenceOptions(max_batch_size=2, instances=2, max_sequence_idle_microseconds=LONG_IDLE_MICROSECONDS),
+    ),
     "acc_direct": lambda root: models.write_python_accumulate(root, "acc_direct"),
     "acc_oldest": lambda root: models.write_python_accumulate(
         root, "acc_oldest", models.SequenceOptions(strategy=models.OLDEST)
@@ -124,7 +129,9 @@ def servers(tmp_path_factory) -> Iterator[Servers]:
 
     builders.write_python_model(repository, "plain", PLAIN_CONFIG, PLAIN_MODEL_PY)
     with ExitStack() as stack:
-        yield Servers(_start_triton(stack, root / "triton-run", repository), _start_slotserve(stack, repository))
+        reference = _start_triton(stack, root / "triton-run", repository)
+        # parallel_jobs 2: instance_group counts are honoured (echo_four_slots has 2 instances, as on Triton)
+        yield Servers(reference, _start_slotserve(stack, repository, parallel_jobs=2))
 
 
 # ------------------------------------------------------------------------------------------------------ requests
@@ -534,6 +541,26 @@ def test_a_new_sequence_waits_for_a_free_slot_as_on_triton(servers, model, holde
         code, answer = waiting.result()
         assert code == "OK", (endpoint.name, answer)
         assert answer["OUT_START"] == [1] and answer["OUT_CORRID"] == [base + 9], endpoint.name
+        for sequence_id in (*held[1:], base + 9):
+            assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
+
+
+def test_direct_runs_max_batch_size_times_instances_sequences_at_once_as_on_triton(servers):
+    # Triton fact: `direct` has max_batch_size x instances sequence slots (2 x 2 here): four sequences open at once
+    # are all served; a fifth START waits until one of them ends.
+    model = "echo_four_slots"
+    for offset, endpoint in enumerate(servers.each()):
+        base = 7300 + 100 * offset
+        held = [base + index for index in range(4)]
+        for sequence_id in held:
+            assert infer(endpoint, sequence_request(model, sequence_id, start=True))[0] == "OK", endpoint.name
+        for sequence_id in held:
+            assert infer(endpoint, sequence_request(model, sequence_id, value=2))[0] == "OK", endpoint.name
+        waiting = Pending(endpoint, sequence_request(model, base + 9, start=True))
+        wait_until_pending(endpoint, model, 1)
+        assert not waiting.done.is_set(), (endpoint.name, waiting.answer)
+        assert infer(endpoint, sequence_request(model, held[0], end=True))[0] == "OK", endpoint.name
+        assert waiting.result()[0] == "OK", (endpoint.name, waiting.answer)
         for sequence_id in (*held[1:], base + 9):
             assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
 
