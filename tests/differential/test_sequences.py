@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
@@ -103,6 +104,8 @@ class TritonPythonModel:
         return out
 """
 
+SequenceId = int | str  # what tritonclient sends as sequence_id
+
 pytestmark = pytest.mark.interop
 
 
@@ -175,7 +178,7 @@ def values(reply: pb.ModelInferResponse) -> dict[str, list]:
     }
 
 
-def infer(endpoint: Endpoint, request: pb.ModelInferRequest, timeout: float = CALL_TIMEOUT) -> tuple[str, object]:
+def infer(endpoint: Endpoint, request: pb.ModelInferRequest, timeout: float = CALL_TIMEOUT) -> tuple[str, Any]:
     """("OK", {output: values}) or (code name, details)."""
     try:
         return "OK", values(endpoint.stub.ModelInfer(request, timeout=timeout))
@@ -183,7 +186,7 @@ def infer(endpoint: Endpoint, request: pb.ModelInferRequest, timeout: float = CA
         return error.code().name, error.details()
 
 
-def stream(endpoint: Endpoint, requests: Iterable[pb.ModelInferRequest]) -> list[tuple[str, object, str]]:
+def stream(endpoint: Endpoint, requests: Iterable[pb.ModelInferRequest]) -> list[tuple[str, Any, str]]:
     """Send `requests` on one ModelStreamInfer stream; the responses as received: ("OK", values, id) or
     ("ERROR", error_message, "")."""
     answers = []
@@ -195,7 +198,7 @@ def stream(endpoint: Endpoint, requests: Iterable[pb.ModelInferRequest]) -> list
     return answers
 
 
-def interleaved(sequences: dict[object, list[int]]) -> list[tuple[object, int, bool, bool]]:
+def interleaved(sequences: dict[SequenceId, list[int]]) -> list[tuple[SequenceId, int, bool, bool]]:
     """Round-robin order of the steps of several sequences: (id, value, start, end) per request."""
     order = []
     for step in range(max(len(steps) for steps in sequences.values())):
@@ -243,15 +246,17 @@ def test_a_negative_int64_id_reaches_a_uint64_corrid_as_its_bits_as_on_triton(se
 # ------------------------------------------------------------------------------------------ interleaved sequences
 
 
-def _accumulate_unary(endpoint: Endpoint, model: str, sequences: dict[object, list[int]]) -> dict[object, list]:
-    sums: dict[object, list] = {sequence_id: [] for sequence_id in sequences}
+def _accumulate_unary(endpoint: Endpoint, model: str, sequences: dict[SequenceId, list[int]]) -> dict[SequenceId, list]:
+    sums: dict[SequenceId, list] = {sequence_id: [] for sequence_id in sequences}
     for sequence_id, value, start, end in interleaved(sequences):
         code, answer = infer(endpoint, sequence_request(model, sequence_id, start=start, end=end, value=value))
         sums[sequence_id].append(answer["OUTPUT"][0] if code == "OK" else (code, answer))
     return sums
 
 
-def _accumulate_stream(endpoint: Endpoint, model: str, sequences: dict[object, list[int]]) -> dict[object, list]:
+def _accumulate_stream(
+    endpoint: Endpoint, model: str, sequences: dict[SequenceId, list[int]]
+) -> dict[SequenceId, list]:
     order = interleaved(sequences)
     requests = [
         sequence_request(model, sequence_id, start=start, end=end, value=value, request_id=f"{sequence_id}/{index}")
@@ -262,7 +267,7 @@ def _accumulate_stream(endpoint: Endpoint, model: str, sequences: dict[object, l
     errors = [answer for answer in answers if answer[0] != "OK"]
     assert not errors, (endpoint.name, errors)
     # Answers of different sequences may come back in any order; those of one sequence in the order sent.
-    sums: dict[object, list] = {sequence_id: [] for sequence_id in sequences}
+    sums: dict[SequenceId, list] = {sequence_id: [] for sequence_id in sequences}
     for _code, answer, request_id in answers:
         sequence_id = request_id.rsplit("/", 1)[0]
         key = next(key for key in sequences if str(key) == sequence_id)
@@ -487,7 +492,7 @@ class Pending:
 
     def __init__(self, endpoint: Endpoint, request: pb.ModelInferRequest, timeout: float = CALL_TIMEOUT):
         self.done = threading.Event()
-        self.answer: tuple[str, object] | None = None
+        self.answer: tuple[str, Any] | None = None
         self.thread = threading.Thread(target=self._run, args=(endpoint, request, timeout), daemon=True)
         self.thread.start()
 
@@ -495,7 +500,7 @@ class Pending:
         self.answer = infer(endpoint, request, timeout)
         self.done.set()
 
-    def result(self) -> tuple[str, object]:
+    def result(self) -> tuple[str, Any]:
         assert self.done.wait(CALL_TIMEOUT), "no answer"
         assert self.answer is not None
         return self.answer
