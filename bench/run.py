@@ -44,6 +44,10 @@ talks to 127.0.0.1 only. Sections, in order (all but transport by default):
              pipelines/s and p50 at 1 and 4 clients (this process's gRPC client: perf_analyzer cannot chain calls).
   transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
              server and real Triton's python backend; `--cores N` pins them; see bench/sections/transport.py.
+  sequences  16 concurrent sequences (perf_analyzer --sequence-length 20 at concurrency 16) on a python accumulator
+             configured `direct` and `oldest`, on slotserve and on real Triton 2.51, alternating point by point;
+             infer/s, p50 / p99, oldest / direct, requests per execution; a server that refuses the config is
+             "skipped: sequence batching not supported by this server" (see bench/sections/sequences.py).
   bytes_memory
              the peak RSS (VmHWM) rise of a fresh slotserve for one BYTES request to `simple_identity` of 2-byte
              elements, about 11 and 34 MiB on the wire, and one past --max-request-tensor-bytes (refused).
@@ -85,6 +89,7 @@ from bench.sections.ensemble import section_ensemble  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
 from bench.sections.python import section_python  # noqa: E402
+from bench.sections.sequences import section_sequences  # noqa: E402
 from bench.sections.shared_memory import section_shared_memory  # noqa: E402
 from bench.sections.simple import section_simple  # noqa: E402
 from bench.sections.slots import section_slots  # noqa: E402
@@ -104,6 +109,7 @@ SECTIONS = (
     "bytes_memory",
     "python",
     "ensemble",
+    "sequences",
     "transport",
 )
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "transport")  # transport (~10 min, real Triton): on request
@@ -156,7 +162,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots", "python", "transport"} & set(args.sections)
+    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots", "python", "sequences", "transport"} & set(
+        args.sections
+    )
     if needs_pa and not os.access(PERF_ANALYZER, os.X_OK):
         print(f"bench: {PERF_ANALYZER} is missing: run bench/setup.sh first", file=sys.stderr)
         return 2
@@ -185,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             "bytes_memory": lambda: section_bytes_memory(args, launcher, table, raw),
             "python": lambda: section_python(args, launcher, pa, table, raw, Path(scratch)),
             "ensemble": lambda: section_ensemble(args, launcher, table, raw, Path(scratch)),
+            "sequences": lambda: section_sequences(args, launcher, pa, table, raw, Path(scratch)),
             "transport": lambda: section_transport(args, launcher, pa, table, raw),
         }
         for section in args.sections:
