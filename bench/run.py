@@ -42,12 +42,12 @@ talks to 127.0.0.1 only. Sections, in order (all but transport by default):
   ensemble   a chain of three light python steps as one ensemble against the same three calls made by the
              client one after another, on slotserve and on real Triton 2.51 (python backend), same run, alternating;
              pipelines/s and p50 at 1 and 4 clients (this process's gRPC client: perf_analyzer cannot chain calls).
-  transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
-             server and real Triton's python backend; `--cores N` pins them; see bench/sections/transport.py.
   sequences  16 concurrent sequences (perf_analyzer --sequence-length 20 at concurrency 16) on a python accumulator
              configured `direct` and `oldest`, on slotserve and on real Triton 2.51, alternating point by point;
              infer/s, p50 / p99, oldest / direct, requests per execution; a server that refuses the config is
              "skipped: sequence batching not supported by this server" (see bench/sections/sequences.py).
+  transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
+             server and real Triton's python backend; `--cores N` pins them; see bench/sections/transport.py.
   bytes_memory
              the peak RSS (VmHWM) rise of a fresh slotserve for one BYTES request to `simple_identity` of 2-byte
              elements, about 11 and 34 MiB on the wire, and one past --max-request-tensor-bytes (refused).
