@@ -181,6 +181,7 @@ class ModelControl:
             self._load_steps(name, config_json, cancel, {name})
             if self.files.owns(self._current_source(name)):  # leave a files load behind: read the folder again
                 self.registry.register(Registration(name=name, source=name, config_json=config_json), cancel=cancel)
+                self.registry.reload_ensembles_of(name, cancel)
             else:  # the repository's folder; a failure there keeps the model listed with the new reason
                 self.registry.load(name, config_json=config_json, cancel=cancel)
             self.files.sweep(name, self._current_source(name))
@@ -191,6 +192,10 @@ class ModelControl:
         finally:
             self.files.done(folder)
             self.files.sweep(name, self._current_source(name))
+        # As registry.load does, and as Triton's load returns: the ensembles waiting on this step are loaded again
+        # before the call answers (the step watcher's reload after the "loaded" event comes too late for a client
+        # that asks right after its load).
+        self.registry.reload_ensembles_of(name, cancel)
 
     def _load_steps(self, name: str, config_json: str, cancel: CancelToken | None, seen: set[str]) -> None:
         """Before an ensemble loads from its repository folder: load each of its step models that is not loaded
