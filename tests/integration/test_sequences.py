@@ -102,6 +102,30 @@ def test_sequences_interleaved_on_one_stream_keep_order_and_state(repository):
     assert sums == [1, 100, 3, 300, 6, 600]
 
 
+def test_direct_opens_max_batch_size_times_instances_sequences_at_once(tmp_path):
+    """As Triton's direct: max_batch_size 2 x 2 instances = 4 sequences open at once from one client (their
+    requests interleaved, each keeping its own sum); a fifth start waits, past its timeout UNAVAILABLE naming the
+    4 sequence slots, and the four sequences go on untouched."""
+    write_accumulate(tmp_path, "acc_2x2", slots=2, batched=True, max_batch_size=2)
+    values = {sequence_id: [sequence_id, 10 * sequence_id, 100 * sequence_id] for sequence_id in (1, 2, 3, 4)}
+    sums: dict[int, list[int]] = {sequence_id: [] for sequence_id in values}
+    with serve(tmp_path, parallel_jobs=2) as running:
+        infer = stub(running).ModelInfer
+        for step in range(3):
+            if step == 1:
+                fifth = sequence_request("acc_2x2", 5, 5, start=True, end=True, batched=True)
+                fifth.parameters["timeout"].int64_param = 300_000
+                refused = rpc_error(infer, fifth)
+                assert refused.code == "UNAVAILABLE" and refused.reason == "server_busy", refused
+                assert "4 sequence slots" in refused.message, refused
+            for sequence_id, steps in values.items():
+                request = sequence_request(
+                    "acc_2x2", steps[step], sequence_id, start=step == 0, end=step == 2, batched=True
+                )
+                sums[sequence_id].append(int(output(infer(request, timeout=CALL_TIMEOUT))[0]))
+    assert sums == {sequence_id: expected_sums(steps) for sequence_id, steps in values.items()}
+
+
 def test_control_inputs_are_filled_as_configured(repository):
     with serve(repository) as running:
         infer = stub(running).ModelInfer
