@@ -583,6 +583,9 @@ def run_in_sequence(
     metadata = entry.known_metadata()
     if metadata is not None:  # bad input is refused before it takes a turn
         metadata.check_request(signature, outputs)
+    for control in spec.controls:  # an id the CORRID cannot hold, too (it would hold a slot it never uses)
+        if control.kind == CORRID:
+            _corrid(control.datatype, flags.id, (1,))
     table = entry.sequences
     capacity = entry.sequence_capacity()
     instances = None if spec.strategy == OLDEST else capacity // max(1, entry.spec.max_batch_size)

@@ -126,6 +126,19 @@ def test_direct_opens_max_batch_size_times_instances_sequences_at_once(tmp_path)
     assert sums == {sequence_id: expected_sums(steps) for sequence_id, steps in values.items()}
 
 
+def test_a_string_id_for_a_numeric_corrid_is_refused_by_name_and_holds_no_slot(repository):
+    """`controls` has a UINT64 CORRID and one slot here: a string id is refused before it takes a sequence slot,
+    so the next sequence starts at once (within its 2 s timeout) and the refused id has no open sequence."""
+    with serve(repository) as running:
+        infer = stub(running).ModelInfer
+        refused = rpc_error(infer, sequence_request("controls", 1, "abc", start=True))
+        assert refused.code == "INVALID_ARGUMENT", refused
+        assert "'abc'" in refused.message and "UINT64" in refused.message, refused
+        after = sequence_request("controls", 2, 77, start=True, end=True)
+        after.parameters["timeout"].int64_param = 2_000_000
+        assert int(output(infer(after, timeout=CALL_TIMEOUT), "CORRID_OUT", np.uint64)[0]) == 77
+
+
 def test_control_inputs_are_filled_as_configured(repository):
     with serve(repository) as running:
         infer = stub(running).ModelInfer
