@@ -443,7 +443,7 @@ def test_a_uint64_sequence_id_is_accepted_where_triton_refuses_it(servers):
     # A DELIBERATE DIFFERENCE (docs/sequences.md). Triton fact: sequence_id as uint64_param (even 5) is refused,
     # "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.". tritonclient never
     # sends one (int64_param; an id >= 2**63 fails in its protobuf), so a Triton client is not affected; slotserve
-    # accepts it, the KServe protocol's natural type for an id, and the one way to send ids >= 2**63 as numbers.
+    # accepts it, the KServe protocol's natural type for an id, which sends an id >= 2**63 as itself.
     reference, ours = (
         infer(
             endpoint,
