@@ -299,12 +299,14 @@ FIELDS: dict[str, FieldRule] = {
     "sequence_batching.control_input.control.data_type": _applied(
         "CORRID's type: TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING"
     ),
-    "sequence_batching.direct": _applied("one sequence per slot, each request run alone on its sequence's slot"),
+    "sequence_batching.direct": _applied(
+        "max(1, max_batch_size) sequences per slot, each pinned to its slot, each request run alone"
+    ),
     "sequence_batching.direct.max_queue_delay_microseconds": _ignored(
-        "a sequence's request runs at once on its own slot: there is no batch to wait for"
+        "a sequence's request runs alone on its slot: there is no batch to wait for"
     ),
     "sequence_batching.direct.minimum_slot_utilization": _ignored(
-        "a sequence's request runs at once on its own slot: there is no batch to fill"
+        "a sequence's request runs alone on its slot: there is no batch to fill"
     ),
     "sequence_batching.oldest": _applied(
         "up to max_candidate_sequences open sequences; their next requests that wait together run as one batch"

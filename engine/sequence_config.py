@@ -76,16 +76,17 @@ class SequenceState:
 
 @dataclass(frozen=True)
 class SequenceSpec:
-    """A model's sequence batching. `direct`: one sequence per slot, each request run alone on its sequence's
-    slot. `oldest`: up to `max_candidates` sequences open at once; the next requests of different sequences that
-    wait together run as one batch (dynamic batching's rule: ModelSpec.batching carries the delay and preferred
-    sizes), each sequence still one request at a time, in order, its rows at their own place in the batch."""
+    """A model's sequence batching. `direct`: max(1, max_batch_size) sequences per slot (Triton's sequence slots),
+    each pinned to one slot (instance), each request run alone on it. `oldest`: up to `max_candidates` sequences
+    open at once; the next requests of different sequences that wait together run as one batch (dynamic
+    batching's rule: ModelSpec.batching carries the delay and preferred sizes), each sequence still one request
+    at a time, in order, its rows at their own place in the batch."""
 
     strategy: str = DIRECT
     max_idle_us: int = DEFAULT_IDLE_US
     controls: tuple[SequenceControl, ...] = ()
     states: tuple[SequenceState, ...] = ()
-    max_candidates: int = 0  # oldest: sequences open at once (0: direct, one per slot)
+    max_candidates: int = 0  # oldest: sequences open at once (0: direct, max(1, max_batch_size) per slot)
 
     def provided_inputs(self) -> dict[str, str]:
         """The model inputs the server fills (control inputs and state inputs), name -> datatype."""

@@ -241,7 +241,9 @@ class SlotserveCollector(Collector):
                 lines.counter(name, documentation, [(entry, {}, value(snapshot)) for entry, snapshot in cached])
         if rows:
             pending: list[tuple[ModelEntry, dict[str, str], int]] = [
-                (entry, {}, entry.status().queued_requests) for entry, _ in rows
+                # a sequence's request waiting for its slot or its turn is pending too, as on Triton
+                (entry, {}, entry.status().queued_requests + entry.sequences.pending_count())
+                for entry, _ in rows
             ]
             lines.family(
                 "nv_inference_pending_request_count", "Requests waiting for a slot, per model", "gauge", pending

@@ -39,6 +39,7 @@ from generated import grpc_service_pb2 as pb
 
 from . import wire
 from .core.errors import InvalidRequest
+from .core.sequences import check_parameter_types
 from .dataplane import DecodedRequest, InferenceRequest, InferenceResponse, output_bytes  # noqa: F401
 from .request_info import plain_parameters
 from .shared_memory import RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
@@ -508,14 +509,17 @@ SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 
 
 def _sequence_parameters(request: pb.ModelInferRequest) -> dict[str, tuple[str, object]]:
-    """The sequence parameters a request carries, as (parameter_choice, value): the sequence core checks their
-    types (service/core/sequences.py read_flags), so that the wire layer knows nothing of sequences."""
+    """The sequence parameters a request carries, as (parameter_choice, value), their types checked by the sequence
+    core for every model, as Triton checks them (service/core/sequences.py check_parameter_types). Raises its
+    SequenceParameterError (an InvalidRequest)."""
     found: dict[str, tuple[str, object]] = {}
     for key in SEQUENCE_PARAMETERS:
         if key in request.parameters:
             parameter = request.parameters[key]
             kind = parameter.WhichOneof("parameter_choice") or "no value"
             found[key] = (kind, getattr(parameter, kind) if kind != "no value" else None)
+    if found:
+        check_parameter_types(found)
     return found
 
 

@@ -479,13 +479,14 @@ class ModelEntry:
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
     def sequence_capacity(self) -> int:
-        """How many sequences may be open at once: `oldest`'s max_candidate_sequences, else (direct) the published
-        pool's slots, else the configured count."""
-        sequence = self._committed.spec.sequence
-        if sequence is not None and sequence.max_candidates:
-            return sequence.max_candidates
+        """How many sequences may be open at once: `oldest`'s max_candidate_sequences, else (direct, as Triton's)
+        max(1, max_batch_size) per slot of the published pool, else of the configured count."""
+        spec = self._committed.spec
+        if spec.sequence is not None and spec.sequence.max_candidates:
+            return spec.sequence.max_candidates
         pool = self._pool
-        return pool.capacity if pool is not None else self._committed.settings.slots
+        slots = pool.capacity if pool is not None else self._committed.settings.slots
+        return slots * max(1, spec.max_batch_size)
 
     def _max_queue(self, settings: ModelSettings) -> int:
         return self._runtime.max_queue if settings.max_queue is None else settings.max_queue

@@ -3,13 +3,17 @@ slot, in arrival order, with the control inputs and the implicit state the model
 
 The rule (contract SEQUENCE.nn, docs/sequences.md):
 
-* A model has as many **sequence slots** as slots. A request with `sequence_start` takes one for its sequence,
-  in FIFO order among the starts that wait for one, until the request's admission deadline. The sequence keeps
-  that slot, and each of its requests runs on that slot's context, until a request with `sequence_end` ends it.
+* A model has `ModelEntry.sequence_capacity()` **sequence slots**: `direct`, as Triton's, has max(1,
+  max_batch_size) of them per instance (slot); `oldest` has max_candidate_sequences. A request with
+  `sequence_start` takes one for its sequence, in FIFO order among the starts that wait for one, until the
+  request's admission deadline. The sequence keeps that slot until a request with `sequence_end` ends it; under
+  `direct` each of its requests runs on the slot's instance (context `slot % instances`, fixed when the slot is
+  handed), so a python model may keep per-sequence state in its worker.
 * The requests of a sequence take their **turns** in arrival order: one runs at a time, the next waits until
-  the previous one is done (never reordered, never on another slot). Each turn then goes through the model's
+  the previous one is done (never reordered, never on another instance). Each turn then goes through the model's
   ordinary admission (`ModelEntry.acquire_lease` for the sequence's context), so a queued manager is waited
   for as any request waits for it, and a manager waits only for the turn that runs, not for open sequences.
+  Turns of different sequences pinned to one instance run one after another (each alone, not as one batch).
 * An open sequence with no request for `max_sequence_idle_microseconds` is ended and its slot handed on; its
   next request is refused naming that. A sequence whose model was reconfigured, unloaded, evicted or closed
   at shutdown (`end_all`, called when its pool is retired) is ended the same way. An ended id is remembered
@@ -96,6 +100,18 @@ def read_flags(model: str, parameters: Mapping[str, tuple[str, object]]) -> Sequ
     """The sequence flags of a request to a sequence model, from its parameters as the transport read them
     ({name: (kind, value)}, kind the protocol's parameter_choice). Raises SequenceParameterError for a wrong
     type and SequenceIdRequired without an id (Triton's words)."""
+    flags = check_parameter_types(parameters)
+    if flags.id in (0, ""):
+        raise SequenceIdRequired(
+            f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
+        )
+    return flags
+
+
+def check_parameter_types(parameters: Mapping[str, tuple[str, object]]) -> SequenceFlags:
+    """The sequence parameters' values, their types checked, for a request to ANY model (Triton checks them even
+    on a model without sequence_batching, which then ignores them): `sequence_id` an int64_param, uint64_param
+    or string_param, the flags bool_params. Raises SequenceParameterError naming the parameter and the type."""
     sequence_id: SequenceId = 0
     if "sequence_id" in parameters:
         kind, value = parameters["sequence_id"]
@@ -109,10 +125,6 @@ def read_flags(model: str, parameters: Mapping[str, tuple[str, object]]) -> Sequ
                 f"string_param (got {kind})"
             )
     start, end = (_flag(parameters, name) for name in ("sequence_start", "sequence_end"))
-    if sequence_id in (0, ""):
-        raise SequenceIdRequired(
-            f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
-        )
     return SequenceFlags(sequence_id, start, end)
 
 
@@ -128,12 +140,25 @@ def _flag(parameters: Mapping[str, tuple[str, object]], name: str) -> bool:
 class Sequence:
     """One sequence: its slot, its queued turns, its implicit state. Fields are guarded by its table's lock."""
 
-    __slots__ = ("id", "phase", "slot", "turns", "running", "last_active", "states", "pool", "ended_why", "_granted")
+    __slots__ = (
+        "id",
+        "phase",
+        "slot",
+        "context",
+        "turns",
+        "running",
+        "last_active",
+        "states",
+        "pool",
+        "ended_why",
+        "_granted",
+    )
 
     def __init__(self, sequence_id: SequenceId, now: float) -> None:
         self.id = sequence_id
         self.phase = SequencePhase.WAITING
-        self.slot = -1
+        self.slot = -1  # its sequence slot
+        self.context = -1  # the instance (context index) its requests run on: fixed with its slot
         self.turns: deque[Turn] = deque()  # its requests not yet run, in arrival order
         self.running: Turn | None = None
         self.last_active = now
@@ -162,6 +187,10 @@ class Turn:
     def slot(self) -> int:
         return self.sequence.slot
 
+    @property
+    def context(self) -> int:
+        return self.sequence.context
+
 
 @dataclass(frozen=True)
 class SequenceStatistics:
@@ -181,12 +210,13 @@ class SequenceTable:
     def __init__(self, model: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self._clock = clock
-        # guards: _sequences, _waiting, _ended_ids, _capacity, _ended, _idle_ended and every Sequence's fields
+        # guards: _sequences, _waiting, _ended_ids, _capacity, _instances, _ended, _idle_ended, every Sequence's fields
         self._lock = threading.Lock()
         self._sequences: dict[SequenceId, Sequence] = {}  # WAITING and OPEN ones
         self._waiting: deque[Sequence] = deque()  # starts waiting for a slot, oldest first
         self._ended_ids: OrderedDict[SequenceId, str] = OrderedDict()  # id -> why it ended
-        self._capacity = 1
+        self._capacity = 1  # sequence slots
+        self._instances = 1  # contexts the slots are spread over (slot % instances)
         self._numbers = itertools.count(1)
         self._ended = 0
         self._idle_ended = 0
@@ -200,15 +230,18 @@ class SequenceTable:
         capacity: int,
         deadline: float | None,
         cancel: CancelToken | None = None,
+        instances: int | None = None,
     ) -> Turn:
         """Take this request's turn in its sequence: returns once it may run (the sequence holds a slot and every
-        earlier request of it is done). A START of a new sequence first waits for a free slot (FIFO). Blocks
+        earlier request of it is done). `capacity` sequence slots are spread over `instances` contexts (None: one
+        slot per context). A START of a new sequence first waits for a free slot (FIFO). Blocks
         until `deadline` (None: no limit); raises AdmissionTimeout past it, RequestCancelled when `cancel`
         fires, SequenceNotStarted for a request of a sequence that is not open. The caller must call `finish`
         with the returned turn, whatever happens next."""
         idle_s = spec.max_idle_us / 1e6
         with self._lock:
             self._capacity = max(1, capacity)
+            self._instances = max(1, min(self._capacity, instances or self._capacity))
             now = self._clock()
             sequence = self._sequences.get(flags.id)
             if sequence is not None and self._expired_locked(sequence, now, idle_s):
@@ -279,7 +312,8 @@ class SequenceTable:
         if turn.sequence.phase is SequencePhase.WAITING:
             return AdmissionTimeout(
                 f"model '{self.model}' had no free sequence slot for sequence {turn.flags.id} before the admission "
-                f"deadline ({self._capacity} slot{'s' if self._capacity != 1 else ''}, all held by open sequences)"
+                f"deadline ({self._capacity} sequence slot{'s' if self._capacity != 1 else ''}, all held by open "
+                "sequences)"
             )
         return AdmissionTimeout(
             f"model '{self.model}': sequence {turn.flags.id}'s earlier request did not finish before this "
@@ -404,6 +438,13 @@ class SequenceTable:
         with self._lock:
             return sum(1 for s in self._sequences.values() if s.phase is SequencePhase.OPEN)
 
+    def pending_count(self) -> int:
+        """Requests waiting for their turn: starts waiting for a sequence slot and the queued requests of open
+        sequences (Triton counts both as pending). The turns that run, and the admission queue behind them, are
+        not counted here. Never blocks for long; may be called under the model lock."""
+        with self._lock:
+            return sum(len(s.turns) for s in self._sequences.values())
+
     def sweep(self, spec: SequenceSpec) -> int:
         """End the sequences idle for longer than the spec allows now; returns how many."""
         with self._lock:
@@ -443,17 +484,24 @@ class SequenceTable:
         return len(expired)
 
     def _hand_slots_locked(self) -> None:
-        """Hand free slots to the oldest waiting starts (no barging: only here, in FIFO order)."""
+        """Hand free slots to the oldest waiting starts (no barging: only here, in FIFO order), each the free slot
+        of the instance that runs the fewest open sequences (so that sequences spread over the instances)."""
         if not self._waiting:
             return
-        used = {s.slot for s in self._sequences.values() if s.phase is SequencePhase.OPEN}
-        free = (slot for slot in range(self._capacity) if slot not in used)
-        while self._waiting:
-            slot = next(free, None)
-            if slot is None:
-                return
+        open_ = [s for s in self._sequences.values() if s.phase is SequencePhase.OPEN]
+        used = {s.slot for s in open_}
+        load = [0] * self._instances
+        for sequence in open_:
+            if 0 <= sequence.context < self._instances:
+                load[sequence.context] += 1
+        free = [slot for slot in range(self._capacity) if slot not in used]
+        while self._waiting and free:
+            slot = min(free, key=lambda slot: (load[slot % self._instances], slot))
+            free.remove(slot)
+            load[slot % self._instances] += 1
             sequence = self._waiting.popleft()
             sequence.slot = slot
+            sequence.context = slot % self._instances
             sequence.move(SequencePhase.OPEN)
             sequence.last_active = self._clock()
             self._wake_next_locked(sequence)
@@ -535,12 +583,17 @@ def run_in_sequence(
     metadata = entry.known_metadata()
     if metadata is not None:  # bad input is refused before it takes a turn
         metadata.check_request(signature, outputs)
+    for control in spec.controls:  # an id the CORRID cannot hold, too (it would hold a slot it never uses)
+        if control.kind == CORRID:
+            _corrid(control.datatype, flags.id, (1,))
     table = entry.sequences
-    turn = table.enter(flags, spec, entry.sequence_capacity(), deadline, cancel)
+    capacity = entry.sequence_capacity()
+    instances = None if spec.strategy == OLDEST else capacity // max(1, entry.spec.max_batch_size)
+    turn = table.enter(flags, spec, capacity, deadline, cancel, instances)
     try:
         if spec.strategy == OLDEST:
             return _run_in_batch(entry, table, turn, spec, inputs, signature, outputs, deadline, cancel, before_run)
-        with entry.acquire_lease(deadline, cancel, context_index=turn.slot) as lease:
+        with entry.acquire_lease(deadline, cancel, context_index=turn.context) as lease:
             table.bind(turn, lease.pool)
             before_run()
             checked = time.perf_counter_ns()
@@ -628,6 +681,7 @@ __all__ = [
     "SequenceStatistics",
     "SequenceTable",
     "Turn",
+    "check_parameter_types",
     "read_flags",
     "run_in_sequence",
 ]

@@ -22,15 +22,17 @@ from service.status_codes import describe
 from service.tensors import as_message, inference_request
 from tests.sequence_builders import expected_sums, write_accumulate, write_fixture_sequence
 
-from .harness import Lab
+from .harness import WAIT, Lab
 
 cell = pytest.mark.cell
 
 
-def message(model: str, value, sequence_id, *, start=False, end=False, datatype="FP32") -> pb.ModelInferRequest:
+def message(
+    model: str, value, sequence_id, *, start=False, end=False, datatype="FP32", shape=(1,)
+) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name=model)
-    array = np.array([value], np.float32 if datatype == "FP32" else np.int32)
-    request.inputs.add(name="INPUT0" if datatype == "FP32" else "INPUT", datatype=datatype, shape=[1])
+    array = np.full(shape, value, np.float32 if datatype == "FP32" else np.int32)
+    request.inputs.add(name="INPUT0" if datatype == "FP32" else "INPUT", datatype=datatype, shape=list(shape))
     request.raw_input_contents.append(array.tobytes())
     if sequence_id:
         request.parameters["sequence_id"].int64_param = sequence_id
@@ -46,22 +48,26 @@ class Sequences:
         root = tmp_path / "repository"
         write_fixture_sequence(root, "seq", slots=slots, idle_us=idle_us)
         write_accumulate(root, "acc", slots=slots, idle_us=idle_us)
+        # max_batch_size 2: two sequence slots per slot, as Triton's direct
+        write_accumulate(root, "acc2", slots=slots, idle_us=idle_us, batched=True, max_batch_size=2)
         self.lab = Lab(root, {"other": {}}, load=False, parallel_jobs=max(2, slots), **lab_options)
         self.lab.runtime.backends["onnxruntime"] = OnnxRuntimeBackend()  # type: ignore[index]
         self.dataplane = Dataplane(self.lab.registry, clock=self.lab.clock)
 
     def infer(self, model: str, value, sequence_id, *, start=False, end=False, cancel=None, timeout_us=0):
-        datatype = "INT32" if model == "acc" else "FP32"
-        request = message(model, value, sequence_id, start=start, end=end, datatype=datatype)
+        datatype = "INT32" if model.startswith("acc") else "FP32"
+        shape = (1, 1) if model == "acc2" else (1,)
+        request = message(model, value, sequence_id, start=start, end=end, datatype=datatype, shape=shape)
         if timeout_us:
             request.parameters["timeout"].int64_param = timeout_us
-        output = "OUTPUT" if model == "acc" else "OUTPUT0"
+        output = "OUTPUT" if model.startswith("acc") else "OUTPUT0"
 
         def run():
             response = self.dataplane.infer(inference_request(request, as_message), cancel=cancel or CancelToken())
             names = [o.name for o in response.outputs]
             assert names == [output], names
-            return np.frombuffer(response.raw_output_contents[0], np.int32 if model == "acc" else np.float32)[0]
+            dtype = np.int32 if model.startswith("acc") else np.float32
+            return np.frombuffer(response.raw_output_contents[0], dtype)[0]
 
         return self.lab.start(f"{model}:{sequence_id}:{value}", run)
 
@@ -97,7 +103,8 @@ def record_contexts(monkeypatch) -> list[tuple[int, float]]:
     execute = Lease.execute
 
     def recorded(self, inputs, outputs, cancel):
-        runs.append((id(self.context), float(inputs["INPUT0"][0])))
+        value = inputs["INPUT0"] if "INPUT0" in inputs else inputs["INPUT"]
+        runs.append((id(self.context), float(np.asarray(value).reshape(-1)[0])))
         return execute(self, inputs, outputs, cancel)
 
     monkeypatch.setattr(Lease, "execute", recorded)
@@ -126,6 +133,39 @@ def test_a_sequences_requests_run_in_arrival_order_one_at_a_time_on_its_slot(seq
     assert len(one) == 1 and len(two) == 1 and one != two  # each sequence on one context, never the other's
 
 
+@cell("SEQUENCE.01")
+@cell("SEQUENCE.02")
+def test_direct_has_max_batch_size_sequences_per_slot_taking_turns_on_it(sequences, monkeypatch):
+    env = sequences(slots=1)  # acc2: max_batch_size 2 x 1 slot = 2 sequence slots, both on the one context
+    runs = record_contexts(monkeypatch)
+    entered, release = threading.Event(), threading.Event()
+    recorded = Lease.execute
+
+    def held(self, inputs, outputs, cancel):  # the run of value 2 waits for the test (a gate on the ONNX model)
+        if int(np.asarray(inputs["INPUT"]).reshape(-1)[0]) == 2:
+            entered.set()
+            assert release.wait(WAIT)
+        return recorded(self, inputs, outputs, cancel)
+
+    monkeypatch.setattr(Lease, "execute", held)
+    assert env.infer("acc2", 1, 1, start=True).result() == 1
+    assert env.infer("acc2", 10, 2, start=True).result() == 10  # open at once, as on Triton
+    assert env.table("acc2").slots_in_use == (0, 1)
+    first = env.infer("acc2", 2, 1)
+    assert entered.wait(WAIT)
+    other = env.infer("acc2", 20, 2)  # pinned to the same context: waits for it
+    env.lab.wait_until(lambda: env.lab.status("acc2").queued_requests == 1, "sequence 2's request queued")
+    assert [value for _, value in runs] == [1.0, 10.0]  # 20 has not run: 2 holds the context
+    release.set()
+    assert (first.result(), other.result()) == (3, 30)
+    assert [value for _, value in runs] == [1.0, 10.0, 2.0, 20.0]
+    assert len({context for context, _ in runs}) == 1
+    late = env.infer("acc2", 5, 3, start=True, timeout_us=50_000).error()  # a third sequence: no sequence slot
+    assert isinstance(late, AdmissionTimeout) and "(2 sequence slots, all held" in str(late), late
+    assert env.infer("acc2", 1, 1, end=True).result() == 4 and env.infer("acc2", 1, 2, end=True).result() == 31
+    assert env.table("acc2").open == 0
+
+
 @cell("SEQUENCE.02")
 def test_a_start_without_a_free_slot_waits_fifo_until_its_deadline(sequences):
     env = sequences(slots=1)
@@ -138,6 +178,7 @@ def test_a_start_without_a_free_slot_waits_fifo_until_its_deadline(sequences):
     env.wait_table("seq", lambda s: s.waiting_starts == 1, "sequence 3 waiting for a slot")
     waiting.append(env.infer("seq", 4.0, 4, start=True, end=True))
     env.wait_table("seq", lambda s: s.waiting_starts == 2, "sequences 3 and 4 waiting for a slot")
+    assert env.entry("seq").sequences.pending_count() == 2  # nv_inference_pending_request_count counts them
     env.infer("seq", 5.0, 1, end=True).result()  # frees the slot: it goes to 3, the oldest
     assert waiting[0].result() == 3.0
     env.wait_table("seq", lambda s: s.open == 1 and s.waiting_starts == 1, "3 open, 4 still waiting")

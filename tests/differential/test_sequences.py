@@ -82,6 +82,9 @@ MODELS = {
         root, "acc_oldest", models.SequenceOptions(strategy=models.OLDEST)
     ),
     "acc_stats": lambda root: models.write_python_accumulate(root, "acc_stats"),
+    "acc_string": lambda root: models.write_python_accumulate(
+        root, "acc_string", models.SequenceOptions(corrid_type="TYPE_STRING")
+    ),
 }
 
 PLAIN_CONFIG = """name: "plain"
@@ -293,15 +296,37 @@ def test_interleaved_sequences_keep_their_own_sums_as_on_triton(servers, model, 
     assert results["slotserve"] == results["triton"]
 
 
-def test_string_sequence_ids_keep_their_sequences_apart_as_on_triton(servers):
-    # Triton fact: a string_param sequence_id is accepted on a model whose CORRID is TYPE_UINT64 (CORRID then holds
-    # the string's serialized bytes, not a parsed number: not compared), and requests are routed by the string.
-    # (TYPE_STRING CORRID cannot be compared: Triton 2.51 refuses every such request, "unexpected number of string
-    # elements 2 for inference input 'CORRID', expecting 1".)
-    for endpoint in servers.each():
-        sequences = {f"{endpoint.name}-alpha": [1, 2, 3], f"{endpoint.name}-beta": [5, 5], "42": [9, 1]}
-        sums = _accumulate_unary(endpoint, "acc_direct", sequences)
-        assert sums == {key: models.expected_sums(steps) for key, steps in sequences.items()}, endpoint.name
+def test_a_string_id_on_a_uint64_corrid_is_refused_by_name_where_triton_fills_in_its_bytes(servers):
+    # A DELIBERATE DIFFERENCE (docs/sequences.md, "Differences from Triton 2.51"). Triton fact: a string_param
+    # sequence_id is accepted on a model whose CORRID is TYPE_UINT64, and CORRID then holds the string's serialized
+    # bytes (4-byte length + bytes read as a number: "42" is not 42), so distinct strings stay apart only by
+    # accident of their bytes. slotserve refuses such a request with INVALID_ARGUMENT naming the id and the CORRID
+    # type, before it takes a sequence slot: a model keyed by CORRID would otherwise get a meaningless number.
+    reference, ours = servers.each()
+    sequences = {"triton-alpha": [1, 2, 3], "triton-beta": [5, 5], "42": [9, 1]}
+    sums = _accumulate_unary(reference, "acc_direct", sequences)
+    assert sums == {key: models.expected_sums(steps) for key, steps in sequences.items()}
+    for sequence_id, _value, start, end in interleaved({"slotserve-alpha": [1, 2], "42": [9]}):
+        code, text = infer(ours, sequence_request("acc_direct", sequence_id, start=start, end=end))
+        assert code == "INVALID_ARGUMENT" and f"'{sequence_id}'" in text and "UINT64" in text, (code, text)
+    # Nothing of the refused requests holds a slot or a sum: a numeric sequence runs as usual afterwards.
+    assert _accumulate_unary(ours, "acc_direct", {2900: [4, 5]}) == {2900: [4, 9]}
+
+
+def test_string_ids_keep_their_sequences_apart_on_a_string_corrid_which_triton_2_51_refuses(servers):
+    # Triton fact: a TYPE_STRING CORRID is broken in 2.51 with the python backend: every request is refused
+    # ("unexpected number of string elements 2 for inference input 'CORRID', expecting 1"), so string ids cannot be
+    # compared; slotserve defines it on its own (CORRID holds the id's UTF-8 bytes; a number id as its digits) and
+    # routes by the string. Triton's refusal is asserted so that a fixed Triton turns this into a comparison.
+    reference, ours = servers.each()
+    code, text = infer(reference, sequence_request("acc_string", "triton-alpha", start=True, end=True))
+    assert (code, text) == (
+        "INVALID_ARGUMENT",
+        "unexpected number of string elements 2 for inference input 'CORRID', expecting 1",
+    )
+    sequences = {"slotserve-alpha": [1, 2, 3], "slotserve-beta": [5, 5], "42": [9, 1], 43: [7, 7]}
+    sums = _accumulate_unary(ours, "acc_string", sequences)
+    assert sums == {key: models.expected_sums(steps) for key, steps in sequences.items()}
 
 
 @pytest.mark.parametrize("call", ["unary", "stream"])
@@ -369,11 +394,6 @@ REFUSALS = {
         "request of the sequence",
         ("echo_direct", "5008"),
     ),
-    "sequence_id_uint64_param": (
-        lambda: _with_parameter(sequence_request("echo_direct", None, start=True), "sequence_id", "uint64_param", 5),
-        "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.",
-        ("sequence_id",),
-    ),
     "sequence_id_double_param": (
         lambda: _with_parameter(sequence_request("echo_direct", None, start=True), "sequence_id", "double_param", 3.0),
         "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.",
@@ -417,6 +437,27 @@ def test_a_bad_sequence_request_is_refused_with_triton_code_and_named(servers, c
     for words in named:
         alternatives = (words,) if isinstance(words, str) else words
         assert any(word in ours[1] for word in alternatives), (alternatives, ours)
+
+
+def test_a_uint64_sequence_id_is_accepted_where_triton_refuses_it(servers):
+    # A DELIBERATE DIFFERENCE (docs/sequences.md). Triton fact: sequence_id as uint64_param (even 5) is refused,
+    # "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.". tritonclient never
+    # sends one (int64_param; an id >= 2**63 fails in its protobuf), so a Triton client is not affected; slotserve
+    # accepts it, the KServe protocol's natural type for an id, which sends an id >= 2**63 as itself.
+    reference, ours = (
+        infer(
+            endpoint,
+            _with_parameter(
+                sequence_request("echo_direct", None, start=True, end=True), "sequence_id", "uint64_param", 2**63 + 5
+            ),
+        )
+        for endpoint in servers.each()
+    )
+    assert reference == (
+        "INVALID_ARGUMENT",
+        "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.",
+    )
+    assert ours[0] == "OK" and ours[1]["OUT_CORRID"] == [2**63 + 5], ours
 
 
 def test_a_request_after_end_is_refused_and_the_model_serves_on_as_on_triton(servers):

@@ -139,7 +139,7 @@ GROUPS = {  # id prefix -> (heading, what the cells of that group are about)
     ),
     "SEQUENCE": (
         "Sequences (slotserve's own cells)",
-        "Stateful sequences: a slot per sequence, its requests in order.",
+        "Stateful sequences: sequence slots as Triton counts them, each sequence's requests in order on one slot.",
     ),
 }
 

@@ -102,6 +102,43 @@ def test_sequences_interleaved_on_one_stream_keep_order_and_state(repository):
     assert sums == [1, 100, 3, 300, 6, 600]
 
 
+def test_direct_opens_max_batch_size_times_instances_sequences_at_once(tmp_path):
+    """As Triton's direct: max_batch_size 2 x 2 instances = 4 sequences open at once from one client (their
+    requests interleaved, each keeping its own sum); a fifth start waits, past its timeout UNAVAILABLE naming the
+    4 sequence slots, and the four sequences go on untouched."""
+    write_accumulate(tmp_path, "acc_2x2", slots=2, batched=True, max_batch_size=2)
+    values = {sequence_id: [sequence_id, 10 * sequence_id, 100 * sequence_id] for sequence_id in (1, 2, 3, 4)}
+    sums: dict[int, list[int]] = {sequence_id: [] for sequence_id in values}
+    with serve(tmp_path, parallel_jobs=2) as running:
+        infer = stub(running).ModelInfer
+        for step in range(3):
+            if step == 1:
+                fifth = sequence_request("acc_2x2", 5, 5, start=True, end=True, batched=True)
+                fifth.parameters["timeout"].int64_param = 300_000
+                refused = rpc_error(infer, fifth)
+                assert refused.code == "UNAVAILABLE" and refused.reason == "server_busy", refused
+                assert "4 sequence slots" in refused.message, refused
+            for sequence_id, steps in values.items():
+                request = sequence_request(
+                    "acc_2x2", steps[step], sequence_id, start=step == 0, end=step == 2, batched=True
+                )
+                sums[sequence_id].append(int(output(infer(request, timeout=CALL_TIMEOUT))[0]))
+    assert sums == {sequence_id: expected_sums(steps) for sequence_id, steps in values.items()}
+
+
+def test_a_string_id_for_a_numeric_corrid_is_refused_by_name_and_holds_no_slot(repository):
+    """`controls` has a UINT64 CORRID and one slot here: a string id is refused before it takes a sequence slot,
+    so the next sequence starts at once (within its 2 s timeout) and the refused id has no open sequence."""
+    with serve(repository) as running:
+        infer = stub(running).ModelInfer
+        refused = rpc_error(infer, sequence_request("controls", 1, "abc", start=True))
+        assert refused.code == "INVALID_ARGUMENT", refused
+        assert "'abc'" in refused.message and "UINT64" in refused.message, refused
+        after = sequence_request("controls", 2, 77, start=True, end=True)
+        after.parameters["timeout"].int64_param = 2_000_000
+        assert int(output(infer(after, timeout=CALL_TIMEOUT), "CORRID_OUT", np.uint64)[0]) == 77
+
+
 def test_control_inputs_are_filled_as_configured(repository):
     with serve(repository) as running:
         infer = stub(running).ModelInfer

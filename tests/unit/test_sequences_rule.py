@@ -141,6 +141,46 @@ def test_a_sequence_never_changes_slot_between_its_start_and_its_end():
     assert table.statistics().open == 0
 
 
+def test_direct_slots_spread_over_instances_and_a_sequence_keeps_its_instance():
+    """Four sequence slots over two instances (max_batch_size 2 x 2, as Triton's direct): four sequences are open
+    at once, two per instance, each on one instance from its start to its end; a freed slot goes to the
+    instance with the fewest open sequences."""
+    table = SequenceTable("m")
+    contexts: dict[int, set[int]] = {sid: set() for sid in (1, 2, 3, 4)}
+    for step in range(3):
+        for sid in contexts:
+            turn = table.enter(SequenceFlags(sid, start=step == 0, end=step == 2 and sid == 1), SPEC, 4, None, None, 2)
+            contexts[sid].add(turn.context)
+            table.finish(turn)
+    assert all(len(used) == 1 for used in contexts.values()), contexts
+    assert sorted(next(iter(used)) for used in contexts.values()) == [0, 0, 1, 1]
+    freed = next(iter(contexts[1]))  # sequence 1 ended: its instance runs one sequence now
+    turn = table.enter(SequenceFlags(5, start=True), SPEC, 4, None, None, 2)
+    assert turn.context == freed
+    table.finish(turn)
+    assert table.statistics().open == 4
+
+
+def test_pending_counts_starts_waiting_for_a_slot_and_queued_turns():
+    table = SequenceTable("m")
+    holder = table.enter(SequenceFlags(1, start=True), SPEC, 1, None)
+    assert table.pending_count() == 0  # the running turn is not pending
+
+    def waiting_start() -> None:
+        table.finish(table.enter(SequenceFlags(2, start=True, end=True), SPEC, 1, time.monotonic() + WAIT))
+
+    thread = threading.Thread(target=waiting_start)
+    thread.start()
+    deadline = time.monotonic() + WAIT
+    while table.pending_count() != 1:  # polls an observable state until a deadline
+        assert time.monotonic() < deadline and thread.is_alive(), table.statistics()
+        time.sleep(0.01)
+    table.finish(holder)
+    table.finish(table.enter(SequenceFlags(1, end=True), SPEC, 1, None))
+    thread.join(WAIT)
+    assert not thread.is_alive() and table.pending_count() == 0
+
+
 def test_a_start_waits_fifo_for_a_slot_and_gets_the_one_an_end_frees():
     table = SequenceTable("m")
     first = table.enter(SequenceFlags(1, start=True), SPEC, 1, None)
@@ -171,7 +211,7 @@ def test_a_start_waits_fifo_for_a_slot_and_gets_the_one_an_end_frees():
 def test_a_start_that_times_out_waiting_names_the_slots_and_holds_nothing():
     table = SequenceTable("m")
     table.finish(table.enter(SequenceFlags(1, start=True), SPEC, 1, None))
-    with pytest.raises(AdmissionTimeout, match="no free sequence slot for sequence 2 .*1 slot, all held"):
+    with pytest.raises(AdmissionTimeout, match="no free sequence slot for sequence 2 .*1 sequence slot, all held"):
         table.enter(SequenceFlags(2, start=True), SPEC, 1, time.monotonic() + 0.01)
     cancel = CancelToken()
     cancel.cancel("test")
