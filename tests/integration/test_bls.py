@@ -218,9 +218,18 @@ def test_a_self_call_fails_at_the_calls_own_timeout_and_at_the_callers_deadline(
     has_error, code, message = json.loads(self_call(running, 2))  # the call's own timeout: 0.5 s
     assert has_error and code == 4 and "calling model itself" in message
     started = time.monotonic()
-    with pytest.raises(ClientError) as failed:
-        self_call(running, 1, timeout=2.0)  # the caller's deadline
-    assert failed.value.code == "DEADLINE_EXCEEDED" and time.monotonic() - started < BOUND
+    try:
+        answer = self_call(running, 1, timeout=2.0)  # the caller's deadline ends the call
+    except ClientError as failed:
+        assert failed.code == "DEADLINE_EXCEEDED", failed
+    else:
+        # The server's copy of the deadline is the client's less the request's way there: on a loaded machine the
+        # model may see its call end at it and answer before the client's own deadline fires. Either way the
+        # call ended at the caller's deadline: UNAVAILABLE naming the self-call (its admission deadline), or
+        # CANCELLED (the caller's cancellation at that deadline came first).
+        has_error, code, message = json.loads(answer)
+        assert has_error and (code == 7 or (code == 4 and "calling model itself" in message)), (code, message)
+    assert time.monotonic() - started < BOUND
     # the caller's cancellation ended its call: the slot is free again, no hang
     deadline = time.monotonic() + BOUND
     while True:
