@@ -392,7 +392,7 @@ class TritonPythonModel:
         open(os.path.join(folder, "started"), "w").close()
         deadline = time.monotonic() + 60
         while not requests[0].is_cancelled() and time.monotonic() < deadline:
-            time.sleep(0.01)  # polls is_cancelled()
+            time.sleep(0.01)  # ordering-free: polls is_cancelled() until a deadline
         if requests[0].is_cancelled():
             open(os.path.join(folder, "cancelled"), "w").close()
         return [pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", np.array([b"x" * 100000], dtype=object))])]
@@ -409,7 +409,7 @@ class TritonPythonModel:
         def die_once_the_callee_runs():
             deadline = time.monotonic() + 60
             while not os.path.exists(os.path.join(folder, "started")) and time.monotonic() < deadline:
-                time.sleep(0.01)
+                time.sleep(0.01)  # ordering-free: polls for the callee's file until a deadline
             os._exit(9)
 
         threading.Thread(target=die_once_the_callee_runs, daemon=True).start()

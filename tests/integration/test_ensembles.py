@@ -208,7 +208,7 @@ def wait_until(condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
+        time.sleep(0.05)  # ordering-free: polls the condition until a deadline
 
 
 def test_a_step_model_unloaded_makes_the_ensemble_unavailable_and_a_reload_brings_it_back(tmp_path, controls):

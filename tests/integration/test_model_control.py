@@ -231,5 +231,5 @@ def test_the_poller_runs_on_its_own_every_interval(tmp_path):
         deadline = time.monotonic() + WAIT
         while not running.client.model_ready("b"):
             assert time.monotonic() < deadline, "the poller did not load the new folder"
-            time.sleep(0.01)  # waits on an observable state
+            time.sleep(0.01)  # ordering-free: polls an observable state until a deadline
         assert serves(running, "b")

@@ -270,7 +270,7 @@ class TritonPythonModel:
         sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([float(os.getpid())], np.float32))]))
         if pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0] > 0:
             while True:  # never looks at is_cancelled()
-                time.sleep(0.01)
+                time.sleep(0.01)  # ordering-free: a model that hangs on purpose
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
@@ -324,7 +324,7 @@ class TritonPythonModel:
             ctypes.string_at(0)  # a segmentation fault
         if mode == 2:
             open(os.environ["SLOTSERVE_TEST_MARKER"] + str(os.getpid()), "w").close()
-            time.sleep(300)
+            time.sleep(300)  # ordering-free: a model that hangs until it is killed
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([float(os.getpid())], np.float32))])]
 """
 
@@ -355,7 +355,7 @@ def test_a_segfault_or_a_kill_fails_the_request_naming_the_signal(slotserve, tmp
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob("sleeping-*")):
         assert time.monotonic() < deadline, "the model never started its sleep"
-        time.sleep(0.02)
+        time.sleep(0.02)  # ordering-free: polls for the model's file until a deadline
     (marker,) = tmp_path.glob("sleeping-*")
     os.kill(int(marker.name.split("-")[1]), signal.SIGKILL)  # as the OOM killer would
     caller.join(60)

@@ -83,7 +83,7 @@ def eventually(predicate, timeout: float = WAIT) -> bool:
     while not predicate():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.005)  # re-checks a state; orders nothing
+        time.sleep(0.005)  # ordering-free: re-checks a state until a deadline
     return True
 
 
