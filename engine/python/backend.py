@@ -222,16 +222,7 @@ class WorkerProcess:
         died: `self.ended` is then set), ExecutionCancelled (killed after a cancellation)."""
         self.run += 1
         run = self.run
-        layout = transport.Layout()
-        requests = []
-        for member in members:
-            descriptors = [
-                layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
-            ]
-            requests.append(_request_fields(descriptors, member))
-        if layout.size > self.requests.size:
-            self._replace("request", layout.size)
-        layout.write(self.requests)
+        requests = self._lay_out(members)
         self._caller = (kill_cancel, _caller_deadline(members))
         watchers = [self._cancel_watcher(run, index, member.cancel) for index, member in enumerate(members)]
         try:
@@ -349,6 +340,19 @@ class WorkerProcess:
     def _send_call(self, run: int, members: Sequence):
         """Lay the members' inputs into the request segment and send the execute message. Returns the cancel
         watcher of the first member (to remove when the call ends)."""
+        requests = self._lay_out(members)
+        self._caller = (members[0].cancel, _caller_deadline(members))
+        watcher = self._cancel_watcher(run, 0, members[0].cancel)
+        try:
+            self._send(("execute", run, requests, self._segments_message()))
+        except BaseException:
+            members[0].cancel.remove_callback(watcher)
+            raise
+        return watcher
+
+    def _lay_out(self, members: Sequence) -> list:
+        """Copy the members' inputs into the request segment (grown first when they do not fit); returns each
+        member's request fields for the execute message."""
         layout = transport.Layout()
         requests = []
         for member in members:
@@ -359,14 +363,7 @@ class WorkerProcess:
         if layout.size > self.requests.size:
             self._replace("request", layout.size)
         layout.write(self.requests)
-        self._caller = (members[0].cancel, _caller_deadline(members))
-        watcher = self._cancel_watcher(run, 0, members[0].cancel)
-        try:
-            self._send(("execute", run, requests, self._segments_message()))
-        except BaseException:
-            members[0].cancel.remove_callback(watcher)
-            raise
-        return watcher
+        return requests
 
     def _segments(self) -> dict[str, transport.Segment]:
         return {"request": self.requests, "response": self.responses}
