@@ -77,7 +77,20 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def from_numpy(dtype: np.dtype) -> str:
     """KServe datatype name of a numpy dtype. Strings and bytes map to BYTES. Raises KeyError if none fits."""
-    dtype = np.dtype(dtype)
+    try:
+        return _FROM_NUMPY[dtype]
+    except (KeyError, TypeError):  # not seen yet, or not a dtype (a type such as np.float32, or a string)
+        pass
+    name = _from_numpy(np.dtype(dtype))
+    if isinstance(dtype, np.dtype):
+        _FROM_NUMPY[dtype] = name  # a few dtypes ever, asked for every tensor of every call: remember the answer
+    return name
+
+
+_FROM_NUMPY: dict[np.dtype, str] = {}
+
+
+def _from_numpy(dtype: np.dtype) -> str:
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
     if dtype == bfloat16():

@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import queue
+import select
 import signal
 import socket
 import struct
@@ -100,7 +101,7 @@ SHUTDOWN_KILL_SECONDS = 1.0  # well inside the server's SHUTDOWN_MARGIN (2 s) fo
 # names the reason): killing its worker within the margin too keeps a hung model.py inside the shutdown's bound.
 CANCEL_KILL_SECONDS = 2.0
 SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: the engine does not import the service
-POLL_SECONDS = 0.1  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
+POLL_MILLISECONDS = 100  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 # TritonError codes (triton_python_backend_utils.TritonError) -> the error each becomes here.
@@ -179,6 +180,10 @@ class WorkerProcess:
         finally:
             theirs.close()
         self.connection = Connection(ours.detach())
+        # One poller for the worker's lifetime: Connection.poll builds a selector for every wait, which costs more
+        # than the rest of a small request's wait for its answer.
+        self._poller = select.poll()
+        self._poller.register(self.connection.fileno(), select.POLLIN)
 
     def start(self, settings: dict, timeout: float) -> str:
         """Send the init message and wait for initialize. Returns the completed configuration (JSON). Raises
@@ -312,6 +317,8 @@ class WorkerProcess:
 
     def _forget_mapped_replies(self) -> None:
         """Stop tracking BLS reply files the worker has mapped (it unlinks each as it maps it)."""
+        if not self._reply_files:  # read without the lock: a file added just now is looked at after the next call
+            return
         with self._files_lock:
             tracked = list(self._reply_files)
         mapped = [path for path in tracked if not os.path.exists(path)]
@@ -372,7 +379,7 @@ class WorkerProcess:
         """Send a control message; a worker that is gone raises ModelError (its end named)."""
         try:
             with self._send_lock:
-                self.connection.send(message)
+                transport.send(self.connection, message)
         except OSError:
             raise self._died() from None
 
@@ -414,8 +421,8 @@ class WorkerProcess:
         cancelled_at = None
         while True:
             try:
-                if self.connection.poll(POLL_SECONDS):
-                    return self.connection.recv()
+                if self._poller.poll(POLL_MILLISECONDS):  # readable, or hung up (recv then raises EOFError)
+                    return transport.receive(self.connection)
             except (EOFError, OSError):
                 raise self._died() from None
             if self.process.poll() is not None:

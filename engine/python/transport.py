@@ -28,13 +28,17 @@ Control messages while a call runs (each answered ("reply", tag, payload) by the
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
+import pickle
 import struct
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import NamedTuple
 
 import numpy as np
 
@@ -116,9 +120,9 @@ def _rounded(size: int) -> int:
     return 1 << max(0, int(size - 1).bit_length())
 
 
-@dataclass(frozen=True)
-class Descriptor:
-    """Where one tensor lies in a segment."""
+class Descriptor(NamedTuple):
+    """Where one tensor lies in a segment. A NamedTuple, not a dataclass: every control message carries some, and
+    a tuple pickles and unpickles in a fraction of a dataclass's time."""
 
     name: str
     datatype: str
@@ -152,14 +156,28 @@ def _decode_bytes(buffer: memoryview, count: int) -> np.ndarray:
 
 def datatype_of(array: np.ndarray) -> str | None:
     """The KServe datatype a numpy array is sent as; None when none fits."""
-    if array.dtype.kind in ("O", "S", "U"):
+    dtype = array.dtype
+    try:
+        return _DATATYPE_OF[dtype]
+    except KeyError:
+        pass
+    datatype = _datatype_of_dtype(dtype)
+    _DATATYPE_OF[dtype] = datatype  # a few dtypes ever: every tensor of every call asks, so remember the answer
+    return datatype
+
+
+def _datatype_of_dtype(dtype: np.dtype) -> str | None:
+    if dtype.kind in ("O", "S", "U"):
         return "BYTES"
-    for name, dtype in _NUMPY.items():
-        if array.dtype == dtype or (array.dtype.kind == dtype.kind and array.dtype.itemsize == dtype.itemsize):
+    for name, candidate in _NUMPY.items():
+        if dtype == candidate or (dtype.kind == candidate.kind and dtype.itemsize == candidate.itemsize):
             return name
-    if array.dtype.name == "bfloat16":
+    if dtype.name == "bfloat16":
         return "BF16"
     return None
+
+
+_DATATYPE_OF: dict[np.dtype, str | None] = {}
 
 
 class Layout:
@@ -199,7 +217,7 @@ def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16=None) -> 
     """The tensor `descriptor` names: a view of the segment (read-only) or, with `copy`, an array of its own.
     BYTES tensors are always rebuilt (new objects)."""
     raw = segment.view[descriptor.offset : descriptor.offset + descriptor.nbytes]
-    count = int(np.prod(descriptor.shape, dtype=np.int64))
+    count = math.prod(descriptor.shape)
     if descriptor.datatype == "BYTES":
         return _decode_bytes(raw, count).reshape(descriptor.shape)
     dtype = bf16 if descriptor.datatype == "BF16" else _NUMPY[descriptor.datatype]
@@ -219,8 +237,22 @@ def read_writable(segment: Segment | None, descriptor: Descriptor, bf16=None) ->
         return read(segment, descriptor, copy=False)
     raw = segment.view[descriptor.offset : descriptor.offset + descriptor.nbytes]
     dtype = bf16 if descriptor.datatype == "BF16" else _NUMPY[descriptor.datatype]
-    count = int(np.prod(descriptor.shape, dtype=np.int64))
-    return np.frombuffer(raw, dtype=dtype, count=count).reshape(descriptor.shape)
+    return np.frombuffer(raw, dtype=dtype, count=math.prod(descriptor.shape)).reshape(descriptor.shape)
+
+
+# ---- control messages -----------------------------------------------------------------------------------------
+
+
+def send(connection: Connection, message) -> None:
+    """Write one control message. Plain pickle, not Connection.send's ForkingPickler (which builds a pickler with
+    its reducer table per message): the messages hold only tuples, lists, dicts, strings and numbers. The framing
+    is Connection's, so either side may read it with Connection.recv. Raises OSError when the peer is gone."""
+    connection.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+
+def receive(connection: Connection):
+    """Read one control message (blocks). Raises EOFError or OSError when the peer is gone."""
+    return pickle.loads(connection.recv_bytes())
 
 
 # ---- BLS calls ------------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any t
 server as ("bls", tag, CallRequest) with their inputs in a segment of their own (engine/python/transport.py); the
 server runs each through the callee's admission on a thread of its own and answers ("part", tag, CallReply,
 final) messages (a decoupled callee's responses one by one, as they come), so several calls may be in flight at
-once. One reader thread takes every message from the pipe: replies and parts go to the thread waiting for their
-tag (`ask`, `bls`), "execute" and "stop" to the main thread. `async def execute` runs to its end on the worker's
+once. No thread of its own reads the pipe: the thread waiting for a message reads it (engine/python/pipe.py),
+filing replies and parts for the thread waiting for their tag (`ask`, `bls`), "execute" and "stop" for the main
+thread. `async def execute` runs to its end on the worker's
 event loop; `async_exec` runs `exec` on the loop's thread pool, so calls awaited together overlap.
 
 An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
@@ -33,7 +34,6 @@ import itertools
 import json
 import logging
 import os
-import queue
 import struct
 import sys
 import threading
@@ -44,6 +44,7 @@ from typing import Any
 
 from . import transport
 from . import triton_python_backend_utils as pb_utils
+from .pipe import GONE, WorkerPipe, unlink_reply
 
 _LOG = logging.getLogger("slotserve.python_model")
 WATCHDOG_SECONDS = 0.5
@@ -62,13 +63,8 @@ class Worker:
         self.pipe_lock = threading.Lock()  # guards: the pipe and the response segment while a decoupled call runs
         self.finals = threading.Condition()  # guards: open_senders
         self.open_senders = 0
-        self.send_lock = threading.Lock()  # guards: sending on the pipe (a message is written whole)
-        self.replies = threading.Condition()  # guards: answered, pipe_closed, parts
-        self.answered: dict[int, object] = {}
-        self.parts: dict[int, queue.Queue] = {}  # a BLS call's parts, by its tag, until its final one
-        self.pipe_closed = False
+        self.pipe = WorkerPipe(connection)  # read by the thread waiting for a message (engine/python/pipe.py)
         self.tags = itertools.count(1)
-        self.inbox: queue.Queue = queue.Queue()  # "execute" and "stop" messages, for the main thread
         # True while a call runs (a decoupled model's: until every final flag): BLS calls are allowed then only.
         self.executing = False
         self.loop: asyncio.AbstractEventLoop | None = None  # runs an `async def execute`
@@ -108,11 +104,10 @@ class Worker:
     # ---- serve -----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        threading.Thread(target=self.read_pipe, name="pipe-reader", daemon=True).start()
         while True:
-            message = self.inbox.get()
+            message = self.pipe.next_order()
             kind = message[0]
-            if kind == "gone":
+            if message is GONE:
                 return  # the server is gone
             if kind == "execute" and self.decoupled:
                 self.execute_decoupled(*message[1:])
@@ -122,48 +117,14 @@ class Worker:
                 self.finalize()
                 return
 
-    def read_pipe(self) -> None:
-        """The reader thread: every message the server sends. Replies wake the thread that asked (by tag); the
-        others go to the main thread's inbox. Ends when the pipe closes (the server is gone)."""
-        while True:
-            try:
-                message = self.connection.recv()
-            except (EOFError, OSError):
-                with self.replies:
-                    self.pipe_closed = True
-                    self.replies.notify_all()
-                    for parts in self.parts.values():
-                        parts.put(None)
-                self.inbox.put(("gone",))
-                return
-            if message[0] == "part":
-                _, tag, reply, final = message
-                with self.replies:
-                    waiting = self.parts.get(tag)
-                    if waiting is not None:
-                        waiting.put((reply, final))
-                if waiting is None:
-                    _unlink_reply(reply)  # the model let go of that call's responses
-            elif message[0] == "reply":
-                with self.replies:
-                    self.answered[message[1]] = message[2]
-                    self.replies.notify_all()
-            else:
-                self.inbox.put(message)
-
     def send(self, message) -> None:
-        with self.send_lock:
-            self.connection.send(message)
+        self.pipe.send(message)
 
     def ask(self, kind: str, *fields):
         """Send (kind, tag, *fields) and wait for the server's reply to it. Raises EOFError when the server is gone."""
         tag = next(self.tags)
         self.send((kind, tag, *fields))
-        with self.replies:
-            self.replies.wait_for(lambda: tag in self.answered or self.pipe_closed)
-            if tag not in self.answered:
-                raise EOFError("the server is gone")
-            return self.answered.pop(tag)
+        return self.pipe.answer(tag)
 
     def run_model(self, built):
         """`execute(built)`, an `async def execute` run to its end on the worker's event loop."""
@@ -202,24 +163,22 @@ class Worker:
             parameters=json.loads(request.parameters()),
         )
         tag = next(self.tags)
-        parts: queue.Queue = queue.Queue()
-        with self.replies:
-            self.parts[tag] = parts
+        self.pipe.open_call(tag)
         try:
             self.send(("bls", tag, call))
         except OSError:
-            self._end_call(tag, parts, segment)
+            self._end_call(tag, segment)
             raise pb_utils.TritonModelException("the server is gone: the BLS call was not sent") from None
-        responses = self._responses(tag, parts, segment)
+        responses = self._responses(tag, segment)
         return responses if decoupled else list(responses)
 
-    def _responses(self, tag: int, parts: queue.Queue, segment):
+    def _responses(self, tag: int, segment):
         """A BLS call's responses as its parts arrive (a decoupled callee's one by one), up to the final part (a final
         part without a response, the callee's final flag alone, is an empty response, as Triton's iterator ends).
         Closed early (the model let go of it), the parts still to come are dropped, their files unlinked."""
         try:
             while True:
-                part = parts.get()
+                part = self.pipe.next_part(tag)
                 if part is None:
                     raise pb_utils.TritonModelException("the server is gone: the BLS call was not answered")
                 reply, final = part
@@ -234,15 +193,11 @@ class Worker:
                         yield pb_utils.InferenceResponse()
                     return
         finally:
-            self._end_call(tag, parts, segment)
+            self._end_call(tag, segment)
 
-    def _end_call(self, tag: int, parts: queue.Queue, segment) -> None:
-        with self.replies:
-            self.parts.pop(tag, None)
-        while not parts.empty():
-            part = parts.get_nowait()
-            if part is not None:
-                _unlink_reply(part[0])
+    def _end_call(self, tag: int, segment) -> None:
+        for reply, _final in self.pipe.close_call(tag):
+            unlink_reply(reply)
         if segment is not None:
             segment.unlink()
             segment.close()
@@ -449,14 +404,6 @@ _ARG_KEYS = (
     "model_version",
     "model_name",
 )
-
-
-def _unlink_reply(reply: transport.CallReply) -> None:
-    if reply.segment is not None:
-        try:
-            os.unlink(reply.segment[0])
-        except FileNotFoundError:
-            pass
 
 
 def _response_of(result: tuple) -> pb_utils.InferenceResponse:

@@ -22,11 +22,10 @@ WAIT = 30.0
 
 @pytest.fixture
 def pipe():
-    """(worker, server end of its pipe); the worker's reader thread runs."""
+    """(worker, server end of its pipe); the calling threads read the pipe themselves (engine/python/pipe.py)."""
     ours, theirs = socket.socketpair()
     server, worker_end = Connection(ours.detach()), Connection(theirs.detach())
     worker = Worker(worker_end)
-    threading.Thread(target=worker.read_pipe, daemon=True).start()
     worker.executing = True
     yield worker, server
     server.close()

@@ -1,0 +1,136 @@
+"""The worker's end of its pipe to the server, read by whichever of its threads is waiting for a message.
+
+No thread of its own reads the pipe. A thread that needs a message (the main thread its next order, a thread
+in `ask` its reply, a BLS caller the next part of its call) takes the reader's role if no other thread holds it,
+and reads, filing every message it reads for the thread it belongs to, until its own has come; then it gives the
+role up and wakes the others, one of which takes it over if it still waits (leader/follower). So a small request
+costs one wake-up in the worker (the main thread, woken by the pipe), where a reader thread handing orders to the
+main thread costs two and a switch of the GIL between them.
+
+While no thread waits, nobody reads: the server only sends what a worker thread asked for (a reply, a BLS call's
+parts) or an order the main thread reads once it is idle. A BLS part nobody is waiting for yet stays in the pipe;
+should the pipe fill, the server's sender blocks until a waiting thread (or the idle main thread) reads on.
+
+Lock: `_changed` guards every field below it; nothing else is taken while it is held, and the pipe is read
+without it (the role, `_reading`, makes the reader the pipe's only reader).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+from . import transport
+
+GONE = ("gone",)  # the order the main thread gets once the server is gone
+
+
+class WorkerPipe:
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._send_lock = threading.Lock()  # guards: writing on the pipe (a message is written whole)
+        self._changed = threading.Condition(threading.Lock())  # guards: the fields below; notified on every change
+        self._reading = False  # a thread holds the reader's role
+        self._closed = False  # the pipe closed: the server is gone
+        self._orders: deque = deque()  # "execute" and "stop", for the main thread
+        self._answers: dict[int, object] = {}  # replies to `ask`, by tag
+        self._parts: dict[int, deque] = {}  # an open BLS call's parts (reply, final), by its tag
+
+    def send(self, message) -> None:
+        """Write one message. Raises OSError when the server is gone."""
+        with self._send_lock:
+            transport.send(self._connection, message)
+
+    def next_order(self):
+        """The server's next "execute" or "stop" (blocks; reads the pipe meanwhile); GONE once the server is gone."""
+        self._wait(lambda: bool(self._orders))
+        with self._changed:
+            return self._orders.popleft() if self._orders else GONE
+
+    def answer(self, tag: int):
+        """The reply to the message sent with `tag` (blocks). Raises EOFError when the server is gone first."""
+        self._wait(lambda: tag in self._answers)
+        with self._changed:
+            if tag not in self._answers:
+                raise EOFError("the server is gone")
+            return self._answers.pop(tag)
+
+    def open_call(self, tag: int) -> None:
+        """Keep the parts that arrive for BLS call `tag` (until `close_call`)."""
+        with self._changed:
+            self._parts[tag] = deque()
+
+    def next_part(self, tag: int):
+        """The next part (reply, final) of open call `tag` (blocks); None when the server is gone first."""
+        self._wait(lambda: bool(self._parts[tag]))
+        with self._changed:
+            parts = self._parts[tag]
+            return parts.popleft() if parts else None
+
+    def close_call(self, tag: int) -> list:
+        """Stop keeping call `tag`'s parts; returns those not taken (their reply files are the caller's to unlink).
+        Parts that arrive later are dropped, their files unlinked."""
+        with self._changed:
+            return list(self._parts.pop(tag, ()))
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        """Return once `ready()` (called with the lock held) is true or the pipe has closed. While it is not, this
+        thread waits, or reads the pipe if no other thread does."""
+        with self._changed:
+            while not (ready() or self._closed):
+                if not self._reading:
+                    self._reading = True
+                    break
+                self._changed.wait()
+            else:
+                return
+        try:
+            self._read_until(ready)
+        finally:
+            with self._changed:
+                self._reading = False
+                self._changed.notify_all()  # a thread still waiting takes the role over
+
+    def _read_until(self, ready: Callable[[], bool]) -> None:
+        while True:
+            try:
+                message = transport.receive(self._connection)
+            except (EOFError, OSError):
+                with self._changed:
+                    self._closed = True
+                return
+            with self._changed:
+                dropped = self._file(message)
+                self._changed.notify_all()
+                done = ready()
+            if dropped is not None:
+                unlink_reply(dropped)
+            if done:
+                return
+
+    def _file(self, message):
+        """Put `message` where its thread looks (lock held). Returns the reply of a part nobody keeps any more."""
+        kind = message[0]
+        if kind == "part":
+            _, tag, reply, final = message
+            parts = self._parts.get(tag)
+            if parts is None:
+                return reply  # the model let go of that call's responses
+            parts.append((reply, final))
+        elif kind == "reply":
+            self._answers[message[1]] = message[2]
+        else:
+            self._orders.append(message)
+        return None
+
+
+def unlink_reply(reply: transport.CallReply) -> None:
+    """Remove a BLS reply's segment file (nobody will map it)."""
+    if reply.segment is not None:
+        try:
+            os.unlink(reply.segment[0])
+        except FileNotFoundError:
+            pass
