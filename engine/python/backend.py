@@ -274,7 +274,7 @@ class WorkerProcess:
         """A response's result with its tensors copied out of the response segment (None: a final flag alone)."""
         if result is None or result[0] != "ok":
             return result
-        return ("ok", {d.name: self._read(d) for d in result[1]})
+        return ("ok", {d.name: self._read(d) for d in transport.from_wire(result[1])})
 
     def _next_message(self, run: int, kill_cancel: CancelToken):
         """The worker's next "response", "done" or "failed" of this run: a segment it asks for is handed over
@@ -406,7 +406,7 @@ class WorkerProcess:
             results = []
             for result in message[2]:
                 if result[0] == "ok":
-                    results.append(("ok", {d.name: self._read(d) for d in result[1]}))
+                    results.append(("ok", {d.name: self._read(d) for d in transport.from_wire(result[1])}))
                 else:
                     results.append(result)
             return results
@@ -634,7 +634,7 @@ def _request_fields(descriptors: list, member) -> dict:
     """What the worker needs of one request: its tensors, requested outputs and what it says about itself."""
     info = member.cancel.request or _NO_INFO
     return {
-        "inputs": descriptors,
+        "inputs": transport.to_wire(descriptors),
         "outputs": list(member.outputs),
         "id": info.id,
         "parameters": dict(info.parameters),

@@ -277,7 +277,7 @@ class Worker:
         segment = self.request_segment
         inputs = [
             pb_utils.Tensor(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
-            for d in request["inputs"]
+            for d in transport.from_wire(request["inputs"])
         ]
         offset = 8 * index
 
@@ -291,7 +291,7 @@ class Worker:
             request_id=request.get("id", ""),
             correlation_id=request.get("correlation_id", 0),
             flags=request.get("flags", 0),
-            parameters=json.dumps(request.get("parameters") or {}, separators=(",", ":")),
+            parameters=_parameters_json(request.get("parameters")),
             _cancelled=cancelled,
         )
 
@@ -333,7 +333,7 @@ class Worker:
                 return ("error", pb_utils.TritonError.INTERNAL, f"output '{tensor.name()}' has numpy dtype "
                         f"{array.dtype}, which has no Triton datatype")  # fmt: skip
             descriptors.append(layout.plan(tensor.name(), array, datatype))
-        return ("ok", descriptors)
+        return ("ok", transport.to_wire(descriptors))
 
     def _remap(self, segments: dict) -> None:
         for key, (path, size) in segments.items():
@@ -404,6 +404,11 @@ _ARG_KEYS = (
     "model_version",
     "model_name",
 )
+
+
+def _parameters_json(parameters: dict | None) -> str:
+    # Most requests carry none: "{}" without the encoder saves a few microseconds of every small request.
+    return json.dumps(parameters, separators=(",", ":")) if parameters else "{}"
 
 
 def _response_of(result: tuple) -> pb_utils.InferenceResponse:
