@@ -201,10 +201,11 @@ class Layout:
             payload: object = _encode_bytes(array)
             nbytes = len(payload)  # type: ignore[arg-type]
         else:
-            payload = np.ascontiguousarray(array)
+            # Bytes, not the array: numpy's own dtypes and ml_dtypes' bfloat16 alike (a buffer cannot carry that one).
+            payload = np.ascontiguousarray(array).view(np.uint8)
             nbytes = payload.nbytes  # type: ignore[union-attr]
         offset = -(-self.size // ALIGNMENT) * ALIGNMENT
-        descriptor = Descriptor(name, datatype, tuple(int(d) for d in array.shape), offset, nbytes)
+        descriptor = Descriptor(name, datatype, array.shape, offset, nbytes)  # numpy's shape: a tuple of ints
         self.size = offset + nbytes
         self._pending.append((descriptor, payload))
         return descriptor
@@ -216,9 +217,8 @@ class Layout:
             end = descriptor.offset + descriptor.nbytes
             if isinstance(payload, bytes):
                 view[descriptor.offset : end] = payload
-            else:
-                target = np.frombuffer(view[descriptor.offset : end], dtype=np.uint8)
-                target[:] = payload.reshape(-1).view(np.uint8)  # type: ignore[attr-defined]  # an ndarray here
+            elif descriptor.nbytes:  # a C-contiguous array: its bytes, without numpy's indexing machinery
+                view[descriptor.offset : end] = memoryview(payload).cast("B")  # type: ignore[arg-type]
         self._pending = []
 
 
