@@ -17,8 +17,8 @@ server runs each through the callee's admission on a thread of its own and answe
 final) messages (a decoupled callee's responses one by one, as they come), so several calls may be in flight at
 once. No thread of its own reads the pipe: the thread waiting for a message reads it (engine/python/pipe.py),
 filing replies and parts for the thread waiting for their tag (`ask`, `bls`), "execute" and "stop" for the main
-thread. `async def execute` runs to its end on the worker's
-event loop; `async_exec` runs `exec` on the loop's thread pool, so calls awaited together overlap.
+thread. `async def execute` runs to its end on the worker's event loop; `async_exec` runs `exec` on the loop's
+thread pool, so calls awaited together overlap.
 
 An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
 which is the server's log. A watchdog thread ends the worker when the server process is gone, so a worker never
