@@ -448,7 +448,7 @@ def wait_until_dead(pid: int, timeout: float = 30.0) -> None:
         if state in ("Z", "X") and threads <= 1:  # a leader is a zombie before its other threads have ended
             return
         assert time.monotonic() < deadline, f"process {pid} still {state} after {timeout} s"
-        time.sleep(0.01)
+        time.sleep(0.01)  # ordering-free: polls a process state until a deadline
 
 
 BATCH_CANCEL = """
@@ -459,7 +459,7 @@ class TritonPythonModel:
         deadline = time.monotonic() + 120  # past the other caller's 60 s: it answers only if the cancel was seen
         waiting = [r for r, flag in zip(requests, flags) if flag == 1]
         while waiting and not all(r.is_cancelled() for r in waiting) and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # ordering-free: polls is_cancelled() until a deadline
         seen = np.array([[float(r.is_cancelled()), float(len(requests))] for r in requests], np.float32)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", seen[i : i + 1])]) for i in range(len(requests))]
 """

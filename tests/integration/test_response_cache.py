@@ -243,7 +243,7 @@ def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+        time.sleep(0.005)  # ordering-free: polls an observable state
 
 
 def test_a_hit_takes_no_slot_and_answers_while_every_slot_is_busy(running, controls):

@@ -92,7 +92,7 @@ def settled(running) -> None:
     deadline = time.monotonic() + SETTLE
     while (statistics := account(running)).in_flight_bytes or statistics.requests:
         assert time.monotonic() < deadline, f"tensor memory still held: {statistics}"
-        time.sleep(0.005)  # re-checks an observable state; orders nothing
+        time.sleep(0.005)  # ordering-free: re-checks an observable state; orders nothing
 
 
 def small_request_succeeds(running) -> None:

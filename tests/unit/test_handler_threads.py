@@ -17,7 +17,7 @@ def _wait_for(predicate, what: str, timeout: float = WAIT) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)  # re-checks an observable state; orders nothing
+        time.sleep(0.001)  # ordering-free: re-checks an observable state; orders nothing
 
 
 def _refuse_thread(thread: threading.Thread) -> None:

@@ -114,7 +114,7 @@ def _no_more_checks_within(lab: Lab, seconds: float = 0.3) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert reaper.checks == checks, f"the reaper kept checking ({reaper.checks - checks} more) with nothing due"
-        time.sleep(0.01)  # an observation window, not an ordering: see the docstring
+        time.sleep(0.01)  # ordering-free: an observation window, not an ordering: see the docstring
 
 
 def test_the_reaper_retires_a_model_at_exactly_its_expiry(lab):

@@ -174,7 +174,7 @@ def test_pending_counts_starts_waiting_for_a_slot_and_queued_turns():
     deadline = time.monotonic() + WAIT
     while table.pending_count() != 1:  # polls an observable state until a deadline
         assert time.monotonic() < deadline and thread.is_alive(), table.statistics()
-        time.sleep(0.01)
+        time.sleep(0.01)  # ordering-free: polls pending_count() until a deadline
     table.finish(holder)
     table.finish(table.enter(SequenceFlags(1, end=True), SPEC, 1, None))
     thread.join(WAIT)

@@ -32,7 +32,7 @@ def _until(predicate, what: str) -> None:
     deadline = time.monotonic() + WAIT
     while not predicate():
         assert time.monotonic() < deadline, f"waited {WAIT} s for {what}"
-        time.sleep(0.005)
+        time.sleep(0.005)  # ordering-free: polls an observable state
 
 
 @cell("VERSION.05")
