@@ -146,13 +146,16 @@ def hold_next_batch(env: Batching, model: str):
 
 
 def run_a_held_batch(env: Batching, count: int):
-    """`count` requests (each with its own cancel token) queued behind a running one, then run as one batch held
-    at its execute gate. Returns (the execute gate, the tokens, the requests)."""
+    """`count` requests (each with its own cancel token) queued behind a running one in index order (the first
+    leads the batch), then run as one batch held at its execute gate. Returns (the execute gate, the tokens, the
+    requests)."""
     running, gate = start_busy(env, "m")
     execute = hold_next_batch(env, "m")
     tokens = [CancelToken() for _ in range(count)]
-    members = [env.infer("m", rows_of(float(i)), cancel=tokens[i], name=f"member{i}") for i in range(count)]
-    env.wait_queued_requests("m", count)
+    members = []
+    for index in range(count):  # one at a time: each thread's arrival, not its start, decides its batch place
+        members.append(env.infer("m", rows_of(float(index)), cancel=tokens[index], name=f"member{index}"))
+        env.wait_queued_requests("m", index + 1)
     gate.release()
     running.result()
     execute.wait_blocked(1)  # the batch is executing
