@@ -430,13 +430,24 @@ class ModelRegistry:
         names |= {e.name for e in self._ensembles_of(step) if not e.status().loaded and e.status().last_error}
         for name in sorted(names):
             try:
-                if not self.get(name).status().loaded:
-                    self.load(name, cancel=cancel)
+                self._load_unloaded_versions(name, cancel)
             except Exception as error:  # the step loaded; the ensemble stays listed with its reason
                 _LOG.warning("ensemble '%s' not loaded again with its step '%s': %s", name, step, error)
                 continue
             with self._lock:
                 self._unloaded_with_step.get(step, set()).discard(name)
+
+    def _load_unloaded_versions(self, name: str, cancel: CancelToken | None) -> None:
+        """Load, as committed, each version of `name` that is not loaded, under its exclusive lease (bounded by
+        its admission timeout). Two callers doing this at once (the step watcher beside a RepositoryModelLoad of
+        the step) load it once: the second waits for the lease and finds it loaded. Re-registering it instead
+        reconfigured the loaded ensemble (RECONFIGURING: not ready) just after the client's load had answered.
+        Raises the lease's or the load's error."""
+        for entry in reversed(self.versions(name).entries()):
+            if entry.status().loaded:
+                continue
+            with entry.exclusive(self.manager_deadline(entry), cancel):
+                entry.load_leased()
 
     def unload_many(
         self, names: Iterable[str] = (), *, all_models: bool = False, cancel: CancelToken | None = None

@@ -88,6 +88,39 @@ def test_a_step_whose_device_failed_makes_the_ensemble_unavailable_until_the_ste
         np.testing.assert_array_equal(one(running)["R"], [1, 1])
 
 
+def test_two_callers_loading_the_ensemble_again_after_its_step_leave_it_loaded_once_and_ready(tmp_path, controls):
+    """RepositoryModelLoad of a step and the step watcher (woken by the step's "loaded" event) both load again
+    the ensemble unloaded with the step. Whichever comes second must find it loaded and leave it so; reloading it
+    (RECONFIGURING) made ModelReady false right after the client's load had answered (seen under make stress).
+    Both are held behind a manager lease the test takes on the ensemble, so they queue in some order."""
+    write_diamond(tmp_path)
+    options = {"model_control_mode": "explicit", "load_models": ("*",), "allow_management": True}
+    with start_fixture_server(tmp_path, controls, **options) as running:
+        controls.gate("join_r", "execute").fail_next(DeviceFailedError("device lost under join_r"))
+        with pytest.raises(ClientError):
+            one(running)
+        wait_until(lambda: index_of(running)["diamond"].state == "UNAVAILABLE")
+        diamond = running.server.registry.get("diamond")
+        events = running.server.runtime.events
+        before = events.counts()
+        held = diamond.exclusive(None)
+        load = threading.Thread(target=lambda: running.client.load("join_r"))
+        try:
+            load.start()
+            wait_until(lambda: diamond.status().queued_managers == 2)  # the client's load and the watcher's
+        finally:
+            held.release()
+        load.join(timeout=60)
+        assert not load.is_alive()
+        assert running.client.model_ready("diamond")
+        wait_until(lambda: diamond.status().queued_managers == 0 and not diamond.status().manager_active)
+        after = events.counts()
+        assert after.get(("load_started", "diamond"), 0) - before.get(("load_started", "diamond"), 0) == 1
+        assert after.get(("reconfigured", "diamond"), 0) == before.get(("reconfigured", "diamond"), 0)
+        assert running.client.model_ready("diamond")
+        np.testing.assert_array_equal(one(running)["R"], [1, 1])
+
+
 def test_an_evicted_step_leaves_the_ensemble_ready_and_its_next_call_loads_it(tmp_path, controls):
     fixture_repository(tmp_path, "wide", "other")
     write_ensemble(
