@@ -159,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: 1024, or --max-workers if larger)",
     )
     add(
+        "--handler-runners",
+        type=int,
+        default=ServerOptions.handler_runners,
+        metavar="N",
+        help="handler threads that run calls at once, not counting those waiting on an engine or a stream; a call "
+        "that waits 20 ms for one gets a thread of its own; 0 gives every call a thread at once, 0..4096 "
+        "(default: %(default)s)",
+    )
+    add(
         "--max-message-bytes",
         type=int,
         default=ServerOptions.max_message_bytes,
@@ -389,6 +398,7 @@ def option_fields(args: argparse.Namespace) -> dict:
         memory_budget=args.memory_budget,
         max_workers=args.max_workers,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
+        handler_runners=args.handler_runners,
         max_message_bytes=args.max_message_bytes,
         enable_test_backends=args.enable_test_backends,
         max_request_tensor_bytes=args.max_request_tensor_bytes,

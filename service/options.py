@@ -44,6 +44,9 @@ class ServerOptions:
     # Calls open at once, all kinds; each holds a handler thread (service/server.py). None: 1024, or --max-workers
     # when that is larger (so raising --max-workers alone never makes the two disagree).
     max_concurrent_rpcs: int | None = None
+    # Threads running calls at once, beyond those waiting on an engine or a stream (service/handler_threads.py);
+    # 0: every call at once on a thread of its own.
+    handler_runners: int = 2
     control_threads: int = 8  # of max_workers, kept from inference: half for management, half for health and status
     max_message_bytes: int = DEFAULT_MESSAGE_BYTES
     reflection: bool = True
@@ -220,6 +223,7 @@ RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "max_concurrent_loads": ("--max-concurrent-loads", 1, None, "int"),
     "max_workers": ("--max-workers", 2, MAX_WORKERS, "int"),
     "max_concurrent_rpcs": ("--max-concurrent-rpcs", 1, MAX_CONCURRENT_RPCS, "int"),
+    "handler_runners": ("--handler-runners", 0, MAX_WORKERS, "int"),
     "control_threads": ("control_threads", 1, MAX_WORKERS - 1, "int"),
     "max_message_bytes": ("--max-message-bytes", MIN_MESSAGE_BYTES, MAX_MESSAGE_BYTES, "int"),
     "max_resident_models": ("--max-resident-models", 0, None, "int"),

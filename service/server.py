@@ -189,15 +189,16 @@ class Server:
     def _build_grpc(self) -> grpc.Server:
         """The gRPC server and its handler threads.
 
-        Every call gets a handler thread at once (`HandlerThreads`: grpcio reads a unary request on that thread,
-        so a fixed pool would let stalled calls take every thread and silence the health probes); --max-workers
-        threads are kept, more start on demand and end when idle. The threads are bounded by the calls open at
-        once, --max-concurrent-rpcs (beyond it grpcio refuses a call with RESOURCE_EXHAUSTED before it takes a
-        thread). No per-connection stream limit: HTTP/2 refuses a stream beyond it, and a client's next call
+        --handler-runners threads run calls at once, the rest wait first come first served, and a call that has
+        waited STALL_SECONDS gets a thread of its own (`HandlerThreads`: grpcio reads a unary request on that
+        thread, so a fixed pool would let stalled calls take every thread and silence the health probes);
+        --max-workers threads are kept, more start on demand and end when idle. The threads are bounded by the
+        calls open at once, --max-concurrent-rpcs (beyond it grpcio refuses a call with RESOURCE_EXHAUSTED before
+        it takes a thread). No per-connection stream limit: HTTP/2 refuses a stream beyond it, and a client's next call
         racing the close of its last one then fails with UNAVAILABLE (the fuzz tests saw it). docs/operations.md
         ("Probes and stalled calls") has the figures."""
         limit = self.options.max_message_bytes
-        self._executor = HandlerThreads(keep=self.options.max_workers)
+        self._executor = HandlerThreads(keep=self.options.max_workers, runners=self.options.handler_runners)
         server = grpc.server(
             self._executor,  # type: ignore[arg-type]  # grpcio only calls submit; its stubs ask for a ThreadPoolExecutor
             options=[

@@ -43,6 +43,7 @@ from engine.repository import hide_paths
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState, refusal_error
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
+from .blocking import blocking_wait
 from .errors import (
     BackendNotAvailable,
     ModelLoadFailed,
@@ -250,8 +251,11 @@ class Lease:
         return self.pool.primary.streaming
 
     def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
+        """Run the engine on this lease's context. The thread waits on the engine meanwhile (blocking_wait: its
+        handler pool may start another call)."""
         try:
-            return self.context.execute(inputs, outputs, cancel)
+            with blocking_wait:
+                return self.context.execute(inputs, outputs, cancel)
         except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
             self._device_failure = error
             raise
@@ -259,11 +263,23 @@ class Lease:
     def execute_stream(
         self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
     ) -> Iterator[Outputs]:
+        """The engine's answers, one by one; the thread waits on the engine for each (blocking_wait, taken for
+        each answer and never across a yield: a generator may be closed on another thread)."""
+        answers = self.context.execute_stream(inputs, outputs, cancel)
         try:
-            yield from self.context.execute_stream(inputs, outputs, cancel)
+            while True:
+                with blocking_wait:
+                    answer = next(answers, None)  # an answer is a dict of outputs, never None
+                if answer is None:
+                    return
+                yield answer
         except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
             self._device_failure = error
             raise
+        finally:  # closed early (the client went away): the engine's stream is closed with it, as `yield from` did
+            close = getattr(answers, "close", None)  # a generator's; a plain iterator has nothing to close
+            if close is not None:
+                close()
 
     def release(self) -> None:
         if self._released:

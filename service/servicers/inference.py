@@ -15,6 +15,7 @@ from generated import model_config_pb2
 
 from .. import status_codes
 from ..auth import Access
+from ..core.blocking import blocking_wait
 from ..core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
@@ -187,7 +188,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         token.add_callback(on_cancel)
         try:
             deadline = client_deadline(context)
-            for request in request_iterator:
+            for request in _each_message(request_iterator):
                 for message in self._stream_one(request, deadline, token):
                     timer = self._timers.arm(self._write_timeout, context.cancel)
                     try:
@@ -452,3 +453,15 @@ def add_inference_servicer(servicer: InferenceServicer, server: grpc.Server) -> 
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _each_message(request_iterator):
+    """A stream's requests, as they come. The wait for the client's next message is a wait elsewhere
+    (blocking_wait: an open stream does not hold one of the server's runners); it is taken for each read and never
+    across a yield, since a generator may be closed on another thread."""
+    while True:
+        with blocking_wait:
+            request = next(request_iterator, None)
+        if request is None:
+            return
+        yield request

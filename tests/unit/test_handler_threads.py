@@ -170,3 +170,112 @@ def test_keep_and_linger_must_not_be_negative():
         HandlerThreads(keep=-1)
     with pytest.raises(ValueError, match="linger"):
         HandlerThreads(keep=1, linger=-0.5)
+
+
+# ---- runners: a few threads run calls, a call that waited `stall` gets its own (service/handler_threads.py) ----
+
+from service.core.blocking import blocking_wait  # noqa: E402
+
+
+@pytest.fixture
+def runners():
+    made = []
+
+    def make(count: int, stall: float = WAIT * 10) -> HandlerThreads:  # a stall that never comes unless asked for
+        made.append(HandlerThreads(keep=8, runners=count, stall=stall, linger=WAIT, name="test-runner"))
+        return made[-1]
+
+    yield make
+    for threads in made:
+        threads.shutdown(wait=True)
+
+
+def _holding(pool: HandlerThreads, gate: threading.Event, *, aside: bool = False):
+    """Submit a call that blocks on `gate` (inside blocking_wait when `aside`); returns it once it runs."""
+    running = threading.Event()
+
+    def call():
+        running.set()
+        if aside:
+            with blocking_wait:
+                gate.wait(WAIT)
+        else:
+            gate.wait(WAIT)
+        return threading.current_thread().name
+
+    future = pool.submit(call)
+    assert running.wait(WAIT), "the call did not start"
+    return future
+
+
+def test_calls_beyond_the_runners_wait_their_turn_in_arrival_order(runners):
+    pool = runners(2)
+    gate = threading.Event()
+    held = [_holding(pool, gate) for _ in range(2)]
+    order: list[int] = []
+    waiting = [pool.submit(order.append, index) for index in range(5)]
+    statistics = pool.statistics()
+    assert statistics.backlog == 5 and statistics.busy == 2 and statistics.overdue == 0  # decided in submit
+    assert not any(future.done() for future in waiting)
+    gate.set()
+    for future in held + waiting:
+        future.result(timeout=WAIT)
+    assert order == [0, 1, 2, 3, 4]
+    assert pool.statistics().started == 2  # the runners took the waiting calls themselves
+
+
+def test_a_thread_waiting_elsewhere_lets_the_next_call_run(runners):
+    """What a model with many slots needs: calls waiting on their engine do not hold the runners."""
+    pool = runners(1)
+    gate = threading.Event()
+    in_engine = [_holding(pool, gate, aside=True) for _ in range(4)]  # each started while the others wait aside
+    assert pool.submit(lambda: "answered").result(timeout=WAIT) == "answered"
+    statistics = pool.statistics()
+    assert statistics.aside == 4 and statistics.overdue == 0
+    gate.set()
+    assert len({future.result(timeout=WAIT) for future in in_engine}) == 4
+    _wait_for(lambda: pool.statistics().aside == 0 and pool.statistics().busy == 0, "every call to end")
+
+
+def test_a_call_that_waited_the_stall_gets_a_thread_of_its_own(runners):
+    """Stuck runners (a call still sending its message, a call waiting for a slot) hold nobody for long."""
+    pool = runners(2, stall=0.05)
+    gate = threading.Event()
+    try:
+        stuck = [_holding(pool, gate) for _ in range(2)]
+        probe = pool.submit(lambda: "probe answered")
+        assert probe.result(timeout=WAIT) == "probe answered"  # while both runners are still stuck
+        assert not any(future.done() for future in stuck)
+        assert pool.statistics().overdue == 1
+    finally:
+        gate.set()
+    for future in stuck:
+        future.result(timeout=WAIT)
+
+
+def test_a_stall_wait_bounds_how_long_the_runners_hold_a_call_back(runners):
+    """The watchdog acts on the oldest waiting call, not on progress: calls that keep finishing on the runners
+    do not keep a waiting call behind them past the stall."""
+    pool = runners(1, stall=0.05)
+    gate = threading.Event()
+    try:
+        stuck = _holding(pool, gate)
+        later = [pool.submit(lambda i=i: i) for i in range(3)]
+        assert [future.result(timeout=WAIT) for future in later] == [0, 1, 2]
+        assert not stuck.done() and pool.statistics().overdue >= 1
+    finally:
+        gate.set()
+    stuck.result(timeout=WAIT)
+
+
+def test_runners_and_stall_are_checked():
+    with pytest.raises(ValueError, match="runners"):
+        HandlerThreads(keep=1, runners=-1)
+    with pytest.raises(ValueError, match="stall"):
+        HandlerThreads(keep=1, runners=1, stall=0)
+
+
+def test_blocking_wait_outside_a_pool_thread_does_nothing():
+    with blocking_wait:  # a test's thread has no lender
+        with blocking_wait:
+            pass

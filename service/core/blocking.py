@@ -1,0 +1,61 @@
+"""Where a request's thread blocks on work done elsewhere, so that the pool that lent the thread may lend another.
+
+The gRPC server runs calls on a few runner threads (service/handler_threads.py): fewer threads taking turns on
+the GIL make small requests cheaper. A call whose thread waits for an engine (ONNX Runtime or TensorRT computing
+with the GIL released, a python model's worker process, an ensemble's steps) or for a stream's next message is
+not using its runner's turn, and a model with many slots needs as many calls in its engine at once. Such waits
+are wrapped in `blocking_wait`; while one lasts, the thread does not count as a runner and the pool may start the
+next queued call on another thread.
+
+The core knows nothing of the pool: a thread that is no pool's (a test's, a batch member's, the step watcher's)
+has no lender, and `blocking_wait` does nothing. Waits are counted per thread, so nesting (an ensemble's step
+run inside the ensemble's own run) steps aside once. Never blocks, never raises.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+
+class Lender(Protocol):
+    """What lent the current thread (service/handler_threads.py): told when the thread begins and ends a wait."""
+
+    def step_aside(self) -> None: ...
+
+    def step_back(self) -> None: ...
+
+
+_lent = threading.local()
+
+
+def lend_current_thread(lender: Lender | None) -> None:
+    """Called by a pool on each of its threads as it starts (None: the thread is no pool's any more)."""
+    _lent.lender = lender
+    _lent.depth = 0
+
+
+class _BlockingWait:
+    """`with blocking_wait:` around a wait on other work (see the module docstring). Reusable and shared: the
+    state it keeps is the thread's own."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        lender = getattr(_lent, "lender", None)
+        if lender is None:
+            return
+        _lent.depth += 1
+        if _lent.depth == 1:
+            lender.step_aside()
+
+    def __exit__(self, *exc: object) -> None:
+        lender = getattr(_lent, "lender", None)
+        if lender is None:
+            return
+        _lent.depth -= 1
+        if _lent.depth == 0:
+            lender.step_back()
+
+
+blocking_wait = _BlockingWait()
