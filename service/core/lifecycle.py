@@ -251,11 +251,15 @@ class Lease:
         return self.pool.primary.streaming
 
     def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
-        """Run the engine on this lease's context. The thread waits on the engine meanwhile (blocking_wait: its
-        handler pool may start another call)."""
+        """Run the engine on this lease's context. On a model of several slots the thread waits on the engine
+        meanwhile (blocking_wait: its handler pool may start another call, which may take another slot). A wait
+        in a one-slot model's engine frees nothing another call of the model could use: stepping aside there
+        would only wake another runner to queue behind it (a wake-up a request, measured as a loss on `simple`)."""
         try:
-            with blocking_wait:
-                return self.context.execute(inputs, outputs, cancel)
+            if self.pool.capacity > 1:
+                with blocking_wait:
+                    return self.context.execute(inputs, outputs, cancel)
+            return self.context.execute(inputs, outputs, cancel)
         except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
             self._device_failure = error
             raise
