@@ -51,7 +51,7 @@ class _BlockingWait:
 
     def __exit__(self, *exc: object) -> None:
         lender = getattr(_lent, "lender", None)
-        if lender is None:
+        if lender is None or _lent.depth == 0:  # an exit without its enter (lent after it) changes nothing
             return
         _lent.depth -= 1
         if _lent.depth == 0:
