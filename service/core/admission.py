@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 from engine.interface import CancelToken
 
+from .blocking import StepAsideLater
 from .errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
 
 
@@ -582,9 +583,10 @@ class AdmissionController:
                 self.cancel_queued(ticket)
 
             cancel.add_callback(on_cancel)
+        aside = StepAsideLater()  # a wait past a millisecond gives its thread's runner to other calls
         try:
             while True:
-                timeout = self._time_left(ticket)
+                timeout = aside.bound(self._time_left(ticket))
                 if timeout is None:
                     ticket.waker.acquire()  # type: ignore[union-attr]
                 elif timeout > 0:
@@ -616,6 +618,7 @@ class AdmissionController:
             self.abandon(ticket)
             raise
         finally:
+            aside.end()
             if on_cancel is not None:
                 assert cancel is not None  # on_cancel is set only with a token
                 cancel.remove_callback(on_cancel)

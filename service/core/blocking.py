@@ -15,6 +15,7 @@ run inside the ensemble's own run) steps aside once. Never blocks, never raises.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Protocol
 
 
@@ -25,6 +26,12 @@ class Lender(Protocol):
 
     def step_back(self) -> None: ...
 
+
+# How long a wait in a model's admission queue (service/core/admission.py) keeps its thread's runner: the next slot
+# of a busy model of small requests comes within a millisecond or so, and a runner that keeps its place takes it
+# without a thread hand-off; a longer wait (a slow model's queue) steps aside, so that the runners serve the calls
+# of other models meanwhile rather than leave them to the handler pool's 20 ms watchdog.
+STEP_ASIDE_SECONDS = 0.001
 
 _lent = threading.local()
 
@@ -59,3 +66,32 @@ class _BlockingWait:
 
 
 blocking_wait = _BlockingWait()
+
+
+class StepAsideLater:
+    """A wait that keeps its thread's runner for STEP_ASIDE_SECONDS (real time: it is about scheduling, not about
+    any deadline of the contract) and then steps aside for the rest of it. The waiter shortens each timed wait
+    with `bound` and calls `end` once the wait is over, on every path. Never blocks, never raises."""
+
+    __slots__ = ("_due", "_aside")
+
+    def __init__(self) -> None:
+        self._due = time.monotonic() + STEP_ASIDE_SECONDS
+        self._aside = False
+
+    def bound(self, timeout: float | None) -> float | None:
+        """`timeout` (None: no limit), cut short to end when the thread is to step aside; once that time has
+        come, steps aside and returns `timeout` unchanged."""
+        if self._aside:
+            return timeout
+        left = self._due - time.monotonic()
+        if left <= 0:
+            blocking_wait.__enter__()
+            self._aside = True
+            return timeout
+        return left if timeout is None or left < timeout else timeout
+
+    def end(self) -> None:
+        if self._aside:
+            self._aside = False
+            blocking_wait.__exit__(None, None, None)
