@@ -163,9 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=ServerOptions.handler_runners,
         metavar="N",
-        help="handler threads that run calls at once, not counting those waiting on an engine or a stream; a call "
-        "that waits 20 ms for one gets a thread of its own; 0 gives every call a thread at once, 0..4096 "
-        "(default: %(default)s)",
+        help="handler threads that run calls at once, not counting those waiting on an engine, a stream or a "
+        "model's queue; a call that waits 20 ms for one gets a thread of its own; 0 gives every call a thread at "
+        "once, 0..4096 (default: %(default)s)",
     )
     add(
         "--max-message-bytes",

@@ -9,16 +9,18 @@ large message slowly) hold every thread, and every later call, health probes inc
 
 Why not a thread per call at once (`runners=0`, the rule before): sixteen clients then mean sixteen threads
 taking turns on the GIL, and a quarter to half of the GIL's time went to waking them (docs/speed.md, "Front
-ends": a few runners served the same small requests 1.2-1.4x faster).
+ends": a few runners served the same small requests up to 1.4x faster).
 
 The rules, with `runners` R > 0 and `stall` S (STALL_SECONDS):
 
-* At most R threads run calls at once, not counting threads that wait on work done elsewhere: an engine's run,
-  a python model's worker, a stream's life (service/core/blocking.py marks those waits; a model with many slots
-  gets as many calls into its engine as it has slots). The others wait here, first come first served.
+* At most R threads run calls at once, not counting threads that wait on work done elsewhere: the engine's run
+  of a model with several slots, a stream's next message, and a model's admission queue once the wait there
+  has lasted a millisecond (service/core/blocking.py marks those waits; a model with many slots gets as many
+  calls into its engine as it has slots, and a slow model's queue does not hold the runners). The others wait
+  here, first come first served.
 * A call that has waited S gets a thread of its own at once (an idle one or a new one), past R: the watchdog
-  thread sees to it. That bounds what stuck runners cost (calls still sending their message, calls waiting for a
-  slot of a full model, long management calls): a health probe or a call to another model waits at most S
+  thread sees to it. That bounds what stuck runners cost (calls still sending their message, long runs of
+  one-slot models, long management calls): a health probe or a call to another model waits at most S
   (plus the time to start a thread) behind them, never for them to end.
 * `runners=0`: every call gets a thread at once (no queue, no watchdog).
 
