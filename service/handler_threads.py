@@ -142,6 +142,8 @@ class HandlerThreads(futures.Executor):
         self._retired = 0
         self._start_failures = 0
         self._overdue = 0
+        self._watchdog_idle = False  # the watchdog waits for a call to wait (not for one to come due)
+        self._retry_at = 0.0  # after a thread the OS refused, the watchdog passes no call before this
         self._closed = False
         if runners:
             watchdog = threading.Thread(target=self._watch_calls, name=f"{name}-watchdog", daemon=True)
@@ -156,7 +158,9 @@ class HandlerThreads(futures.Executor):
                 raise RuntimeError("cannot schedule new calls after shutdown")
             self._queue.append(work)
             starts = self._dispatch_locked()
-            if len(self._queue) > self._wakeups:  # it waits: the watchdog must know when it comes due
+            # It waits: the watchdog must know when it comes due, unless it waits for an older call already (one
+            # wake-up a request under load would cost what the runners save).
+            if self._watchdog_idle and len(self._queue) > self._wakeups:
                 self._watch.notify()
         self._start_all(starts)
         return work.future
@@ -209,6 +213,7 @@ class HandlerThreads(futures.Executor):
             self._started -= 1
             self._start_failures += 1
             self._running -= 1
+            self._retry_at = self._clock() + self._stall  # no hot loop of refused threads from the watchdog
             if self._closed:  # shut down meanwhile: no thread will take it
                 work.future.cancel()
                 return
@@ -286,10 +291,13 @@ class HandlerThreads(futures.Executor):
         while not self._closed:
             waiting = len(self._queue) - self._wakeups
             if waiting <= 0:
+                self._watchdog_idle = True
                 self._watch.wait()
+                self._watchdog_idle = False
                 continue
             now = self._clock()
             due = self._queue[self._wakeups].queued_at + self._stall  # the oldest call not yet handed on
+            due = max(due, self._retry_at)
             if now < due:
                 self._watch.wait(due - now)
                 continue

@@ -2,7 +2,9 @@
 decode, admission, engine call and encode, beside the bare server and real Triton's python backend.
 
 Designs (bench/transport/ has the prototypes, bench/README.md the details):
-  today       `python -m service` (grpcio sync server, a handler thread per call)
+  today       `python -m service` (grpcio sync server; since issue 22's fourth session on --handler-runners
+              runner threads: the sync-watchdog design, refined, in the product)
+  per-call    `python -m service --handler-runners 0`: a handler thread per call at once (today's rule before)
   aio-inline  grpc.aio; fast models inline on the event loop, others on slot threads, hand-back batched
   sync-lean   today's server with a fixed pool of --cores handler threads (fewer thread switches)
   sync-watchdog
@@ -41,7 +43,7 @@ from ..transport.accounting import (
 )
 
 CONCURRENCY = (1, 4, 16)
-DESIGNS = ("today", "aio-inline", "sync-lean", "sync-watchdog", "multiproc", "bare", "triton")
+DESIGNS = ("today", "per-call", "aio-inline", "sync-lean", "sync-watchdog", "multiproc", "bare", "triton")
 WATCHDOG_MS = 20  # sync-watchdog: after this many ms without a finished call, a thread for each waiting call
 STALLED_CALLS = 32  # the stall probe: ModelInfer calls that send headers and never their message
 ANCHORS = ("today", "bare", "triton")  # every design's ratio is given to these
@@ -67,6 +69,8 @@ def _servers(launcher: Launcher, cores: int, repository: Path, scratch: Path) ->
     python = sys.executable
     return {
         "today": launcher.slotserve("transport-today", repository),
+        # the product's rule before the runners: every call a thread at once
+        "per-call": launcher.slotserve("transport-per-call", repository, ["--handler-runners", "0"]),
         "aio-inline": ServerProcess(
             "transport-aio-inline",
             [python, "-m", "bench.transport.aio_inline", "--threshold-us", str(INLINE_THRESHOLD_US),
@@ -196,7 +200,7 @@ def _profiles(args, servers: dict, pa: PerfAnalyzer) -> dict:
         return {"error": "py-spy not found"}
     duration = max(3, int(pa.trials * pa.interval_ms / 1000))
     profiles = {}
-    for name in ("today", "aio-inline", "sync-lean", "sync-watchdog", "multiproc", "bare"):
+    for name in ("today", "per-call", "aio-inline", "sync-lean", "sync-watchdog", "multiproc", "bare"):
         if name not in servers:
             continue
         server = servers[name]

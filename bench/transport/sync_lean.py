@@ -40,9 +40,9 @@ def main(argv=None) -> int:
     if args.watchdog_ms:
         from bench.transport.watchdog_pool import WatchdogPool
 
-        server.HandlerThreads = lambda keep: WatchdogPool(args.workers, args.watchdog_ms / 1000)
+        server.HandlerThreads = lambda keep, **_: WatchdogPool(args.workers, args.watchdog_ms / 1000)
     else:
-        server.HandlerThreads = lambda keep: ThreadPoolExecutor(args.workers, thread_name_prefix="grpc-fixed")
+        server.HandlerThreads = lambda keep, **_: ThreadPoolExecutor(args.workers, thread_name_prefix="grpc-fixed")
     return cli.main(flags)
 
 

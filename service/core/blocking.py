@@ -5,7 +5,10 @@ the GIL make small requests cheaper. A call whose thread waits for an engine (ON
 with the GIL released, a python model's worker process, an ensemble's steps) or for a stream's next message is
 not using its runner's turn, and a model with many slots needs as many calls in its engine at once. Such waits
 are wrapped in `blocking_wait`; while one lasts, the thread does not count as a runner and the pool may start the
-next queued call on another thread.
+next queued call on another thread. A wait in a model's admission queue steps aside only once it has lasted
+STEP_ASIDE_SECONDS (`StepAsideLater`): see there why.
+
+Both are entered with no model lock held (the lender takes its own lock, a leaf of the lock order).
 
 The core knows nothing of the pool: a thread that is no pool's (a test's, a batch member's, the step watcher's)
 has no lender, and `blocking_wait` does nothing. Waits are counted per thread, so nesting (an ensemble's step

@@ -279,3 +279,21 @@ def test_blocking_wait_outside_a_pool_thread_does_nothing():
     with blocking_wait:  # a test's thread has no lender
         with blocking_wait:
             pass
+
+
+def test_the_watchdog_retries_a_thread_the_os_refuses_once_a_stall_not_in_a_hot_loop(runners, caplog):
+    pool = runners(1, stall=0.05)
+    gate = threading.Event()
+    try:
+        stuck = _holding(pool, gate)
+        pool._start = _refuse_thread  # the OS's refusal, for this instance only
+        waiting = pool.submit(lambda: "ran on the runner")
+        watched_until = time.monotonic() + 0.5
+        _wait_for(lambda: time.monotonic() > watched_until, "half a second of the watchdog's retries")
+        failures = pool.statistics().start_failures
+        assert 1 <= failures <= 0.5 / 0.05 + 2, failures  # about one a stall; a hot loop makes thousands
+        assert not waiting.done() and pool.statistics().backlog == 1
+    finally:
+        gate.set()
+    assert waiting.result(timeout=WAIT) == "ran on the runner"  # the freed runner took it
+    assert stuck.result(timeout=WAIT)
