@@ -233,7 +233,7 @@ class Worker:
             request = infer_request(model, rng, new_id())
             request.parameters["timeout"].int64_param = rng.randint(100, 20_000)
             self.unary(model, request, op="infer_timeout_parameter")
-        elif roll < 0.88:  # a streaming model called unary: refused with INVALID_ARGUMENT
+        elif roll < 0.88:  # a streaming model called unary: refused with UNIMPLEMENTED, as Triton does
             self.unary("fx_stream", infer_request("fx_stream", rng, new_id()), op="infer_streaming_model")
         else:
             self.unary("identity_fp32", infer_request("identity_fp32", rng, new_id(), large=True), op="infer_large")

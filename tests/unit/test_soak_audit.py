@@ -75,3 +75,17 @@ def test_faults_and_per_model_tallies(tmp_path):
     assert (tally.sent, tally.ok, tally.gave_up, tally.handler_busy, tally.refused) == (4, 1, 1, 1, 1)
     assert "no_such_model" not in audit.per_model  # unknown names are counted server-wide, not per model
     assert audit.statuses["mgmt"] == {"OK": 1} and audit.ops == {"infer OK": 1}
+
+
+def test_a_streaming_model_called_unary_is_refused_as_triton_does_and_that_is_no_fault(tmp_path):
+    """ModelInfer on a decoupled model answers UNIMPLEMENTED in Triton's words (docs/errors.md): the soak's
+    `infer_streaming_model` op expects it. UNIMPLEMENTED anywhere else still means a server fault."""
+    expected = dict(sent("a", model="fx_stream"), op="infer_streaming_model")
+    elsewhere = dict(sent("b", model="fx_echo"), op="infer")
+    log = write_log(
+        tmp_path / "c2.jsonl",
+        [expected, done("a", status="UNIMPLEMENTED"), elsewhere, done("b", status="UNIMPLEMENTED")],
+    )
+    audit = audit_logs([log])
+    assert [fault.split()[0] for fault in audit.faults] == ["b"]
+    assert audit.per_model["fx_stream"].refused == 1
