@@ -557,11 +557,16 @@ class AdmissionController:
                 ticket.waker.acquire()
                 if self._core.delays_batches:  # the arrival may have completed the batch forming at the head
                     self._changed_locked(self._core.dispatch(now))
+            # The first wait is measured from the arrival's own reading of the clock, taken under the lock with
+            # it: a clock read again later, once the waiter's thread runs, could have moved (a test's fake clock
+            # moved right after it saw the ticket queued) and expire a ticket that never waited.
+            due = self._due_locked(ticket)
+            first_wait = None if due is None else due - now
         if ticket.state is TicketState.GRANTED and not ticket.is_member:
             return ticket
         if ticket.state is TicketState.REFUSED:
             raise refusal_error(ticket, self.model)
-        return self._wait(ticket, cancel)
+        return self._wait(ticket, cancel, first_wait)
 
     def arrive_locked(
         self, kind: TicketKind, deadline: float | None, on_change: Callable[[Ticket], None] | None = None
@@ -575,7 +580,7 @@ class AdmissionController:
         ticket.on_change = on_change
         return ticket
 
-    def _wait(self, ticket: Ticket, cancel: CancelToken | None) -> Ticket:
+    def _wait(self, ticket: Ticket, cancel: CancelToken | None, first_wait: float | None) -> Ticket:
         on_cancel = None
         if cancel is not None:
 
@@ -584,9 +589,10 @@ class AdmissionController:
 
             cancel.add_callback(on_cancel)
         aside = StepAsideLater()  # a wait past a millisecond gives its thread's runner to other calls
+        timeout: float | None = first_wait
         try:
             while True:
-                timeout = aside.bound(self._time_left(ticket))
+                timeout = aside.bound(timeout)
                 if timeout is None:
                     ticket.waker.acquire()  # type: ignore[union-attr]
                 elif timeout > 0:
@@ -594,6 +600,7 @@ class AdmissionController:
                     ticket.waker.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))  # type: ignore[union-attr]
                 else:
                     self._on_time(ticket)
+                timeout = self._time_left(ticket)  # for the next wait, if there is one
                 # Every change of a ticket happens under the lock, so reading the state decides: a grant that won
                 # the race against the deadline stands.
                 state = ticket.state
@@ -625,16 +632,26 @@ class AdmissionController:
 
     def _time_left(self, ticket: Ticket) -> float | None:
         """Seconds until the waiter must look again by itself (its deadline, or the due time of the batch it
-        heads); None: only a notification wakes it (no deadline, or granted as a batch member)."""
+        heads); None: only a notification wakes it (no deadline, or granted as a batch member). The clock is read
+        outside the model lock."""
+        if self._core.delays_batches:  # the batch's due time reads the queue
+            with self._lock:
+                due = self._due_locked(ticket)
+        else:
+            due = self._due_locked(ticket)  # the ticket's own fields only: no lock
+        return None if due is None else due - self._clock()
+
+    def _due_locked(self, ticket: Ticket) -> float | None:
+        """When the waiter must look again by itself (see `_time_left`). Caller holds the model lock when batches
+        are delayed."""
         if ticket.state is TicketState.GRANTED:
             return None
         due = ticket.deadline
         if self._core.delays_batches:
-            with self._lock:
-                wake = self._core.wake_at(ticket)
+            wake = self._core.wake_at(ticket)
             if wake is not None and (due is None or wake < due):
                 due = wake
-        return None if due is None else due - self._clock()
+        return due
 
     def _on_time(self, ticket: Ticket) -> None:
         """The waiter's time came: a batch it heads goes now, or it expires at its deadline."""

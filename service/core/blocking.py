@@ -76,25 +76,30 @@ class StepAsideLater:
     any deadline of the contract) and then steps aside for the rest of it. The waiter shortens each timed wait
     with `bound` and calls `end` once the wait is over, on every path. Never blocks, never raises."""
 
-    __slots__ = ("_due", "_aside")
+    __slots__ = ("_due", "_pending", "_aside")
 
     def __init__(self) -> None:
         self._due = time.monotonic() + STEP_ASIDE_SECONDS
+        # A thread no pool lent has nothing to step aside from, and its wait gets no extra wake-up: a waiter that
+        # woke early would read the admission clock once more (a test's fake clock, moved meanwhile).
+        self._pending = getattr(_lent, "lender", None) is not None
         self._aside = False
 
     def bound(self, timeout: float | None) -> float | None:
         """`timeout` (None: no limit), cut short to end when the thread is to step aside; once that time has
         come, steps aside and returns `timeout` unchanged."""
-        if self._aside:
+        if not self._pending:
             return timeout
         left = self._due - time.monotonic()
         if left <= 0:
+            self._pending = False
             blocking_wait.__enter__()
             self._aside = True
             return timeout
         return left if timeout is None or left < timeout else timeout
 
     def end(self) -> None:
+        self._pending = False
         if self._aside:
             self._aside = False
             blocking_wait.__exit__(None, None, None)

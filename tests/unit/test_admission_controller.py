@@ -484,3 +484,38 @@ def test_a_head_manager_that_gives_up_wakes_the_requests_behind_it():
     assert controller.statistics().active_slots == 3
     for ticket in (holder, *(waiter.ticket for waiter in behind)):
         controller.release(ticket)
+
+
+class _MovesAfterTheArrival:
+    """A clock that reads `now` for everyone, except that the waiter's thread reads `later` from its second
+    reading on: the first is its arrival's, the second whatever it reads next."""
+
+    def __init__(self, now: float, later: float) -> None:
+        self.now, self.later = now, later
+        self.waiter: threading.Thread | None = None
+        self._readings = 0
+
+    def __call__(self) -> float:
+        if threading.current_thread() is self.waiter:
+            self._readings += 1
+            if self._readings > 1:
+                return self.later
+        return self.now
+
+
+def test_the_first_wait_is_measured_from_the_arrival_so_a_clock_that_moves_right_after_it_expires_nothing():
+    """make stress (TIME.02): a test's fake clock moved right after the test saw a ticket queued, and the
+    waiter's thread, not run since its arrival, read the moved clock before it had waited at all and expired.
+    The first wait is now measured from the arrival's own reading, taken under the lock with it."""
+    lock = threading.Lock()
+    clock = _MovesAfterTheArrival(100.0, 200.0)  # far past the waiter's deadline (101) once it reads again
+    controller = AdmissionController("m", 1, lock=lock, clock=clock)
+    holder = controller.acquire(REQUEST, None)
+    waiter = Waiter(controller, 0, REQUEST, deadline=101.0, max_queue=0)
+    clock.waiter = waiter.thread
+    start(controller, lock, waiter)
+    assert waiter.ticket is not None  # queued, its first wait one (real) second long
+    controller.release(holder)  # granted within that wait
+    assert _finished(waiter) is waiter.ticket and waiter.ticket.state is TicketState.GRANTED
+    assert controller.statistics().expired_total == 0
+    controller.release(waiter.ticket)
