@@ -269,8 +269,9 @@ class Lease:
     ) -> Iterator[Outputs]:
         """The engine's answers, one by one; the thread waits on the engine for each (blocking_wait, taken for
         each answer and never across a yield: a generator may be closed on another thread)."""
-        answers = self.context.execute_stream(inputs, outputs, cancel)
+        answers: Iterator[Outputs] = iter(())
         try:
+            answers = self.context.execute_stream(inputs, outputs, cancel)  # a device failure here is caught too
             while True:
                 with blocking_wait:
                     answer = next(answers, None)  # an answer is a dict of outputs, never None
