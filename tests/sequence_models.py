@@ -235,7 +235,8 @@ def accumulate_source(execute_seconds: float = 0.0) -> str:
     source = ACCUMULATE_MODEL_PY.replace("import numpy as np\n", "import time\n\nimport numpy as np\n", 1)
     call = "    def execute(self, requests):\n"
     assert call in source
-    return source.replace(call, call + f"        time.sleep({execute_seconds!r})  # the fixed cost of one call\n", 1)
+    cost = f"        time.sleep({execute_seconds!r})  # the fixed cost of one call\n"  # ordering-free: a bench cost
+    return source.replace(call, call + cost, 1)
 
 
 def write_python_accumulate(

@@ -199,7 +199,7 @@ def test_a_start_waits_fifo_for_a_slot_and_gets_the_one_an_end_frees():
         deadline = time.monotonic() + WAIT
         while table.statistics().waiting_starts < sid - 1:  # polls an observable state until a deadline
             assert time.monotonic() < deadline
-            time.sleep(0.001)
+            time.sleep(0.001)  # ordering-free: re-checks an observable state until a deadline
     end = table.enter(SequenceFlags(1, end=True), SPEC, 1, None)
     table.finish(end)
     for thread in waiters:
@@ -249,7 +249,7 @@ def test_end_all_ends_open_sequences_and_hands_their_slots_to_waiting_starts():
     deadline = time.monotonic() + WAIT
     while table.statistics().waiting_starts < 1:  # polls an observable state until a deadline
         assert time.monotonic() < deadline
-        time.sleep(0.001)
+        time.sleep(0.001)  # ordering-free: re-checks an observable state until a deadline
     assert table.end_all("its model was unloaded") == 1
     waiter.join(WAIT)
     assert got == [0]

@@ -41,7 +41,7 @@ class TritonPythonModel:
         elif mode == "cancel":
             deadline = time.monotonic() + 60
             while not request.is_cancelled() and time.monotonic() < deadline:
-                time.sleep(0.01)
+                time.sleep(0.01)  # ordering-free: polls the request's cancellation until a deadline
             if request.is_cancelled():
                 open(arg.decode(), "w").close()
             text = b"cancelled"

@@ -36,7 +36,7 @@ class TritonPythonModel:
             elif n == 999:
                 sender.send(_response(0))
                 while not request.is_cancelled():
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # ordering-free: polls the request's cancellation
                 sender.send(flags=FINAL)
             elif n >= 1000:
                 thread = threading.Thread(target=self._answer, args=(sender, n - 1000))
