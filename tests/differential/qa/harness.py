@@ -31,6 +31,7 @@ from generated import grpc_service_pb2_grpc as pb_grpc
 
 KINDS = ("triton", "slotserve")
 CALL_TIMEOUT = 120.0  # a loaded machine; these calls answer in well under a second otherwise
+STREAM_TIMEOUT = 30.0  # a whole stream's deadline: a model that never sends its final flag fails the case then
 
 
 def slotserve_fails(cause: str) -> pytest.MarkDecorator:
@@ -49,7 +50,7 @@ def triton_fails(reason: str) -> pytest.MarkDecorator:
 @dataclass(frozen=True)
 class Model:
     """A model folder: its config.pbtxt (None: no config file) and files relative to the folder (e.g.
-    "1/model.py")."""
+    "1/model.py"; a name ending in "/" is an empty folder)."""
 
     config: str | None
     files: Mapping[str, str | bytes] = field(default_factory=dict)
@@ -66,6 +67,11 @@ def python_model(config: str, source: str, *, extra: Mapping[str, str] | None = 
     return Model(textwrap.dedent(config), files)
 
 
+def ensemble(config: str) -> Model:
+    """An ensemble: its configuration and an empty version folder 1."""
+    return Model(textwrap.dedent(config), {"1/": ""})
+
+
 def write_repository(root: Path, models: Mapping[str, Model]) -> Path:
     """Write `models` under `root` (created); returns root."""
     root.mkdir(parents=True, exist_ok=True)
@@ -76,6 +82,9 @@ def write_repository(root: Path, models: Mapping[str, Model]) -> Path:
             (folder / "config.pbtxt").write_text(model.config)
         for relative, content in model.files.items():
             path = folder / relative
+            if relative.endswith("/"):  # a folder (an ensemble's empty version folder)
+                path.mkdir(parents=True, exist_ok=True)
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(content, bytes):
                 path.write_bytes(content)
@@ -265,16 +274,16 @@ class StreamItem:
 class Stream:
     """A ModelStreamInfer call: requests go in as `send` is called, replies are read on a thread into a queue.
     `next(timeout)` takes the next one (None when the stream ended, raises TimeoutError); `status` is the call's
-    end (None while open). Used as a context manager: closing sends the end of the requests and waits for the
-    call to end (or cancels it after `CALL_TIMEOUT`)."""
+    end (None while open). The whole call has `timeout` (its gRPC deadline). Used as a context manager: closing
+    sends the end of the requests and waits for the call to end (at once cancelled when the case failed)."""
 
     _END = object()
 
-    def __init__(self, stub: pb_grpc.GRPCInferenceServiceStub, metadata=()) -> None:
+    def __init__(self, stub: pb_grpc.GRPCInferenceServiceStub, metadata=(), timeout: float = STREAM_TIMEOUT) -> None:
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
         self.status: tuple[str, str] | None = None
-        self._call = stub.ModelStreamInfer(iter(self._requests.get, self._END), timeout=CALL_TIMEOUT, metadata=metadata)
+        self._call = stub.ModelStreamInfer(iter(self._requests.get, self._END), timeout=timeout, metadata=metadata)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -321,7 +330,9 @@ class Stream:
     def __enter__(self) -> Stream:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is not None:  # the case failed: do not wait for what is still to come
+            self._call.cancel()
         self._requests.put(self._END)
         self._reader.join(CALL_TIMEOUT)
         if self._reader.is_alive():
@@ -355,12 +366,12 @@ class Server:
             return Answer(error.code().name, error.details() or "")
         return Answer("OK", "", outputs_of(reply), reply)
 
-    def stream(self, metadata=()) -> Stream:
-        return Stream(self.stub, metadata)
+    def stream(self, metadata=(), timeout: float = STREAM_TIMEOUT) -> Stream:
+        return Stream(self.stub, metadata, timeout)
 
-    def stream_all(self, requests: Iterable[pb.ModelInferRequest], metadata=()) -> list[StreamItem]:
+    def stream_all(self, requests: Iterable[pb.ModelInferRequest], metadata=(), timeout=STREAM_TIMEOUT) -> list[StreamItem]:
         """Send `requests` on one stream, end it, and return every reply."""
-        with self.stream(metadata) as stream:
+        with self.stream(metadata, timeout) as stream:
             for request in requests:
                 stream.send(request)
             return stream.rest()
