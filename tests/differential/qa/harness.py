@@ -10,7 +10,9 @@ not counted.
 
 from __future__ import annotations
 
+import _posixshmem
 import json
+import os
 import queue
 import struct
 import textwrap
@@ -174,8 +176,11 @@ def outputs_of(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     """{name: array} of a response (raw outputs, or typed contents for BYTES sent that way)."""
     arrays = {}
     for index, output in enumerate(response.outputs):
-        if index < len(response.raw_output_contents):
-            arrays[output.name] = from_bytes(output.datatype, output.shape, response.raw_output_contents[index])
+        raw = response.raw_output_contents[index] if index < len(response.raw_output_contents) else None
+        if "shared_memory_region" in output.parameters or (raw == b"" and 0 not in output.shape):
+            arrays[output.name] = np.empty(0)  # written into its shared-memory region: read it there
+        elif raw is not None:
+            arrays[output.name] = from_bytes(output.datatype, output.shape, raw)
         elif output.datatype == "BYTES":
             contents = list(output.contents.bytes_contents)
             arrays[output.name] = np.array(contents, dtype=np.object_).reshape(tuple(output.shape))
@@ -449,3 +454,26 @@ def wait_for(condition, what: str, seconds: float = 60.0, step: float = 0.05) ->
 def json_of(array: np.ndarray) -> Any:
     """The JSON a model returned as a one-element BYTES output."""
     return json.loads(array.reshape(-1)[0])
+
+
+class ClientRegion:
+    """A POSIX shared-memory object a client creates (`key` "/name"), written and read through its descriptor;
+    `close()` unlinks it."""
+
+    def __init__(self, key: str, size: int) -> None:
+        self.key = key
+        self.descriptor = _posixshmem.shm_open(key, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
+        os.ftruncate(self.descriptor, size)
+
+    def write(self, array: np.ndarray, offset: int = 0) -> None:
+        os.pwrite(self.descriptor, to_bytes(np.asarray(array)), offset)
+
+    def read(self, dtype, count: int, offset: int = 0) -> np.ndarray:
+        return np.frombuffer(os.pread(self.descriptor, count * np.dtype(dtype).itemsize, offset), dtype=dtype)
+
+    def close(self) -> None:
+        os.close(self.descriptor)
+        try:
+            _posixshmem.shm_unlink(self.key)
+        except FileNotFoundError:
+            pass
