@@ -11,7 +11,9 @@ Without Triton's venv (CI's clean clone) every case skips, naming the reason, as
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,11 +21,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.testing import serve
 
 from ..conftest import INSTALLATION, MISSING_REASON
-from ..reference import run_triton
+from ..reference import RunningTriton, _launch, _stop, _tail, free_ports, run_triton
 from .harness import KINDS, Model, Server, write_repository
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]  # tritonclient's
@@ -53,13 +56,43 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=ours.args[0]))
 
 
+@contextlib.contextmanager
+def run_triton_live(repository: Path, folder: Path, *args: str) -> Iterator[RunningTriton]:
+    """Triton started and live, not necessarily ready (a model that fails to load makes it not ready for good,
+    with --exit-on-error=false): reference.run_triton waits for readiness."""
+    assert INSTALLATION is not None
+    grpc_port, http_port, metrics_port = free_ports(3)
+    process, log = _launch(INSTALLATION, repository, folder, args, grpc_port, http_port, metrics_port)
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    try:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        deadline = time.monotonic() + 120
+        started = f"Started GRPCInferenceService at 127.0.0.1:{grpc_port}"
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tritonserver did not start:\n{_tail(log)}")
+            if started in log.read_text(errors="replace"):
+                with contextlib.suppress(grpc.RpcError):
+                    if stub.ServerLive(pb.ServerLiveRequest(), timeout=2).live:
+                        break
+            time.sleep(0.2)  # ordering-free: polls an observable state until a deadline
+        yield RunningTriton(f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", channel, stub, process, log)
+    finally:
+        channel.close()
+        _stop(process)
+
+
 def start(stack: ExitStack, kind: str, repository: Path, folder: Path, triton_args=(), **options) -> Server:
-    """Start `kind` on `repository`; stopped when `stack` closes."""
+    """Start `kind` on `repository`; stopped when `stack` closes. With "--exit-on-error=false" among
+    `triton_args`, Triton is waited for until live only (it may never be ready)."""
     if kind == "triton":
         if INSTALLATION is None:
             pytest.skip(MISSING_REASON)
         folder.mkdir(parents=True, exist_ok=True)
-        running = stack.enter_context(run_triton(INSTALLATION, repository, folder, *triton_args))
+        if "--exit-on-error=false" in triton_args:
+            running = stack.enter_context(run_triton_live(repository, folder, *triton_args))
+        else:
+            running = stack.enter_context(run_triton(INSTALLATION, repository, folder, *triton_args))
         channel = stack.enter_context(grpc.insecure_channel(running.address, options=CHANNEL_OPTIONS))
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         return Server("triton", running.address, stub, running.metrics_url, repository, running.log)

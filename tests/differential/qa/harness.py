@@ -11,8 +11,10 @@ not counted.
 from __future__ import annotations
 
 import _posixshmem
+import importlib.util
 import json
 import os
+import py_compile
 import queue
 import struct
 import textwrap
@@ -92,7 +94,19 @@ def write_repository(root: Path, models: Mapping[str, Model]) -> Path:
                 path.write_bytes(content)
             else:
                 path.write_text(content)
+            if path.suffix == ".py":
+                _compile(path)
     return root
+
+
+def _compile(source: Path) -> None:
+    """Write a .py file's bytecode now, where Python would write it at its first import: a __pycache__ folder
+    appearing in a version folder after a load is a changed model to Triton (it then re-creates every instance,
+    or loads the version again, at the next load). The servers' Python is this one's (3.11)."""
+    try:
+        py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)), doraise=True)
+    except py_compile.PyCompileError:
+        pass  # a model whose file does not compile on purpose
 
 
 # ---- tensors -----------------------------------------------------------------------------------------------------

@@ -10,9 +10,7 @@ timed waits are gates here (files the model waits for). Its GPU and rate-limiter
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import json
-import py_compile
 import threading
 from pathlib import Path
 
@@ -156,12 +154,9 @@ class Updates:
 
 @pytest.fixture
 def updates(launch) -> Updates:
-    server = launch({NAME: python_model(config(cpu(1)), MODEL)}, **EXPLICIT)
-    # model.py's bytecode is written before the first load: a __pycache__ appearing in the version folder after it
-    # is a changed model to Triton, which would then re-create every instance at the next load.
-    source = Path(server.repository) / NAME / "1" / "model.py"
-    py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)), doraise=True)
-    return Updates(server)
+    # (harness.write_repository compiles model.py first: a __pycache__ appearing after the first load would be a
+    # changed model to Triton, which then re-creates every instance.)
+    return Updates(launch({NAME: python_model(config(cpu(1)), MODEL)}, **EXPLICIT))
 
 
 BLOCKING = "34.7 slots are added and removed under the model's exclusive lease: inference waits (helper lifecycle)"
