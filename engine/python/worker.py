@@ -28,6 +28,7 @@ outlives its server.
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -79,7 +80,7 @@ class Worker:
             self.cancel_board = transport.Segment.attach(*settings["cancel_board"])
             self._remap(settings["segments"])  # mapped first: the server unlinks the files once this call replies
             config = json.loads(settings["model_config"])
-            module = _import_model(settings["model_file"], self.name)
+            module = _import_model(settings["model_file"])
             model_class = getattr(module, "TritonPythonModel", None)
             if model_class is None:
                 raise pb_utils.TritonModelException(f"{settings['shown_file']} defines no class TritonPythonModel")
@@ -435,12 +436,31 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _import_model(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(f"slotserve_python_model_{name.replace('.', '_')}", path)
+def _import_model(path: str):
+    """Import the model's file as Triton's stub does (pb_stub.cc, ModelContext::StubSetup): its version folder and
+    the model's folder are appended to sys.path, and the file is the module `<version>.<stem>` ("1.model"), a
+    module of the version folder's package. So `import helper` finds helper.py beside model.py, `from . import
+    helper` works too, and `unittest.main("model")` imports the file again by the name `model`, as on Triton.
+
+    The package is made here rather than found on sys.path: a folder of the version's name in the worker's working
+    directory (an earlier sys.path entry) must not take its place. Raises what the import raises."""
+    path = os.path.abspath(path)
+    version_folder = os.path.dirname(path)
+    version = os.path.basename(version_folder)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    for folder in (version_folder, os.path.dirname(version_folder)):
+        if folder not in sys.path:
+            sys.path.append(folder)
+    package_spec = importlib.machinery.ModuleSpec(version, None, is_package=True)
+    package_spec.submodule_search_locations = [version_folder]
+    package = importlib.util.module_from_spec(package_spec)
+    sys.modules[version] = package
+    spec = importlib.util.spec_from_file_location(f"{version}.{stem}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
+    setattr(package, stem, module)
     spec.loader.exec_module(module)
     return module
 

@@ -79,10 +79,6 @@ MODELS: dict[str, Model] = {
     ),
 }
 
-MISSING = "34.8 a missing input is refused in slotserve's words, not Triton's (qa: engine/interface.py check_inputs)"
-
-
-@slotserve_fails(MISSING)
 def test_input_validation_required_empty(server):
     answer = server.infer("input_all_required", {})
     assert answer.code == "INVALID_ARGUMENT"
@@ -92,7 +88,6 @@ def test_input_validation_required_empty(server):
     ), answer.message
 
 
-@slotserve_fails(MISSING)
 def test_input_validation_optional_empty(server):
     answer = server.infer("input_optional", {})
     assert answer.code == "INVALID_ARGUMENT"
@@ -103,7 +98,6 @@ def test_input_validation_optional_empty(server):
     ), answer.message
 
 
-@slotserve_fails(MISSING)
 def test_input_validation_required_missing(server):
     answer = server.infer("input_all_required", {"INPUT0": np.arange(1, dtype=np.float32)})
     assert answer.code == "INVALID_ARGUMENT"
@@ -113,7 +107,6 @@ def test_input_validation_required_missing(server):
     ), answer.message
 
 
-@slotserve_fails(MISSING)
 def test_input_validation_optional(server):
     answer = server.infer("input_optional", {"INPUT0": np.arange(1, dtype=np.float32)})
     assert answer.code == "INVALID_ARGUMENT"
