@@ -115,10 +115,6 @@ def test_unregister_after_register(server):
         assert server.regions()[2] == []
 
 
-@slotserve_fails(
-    "34.8 re-registering a name is INVALID_ARGUMENT \"already registered\", not Triton's ALREADY_EXISTS \"... already "
-    "in manager\" (qa: service/shared_memory.py)"
-)
 def test_reregister_after_register(server):
     with _dummy(server):
         assert server.register("dummy_data", _key("dummy_data"), 8) == ("OK", "")
@@ -179,10 +175,6 @@ def test_unregisterall(server, regions):
     assert server.regions()[2] == []
 
 
-@slotserve_fails(
-    "34.8 an output offset past its region is refused in slotserve's words, not Triton's \"Invalid offset for shared "
-    "memory region\" (qa: service/shared_memory.py)"
-)
 def test_infer_offset_out_of_bound(server, regions):
     _register_all(server)
     answer = _infer(server, output_offset=SIZE)
@@ -190,10 +182,6 @@ def test_infer_offset_out_of_bound(server, regions):
     assert "Invalid offset for shared memory region" in answer.message, answer.message
 
 
-@slotserve_fails(
-    "34.8 an output range past its region is refused in slotserve's words, not Triton's \"Invalid offset + byte "
-    "size for shared memory region\" (qa: service/shared_memory.py)"
-)
 def test_infer_byte_size_out_of_bound(server, regions):
     _register_all(server)
     answer = _infer(server, output_offset=60, output_size=SIZE)
@@ -201,10 +189,6 @@ def test_infer_byte_size_out_of_bound(server, regions):
     assert "Invalid offset + byte size for shared memory region" in answer.message, answer.message
 
 
-@slotserve_fails(
-    "34.8 a registration past the object's end is refused in slotserve's words, not Triton's \"failed to register "
-    "shared memory region ... invalid args\" (qa: service/shared_memory.py)"
-)
 def test_register_out_of_bound(server, regions):
     for byte_size, offset in ((SIZE + 1, 0), (SIZE, 1), (1, SIZE), (0, SIZE + 1)):
         code, message = server.register("input0_data", _key("input0_data"), byte_size, offset)
