@@ -825,7 +825,7 @@ class PythonModel(LoadedModel):
         """A member's Outputs, or the EngineError its response carried or its outputs earn."""
         if result[0] == "error":
             code, message = result[1], result[2]
-            return _BY_TRITON_CODE.get(code, ModelError)(f"model '{self.name}': {message}"[:2000])
+            return _BY_TRITON_CODE.get(code, ModelError)(message[:2000])  # the model's words, as Triton passes them
         outputs: Outputs = result[1]
         kept = self.spec.sequence.state_outputs() if self.spec.sequence is not None else ()
         for name, array in outputs.items():

@@ -174,7 +174,6 @@ ERROR_CODES = {
 }
 
 
-@slotserve_fails("34.8 a TritonError's message is prefixed with \"model 'x': \" (qa: backend.py PythonModel.outcome)")
 def test_error_code(server):
     """Each TritonError code is its gRPC status, and the message is the model's, nothing added."""
     for name, status in [*ERROR_CODES.items(), ("(default)", "INTERNAL")]:
