@@ -156,13 +156,20 @@ def missing_inputs_message(model: str, given: Iterable[str], required: Sequence[
     "expected number of inputs between 3 and 4"."""
     sent = sorted(given)
     missing = sorted(name for name in required if name not in sent)
-    expected = f"{len(required)} inputs" if len(required) == total else f"number of inputs between {len(required)} and {total}"
-    listed = lambda names: "[" + ",".join(f"'{name}'" for name in names) + "]"  # noqa: E731  # Triton's own list format
+    if len(required) == total:
+        expected = f"{len(required)} inputs"
+    else:
+        expected = f"number of inputs between {len(required)} and {total}"
     where = f" for model '{model}'" if model else ""
     return (
-        f"expected {expected} but got {len(sent)} inputs{where}. Got input(s) {listed(sent)}, but missing required "
-        f"input(s) {listed(missing)}. Please provide all required input(s)."
+        f"expected {expected} but got {len(sent)} inputs{where}. Got input(s) {_listed(sent)}, but missing required "
+        f"input(s) {_listed(missing)}. Please provide all required input(s)."
     )
+
+
+def _listed(names: Iterable[str]) -> str:
+    """Names as Triton lists them: ['INPUT0','INPUT1']."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
 @dataclass(frozen=True)

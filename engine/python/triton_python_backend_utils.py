@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -160,31 +161,54 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """The response sender of a model that is not decoupled: it takes exactly one response, which must carry
-    TRITONSERVER_RESPONSE_COMPLETE_FINAL (or be followed by a final `send(flags=...)` without a response). A
-    decoupled model's requests get the worker's streaming sender instead."""
+    """The response sender of a model that is not decoupled: it takes one response, then the final flag
+    (TRITONSERVER_RESPONSE_COMPLETE_FINAL, with the response or alone after it), from `execute` or from a thread
+    after `execute` returned None (the worker then waits for it). Misuse raises TritonModelException in Triton's
+    words. A decoupled model's requests get the worker's streaming sender instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
         self.response: InferenceResponse | None = None
         self.closed = False
+        self._notify = notify  # the worker's: a response or the final flag came
+        self._lock = threading.Lock()  # guards: response, closed (sends may come from several threads)
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self.closed:
-            raise TritonModelException("the response sender was closed: a response with the final flag was sent")
-        if response is not None:
-            if not isinstance(response, InferenceResponse):
-                raise TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
-            if self.response is not None:
+        final = _check_send(response, flags)
+        with self._lock:
+            if response is not None and self.response is not None:
                 raise TritonModelException(
-                    "this model is not decoupled: a request takes one response (a model with "
-                    "model_transaction_policy { decoupled: true } may send several)"
+                    "Unable to send response. Non-decoupled model cannot send more than one response."
                 )
-            self.response = response
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-            self.closed = True
+            if response is None and final and self.response is None:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final before sending a "
+                    "response."
+                )
+            if self.closed:
+                raise TritonModelException(SENDER_CLOSED)
+            if response is not None:
+                self.response = response
+            if final:
+                self.closed = True
+        if self._notify is not None:
+            self._notify()
 
     def is_cancelled(self) -> bool:
         return False
+
+
+SENDER_CLOSED = "Unable to send response. Response sender has been closed."  # Triton's words
+
+
+def _check_send(response, flags: int) -> bool:
+    """Triton's checks of `send`'s arguments. Returns whether the final flag is set. Raises TritonModelException."""
+    if response is not None and not isinstance(response, InferenceResponse):
+        raise TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
+    if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+        raise TritonModelException("Unable to send response. Unsupported flag provided.")
+    if flags == 0 and response is None:
+        raise TritonModelException("Inference Response object must be provided when the response flags is set to zero.")
+    return flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class InferenceRequest:
@@ -228,6 +252,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._cancelled = _cancelled
         self._sender: InferenceResponseSender | None = None
+        self._sender_taken = False
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -264,6 +289,7 @@ class InferenceRequest:
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             self._sender = InferenceResponseSender()
+        self._sender_taken = True  # the worker waits only for the senders a model took
         return self._sender
 
     def exec(self, decoupled: bool = False):

@@ -83,17 +83,25 @@ def test_bls_outside_a_worker_and_custom_metrics_are_refused_by_name():
 
 
 def test_response_sender_takes_one_response_for_a_model_that_is_not_decoupled():
+    """Triton's checks and words (python_backend's response_sender.cc), in its order."""
     sender = pb_utils.InferenceRequest().get_response_sender()
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send complete final before sending a response"):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(pb_utils.TritonModelException, match="^Inference Response object must be provided when"):
+        sender.send()
+    with pytest.raises(pb_utils.TritonModelException, match=r"^Unable to send response\. Unsupported flag provided\.$"):
+        sender.send(pb_utils.InferenceResponse(), flags=4)
     response = pb_utils.InferenceResponse()
     sender.send(response)
     with pytest.raises(
-        pb_utils.TritonModelException, match="this model is not decoupled: a request takes one response"
+        pb_utils.TritonModelException,
+        match=r"^Unable to send response\. Non-decoupled model cannot send more than one response\.$",
     ):
         sender.send(pb_utils.InferenceResponse())
     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     assert sender.response is response and sender.closed
-    with pytest.raises(pb_utils.TritonModelException, match="closed"):
-        sender.send(response)
+    with pytest.raises(pb_utils.TritonModelException, match=r"^Unable to send response\. Response sender has been closed\.$"):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def test_type_conversions():

@@ -266,7 +266,6 @@ RETURN_NONE_MESSAGE = (
 )
 
 
-@slotserve_fails("34.8 a decoupled execute that returns responses is not answered in Triton's words (qa: worker.py)")
 def test_decoupled_return_response_error(server):
     request = build_request(
         "decoupled_return_response_error",

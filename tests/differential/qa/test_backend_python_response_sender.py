@@ -239,15 +239,6 @@ def expect_error(server, model: str, inputs: dict, words: str) -> None:
     assert len(items) == 1 and words in items[0].error, items
 
 
-IMPORT = "34.1 `from model_common import ...` fails: the version folder is not on sys.path (qa: worker.py)"
-ASYNC_POST = (
-    "an `async def execute`'s asyncio tasks do not run after it returned: the worker's event loop runs only during "
-    "execute (34.2, async execute; worker.py)"
-)
-NON_DECOUPLED_POST = (
-    "a model that is not decoupled and answers through its response sender after execute returned: the worker "
-    "refuses execute returning None before every response was sent (worker.py Worker._collect)"
-)
 DECOUPLED_BATCHING = "34.3 a decoupled model with dynamic_batching is refused at load (nobody this round)"
 
 
@@ -256,37 +247,30 @@ def decoupled_both(server, inputs, before, returned, after):
     expect(server, "response_sender_decoupled_async", inputs, before, returned, after)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_zero_response_pre_return(server):
     decoupled_both(server, ZERO_PRE, 0, False, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_zero_response_post_return(server):
     decoupled_both(server, ZERO_POST, 0, False, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_one_response_pre_return(server):
     decoupled_both(server, ONE_PRE, 1, False, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_one_response_post_return(server):
     decoupled_both(server, ONE_POST, 0, False, 1)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_two_response_pre_return(server):
     decoupled_both(server, TWO_PRE, 2, False, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_two_response_post_return(server):
     decoupled_both(server, TWO_POST, 0, False, 2)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_response_pre_and_post_return(server):
     decoupled_both(server, PRE_AND_POST, 1, False, 3)
 
@@ -296,17 +280,14 @@ def non_decoupled_both(server, inputs, before, returned, after):
     expect(server, "response_sender_async", inputs, before, returned, after)
 
 
-@slotserve_fails(IMPORT)
 def test_non_decoupled_one_response_on_return(server):
     non_decoupled_both(server, ONE_ON_RETURN, 0, True, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_non_decoupled_one_response_pre_return(server):
     non_decoupled_both(server, ONE_PRE, 1, False, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_non_decoupled_one_response_post_return(server):
     non_decoupled_both(server, ONE_POST, 0, False, 1)
 
@@ -314,14 +295,13 @@ def test_non_decoupled_one_response_post_return(server):
 MULTIPLE_DECOUPLED = [ZERO_PRE, ZERO_POST, ONE_PRE, ONE_POST, TWO_PRE, TWO_POST, PRE_AND_POST]
 
 
-@slotserve_fails(IMPORT)
+@slotserve_fails(DECOUPLED_BATCHING)
 def test_decoupled_multiple_requests(server):
     """Seven requests on one stream to a batching decoupled model: 4 responses before the returns, 6 after."""
     for model in ("response_sender_decoupled_batching", "response_sender_decoupled_async_batching"):
         assert counts(infer(server, model, *MULTIPLE_DECOUPLED)) == (4, False, 6), model
 
 
-@slotserve_fails(IMPORT)
 def test_non_decoupled_multiple_requests(server):
     for model in ("response_sender_batching", "response_sender_async_batching"):
         assert counts(infer(server, model, ONE_ON_RETURN, ONE_PRE, ONE_POST)) == (1, True, 1), model
@@ -330,23 +310,19 @@ def test_non_decoupled_multiple_requests(server):
 RETURN_NONE = "using the decoupled mode and the execute function must return None"
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_one_response_on_return(server):
     expect_error(server, "response_sender_decoupled", ONE_ON_RETURN, RETURN_NONE)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_one_response_pre_and_on_return(server):
     """The response sent before the return arrives (and closes the sender); the returned one goes nowhere."""
     expect(server, "response_sender_decoupled", ONE_PRE_AND_ON_RETURN, 1, False, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_decoupled_one_response_on_and_post_return(server):
     expect_error(server, "response_sender_decoupled", ONE_ON_AND_POST_RETURN, RETURN_NONE)
 
 
-@slotserve_fails(IMPORT)
 def test_non_decoupled_zero_response_pre_return(server):
     """A final flag without a response, on a model that is not decoupled: an error, in Triton's words."""
     words = "Non-decoupled model cannot send complete final before sending a response"
@@ -354,27 +330,23 @@ def test_non_decoupled_zero_response_pre_return(server):
     expect_error(server, "response_sender_async", ZERO_PRE, words)
 
 
-@slotserve_fails(IMPORT)
 def test_non_decoupled_two_response_pre_return(server):
     """The first response reaches the client; the second send fails the model, and nothing more arrives."""
     expect(server, "response_sender", TWO_PRE, 1, False, 0)
     expect(server, "response_sender_async", TWO_PRE, 1, False, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_non_decoupled_one_response_pre_and_on_return(server):
     expect(server, "response_sender", ONE_PRE_AND_ON_RETURN, 1, False, 0)
     expect(server, "response_sender_async", ONE_PRE_AND_ON_RETURN, 1, False, 0)
 
 
-@slotserve_fails(IMPORT)
 def test_non_decoupled_one_response_on_and_post_return(server):
     """The returned response arrives; the send after it fails in the model's thread, unseen by the client."""
     expect(server, "response_sender", ONE_ON_AND_POST_RETURN, 0, True, 0)
     expect(server, "response_sender_async", ONE_ON_AND_POST_RETURN, 0, True, 0)
 
 
-@slotserve_fails("34.8 a send after the final flag raises in slotserve's words, not Triton's (qa: worker.py)")
 def test_respond_after_complete_final(server):
     folder = server.repository / "response_sender_complete_final"
     (folder / "raised").unlink(missing_ok=True)
