@@ -15,6 +15,7 @@ are refused by name.
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import json
 import logging
@@ -97,12 +98,14 @@ class Tensor:
 
     def __init__(self, name: str, array) -> None:
         if not isinstance(name, str):
-            raise TritonModelException(f"a Tensor's name must be a str, got {type(name).__name__}")
+            raise TypeError(f"a Tensor's name must be a str, got {type(name).__name__}")  # pybind's TypeError
         if not isinstance(array, np.ndarray):
-            raise TritonModelException(
-                f"Tensor '{name}' must be built from a numpy array, got {type(array).__name__}"
-                " (GPU tensors and DLPack are not supported)"
+            raise TypeError(
+                f"Tensor '{name}' must be built from a numpy array, got {type(array).__name__} (a DLPack tensor: "
+                "Tensor.from_dlpack; GPU tensors are not supported)"
             )
+        if name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
         self._name = name
         self._array = array
 
@@ -124,11 +127,35 @@ class Tensor:
         return True
 
     def to_dlpack(self):
-        raise _refuse("Tensor.to_dlpack (DLPack)")
+        """A DLPack capsule of the tensor's data (a read-only or strided array is copied first). BF16 tensors too."""
+        from . import dlpack
+
+        return dlpack.export(self._array)
+
+    def __dlpack__(self, stream=None):
+        if stream is not None:
+            raise TritonModelException("a CPU tensor takes no stream in __dlpack__ (stream must be None)")
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from . import dlpack
+
+        return (dlpack.CPU, 0)
 
     @staticmethod
-    def from_dlpack(name, capsule):
-        raise _refuse("Tensor.from_dlpack (DLPack)")
+    def from_dlpack(name, capsule) -> Tensor:
+        """A Tensor over a DLPack capsule's memory, or an object with `__dlpack__` (numpy, torch, a Tensor); CPU
+        and C-contiguous only, as in Triton. Raises TritonModelException in Triton's words."""
+        from . import dlpack
+
+        if not isinstance(name, str):
+            raise TypeError(f"a Tensor's name must be a str, got {type(name).__name__}")
+        if name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        try:
+            return Tensor(name, dlpack.import_(capsule))
+        except (TypeError, ValueError) as error:
+            raise TritonModelException(str(error)) from None
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
@@ -137,8 +164,10 @@ class Tensor:
 class InferenceResponse:
     """One request's answer: output tensors, or an error."""
 
-    def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None) -> None:
-        tensors = list(output_tensors or [])
+    def __init__(self, output_tensors=(), error: TritonError | None = None, parameters=None) -> None:
+        if output_tensors is None:
+            raise TypeError("InferenceResponse output_tensors must be a list of pb_utils.Tensor, got None")
+        tensors = list(output_tensors)
         for tensor in tensors:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(
@@ -181,8 +210,7 @@ class InferenceResponseSender:
                 )
             if response is None and final and self.response is None:
                 raise TritonModelException(
-                    "Unable to send response. Non-decoupled model cannot send complete final before sending a "
-                    "response."
+                    "Unable to send response. Non-decoupled model cannot send complete final before sending a response."
                 )
             if self.closed:
                 raise TritonModelException(SENDER_CLOSED)
@@ -223,9 +251,9 @@ class InferenceRequest:
 
     def __init__(
         self,
-        model_name: str = "",
-        inputs=None,
-        requested_output_names=None,
+        model_name: str | bytes = "",
+        inputs=(),
+        requested_output_names=(),
         request_id: str = "",
         correlation_id=0,
         flags: int = 0,
@@ -237,11 +265,29 @@ class InferenceRequest:
         *,
         _cancelled: Callable[[], bool] | None = None,
     ) -> None:
-        self._model_name = model_name
-        self._inputs = list(inputs or [])
-        self._requested = list(requested_output_names or [])
-        self._request_id = request_id
+        # Triton's binding checks its arguments: None (or a wrong type) is a TypeError, a list element that is not
+        # a Tensor a TritonModelException; a bytes name is taken as its UTF-8 text, as its std::string is.
+        self._model_name = _text(model_name, "model_name")
+        if inputs is None:
+            raise TypeError("InferenceRequest inputs must be a list of pb_utils.Tensor, got None")
+        self._inputs = list(inputs)
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"InferenceRequest inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}"
+                )
+        if requested_output_names is None:
+            raise TypeError("InferenceRequest requested_output_names must be a list of str, got None")
+        self._requested = [_text(name, "requested_output_names") for name in requested_output_names]
+        self._request_id = _text(request_id, "request_id")
+        if correlation_id is None or isinstance(correlation_id, bool):
+            raise TypeError(f"InferenceRequest correlation_id must be an int or a str, got {correlation_id!r}")
+        if not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
         self._correlation_id = correlation_id
+        for name, value in (("flags", flags), ("timeout", timeout), ("model_version", model_version)):
+            if not isinstance(value, int | np.integer) or isinstance(value, bool):
+                raise TypeError(f"InferenceRequest {name} must be an int, got {value!r}")
         self._flags = flags
         if isinstance(parameters, dict):
             parameters = json.dumps(parameters)
@@ -310,6 +356,18 @@ class InferenceRequest:
             return await asyncio.get_running_loop().run_in_executor(None, functools.partial(self.exec, decoupled))
 
         return call()
+
+
+def _text(value, what: str) -> str:
+    """A str argument of Triton's binding: str, or bytes taken as UTF-8 text; TypeError otherwise."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise TypeError(f"InferenceRequest {what} must be UTF-8 text, got {value!r}") from None
+    if not isinstance(value, str):
+        raise TypeError(f"InferenceRequest {what} must be a str, got {type(value).__name__}")
+    return value
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
@@ -452,19 +510,30 @@ class Metric:
 
 
 class Logger:
-    """Writes to the server's log (the worker's stderr, which the server's process shares)."""
+    """Writes to the server's log (the worker's stderr, which the server's process shares). Levels are
+    `Logger.LogLevel` members (also `Logger.INFO` ...), as in Triton: a plain number is refused (TypeError)."""
 
-    class LogLevel:
+    class LogLevel(enum.Enum):
         INFO = 0
         WARNING = 1
         ERROR = 2
         VERBOSE = 3
 
-    _levels = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    _levels = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING, LogLevel.ERROR: logging.ERROR,
+               LogLevel.VERBOSE: logging.DEBUG}  # fmt: skip
 
     @staticmethod
-    def log(message: str, level: int = 0) -> None:
-        logging.getLogger("slotserve.python_model").log(Logger._levels.get(level, logging.INFO), "%s", message)
+    def log(message: str, level: Logger.LogLevel = LogLevel.INFO) -> None:
+        if not isinstance(message, str):
+            raise TypeError(f"Logger.log takes a str message, got {type(message).__name__}")
+        if not isinstance(level, Logger.LogLevel):
+            raise TypeError(f"Logger.log takes a Logger.LogLevel, got {level!r}")
+        logging.getLogger("slotserve.python_model").log(Logger._levels[level], "%s", message)
 
     @staticmethod
     def log_info(message: str) -> None:

@@ -145,8 +145,9 @@ class Worker:
         iterator of them, each as it arrives. Raises TritonModelException outside execute, for an input no
         datatype fits, or when the server is gone (the iterator raises it too)."""
         if not self.executing:
-            raise pb_utils.TritonModelException(
-                "a BLS call can only be made while execute runs (as in Triton): this one came after it returned"
+            raise pb_utils.TritonModelException(  # Triton's words first
+                "BLS is only supported during the 'execute' function. (a BLS call can only be made while execute "
+                "runs: this one came before it, from initialize or finalize, or after it returned)"
             )
         tensors = [(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
         try:
@@ -393,6 +394,11 @@ class Worker:
             error = response.error()
             return ("error", error.code(), error.message())  # type: ignore[union-attr]
         descriptors = []
+        names = [tensor.name() for tensor in response.output_tensors()]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # Triton 2.51 answers a malformed response then (one output's shape twice, the other's none)
+            return ("error", pb_utils.TritonError.INTERNAL, f"the response has more than one output named {twice}: "
+                    "each output may appear once")  # fmt: skip
         for tensor in response.output_tensors():
             if requested and tensor.name() not in requested:
                 continue
@@ -492,7 +498,12 @@ def _bf16(descriptor):
 
 
 def _describe(error: BaseException) -> str:
-    text = str(error)
+    """ "Type: message" of a model's exception. Never raises: an exception whose __str__ raises is described by
+    its type (it must not end the worker, which then counts as a death toward the model's limit)."""
+    try:
+        text = str(error)
+    except BaseException:  # noqa: BLE001 (the model's __str__: anything may come out of it)
+        text = "<str() of the exception raised>"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

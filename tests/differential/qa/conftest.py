@@ -76,7 +76,9 @@ def run_triton_live(repository: Path, folder: Path, *args: str) -> Iterator[Runn
                     if stub.ServerLive(pb.ServerLiveRequest(), timeout=2).live:
                         break
             time.sleep(0.2)  # ordering-free: polls an observable state until a deadline
-        yield RunningTriton(f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", channel, stub, process, log)
+        yield RunningTriton(
+            f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", channel, stub, process, log
+        )
     finally:
         channel.close()
         _stop(process)
@@ -99,10 +101,10 @@ def start(stack: ExitStack, kind: str, repository: Path, folder: Path, triton_ar
     if INSTALLATION is None:  # the comparison needs both: skip slotserve's run too
         pytest.skip(MISSING_REASON)
     settings = {**DEFAULT_SLOTSERVE, **options}
-    running = stack.enter_context(serve(repository, **settings))
-    channel = stack.enter_context(grpc.insecure_channel(running.address, options=CHANNEL_OPTIONS))
-    metrics_url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
-    return Server("slotserve", running.address, pb_grpc.GRPCInferenceServiceStub(channel), metrics_url, repository)
+    ours = stack.enter_context(serve(repository, **settings))
+    channel = stack.enter_context(grpc.insecure_channel(ours.address, options=CHANNEL_OPTIONS))
+    metrics_url = f"http://127.0.0.1:{ours.server.metrics_port}/metrics"
+    return Server("slotserve", ours.address, pb_grpc.GRPCInferenceServiceStub(channel), metrics_url, repository)
 
 
 def _models(source) -> Mapping[str, Model]:

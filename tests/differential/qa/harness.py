@@ -188,7 +188,7 @@ def from_bytes(datatype: str, shape: Iterable[int], raw: bytes) -> np.ndarray:
 
 def outputs_of(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     """{name: array} of a response (raw outputs, or typed contents for BYTES sent that way)."""
-    arrays = {}
+    arrays: dict[str, np.ndarray] = {}
     for index, output in enumerate(response.outputs):
         raw = response.raw_output_contents[index] if index < len(response.raw_output_contents) else None
         if "shared_memory_region" in output.parameters or (raw == b"" and 0 not in output.shape):
@@ -240,11 +240,11 @@ def build_request(
     request.raw_input_contents.extend(raw)
     if isinstance(outputs, Mapping):
         for name, (region, byte_size, offset) in outputs.items():
-            entry = request.outputs.add(name=name)
-            entry.parameters["shared_memory_region"].string_param = region
-            entry.parameters["shared_memory_byte_size"].int64_param = byte_size
+            wanted = request.outputs.add(name=name)
+            wanted.parameters["shared_memory_region"].string_param = region
+            wanted.parameters["shared_memory_byte_size"].int64_param = byte_size
             if offset:
-                entry.parameters["shared_memory_offset"].int64_param = offset
+                wanted.parameters["shared_memory_offset"].int64_param = offset
     else:
         for name in outputs:
             request.outputs.add(name=name)
@@ -309,7 +309,9 @@ class Stream:
     def _read(self) -> None:
         try:
             for reply in self._call:
-                self._replies.put(StreamItem(reply.error_message, reply.infer_response, outputs_of(reply.infer_response)))
+                self._replies.put(
+                    StreamItem(reply.error_message, reply.infer_response, outputs_of(reply.infer_response))
+                )
             self.status = ("OK", "")
         except grpc.RpcError as error:
             self.status = (error.code().name, error.details() or "")
@@ -327,7 +329,7 @@ class Stream:
     def take(self, count: int, timeout: float = CALL_TIMEOUT) -> list[StreamItem]:
         """The next `count` replies (fewer if the stream ends first)."""
         deadline = time.monotonic() + timeout
-        items = []
+        items: list[StreamItem] = []
         while len(items) < count:
             item = self.next(max(0.0, deadline - time.monotonic()))
             if item is None:
@@ -375,7 +377,9 @@ class Server:
 
     # -- inference --
 
-    def infer(self, model: str, inputs: Mapping[str, Any], outputs=(), *, timeout: float = CALL_TIMEOUT, **kw) -> Answer:
+    def infer(
+        self, model: str, inputs: Mapping[str, Any], outputs=(), *, timeout: float = CALL_TIMEOUT, **kw
+    ) -> Answer:
         return self.send(build_request(model, inputs, outputs, **kw), timeout=timeout)
 
     def send(self, request: pb.ModelInferRequest, *, timeout: float = CALL_TIMEOUT) -> Answer:
@@ -388,7 +392,9 @@ class Server:
     def stream(self, metadata=(), timeout: float = STREAM_TIMEOUT) -> Stream:
         return Stream(self.stub, metadata, timeout)
 
-    def stream_all(self, requests: Iterable[pb.ModelInferRequest], metadata=(), timeout=STREAM_TIMEOUT) -> list[StreamItem]:
+    def stream_all(
+        self, requests: Iterable[pb.ModelInferRequest], metadata=(), timeout=STREAM_TIMEOUT
+    ) -> list[StreamItem]:
         """Send `requests` on one stream, end it, and return every reply."""
         with self.stream(metadata, timeout) as stream:
             for request in requests:

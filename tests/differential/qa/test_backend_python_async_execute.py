@@ -10,6 +10,8 @@ would allow. Here a row's value says what the execute waits for instead, so noth
   -1      send the final flag, then raise ValueError
 """
 
+# ruff: noqa: E501  (the config.pbtxt and model.py texts embedded here keep their one-line entries)
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,8 @@ later steps also call the first by BLS (plain and decoupled), an empty output, f
 output of its own length, outputs filtered to the requested ones (plain and decoupled), and an ensemble of two
 python add_sub models."""
 
+# ruff: noqa: E501  (the config.pbtxt and model.py texts embedded here keep their one-line entries)
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -179,10 +181,6 @@ def MODELS() -> dict[str, Model]:
     return models
 
 
-DLPACK = "34.9 Tensor.to_dlpack / from_dlpack are refused (qa: triton_python_backend_utils.py)"
-
-
-@slotserve_fails(DLPACK)
 def test_ensemble_io(server):
     """Every combination of the three steps' flags, on one stream: the input comes back from the third step."""
     value = np.random.random([1000]).astype(np.float32)
@@ -194,7 +192,7 @@ def test_ensemble_io(server):
             assert np.array_equal(item.outputs["OUTPUT0"], value)
 
 
-@slotserve_fails(DLPACK + "; and an ensemble of decoupled steps is refused (helper ensembles)")
+@slotserve_fails("an ensemble with a decoupled step is refused by name (service/ensemble.py, helper ensembles)")
 def test_ensemble_io_decoupled(server):
     """The same with decoupled steps: two responses per request reach the client."""
     value = np.random.random([1000]).astype(np.float32)
@@ -207,7 +205,6 @@ def test_ensemble_io_decoupled(server):
                 assert np.array_equal(item.outputs["OUTPUT0"], value)
 
 
-@slotserve_fails(DLPACK)
 def test_empty_output(server):
     answer = server.infer("dlpack_empty_output", {"INPUT": np.array([[1.0]], np.float32)})
     assert answer.ok, answer
@@ -217,7 +214,9 @@ def test_empty_output(server):
 def test_variable_output(server):
     """Five requests sent together are one execute; request i is answered with i + 1 values of i + 1."""
     with concurrent.futures.ThreadPoolExecutor(5) as pool:
-        answers = list(pool.map(lambda _: server.infer("variable_gpu_output", {"INPUT": np.array([[1.0]], np.float32)}), range(5)))
+        answers = list(
+            pool.map(lambda _: server.infer("variable_gpu_output", {"INPUT": np.array([[1.0]], np.float32)}), range(5))
+        )
     for answer in answers:
         assert answer.ok, answer
     sizes = sorted(answer["OUTPUT"].size for answer in answers)
@@ -235,7 +234,6 @@ def test_requested_output_default(server):
     assert np.allclose(both["OUTPUT0"], a + b) and np.allclose(both["OUTPUT1"], a - b)
 
 
-@slotserve_fails(DLPACK)
 def test_requested_output_decoupled(server):
     value = np.random.rand(4).astype(np.float32)
     flags = np.random.rand(4) > 0.5
@@ -252,4 +250,5 @@ def test_ensemble(server):
     """Two add_sub steps: (a + b) + (a - b) = 2a and (a + b) - (a - b) = 2b."""
     a, b = np.random.rand(16).astype(np.float32), np.random.rand(16).astype(np.float32)
     answer = server.infer("ensemble", {"INPUT0": a, "INPUT1": b})
-    assert np.allclose(answer["OUTPUT0"], 2 * a) and np.allclose(answer["OUTPUT1"], 2 * b)
+    # float32 sums and differences: (a + b) - (a - b) is 2b within the rounding of a + b
+    assert np.allclose(answer["OUTPUT0"], 2 * a, atol=1e-6) and np.allclose(answer["OUTPUT1"], 2 * b, atol=1e-6)

@@ -5,6 +5,8 @@ responses by one and by five requests on a stream, with and without the empty fi
 refused; and the model's own error for IN and DELAY of different shapes. The QA's ordering case (which relies on
 timed delays) and its HTTP half are left out."""
 
+# ruff: noqa: E501  (the config.pbtxt and model.py texts embedded here keep their one-line entries)
+
 from __future__ import annotations
 
 import numpy as np
@@ -184,10 +186,11 @@ TRIALS = {
 DECOUPLED_ENSEMBLE = "an ensemble with a decoupled step is refused by name (service/ensemble.py, helper ensembles)"
 
 
-def _trials():
-    for name in TRIALS:
-        marks = () if name == "repeat_int32" else (slotserve_fails(DECOUPLED_ENSEMBLE),)
-        yield pytest.param(name, marks=marks, id=name)
+def _trials() -> list:
+    return [
+        pytest.param(name, marks=() if name == "repeat_int32" else (slotserve_fails(DECOUPLED_ENSEMBLE),), id=name)
+        for name in TRIALS
+    ]
 
 
 def _infer(server, model: str, requests: int, repeat: int, wait_ms: int, empty_final: bool) -> None:

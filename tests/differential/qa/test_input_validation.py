@@ -4,6 +4,8 @@ configuration): missing required inputs and optional ones, in Triton's words; a 
 shape; BYTES tensors with fewer or more elements than their shape. The TensorRT shape-tensor case is left out (no
 TensorRT here)."""
 
+# ruff: noqa: E501  (the config.pbtxt and model.py texts embedded here keep their one-line entries)
+
 from __future__ import annotations
 
 import numpy as np
@@ -78,6 +80,7 @@ MODELS: dict[str, Model] = {
         ZEROS,
     ),
 }
+
 
 def test_input_validation_required_empty(server):
     answer = server.infer("input_all_required", {})

@@ -4,6 +4,8 @@ given by the request, a load with files but no configuration, new versions loade
 the poll mode adding and removing models. The QA's many-backend, GPU, multi-repository and shutdown-timing cases
 are left out (only the python backend here; tests/differential/test_model_control.py has the repository ones)."""
 
+# ruff: noqa: E501  (the config.pbtxt and model.py texts embedded here keep their one-line entries)
+
 from __future__ import annotations
 
 import json
@@ -76,7 +78,7 @@ def test_parse_error_model_no_version(launch):
     assert not _works(server, "noversion")
 
 
-@slotserve_fails("a version folder \"003\" is served as version 3; Triton ignores it (engine/repository.py, helper repo)")
+@slotserve_fails('a version folder "003" is served as version 3; Triton ignores it (engine/repository.py, helper repo)')
 def test_parse_ignore_zero_prefixed_version(launch):
     """Version folders "1" and "003": only 1 is a version."""
     server = launch({"model": _versioned(["1", "003"])})
@@ -130,21 +132,29 @@ def test_config_override(launch):
 
 
 @slotserve_fails(
-    "34.8 a load with files but no configuration is answered \"no model directory\", not Triton's \"failed to load "
+    '34.8 a load with files but no configuration is answered "no model directory", not Triton\'s "failed to load '
     "'x', failed to poll from model repository\" (service/model_control.py, helper repo)"
 )
 def test_file_override(launch):
     """Files without a configuration are refused in Triton's words; with one, they load as the model's files."""
     model = _versioned(["3"])
-    server = launch({"model": model}, ("--model-control-mode=explicit", "--load-model=model"), **{
-        "model_control_mode": "explicit", "load_models": ("model",)})
+    server = launch(
+        {"model": model},
+        ("--model-control-mode=explicit", "--load-model=model"),
+        **{"model_control_mode": "explicit", "load_models": ("model",)},
+    )
     source = model.files["3/model.py"].encode()
     code, message = server.load("model", files={"file:1/model.py": source})
     assert code != "OK" and "failed to load 'model', failed to poll from model repository" in message, message
     assert server.ready("model", "3") and _works(server, "model", "3")
-    given = json.dumps({"backend": "python", "max_batch_size": 64,
-                        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-                        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    given = json.dumps(
+        {
+            "backend": "python",
+            "max_batch_size": 64,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        }
+    )
     assert server.load("override_model", config=given, files={"file:1/model.py": source}) == ("OK", "")
     assert server.ready("override_model", "1") and _works(server, "override_model", "1")
 
@@ -154,13 +164,19 @@ def _loads(server) -> dict[str, int]:
     return {path.name: len(path.read_text()) for path in folder.iterdir()} if folder.exists() else {}
 
 
-@slotserve_fails("34.7 a load after a version's model.py changed does not load that version again (helpers repo, lifecycle)")
+@slotserve_fails(
+    "34.7 a load after a version's model.py changed does not load that version again (helpers repo, lifecycle)"
+)
 def test_load_new_model_version(launch):
     """Versions 1, 2 served; 2's model.py touched, 3 and 4 added: a load brings 3 and 4 and reloads 2 only."""
     policy = "version_policy: { specific: { versions: [1, 2] } }"
     model = _versioned(["1", "2", "3"], COUNTED, policy)
-    server = launch({"identity_fp32": model}, ("--model-control-mode=explicit", "--load-model=*"),
-                    model_control_mode="explicit", load_models=("*",))
+    server = launch(
+        {"identity_fp32": model},
+        ("--model-control-mode=explicit", "--load-model=*"),
+        model_control_mode="explicit",
+        load_models=("*",),
+    )
     folder = Path(server.repository) / "identity_fp32"
     assert [server.ready("identity_fp32", v) for v in "1234"] == [True, True, False, False]
     assert _loads(server) == {"1": 1, "2": 1}
@@ -179,8 +195,12 @@ def test_load_new_model_version(launch):
 
 def test_dynamic_model_load_unload(launch):
     """Poll mode: a model folder added is loaded, removed is unloaded."""
-    server = launch({"first": _versioned(["1"])}, ("--model-control-mode=poll", "--repository-poll-secs=1"),
-                    model_control_mode="poll", repository_poll_seconds=1)
+    server = launch(
+        {"first": _versioned(["1"])},
+        ("--model-control-mode=poll", "--repository-poll-secs=1"),
+        model_control_mode="poll",
+        repository_poll_seconds=1,
+    )
     assert server.ready("first") and not server.ready("second")
     second = Path(server.repository) / "second"
     staging = Path(server.repository).parent / "second"

@@ -7,6 +7,8 @@ not wait for running inference, and inference does not wait for an update's new 
 timed waits are gates here (files the model waits for). Its GPU and rate-limiter cases are left out.
 """
 
+# ruff: noqa: E501  (the config.pbtxt and model.py texts embedded here keep their one-line entries)
+
 from __future__ import annotations
 
 import concurrent.futures

@@ -5,6 +5,8 @@ refusals in Triton's words: a batch of two, no correlation id, no START first, a
 The timing cases (queue delays, backlogs, idle timeouts with sleeps) are covered by tests/differential/
 test_sequences.py with gates instead and are not repeated here."""
 
+# ruff: noqa: E501  (the config.pbtxt and model.py texts embedded here keep their one-line entries)
+
 from __future__ import annotations
 
 import numpy as np
@@ -99,7 +101,7 @@ def test_length1_sequence(server, model):
 
 SEQUENCE_WORDS = (
     "34.8 a request after its sequence's END without START is refused as \"the sequence was ended because its END "
-    "request was served\", not Triton's \"... must specify the START flag on the first request of the sequence\" "
+    'request was served", not Triton\'s "... must specify the START flag on the first request of the sequence" '
     "(service/core/sequences.py, nobody this round)"
 )
 

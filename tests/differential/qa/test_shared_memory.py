@@ -5,6 +5,8 @@ inference; and unregistering while a request uses the regions (the QA's delayed 
 the test's word). Two cases of the QA file are the client library's own (creating a region of size -1, the
 client's memory over 100000 regions) and are left out."""
 
+# ruff: noqa: E501  (the config.pbtxt and model.py texts embedded here keep their one-line entries)
+
 from __future__ import annotations
 
 import contextlib
@@ -146,7 +148,7 @@ def test_register_after_inference(server, regions):
 
 @slotserve_fails(
     "34.8 an input's byte size that does not match its shape is refused in slotserve's words, not Triton's \"input "
-    "byte size mismatch ...\" (service/tensors.py, helper memory)"
+    'byte size mismatch ..." (service/tensors.py, helper memory)'
 )
 def test_too_big_shm(server, regions):
     """INPUT1 from a 128-byte region: the byte size does not match the shape."""
