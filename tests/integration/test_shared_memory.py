@@ -461,10 +461,14 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
     elif case == "zero_size":
         size, says = 0, ["failed to register shared memory region 'r': invalid args", "byte_size must be > 0, got 0"]
     else:
-        offset, size, says = 60, 50, [
-            "failed to register shared memory region 'r': invalid args",
-            "offset 60 + byte_size 50 = 110 is past the end of the object (100 bytes)",
-        ]
+        offset, size, says = (
+            60,
+            50,
+            [
+                "failed to register shared memory region 'r': invalid args",
+                "offset 60 + byte_size 50 = 110 is past the end of the object (100 bytes)",
+            ],
+        )
     try:
         error = rpc_error(
             server.stub.SystemSharedMemoryRegister,
