@@ -11,10 +11,20 @@ Parameters read from config.pbtxt (all optional):
     max_parallel_slots     cap on the advertised capacity (default 16)
 
 BYTES tensors are ONNX string tensors, which hold text: elements must be UTF-8 and come back UTF-8 encoded.
+
+Memory (what the pool reports, which --memory-budget counts): the C heap's growth while the session is built
+(glibc's `mallinfo2`: bytes malloc handed out and not taken back, which the allocator's reuse of freed memory
+does not hide, unlike the process's resident size: a reloaded model used to report 4 KiB), never less than the
+model file's size. It is measured on the first load of a file in this process and remembered per file (path,
+device, inode, size, modification time) and session options, so every later load of the same file reports the
+same figure. What runs allocate later (ONNX Runtime's arena grows with the inputs) is not in it. Where mallinfo2
+is missing (not glibc) the figure is the file's size.
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import functools
 import logging
 import os
@@ -68,13 +78,84 @@ def session_options(spec: ModelSpec):
     return options
 
 
-def _resident_bytes() -> int:
-    """Resident memory of this process (Linux /proc), 0 where it cannot be read."""
+_MALLINFO2_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's struct mallinfo2: ten size_t counters."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (*_MALLINFO2_FIELDS, "keepcost")]
+
+
+@functools.cache
+def _mallinfo2():
+    """glibc's mallinfo2 (2.33 and later), None elsewhere."""
     try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    function.restype = _MallInfo2
+    function.argtypes = []
+    return function
+
+
+def _heap_bytes() -> int | None:
+    """Bytes the C heap has handed out and not taken back (small blocks and mmapped ones), None where glibc's
+    mallinfo2 is not available."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return None
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+class _SessionSizes:
+    """What a session of each model file took when first built in this process (see the module docstring).
+    Bounded: the oldest figures go first. Thread-safe; its lock is a leaf held for dictionary work only."""
+
+    LIMIT = 512
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: _sizes
+        self._sizes: collections.OrderedDict[tuple, int] = collections.OrderedDict()
+
+    def get(self, key: tuple) -> int | None:
+        with self._lock:
+            return self._sizes.get(key)
+
+    def remember(self, key: tuple, size: int) -> int:
+        """Keep `size` for `key` unless a figure is already there (a load that ran at the same time); returns the
+        figure kept."""
+        with self._lock:
+            kept = self._sizes.setdefault(key, size)
+            self._sizes.move_to_end(key)
+            while len(self._sizes) > self.LIMIT:
+                self._sizes.popitem(last=False)
+            return kept
+
+
+_SESSION_SIZES = _SessionSizes()
+
+
+def _session_key(spec: ModelSpec) -> tuple | None:
+    """Which file, and which session options, a session is built from; None when the file cannot be read."""
+    assert spec.model_file is not None
+    try:
+        stat = os.stat(spec.model_file)
+    except OSError:
+        return None
+    options = tuple(
+        spec.parameter(name, "")
+        for name in ("graph_optimization_level", "intra_op_num_threads", "inter_op_num_threads")
+    )
+    return (str(spec.model_file), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, options)
+
+
+def session_memory_bytes(spec: ModelSpec) -> int | None:
+    """The figure remembered for `spec`'s model file (what its pools report), None when no session of that file
+    was built in this process."""
+    key = _session_key(spec)
+    return _SESSION_SIZES.get(key) if key is not None else None
 
 
 def _int_parameter(spec: ModelSpec, key: str, default: int, minimum: int, maximum: int | None = None) -> int:
@@ -246,7 +327,7 @@ class OnnxRuntimeModel(LoadedModel):
 
     interruptible = True
 
-    def __init__(self, spec: ModelSpec, session, metadata: ModelMetadata, weights_bytes: int) -> None:
+    def __init__(self, spec: ModelSpec, session, metadata: ModelMetadata, memory_bytes: int) -> None:
         self.name = spec.name
         self.session = session
         # The binding's run, without the Python wrapper's re-validation (inputs were checked against the model's
@@ -258,18 +339,30 @@ class OnnxRuntimeModel(LoadedModel):
         self.string_inputs = any(t.datatype == "BYTES" for t in metadata.inputs)
         self.string_outputs = any(t.datatype == "BYTES" for t in metadata.outputs)
         self.max_parallel_slots = min(MAX_SLOTS, _int_parameter(spec, "max_parallel_slots", MAX_SLOTS, minimum=1))
-        self._weights_bytes = weights_bytes
+        self._memory_bytes = memory_bytes
 
     def create_context(self) -> Context:
         return OnnxRuntimeContext(self)
 
     def memory_bytes(self, slots: int) -> int:
         # Slots share the session's weights and arena; a slot itself is a RunOptions object.
-        return self._weights_bytes
+        return self._memory_bytes
 
     def close(self) -> None:
         self.session = None
         self.run = None
+
+
+def _memory_figure(spec: ModelSpec, grown: int) -> int:
+    """What a pool of `spec` reports: the figure remembered for its file, else `grown` (the heap's growth while
+    this session was built), at least the file's size, remembered from now on."""
+    key = _session_key(spec)
+    if key is None:  # the file went away after the session read it: this load's own figure
+        return max(grown, 0)
+    remembered = _SESSION_SIZES.get(key)
+    if remembered is not None:
+        return remembered
+    return _SESSION_SIZES.remember(key, max(grown, key[3]))
 
 
 class OnnxRuntimeBackend(Backend):
@@ -281,7 +374,7 @@ class OnnxRuntimeBackend(Backend):
         if spec.model_file is None or not spec.model_file.exists():
             raise ModelConfigError(f"{origin}: model file not found")
         options = session_options(spec)
-        resident_before = _resident_bytes()
+        heap_before = _heap_bytes()
         try:
             session = ort.InferenceSession(str(spec.model_file), options, providers=["CPUExecutionProvider"])
         except Exception as error:
@@ -292,6 +385,9 @@ class OnnxRuntimeBackend(Backend):
                 f"{origin}: onnxruntime could not load {shown_path(spec.model_file, spec.roots)}: "
                 f"{hide_paths(str(error).splitlines()[0], spec.roots)[:300]}"
             ) from None
+        heap_after = _heap_bytes()
+        grown = heap_after - heap_before if heap_after is not None and heap_before is not None else 0
+        memory = _memory_figure(spec, grown)
         inputs = [_model_tensor(node, origin) for node in session.get_inputs()]
         outputs = [_model_tensor(node, origin) for node in session.get_outputs()]
         if spec.sequence is not None:  # the inputs and outputs the server fills and keeps are not the client's
@@ -302,8 +398,4 @@ class OnnxRuntimeBackend(Backend):
             max_batch_size=spec.max_batch_size,
             platform=spec.platform or "onnxruntime_onnx",
         )
-        # What the session added to the process (weights, graph, arena), measured as it was built; the file size
-        # when concurrent activity makes the measurement useless.
-        grown = _resident_bytes() - resident_before
-        weights = grown if grown > 0 else os.path.getsize(spec.model_file)
-        return OnnxRuntimeModel(spec, session, metadata, weights)
+        return OnnxRuntimeModel(spec, session, metadata, memory)
