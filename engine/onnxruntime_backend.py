@@ -245,24 +245,79 @@ def _without_sequence_tensors(
     return [t for t in inputs if t.name not in filled], [t for t in outputs if t.name not in kept]
 
 
+# BYTES inputs go to ONNX Runtime as numpy unicode arrays (4 bytes a character, the longest element's width) when
+# that takes no more than this many bytes an element (beside their contents): a str object behind a pointer,
+# the other way, takes about 72 bytes for a short one. 2 million 2-byte elements: 16 MiB instead of 144 MiB.
+_OBJECT_ELEMENT_BYTES = 72
+
+
 def _to_ort_input(name: str, array: np.ndarray) -> np.ndarray:
-    if array.dtype != object:
+    """A BYTES input as ONNX Runtime takes a string tensor: a numpy unicode array when the elements are short
+    enough for one (see _OBJECT_ELEMENT_BYTES), else an object array of str. Raises InvalidInputError naming the
+    input when an element is not UTF-8 (ONNX strings hold text)."""
+    if array.dtype.kind == "U" or (array.dtype != object and array.dtype.kind != "S"):
         return array
     try:
-        return np.array([element.decode("utf-8") for element in array.reshape(-1)], dtype=object).reshape(array.shape)
+        compact = _unicode_array(array)
+        return compact if compact is not None else _str_objects(array)
     except UnicodeDecodeError:
         raise InvalidInputError(
             f"input '{name}': ONNX string tensors hold text and an element is not valid UTF-8"
         ) from None
 
 
+def _unicode_array(array: np.ndarray) -> np.ndarray | None:
+    """`array`'s elements (bytes) decoded into a numpy unicode array, or None when that would take more memory
+    than str objects (one long element among many short ones), or cannot hold them exactly (an element ending
+    with NUL bytes, which numpy's fixed-width strings drop; an element that is not bytes)."""
+    count = array.size
+    if not count:
+        return None
+    if array.dtype.kind == "S":
+        fixed = array.reshape(-1)
+        width = array.dtype.itemsize
+    else:
+        flat = array.reshape(-1)
+        try:
+            lengths = np.fromiter(map(len, flat), dtype=np.int64, count=count)
+        except TypeError:
+            return None
+        width = max(1, int(lengths.max()))
+        if count * width * 5 > count * _OBJECT_ELEMENT_BYTES + int(lengths.sum()):  # 'S' then 'U': 5 bytes a byte
+            return None
+        if not all(type(element) is bytes for element in flat):
+            return None
+        fixed = flat.astype(f"S{width}")
+        if not np.array_equal(np.strings.str_len(fixed), lengths):
+            return None  # an element ends with NUL: its fixed-width copy lost them
+        del lengths
+    if int(fixed.view(np.uint8).max(initial=0)) < 0x80:  # ASCII, the common case: numpy converts it in one pass
+        text = fixed.astype(f"U{width}")
+    else:
+        text = np.strings.decode(fixed, "utf-8")
+    return text.reshape(array.shape)
+
+
+def _str_objects(array: np.ndarray) -> np.ndarray:
+    """An object array of str, each element decoded straight into the result (no list of them first)."""
+    result = np.empty(array.size, dtype=object)
+    for index, element in enumerate(array.reshape(-1)):
+        result[index] = element if isinstance(element, str) else bytes(element).decode("utf-8")
+    return result.reshape(array.shape)
+
+
 def _from_ort_output(array: np.ndarray) -> np.ndarray:
+    """ONNX Runtime's string output (str objects) as BYTES (bytes objects), replaced in place one element at a
+    time: each str is freed as its bytes takes its place, so the two arrays' objects are never all alive at once
+    (a copy beside the original held 2 million short strings twice: about 250 MiB)."""
     if array.dtype != object:
         return array
-    flat = [e.encode("utf-8") if isinstance(e, str) else bytes(e) for e in array.reshape(-1)]
-    result = np.empty(len(flat), dtype=object)
-    result[:] = flat
-    return result.reshape(array.shape)
+    array = np.ascontiguousarray(array)  # ONNX Runtime's own output: already contiguous, not copied
+    flat = array.reshape(-1)  # a view: assigning to it replaces the output's elements
+    for index, element in enumerate(flat):
+        if type(element) is not bytes:
+            flat[index] = element.encode("utf-8") if isinstance(element, str) else bytes(element)
+    return array
 
 
 class OnnxRuntimeContext(Context):
@@ -317,6 +372,7 @@ class OnnxRuntimeContext(Context):
             raise ExecutionError(f"model '{model.name}' failed to execute") from error
         finally:
             cancel.remove_callback(terminate)
+        del feed  # converted BYTES inputs (ONNX Runtime copied them in) go before the outputs are converted
         if model.string_outputs:
             return {name: _from_ort_output(array) for name, array in zip(names, results, strict=True)}
         return dict(zip(names, results, strict=True))
