@@ -16,7 +16,8 @@ on simultaneous cold loads.
   with no lock held, then retiring least recently used idle models while the total is over the budget
   (`Residency.check_memory`). A busy model is never retired: the budget stays exceeded until it is idle.
 * An ensemble holds no engine (its steps are models of their own, resident and counted on their own): it is never
-  counted under either limit, never makes room and is never a victim (ENGINELESS_BACKENDS).
+  counted under either limit, never makes room and is never an eviction victim (ENGINELESS_BACKENDS); the idle
+  reaper retires it like any model.
 
 Models are seen through the `ResidentModel` protocol (service/core/lifecycle.py's ModelEntry is the one
 implementation): this module never touches a model's lock, pool or admission.
@@ -350,9 +351,14 @@ class Residency:
 
     def on_published(self, entry: ResidentModel) -> None:
         """`entry` published a pool: it counts with the bytes its budget check reserved (measured then, with no
-        lock held), or, without a budget, with what it reports now. An ensemble is not counted."""
-        if not holds_engine(entry):
-            return
+        lock held), or, without a budget, with what it reports now. An ensemble is not counted (only its idle
+        retirement is scheduled)."""
+        if holds_engine(entry):
+            self._count(entry)
+        if self.reaper is not None:
+            self.reaper.schedule(entry)
+
+    def _count(self, entry: ResidentModel) -> None:
         with self._lock:
             reserved = self._reserved.pop(entry, None)
             if reserved is not None:  # in the same step, or a load checking the budget meanwhile would see neither
@@ -361,8 +367,6 @@ class Residency:
             size = entry.resident_bytes()
             with self._lock:
                 self._count_locked(entry, size)
-        if self.reaper is not None:
-            self.reaper.schedule(entry)
 
     def _count_locked(self, entry: ResidentModel, size: int) -> None:
         self._held.add(entry)
@@ -381,7 +385,7 @@ class Residency:
     def on_lease_end(self, entry: ResidentModel) -> None:
         """A request or manager lease of `entry` ended: have the reaper look at it again (cheap when it is
         already scheduled), and the memory watch re-read the models soon (what the run kept shows now)."""
-        if self.reaper is not None and holds_engine(entry):
+        if self.reaper is not None:
             self.reaper.schedule(entry)
         if self.watch is not None:
             self.watch.nudge()
