@@ -188,7 +188,7 @@ class Residency:
         self.max_resident_models = max_resident_models
         self.memory_budget = memory_budget
         self._clock = clock
-        # guards: _held, _memory, _published, _reserved, _departures, _over_budget, evictions
+        # guards: _held, _memory, _published, _reserved, _departures, _over_budget, _unreadable, evictions
         self._lock = threading.Lock()
         self._held: set[ResidentModel] = set()  # entries resident or reserved for a load in progress
         self._memory: dict[ResidentModel, int] = {}  # entry -> bytes its published pool reported when last read
@@ -197,6 +197,7 @@ class Residency:
         self._published: dict[ResidentModel, int] = {}
         self._publications = itertools.count(1)
         self._over_budget = False  # the last memory check ended over the budget (logged once per episode)
+        self._unreadable: set[ResidentModel] = set()  # models whose last measurement raised (logged once)
         # entry -> bytes of a pool that passed the budget and is not published yet. Without it two loads could
         # both pass a budget that only one fits: the first's pool is built and checked, but counted only once
         # published, and the cold-load guard is released before that.
@@ -306,15 +307,21 @@ class Residency:
         with self._lock:
             published = list(self._published.items())
         measured: list[tuple[ResidentModel, int, int]] = []
+        failed: list[tuple[ResidentModel, Exception]] = []
         for entry, publication in published:
             try:
                 measured.append((entry, publication, entry.resident_bytes()))
-            except Exception:  # a backend's measurement must not stop the watch: the old figure stays
-                _LOG.exception("model '%s': could not read its memory; its last figure stays", entry.name)
+            except Exception as error:  # a backend's measurement must not stop the watch: the old figure stays
+                failed.append((entry, error))
         with self._lock:
             for entry, publication, size in measured:
+                self._unreadable.discard(entry)
                 if self._published.get(entry) == publication:  # still the pool that was measured
                     self._memory[entry] = size
+            newly = [(entry, error) for entry, error in failed if entry not in self._unreadable]
+            self._unreadable.update(entry for entry, _ in failed)
+        for entry, error in newly:  # logged once until it reads again, not every second
+            _LOG.error("model '%s': could not read its memory; its last figure stays", entry.name, exc_info=error)
         return self._fit_budget()
 
     def _fit_budget(self) -> MemoryCheck:
@@ -380,6 +387,7 @@ class Residency:
             self._held.discard(entry)
             self._memory.pop(entry, None)
             self._published.pop(entry, None)
+            self._unreadable.discard(entry)
             self._departures += 1
 
     def on_lease_end(self, entry: ResidentModel) -> None:

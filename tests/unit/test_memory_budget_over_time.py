@@ -167,3 +167,14 @@ def test_without_a_budget_there_is_no_watch(tmp_path):
         assert lab.residency.check_memory() == MemoryCheck(in_use=900, evicted=(), over_budget=False)
     finally:
         lab.close()
+
+
+def test_a_measurement_that_raises_keeps_the_last_figure_and_is_logged_once(lab, caplog):
+    measure = lab.gate("b", "measure")
+    measure.fail_next(RuntimeError("worker gone"), times=2)
+    lab.controls.set_memory("b", 300)
+    with caplog.at_level(logging.ERROR, logger="service.core.residency"):
+        assert lab.residency.check_memory().in_use == 300  # b keeps its 100
+        assert lab.residency.check_memory().in_use == 300
+    assert [r.getMessage() for r in caplog.records] == ["model 'b': could not read its memory; its last figure stays"]
+    assert lab.residency.check_memory().in_use == 500  # it reads again: its figure now
