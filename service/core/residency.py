@@ -318,10 +318,10 @@ class Residency:
                 self._unreadable.discard(entry)
                 if self._published.get(entry) == publication:  # still the pool that was measured
                     self._memory[entry] = size
-            newly = [(entry, error) for entry, error in failed if entry not in self._unreadable]
+            newly = [(entry, failure) for entry, failure in failed if entry not in self._unreadable]
             self._unreadable.update(entry for entry, _ in failed)
-        for entry, error in newly:  # logged once until it reads again, not every second
-            _LOG.error("model '%s': could not read its memory; its last figure stays", entry.name, exc_info=error)
+        for entry, failure in newly:  # logged once until it reads again, not every second
+            _LOG.error("model '%s': could not read its memory; its last figure stays", entry.name, exc_info=failure)
         return self._fit_budget()
 
     def _fit_budget(self) -> MemoryCheck:
