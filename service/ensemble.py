@@ -81,8 +81,10 @@ class EnsembleBackend(Backend):
         registry.runtime.events.subscribe(StepWatcher(registry).note)
 
     def load(self, spec: ModelSpec) -> LoadedModel:
-        """Check the ensemble's graph against its step models as registered now. Raises ModelConfigError naming
-        the step and the problem. Does not load the step models (each loads on its first call, as usual)."""
+        """Check the ensembles' call graph from this one (no cycle through ensembles, no chain deeper than
+        MAX_NESTING: engine/ensemble_graph.py call_graph_refusal), then its graph against its step models as
+        registered now. Raises ModelConfigError naming the cycle, or the step and the problem (ModelLoadError for
+        a step model that failed). Does not load the step models (each loads on its first call, as usual)."""
         if self._dataplane is None:
             raise ModelConfigError(f"model '{spec.name}': ensembles need a server (EnsembleBackend.bind)")
         origin = f"ensemble '{spec.name}'"
