@@ -348,12 +348,6 @@ class StepHelpers:
         self._idle = 0  # helpers waiting for work that no `want` has woken yet
         self._closed = False
 
-    @property
-    def threads(self) -> int:
-        """Helpers alive now (tests and docs read it)."""
-        with self._changed:
-            return self._threads
-
     def want(self, run: _Run) -> None:
         """Ask for a helper to take `run`'s ready steps: wakes an idle one, else starts one under the limit, else
         the run waits its turn in the queue (its own thread goes on meanwhile). Never blocks; a run already asking
