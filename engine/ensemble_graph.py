@@ -222,6 +222,33 @@ def call_graph_refusals(graph: Mapping[str, Iterable[str]]) -> dict[str, str]:
     return refusals
 
 
+def ensembles_after_their_steps(names: Sequence[str], steps: Mapping[str, Sequence[str]]) -> list[str]:
+    """`names` in a load order (engine/repository.py load_order): the models that are not ensembles (not keys of
+    `steps`, which maps each ensemble among `names` to the models its steps name) first, in the given order, then
+    the ensembles, each after the ensembles its steps name, depth first in step order. A cycle is cut where it
+    closes (its ensembles are refused when they load). Iterative: a chain of any length is ordered without
+    recursion."""
+    ordered: list[str] = []
+    placed: set[str] = set()
+    for name in [n for n in names if n not in steps] + [n for n in names if n in steps]:
+        if name in placed:
+            continue
+        on_path = {name}
+        pending: list[tuple[str, Iterator[str]]] = [(name, iter(steps.get(name, ())))]
+        while pending:
+            model, called = pending[-1]
+            step = next((s for s in called if s in steps and s not in placed and s not in on_path), None)
+            if step is None:
+                pending.pop()
+                on_path.discard(model)
+                placed.add(model)
+                ordered.append(model)
+            else:
+                on_path.add(step)
+                pending.append((step, iter(steps[step])))
+    return ordered
+
+
 def _cycle_message(name: str, path: Sequence[str], cycle: Sequence[str]) -> str:
     through = _arrows(cycle)
     if len(path) == 1:
@@ -379,6 +406,7 @@ __all__ = [
     "call_graph_refusal",
     "call_graph_refusals",
     "check_against_models",
+    "ensembles_after_their_steps",
     "read_steps",
     "step_models",
 ]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.ensemble_graph import (
     CYCLE_REFUSAL,
@@ -15,6 +17,7 @@ from engine.ensemble_graph import (
     call_graph_refusal,
     call_graph_refusals,
     check_against_models,
+    ensembles_after_their_steps,
     read_steps,
     step_models,
 )
@@ -343,3 +346,47 @@ def test_a_reload_that_changes_only_the_steps_is_a_new_engine(tmp_path):
     assert (before.inputs, before.outputs) == (after.inputs, after.outputs)
     assert before.session_key() != after.session_key()  # a reload loads (and checks) the new steps
     assert after.session_key() == ModelRepository(tmp_path).read("e").session_key()  # the same steps: the same
+
+
+# ---- load order (engine/repository.py load_order) ----------------------------------------------------------------
+
+
+def recursive_order(names: list[str], steps: dict[str, list[str]]) -> list[str]:
+    """The order load_order gave before it was made iterative (its recursive definition, kept as the reference)."""
+    ordered: list[str] = []
+    placed: set[str] = set()
+
+    def place(name: str, path: frozenset[str]) -> None:
+        if name in placed or name in path:
+            return
+        for called in steps.get(name, ()):
+            if called in steps:
+                place(called, path | {name})
+        placed.add(name)
+        ordered.append(name)
+
+    for name in [n for n in names if n not in steps] + [n for n in names if n in steps]:
+        place(name, frozenset())
+    return ordered
+
+
+@settings(deadline=None, max_examples=300)
+@given(data=st.data())
+def test_the_load_order_puts_each_ensemble_after_the_ones_it_calls_as_before(data):
+    names = data.draw(st.lists(st.sampled_from([f"m{i}" for i in range(8)]), min_size=1, max_size=10, unique=True))
+    ensembles = data.draw(st.sets(st.sampled_from(names)))
+    steps = {e: data.draw(st.lists(st.sampled_from([*names, "elsewhere"]), min_size=1, max_size=4)) for e in ensembles}
+    assert ensembles_after_their_steps(names, steps) == recursive_order(names, steps)
+
+
+def test_a_repository_with_a_chain_of_a_thousand_ensembles_is_ordered_without_recursion(tmp_path):
+    length = 1200  # the recursive order hit Python's recursion limit here, and the server did not start
+    for level in range(length):
+        (tmp_path / f"e{level}" / "1").mkdir(parents=True)
+        called = f"e{level + 1}" if level + 1 < length else "w"
+        (tmp_path / f"e{level}" / "config.pbtxt").write_text(
+            config_text(step(called, {"IN": "X"}, {"OUT": "Y"}), head=f'name: "e{level}"\nplatform: "ensemble"\n')
+        )
+    repository = ModelRepository(tmp_path)
+    order = repository.load_order(repository.names())
+    assert order == [f"e{level}" for level in reversed(range(length))]
