@@ -243,12 +243,14 @@ def test_a_step_whose_tensors_are_known_only_after_loading_is_checked_at_run_tim
 
 
 def test_a_chain_of_thousands_of_steps_is_read_without_recursion():
-    length = 3000  # a recursive check hit Python's recursion limit (1000) here
+    length = 3000
     steps = [
         step("m", {"IN": "X" if i == 0 else f"t{i}"}, {"OUT": "Y" if i == length - 1 else f"t{i + 1}"})
         for i in range(length)
     ]
     assert len(steps_of(config_text(*steps))) == length
+    # listed last step first: the recursive check followed producers 3000 deep (RecursionError, limit 1000)
+    assert len(steps_of(config_text(*reversed(steps)))) == length
     looped = [step("m", {"IN": "X", "LOOP": f"t{length - 1}"}, {"OUT": "t1"}), *steps[1:]]  # a cycle of 2999
     message = refused(config_text(*looped))
     assert "the steps form a cycle: step 0 (model 'm') -> step 1 (model 'm') -> " in message
