@@ -291,8 +291,9 @@ class OnnxReader(Backend):
     def load(self, spec: ModelSpec) -> LoadedModel:
         from engine.onnxruntime_backend import parallel_slots, served_metadata, session_options
 
+        if spec.model_file is None or not spec.model_file.exists():  # the load's own refusal (the read found it)
+            raise ModelConfigError(f"model '{spec.name}': model file not found")
         session_options(spec)
-        assert spec.model_file is not None  # the repository's read found it
         shown = shown_path(spec.model_file, spec.roots)
         entry: dict[str, Any] = {"file": shown, "inputs": [], "outputs": [], "problem": None}
         self.files.setdefault(spec.name, []).append(entry)
@@ -360,12 +361,10 @@ def registry_verdict(registry, name: str) -> tuple[bool, str | None]:
     """(serves, reason) of model `name` as the registry lists it (what RepositoryIndex and ModelReady answer): it
     serves when every version the policy serves is READY; otherwise the reason is the first other version's error,
     or why the name has no entry, the model's name cut off as `server_reason` does."""
-    from .core.errors import ServiceError
     from .core.lifecycle import ModelState
 
-    try:
-        entries = registry.versions(name).entries()
-    except ServiceError:  # ModelConfigFailed (its reason noted) or ModelNotFound
+    entries = registered_entries(registry, name)
+    if not entries:  # its configuration failed (the reason noted), or no such model
         return False, registry.unregistered_reason(name).removeprefix("failed to load: ")
     for entry in entries:
         status = entry.status()
@@ -375,11 +374,12 @@ def registry_verdict(registry, name: str) -> tuple[bool, str | None]:
 
 
 def registered_entries(registry, name: str) -> list:
+    """The entries of model `name`'s versions, lowest first ([] when the registry has none)."""
     from .core.errors import ServiceError
 
     try:
         return registry.versions(name).entries()
-    except ServiceError:
+    except ServiceError:  # ModelConfigFailed or ModelNotFound
         return []
 
 
@@ -400,8 +400,8 @@ def check_model(
     if entries:
         verdict.slots = entries[-1].status().slots
     if args.parallel_jobs is None and spec.instance_count not in (None, 1):
-        reason = "without --parallel-jobs every model has one slot"  # the registry's warning
-        verdict.ignored.append({"field": "instance_group[0].count", "reason": reason})
+        why = "without --parallel-jobs every model has one slot"  # the registry's warning
+        verdict.ignored.append({"field": "instance_group[0].count", "reason": why})
     if not args.load:
         verdict.not_run = NOT_RUN.get(spec.backend, "")
     verdict.files = files.get(name, [])

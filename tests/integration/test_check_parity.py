@@ -3,11 +3,12 @@
 and ModelReady, for the same repository under the same flags.
 
 The repositories are the suite's own builders, each written fresh: Triton's example repository, the broken and
-cyclic ensembles, the models the backends refuse for their parameters (tests/check_repositories.py), the demo repository, the python ensemble (tests/ensemble_models.py,
-good and with a step whose initialize raises), the sequence models (tests/sequence_models.py,
-tests/sequence_builders.py), the python models (tests/python_models), the differential repositories (both sides)
-and the migration walkthrough's repository (tests/docs/migration.py). A python model's code runs only with
-`--load`, so a repository whose model.py fails at load is checked with `--load`; every other one without it.
+cyclic ensembles, the models the backends refuse for their parameters (tests/check_repositories.py), the demo
+repository, the python ensemble (tests/ensemble_models.py, good and with a step whose initialize raises), the
+sequence models (tests/sequence_models.py, tests/sequence_builders.py), the python models (tests/python_models),
+the differential repositories (both sides) and the migration walkthrough's repository (tests/docs/migration.py). A
+python model's code runs only with `--load`, so a repository whose model.py fails at load is checked with
+`--load`; every other one without it.
 
 The check runs in this process (service.check.main, its JSON on stdout); the server is service.testing.serve (gRPC
 on a free port), started as `python -m service` starts by default (test backends off unless the case needs them).
