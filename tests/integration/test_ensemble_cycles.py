@@ -5,7 +5,7 @@ with files that changes a step. Nothing else is disturbed: the server stays live
 ensemble that was serving keeps serving its old steps. Also the chain limit (MAX_NESTING), and the guard that
 stops a cycle two racing reloads could still make. engine/ensemble_graph.py `call_graph_refusal` decides;
 tests/unit/test_ensemble_graph.py checks it alone and tests/fuzz/test_ensemble_cycles_fuzz.py on generated
-graphs."""
+graphs; the last test asks `check` (which goes through the same load path) for the same verdicts."""
 
 from __future__ import annotations
 
@@ -270,3 +270,18 @@ def test_a_cycle_that_got_past_the_load_check_is_stopped_at_its_first_turn(tmp_p
             assert f"{CYCLE}: ensemble '{name}' calls itself through {cycle}" in failed.message, failed
             assert "RecursionError" not in failed.message and len(failed.message) < 400, failed.message
         assert_still_serving(running, before)
+
+
+def test_check_refuses_the_same_cycles_in_the_same_words(tmp_path, capsys):
+    # `python -m service check` reaches its verdicts through the server's own load path (EnsembleBackend.load,
+    # so call_graph_refusal): the same decision and the same words as the server's index above.
+    import json
+
+    from service.check import main
+
+    cyclic_repository(tmp_path)
+    assert main([str(tmp_path), "--enable-test-backends", "--format", "json"]) == 1
+    verdicts = {model["name"]: model for model in json.loads(capsys.readouterr().out)["models"]}
+    for name, reason in EXPECTED.items():
+        assert not verdicts[name]["serves"] and verdicts[name]["reason"] == reason, verdicts[name]
+    assert verdicts["fine"]["serves"] and verdicts["w"]["serves"]
