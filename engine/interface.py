@@ -247,7 +247,10 @@ class ModelSpec:
         params = tuple(sorted((k, v) for k, v in self.parameters.items() if not k.startswith("slotserve.")))
         # The inputs a sequence model's server fills are checked against the engine at load, so they are part of it.
         filled = tuple(sorted(self.sequence.provided_inputs().items())) if self.sequence is not None else ()
-        return (self.backend, self.model_file, self.max_batch_size, self.inputs, self.outputs, params, filled)
+        # An ensemble's engine is its steps: a reload that changes them builds (and checks) a new one.
+        scheduling = getattr(self.config, "ensemble_scheduling", None)
+        steps = scheduling.SerializeToString(deterministic=True) if scheduling is not None else b""
+        return (self.backend, self.model_file, self.max_batch_size, self.inputs, self.outputs, params, filled, steps)
 
     def parameter(self, key: str, default: str | None = None) -> str | None:
         return self.parameters.get(key, default)

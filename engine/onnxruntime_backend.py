@@ -245,6 +245,28 @@ def _without_sequence_tensors(
     return [t for t in inputs if t.name not in filled], [t for t in outputs if t.name not in kept]
 
 
+def served_metadata(spec: ModelSpec, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> ModelMetadata:
+    """What a model whose graph has `inputs` and `outputs` serves under `spec`: a sequence model's control and state
+    tensors set aside (the server fills and keeps them), then the declared tensors checked against the graph's (or
+    the graph's own when none are declared). Pure: the load calls it with the session's tensors, `python -m service
+    check` with the file's. Raises ModelConfigError naming the tensor."""
+    origin = f"model '{spec.name}'"
+    if spec.sequence is not None:  # the inputs and outputs the server fills and keeps are not the client's
+        inputs, outputs = _without_sequence_tensors(spec, inputs, outputs, origin)
+    return ModelMetadata(
+        inputs=_reconcile(spec.inputs, inputs, spec.max_batch_size, "input", origin),
+        outputs=_reconcile(spec.outputs, outputs, spec.max_batch_size, "output", origin),
+        max_batch_size=spec.max_batch_size,
+        platform=spec.platform or "onnxruntime_onnx",
+    )
+
+
+def parallel_slots(spec: ModelSpec) -> int:
+    """The most slots a model's session serves (its max_parallel_slots parameter, at most MAX_SLOTS). Raises
+    ModelConfigError for a parameter that is not an integer >= 1."""
+    return min(MAX_SLOTS, _int_parameter(spec, "max_parallel_slots", MAX_SLOTS, minimum=1))
+
+
 # BYTES inputs go to ONNX Runtime as numpy unicode arrays (4 bytes a character, the longest element's width) when
 # that takes no more than this many bytes an element (beside their contents): a str object behind a pointer,
 # the other way, takes about 72 bytes for a short one. 2 million 2-byte elements: 16 MiB instead of 144 MiB.
@@ -394,7 +416,7 @@ class OnnxRuntimeModel(LoadedModel):
         self.output_names = [t.name for t in metadata.outputs]
         self.string_inputs = any(t.datatype == "BYTES" for t in metadata.inputs)
         self.string_outputs = any(t.datatype == "BYTES" for t in metadata.outputs)
-        self.max_parallel_slots = min(MAX_SLOTS, _int_parameter(spec, "max_parallel_slots", MAX_SLOTS, minimum=1))
+        self.max_parallel_slots = parallel_slots(spec)
         self._memory_bytes = memory_bytes
 
     def create_context(self) -> Context:
@@ -446,12 +468,5 @@ class OnnxRuntimeBackend(Backend):
         memory = _memory_figure(spec, grown)
         inputs = [_model_tensor(node, origin) for node in session.get_inputs()]
         outputs = [_model_tensor(node, origin) for node in session.get_outputs()]
-        if spec.sequence is not None:  # the inputs and outputs the server fills and keeps are not the client's
-            inputs, outputs = _without_sequence_tensors(spec, inputs, outputs, origin)
-        metadata = ModelMetadata(
-            inputs=_reconcile(spec.inputs, inputs, spec.max_batch_size, "input", origin),
-            outputs=_reconcile(spec.outputs, outputs, spec.max_batch_size, "output", origin),
-            max_batch_size=spec.max_batch_size,
-            platform=spec.platform or "onnxruntime_onnx",
-        )
+        metadata = served_metadata(spec, inputs, outputs)
         return OnnxRuntimeModel(spec, session, metadata, memory)

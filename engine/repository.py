@@ -29,7 +29,7 @@ from google.protobuf import json_format, text_format
 from generated import model_config_pb2
 
 from . import datatypes
-from .ensemble_graph import read_steps
+from .ensemble_graph import ensembles_after_their_steps, read_steps
 from .errors import ModelConfigError
 from .interface import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy, WarmupInput, WarmupSample
 from .sequence_config import oldest_batching, read_sequence_spec
@@ -884,21 +884,7 @@ class ModelRepository:
                 continue
             if config.platform == "ensemble":
                 steps[name] = [step.model_name for step in config.ensemble_scheduling.step]
-        ordered: list[str] = []
-        placed: set[str] = set()
-
-        def place(name: str, path: frozenset[str]) -> None:
-            if name in placed or name in path:
-                return  # placed already, or an ensemble cycle (refused when it loads)
-            for step in steps.get(name, ()):
-                if step in steps:
-                    place(step, path | {name})
-            placed.add(name)
-            ordered.append(name)
-
-        for name in [n for n in names if n not in steps] + [n for n in names if n in steps]:
-            place(name, frozenset())
-        return ordered
+        return ensembles_after_their_steps(names, steps)  # iterative: a recursion here failed on a long chain
 
     def _config_of(self, name: str, source: str, config_json: str) -> tuple[Path, model_config_pb2.ModelConfig]:
         """Model `name`'s directory and parsed configuration (config.pbtxt, or `config_json` instead; an empty

@@ -934,6 +934,21 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
     )
 
 
+def unstarted_model(spec: ModelSpec) -> PythonModel:
+    """The PythonModel `spec` describes, checked but not started: no worker, none of the model's code run
+    (PythonBackend.load starts it; `python -m service check` stops here without --load). Raises ModelConfigError for
+    a missing model.py, an execution environment, or a parameter out of range."""
+    origin = f"model '{spec.name}'"
+    if spec.model_file is None or not spec.model_file.exists():
+        raise ModelConfigError(f"{origin}: model.py not found")
+    if spec.parameter("EXECUTION_ENV_PATH"):
+        raise ModelConfigError(
+            f"{origin}: EXECUTION_ENV_PATH (custom execution environments) is not supported by slotserve; "
+            "install the model's packages into the server's environment"
+        )
+    return PythonModel(spec)
+
+
 class PythonBackend(Backend):
     name = "python"
 
@@ -944,15 +959,7 @@ class PythonBackend(Backend):
         self._calls = calls
 
     def load(self, spec: ModelSpec) -> LoadedModel:
-        origin = f"model '{spec.name}'"
-        if spec.model_file is None or not spec.model_file.exists():
-            raise ModelConfigError(f"{origin}: model.py not found")
-        if spec.parameter("EXECUTION_ENV_PATH"):
-            raise ModelConfigError(
-                f"{origin}: EXECUTION_ENV_PATH (custom execution environments) is not supported by slotserve; "
-                "install the model's packages into the server's environment"
-            )
-        model = PythonModel(spec)
+        model = unstarted_model(spec)
         model.calls = self._calls
         model.load_first_worker()
         return model
