@@ -689,12 +689,15 @@ def _select_backend(config: model_config_pb2.ModelConfig, version_dir: Path | No
                 f"{origin}: unsupported platform '{config.platform}'; use one of {sorted(_PLATFORM_BACKEND)}"
             )
         return backend
+    if config.default_model_filename == _DEFAULT_FILE["python"]:
+        return "python"  # as Triton completes a configuration that names model.py
     if version_dir is not None:
-        if (version_dir / "model.onnx").exists():
-            return "onnxruntime"
-        if (version_dir / "model.plan").exists():
-            return "tensorrt"
-    raise ModelConfigError(f"{origin}: no backend or platform set and no model.onnx or model.plan found")
+        # As Triton 2.51 fills `backend` when the configuration (or its absence) leaves it out: by the file the
+        # version folder holds. A folder with only 1/model.py is a python model (python_backend's auto_complete).
+        for backend in ("onnxruntime", "tensorrt", "python"):
+            if (version_dir / _DEFAULT_FILE[backend]).exists():
+                return backend
+    raise ModelConfigError(f"{origin}: no backend or platform set and no model.onnx, model.plan or model.py found")
 
 
 def _version_folders(directory: Path | None, origin: str = "model") -> dict[int, Path]:
@@ -820,11 +823,11 @@ def spec_from_config(
             raise ModelConfigError(f"{origin}: unknown backend '{backend}'; slotserve has {', '.join(KNOWN_BACKENDS)}")
     else:
         backend = _select_backend(config, version_dir, origin)
-    model_file = None
+    model_file, file_name = None, ""
     if backend in _DEFAULT_FILE:
         if version_dir is None:
             raise ModelConfigError(f"{origin}: no numeric version directory (e.g. 1/) with a model file")
-        model_file = _model_file(config, backend, version_dir, roots, origin)
+        model_file, file_name = _model_file(config, backend, version_dir, roots, origin)
     files = files_stamp(version_dir, model_file, origin=origin, roots=roots, skip=_cache_folders(config, roots))
     instance_count = None
     if config.instance_group:
@@ -837,6 +840,9 @@ def spec_from_config(
     final.name = name
     final.backend = backend
     final.platform = config.platform or _BACKEND_PLATFORM[backend]
+    # As Triton completes it: the model file's name, so that the ModelConfig answer, sent back as a load's
+    # `config`, finds the same file (a python model's answer said model.plan, and such a load failed).
+    final.default_model_filename = config.default_model_filename or file_name
     inputs = _tensor_specs(config.input, "input", origin)
     sequence = read_sequence_spec(config, directory, roots, origin)
     return ModelSpec(
@@ -973,9 +979,10 @@ def _check_warmup_file(data: bytes, datatype: datatypes.DataType, shape: tuple[i
 
 def _model_file(
     config: model_config_pb2.ModelConfig, backend: str, version_dir: Path, roots: ModelRoots, origin: str
-) -> Path:
-    """The model file's real path, checked inside `roots` before anything looks at it. Raises
-    ModelConfigError for a file outside them or a missing one (named relative to the repository)."""
+) -> tuple[Path, str]:
+    """The model file's real path, checked inside `roots` before anything looks at it, and the name it was found
+    by in the version folder (`default_model_filename`, or the backend's default). Raises ModelConfigError for a
+    file outside them, a missing one (named relative to the repository) or one that is no regular file."""
     field = "default_model_filename" if config.default_model_filename else "model file"
     filename = config.default_model_filename or _DEFAULT_FILE[backend]
     candidates = [filename]
@@ -987,7 +994,7 @@ def _model_file(
         )
         if os.path.lexists(model_file):
             check_regular_file(model_file, origin, roots)  # a folder or a FIFO named model.onnx is named so
-            return model_file
+            return model_file, candidate
     raise ModelConfigError(f"{origin}: model file {roots.shown(version_dir / filename)} not found")
 
 

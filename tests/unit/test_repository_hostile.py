@@ -231,3 +231,62 @@ def test_model_names_are_matched_whole():
             check_model_name(name)
     check_model_name("m" * 128)
     check_model_name("A-1.b_2")
+
+
+# ---- version folders and config-less python models ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, version",
+    [
+        ("0", 0),
+        ("1", 1),
+        ("42", 42),
+        (str((1 << 63) - 1), (1 << 63) - 1),
+        ("01", None),  # Triton: "ignore version directory '01' which contains leading zeros"
+        ("007", None),
+        ("99999999999999999999999", None),  # past int64: Triton aborts
+        ("1a", None),  # Triton reads 1 off the front, then never finishes loading it
+        ("-1", None),
+        ("+3", None),
+        (" 4", None),
+        ("²", None),
+        ("", None),
+    ],
+)
+def test_a_folder_is_a_version_as_triton_reads_one(name, version):
+    assert reader.folder_version(name) == version
+
+
+def test_folders_that_are_not_versions_are_not_served(tmp_path):
+    folder = model(tmp_path, "m", "python")
+    for name in ("01", "007", "1a", "99999999999999999999999", "3"):
+        (folder / name).mkdir(exist_ok=True)
+        (folder / name / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    (folder / "1").rmdir()
+    spec = ModelRepository(tmp_path).read("m")
+    assert spec.version == "3" and spec.model_file.parent.name == "3"
+    (folder / "3" / "model.py").unlink()
+    (folder / "3").rmdir()
+    assert "no numeric version directory" in refusal(ModelRepository(tmp_path), "m")
+
+
+def test_a_folder_with_only_model_py_is_a_python_model(tmp_path):
+    (tmp_path / "auto" / "1").mkdir(parents=True)
+    (tmp_path / "auto" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    repository = ModelRepository(tmp_path)
+    assert repository.names() == ["auto"]
+    spec = repository.read("auto")
+    assert (spec.backend, spec.model_file.name, spec.max_batch_size) == ("python", "model.py", 0)
+    assert spec.config.default_model_filename == "model.py" and spec.config.backend == "python"
+    # model.py without a version folder is no model (Triton: "failed to poll from model repository").
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    assert repository.names() == ["auto"]
+
+
+@pytest.mark.parametrize("backend, filename", [("onnxruntime", "model.onnx"), ("python", "model.py")])
+def test_the_spec_names_its_model_file_so_the_model_config_answer_loads_back(tmp_path, backend, filename):
+    folder = model(tmp_path, "m", backend)
+    (folder / "1" / filename).write_bytes(b"")
+    assert ModelRepository(tmp_path).read("m").config.default_model_filename == filename
