@@ -151,6 +151,8 @@ class ModelFiles:
             self.sweep(model, None, only=folder)
             if self._is_closed():
                 shutil.rmtree(self.root, ignore_errors=True)  # a write that raced remove_all may have left files
+                if isinstance(error, Exception):
+                    raise ShuttingDown("the server is shutting down: no more loads with files") from None
             if isinstance(error, OSError):
                 raise InvalidRequest(f"model '{model}': cannot write its files: {error.strerror}") from None
             raise

@@ -290,3 +290,18 @@ def test_the_spec_names_its_model_file_so_the_model_config_answer_loads_back(tmp
     folder = model(tmp_path, "m", backend)
     (folder / "1" / filename).write_bytes(b"")
     assert ModelRepository(tmp_path).read("m").config.default_model_filename == filename
+
+
+def test_a_link_in_a_version_folder_that_leads_outside_is_refused_by_its_name(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "weights.bin").write_bytes(b"secret")
+    repository = tmp_path / "repository"
+    folder = model(repository, "m", "python")
+    (folder / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    (folder / "1" / "weights.bin").symlink_to(outside / "weights.bin")
+    message = refusal(ModelRepository(repository), "m")
+    assert "file 'm/1/weights.bin' leads outside through a symbolic link" in message, message
+    assert str(outside) not in message
+    # Allowed there, it is read as any file of the folder.
+    assert ModelRepository(repository, allowed_roots=[outside]).read("m").name == "m"
