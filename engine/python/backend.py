@@ -912,7 +912,10 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
             f"{origin}: the response cache does not support a model with the 'decoupled' transaction policy"
         )
     max_batch = int(config.get("max_batch_size", 0) or 0)
-    if max_batch != spec.max_batch_size:
+    # auto_complete_config may set it where the configuration left it 0 and the server batches nothing itself (no
+    # dynamic or sequence batching to size): each request then runs alone with its rows (Triton's auto_complete).
+    completed = spec.max_batch_size == 0 and spec.batching is None and spec.sequence is None
+    if max_batch != spec.max_batch_size and not completed:
         raise ModelConfigError(
             f"{origin}: auto_complete_config set max_batch_size {max_batch}; set it in config.pbtxt "
             f"(it is {spec.max_batch_size} there), where the server's batching reads it"
