@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from engine.ensemble_graph import MAX_NESTING
 from engine.errors import ModelConfigError
 from engine.interface import CancelToken
 from engine.repository import SKIPPED_FOLDERS, check_model_name, read_regular_file
@@ -195,7 +196,7 @@ class ModelControl:
         files = {key[len("file:") :]: value for key, value in parameters.items() if key.startswith("file:")}
         if not files:
             self._check_known(name)
-            self._load_steps(name, config_json, cancel, {name})
+            self._load_steps(name, config_json, cancel, {name}, depth=1)
             if self.files.owns(self._current_source(name)):  # leave a files load behind: read the folder again
                 self.registry.register(Registration(name=name, source=name, config_json=config_json), cancel=cancel)
                 self.registry.reload_ensembles_of(name, cancel)
@@ -227,11 +228,14 @@ class ModelControl:
         except ModelConfigFailed:
             return  # listed as failed: reading it again reports its reason
 
-    def _load_steps(self, name: str, config_json: str, cancel: CancelToken | None, seen: set[str]) -> None:
+    def _load_steps(self, name: str, config_json: str, cancel: CancelToken | None, seen: set[str], depth: int) -> None:
         """Before an ensemble loads from its repository folder: load each of its step models that is not loaded
         (Triton does; the steps of a step that is an ensemble too first). A step that fails to load is logged
         and left failed: the ensemble's own load then refuses it, naming the step. Unloading an ensemble leaves
-        its steps loaded, as in Triton."""
+        its steps loaded, as in Triton. `depth` is `name`'s place in the chain of ensembles: past MAX_NESTING the
+        descent stops (the chain's load refuses it by name), so a chain of thousands is neither read nor loaded."""
+        if depth > MAX_NESTING:
+            return
         try:
             specs = self.registry.repository.read_versions(name, config_json=config_json)
         except Exception:  # noqa: BLE001 (not readable: the ensemble's own load reports it)
@@ -249,7 +253,7 @@ class ModelControl:
                 loaded = False
             if loaded:
                 continue
-            self._load_steps(step, "", cancel, seen)
+            self._load_steps(step, "", cancel, seen, depth + 1)
             try:
                 self.registry.load(step, cancel=cancel)
             except Exception as error:  # the ensemble's load names the step and its failure
