@@ -55,7 +55,7 @@ from .errors import (
     own_copy,
 )
 from .events import Events
-from .load_stops import LoadStops
+from .load_stops import LoadStops, either
 from .outcomes import outcome_of
 from .pool import SlotPool, build_contexts, build_pool, check_slot_count, close_contexts, close_primary
 from .residency import ColdLoadGuard, ColdLoadTurn, Residency
@@ -655,7 +655,7 @@ class ModelEntry:
         or load_failed (timed from load_started: eviction and building, not the wait for the guard)."""
         with self._loads.running(refused_while_stopped=cause == "first_request") as stop:
             try:
-                turn = self._cold_load_turn(cancel, stop)
+                turn = self._cold_load_turn(spec, cancel, stop)
             except BaseException:
                 if primary is not None:
                     close_primary(primary, self.name)
@@ -666,14 +666,23 @@ class ModelEntry:
                 if turn is not None:
                     self._runtime.cold_loads.release(turn)  # type: ignore[union-attr]  # a turn comes from it
 
-    def _cold_load_turn(self, cancel: CancelToken | None, stop: CancelToken) -> ColdLoadTurn | None:
+    def _cold_load_turn(self, spec: ModelSpec, cancel: CancelToken | None, stop: CancelToken) -> ColdLoadTurn | None:
         """A place in the cold-load guard (None without a guard), waited for until `cancel` fires
-        (RequestCancelled). Raises ModelLoadError at once when `stop` was refused from the start (a request's load
-        while an unload waits, or any load after the shutdown began). A stop that comes later reaches the backend,
-        which gives its work up if it can."""
+        (RequestCancelled). Raises ModelLoadError when `stop` was refused from the start (a request's load while an
+        unload waits, or any load after the shutdown began), or fires during the wait of a load its backend could
+        stop anyway (a python model's: `_stops_its_loads`); a backend that cannot stop waits on and loads."""
         _raise_if_stopped(self.name, stop)
         guard = self._runtime.cold_loads
-        return guard.acquire(cancel) if guard is not None else None
+        if guard is None:
+            return None
+        if not _stops_its_loads(self._runtime.backend(spec)):
+            return guard.acquire(cancel)
+        try:
+            with either(cancel, stop) as leave:
+                return guard.acquire(leave)
+        except RequestCancelled:
+            _raise_if_stopped(self.name, stop)
+            raise
 
     def _build_logged(
         self,
@@ -1032,7 +1041,7 @@ class ModelEntry:
         """Load a primary privately, under the cold-load guard (a probe is a cold load too); an unload or the
         shutdown stops it (ModelLoadError)."""
         with self._loads.running(refused_while_stopped=False) as stop:
-            turn = self._cold_load_turn(None, stop)
+            turn = self._cold_load_turn(spec, None, stop)
             try:
                 return self._runtime.backend(spec).load_cancellable(spec, stop)
             finally:
@@ -1173,6 +1182,11 @@ def _only_the_count_differs(committed: _Committed, spec: ModelSpec, settings: Mo
     current = committed.settings
     same_settings = dataclasses.replace(settings, slots=current.slots, explicit_slots=current.explicit_slots) == current
     return same_spec and same_settings
+
+
+def _stops_its_loads(backend: Backend) -> bool:
+    """Whether `backend` gives a load up when its token fires (it overrides Backend.load_cancellable)."""
+    return type(backend).load_cancellable is not Backend.load_cancellable
 
 
 def _raise_if_stopped(name: str, stop: CancelToken) -> None:

@@ -4,7 +4,7 @@
 Each load (a first request's, a manager's, a replacement's private probe, the slots an instance-count change
 adds) runs inside `LoadStops.running()`, which hands it a CancelToken; the backend reads it
 (`Backend.load_cancellable`, `LoadedModel.create_context_cancellable`: a python model's worker is killed when it
-fires). `stop(reason)` fires the tokens of every load in progress
+fires; so does its wait for the cold-load guard). `stop(reason)` fires the tokens of every load in progress
 and makes every request's load that starts before its `resume` fail at once: an unload stops them while it waits
 for its exclusive lease (and resumes once granted: nothing loads under that lease), so that no request admitted
 before it starts the load again. `stop_for_good` (shutdown) never resumes, and refuses every later load.
@@ -82,3 +82,26 @@ class LoadStops:
             tokens = list(self._running)
         for token in tokens:
             token.cancel(reason)
+
+
+@contextlib.contextmanager
+def either(first: CancelToken | None, second: CancelToken) -> Iterator[CancelToken]:
+    """A token that fires when `first` (None: never) or `second` does, for one wait."""
+    if first is None:
+        yield second
+        return
+    joint = CancelToken()
+
+    def from_first() -> None:
+        joint.cancel(first.reason)
+
+    def from_second() -> None:
+        joint.cancel(second.reason)
+
+    first.add_callback(from_first)
+    second.add_callback(from_second)
+    try:
+        yield joint
+    finally:
+        first.remove_callback(from_first)
+        second.remove_callback(from_second)

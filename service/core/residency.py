@@ -58,9 +58,11 @@ class ResidentModel(Protocol):
 
 # How long a cold load holds its place in the guard before the next waiting load may start beside it. A load past
 # its turn goes on (it is not interrupted) but no longer counts against --max-concurrent-loads: a hung load (a
-# python model's initialize waiting for something that never comes) delays other models' cold loads by one turn
-# at most, instead of for its own bound (initialize_timeout_seconds, 600 s by default).
-COLD_LOAD_TURN_SECONDS = 30.0
+# python model's initialize waiting for something that never comes) delays the cold loads queued behind it by one
+# turn, instead of for its own bound (initialize_timeout_seconds, 600 s by default). Long enough for the loads the
+# guard is for (an ONNX or TensorRT engine built on every core, a few seconds), short enough that a few hung loads
+# ahead cost seconds, not minutes; a slow load past it only overlaps the next one.
+COLD_LOAD_TURN_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
