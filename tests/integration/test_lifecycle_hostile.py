@@ -91,6 +91,66 @@ def test_unloading_a_model_whose_initialize_hangs_cancels_its_load_and_kills_its
         gates["hung"].release_all()
 
 
+def test_unloading_a_model_a_request_is_loading_stops_the_load_and_the_request_is_told(slotserve, tmp_path):
+    gates = gated_repository(tmp_path, ["hung"], hold=["hung"])
+    try:
+        running = slotserve(tmp_path / "models", load_at_startup=False, allow_management=True)  # lazy mode
+        request = _InThread(lambda: running.client.infer("hung", X, timeout=WAIT))
+        (worker,) = gates["hung"].wait_arrivals("initialize", 1)  # the request's load is in initialize
+        running.client.unload("hung", timeout=WAIT)
+        error = request.error()
+        assert isinstance(error, ClientError) and "unloaded while it loaded" in error.message, error
+        assert error.code != "DEADLINE_EXCEEDED" and not is_alive(worker)
+        assert not running.client.model_ready("hung")
+    finally:
+        gates["hung"].release_all()
+
+
+def test_a_registration_whose_load_hangs_returns_at_its_clients_deadline(slotserve, tmp_path):
+    gates = gated_repository(tmp_path, ["hung"], hold=["hung"])
+    try:
+        running = slotserve(tmp_path / "models", load_at_startup=False, allow_management=True)
+        deadline_exceeded(running.management.register, "hung", timeout=1.0)
+        gates["hung"].wait_arrivals("initialize", 1)
+        wait_until(lambda: running.server.calls.management_active == 0, "RegisterModel's handler returned")
+        assert running.management.get("hung").state == "LOADING"
+    finally:
+        gates["hung"].release_all()
+
+
+def test_the_shutdown_stops_a_hung_load_and_kills_its_worker(tmp_path):
+    from service.testing import serve
+
+    gates = gated_repository(tmp_path, ["hung"], hold=["hung"])
+    try:
+        with serve(tmp_path / "models", model_control_mode="explicit", allow_management=True, stop_grace=1.0) as run:
+            deadline_exceeded(run.client.load, "hung", timeout=1.0)
+            (worker,) = gates["hung"].wait_arrivals("initialize", 1)
+            server = run.server
+        assert server.report is not None and server.report.abandoned_calls == 0, server.report
+        assert not is_alive(worker), "the shutdown left a worker hung in initialize"
+    finally:
+        gates["hung"].release_all()
+
+
+class _InThread:
+    def __init__(self, call) -> None:
+        self._outcome: list = []
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call) -> None:
+        try:
+            self._outcome.append(call())
+        except BaseException as error:  # the test inspects it
+            self._outcome.append(error)
+
+    def error(self, timeout: float = WAIT) -> BaseException:
+        self._thread.join(timeout)
+        assert self._outcome and isinstance(self._outcome[0], BaseException), self._outcome
+        return self._outcome[0]
+
+
 def test_a_request_to_a_hung_model_does_not_hold_other_models_cold_loads(slotserve, tmp_path, monkeypatch):
     # A cold load keeps its turn of the guard (--max-concurrent-loads 1 here) for COLD_LOAD_TURN_SECONDS at most.
     monkeypatch.setattr(residency, "COLD_LOAD_TURN_SECONDS", 0.5, raising=False)

@@ -143,6 +143,25 @@ def test_a_removed_busy_instance_finishes_its_request_then_closes(slotserve, tmp
         gates.release_all()
 
 
+def test_unloading_a_model_whose_added_instance_hangs_stops_the_update(slotserve, tmp_path):
+    running, gates, root = serve_gated(slotserve, tmp_path, count=1)
+    try:
+        gates.hold("initialize")
+        set_instance_count(root, "m", gates.folder, 2)
+        update = InThread(lambda: running.client.load("m", timeout=WAIT), "update")
+        (added,) = gates.wait_arrivals("initialize", 1)
+        running.client.unload("m", timeout=WAIT)  # not held by the hung initialize
+        try:
+            update.result()
+        except ClientError as error:
+            assert "unloaded while it loaded" in error.message, error
+        else:
+            raise AssertionError("the update succeeded though its instance was stopped")
+        assert not is_alive(added) and not running.client.model_ready("m")
+    finally:
+        gates.release_all()
+
+
 def test_a_count_the_model_cannot_have_is_refused_and_the_model_serves_on(slotserve, tmp_path):
     running, gates, root = serve_gated(slotserve, tmp_path, count=2)
     try:
