@@ -276,9 +276,16 @@ class Server:
         # have ended (each within its own bound: a hung python initialize fails at its initialize timeout), and
         # the models loaded already serve meanwhile (docs/lifecycle.md, "Startup").
         self._grpc.start()
-        self.control.start()  # registers the repository's models and loads what --model-control-mode says
-        self.state.ready = True
-        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        try:
+            self.control.start()  # registers the repository's models and loads what --model-control-mode says
+        except BaseException:
+            self.stop(grace=0.0)  # it listens already: a startup that fails still releases what it started
+            raise
+        with self._shutdown_lock:  # a shutdown that began during the startup loads keeps the server not ready
+            if self._shutdown_claimed:
+                return self.port
+            self.state.ready = True
+            self._set_health(health_pb2.HealthCheckResponse.SERVING)
         metrics = self.metrics_port
         log_event(
             _LOG,

@@ -237,8 +237,8 @@ class WorkerProcess:
         if cancel is not None and cancel.cancelled:
             self.kill()
             raise ModelLoadError(
-                f"model '{self.model.name}': its load was cancelled ({cancel.reason or 'given up'}) while "
-                f"{self.model.shown_file} was loading; its python worker was stopped"
+                f"model '{self.model.name}': its load was stopped ({cancel.reason or 'given up'}) while "
+                f"{self.model.shown_file} was loading; its python worker was killed"
             )
 
     def resident_bytes(self) -> int:

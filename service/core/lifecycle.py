@@ -650,7 +650,7 @@ class ModelEntry:
         """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
         memory budget checked. `cause` says why, for the log. `cancel` (a first request's) lets a caller leave
         while it waits for the guard (RequestCancelled); a load under way is not interrupted by it, only stopped
-        by an unload or the shutdown (`loads_stopped`: ModelLoadError). Raises the backend's errors,
+        by an unload or the shutdown (`stop_loads`: ModelLoadError). Raises the backend's errors,
         ResidencyLimit or MemoryLimit; on failure nothing stays reserved or built. Emits load_started, then loaded
         or load_failed (timed from load_started: eviction and building, not the wait for the guard)."""
         with self._loads.running(refused_while_stopped=cause == "first_request") as stop:
@@ -675,7 +675,8 @@ class ModelEntry:
         guard = self._runtime.cold_loads
         if guard is None:
             return None
-        if not _stops_its_loads(self._runtime.backend(spec)):
+        backend = self._runtime.backends.get(spec.backend)  # a missing one fails in the build, logged there
+        if backend is None or not _stops_its_loads(backend):
             return guard.acquire(cancel)
         try:
             with either(cancel, stop) as leave:
@@ -904,7 +905,7 @@ class ModelEntry:
     def _added_slots(self, pool: SlotPool, spec: ModelSpec, count: int) -> tuple[list[Context], LoadTimes]:
         """`count` new contexts of `pool`'s engine, built (an unload stops it) and warmed outside every lock, the
         grown pool's memory held to the budget (reserved until `_commit_count_locked` or `_drop_added_slots`).
-        None for 0 or less. Raises as resize_in_service, having closed what it built."""
+        Nothing for 0 or less. Raises as resize_in_service, having closed what it built."""
         if count <= 0:
             return [], LoadTimes()
         with self._loads.running(refused_while_stopped=False) as stop:

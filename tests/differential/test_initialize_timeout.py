@@ -52,7 +52,9 @@ def test_a_hung_initialize_is_not_bounded_by_triton_and_is_by_slotserve(triton, 
     gates.hold("initialize")
     try:
         reference = triton(
-            tmp_path / "triton", "--model-control-mode=explicit", f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT}"
+            tmp_path / "triton",
+            "--model-control-mode=explicit",
+            f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT}",
         )
         assert _load_gives_up(reference.stub, "hung") == grpc.StatusCode.DEADLINE_EXCEEDED
         gates.wait_arrivals("initialize", 1)
