@@ -418,6 +418,10 @@ class LoadedModel(ABC):
     def create_context(self) -> Context:
         """Make one slot's context. Blocks; raises ModelLoadError (OutOfDeviceMemoryError when memory ran out)."""
 
+    def create_context_cancellable(self, cancel: CancelToken) -> Context:
+        """`create_context`, given up when `cancel` fires (see Backend.load_cancellable)."""
+        return self.create_context()
+
     def memory_bytes(self, slots: int) -> int:
         """What a pool of this engine with `slots` contexts costs: weights once plus per-slot memory.
         0 when the backend cannot tell."""
@@ -439,6 +443,12 @@ class Backend(ABC):
         Blocks for the load. Raises ModelConfigError (the spec does not fit the model files), ModelLoadError,
         or BackendUnavailableError (the backend cannot run here).
         """
+
+    def load_cancellable(self, spec: ModelSpec, cancel: CancelToken) -> LoadedModel:
+        """`load`, given up when `cancel` fires (an unload or the shutdown no longer wants it). A backend whose load
+        can block in a model's own code (a python model's `initialize`) overrides it: it ends that work when
+        `cancel` fires and raises ModelLoadError. By default a load is not interrupted (`cancel` is not read)."""
+        return self.load(spec)
 
     def bind_model_calls(self, calls: ModelCalls) -> None:  # noqa: B027 (optional hook)
         """Take the server's calls to other models (python models' BLS); called once, before any load."""

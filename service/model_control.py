@@ -23,7 +23,8 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -34,7 +35,9 @@ from engine.interface import CancelToken
 from engine.repository import SKIPPED_FOLDERS, check_model_name, read_regular_file
 
 from .core.errors import ModelConfigFailed, ModelNotFound, ServiceError
+from .core.events import Events
 from .core.registry import ModelRegistry, Registration
+from .core.residency import COLD_LOAD_TURN_SECONDS
 from .model_files import InvalidModelName, ModelFiles, RepositoryPollFailed
 
 _LOG = logging.getLogger(__name__)
@@ -138,16 +141,22 @@ class ModelControl:
     # ---- startup and shutdown -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Register the repository's models and load what the mode says; start the poller in poll mode. A model
-        that fails is logged (not_loaded_at_startup) and stays unloaded; startup goes on."""
+        """Register the repository's models, then load what the mode says; start the poller in poll mode. Every
+        model is registered (listed, found by requests) before the first load. A model that fails is logged
+        (not_loaded_at_startup) and stays unloaded; startup goes on. Loads run one after another, in the
+        repository's load order, except that a load still running after a cold-load turn (COLD_LOAD_TURN_SECONDS)
+        goes on beside the next ones: a hung initialize delays the others by one turn, not its whole bound.
+        Returns once every startup load has ended (each within its own bound; the shutdown stops them)."""
         mode = self.settings.mode
         if mode == "poll":
             self._remember_all()  # before loading: a change made during the startup loads is seen by the next scan
+        self.registry.register_repository(load=False)
         if mode == "explicit":
-            self.registry.register_repository(load=False)
             self._load_named(self.settings.load_models)
-        else:
-            self.registry.register_repository(load=mode != "lazy" or self.settings.load_at_startup)
+        elif mode != "lazy" or self.settings.load_at_startup:
+            registered = {entry.name for entry in self.registry.entries()}  # a refused configuration was logged
+            names = [name for name in self.registry.repository.names() if name in registered]
+            self._load_in_turns(names, lambda name: self.registry.load_registered(name, None))
         if mode == "poll":
             self._thread = threading.Thread(target=self._poll_forever, name="repository-poller", daemon=True)
             self._thread.start()
@@ -156,23 +165,39 @@ class ModelControl:
         names = list(names)
         if LOAD_ALL in names:
             names = self.registry.repository.names()
-        for name in self.registry.repository.load_order(dict.fromkeys(names)):  # an ensemble after its steps
-            try:
-                self.registry.load(name)
-            except Exception as error:  # one broken model must not stop the others (Triton logs it too)
-                self.registry.runtime.events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
+        self._load_in_turns(names, self.registry.load)
+
+    def _load_in_turns(self, names: Iterable[str], load: Callable[[str], object]) -> None:
+        """`load(name)` for each of `names` in load order (an ensemble after its steps), each on a thread of its
+        own that the next one waits for one cold-load turn at most; then wait for the loads still running. A
+        failure is logged (not_loaded_at_startup), never raised."""
+        guard = self.registry.runtime.cold_loads
+        turn = guard.turn_seconds if guard is not None else COLD_LOAD_TURN_SECONDS
+        running = []
+        for name in self.registry.repository.load_order(dict.fromkeys(names)):
+            startup_load = _StartupLoad(name, load, self.registry.runtime.events)
+            if not startup_load.done.wait(turn if turn > 0 else None):
+                running.append(startup_load)  # past its turn: it goes on beside the next ones
+        for startup_load in running:
+            startup_load.done.wait()  # bounded by the load's own bound; the shutdown stops it (stop_loads)
 
     def stop_polling(self) -> None:
         """No scan starts after this (one under way finishes)."""
         self._stop.set()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop the poller, waiting up to `timeout` seconds for a scan under way (None: without limit; a scan stops
-        after the load it is in), and remove the files of loads with files (a model still open on them keeps its
-        open files: the OS frees them when the model closes)."""
+        """Stop every load in progress and refuse later ones (a hung python initialize is killed: registry's
+        stop_loads), stop the poller, waiting up to `timeout` seconds in all for a scan under way (None: without
+        limit; a scan stops after the load it is in) and for the loads whose callers left, and remove the files of
+        loads with files (a model still open on them keeps its open files: the OS frees them when it closes)."""
+        self.registry.stop_loads(SHUTTING_DOWN)
         self._stop.set()
+        ends = None if timeout is None else time.monotonic() + timeout
         if self._thread is not None:
             self._thread.join(timeout)
+        # Loads whose callers left (service/core/detached.py): a load a backend cannot stop may still publish.
+        if not self.registry.detached.wait_idle(None if ends is None else max(0.0, ends - time.monotonic())):
+            _LOG.warning("shutdown: %d load(s) left by their callers still run", self.registry.detached.running)
         self.files.remove_all()
 
     # ---- repository load / unload (Triton's model-repository extension) -------------------------------------
@@ -184,13 +209,19 @@ class ModelControl:
         (ModelFiles.stage, which validates names and size before writing) and the model loads from there; the
         folder is removed however the load ends unless the model is served from it. Without files the model's
         repository folder is read again; a model the repository does not have is RepositoryPollFailed (Triton's
-        answer). Raises RepositoryControlDisabled, InvalidModelName, RepositoryPollFailed, InvalidRequest,
-        LoadFilesTooLarge, or the registry's errors."""
+        answer). A change of the instance count alone is made while the model serves. Blocks until the load ends
+        or `cancel` fires (the caller left: RequestCancelled; the load goes on, its outcome shown in the model's
+        state: service/core/detached.py). Raises RepositoryControlDisabled, InvalidModelName,
+        RepositoryPollFailed, InvalidRequest, LoadFilesTooLarge, or the registry's errors."""
         self._check_explicit()
         try:
             check_model_name(name)  # before anything touches the disk: the name becomes a folder's name below
         except ModelConfigError as error:
             raise InvalidModelName(name, str(error)) from None
+        self.registry.detached.run(lambda: self._load(name, parameters, cancel), cancel, f"repository load of '{name}'")
+
+    def _load(self, name: str, parameters: Mapping[str, object], cancel: CancelToken | None) -> None:
+        """load's work (on a thread of its own when its caller may leave)."""
         config_json = parameters.get("config", "")
         assert isinstance(config_json, str)  # the servicer passes the string_param
         files = {key[len("file:") :]: value for key, value in parameters.items() if key.startswith("file:")}
@@ -198,7 +229,8 @@ class ModelControl:
             self._check_known(name)
             self._load_steps(name, config_json, cancel, {name}, depth=1)
             if self.files.owns(self._current_source(name)):  # leave a files load behind: read the folder again
-                self.registry.register(Registration(name=name, source=name, config_json=config_json), cancel=cancel)
+                registration = Registration(name=name, source=name, config_json=config_json, resize_in_service=True)
+                self.registry.register(registration, cancel=cancel)
                 self.registry.reload_ensembles_of(name, cancel)
             else:  # the repository's folder; a failure there keeps the model listed with the new reason
                 self.registry.load(name, config_json=config_json, cancel=cancel)
@@ -206,7 +238,8 @@ class ModelControl:
             return
         folder = self.files.stage(name, cast(Mapping[str, bytes], files), config_json)  # stage checks they are bytes
         try:
-            self.registry.register(Registration(name=name, source=str(folder), config_json=config_json), cancel=cancel)
+            registration = Registration(name=name, source=str(folder), config_json=config_json, resize_in_service=True)
+            self.registry.register(registration, cancel=cancel)
         finally:
             self.files.done(folder)
             self.files.sweep(name, self._current_source(name))
@@ -329,3 +362,25 @@ class ModelControl:
                         "model '%s': repository poll: its folder went away but unloading failed: %s", name, error
                     )
         return done
+
+
+# What a load stopped by the shutdown is told (its model's last error).
+SHUTTING_DOWN = "the server is shutting down"
+
+
+class _StartupLoad:
+    """One startup load on a thread of its own (ModelControl._load_in_turns); `done` is set when it has ended.
+    The thread ends with the load: each load is bounded by its backend's limit and stopped by the shutdown."""
+
+    def __init__(self, name: str, load: Callable[[str], object], events: Events) -> None:
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                load(name)
+            except Exception as error:  # one broken model must not stop the others (Triton logs it too)
+                events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name=f"startup load {name}"[:60], daemon=True).start()

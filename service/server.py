@@ -237,7 +237,8 @@ class Server:
         return server
 
     def start(self) -> int:
-        """Register (and by default load) the repository's models, bind, start serving. Returns the port.
+        """Bind and listen, register (and by default load) the repository's models, then report ready. Returns the
+        port once the startup loads have ended (the server answers while they run: ServerReady false).
 
         Raises RuntimeError if the address cannot be bound, and tls.TLSConfigError (a RuntimeError) for an
         unusable TLS file, before anything is loaded.
@@ -254,7 +255,6 @@ class Server:
             raise
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.residency.start()
-        self.control.start()  # registers the repository's models and loads what --model-control-mode says
         self._grpc = self._build_grpc()
         try:
             address = f"{self._bind_host()}:{self.options.port}"
@@ -272,9 +272,20 @@ class Server:
             self.timers.close()
             self.metrics.stop()
             raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from None
+        # Listening before the startup loads: ServerLive answers, ServerReady and health say not ready until they
+        # have ended (each within its own bound: a hung python initialize fails at its initialize timeout), and
+        # the models loaded already serve meanwhile (docs/lifecycle.md, "Startup").
         self._grpc.start()
-        self.state.ready = True
-        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        try:
+            self.control.start()  # registers the repository's models and loads what --model-control-mode says
+        except BaseException:
+            self.stop(grace=0.0)  # it listens already: a startup that fails still releases what it started
+            raise
+        with self._shutdown_lock:  # a shutdown that began during the startup loads keeps the server not ready
+            if self._shutdown_claimed:
+                return self.port
+            self.state.ready = True
+            self._set_health(health_pb2.HealthCheckResponse.SERVING)
         metrics = self.metrics_port
         log_event(
             _LOG,

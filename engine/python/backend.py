@@ -31,7 +31,8 @@ finalize grace.
 
 Parameters read from config.pbtxt (all optional):
     max_parallel_slots          cap on the advertised capacity (default 16)
-    initialize_timeout_seconds  how long a worker may take to import model.py and initialize (default 600)
+    initialize_timeout_seconds  how long a worker may take to import model.py and initialize (default 600; 0: no
+                                limit, as Triton); unloading the model, or the shutdown, stops a load sooner
     finalize_grace_seconds      how long closing the model waits for `finalize` before killing (default 2)
     cancel_kill_seconds         kill (and replace) a worker still running this long after its request was
                                 cancelled by its client or deadline (default 2; 0: never, Triton's behaviour)
@@ -100,6 +101,10 @@ SHUTDOWN_KILL_SECONDS = 1.0  # well inside the server's SHUTDOWN_MARGIN (2 s) fo
 # A request its client gave up on before a shutdown was cancelled then, not by the shutdown (the first cancel
 # names the reason): killing its worker within the margin too keeps a hung model.py inside the shutdown's bound.
 CANCEL_KILL_SECONDS = 2.0
+# How long a worker may take to import model.py and run initialize. Triton 2.51 sets no limit (its python backend's
+# stub-timeout-seconds, 30 s, does not bound initialize: tests/differential/test_initialize_timeout.py); slotserve
+# bounds it, generously enough for whatever loads there, and a hung load holds only its own model meanwhile.
+INITIALIZE_TIMEOUT = 600.0
 SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: the engine does not import the service
 POLL_MILLISECONDS = 100  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
@@ -185,32 +190,56 @@ class WorkerProcess:
         self._poller = select.poll()
         self._poller.register(self.connection.fileno(), select.POLLIN)
 
-    def start(self, settings: dict, timeout: float) -> str:
+    def start(self, settings: dict, timeout: float | None, cancel: CancelToken | None = None) -> str:
         """Send the init message and wait for initialize. Returns the completed configuration (JSON). Raises
-        ModelLoadError with the model's message (the worker is ended) or after `timeout`."""
+        ModelLoadError with the model's message, after `timeout` seconds (None: no limit), or as soon as `cancel`
+        fires (an unload or the shutdown gave up on the load); the worker is killed in each case."""
         settings = dict(
             settings,
             cancel_board=(self.board.path, self.board.size),
             segments={key: (segment.path, segment.size) for key, segment in self._segments().items()},
         )
+        if cancel is not None:
+            cancel.add_callback(self._kill_now)  # ends the wait below: the pipe reports the end of the worker
         try:
             self.connection.send(("init", settings))
             if not self.connection.poll(timeout):
                 self.kill()
-                raise ModelLoadError(f"model '{self.model.name}': initialize did not finish within {timeout:g} s")
+                raise ModelLoadError(
+                    f"model '{self.model.name}': initialize did not finish within {timeout:g} s "
+                    "(its initialize_timeout_seconds)"
+                )
             kind, payload = self.connection.recv()
         except (EOFError, OSError):
             self.kill()
+            self._raise_if_cancelled(cancel)
             raise ModelLoadError(
                 f"model '{self.model.name}': its python worker {how_it_ended(self.process.wait())} while loading"
             ) from None
         finally:
+            if cancel is not None:
+                cancel.remove_callback(self._kill_now)
             for segment in (self.board, self.requests, self.responses):
                 segment.unlink()  # mapped by both sides now (or never to be): no file outlives the start
+        self._raise_if_cancelled(cancel)  # cancelled as initialize ended: the callback may have killed it
         if kind != "ready":
             self.kill()
             raise ModelLoadError(f"model '{self.model.name}': loading {self.model.shown_file} failed: {payload}")
         return payload
+
+    def _kill_now(self) -> None:
+        """A CancelToken callback (never blocks; idempotent): end the worker; `kill` reaps it later."""
+        with contextlib.suppress(OSError):
+            if self.process.poll() is None:
+                self.process.kill()
+
+    def _raise_if_cancelled(self, cancel: CancelToken | None) -> None:
+        if cancel is not None and cancel.cancelled:
+            self.kill()
+            raise ModelLoadError(
+                f"model '{self.model.name}': its load was stopped ({cancel.reason or 'given up'}) while "
+                f"{self.model.shown_file} was loading; its python worker was killed"
+            )
 
     def resident_bytes(self) -> int:
         try:
@@ -749,7 +778,8 @@ class PythonModel(LoadedModel):
         self.shown_file = shown_path(spec.model_file, spec.roots) if spec.model_file is not None else "model.py"
         self.metadata_batch = spec.max_batch_size
         self.max_parallel_slots = int(_parameter(spec, "max_parallel_slots", MAX_SLOTS, 1, MAX_SLOTS))
-        self._initialize_timeout = _parameter(spec, "initialize_timeout_seconds", 600.0, 0.1, 86400.0)
+        # 0: no limit (Triton 2.51 waits for initialize without one; see docs/python-models.md).
+        self._initialize_timeout = _parameter(spec, "initialize_timeout_seconds", INITIALIZE_TIMEOUT, 0.0, 86400.0)
         self._finalize_grace = _parameter(spec, "finalize_grace_seconds", 2.0, 0.0, 600.0)
         self._cancel_kill = _parameter(spec, "cancel_kill_seconds", CANCEL_KILL_SECONDS, 0.0, 86400.0)
         self._lock = threading.Lock()  # guards: _spare, _instances, _deaths, _worker_bytes
@@ -764,9 +794,10 @@ class PythonModel(LoadedModel):
 
     # ---- load --------------------------------------------------------------------------------------------------
 
-    def load_first_worker(self) -> None:
-        """Start the first worker (auto-complete + initialize) and read the served I/O from its configuration."""
-        worker = self.start_worker(0, error_type=ModelLoadError)
+    def load_first_worker(self, cancel: CancelToken | None = None) -> None:
+        """Start the first worker (auto-complete + initialize) and read the served I/O from its configuration.
+        Raises ModelLoadError (after the initialize timeout, or at once when `cancel` fires: see start_worker)."""
+        worker = self.start_worker(0, error_type=ModelLoadError, cancel=cancel)
         self._auto_complete = False
         try:
             config = json.loads(self._config_json)
@@ -779,7 +810,12 @@ class PythonModel(LoadedModel):
         self._spare = worker
         self._instances = 1
 
-    def start_worker(self, instance: int, error_type: type[EngineError]) -> WorkerProcess:
+    def start_worker(
+        self, instance: int, error_type: type[EngineError], cancel: CancelToken | None = None
+    ) -> WorkerProcess:
+        """A new worker for slot `instance`, its model initialized. Blocks for the model's initialize, at most
+        initialize_timeout_seconds (0: no limit); `cancel` firing kills the worker at once. Raises `error_type`
+        naming what went wrong (the worker is ended and its resources freed)."""
         spec = self.spec
         worker = WorkerProcess(self, instance)
         settings = {
@@ -795,7 +831,7 @@ class PythonModel(LoadedModel):
             "model_version": spec.version,
         }
         try:
-            completed = worker.start(settings, self._initialize_timeout)
+            completed = worker.start(settings, self._initialize_timeout or None, cancel)
         except ModelLoadError as error:
             worker.close_resources()
             raise error_type(str(error)) from None
@@ -808,6 +844,11 @@ class PythonModel(LoadedModel):
     # ---- slots -------------------------------------------------------------------------------------------------
 
     def create_context(self) -> Context:
+        return self.create_context_cancellable(None)
+
+    def create_context_cancellable(self, cancel: CancelToken | None) -> Context:
+        """A slot: the load's worker for the first, a new worker (its own initialize) for each other one, stopped
+        when `cancel` fires."""
         with self._lock:
             worker, self._spare = self._spare, None
             instance = self._instances
@@ -815,7 +856,7 @@ class PythonModel(LoadedModel):
                 self._instances += 1
         if worker is not None:
             return PythonContext(self, 0, worker)
-        return PythonContext(self, instance, self.start_worker(instance, error_type=ModelLoadError))
+        return PythonContext(self, instance, self.start_worker(instance, error_type=ModelLoadError, cancel=cancel))
 
     def memory_bytes(self, slots: int) -> int:
         # Every slot is a process of its own: the model's weights are loaded once per worker.
@@ -962,7 +1003,12 @@ class PythonBackend(Backend):
         self._calls = calls
 
     def load(self, spec: ModelSpec) -> LoadedModel:
+        return self.load_cancellable(spec, None)
+
+    def load_cancellable(self, spec: ModelSpec, cancel: CancelToken | None) -> LoadedModel:
+        """Start the model's first worker. Blocks for its initialize (bounded by initialize_timeout_seconds);
+        `cancel` firing kills the worker and raises ModelLoadError at once."""
         model = unstarted_model(spec)
         model.calls = self._calls
-        model.load_first_worker()
+        model.load_first_worker(cancel)
         return model

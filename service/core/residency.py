@@ -1,7 +1,8 @@
 """Residency: which models hold engines in memory, eviction, idle retirement, the memory budget, and the guard
 on simultaneous cold loads.
 
-* `ColdLoadGuard` bounds how many models load at once (--max-concurrent-loads). Warm requests never touch it:
+* `ColdLoadGuard` bounds how many models load at once (--max-concurrent-loads), each for one turn at most
+  (COLD_LOAD_TURN_SECONDS): a load past its turn goes on without holding a place. Warm requests never touch it:
   only the one initializer of an unloaded model, and a manager's load, take it.
 * `Residency` keeps the set of models that are resident or reserved (loading). Before a load it makes room
   under --max-resident-models by retiring the least recently used model that is ready, idle and queue-free;
@@ -75,41 +76,70 @@ class ResidentModel(Protocol):
         ...
 
 
+# How long a cold load holds its place in the guard before the next waiting load may start beside it. A load past
+# its turn goes on (it is not interrupted) but no longer counts against --max-concurrent-loads: a hung load (a
+# python model's initialize waiting for something that never comes) delays the cold loads queued behind it by one
+# turn, instead of for its own bound (initialize_timeout_seconds, 600 s by default). Long enough for the loads the
+# guard is for (an ONNX or TensorRT engine built on every core, a few seconds), short enough that a few hung loads
+# ahead cost seconds, not minutes; a slow load past it only overlaps the next one.
+COLD_LOAD_TURN_SECONDS = 10.0
+
+
 @dataclass(frozen=True)
 class ColdLoadStatistics:
     running: int  # cold loads holding a place
     waiting: int  # cold loads queued for one
+    overdue: int = 0  # cold loads still running past their turn, no longer holding a place
+
+
+class ColdLoadTurn:
+    """One cold load's place in the guard: `acquire` returns it, `release` takes it back."""
+
+    __slots__ = ("ends", "overdue", "released")
+
+    def __init__(self, ends: float) -> None:
+        self.ends = ends  # monotonic seconds when it stops holding later loads up (inf: never)
+        self.overdue = False  # its turn ran out: it holds no place any more (its load goes on)
+        self.released = False
 
 
 class _GuardWaiter:
-    __slots__ = ("lock", "granted")
+    __slots__ = ("lock", "granted", "turn")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()
         self.granted = False
+        self.turn: ColdLoadTurn | None = None
 
 
 class ColdLoadGuard:
-    """A counting guard over cold loads, granted in arrival order.
+    """A counting guard over cold loads, granted in arrival order, each place held for one turn at most.
 
-    `acquire` waits without a time limit (a load is not bounded by the admission timeout) and holds no other
-    lock; a waiter whose `cancel` token fires leaves the queue at once (RequestCancelled).
+    `acquire` waits without a time limit of its own (a load is not bounded by the admission timeout) and holds no
+    other lock; a waiter whose `cancel` token fires leaves the queue at once (RequestCancelled). A load that has
+    held its place for `turn_seconds` (COLD_LOAD_TURN_SECONDS by default; 0: no limit) stops counting: the oldest
+    waiter gets a place beside it, so no load, hung or slow, holds the others up for longer than its turn.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, turn_seconds: float | None = None) -> None:
         if limit < 1:
             raise ValueError(f"--max-concurrent-loads must be >= 1, got {limit}")
         self.limit = limit
-        self._lock = threading.Lock()  # guards: _active, _waiting, waiter.granted
-        self._active = 0
+        self.turn_seconds = COLD_LOAD_TURN_SECONDS if turn_seconds is None else turn_seconds
+        self._lock = threading.Lock()  # guards: _turns, _waiting, _overdue, every waiter's granted and turn
+        self._turns: list[ColdLoadTurn] = []  # places held, oldest first
         self._waiting: list[_GuardWaiter] = []
+        self._overdue = 0
 
-    def acquire(self, cancel: CancelToken | None = None) -> None:
+    def acquire(self, cancel: CancelToken | None = None) -> ColdLoadTurn:
+        """A place for one cold load (give it back with `release`). Blocks while every place is held, until one
+        is released or its turn runs out, or until `cancel` fires (RequestCancelled)."""
         with self._lock:
-            if self._active < self.limit and not self._waiting:
-                self._active += 1
-                return
+            now = time.monotonic()
+            self._end_overdue_turns_locked(now)
+            if len(self._turns) < self.limit and not self._waiting:
+                return self._new_turn_locked(now)
             waiter = _GuardWaiter()
             self._waiting.append(waiter)
         if cancel is not None:
@@ -122,7 +152,8 @@ class ColdLoadGuard:
 
             cancel.add_callback(leave)
         try:
-            waiter.lock.acquire()  # released by `release` (granted: its place is handed over) or by `leave`
+            while not self._wait_for_place(waiter):
+                pass
         except BaseException:
             # Interrupted (KeyboardInterrupt, an async exception): never keep a place, nor a grant, that nobody
             # will use, or the guard would count a load that never ends.
@@ -133,28 +164,73 @@ class ColdLoadGuard:
                 cancel.remove_callback(leave)
         if not waiter.granted:
             raise RequestCancelled("the caller gave up while waiting for another model's cold load")
+        assert waiter.turn is not None  # set with granted
+        return waiter.turn
+
+    def _wait_for_place(self, waiter: _GuardWaiter) -> bool:
+        """Wait until `waiter` is granted or has left (True), or until the oldest place's turn runs out (False:
+        the overdue turns are ended, which may grant `waiter`; the caller waits again)."""
+        with self._lock:
+            oldest = self._turns[0].ends if self._turns else float("inf")
+        remaining = oldest - time.monotonic()
+        if remaining == float("inf") or remaining > threading.TIMEOUT_MAX:
+            waiter.lock.acquire()  # released by a grant (`release` or the end of a turn) or by `leave`
+            return True
+        if waiter.lock.acquire(timeout=max(0.0, remaining)):
+            return True
+        with self._lock:
+            self._end_overdue_turns_locked(time.monotonic())
+        return False
+
+    def _new_turn_locked(self, now: float) -> ColdLoadTurn:
+        turn = ColdLoadTurn(now + self.turn_seconds if self.turn_seconds > 0 else float("inf"))
+        self._turns.append(turn)
+        return turn
+
+    def _grant_waiters_locked(self, now: float) -> None:
+        """Hand free places to the oldest waiters (a newcomer never takes one first: it queues behind them)."""
+        while self._waiting and len(self._turns) < self.limit:
+            waiter = self._waiting.pop(0)
+            waiter.turn = self._new_turn_locked(now)
+            waiter.granted = True
+            waiter.lock.release()
+
+    def _end_overdue_turns_locked(self, now: float) -> None:
+        """Places whose turn ran out stop counting (their loads go on); the waiters get them."""
+        while self._turns and self._turns[0].ends <= now:
+            self._turns.pop(0).overdue = True
+            self._overdue += 1
+        self._grant_waiters_locked(now)
 
     def _abandon(self, waiter: _GuardWaiter) -> None:
         with self._lock:
             if waiter in self._waiting:
                 self._waiting.remove(waiter)
                 return
-            granted = waiter.granted
-        if granted:
-            self.release()  # the place was handed over already: pass it on
+            turn = waiter.turn if waiter.granted else None
+        if turn is not None:
+            self.release(turn)  # the place was handed over already: pass it on
 
-    def release(self) -> None:
+    def release(self, turn: ColdLoadTurn | None = None) -> None:
+        """Give a place back (`turn`, as `acquire` returned it; None: the oldest place held, for a caller that
+        holds one place at a time). A place whose turn ran out is only forgotten: it holds nobody up any more."""
         with self._lock:
-            if self._waiting:
-                waiter = self._waiting.pop(0)
-                waiter.granted = True  # the count stays taken: the place is handed over
-                waiter.lock.release()
+            if turn is None:
+                if not self._turns:
+                    return
+                turn = self._turns[0]
+            if turn.released:
+                return
+            turn.released = True
+            if turn.overdue:
+                self._overdue -= 1
             else:
-                self._active -= 1
+                self._turns.remove(turn)
+            self._grant_waiters_locked(time.monotonic())
 
     def statistics(self) -> ColdLoadStatistics:
         with self._lock:
-            return ColdLoadStatistics(running=self._active, waiting=len(self._waiting))
+            return ColdLoadStatistics(running=len(self._turns), waiting=len(self._waiting), overdue=self._overdue)
 
 
 def holds_engine(entry: ResidentModel) -> bool:
