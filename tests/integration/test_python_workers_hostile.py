@@ -185,6 +185,8 @@ def test_a_request_too_big_for_a_small_dev_shm_is_refused_and_the_server_and_the
         assert (error.code, error.reason) == ("RESOURCE_EXHAUSTED", "out_of_memory"), (megabytes, error)
         assert "/dev/shm" in error.message and "MiB free" in error.message, error.message
         assert "model 'echo'" in error.message, error.message
+        side = "the request:" if megabytes == 100 else "the response:"  # refused by the server, by the worker's grow
+        assert side in error.message, error.message
         assert server.process.poll() is None, f"the server died: {server.process.returncode}\n{server.log}"
         assert served() == worker  # the same worker: nothing died
     status = server.management.get("echo")
