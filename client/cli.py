@@ -45,7 +45,12 @@ DEFAULT_ADDRESS = "127.0.0.1:8001"
 
 class _Parser(argparse.ArgumentParser):
     """argparse, except that a bad command line raises UsageError instead of printing usage and exiting, so
-    main() reports it as one line like every other failure."""
+    main() reports it as one line like every other failure, and a flag is known only by its full name (no
+    abbreviations: `--addr` is not `--address`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")

@@ -181,10 +181,11 @@ class Server:
         port = self.options.metrics_port
         if port is None:
             return
+        host = self.options.metrics_host or self.options.host
         try:
-            self.metrics.start(self.options.host, port)
+            self.metrics.start(host, port)
         except OSError as error:
-            raise RuntimeError(f"cannot serve metrics on {self.options.host}:{port}: {error}") from None
+            raise RuntimeError(f"cannot serve metrics on {host}:{port}: {error}") from None
 
     def _build_grpc(self) -> grpc.Server:
         """The gRPC server and its handler threads.
@@ -204,7 +205,8 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 1 if self.options.reuse_port else 0),
+                *self.options.grpc_arguments,
             ],
             maximum_concurrent_rpcs=self.options.concurrent_rpcs,
         )
@@ -239,8 +241,9 @@ class Server:
     def start(self) -> int:
         """Register (and by default load) the repository's models, bind, start serving. Returns the port.
 
-        Raises RuntimeError if the address cannot be bound, and tls.TLSConfigError (a RuntimeError) for an
-        unusable TLS file, before anything is loaded.
+        Raises RuntimeError if the address cannot be bound, or with --exit-on-error if a model failed to load at
+        startup (nothing served, what loaded is closed), and tls.TLSConfigError (a RuntimeError) for an unusable
+        TLS file, before anything is loaded.
         """
         try:
             credentials = tls.server_credentials(self.options)  # fail fast: before any model loads
@@ -254,7 +257,16 @@ class Server:
             raise
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.residency.start()
+        failures = StartupFailures(self.runtime.events) if self.options.exit_on_error else None
         self.control.start()  # registers the repository's models and loads what --model-control-mode says
+        failed = failures.close() if failures is not None else []
+        if failed:
+            self._release_unserved()
+            raise RuntimeError(
+                f"--exit-on-error: {len(failed)} model(s) failed to load at startup: "
+                f"{', '.join(repr(name) for name in failed)} (the log says why); start with --exit-on-error=false "
+                "to serve the others"
+            )
         self._grpc = self._build_grpc()
         try:
             address = f"{self._bind_host()}:{self.options.port}"
@@ -265,12 +277,7 @@ class Server:
                 else self._grpc.add_secure_port(address, credentials)
             )
         except RuntimeError as error:
-            # Nothing serves: release what startup built (threads, loaded engines) before raising.
-            self.residency.stop()
-            self.registry.close_idle_models()
-            self.control.stop(timeout=0.0)
-            self.timers.close()
-            self.metrics.stop()
+            self._release_unserved()
             raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from None
         self._grpc.start()
         self.state.ready = True
@@ -282,9 +289,19 @@ class Server:
             version=VERSION,
             repository=str(self.repository.root),
             address=self.address,
-            metrics_address=None if metrics is None else _host_port(self.options.host, metrics),
+            metrics_address=None
+            if metrics is None
+            else _host_port(self.options.metrics_host or self.options.host, metrics),
         )
         return self.port
+
+    def _release_unserved(self) -> None:
+        """Nothing serves: release what startup built (threads, loaded engines) before raising."""
+        self.residency.stop()
+        self.registry.close_idle_models()
+        self.control.stop(timeout=0.0)
+        self.timers.close()
+        self.metrics.stop()
 
     def _bind_host(self) -> str:
         host = self.options.host
@@ -378,6 +395,25 @@ class Server:
     def wait(self) -> None:
         if self._grpc is not None:
             self._grpc.wait_for_termination()
+
+
+class StartupFailures:
+    """The models whose startup load failed (their `not_loaded_at_startup` events), noted from construction until
+    `close`, for --exit-on-error. The listener only appends to a list (Events.subscribe's rule: never block)."""
+
+    def __init__(self, events) -> None:
+        self._names: list[str] = []
+        self._open = True
+        events.subscribe(self._note)
+
+    def _note(self, event: str, model: str, fields) -> None:
+        if self._open and event == "not_loaded_at_startup":
+            self._names.append(model)
+
+    def close(self) -> list[str]:
+        """Stop noting; the models noted, each once, in the order they failed."""
+        self._open = False
+        return list(dict.fromkeys(self._names))
 
 
 def _host_port(host: str, port: int) -> str:
