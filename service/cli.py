@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="folder in which loads with files (RepositoryModelLoad's file: parameters) get their private folder, "
-        "removed at shutdown (default: the system temporary folder)",
+        "removed at shutdown; made on the first such load if missing, nothing is written before (default: the "
+        "system temporary folder; on a read-only root filesystem, a mounted volume)",
     )
     add(
         "--max-load-file-bytes",

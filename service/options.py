@@ -183,7 +183,8 @@ class ServerOptions:
             problems.append(
                 f"--idle-unload needs --model-control-mode lazy: under {mode} no request loads a retired model again"
             )
-        if self.model_files_dir is not None and not self.model_files_dir.is_dir():
+        # A folder that does not exist yet is made on the first load with files: nothing is written at startup.
+        if self.model_files_dir is not None and self.model_files_dir.exists() and not self.model_files_dir.is_dir():
             problems.append(f"--model-files-dir {self.model_files_dir} is not a folder")
         return problems
 

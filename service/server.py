@@ -7,10 +7,13 @@ servicers, health and reflection, and runs startup and shutdown.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -107,7 +110,9 @@ class Server:
             residency=self.residency,
             lazy_load_refusal=lazy_load_refusal(options.model_control_mode),
         )
-        self.model_files = ModelFiles(options.model_files_dir, options.max_load_file_bytes)
+        # Named now (the repository's allowed roots are fixed here), created on the first load with files: nothing is
+        # written at startup, so a read-only root filesystem starts (deploy/kubernetes/*.yaml).
+        self.model_files = ModelFiles(options.model_files_dir or temporary_folder(), options.max_load_file_bytes)
         self.repository = ModelRepository(
             options.model_repository, allowed_roots=(*options.allowed_model_roots, self.model_files.root)
         )
@@ -414,6 +419,19 @@ class StartupFailures:
         """Stop noting; the models noted, each once, in the order they failed."""
         self._open = False
         return list(dict.fromkeys(self._names))
+
+
+def temporary_folder() -> Path:
+    """The system temporary folder (tempfile's choice: $TMPDIR, $TEMP, $TMP, else /tmp), found without touching the
+    disk. tempfile.gettempdir() writes a probe file into each candidate and raises FileNotFoundError when none is
+    writable, as on a read-only root filesystem; a server that never loads with files must start there all the
+    same (a load with files then fails naming the folder: give --model-files-dir a mounted volume)."""
+    if tempfile.tempdir is not None:  # set by the program (a test) or by an earlier gettempdir()
+        return Path(tempfile.tempdir)
+    for variable in ("TMPDIR", "TEMP", "TMP"):
+        if os.environ.get(variable):
+            return Path(os.environ[variable])
+    return Path("/tmp")
 
 
 def _host_port(host: str, port: int) -> str:
