@@ -420,6 +420,16 @@ def security_lines(options: ServerOptions) -> list[str]:
     return lines
 
 
+def security_warnings(options: ServerOptions) -> list[str]:
+    """The banner lines (of security_lines) logged at WARNING: management enabled with no token at all, so that
+    anyone who reaches the port may register, load and unload models."""
+    from . import auth
+
+    if not auth.management_unprotected(options.allow_management, options.management_token, options.inference_token):
+        return []
+    return [line for line in security_lines(options) if line.startswith("management:")]
+
+
 def configure_logging(log_format: str, level: str, log_file: Path | None = None) -> None:
     """Log to stderr, or appended to `log_file` (--log-file); a broken stream drops lines and never raises into
     the server (QuietStreamHandler). Raises OSError when `log_file` cannot be opened."""
@@ -514,8 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     from .server import Server
 
     log = logging.getLogger("slotserve")
+    warnings = security_warnings(options)
     for line in scope_lines(options) + security_lines(options):
-        log.info("%s", line)
+        log.log(logging.WARNING if line in warnings else logging.INFO, "%s", line)
     server = Server(options)
     signals = SignalPipe(log)
     signals.install()  # before start: a stop signal during the startup loads ends the process at once
