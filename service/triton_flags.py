@@ -391,6 +391,8 @@ def log_level(args: argparse.Namespace) -> str:
     changes nothing)."""
     if (args.log_verbose or 0) >= 1:
         return "DEBUG"
+    if False not in (args.log_info, args.log_warning, args.log_error):
+        return args.log_level  # no level turned off (--log-info true is Triton's default: it lowers nothing)
     lowest_on = "CRITICAL"  # every switch false: only CRITICAL lines are left
     for level, switch in (("ERROR", args.log_error), ("WARNING", args.log_warning), ("INFO", args.log_info)):
         if switch is not False:

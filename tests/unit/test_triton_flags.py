@@ -199,6 +199,9 @@ def test_every_refused_triton_flag_is_refused_by_name_with_its_reason(flag, form
     "argv, level",
     [
         ([], "INFO"),
+        (["--log-level=DEBUG"], "DEBUG"),
+        (["--log-level=DEBUG", "--log-info=true"], "DEBUG"),
+        (["--log-level=DEBUG", "--log-info=false"], "WARNING"),
         (["--log-verbose", "1"], "DEBUG"),
         (["--log-verbose=0"], "INFO"),
         (["--log-verbose=0", "--log-level=WARNING"], "WARNING"),
