@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .core.events import JsonFormatter, QuietStreamHandler, log_event
+from .core.events import JsonFormatter, QuietStreamHandler, TextFormatter, log_event
 from .model_control import DEFAULT_POLL_SECONDS, MODES
 from .model_files import DEFAULT_MAX_LOAD_FILE_BYTES
 from .options import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ServerOptions
@@ -435,11 +435,8 @@ def configure_logging(log_format: str, level: str, log_file: Path | None = None)
     the server (QuietStreamHandler). Raises OSError when `log_file` cannot be opened."""
     stream = sys.stderr if log_file is None else open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - the process's
     handler = QuietStreamHandler(stream)
-    handler.setFormatter(
-        JsonFormatter()
-        if log_format == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    # Both formats write one line per record whatever a client put in it (service/core/events.py).
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
