@@ -34,6 +34,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, TextIO
 
 # The keys every JSON line has; an event's own fields never use these names (tests/unit/test_events.py checks).
@@ -277,7 +278,9 @@ class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         return escape_controls(super().formatMessage(record))
 
-    def formatException(self, ei) -> str:  # noqa: ANN001 - logging's own signature (an exc_info tuple)
+    def formatException(
+        self, ei: tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+    ) -> str:
         error = ei[1]
         if not isinstance(error, BaseException):
             return escape_controls(super().formatException(ei))

@@ -98,6 +98,7 @@ def server_log(repository, tmp_path, log_format: str) -> bytes:
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
             address = None
+            assert process.stdout is not None
             for line in process.stdout:  # the server prints its address once it serves
                 if line.startswith("slotserve listening on "):
                     address = line.split()[-1]
@@ -111,7 +112,8 @@ def server_log(repository, tmp_path, log_format: str) -> bytes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-            process.stdout.close()
+            if process.stdout is not None:
+                process.stdout.close()
     return log_path.read_bytes()
 
 

@@ -157,7 +157,7 @@ def serve(root: Path, spec: dict) -> dict:
         preexec_fn=enter,  # noqa: PLW1509 - the sandbox is single-threaded until here
     )
     log: list[str] = []
-    reader = threading.Thread(target=lambda: log.extend(process.stderr), daemon=True)
+    reader = threading.Thread(target=lambda: log.extend(process.stderr or ()), daemon=True)
     reader.start()
     result: dict = {"ready": False, "listening": None}
     try:

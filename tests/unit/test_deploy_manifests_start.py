@@ -114,8 +114,9 @@ def load_with_files(repository: Path, files_dir: str) -> dict:
 
 def sandbox_spec(tmp_path: Path, spec: dict, container: dict) -> dict:
     args = container["args"]
+    repository_path, port = value_of(args, "--model-repository"), value_of(args, "--port")
+    assert repository_path and port, "the container's args name --model-repository and --port"
     security = {**(spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
-    repository_path = value_of(args, "--model-repository")
     repository = write_repository(tmp_path)
     stage = tmp_path / "stage"
     stage.mkdir()
@@ -127,7 +128,7 @@ def sandbox_spec(tmp_path: Path, spec: dict, container: dict) -> dict:
     return {
         "stage": str(stage),
         "argv": args,
-        "port": int(value_of(args, "--port")),
+        "port": int(port),
         "read_only_root": bool(security.get("readOnlyRootFilesystem")),
         "uid": security["runAsUser"],
         "gid": security.get("runAsGroup", IMAGE_GID),
@@ -135,7 +136,7 @@ def sandbox_spec(tmp_path: Path, spec: dict, container: dict) -> dict:
         "volumes": volumes_of(spec, container, repository_path),
         "repository": str(repository),
         "token": TOKEN,
-        "load_with_files": load_with_files(repository, files_dir) if "--allow-management" in args else None,
+        "load_with_files": load_with_files(repository, files_dir) if files_dir else None,
     }
 
 
