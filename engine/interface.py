@@ -224,6 +224,9 @@ class ModelSpec:
     version: str = "1"
     directory: Path | None = None
     model_file: Path | None = None
+    # What the engine reads, as it was when the spec was read (engine.repository.files_stamp: every file of the
+    # version folder by size, times, inode and, for small files, content); "" for a spec read from no repository.
+    files: str = ""
     platform: str = ""
     max_batch_size: int = 0
     inputs: tuple[TensorSpec, ...] = ()
@@ -243,11 +246,26 @@ class ModelSpec:
 
     def session_key(self) -> tuple[object, ...]:
         """What determines the engine built from this spec (everything except slot count and admission
-        settings). Two specs with the same key can reuse each other's advertised capacity."""
+        settings). Two specs with the same key can reuse each other's advertised capacity, and a reconfiguration
+        keeps the engine only between them: `files` makes any change to the files the engine reads (model.py or a
+        neighbour, the ONNX file or its external data, the plan) a new engine, as Triton reloads changed files."""
         params = tuple(sorted((k, v) for k, v in self.parameters.items() if not k.startswith("slotserve.")))
         # The inputs a sequence model's server fills are checked against the engine at load, so they are part of it.
         filled = tuple(sorted(self.sequence.provided_inputs().items())) if self.sequence is not None else ()
-        return (self.backend, self.model_file, self.max_batch_size, self.inputs, self.outputs, params, filled)
+        # An ensemble's engine is its steps: a reload that changes them builds (and checks) a new one.
+        scheduling = getattr(self.config, "ensemble_scheduling", None)
+        steps = scheduling.SerializeToString(deterministic=True) if scheduling is not None else b""
+        return (
+            self.backend,
+            self.model_file,
+            self.files,
+            self.max_batch_size,
+            self.inputs,
+            self.outputs,
+            params,
+            filled,
+            steps,
+        )
 
     def parameter(self, key: str, default: str | None = None) -> str | None:
         return self.parameters.get(key, default)

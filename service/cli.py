@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=ServerOptions.max_request_tensor_bytes,
         metavar="BYTES",
         help="memory one request's decoded input tensors may take (estimated from the message before decoding; "
-        "BYTES elements cost about 56 bytes each); a request above it is refused with "
+        "a BYTES element counts 4 x (56 bytes + its length): decoded and an engine's copies); a request above it is "
+        "refused with "
         "RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 1 GiB)",
     )
     add(

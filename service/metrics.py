@@ -159,6 +159,7 @@ TRITON_REASON_OF: dict[str, str] = {
     "management_disabled": "OTHER",
     "model_control_disabled": "OTHER",
     "load_files_limit": "OTHER",
+    "repository_poll_failed": "OTHER",  # a repository load's, never a request's
 }
 
 

@@ -21,17 +21,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from engine.ensemble_graph import MAX_NESTING
+from engine.errors import ModelConfigError
 from engine.interface import CancelToken
+from engine.repository import SKIPPED_FOLDERS, check_model_name, read_regular_file
 
 from .core.errors import ModelConfigFailed, ModelNotFound, ServiceError
 from .core.registry import ModelRegistry, Registration
-from .model_files import ModelFiles
+from .model_files import InvalidModelName, ModelFiles, RepositoryPollFailed
 
 _LOG = logging.getLogger(__name__)
 
@@ -72,20 +76,26 @@ HASHED_BYTES = 64 << 10  # files up to this size (config.pbtxt, small models) ar
 
 def folder_fingerprint(directory: Path) -> tuple:
     """What the poller compares between scans: every file under `directory` with its size and modification time
-    (nanoseconds), and the content's digest for files up to HASHED_BYTES: a rewrite of config.pbtxt within the
-    file system's timestamp granularity (milliseconds on some) that keeps its size is still seen. A file added or
-    removed changes the list. An unreadable folder gives an empty tuple (retried when it reads differently)."""
+    (nanoseconds), and the content's digest for regular files up to HASHED_BYTES: a rewrite of config.pbtxt within
+    the file system's timestamp granularity (milliseconds on some) that keeps its size is still seen. A file added
+    or removed changes the list. `__pycache__` folders (the python worker's imports write them) are left out, so a
+    python model's first load is no change. Only regular files are opened, without blocking: a FIFO, socket or
+    device counts by its kind and times (opening a FIFO would stop the poller for good; reading /dev/zero would
+    never end). An unreadable folder gives an empty tuple (retried when it reads differently)."""
     found = []
     try:
-        for folder, _dirs, files in os.walk(directory):
+        for folder, dirs, files in os.walk(directory):
+            dirs[:] = [name for name in dirs if name not in SKIPPED_FOLDERS]
             for name in files:
                 path = Path(folder, name)
                 try:
-                    stat = path.stat()
+                    info = path.stat()
                 except OSError:
-                    continue  # removed while scanning: the next scan sees the folder settled
-                digest = _digest(path) if stat.st_size <= HASHED_BYTES else ""
-                found.append((str(path.relative_to(directory)), stat.st_size, stat.st_mtime_ns, digest))
+                    continue  # removed while scanning, or a dangling link: the next scan sees the folder settled
+                regular = stat.S_ISREG(info.st_mode)
+                digest = _digest(path) if regular and info.st_size <= HASHED_BYTES else ""
+                kind = "" if regular else stat.filemode(info.st_mode)[0]
+                found.append((str(path.relative_to(directory)), info.st_size, info.st_mtime_ns, digest, kind))
     except OSError:
         return ()
     return tuple(sorted(found))
@@ -93,8 +103,8 @@ def folder_fingerprint(directory: Path) -> tuple:
 
 def _digest(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha256(read_regular_file(path, "", None)).hexdigest()  # never blocks: O_NONBLOCK, fstat
+    except ModelConfigError:
         return ""
 
 
@@ -169,16 +179,24 @@ class ModelControl:
 
     def load(self, name: str, parameters: Mapping[str, object], cancel: CancelToken | None = None) -> None:
         """RepositoryModelLoad: `parameters` maps "config" to a JSON string and "file:<path>" to bytes. Refused in
-        none and poll mode. With files they are written to a private folder first (ModelFiles.stage, which
-        validates names and size before writing) and the model loads from there; without, the model's repository
-        folder is read again. Raises RepositoryControlDisabled, InvalidRequest, LoadFilesTooLarge, or the
-        registry's errors."""
+        none and poll mode. The model's name is checked first (InvalidModelName, INVALID_ARGUMENT: matched whole, so
+        no newline, `/` or `..` ever reaches a path). With files they are written to a private folder first
+        (ModelFiles.stage, which validates names and size before writing) and the model loads from there; the
+        folder is removed however the load ends unless the model is served from it. Without files the model's
+        repository folder is read again; a model the repository does not have is RepositoryPollFailed (Triton's
+        answer). Raises RepositoryControlDisabled, InvalidModelName, RepositoryPollFailed, InvalidRequest,
+        LoadFilesTooLarge, or the registry's errors."""
         self._check_explicit()
+        try:
+            check_model_name(name)  # before anything touches the disk: the name becomes a folder's name below
+        except ModelConfigError as error:
+            raise InvalidModelName(name, str(error)) from None
         config_json = parameters.get("config", "")
         assert isinstance(config_json, str)  # the servicer passes the string_param
         files = {key[len("file:") :]: value for key, value in parameters.items() if key.startswith("file:")}
         if not files:
-            self._load_steps(name, config_json, cancel, {name})
+            self._check_known(name)
+            self._load_steps(name, config_json, cancel, {name}, depth=1)
             if self.files.owns(self._current_source(name)):  # leave a files load behind: read the folder again
                 self.registry.register(Registration(name=name, source=name, config_json=config_json), cancel=cancel)
                 self.registry.reload_ensembles_of(name, cancel)
@@ -197,11 +215,27 @@ class ModelControl:
         # that asks right after its load).
         self.registry.reload_ensembles_of(name, cancel)
 
-    def _load_steps(self, name: str, config_json: str, cancel: CancelToken | None, seen: set[str]) -> None:
+    def _check_known(self, name: str) -> None:
+        """A load without files of a model that is neither registered nor a folder of the repository gets Triton's
+        answer (RepositoryPollFailed: INTERNAL "failed to load 'x', failed to poll from model repository"), with the
+        folder slotserve looked for."""
+        if name in self.registry.repository.names():
+            return
+        try:
+            self.registry.get(name)
+        except ModelNotFound:
+            raise RepositoryPollFailed(name, f"no model folder '{name}' in the repository") from None
+        except ModelConfigFailed:
+            return  # listed as failed: reading it again reports its reason
+
+    def _load_steps(self, name: str, config_json: str, cancel: CancelToken | None, seen: set[str], depth: int) -> None:
         """Before an ensemble loads from its repository folder: load each of its step models that is not loaded
         (Triton does; the steps of a step that is an ensemble too first). A step that fails to load is logged
         and left failed: the ensemble's own load then refuses it, naming the step. Unloading an ensemble leaves
-        its steps loaded, as in Triton."""
+        its steps loaded, as in Triton. `depth` is `name`'s place in the chain of ensembles: past MAX_NESTING the
+        descent stops (the chain's load refuses it by name), so a chain of thousands is neither read nor loaded."""
+        if depth > MAX_NESTING:
+            return
         try:
             specs = self.registry.repository.read_versions(name, config_json=config_json)
         except Exception:  # noqa: BLE001 (not readable: the ensemble's own load reports it)
@@ -219,7 +253,7 @@ class ModelControl:
                 loaded = False
             if loaded:
                 continue
-            self._load_steps(step, "", cancel, seen)
+            self._load_steps(step, "", cancel, seen, depth + 1)
             try:
                 self.registry.load(step, cancel=cancel)
             except Exception as error:  # the ensemble's load names the step and its failure

@@ -912,7 +912,10 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
             f"{origin}: the response cache does not support a model with the 'decoupled' transaction policy"
         )
     max_batch = int(config.get("max_batch_size", 0) or 0)
-    if max_batch != spec.max_batch_size:
+    # auto_complete_config may set it where the configuration left it 0 and the server batches nothing itself (no
+    # dynamic or sequence batching to size): each request then runs alone with its rows (Triton's auto_complete).
+    completed = spec.max_batch_size == 0 and spec.batching is None and spec.sequence is None
+    if max_batch != spec.max_batch_size and not completed:
         raise ModelConfigError(
             f"{origin}: auto_complete_config set max_batch_size {max_batch}; set it in config.pbtxt "
             f"(it is {spec.max_batch_size} there), where the server's batching reads it"
@@ -934,6 +937,21 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
     )
 
 
+def unstarted_model(spec: ModelSpec) -> PythonModel:
+    """The PythonModel `spec` describes, checked but not started: no worker, none of the model's code run
+    (PythonBackend.load starts it; `python -m service check` stops here without --load). Raises ModelConfigError for
+    a missing model.py, an execution environment, or a parameter out of range."""
+    origin = f"model '{spec.name}'"
+    if spec.model_file is None or not spec.model_file.exists():
+        raise ModelConfigError(f"{origin}: model.py not found")
+    if spec.parameter("EXECUTION_ENV_PATH"):
+        raise ModelConfigError(
+            f"{origin}: EXECUTION_ENV_PATH (custom execution environments) is not supported by slotserve; "
+            "install the model's packages into the server's environment"
+        )
+    return PythonModel(spec)
+
+
 class PythonBackend(Backend):
     name = "python"
 
@@ -944,15 +962,7 @@ class PythonBackend(Backend):
         self._calls = calls
 
     def load(self, spec: ModelSpec) -> LoadedModel:
-        origin = f"model '{spec.name}'"
-        if spec.model_file is None or not spec.model_file.exists():
-            raise ModelConfigError(f"{origin}: model.py not found")
-        if spec.parameter("EXECUTION_ENV_PATH"):
-            raise ModelConfigError(
-                f"{origin}: EXECUTION_ENV_PATH (custom execution environments) is not supported by slotserve; "
-                "install the model's packages into the server's environment"
-            )
-        model = PythonModel(spec)
+        model = unstarted_model(spec)
         model.calls = self._calls
         model.load_first_worker()
         return model

@@ -56,6 +56,8 @@ class EventSpec:
 
 def _evicted_text(fields: Mapping[str, object]) -> str:
     # The residency wording is the documentation's ("evicted to make room for model 'y'").
+    if fields["reason"] == "memory_growth":  # Residency.check_memory: no load asked for it
+        return "evicted: the resident models' memory grew past the budget"
     if fields["reason"] == "memory_budget":
         return f"evicted to fit model '{fields['for_model']}' in the memory budget"
     return f"evicted to make room for model '{fields['for_model']}'"

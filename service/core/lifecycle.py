@@ -573,8 +573,8 @@ class ModelEntry:
         keeps idle retirement from being lost: the reaper drops a model it finds not READY (loading,
         reconfiguring, unloading), and whichever lease made it so ends here."""
         residency = self._runtime.residency
-        if residency is not None and residency.reaper is not None:
-            residency.on_lease_end(self)
+        if residency is not None and (residency.reaper is not None or residency.watch is not None):
+            residency.on_lease_end(self)  # and the memory watch re-reads what the run kept
 
     def _ensure_pool(self, cancel: CancelToken | None) -> SlotPool:
         """The published pool; the first admitted request of an unloaded model builds it (the one

@@ -191,7 +191,10 @@ class ModelRegistry:
         InvalidRequest naming the problem."""
         requested = registration.slots
         if requested is None and registration.config_json and spec.instance_count is not None:
-            requested = spec.instance_count  # a count in a request's config override is the request's
+            # A count in a request's config override is the request's; without the parallel runtime a count of 1 is
+            # the one slot every model has (the ModelConfig answer, sent back as a load's config, says it).
+            if self.policy.parallel_jobs is not None or spec.instance_count != 1:
+                requested = spec.instance_count
         slots, explicit = self._slot_count(spec, requested)
         timeout = registration.admission_timeout
         batching = spec.batching

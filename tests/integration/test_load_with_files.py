@@ -128,8 +128,10 @@ def test_a_bad_file_name_is_refused_and_nothing_is_written(served, key):
     running, files_dir = served
     load(running, "kept", {"file:1/model.onnx": identity_bytes()})
     error = refused(running, "kept", {"file:1/model.onnx": identity_bytes(), key: b"x"})
-    assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
-    assert BAD_NAMES[key] in error.message and "failed to load 'kept'" in error.message, error
+    # Triton's code and words for a file: path it cannot write (issue 34, item 8), then the reason.
+    assert (error.code, error.reason) == ("INTERNAL", "repository_poll_failed"), error
+    assert error.message.startswith("failed to load 'kept', failed to poll from model repository: "), error
+    assert BAD_NAMES[key] in error.message, error
     assert len(folders(files_dir, "kept")) == 1  # the served load's folder only
     assert identity_serves(running, "kept") and identity_serves(running, IDENTITY)
 
