@@ -160,6 +160,7 @@ class ModelFiles:
 
     def _new_folder(self, model: str) -> Path:
         self._refuse_if_closed()
+        self.root.parent.mkdir(parents=True, exist_ok=True)  # --model-files-dir itself is made on the first load too
         try:
             self.root.mkdir(mode=0o700)
         except FileExistsError:
