@@ -63,7 +63,7 @@ def _request(model: str) -> pb.ModelInferRequest:
 
 def _answers(endpoint) -> dict[str, tuple]:
     """model -> (load's code, (Y's bytes, NUMPY's bytes) or the inference's code)."""
-    answers = {}
+    answers: dict[str, tuple] = {}
     for model in MODELS:
         loaded, _ = outcome(endpoint.stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name=model))
         code, reply = outcome(endpoint.stub.ModelInfer, _request(model))

@@ -112,7 +112,7 @@ def _broken_environments(root: Path) -> dict[str, str]:
     outside = root / "outside"
     outside.mkdir()
     models = root / "models"
-    cases = {
+    cases: dict[str, tuple[str | Path, str]] = {
         "missing": ("$$TRITON_MODEL_DIRECTORY/env.tar.gz", "does not exist"),
         "not_a_tarball": ("$$TRITON_MODEL_DIRECTORY/env.tar.gz", "is not an archive"),
         "zip_slip": ("$$TRITON_MODEL_DIRECTORY/env.tar.gz", "Path contains '..'"),
