@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from multiprocessing import connection
 from pathlib import Path
 
 import numpy as np
@@ -70,10 +71,34 @@ def test_a_model_pinned_to_numpy_1_serves_beside_one_on_numpy_2(slotserve, tmp_p
     assert numpy_version.startswith("1.")
 
 
-def test_the_worker_protocol_runs_on_the_environments_numpy(slotserve, tmp_path):
+def _pickles_naming_numpy(monkeypatch) -> list[bytes]:
+    """Every message this process sends or receives on a pipe (multiprocessing.connection: the workers' pipes)
+    whose pickle names numpy, listed as it passes."""
+    found: list[bytes] = []
+    send, receive = connection.Connection._send_bytes, connection.Connection._recv_bytes  # type: ignore[attr-defined]
+
+    def sending(self, buffer):
+        if b"numpy" in bytes(buffer):
+            found.append(bytes(buffer)[:300])
+        return send(self, buffer)
+
+    def receiving(self, maxsize=None):
+        received = receive(self, maxsize)
+        if b"numpy" in received.getvalue():
+            found.append(received.getvalue()[:300])
+        return received
+
+    monkeypatch.setattr(connection.Connection, "_send_bytes", sending)
+    monkeypatch.setattr(connection.Connection, "_recv_bytes", receiving)
+    return found
+
+
+def test_the_worker_protocol_runs_on_the_environments_numpy(slotserve, tmp_path, monkeypatch):
     """Shared-memory segments grown both ways, BYTES tensors and a BLS call, from a worker on numpy 1 to a model on
-    numpy 2 and back: nothing the server and the worker exchange depends on either side's numpy."""
+    numpy 2 and back: nothing the server and the worker exchange depends on either side's numpy (no message on
+    the pipes is a pickle that names numpy: tensors travel as bytes in shared memory, the rest as builtins)."""
     environment = _needs_environment()
+    numpy_pickles = _pickles_naming_numpy(monkeypatch)
     write_model(tmp_path, "bridge", BRIDGE, BRIDGE_IO, environment=environment)
     write_model(tmp_path, "modern", MODERN, ABOUT_IO)
     running = slotserve(tmp_path)
@@ -85,6 +110,7 @@ def test_the_worker_protocol_runs_on_the_environments_numpy(slotserve, tmp_path)
         assert list(answer["S"]) == list(strings)
         ours, theirs = (value.decode() for value in answer["NUMPY"])
         assert ours.startswith("1.") and theirs == np.__version__
+    assert numpy_pickles == []
 
 
 def test_a_packed_environment_is_extracted_once_under_the_flags_folder(slotserve, tmp_path):
