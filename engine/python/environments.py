@@ -35,6 +35,7 @@ by the next extraction.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -233,16 +234,33 @@ class Environments:
                 )
             )
         launch = Launch(str(python), environment_variables(folder))
-        _LOG.info("model '%s': python execution environment %s (%s)", declared.model, folder, check(declared, launch))
+        versions = check(declared, launch)
+        _LOG.info("model '%s': python execution environment %s (%s)", declared.model, folder, versions)
         return launch
 
     # ---- packed environments -------------------------------------------------------------------------------------
 
     def _extracted(self, declared: DeclaredEnvironment) -> Path:
-        """The folder the archive is extracted in, extracting it when no folder of its content is there yet."""
-        target = self.folder / self._digest(declared)
-        if target.is_dir():
-            return target
+        """The folder the archive is extracted in, extracting it when no folder of its content is there yet. The
+        archive is read from one open file: the content hashed is the content extracted."""
+        known = self._known_digest(declared)
+        if known is not None and (self.folder / known).is_dir():
+            return self.folder / known  # no read at all: a later load, another model naming the same archive
+        try:
+            handle = _open_regular(declared.path)
+        except OSError as error:
+            raise ModelLoadError(declared.problem(f"cannot be read: {error.strerror or error}")) from None
+        with handle:
+            digest = self._digest(declared, handle)
+            target = self.folder / digest
+            if target.is_dir():
+                return target  # extracted by an earlier server (or another thread), or the file was replaced
+            handle.seek(0)
+            self._extract(declared, handle, target)
+        return target
+
+    def _extract(self, declared: DeclaredEnvironment, handle: IO[bytes], target: Path) -> None:
+        """Extract the open archive into a private folder and rename it to `target`. Raises ModelLoadError."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._remove_abandoned()
@@ -251,7 +269,7 @@ class Environments:
             raise ModelLoadError(self._unwritable(declared, error)) from None
         started = time.monotonic()
         try:
-            extract_archive(declared.path, partial)
+            extract_archive(handle, partial)
             _publish(partial, target)
         except UnsafeArchive as error:
             raise ModelLoadError(declared.problem(f"is refused: {error}")) from None
@@ -271,7 +289,6 @@ class Environments:
             target,
             time.monotonic() - started,
         )
-        return target
 
     def _unwritable(self, declared: DeclaredEnvironment, error: OSError) -> str:
         return declared.problem(
@@ -279,23 +296,26 @@ class Environments:
             "a writable folder: on a read-only root filesystem, a mounted volume)"
         )
 
-    def _digest(self, declared: DeclaredEnvironment) -> str:
-        """The archive's SHA-256 (hex), computed once per version of the file (its inode, size and mtime)."""
+    def _known_digest(self, declared: DeclaredEnvironment) -> str | None:
+        """The SHA-256 this server computed for the archive as it is now (its path, inode, size, mtime); None."""
         try:
             info = os.stat(declared.path)
-            identity = (str(declared.path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-            with self._lock:
-                known = self._digests.get(identity)
-            if known is not None:
-                return known
-            digest = hashlib.sha256()
-            with open(declared.path, "rb") as archive:
-                for block in iter(lambda: archive.read(1 << 20), b""):
-                    digest.update(block)
+        except OSError:
+            return None
+        with self._lock:
+            return self._digests.get(_identity(declared.path, info))
+
+    def _digest(self, declared: DeclaredEnvironment, handle: IO[bytes]) -> str:
+        """The SHA-256 (hex) of the open archive, remembered for its identity. Raises ModelLoadError."""
+        digest = hashlib.sha256()
+        try:
+            info = os.fstat(handle.fileno())
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
         except OSError as error:
             raise ModelLoadError(declared.problem(f"cannot be read: {error.strerror or error}")) from None
         with self._lock:
-            self._digests[identity] = digest.hexdigest()
+            self._digests[_identity(declared.path, info)] = digest.hexdigest()
         return digest.hexdigest()
 
     def _remove_abandoned(self) -> None:
@@ -304,6 +324,20 @@ class Environments:
             match = _PARTIAL.match(entry.name)
             if match is not None and not _alive(int(match.group(1))):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def _identity(path: Path, info: os.stat_result) -> tuple:
+    return (str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _open_regular(path: Path) -> IO[bytes]:
+    """`path` open for reading when it is a regular file. Opens without blocking (a FIFO put in the archive's
+    place since the load checked it would block an open) and raises OSError (EINVAL) for anything else."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return os.fdopen(descriptor, "rb")
 
 
 def _publish(partial: Path, target: Path) -> None:
@@ -416,8 +450,9 @@ class UnsafeArchive(ValueError):
     environment cannot hold (a device, a FIFO, a name twice)."""
 
 
-def extract_archive(archive: Path, destination: Path) -> None:
-    """Extract the tar archive `archive` (gzip, bzip2, xz or none) into the empty folder `destination`, refusing
+def extract_archive(archive: Path | IO[bytes], destination: Path) -> None:
+    """Extract the tar archive `archive` (a path or a file open for reading, its content gzip, bzip2, xz or
+    plain) into the empty folder `destination`, refusing
     whatever could write or point outside it (the module's docstring). Files keep their modification times (a
     conda environment's .pyc files are checked against them) and their executable bits, nothing else of their
     modes (no setuid, no write for others); no ownership is applied. Blocks for the whole archive. Raises
@@ -426,7 +461,8 @@ def extract_archive(archive: Path, destination: Path) -> None:
     folders: set[PurePosixPath] = {PurePosixPath()}  # made here: real folders, never links
     files: set[PurePosixPath] = set()  # regular files written here (what a hard link may copy)
     links: list[PurePosixPath] = []
-    with tarfile.open(archive, "r:*") as tar:
+    opened = tarfile.open(archive, "r:*") if isinstance(archive, Path) else tarfile.open(fileobj=archive, mode="r:*")
+    with opened as tar:
         for member in tar:
             name = _member_name(member.name, "member")
             if name is None:  # the archive's top folder itself ("." or "./")

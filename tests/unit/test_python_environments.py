@@ -187,19 +187,20 @@ def test_an_archive_is_extracted_once_into_a_folder_named_by_its_content(tmp_pat
     original = extract_archive
 
     def counting(archive, destination):
-        extractions.append(archive.name)
+        extractions.append(hashlib.sha256(archive.read()).hexdigest())
+        archive.seek(0)
         original(archive, destination)
 
     monkeypatch.setattr("engine.python.environments.extract_archive", counting)
     folders = {environments._extracted(first) for _ in range(3)}  # the same archive, three loads
     folders |= {environments._extracted(second)}
-    assert extractions == ["first.tar.gz", "second.tar.gz"]
-    digests = {hashlib.sha256(d.path.read_bytes()).hexdigest() for d in (first, second)}
-    assert {folder.name for folder in folders} == digests
+    digests = [hashlib.sha256(d.path.read_bytes()).hexdigest() for d in (first, second)]
+    assert extractions == digests  # each once, the content hashed being the content extracted
+    assert {folder.name for folder in folders} == set(digests)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(digests)  # no partial left
 
     again = Environments(tmp_path / "cache")  # a restart: the folder is there already, nothing is extracted
-    assert again._extracted(first) in folders and extractions == ["first.tar.gz", "second.tar.gz"]
+    assert again._extracted(first) in folders and extractions == digests
 
 
 def test_loads_of_one_archive_at_once_end_with_one_complete_folder(tmp_path):
@@ -238,6 +239,14 @@ def test_a_refused_archive_leaves_no_folder_behind(tmp_path):
     with pytest.raises(ModelLoadError, match=r"is refused: member '../escaped'"):
         environments._extracted(DeclaredEnvironment("m", "bad.tar.gz", archive, EnvironmentKind.PACKED))
     assert os.listdir(tmp_path / "cache") == []
+
+
+def test_an_archive_replaced_by_a_fifo_after_the_check_is_refused_without_blocking(tmp_path):
+    declared = _packed(tmp_path, "swapped")
+    declared.path.unlink()
+    os.mkfifo(declared.path)  # opening it for reading would wait for a writer that never comes
+    with pytest.raises(ModelLoadError, match="cannot be read: not a regular file"):
+        Environments(tmp_path / "cache")._extracted(declared)
 
 
 def test_a_cache_folder_that_cannot_be_made_is_named_with_its_flag(tmp_path):
