@@ -205,6 +205,23 @@ def declared_environment(spec: ModelSpec) -> DeclaredEnvironment | None:
     raise ModelConfigError(f"{origin} is neither a folder (an environment) nor a file (a packed environment)")
 
 
+def archive_stamp(written: str, directory: Path | None) -> str:
+    """What a reload compares of the packed environment `written` (EXECUTION_ENV_PATH as config.pbtxt gives it)
+    names for the model in `directory`: the archive's size, times, inode and device now; "" when it names none, a
+    folder or nothing there. A model whose archive changed is a changed model (engine/repository.py adds this to
+    its files' stamp), so its next load starts workers on the new content, as Triton extracts again an archive whose
+    time changed. Never raises; stats one path."""
+    if not written or (MODEL_DIRECTORY in written and directory is None):
+        return ""
+    try:
+        info = os.stat(written.replace(MODEL_DIRECTORY, str(directory), 1))
+    except (OSError, ValueError):
+        return ""
+    if not stat.S_ISREG(info.st_mode):
+        return ""
+    return f" {PARAMETER} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino} {info.st_dev}"
+
+
 class Environments:
     """The server's execution environments: packed ones are extracted under `folder` (--python-environments-dir;
     made at the first extraction, so nothing is written before one), one sub-folder per archive content, kept

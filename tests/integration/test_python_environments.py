@@ -133,6 +133,29 @@ def test_a_packed_environment_is_extracted_once_under_the_flags_folder(slotserve
     assert [entry.name for entry in cache.iterdir()] == [Path(prefix).name]  # once, and nothing half-written
 
 
+def test_a_load_after_the_archive_changed_runs_the_new_environment(slotserve, tmp_path):
+    """As Triton re-extracts an archive whose time changed at the model's next load: a changed archive is a changed
+    model, whose workers start again on the new content; a load with the archive unchanged keeps them."""
+    environment = _needs_environment()
+    packed = copies_venv(tmp_path / "packed", site_packages=environment / SITE_PACKAGES)
+    repository = tmp_path / "models"
+    folder = write_model(repository, "m", LEGACY, ABOUT_IO, environment="$$TRITON_MODEL_DIRECTORY/env.tar.gz")
+    pack(packed, folder / "env.tar.gz")
+    running = slotserve(
+        repository, model_control_mode="explicit", allow_management=True, python_environments_dir=tmp_path / "cache"
+    )
+    running.client.load("m")
+    first = Path(_about(running, "m")[2])
+    running.client.load("m")
+    assert Path(_about(running, "m")[2]) == first
+    (packed / "added.txt").write_text("new content")
+    pack(packed, folder / "env.tar.gz")
+    running.client.load("m")
+    second = Path(_about(running, "m")[2])
+    assert second != first and (second / "added.txt").read_text() == "new content"
+    assert second.name == hashlib.sha256((folder / "env.tar.gz").read_bytes()).hexdigest()
+
+
 def _broken_environments(root: Path) -> dict[str, str]:
     """Models whose environments the server cannot use -> what their load failure must say."""
     outside = root / "outside"
