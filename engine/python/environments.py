@@ -12,6 +12,8 @@ Triton's `EXECUTION_ENV_PATH` parameter, so a model pinned to numpy 1 serves bes
                                 named by the archive's SHA-256; the environment's interpreter is asked its Python and
                                 numpy versions. Raises ModelLoadError naming the parameter and what is wrong.
     Launch                      what a worker starts with: the environment's bin/python3, and its variables
+    archive_stamp               what a reload compares of the archive (engine/repository.py adds it to the model's
+                                files' stamp): a load after the archive changed starts the workers again
 
 A worker of an environment runs `python -m engine.python.worker` on the environment's interpreter with the
 project's root as PYTHONPATH: slotserve's worker modules (worker.py, transport.py, pipe.py, output.py,
