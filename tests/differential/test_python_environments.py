@@ -81,7 +81,9 @@ def test_a_numpy_1_model_in_its_environment_answers_the_same_on_both(triton, slo
         pytest.skip(MISSING_ENVIRONMENT)
     repository = _repository(tmp_path, environment)
     reference = _answers(triton(repository, "--model-control-mode=explicit"))
-    ours = _answers(slotserve_endpoint(repository, model_control_mode="explicit"))
+    ours = _answers(
+        slotserve_endpoint(repository, model_control_mode="explicit", python_environments_dir=tmp_path / "environments")
+    )
 
     expected_y = ("FP32", [4], np.array([1.5, -np.inf, 0.0, -np.inf], np.float32).tobytes())
     version = _version(environment).encode()  # the environment's numpy answers, on both
