@@ -34,6 +34,7 @@ from . import datatypes
 from .ensemble_graph import ensembles_after_their_steps, read_steps
 from .errors import ModelConfigError
 from .interface import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy, WarmupInput, WarmupSample
+from .python.environments import archive_stamp
 from .sequence_config import oldest_batching, read_sequence_spec
 
 _LOG = logging.getLogger(__name__)
@@ -829,6 +830,8 @@ def spec_from_config(
             raise ModelConfigError(f"{origin}: no numeric version directory (e.g. 1/) with a model file")
         model_file, file_name = _model_file(config, backend, version_dir, roots, origin)
     files = files_stamp(version_dir, model_file, origin=origin, roots=roots, skip=_cache_folders(config, roots))
+    if backend == "python" and "EXECUTION_ENV_PATH" in config.parameters:  # a changed archive: a changed model
+        files += archive_stamp(config.parameters["EXECUTION_ENV_PATH"].string_value, directory)
     instance_count = None
     if config.instance_group:
         count = config.instance_group[0].count

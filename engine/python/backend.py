@@ -43,7 +43,8 @@ Parameters read from config.pbtxt (all optional):
     finalize_grace_seconds      how long closing the model waits for `finalize` before killing (default 2)
     cancel_kill_seconds         kill (and replace) a worker still running this long after its request was
                                 cancelled by its client or deadline (default 2; 0: never, Triton's behaviour)
-Refused by name: EXECUTION_ENV_PATH (custom execution environments).
+    EXECUTION_ENV_PATH          the model's own Python environment (a folder, or a packed one extracted once):
+                                its workers run on that interpreter (engine/python/environments.py)
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -100,6 +100,7 @@ from ..interface import (
 )
 from ..repository import shown_path
 from . import transport
+from .environments import SERVER, Environments, Launcher, declared_environment
 from .output import WorkerOutput
 
 _LOG = logging.getLogger(__name__)
@@ -118,7 +119,6 @@ INITIALIZE_TIMEOUT = 600.0
 SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: the engine does not import the service
 POLL_MILLISECONDS = 100  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
 OUTPUT_STOP_SECONDS = 2.0  # how long closing a worker waits for its output reader to log the last lines
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 # TritonError codes (triton_python_backend_utils.TritonError) -> the error each becomes here.
 _BY_TRITON_CODE: dict[int, type[EngineError]] = {
@@ -171,9 +171,7 @@ class WorkerProcess:
         self.model = model
         self.instance = instance
         self.run = 0
-        environment = dict(os.environ)
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, environment.get("PYTHONPATH")]))
-        environment["PYTHONUNBUFFERED"] = "1"  # what the model prints reaches the log as it prints it
+        launch = model.launcher.launch()  # the interpreter: the model's environment's, or the server's
         self.board, self.requests, self.responses = self._first_segments(model)
         self._new_segments: dict[str, transport.Segment] = {}  # replaced segments the worker has yet to map
         self._send_lock = threading.Lock()  # guards: writing a message on the pipe (BLS replies come from threads)
@@ -188,9 +186,9 @@ class WorkerProcess:
         err_read, err_write = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
+                [launch.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),),
-                env=environment,
+                env=dict(launch.variables),
                 stdin=subprocess.DEVNULL,
                 stdout=out_write,  # never the server's own: a print must not fail when its reader is gone
                 stderr=err_write,
@@ -945,6 +943,7 @@ class PythonModel(LoadedModel):
     """A model.py with its (auto-completed) configuration; workers are started per slot."""
 
     batches_as_requests = True  # service/core/batching.py hands a batch's member requests, unstacked
+    launcher: Launcher = SERVER  # what its workers run on: EXECUTION_ENV_PATH's environment (unstarted_model)
 
     def __init__(self, spec: ModelSpec) -> None:
         self.name = spec.name
@@ -1167,26 +1166,30 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
     )
 
 
-def unstarted_model(spec: ModelSpec) -> PythonModel:
+def unstarted_model(spec: ModelSpec, environments: Environments | None = None) -> PythonModel:
     """The PythonModel `spec` describes, checked but not started: no worker, none of the model's code run
-    (PythonBackend.load starts it; `python -m service check` stops here without --load). Raises ModelConfigError for
-    a missing model.py, an execution environment, or a parameter out of range."""
+    (PythonBackend.load starts it; `python -m service check` stops here without --load). Its EXECUTION_ENV_PATH is
+    checked without writing or running anything; `environments` prepares it at the first worker. Raises
+    ModelConfigError for a missing model.py, an execution environment that is not there, or a parameter out of
+    range."""
     origin = f"model '{spec.name}'"
     if spec.model_file is None or not spec.model_file.exists():
         raise ModelConfigError(f"{origin}: model.py not found")
-    if spec.parameter("EXECUTION_ENV_PATH"):
-        raise ModelConfigError(
-            f"{origin}: EXECUTION_ENV_PATH (custom execution environments) is not supported by slotserve; "
-            "install the model's packages into the server's environment"
-        )
-    return PythonModel(spec)
+    declared = declared_environment(spec)
+    model = PythonModel(spec)
+    if declared is not None:
+        model.launcher = (environments or Environments()).launcher(declared)
+    return model
 
 
 class PythonBackend(Backend):
     name = "python"
 
-    def __init__(self) -> None:
+    def __init__(self, environments_folder: Path | None = None) -> None:
         self._calls: ModelCalls | None = None
+        # Where packed execution environments are extracted (--python-environments-dir): nothing is written there
+        # before a model with one loads.
+        self._environments = Environments(environments_folder)
         # What servers of ours that are gone left in /dev/shm (a SIGKILL unlinks nothing); what this one leaves
         # named when it exits (a worker hung or killed mid-call, a BLS reply unread) goes at its exit.
         removed = transport.remove_leftovers()
@@ -1203,7 +1206,7 @@ class PythonBackend(Backend):
     def load_cancellable(self, spec: ModelSpec, cancel: CancelToken | None) -> LoadedModel:
         """Start the model's first worker. Blocks for its initialize (bounded by initialize_timeout_seconds);
         `cancel` firing kills the worker and raises ModelLoadError at once."""
-        model = unstarted_model(spec)
+        model = unstarted_model(spec, self._environments)
         model.calls = self._calls
         model.load_first_worker(cancel)
         return model
