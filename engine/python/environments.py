@@ -18,10 +18,10 @@ Triton's `EXECUTION_ENV_PATH` parameter, so a model pinned to numpy 1 serves bes
 A worker of an environment runs `python -m engine.python.worker` on the environment's interpreter with the
 project's root as PYTHONPATH: slotserve's worker modules (worker.py, transport.py, pipe.py, output.py,
 triton_python_backend_utils.py, engine/datatypes.py, engine/errors.py) run on the environment's Python and numpy,
-so they use only the standard library and what numpy 1.21 and 2.x both have; the pipe carries pickles of builtins
+so they use only the standard library and what numpy 1.23 and 2.x both have; the pipe carries pickles of builtins
 and of those modules' records, never numpy objects. Hence the refusals: an environment whose Python minor version
 is not the server's (the worker's code and its pickles are the server's; Triton's stub must match the environment's
-Python too), one without numpy 1.21 or newer.
+Python too), one without numpy 1.23 or newer.
 
 Extraction is safe against archives made to write or point outside their folder (zip slip): a member named with
 '..' or an absolute path, a member beneath a link (nothing is ever written through a link: each folder on a
@@ -69,7 +69,7 @@ MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"  # replaced by the model's folder, 
 FLAG = "--python-environments-dir"
 DEFAULT_FOLDER_NAME = "slotserve-python-environments"
 INTERPRETERS = ("python3", "python")  # looked for in the environment's bin/, in this order
-MIN_NUMPY = (1, 21)  # the oldest numpy the worker's modules are kept to
+MIN_NUMPY = (1, 23)  # the oldest numpy the worker's modules are kept to (np.fromiter of objects: 1.23)
 PROBE_SECONDS = 120.0  # asking the interpreter its versions imports numpy: slow on a cold disk, never unbounded
 MAX_LINK_HOPS = 40  # as the kernel's bound on links followed in one path: more is a loop
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
@@ -406,7 +406,7 @@ def environment_variables(folder: Path) -> dict[str, str]:
 def check(declared: DeclaredEnvironment, launch: Launch) -> str:
     """Ask the environment's interpreter its Python and numpy versions (run as a worker runs, in at most
     PROBE_SECONDS). Returns them in words. Raises ModelLoadError when it does not answer, runs another Python minor
-    version than the server's, or has no numpy 1.21 or newer."""
+    version than the server's, or has no numpy 1.23 or newer."""
     python, numpy_version, numpy_problem = _ask(declared, launch)
     server = sys.version_info[:2]
     if python != server:
@@ -419,11 +419,11 @@ def check(declared: DeclaredEnvironment, launch: Launch) -> str:
         )
     if numpy_version is None:
         raise ModelLoadError(
-            declared.problem(f"has no numpy ({numpy_problem}): a worker needs numpy 1.21 or newer in its environment")
+            declared.problem(f"has no numpy ({numpy_problem}): a worker needs numpy 1.23 or newer in its environment")
         )
     if _release(numpy_version) < MIN_NUMPY:
         raise ModelLoadError(
-            declared.problem(f"has numpy {numpy_version}: a worker needs numpy 1.21 or newer in its environment")
+            declared.problem(f"has numpy {numpy_version}: a worker needs numpy 1.23 or newer in its environment")
         )
     return f"Python {python[0]}.{python[1]}, numpy {numpy_version}"
 
