@@ -300,8 +300,8 @@ def test_an_interpreter_that_does_not_answer_is_refused_with_what_it_said(tmp_pa
 def test_an_old_numpy_is_refused(tmp_path):
     folder = fake_interpreter_environment(tmp_path / "old", sys.version_info[:2])
     script = folder / "bin" / "python3"
-    script.write_text(script.read_text().replace("1.26.4", "1.19.5"))
-    with pytest.raises(ModelLoadError, match=r"has numpy 1\.19\.5: a worker needs numpy 1\.21 or newer"):
+    script.write_text(script.read_text().replace("1.26.4", "1.22.4"))
+    with pytest.raises(ModelLoadError, match=r"has numpy 1\.22\.4: a worker needs numpy 1\.23 or newer"):
         Environments(tmp_path).prepare(_folder(folder))
 
 
