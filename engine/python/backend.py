@@ -90,6 +90,7 @@ from ..interface import (
 )
 from ..repository import shown_path
 from . import transport
+from .rescheduling import Released, released_outcome
 
 _LOG = logging.getLogger(__name__)
 
@@ -250,6 +251,9 @@ class WorkerProcess:
         try:
             while True:
                 message = self._next_message(run, cancel)
+                if isinstance(message, Released):  # rescheduled: no final flag this time (rescheduling.py)
+                    finished = True
+                    raise released_outcome(self.model.name, self.model.spec)
                 if message[0] == "failed":
                     finished = True
                     raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
@@ -823,6 +827,8 @@ class PythonModel(LoadedModel):
 
     def outcome(self, result: tuple, requested: Sequence[str]):
         """A member's Outputs, or the EngineError its response carried or its outputs earn."""
+        if isinstance(result, Released):  # the model rescheduled the request (rescheduling.py)
+            return released_outcome(self.name, self.spec)
         if result[0] == "error":
             code, message = result[1], result[2]
             return _BY_TRITON_CODE.get(code, ModelError)(f"model '{self.name}': {message}"[:2000])
