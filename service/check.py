@@ -539,10 +539,15 @@ def load_one(running, verdict: ModelVerdict) -> None:
                 registry.unload(name)
 
 
-def load_steps(registry, name: str, seen: set[str]) -> list[str]:
+def load_steps(registry, name: str, seen: set[str], depth: int = 1) -> list[str]:
     """Load the models ensemble `name`'s steps run (an inner ensemble's own steps before it), as the server's
     startup loads them before the ensemble (ModelRepository.load_order). Returns the names loaded or tried here, in
-    order; a step that fails to load is left to the ensemble's load, which names it as the server's does."""
+    order; a step that fails to load is left to the ensemble's load, which names it as the server's does. Past
+    MAX_NESTING (`depth` is `name`'s place in the chain) it descends no further: the chain is refused by name."""
+    from engine.ensemble_graph import MAX_NESTING
+
+    if depth > MAX_NESTING:
+        return []
     entries = registered_entries(registry, name)
     config = entries[-1].spec.config if entries else None
     if config is None or entries[-1].spec.backend != "ensemble":
@@ -552,7 +557,7 @@ def load_steps(registry, name: str, seen: set[str]) -> list[str]:
         if step in seen:
             continue  # a cycle, or a step shared with another: loaded once
         seen.add(step)
-        tried += load_steps(registry, step, seen)
+        tried += load_steps(registry, step, seen, depth + 1)
         with contextlib.suppress(Exception):  # listed by the registry; the ensemble's load names it
             registry.load(step)
         tried.append(step)

@@ -17,6 +17,7 @@ The configurations are written here, shaped like Triton's; nothing is copied fro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import onnx
@@ -277,3 +278,17 @@ class TritonPythonModel:
             for r in requests
         ]
 """
+
+
+def write_hostile_files(root: Path) -> Path:
+    """Special files where a model's files belong, beside a model that serves: `folder_config` has a folder named
+    config.pbtxt, `fifo_config` a FIFO there, `fifo_model` a FIFO as its 1/model.onnx; `good` serves."""
+    write_step(root, "good")
+    (root / "folder_config" / "config.pbtxt").mkdir(parents=True)
+    (root / "folder_config" / "1").mkdir()
+    (root / "fifo_config" / "1").mkdir(parents=True)
+    os.mkfifo(root / "fifo_config" / "config.pbtxt")
+    _config(root, "fifo_model", STEP_CONFIG)
+    (root / "fifo_model" / "1").mkdir()
+    os.mkfifo(root / "fifo_model" / "1" / "model.onnx")
+    return root

@@ -44,6 +44,7 @@ from typing import Any
 
 from . import rescheduling, transport
 from . import triton_python_backend_utils as pb_utils
+from .output import RecordFormatter
 from .pipe import GONE, WorkerPipe, unlink_reply
 
 _LOG = logging.getLogger("slotserve.python_model")
@@ -113,7 +114,10 @@ class Worker:
                 self.execute_decoupled(*message[1:])
             elif kind == "execute":
                 self.execute(*message[1:])
-            elif kind == "stop":
+            if kind == "execute":  # single-use segments go when a call ends; the server sends small ones next
+                self.request_segment = transport.kept(self.request_segment)
+                self.response_segment = transport.kept(self.response_segment)
+            if kind == "stop":
                 self.finalize()
                 return
 
@@ -219,8 +223,12 @@ class Worker:
         finally:
             self.executing = False
             del built
-        if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self._replace_response_segment(*self.ask("grow", run, layout.size))
+        try:
+            if layout.size > self.response_segment.size:  # type: ignore[union-attr]
+                self._replace_response_segment(*transport.granted(self.ask("grow", run, layout.size)))
+        except transport.NoRoom as refused:  # /dev/shm is full: the server fails the call (RESOURCE_EXHAUSTED)
+            self.send(("failed", run, str(refused)))
+            return
         layout.write(self.response_segment)  # type: ignore[arg-type]
         self.send(("done", run, results))
 
@@ -265,7 +273,7 @@ class Worker:
         layout = transport.Layout()
         result = None if response is None else self._result(response, requested, layout)
         if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self._replace_response_segment(*self.ask("grow", run, layout.size))
+            self._replace_response_segment(*transport.granted(self.ask("grow", run, layout.size)))  # or NoRoom
         layout.write(self.response_segment)  # type: ignore[arg-type]
         self.ask("response", run, index, result, final)  # answered once the server copied the tensors out
 
@@ -456,7 +464,8 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    logging.root.handlers[0].setFormatter(RecordFormatter())  # the server reads each record back (output.py)
     pb_utils._install()
     connection = Connection(int(argv[1]))
     parent = int(argv[2])

@@ -100,6 +100,7 @@ CASES = {
     "triton_examples_parallel": Case(check_repositories.write_triton_examples, ("--parallel-jobs", "2")),
     "broken_ensembles": Case(check_repositories.write_broken_ensembles),
     "ensemble_cycle": Case(check_repositories.write_ensemble_cycle),
+    "hostile_files": Case(check_repositories.write_hostile_files),
     "backend_refusals": Case(check_repositories.write_backend_refusals),
     "backend_refusals_parallel": Case(check_repositories.write_backend_refusals, ("--parallel-jobs", "2")),
     "demo": Case(_demo),

@@ -285,3 +285,25 @@ def test_check_refuses_the_same_cycles_in_the_same_words(tmp_path, capsys):
     for name, reason in EXPECTED.items():
         assert not verdicts[name]["serves"] and verdicts[name]["reason"] == reason, verdicts[name]
     assert verdicts["fine"]["serves"] and verdicts["w"]["serves"]
+
+
+def test_repository_model_load_of_a_chain_far_past_the_limit_is_refused_by_name_not_by_recursion(tmp_path, controls):
+    # RepositoryModelLoad loads an ensemble's steps first, each inner ensemble's steps before it: a chain of 1,200
+    # used to recurse past Python's limit there (INTERNAL RecursionError) before the nesting check could speak.
+    from engine.ensemble_graph import MAX_NESTING
+
+    nested(tmp_path, 1200)
+    options = {"model_control_mode": "explicit", "allow_management": True, "load_models": ("w",)}
+    with start_fixture_server(tmp_path, controls, **options) as running:
+        before = threading.active_count()
+        refused = client_error(running.client.load, "e1", timeout=120)
+        assert refused.code == "INVALID_ARGUMENT", refused
+        assert "ensemble 'e1' nests" in refused.message and "RecursionError" not in refused.message, refused
+        assert len(refused.message) < 1000, refused.message
+        # only the levels the nesting check can name were tried: the chain's far end was never read nor loaded
+        index = index_of(running)
+        tried = [name for name, entry in index.items() if entry.state == "READY" or entry.reason != "unloaded"]
+        assert "e1200" not in tried and len(tried) <= MAX_NESTING + 2, tried
+        assert running.client.live(timeout=10)
+        np.testing.assert_array_equal(running.client.infer("w", {"INPUT0": X}, timeout=10)["OUTPUT0"], X)
+        assert threading.active_count() <= before + 12, threading.active_count()
