@@ -315,14 +315,21 @@ class SequenceTable:
     def again(self, turn: Turn, spec: SequenceSpec, deadline: float | None, cancel: CancelToken | None = None) -> None:
         """`turn`'s request ran and its model rescheduled it (an iterative sequence): it goes back to the end of
         its sequence's queue, behind the requests that came meanwhile, and this returns once it may run again (its
-        START and END controls false from now on). Blocks until `deadline`; raises as `enter` does, and
-        SequenceNotStarted at once when the sequence ended while it ran. The caller still `finish`es the turn."""
+        START and END controls false from now on). Blocks until `deadline`; raises as `enter` does,
+        SequenceNotStarted at once when the sequence ended while it ran, and AdmissionTimeout at once when
+        `deadline` has passed (a model that reschedules for ever stops at its caller's deadline, even where no
+        queue wait would notice). The caller still `finish`es the turn."""
         with self._lock:
             sequence = turn.sequence
             if sequence.running is turn:
                 sequence.running = None
             if sequence.phase is not SequencePhase.OPEN:
                 raise SequenceNotStarted(self._ended_message(sequence))
+            if deadline is not None and self._clock() >= deadline:
+                raise AdmissionTimeout(
+                    f"model '{self.model}': sequence {turn.flags.id}'s request was rescheduled by its model "
+                    f"{turn.executions + 1} time{'s' if turn.executions else ''} and its deadline passed"
+                )
             turn.executions += 1
             turn.restart = False
             turn.woken.clear()
@@ -719,22 +726,6 @@ def sequence_answers(
             table.finish(turn)
 
 
-def run_in_sequence(
-    entry: ModelEntry,
-    parameters: Mapping[str, tuple[str, object]],
-    inputs: Mapping[str, np.ndarray],
-    signature: Mapping[str, tuple[str, tuple[int, ...]]],
-    outputs: Listing[str],
-    deadline: float | None,
-    cancel: CancelToken,
-    before_run: Callable[[], None] = lambda: None,
-) -> SequenceRun:
-    """`sequence_answers` for a request that answers once (not on a stream): its answer."""
-    answers = sequence_answers(entry, parameters, inputs, signature, outputs, deadline, cancel, before_run)
-    with closing(answers):
-        return next(answers)
-
-
 @dataclass
 class _Execution:
     """What one request of a sequence needs to run, once per execution (again for each its model reschedules)."""
@@ -877,6 +868,5 @@ __all__ = [
     "Turn",
     "check_parameter_types",
     "read_flags",
-    "run_in_sequence",
     "sequence_answers",
 ]

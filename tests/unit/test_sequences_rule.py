@@ -453,3 +453,16 @@ def test_a_rescheduled_request_of_a_sequence_ended_meanwhile_is_refused_and_leak
     stats = table.statistics()
     assert stats.open == 0 and stats.running == 0 and stats.queued_turns == 0
     assert RequestRescheduled.error_reason is None  # never a client's answer: the generic INTERNAL if it escaped
+
+
+def test_a_request_rescheduled_past_its_deadline_stops_there_and_leaks_nothing():
+    clock = [100.0]
+    table = SequenceTable("m", clock=lambda: clock[0])
+    turn = table.enter(SequenceFlags(6, start=True), ITERATIVE, 1, 101.0)
+    table.again(turn, ITERATIVE, 101.0)  # within its deadline: runs again at once (nothing else queued)
+    clock[0] = 101.0
+    with pytest.raises(AdmissionTimeout, match="sequence 6's request was rescheduled by its model 2 times and its"):
+        table.again(turn, ITERATIVE, 101.0)
+    table.finish(turn)
+    stats = table.statistics()
+    assert stats.open == 0 and stats.running == 0 and stats.queued_turns == 0
