@@ -681,6 +681,31 @@ def test_oldest_without_a_batch_dimension_runs_each_request_alone_as_on_triton(s
     assert answers["slotserve"] == answers["triton"]
 
 
+def test_starts_beyond_the_candidates_wait_longer_than_the_idle_timeout_and_then_run_as_on_triton(servers):
+    # Triton facts: `oldest` with two candidates and a 1 s idle timeout; two sequences open and kept busy for 2.5 s
+    # while two more STARTs wait: the waiting ones are not ended (however long past the idle timeout they wait);
+    # once the first two end, both are answered (START 1) and run on to their END.
+    model = "echo_oldest_two_idle"
+    for offset, endpoint in enumerate(servers.each()):
+        held, waiting_ids = [7900 + 10 * offset + k for k in (1, 2)], [7900 + 10 * offset + k for k in (3, 4)]
+        for sequence_id in held:
+            assert infer(endpoint, sequence_request(model, sequence_id, start=True))[0] == "OK", endpoint.name
+        waiting = [Pending(endpoint, sequence_request(model, sequence_id, start=True)) for sequence_id in waiting_ids]
+        wait_until_pending(endpoint, model, 2)
+        busy_until = time.monotonic() + 2.5 * ONE_SLOT_IDLE_MICROSECONDS / 1e6
+        while time.monotonic() < busy_until:  # the holders never go idle; the waiting starts wait past the timeout
+            for sequence_id in held:
+                assert infer(endpoint, sequence_request(model, sequence_id, value=2))[0] == "OK", endpoint.name
+        assert not any(pending.done.is_set() for pending in waiting), endpoint.name
+        for sequence_id in held:
+            assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
+        for pending, sequence_id in zip(waiting, waiting_ids, strict=True):
+            code, answer = pending.result()
+            assert code == "OK" and answer["OUT_START"] == [1] and answer["OUT_CORRID"] == [sequence_id], endpoint.name
+        for sequence_id in waiting_ids:
+            assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="a stream runs its requests one after another until ModelStreamInfer admits them as they arrive (issue 34 "
