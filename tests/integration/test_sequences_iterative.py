@@ -138,7 +138,8 @@ def test_misuse_is_answered_in_tritons_words_and_the_model_serves_on(running):
 def test_a_request_rescheduled_for_ever_stops_at_its_clients_deadline_and_holds_nothing(running):
     started = time.monotonic()
     code, _ = call(running, log_request("forever", 2**30), timeout=1.0)
-    assert code == "DEADLINE_EXCEEDED"
+    # The client's deadline, or the server's own check of it (the request's admission deadline), whichever is first.
+    assert code in ("DEADLINE_EXCEEDED", "UNAVAILABLE")
     deadline = time.monotonic() + CALL_TIMEOUT
     while table(running, "forever").open or table(running, "forever").running:  # ends after the client's deadline
         assert time.monotonic() < deadline, table(running, "forever")
