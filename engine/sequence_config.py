@@ -90,7 +90,7 @@ class SequenceState:
 class SequenceSpec:
     """A model's sequence batching. `direct`: max(1, max_batch_size) sequences per slot (Triton's sequence slots),
     each pinned to one slot (instance), each request run alone on it. `oldest`: up to `max_candidates` sequences
-    open at once; the next requests of different sequences that wait together run as one batch (dynamic
+    per slot open at once; the next requests of different sequences that wait together run as one batch (dynamic
     batching's rule: ModelSpec.batching carries the delay and preferred sizes; with max_batch_size 0 each runs
     alone, on any slot), each sequence still one request at a time, in order, its rows at their own place in the
     batch."""
@@ -99,7 +99,7 @@ class SequenceSpec:
     max_idle_us: int = DEFAULT_IDLE_US
     controls: tuple[SequenceControl, ...] = ()
     states: tuple[SequenceState, ...] = ()
-    max_candidates: int = 0  # oldest: sequences open at once (0: direct, max(1, max_batch_size) per slot)
+    max_candidates: int = 0  # oldest: sequences open at once per slot (0: direct, max(1, max_batch_size) per slot)
     # iterative_sequence: a request without an id gets one (and START); the model may reschedule a request
     # (RequestRescheduled); the request that started a sequence ends it when it finishes.
     iterative: bool = False

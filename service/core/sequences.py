@@ -4,7 +4,7 @@ slot, in arrival order, with the control inputs and the implicit state the model
 The rule (contract SEQUENCE.nn, docs/sequences.md):
 
 * A model has `ModelEntry.sequence_capacity()` **sequence slots**: `direct`, as Triton's, has max(1,
-  max_batch_size) of them per instance (slot); `oldest` has max_candidate_sequences. A request with
+  max_batch_size) of them per instance (slot); `oldest` has max_candidate_sequences per slot. A request with
   `sequence_start` takes one for its sequence, in FIFO order among the starts that wait for one, until the
   request's admission deadline. The sequence keeps that slot until a request with `sequence_end` ends it; under
   `direct` each of its requests runs on the slot's instance (context `slot % instances`, fixed when the slot is

@@ -87,6 +87,17 @@ MODELS = {
             max_sequence_idle_microseconds=ONE_SLOT_IDLE_MICROSECONDS,
         ),
     ),
+    "echo_oldest_instances": lambda root: models.write_python_echo(
+        root,
+        "echo_oldest_instances",
+        models.SequenceOptions(
+            strategy=models.OLDEST,
+            max_candidate_sequences=2,
+            max_batch_size=2,
+            instances=2,
+            max_sequence_idle_microseconds=LONG_IDLE_MICROSECONDS,
+        ),
+    ),
     "echo_four_slots": lambda root: models.write_python_echo(
         root,
         "echo_four_slots",
@@ -624,6 +635,23 @@ def test_direct_runs_max_batch_size_times_instances_sequences_at_once_as_on_trit
         assert infer(endpoint, sequence_request(model, held[0], end=True))[0] == "OK", endpoint.name
         assert waiting.result()[0] == "OK", (endpoint.name, waiting.answer)
         for sequence_id in (*held[1:], base + 9):
+            assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
+
+
+def test_oldest_has_max_candidate_sequences_per_instance_as_on_triton(servers):
+    # Triton fact: `oldest`'s max_candidate_sequences counts per instance (each instance's batcher has that many
+    # sequence slots): two candidates x two instances keep four sequences open; a fifth START waits.
+    model = "echo_oldest_instances"
+    for offset, endpoint in enumerate(servers.each()):
+        held = [7350 + 10 * offset + k for k in range(4)]
+        for sequence_id in held:
+            assert infer(endpoint, sequence_request(model, sequence_id, start=True))[0] == "OK", endpoint.name
+        waiting = Pending(endpoint, sequence_request(model, 7350 + 10 * offset + 9, start=True))
+        wait_until_pending(endpoint, model, 1)
+        assert not waiting.done.is_set(), (endpoint.name, waiting.answer)
+        assert infer(endpoint, sequence_request(model, held[0], end=True))[0] == "OK", endpoint.name
+        assert waiting.result()[0] == "OK", (endpoint.name, waiting.answer)
+        for sequence_id in (*held[1:], 7350 + 10 * offset + 9):
             assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
 
 
