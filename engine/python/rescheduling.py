@@ -6,7 +6,8 @@ How the model's release flag travels back from the worker with the request's res
 
 * a non-decoupled call: the request's result in the ("done", run, results) message is a `Released` record instead
   of ("ok", ...) or ("error", ...) (`released_result`, in the worker's `_collect`); the model must return None for
-  it, as Triton requires (Triton's words otherwise, failing the call);
+  it, as Triton requires (Triton's words otherwise, failing the call), or None for the whole list when it
+  reschedules every request;
 * a decoupled call: once `execute` has returned, the worker sends a `Released` record as a message of its own for
   each request rescheduled and not closed by a final flag, and closes its response sender
   (`send_released`): the server's stream of that request ends there, after the responses it sent.
@@ -55,13 +56,17 @@ def release_flags(request: Any) -> int:
     return int(getattr(request, "_release_flags", RELEASE_ALL))
 
 
+def rescheduled(request: Any) -> bool:
+    """Whether the model released `request` with RELEASE_RESCHEDULE (Triton compares the flags for equality)."""
+    return release_flags(request) == RELEASE_RESCHEDULE
+
+
 def released_result(request: Any, response: object, index: int) -> Released | None:
     """The result of the `index`-th request of a non-decoupled call: a Released record when the model rescheduled
     it (RELEASE_RESCHEDULE, as Triton compares it), else None (the response is read as usual). Raises
     TritonModelException in Triton's words when the model returned a response for a rescheduled request: the
     request runs again with the same inputs, so it may have one response only, from its last execution."""
-    flags = release_flags(request)
-    if flags != RELEASE_RESCHEDULE:
+    if not rescheduled(request):
         return None
     if response is not None:
         from . import triton_python_backend_utils as pb_utils
@@ -70,7 +75,7 @@ def released_result(request: Any, response: object, index: int) -> Released | No
             "Expected a None object in the execute function return list for reschduled request, found type "
             f"'{type(response)}'."
         )
-    return Released(index, flags)
+    return Released(index, RELEASE_RESCHEDULE)
 
 
 def send_released(worker: Any, requests: Sequence[Any], senders: Sequence[Any]) -> None:
@@ -79,13 +84,12 @@ def send_released(worker: Any, requests: Sequence[Any], senders: Sequence[Any]) 
     call does not wait for a final flag the model will send on a later execution. A request that got its final flag
     is done: its reschedule is not honoured. Raises OSError when the server is gone."""
     for index, (request, sender) in enumerate(zip(requests, senders, strict=True)):
-        flags = release_flags(request)
-        if flags != RELEASE_RESCHEDULE:
+        if not rescheduled(request):
             continue
         with worker.pipe_lock:
             if sender.closed:
                 continue
-            worker.send(Released(index, flags))
+            worker.send(Released(index, RELEASE_RESCHEDULE))
             sender.close()
 
 

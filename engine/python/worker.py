@@ -309,7 +309,10 @@ class Worker:
         segment. Raises TritonModelException when the return value does not fit the requests."""
         if responses is None:
             responses = [request._sender.response if request._sender is not None else None for request in built]
-            if any(response is None for response in responses):
+            if any(
+                response is None and not rescheduling.rescheduled(request)
+                for response, request in zip(responses, built, strict=True)
+            ):
                 raise pb_utils.TritonModelException(
                     "execute returned None but did not send a response for every request through its response sender"
                 )

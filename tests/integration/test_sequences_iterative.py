@@ -29,6 +29,11 @@ from tests.sequence_models import (
 
 from ._support import CALL_TIMEOUT, stub
 
+# As Triton's stub takes it: execute may return None (not a list) when it reschedules every request of the call.
+RETURNS_NONE_WHEN_ALL_RESCHEDULED = COUNTDOWN_MODEL_PY.replace(
+    "        return responses\n", "        return None if all(r is None for r in responses) else responses\n"
+)
+assert RETURNS_NONE_WHEN_ALL_RESCHEDULED != COUNTDOWN_MODEL_PY
 NOT_CONFIGURED = (
     "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to handle "
     "such a flag."
@@ -42,6 +47,7 @@ def running(tmp_path_factory):
         ("count", COUNTDOWN_MODEL_PY, IterativeOptions()),
         ("count_batched", COUNTDOWN_MODEL_PY, IterativeOptions(max_batch_size=4)),
         ("count_stream", COUNTDOWN_STREAM_MODEL_PY, IterativeOptions(decoupled=True)),
+        ("count_none", RETURNS_NONE_WHEN_ALL_RESCHEDULED, IterativeOptions()),
         ("wrong", RESCHEDULE_AND_ANSWER_MODEL_PY, IterativeOptions()),
         ("plain", COUNTDOWN_MODEL_PY, IterativeOptions(None)),
         ("plain_stream", COUNTDOWN_STREAM_MODEL_PY, IterativeOptions(None, decoupled=True)),
@@ -101,6 +107,8 @@ def test_a_rescheduled_request_is_answered_on_the_execution_the_model_chose(runn
     # its own ids (1, then 2), START only on a first execution, the answer from the third execution
     assert (first["execution"], first["flags"], first["correlation_id"], first["START"]) == (3, 0, 1, 0)
     assert (second["execution"], second["flags"], second["correlation_id"], second["START"]) == (1, 1, 2, 1)
+    none = call(running, log_request("count_none", 3))  # None for the whole list while it reschedules
+    assert none[0] == "OK" and none[1]["execution"] == 3, none
     batched = call(running, log_request("count_batched", 2, batched=True))
     assert batched[0] == "OK" and batched[1]["execution"] == 2, batched
     stats = table(running, "count")
