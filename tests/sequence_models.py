@@ -416,6 +416,11 @@ class TritonPythonModel:
 """
 )
 
+# COUNTDOWN_MODEL_PY returning None, not a list, from a call whose every request it rescheduled.
+COUNTDOWN_RETURNING_NONE_MODEL_PY = COUNTDOWN_MODEL_PY.replace(
+    "        return responses\n", "        return None if all(r is None for r in responses) else responses\n"
+)
+
 # Decoupled: one response per execution, IN responses in all; every execution but the last reschedules the
 # request before execute returns; the last response carries the final flag.
 COUNTDOWN_STREAM_MODEL_PY = (

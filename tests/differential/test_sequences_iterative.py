@@ -78,6 +78,7 @@ LOG_MODELS = {
         ),
     ),
     "it_start_end": (COUNTDOWN_MODEL_PY, IterativeOptions()),
+    "it_count_none": (models.COUNTDOWN_RETURNING_NONE_MODEL_PY, IterativeOptions()),
     "it_stream": (COUNTDOWN_STREAM_MODEL_PY, IterativeOptions(decoupled=True)),
     "it_stream_serial": (COUNTDOWN_STREAM_MODEL_PY, IterativeOptions(decoupled=True)),
     "it_wrong": (RESCHEDULE_AND_ANSWER_MODEL_PY, IterativeOptions()),
@@ -242,6 +243,17 @@ def test_a_request_without_an_id_runs_again_until_the_model_answers_it_as_on_tri
         ("OK", dict(zip(LOG_FIELDS, (1, 1, 2, 1, 4, 1, 0, 2), strict=True))),
     ]
     assert answers["slotserve"] == reference
+
+
+def test_execute_may_return_none_for_a_call_whose_requests_it_all_rescheduled_as_on_triton(servers):
+    # Triton fact: the stub takes None (not a list) from a call whose every request was rescheduled; the request
+    # runs again and is answered on its third execution.
+    for endpoint in servers.each():
+        code, answer = infer(endpoint, log_request("it_count_none", 3))
+        assert code == "OK" and picked(answer, "execution", "flags", "correlation_id") == (3, 0, 1), (
+            endpoint.name,
+            answer,
+        )
 
 
 def test_ids_zero_and_empty_and_an_end_alone_start_a_sequence_of_their_own_as_on_triton(servers):

@@ -29,11 +29,6 @@ from tests.sequence_models import (
 
 from ._support import CALL_TIMEOUT, stub
 
-# As Triton's stub takes it: execute may return None (not a list) when it reschedules every request of the call.
-RETURNS_NONE_WHEN_ALL_RESCHEDULED = COUNTDOWN_MODEL_PY.replace(
-    "        return responses\n", "        return None if all(r is None for r in responses) else responses\n"
-)
-assert RETURNS_NONE_WHEN_ALL_RESCHEDULED != COUNTDOWN_MODEL_PY
 NOT_CONFIGURED = (
     "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to handle "
     "such a flag."
@@ -47,7 +42,7 @@ def running(tmp_path_factory):
         ("count", COUNTDOWN_MODEL_PY, IterativeOptions()),
         ("count_batched", COUNTDOWN_MODEL_PY, IterativeOptions(max_batch_size=4)),
         ("count_stream", COUNTDOWN_STREAM_MODEL_PY, IterativeOptions(decoupled=True)),
-        ("count_none", RETURNS_NONE_WHEN_ALL_RESCHEDULED, IterativeOptions()),
+        ("count_none", models.COUNTDOWN_RETURNING_NONE_MODEL_PY, IterativeOptions()),
         ("wrong", RESCHEDULE_AND_ANSWER_MODEL_PY, IterativeOptions()),
         ("plain", COUNTDOWN_MODEL_PY, IterativeOptions(None)),
         ("plain_stream", COUNTDOWN_STREAM_MODEL_PY, IterativeOptions(None, decoupled=True)),
