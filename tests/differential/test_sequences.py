@@ -36,6 +36,9 @@ IDLE_MICROSECONDS = 300_000  # echo_idle: a sequence idle this long is released
 IDLE_WAIT_SECONDS = 2.0  # how long the idle tests stay silent: over 6x the timeout, for a loaded machine
 ONE_SLOT_IDLE_MICROSECONDS = 1_000_000  # echo_one_slot_idle: the holder of the only slot goes idle after 1 s
 LONG_IDLE_MICROSECONDS = 120_000_000  # models whose sequences must not go idle during a test
+# echo_oldest_two_stream: long enough that a loaded machine never idles a sequence between two of its requests on
+# a stream that runs them as they arrive; short enough that a stream holding them back ends them within the test.
+STREAM_IDLE_MICROSECONDS = 4_000_000
 
 # name -> writer; every model has one instance (the accumulator's sums live in that one worker).
 MODELS = {
@@ -85,6 +88,16 @@ MODELS = {
             max_candidate_sequences=2,
             max_batch_size=2,
             max_sequence_idle_microseconds=ONE_SLOT_IDLE_MICROSECONDS,
+        ),
+    ),
+    "echo_oldest_two_stream": lambda root: models.write_python_echo(
+        root,
+        "echo_oldest_two_stream",
+        models.SequenceOptions(
+            strategy=models.OLDEST,
+            max_candidate_sequences=2,
+            max_batch_size=2,
+            max_sequence_idle_microseconds=STREAM_IDLE_MICROSECONDS,
         ),
     ),
     "echo_oldest_instances": lambda root: models.write_python_echo(
@@ -743,16 +756,17 @@ def test_starts_beyond_the_candidates_wait_longer_than_the_idle_timeout_and_then
 @pytest.mark.xfail(
     strict=True,
     reason="a stream runs its requests one after another until ModelStreamInfer admits them as they arrive (issue 34 "
-    "item 4, helper stream: a sequence's requests in order, other sequences' meanwhile); then this passes",
+    "item 4, helper stream: a sequence's requests in order, other sequences' meanwhile); it passes on a trial merge of "
+    "branch stream at ef64797: remove this mark when that lands",
 )
 def test_sequences_beyond_the_candidates_on_one_stream_wait_without_ending_the_others_as_on_triton(servers):
     # Triton facts (NVIDIA's SequenceBatcherPreserveOrderingTest, oldest on one stream): four sequences streamed on
     # one ModelStreamInfer call, each START, then each middle, then each END, to an `oldest` model with two
-    # candidates (idle after 1 s): the third and fourth sequences wait for a candidate in the backlog while the
+    # candidates (idle after 4 s): the third and fourth sequences wait for a candidate in the backlog while the
     # stream goes on, the first two run to their END, and every request is answered, in the order sent. (slotserve
     # ran a stream's requests one after another: the third START held the stream, the first two sequences went
     # idle behind it and their later requests were refused as ended.)
-    model = "echo_oldest_two_idle"
+    model = "echo_oldest_two_stream"
     answers = {}
     for offset, endpoint in enumerate(servers.each()):
         ids = [7800 + 10 * offset + k for k in range(4)]
