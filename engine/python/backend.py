@@ -102,6 +102,7 @@ from ..repository import shown_path
 from . import transport
 from .environments import SERVER, Environments, Launcher, declared_environment
 from .output import WorkerOutput
+from .rescheduling import Released, released_outcome
 
 _LOG = logging.getLogger(__name__)
 
@@ -333,6 +334,9 @@ class WorkerProcess:
         try:
             while True:
                 message = self._next_message(run, cancel)
+                if isinstance(message, Released):  # rescheduled: no final flag this time (rescheduling.py)
+                    finished = True
+                    raise self._refused or released_outcome(self.model.name, self.model.spec)
                 if self._refused is not None:  # the response did not fit in the shared memory: the request ends
                     finished = message[0] == "failed" or bool(message[5])
                     if message[0] != "failed":
@@ -1052,6 +1056,8 @@ class PythonModel(LoadedModel):
 
     def outcome(self, result: tuple, requested: Sequence[str]):
         """A member's Outputs, or the EngineError its response carried or its outputs earn."""
+        if isinstance(result, Released):  # the model rescheduled the request (rescheduling.py)
+            return released_outcome(self.name, self.spec)
         if result[0] == "error":
             code, message = result[1], result[2]
             return _BY_TRITON_CODE.get(code, ModelError)(f"model '{self.name}': {message}"[:2000])

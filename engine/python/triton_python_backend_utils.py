@@ -228,6 +228,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._cancelled = _cancelled
         self._sender: InferenceResponseSender | None = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL  # set_release_flags (engine/python/rescheduling.py)
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -260,6 +261,12 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         """True once the request's caller gave up (cancelled, deadline passed, server stopping)."""
         return bool(self._cancelled is not None and self._cancelled())
+
+    def set_release_flags(self, flags: int) -> None:
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE hands the request back unfinished: on a model with
+        sequence_batching { iterative_sequence: true } it runs again later (return None for it; a decoupled model
+        sets it before execute returns). engine/python/rescheduling.py."""
+        self._release_flags = int(flags)
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:

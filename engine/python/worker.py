@@ -42,7 +42,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import transport
+from . import rescheduling, transport
 from . import triton_python_backend_utils as pb_utils
 from .output import RecordFormatter
 from .pipe import GONE, WorkerPipe, unlink_reply
@@ -253,6 +253,7 @@ class Worker:
                 raise pb_utils.TritonModelException(
                     "a decoupled model's execute must return None: it answers through the requests' response senders"
                 )
+            rescheduling.send_released(self, built, senders)  # rescheduled requests: no final flag this time
         except BaseException as error:  # the model's own code
             _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
             with self.pipe_lock:
@@ -308,7 +309,10 @@ class Worker:
         segment. Raises TritonModelException when the return value does not fit the requests."""
         if responses is None:
             responses = [request._sender.response if request._sender is not None else None for request in built]
-            if any(response is None for response in responses):
+            if any(
+                response is None and not rescheduling.rescheduled(request)
+                for response, request in zip(responses, built, strict=True)
+            ):
                 raise pb_utils.TritonModelException(
                     "execute returned None but did not send a response for every request through its response sender"
                 )
@@ -319,8 +323,9 @@ class Worker:
             )
         layout = transport.Layout()
         results = []
-        for response, request in zip(responses, requests, strict=True):
-            results.append(self._result(response, request["outputs"], layout))
+        for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
+            released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
+            results.append(self._result(response, request["outputs"], layout) if released is None else released)
         return results, layout
 
     def _result(self, response, requested: list[str], layout: transport.Layout):

@@ -502,13 +502,13 @@ class ModelEntry:
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
     def sequence_capacity(self) -> int:
-        """How many sequences may be open at once: `oldest`'s max_candidate_sequences, else (direct, as Triton's)
-        max(1, max_batch_size) per slot of the published pool, else of the configured count."""
+        """How many sequences may be open at once, per slot of the published pool (else of the configured count),
+        as Triton's per instance: `oldest`'s max_candidate_sequences, else (direct) max(1, max_batch_size)."""
         spec = self._committed.spec
-        if spec.sequence is not None and spec.sequence.max_candidates:
-            return spec.sequence.max_candidates
         pool = self._pool
         slots = pool.capacity if pool is not None else self._committed.settings.slots
+        if spec.sequence is not None and spec.sequence.max_candidates:
+            return slots * spec.sequence.max_candidates
         return slots * max(1, spec.max_batch_size)
 
     def _max_queue(self, settings: ModelSettings) -> int:
