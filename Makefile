@@ -40,13 +40,19 @@ setup: setup-runtime setup-dev
 setup-runtime: $(VENV)/.editable
 setup-dev: $(VENV)/.editable $(VENV)/.dev $(TRT_API_CU12)/.stamp
 
+# Each step says what it installs before pip starts (--quiet keeps pip's own lines out, and a first install of the
+# runtime takes minutes: grpcio, onnxruntime, numpy).
 $(VENV)/.runtime: requirements.txt constraints.txt
+	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "make: installing the runtime requirements (requirements.txt: grpcio, onnxruntime, numpy, ...) into $(VENV); the first time takes a few minutes"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
 	touch $@
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
+	@echo "make: installing the test, lint and TensorRT API tools (requirements-dev.txt) into $(VENV)"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+	@echo "make: installing the TensorRT type stubs (tensorrt-stubs) into $(VENV)"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps tensorrt-stubs==10.13.0.35.1
 	touch $@
 
@@ -55,11 +61,13 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 # 13, so they go into a folder of their own that the test imports in a subprocess (about 50 MB, downloaded once).
 $(TRT_API_CU12)/.stamp: tests/tensorrt/api-generation-cu12.txt $(VENV)/.dev
 	rm -rf $(TRT_API_CU12)
+	@echo "make: installing the TensorRT 10 / CUDA 12 API modules (about 50 MB) into $(TRT_API_CU12)"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --target $(TRT_API_CU12) -r $<
 	touch $@
 
 # The project itself, editable, so `slotserve` (the console script) and `python -m service` work anywhere.
 $(VENV)/.editable: generated/.stamp pyproject.toml $(VENV)/.runtime
+	@echo "make: installing slotserve itself (editable: the slotserve command) into $(VENV)"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
@@ -67,6 +75,7 @@ $(VENV)/.editable: generated/.stamp pyproject.toml $(VENV)/.runtime
 # into package-relative imports so generated/ is an ordinary package.
 proto: generated/.stamp
 generated/.stamp: $(VENV)/.runtime $(wildcard proto/*.proto)
+	@echo "make: generating the gRPC code (generated/) from proto/"
 	rm -rf generated && mkdir -p generated
 	$(PY) -m grpc_tools.protoc -I proto --python_out=generated --pyi_out=generated --grpc_python_out=generated proto/*.proto
 	sed -i -E 's/^import ([a-z_]+_pb2) as /from . import \1 as /' generated/*.py generated/*.pyi
@@ -75,6 +84,7 @@ generated/.stamp: $(VENV)/.runtime $(wildcard proto/*.proto)
 
 models: $(DEMO_REPOSITORY)/.stamp
 $(DEMO_REPOSITORY)/.stamp: $(VENV)/.editable $(wildcard demo/*.py)
+	@echo "make: building the demo models into $(DEMO_REPOSITORY) (downloads one checkpoint the first time)"
 	$(PY) -m demo.build_repository --output $(DEMO_REPOSITORY)
 	touch $@
 
@@ -83,9 +93,10 @@ run: setup-runtime $(if $(filter $(abspath $(DEMO_REPOSITORY)),$(abspath $(REPOS
 	$(PY) -m service --model-repository $(REPOSITORY) --host $(HOST) --port $(PORT) $(ARGS)
 
 # What REPOSITORY will do on slotserve, read without serving it (docs/migrating-from-triton.md); ARGS adds the
-# check's flags (--load, --format json, --parallel-jobs N, ...). Exit status 1 when a model would not serve.
+# check's flags (--load, --format json, --parallel-jobs N, ...). Exit status 1 when a model would not serve. It
+# needs what serving needs, not the dev tools.
 .PHONY: check
-check: setup $(if $(filter $(abspath $(DEMO_REPOSITORY)),$(abspath $(REPOSITORY))),models)
+check: setup-runtime $(if $(filter $(abspath $(DEMO_REPOSITORY)),$(abspath $(REPOSITORY))),models)
 	$(PY) -m service check $(REPOSITORY) $(ARGS)
 
 # The Node.js interop client's packages (skipped with a notice where npm is missing; its test then skips).

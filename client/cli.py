@@ -6,6 +6,8 @@
     metadata MODEL | config MODEL            model metadata, model configuration (text format)
     stats [MODEL]                            inference statistics
     infer MODEL --input NAME=PATH.npy|NAME=JSON [--datatype NAME=TYPE] [--output-dir DIR]
+    stream MODEL --input ... (as infer)      one request on ModelStreamInfer, every response as it arrives
+                                             (a decoupled model's many; exit 1 if one is an error)
     load MODEL [--config JSON] [--slots N]   RepositoryModelLoad, or RegisterModel with --slots
     unload MODEL... | unload --all           UnloadModel for one id, UnloadModels for several
     register MODEL [--source DIR] [--backend B] [--slots N] [--option k=v]
@@ -45,7 +47,12 @@ DEFAULT_ADDRESS = "127.0.0.1:8001"
 
 class _Parser(argparse.ArgumentParser):
     """argparse, except that a bad command line raises UsageError instead of printing usage and exiting, so
-    main() reports it as one line like every other failure."""
+    main() reports it as one line like every other failure, and a flag is known only by its full name (no
+    abbreviations: `--addr` is not `--address`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
@@ -109,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         return _fail(str(error), 2)
     except ClientError as error:
-        return _fail(_with_address_hint(str(error), error, args.address), 1)
+        return _fail(_with_hints(str(error), error, args), 1)
     except OSError as error:
         return _fail(_os_error(error), 1)
     except KeyboardInterrupt:
@@ -132,14 +139,38 @@ _NOT_CONNECTED = (
 )
 
 
-def _with_address_hint(message: str, error: ClientError, address: str) -> str:
-    """A failure to connect says where the client looked and how to point it elsewhere."""
-    if error.code != "UNAVAILABLE" or not any(text in error.message.lower() for text in _NOT_CONNECTED):
-        return message
-    return (
-        f"{message} (no server answers at {address}; point the client at another with --address HOST:PORT "
-        f"or ${ADDRESS_ENV})"
-    )
+def _with_hints(message: str, error: ClientError, args: argparse.Namespace) -> str:
+    """A failure to connect says why it is likely (a server that speaks TLS, or does not, or no server at all) and
+    what to change; a streaming model called with `infer` points at `stream`."""
+    if error.code == "UNIMPLEMENTED" and getattr(args, "command", None) == "infer" and "decoupled" in message:
+        return f"{message} (call it with: python -m client stream {args.model} --input ...)"
+    hint = _connection_hint(error, args.address, tls=bool(args.tls or args.tls_ca or args.tls_cert))
+    return f"{message} ({hint})" if hint else message
+
+
+def _connection_hint(error: ClientError, address: str, *, tls: bool) -> str | None:
+    """What a connection failure most likely means, from grpc's words for it; None when it is not one."""
+    if error.code != "UNAVAILABLE":
+        return None
+    text = error.message.lower()
+    if not tls and "socket closed" in text:
+        # A TLS server closes a plaintext connection at its first bytes; grpc then says only "Socket closed".
+        return (
+            f"a server at {address} closed the connection at once: it may speak TLS only; connect with --tls-ca "
+            "FILE (its CA), or --tls to trust the system's CAs"
+        )
+    if tls and "wrong_version_number" in text:
+        return f"the server at {address} does not speak TLS: connect without --tls, --tls-ca and --tls-cert"
+    if tls and "certificate_verify_failed" in text:
+        return f"the certificate of the server at {address} is not signed by a CA this client trusts: --tls-ca FILE"
+    if tls and "hostname verification" in text:
+        return (
+            f"the certificate of the server at {address} does not name that host: --tls-server-name NAME checks "
+            "another name"
+        )
+    if any(words in text for words in _NOT_CONNECTED):
+        return f"no server answers at {address}; point the client at another with --address HOST:PORT or ${ADDRESS_ENV}"
+    return None
 
 
 def _output_gone() -> int:
@@ -218,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_config,
         _add_stats,
         _add_infer,
+        _add_stream,
         _add_load,
         _add_unload,
         _add_register,
@@ -284,6 +316,25 @@ def _add_stats(commands, json_flag) -> None:
 
 def _add_infer(commands, json_flag) -> None:
     command = _command(commands, "infer", json_flag, _infer, "run one inference")
+    _add_request_arguments(command)
+    command.add_argument("--id", default="", help="request id")
+
+
+def _add_stream(commands, json_flag) -> None:
+    command = _command(
+        commands,
+        "stream",
+        json_flag,
+        _stream,
+        "send one request on ModelStreamInfer and print every response as it arrives: a decoupled model "
+        "(model_transaction_policy { decoupled: true }) answers with any number of them; --json prints one JSON "
+        "object per line, per response",
+    )
+    _add_request_arguments(command, output_dir="write each response's outputs to DIR/N/NAME.npy (N from 1)")
+
+
+def _add_request_arguments(command, output_dir: str = "write each output to DIR/NAME.npy") -> None:
+    """A request's model, inputs, outputs and parameters (infer and stream)."""
     command.add_argument("model")
     command.add_argument(
         "--input",
@@ -307,7 +358,7 @@ def _add_infer(commands, json_flag) -> None:
         metavar="NAME",
         help="request only this output (repeat; default: every output)",
     )
-    command.add_argument("--output-dir", metavar="DIR", help="write each output to DIR/NAME.npy")
+    command.add_argument("--output-dir", metavar="DIR", help=output_dir)
     command.add_argument(
         "--parameter",
         action="append",
@@ -316,7 +367,6 @@ def _add_infer(commands, json_flag) -> None:
         help="a request parameter, e.g. timeout=500000 (microseconds)",
     )
     command.add_argument("--version", default="")
-    command.add_argument("--id", default="", help="request id")
 
 
 def _add_load(commands, json_flag) -> None:
@@ -493,6 +543,45 @@ def _infer(session: _Session) -> int:
         _out(render.tensor_heading(name, array))
         _out(f"saved to {saved[name]}" if name in saved else render.tensor_text(array))
     return 0
+
+
+def _stream(session: _Session) -> int:
+    """One request on ModelStreamInfer; each response printed as it arrives (text: `response N:` then its
+    tensors; --json: one object per line). A response that is an error is printed on stderr and the stream goes
+    on; the exit status is 1 if any was."""
+    args = session.args
+    inputs = load_inputs(args.input, parse_datatypes(args.datatype), lambda: _input_datatypes(session))
+    count = errors = 0
+    for item in session.inference.stream_infer(
+        args.model, [inputs], args.output or None, version=args.version, parameters=parse_parameters(args.parameter)
+    ):
+        count += 1
+        if isinstance(item, ClientError):
+            errors += 1
+            if args.json:
+                _out(json.dumps({"response": count, "error": str(item)}))
+            _fail(f"response {count}: {item}", 1)
+            continue
+        saved = _save_outputs(item, os.path.join(args.output_dir, str(count))) if args.output_dir else {}
+        if args.json:
+            data = {name: render.tensor_data(array) for name, array in item.items()}
+            for name, path in saved.items():
+                data[name] = {"datatype": data[name]["datatype"], "shape": data[name]["shape"], "path": path}
+            _out(json.dumps({"response": count, "outputs": data}, default=_plain))
+        else:
+            _out(f"response {count}:")
+            for name, array in item.items():
+                _out(_indent(render.tensor_heading(name, array)))
+                _out(_indent(f"saved to {saved[name]}" if name in saved else render.tensor_text(array)))
+        sys.stdout.flush()  # as it arrives: a decoupled model's responses may be seconds apart
+    if not args.json:
+        _out(f"{count} response(s)" + (f", {errors} of them error(s)" if errors else ""))
+    return 1 if errors else 0
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars in JSON as plain numbers."""
+    return value.item() if isinstance(value, np.generic) else str(value)
 
 
 def _input_datatypes(session: _Session) -> dict[str, str]:

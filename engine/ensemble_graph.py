@@ -15,8 +15,9 @@ Two checks, each refusal a ModelConfigError naming the step, the tensor or the m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ModelConfigError
 from .interface import TensorSpec
@@ -116,26 +117,182 @@ def _producers(steps: Sequence[Step], inputs: Sequence[str], origin: str) -> dic
 
 
 def _check_acyclic(steps: Sequence[Step], producers: Mapping[str, Step | None], origin: str) -> None:
-    """Raise naming the steps of a cycle, if the steps' tensors form one (depth-first, three colours)."""
-    state: dict[int, str] = {}
-
-    def visit(step: Step, path: list[Step]) -> None:
-        state[step.index] = "open"
-        for tensor in step.inputs.values():
-            before = producers.get(tensor)
-            if before is None:
-                continue
-            if state.get(before.index) == "open":
-                cycle = [*path[path.index(before) :], step] if before in path else [before, step]
-                names = " -> ".join(s.label for s in cycle)
-                raise ModelConfigError(f"{origin}: the steps form a cycle: {names}")
-            if before.index not in state:
-                visit(before, [*path, before])
-        state[step.index] = "done"
-
+    """Raise naming the steps of a cycle, in data-flow order, if the steps' tensors form one. Iterative: a chain
+    of any length is checked without recursion."""
+    consumers: dict[int, list[int]] = {step.index: [] for step in steps}
     for step in steps:
-        if step.index not in state:
-            visit(step, [step])
+        for tensor in dict.fromkeys(step.inputs.values()):
+            producer = producers.get(tensor)
+            if producer is not None:
+                consumers[producer.index].append(step.index)
+    done: set[int] = set()
+    for step in steps:
+        found = _find_cycle(step.index, consumers.__getitem__, done)
+        if found is not None:
+            names = _arrows([steps[index].label for index in found[1]])
+            raise ModelConfigError(f"{origin}: the steps form a cycle: {names}")
+
+
+_END = object()
+
+
+def _find_cycle(
+    start: Hashable, successors: Callable[[Any], Iterable[Any]], done: set[Any] | None = None
+) -> tuple[list[Any], list[Any]] | None:
+    """Depth first from `start` (an explicit stack: no recursion whatever the graph's size): None when no cycle is
+    reachable, else (the path from `start` to the cycle's first node, both included; the cycle's nodes in order,
+    its first node repeated at the end). `done` (shared between calls) holds nodes already known to reach no
+    cycle; those visited here are added."""
+    done = set() if done is None else done
+    if start in done:
+        return None
+    path: list[Any] = [start]
+    on_path: dict[Any, int] = {start: 0}
+    pending: list[Iterator[Any]] = [iter(successors(start))]
+    while pending:
+        node = next(pending[-1], _END)
+        if node is _END:
+            pending.pop()
+            finished = path.pop()
+            del on_path[finished]
+            done.add(finished)
+        elif node in on_path:
+            first = on_path[node]
+            return path[: first + 1], [*path[first:], node]
+        elif node not in done:
+            on_path[node] = len(path)
+            path.append(node)
+            pending.append(iter(successors(node)))
+    return None
+
+
+# ---- the ensembles' call graph ---------------------------------------------------------------------------------
+
+# The longest chain of ensembles calling ensembles that loads. Each level runs its first ready step on the calling
+# thread (service/ensemble.py), about 10 Python frames deeper per level (measured: 24 frames at the step model of
+# one ensemble, 174 at the end of a chain of 16); 16 levels stay far below Python's recursion limit (1000).
+MAX_NESTING = 16
+
+CYCLE_REFUSAL = "circular dependency between ensembles"  # Triton's words, which every cycle refusal starts with
+
+
+def step_models(config: Any) -> tuple[str, ...]:
+    """The models an ensemble's steps name, each once, in step order (`config`: its inference.ModelConfig)."""
+    return tuple(dict.fromkeys(step.model_name for step in config.ensemble_scheduling.step))
+
+
+def call_graph_refusal(name: str, steps_of: Callable[[str], Iterable[str]]) -> str | None:
+    """Why ensemble `name` must not load because of the ensembles it calls, or None. `steps_of(model)` gives the
+    models the steps of ensemble `model` name (step_models of its config), and nothing for a model that is not an
+    ensemble or is unknown; it is asked once per model.
+
+    Refused, in this order: a cycle of ensembles reachable from `name`, through any number of steps and whatever
+    versions they name (an ensemble that calls itself, two that call each other, longer ones, or a cycle further
+    down: its request would call the cycle forever), named from `name` (`circular dependency between ensembles:
+    ensemble 'a' calls itself through a -> b -> a`); a chain of ensembles calling ensembles longer than
+    MAX_NESTING, named. Never raises, never recurses (the server's load and `python -m service check` call it)."""
+    known: dict[str, tuple[str, ...]] = {}
+
+    def called(model: str) -> tuple[str, ...]:
+        if model not in known:
+            known[model] = tuple(dict.fromkeys(steps_of(model)))
+        return known[model]
+
+    found = _find_cycle(name, called)
+    if found is not None:
+        return _cycle_message(name, *found)
+    chain = _deepest_chain(name, called)
+    if len(chain) > MAX_NESTING:
+        return (
+            f"ensemble '{name}' nests {len(chain)} ensembles deep ({_arrows(chain)}); at most {MAX_NESTING} "
+            "ensembles may call each other in a chain"
+        )
+    return None
+
+
+def call_graph_refusals(graph: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """call_graph_refusal for every ensemble of a whole repository at once: `graph` maps each ensemble's name to
+    the models its steps name (models that are not ensembles are left out). Returns {ensemble: why it is
+    refused} for those refused; the others load as far as their call graph goes."""
+    refusals = {}
+    for name in graph:
+        refusal = call_graph_refusal(name, lambda model: graph.get(model, ()))
+        if refusal is not None:
+            refusals[name] = refusal
+    return refusals
+
+
+def ensembles_after_their_steps(names: Sequence[str], steps: Mapping[str, Sequence[str]]) -> list[str]:
+    """`names` in a load order (engine/repository.py load_order): the models that are not ensembles (not keys of
+    `steps`, which maps each ensemble among `names` to the models its steps name) first, in the given order, then
+    the ensembles, each after the ensembles its steps name, depth first in step order. A cycle is cut where it
+    closes (its ensembles are refused when they load). Iterative: a chain of any length is ordered without
+    recursion."""
+    ordered: list[str] = []
+    placed: set[str] = set()
+    for name in [n for n in names if n not in steps] + [n for n in names if n in steps]:
+        if name in placed:
+            continue
+        on_path = {name}
+        pending: list[tuple[str, Iterator[str]]] = [(name, iter(steps.get(name, ())))]
+        while pending:
+            model, called = pending[-1]
+            step = next((s for s in called if s in steps and s not in placed and s not in on_path), None)
+            if step is None:
+                pending.pop()
+                on_path.discard(model)
+                placed.add(model)
+                ordered.append(model)
+            else:
+                on_path.add(step)
+                pending.append((step, iter(steps[step])))
+    return ordered
+
+
+def _cycle_message(name: str, path: Sequence[str], cycle: Sequence[str]) -> str:
+    through = _arrows(cycle)
+    if len(path) == 1:
+        return f"{CYCLE_REFUSAL}: ensemble '{name}' calls itself through {through}"
+    return (
+        f"{CYCLE_REFUSAL}: ensemble '{name}' calls ensemble '{cycle[0]}' ({_arrows(path)}), which calls itself "
+        f"through {through}"
+    )
+
+
+_SHOWN = 12  # names of a chain shown in a message; a longer one shows its first 9 and last 2 around a count
+
+
+def _arrows(names: Sequence[str]) -> str:
+    if len(names) <= _SHOWN:
+        return " -> ".join(names)
+    left_out = len(names) - (_SHOWN - 1)
+    return " -> ".join([*names[: _SHOWN - 3], f"({left_out} more)", *names[-2:]])
+
+
+def _deepest_chain(name: str, called: Callable[[str], tuple[str, ...]]) -> list[str]:
+    """The longest chain of ensembles from `name` (itself first) through steps that are ensembles, in a graph
+    known to have no cycle. Iterative, each ensemble measured once."""
+    depth: dict[str, int] = {}
+    below: dict[str, str | None] = {}
+    pending: list[tuple[str, bool]] = [(name, False)]
+    while pending:
+        model, measured = pending.pop()
+        if model in depth:
+            continue
+        ensembles = [step for step in called(model) if called(step)]
+        if not measured:
+            pending.append((model, True))
+            pending.extend((step, False) for step in ensembles if step not in depth)
+            continue
+        deepest = max(ensembles, key=depth.__getitem__, default=None)
+        depth[model] = 1 + (depth[deepest] if deepest is not None else 0)
+        below[model] = deepest
+    chain: list[str] = []
+    link: str | None = name
+    while link is not None:
+        chain.append(link)
+        link = below[link]
+    return chain
 
 
 def check_against_models(
@@ -240,4 +397,16 @@ def _shapes_agree(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
 
 
-__all__ = ["LATEST", "Step", "StepModel", "check_against_models", "read_steps"]
+__all__ = [
+    "CYCLE_REFUSAL",
+    "LATEST",
+    "MAX_NESTING",
+    "Step",
+    "StepModel",
+    "call_graph_refusal",
+    "call_graph_refusals",
+    "check_against_models",
+    "ensembles_after_their_steps",
+    "read_steps",
+    "step_models",
+]

@@ -49,6 +49,14 @@ class OutOfHostMemoryError(ModelLoadError):
     error_reason: str | None = "out_of_memory"
 
 
+class OutOfSharedMemoryError(EngineError):
+    """The shared memory that carries a python model's tensors to and from its worker (/dev/shm) has no room for
+    a request's or a response's: that request is refused (the message names /dev/shm and its free space), and
+    nothing else is lost."""
+
+    error_reason: str | None = "out_of_memory"
+
+
 class InvalidInputError(EngineError):
     """A request's tensors do not fit the model (unknown or missing input, wrong datatype or shape).
     Maps to INVALID_ARGUMENT."""

@@ -262,6 +262,9 @@ class ModelSpec:
     version: str = "1"
     directory: Path | None = None
     model_file: Path | None = None
+    # What the engine reads, as it was when the spec was read (engine.repository.files_stamp: every file of the
+    # version folder by size, times, inode and, for small files, content); "" for a spec read from no repository.
+    files: str = ""
     platform: str = ""
     max_batch_size: int = 0
     inputs: tuple[TensorSpec, ...] = ()
@@ -281,11 +284,26 @@ class ModelSpec:
 
     def session_key(self) -> tuple[object, ...]:
         """What determines the engine built from this spec (everything except slot count and admission
-        settings). Two specs with the same key can reuse each other's advertised capacity."""
+        settings). Two specs with the same key can reuse each other's advertised capacity, and a reconfiguration
+        keeps the engine only between them: `files` makes any change to the files the engine reads (model.py or a
+        neighbour, the ONNX file or its external data, the plan) a new engine, as Triton reloads changed files."""
         params = tuple(sorted((k, v) for k, v in self.parameters.items() if not k.startswith("slotserve.")))
         # The inputs a sequence model's server fills are checked against the engine at load, so they are part of it.
         filled = tuple(sorted(self.sequence.provided_inputs().items())) if self.sequence is not None else ()
-        return (self.backend, self.model_file, self.max_batch_size, self.inputs, self.outputs, params, filled)
+        # An ensemble's engine is its steps: a reload that changes them builds (and checks) a new one.
+        scheduling = getattr(self.config, "ensemble_scheduling", None)
+        steps = scheduling.SerializeToString(deterministic=True) if scheduling is not None else b""
+        return (
+            self.backend,
+            self.model_file,
+            self.files,
+            self.max_batch_size,
+            self.inputs,
+            self.outputs,
+            params,
+            filled,
+            steps,
+        )
 
     def parameter(self, key: str, default: str | None = None) -> str | None:
         return self.parameters.get(key, default)
@@ -438,6 +456,10 @@ class LoadedModel(ABC):
     def create_context(self) -> Context:
         """Make one slot's context. Blocks; raises ModelLoadError (OutOfDeviceMemoryError when memory ran out)."""
 
+    def create_context_cancellable(self, cancel: CancelToken) -> Context:
+        """`create_context`, given up when `cancel` fires (see Backend.load_cancellable)."""
+        return self.create_context()
+
     def memory_bytes(self, slots: int) -> int:
         """What a pool of this engine with `slots` contexts costs: weights once plus per-slot memory.
         0 when the backend cannot tell."""
@@ -459,6 +481,12 @@ class Backend(ABC):
         Blocks for the load. Raises ModelConfigError (the spec does not fit the model files), ModelLoadError,
         or BackendUnavailableError (the backend cannot run here).
         """
+
+    def load_cancellable(self, spec: ModelSpec, cancel: CancelToken) -> LoadedModel:
+        """`load`, given up when `cancel` fires (an unload or the shutdown no longer wants it). A backend whose load
+        can block in a model's own code (a python model's `initialize`) overrides it: it ends that work when
+        `cancel` fires and raises ModelLoadError. By default a load is not interrupted (`cancel` is not read)."""
+        return self.load(spec)
 
     def bind_model_calls(self, calls: ModelCalls) -> None:  # noqa: B027 (optional hook)
         """Take the server's calls to other models (python models' BLS); called once, before any load."""

@@ -11,10 +11,20 @@ Parameters read from config.pbtxt (all optional):
     max_parallel_slots     cap on the advertised capacity (default 16)
 
 BYTES tensors are ONNX string tensors, which hold text: elements must be UTF-8 and come back UTF-8 encoded.
+
+Memory (what the pool reports, which --memory-budget counts): the C heap's growth while the session is built
+(glibc's `mallinfo2`: bytes malloc handed out and not taken back, which the allocator's reuse of freed memory
+does not hide, unlike the process's resident size: a reloaded model used to report 4 KiB), never less than the
+model file's size. It is measured on the first load of a file in this process and remembered per file (path,
+device, inode, size, modification time) and session options, so every later load of the same file reports the
+same figure. What runs allocate later (ONNX Runtime's arena grows with the inputs) is not in it. Where mallinfo2
+is missing (not glibc) the figure is the file's size.
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import functools
 import logging
 import os
@@ -68,13 +78,84 @@ def session_options(spec: ModelSpec):
     return options
 
 
-def _resident_bytes() -> int:
-    """Resident memory of this process (Linux /proc), 0 where it cannot be read."""
+_MALLINFO2_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's struct mallinfo2: ten size_t counters."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (*_MALLINFO2_FIELDS, "keepcost")]
+
+
+@functools.cache
+def _mallinfo2():
+    """glibc's mallinfo2 (2.33 and later), None elsewhere."""
     try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    function.restype = _MallInfo2
+    function.argtypes = []
+    return function
+
+
+def _heap_bytes() -> int | None:
+    """Bytes the C heap has handed out and not taken back (small blocks and mmapped ones), None where glibc's
+    mallinfo2 is not available."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return None
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+class _SessionSizes:
+    """What a session of each model file took when first built in this process (see the module docstring).
+    Bounded: the oldest figures go first. Thread-safe; its lock is a leaf held for dictionary work only."""
+
+    LIMIT = 512
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: _sizes
+        self._sizes: collections.OrderedDict[tuple, int] = collections.OrderedDict()
+
+    def get(self, key: tuple) -> int | None:
+        with self._lock:
+            return self._sizes.get(key)
+
+    def remember(self, key: tuple, size: int) -> int:
+        """Keep `size` for `key` unless a figure is already there (a load that ran at the same time); returns the
+        figure kept."""
+        with self._lock:
+            kept = self._sizes.setdefault(key, size)
+            self._sizes.move_to_end(key)
+            while len(self._sizes) > self.LIMIT:
+                self._sizes.popitem(last=False)
+            return kept
+
+
+_SESSION_SIZES = _SessionSizes()
+
+
+def _session_key(spec: ModelSpec) -> tuple | None:
+    """Which file, and which session options, a session is built from; None when the file cannot be read."""
+    assert spec.model_file is not None
+    try:
+        stat = os.stat(spec.model_file)
+    except OSError:
+        return None
+    options = tuple(
+        spec.parameter(name, "")
+        for name in ("graph_optimization_level", "intra_op_num_threads", "inter_op_num_threads")
+    )
+    return (str(spec.model_file), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, options)
+
+
+def session_memory_bytes(spec: ModelSpec) -> int | None:
+    """The figure remembered for `spec`'s model file (what its pools report), None when no session of that file
+    was built in this process."""
+    key = _session_key(spec)
+    return _SESSION_SIZES.get(key) if key is not None else None
 
 
 def _int_parameter(spec: ModelSpec, key: str, default: int, minimum: int, maximum: int | None = None) -> int:
@@ -164,24 +245,112 @@ def _without_sequence_tensors(
     return [t for t in inputs if t.name not in filled], [t for t in outputs if t.name not in kept]
 
 
+def served_metadata(spec: ModelSpec, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> ModelMetadata:
+    """What a model whose graph has `inputs` and `outputs` serves under `spec`: a sequence model's control and state
+    tensors set aside (the server fills and keeps them), then the declared tensors checked against the graph's (or
+    the graph's own when none are declared). Pure: the load calls it with the session's tensors, `python -m service
+    check` with the file's. Raises ModelConfigError naming the tensor."""
+    origin = f"model '{spec.name}'"
+    if spec.sequence is not None:  # the inputs and outputs the server fills and keeps are not the client's
+        inputs, outputs = _without_sequence_tensors(spec, inputs, outputs, origin)
+    return ModelMetadata(
+        inputs=_reconcile(spec.inputs, inputs, spec.max_batch_size, "input", origin),
+        outputs=_reconcile(spec.outputs, outputs, spec.max_batch_size, "output", origin),
+        max_batch_size=spec.max_batch_size,
+        platform=spec.platform or "onnxruntime_onnx",
+    )
+
+
+def parallel_slots(spec: ModelSpec) -> int:
+    """The most slots a model's session serves (its max_parallel_slots parameter, at most MAX_SLOTS). Raises
+    ModelConfigError for a parameter that is not an integer >= 1."""
+    return min(MAX_SLOTS, _int_parameter(spec, "max_parallel_slots", MAX_SLOTS, minimum=1))
+
+
+# BYTES inputs go to ONNX Runtime as numpy unicode arrays (4 bytes a character, the longest element's width) when
+# that takes no more than this many bytes an element (beside their contents): a str object behind a pointer,
+# the other way, takes about 72 bytes for a short one. 2 million 2-byte elements: 16 MiB instead of 144 MiB.
+_OBJECT_ELEMENT_BYTES = 72
+
+
 def _to_ort_input(name: str, array: np.ndarray) -> np.ndarray:
-    if array.dtype != object:
+    """A BYTES input as ONNX Runtime takes a string tensor: a numpy unicode array when the elements are short
+    enough for one (see _OBJECT_ELEMENT_BYTES), else an object array of str. Raises InvalidInputError naming the
+    input when an element is not UTF-8 (ONNX strings hold text)."""
+    if array.dtype.kind == "U" or (array.dtype != object and array.dtype.kind != "S"):
         return array
     try:
-        return np.array([element.decode("utf-8") for element in array.reshape(-1)], dtype=object).reshape(array.shape)
+        compact = _unicode_array(array)
+        return compact if compact is not None else _str_objects(array)
     except UnicodeDecodeError:
         raise InvalidInputError(
             f"input '{name}': ONNX string tensors hold text and an element is not valid UTF-8"
         ) from None
 
 
+def _unicode_array(array: np.ndarray) -> np.ndarray | None:
+    """`array`'s elements (bytes) decoded into a numpy unicode array, or None when that would take more memory
+    than str objects (one long element among many short ones), or cannot hold them exactly (an element ending
+    with NUL bytes, which numpy's fixed-width strings drop; an element that is not bytes)."""
+    count = array.size
+    if not count:
+        return None
+    if array.dtype.kind == "S":
+        fixed = array.reshape(-1)
+        width = array.dtype.itemsize
+        lengths = np.strings.str_len(fixed)
+    else:
+        flat = array.reshape(-1)
+        try:
+            lengths = np.fromiter(map(len, flat), dtype=np.int64, count=count)
+        except TypeError:
+            return None
+        width = max(1, int(lengths.max()))
+        if count * width * 5 > count * _OBJECT_ELEMENT_BYTES + int(lengths.sum()):  # 'S' then 'U': 5 bytes a byte
+            return None
+        if not all(type(element) is bytes for element in flat):
+            return None
+        fixed = flat.astype(f"S{width}")
+        if not np.array_equal(np.strings.str_len(fixed), lengths):
+            return None  # an element ends with NUL: its fixed-width copy lost them
+    if _holds_nul(fixed, lengths, width):
+        return None  # ONNX Runtime reads a unicode array's elements as C strings: "he\0llo" would reach it as "he"
+    del lengths
+    if int(fixed.view(np.uint8).max(initial=0)) < 0x80:  # ASCII, the common case: numpy converts it in one pass
+        text = fixed.astype(f"U{width}")
+    else:
+        text = np.strings.decode(fixed, "utf-8")
+    return text.reshape(array.shape)
+
+
+def _holds_nul(fixed: np.ndarray, lengths: np.ndarray, width: int) -> bool:
+    """Whether an element of `fixed` (a flat 'S' array; `lengths` its elements' lengths) has a NUL byte inside it
+    (the NULs past an element's length are the fixed width's padding)."""
+    cells = fixed.view(np.uint8).reshape(-1, width)
+    inside = np.arange(width) < lengths[:, None]
+    return bool(np.any((cells == 0) & inside))
+
+
+def _str_objects(array: np.ndarray) -> np.ndarray:
+    """An object array of str, each element decoded straight into the result (no list of them first)."""
+    result = np.empty(array.size, dtype=object)
+    for index, element in enumerate(array.reshape(-1)):
+        result[index] = element if isinstance(element, str) else bytes(element).decode("utf-8")
+    return result.reshape(array.shape)
+
+
 def _from_ort_output(array: np.ndarray) -> np.ndarray:
+    """ONNX Runtime's string output (str objects) as BYTES (bytes objects), replaced in place one element at a
+    time: each str is freed as its bytes takes its place, so the two arrays' objects are never all alive at once
+    (a copy beside the original held 2 million short strings twice: about 250 MiB)."""
     if array.dtype != object:
         return array
-    flat = [e.encode("utf-8") if isinstance(e, str) else bytes(e) for e in array.reshape(-1)]
-    result = np.empty(len(flat), dtype=object)
-    result[:] = flat
-    return result.reshape(array.shape)
+    array = np.ascontiguousarray(array)  # ONNX Runtime's own output: already contiguous, not copied
+    flat = array.reshape(-1)  # a view: assigning to it replaces the output's elements
+    for index, element in enumerate(flat):
+        if type(element) is not bytes:
+            flat[index] = element.encode("utf-8") if isinstance(element, str) else bytes(element)
+    return array
 
 
 class OnnxRuntimeContext(Context):
@@ -236,6 +405,7 @@ class OnnxRuntimeContext(Context):
             raise ExecutionError(f"model '{model.name}' failed to execute") from error
         finally:
             cancel.remove_callback(terminate)
+        del feed  # converted BYTES inputs (ONNX Runtime copied them in) go before the outputs are converted
         if model.string_outputs:
             return {name: _from_ort_output(array) for name, array in zip(names, results, strict=True)}
         return dict(zip(names, results, strict=True))
@@ -246,7 +416,7 @@ class OnnxRuntimeModel(LoadedModel):
 
     interruptible = True
 
-    def __init__(self, spec: ModelSpec, session, metadata: ModelMetadata, weights_bytes: int) -> None:
+    def __init__(self, spec: ModelSpec, session, metadata: ModelMetadata, memory_bytes: int) -> None:
         self.name = spec.name
         self.session = session
         # The binding's run, without the Python wrapper's re-validation (inputs were checked against the model's
@@ -257,19 +427,31 @@ class OnnxRuntimeModel(LoadedModel):
         self.output_names = [t.name for t in metadata.outputs]
         self.string_inputs = any(t.datatype == "BYTES" for t in metadata.inputs)
         self.string_outputs = any(t.datatype == "BYTES" for t in metadata.outputs)
-        self.max_parallel_slots = min(MAX_SLOTS, _int_parameter(spec, "max_parallel_slots", MAX_SLOTS, minimum=1))
-        self._weights_bytes = weights_bytes
+        self.max_parallel_slots = parallel_slots(spec)
+        self._memory_bytes = memory_bytes
 
     def create_context(self) -> Context:
         return OnnxRuntimeContext(self)
 
     def memory_bytes(self, slots: int) -> int:
         # Slots share the session's weights and arena; a slot itself is a RunOptions object.
-        return self._weights_bytes
+        return self._memory_bytes
 
     def close(self) -> None:
         self.session = None
         self.run = None
+
+
+def _memory_figure(spec: ModelSpec, grown: int) -> int:
+    """What a pool of `spec` reports: the figure remembered for its file, else `grown` (the heap's growth while
+    this session was built), at least the file's size, remembered from now on."""
+    key = _session_key(spec)
+    if key is None:  # the file went away after the session read it: this load's own figure
+        return max(grown, 0)
+    remembered = _SESSION_SIZES.get(key)
+    if remembered is not None:
+        return remembered
+    return _SESSION_SIZES.remember(key, max(grown, key[3]))
 
 
 class OnnxRuntimeBackend(Backend):
@@ -281,7 +463,7 @@ class OnnxRuntimeBackend(Backend):
         if spec.model_file is None or not spec.model_file.exists():
             raise ModelConfigError(f"{origin}: model file not found")
         options = session_options(spec)
-        resident_before = _resident_bytes()
+        heap_before = _heap_bytes()
         try:
             session = ort.InferenceSession(str(spec.model_file), options, providers=["CPUExecutionProvider"])
         except Exception as error:
@@ -292,18 +474,10 @@ class OnnxRuntimeBackend(Backend):
                 f"{origin}: onnxruntime could not load {shown_path(spec.model_file, spec.roots)}: "
                 f"{hide_paths(str(error).splitlines()[0], spec.roots)[:300]}"
             ) from None
+        heap_after = _heap_bytes()
+        grown = heap_after - heap_before if heap_after is not None and heap_before is not None else 0
+        memory = _memory_figure(spec, grown)
         inputs = [_model_tensor(node, origin) for node in session.get_inputs()]
         outputs = [_model_tensor(node, origin) for node in session.get_outputs()]
-        if spec.sequence is not None:  # the inputs and outputs the server fills and keeps are not the client's
-            inputs, outputs = _without_sequence_tensors(spec, inputs, outputs, origin)
-        metadata = ModelMetadata(
-            inputs=_reconcile(spec.inputs, inputs, spec.max_batch_size, "input", origin),
-            outputs=_reconcile(spec.outputs, outputs, spec.max_batch_size, "output", origin),
-            max_batch_size=spec.max_batch_size,
-            platform=spec.platform or "onnxruntime_onnx",
-        )
-        # What the session added to the process (weights, graph, arena), measured as it was built; the file size
-        # when concurrent activity makes the measurement useless.
-        grown = _resident_bytes() - resident_before
-        weights = grown if grown > 0 else os.path.getsize(spec.model_file)
-        return OnnxRuntimeModel(spec, session, metadata, weights)
+        metadata = served_metadata(spec, inputs, outputs)
+        return OnnxRuntimeModel(spec, session, metadata, memory)

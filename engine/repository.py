@@ -15,10 +15,12 @@ server's absolute paths.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,15 +31,16 @@ from google.protobuf import json_format, text_format
 from generated import model_config_pb2
 
 from . import datatypes
-from .ensemble_graph import read_steps
+from .ensemble_graph import ensembles_after_their_steps, read_steps
 from .errors import ModelConfigError
 from .interface import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy, WarmupInput, WarmupSample
+from .python.environments import archive_stamp
 from .sequence_config import oldest_batching, read_sequence_spec
 
 _LOG = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.pbtxt"
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")  # matched whole (fullmatch): "m\n" is no name
 
 # platform strings of Triton and the backend each one selects
 _PLATFORM_BACKEND = {
@@ -134,15 +137,169 @@ def shown_path(path: Path, roots: ModelRoots | None) -> str:
     return roots.shown(path) if roots is not None else path.name
 
 
+def _what_it_is(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"))
+    kind = next((word for test, word in kinds if test(mode)), "a block device" if stat.S_ISBLK(mode) else "special")
+    return f"{kind}, not a regular file"
+
+
+def check_regular_file(path: Path, origin: str, roots: ModelRoots | None) -> os.stat_result:
+    """`path`'s status (symbolic links followed) when it is a regular file. Opens nothing: a FIFO would block the
+    open until a writer comes, a device may do anything when opened. Raises ModelConfigError naming the file
+    (relative to the repository) when it is missing, cannot be looked at, or is a folder, a FIFO, a socket or a
+    device."""
+    shown = shown_path(path, roots)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ModelConfigError(f"{origin}: {shown} not found") from None
+    except OSError as error:
+        raise ModelConfigError(f"{origin}: cannot read {shown}: {error.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ModelConfigError(f"{origin}: {shown} is {_what_it_is(info.st_mode)}")
+    return info
+
+
+def read_regular_file(path: Path, origin: str, roots: ModelRoots | None) -> bytes:
+    """The bytes of `path`, opened only if it is a regular file (check_regular_file), and without blocking should it
+    have been swapped for a FIFO since (O_NONBLOCK; what was opened is checked again). Raises ModelConfigError naming
+    the file as check_regular_file does, or when reading fails (permission, I/O)."""
+    check_regular_file(path, origin, roots)
+    shown = shown_path(path, roots)
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise ModelConfigError(f"{origin}: cannot read {shown}: {error.strerror}") from None
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise ModelConfigError(f"{origin}: {shown} is {_what_it_is(mode)}")
+        chunks = []
+        while chunk := os.read(descriptor, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as error:
+        raise ModelConfigError(f"{origin}: cannot read {shown}: {error.strerror}") from None
+    finally:
+        os.close(descriptor)
+
+
+def read_regular_text(path: Path, origin: str, roots: ModelRoots | None) -> str:
+    """read_regular_file as UTF-8 text; bytes that are not UTF-8 raise ModelConfigError naming the file and where."""
+    data = read_regular_file(path, origin, roots)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ModelConfigError(
+            f"{origin}: {shown_path(path, roots)} is not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+
+
+HASHED_FILE_BYTES = 1 << 20  # files up to this size are stamped by content too (model.py and its neighbours)
+SKIPPED_FOLDERS = frozenset({"__pycache__"})  # written by the python worker's imports: never what a model reads
+
+
+def files_stamp(
+    version_dir: Path | None,
+    model_file: Path | None,
+    *,
+    origin: str,
+    roots: ModelRoots | None = None,
+    skip: Iterable[Path] = (),
+) -> str:
+    """A digest of the files an engine reads for one version: every file under `version_dir` (a python model.py
+    imports its neighbours; ONNX Runtime reads external data beside the model; TensorRT a plan or the ONNX it builds
+    from), `__pycache__` folders and the folders in `skip` left out, plus `model_file` when it lies elsewhere
+    (`default_model_filename`). Each file counts with its relative path, size, modification and change times
+    (nanoseconds), inode and device, and for files up to HASHED_FILE_BYTES their content (SHA-256), so a rewrite
+    in place within a coarse timestamp is seen too; a symbolic link to a folder counts by its target's name.
+    Two reads give the same stamp only if no file was changed, added, removed or replaced in between: a reload
+    compares them to decide whether the engine can stay (ModelSpec.session_key).
+
+    Opens only regular files, without blocking. Raises ModelConfigError naming the first file that is a FIFO, a
+    socket or a device (the engine would hang or worse on it), that cannot be looked at, or, with `roots`, that a
+    symbolic link takes outside the repository and the allowed roots. Blocks for the stat calls and the hashing
+    (about 1 ms for a typical python model)."""
+    entries: list[tuple[object, ...]] = []
+    skipped = frozenset(path.resolve() for path in skip)
+    if version_dir is not None:
+        _stamp_folder(version_dir, version_dir, skipped, entries, origin, roots)
+    if model_file is not None and (version_dir is None or version_dir.resolve() not in model_file.resolve().parents):
+        entries.append(_file_entry(model_file, model_file.name, origin, roots))
+    return hashlib.sha256(repr(sorted(entries, key=repr)).encode()).hexdigest()
+
+
+def _stamp_folder(
+    top: Path,
+    folder: Path,
+    skipped: frozenset[Path],
+    entries: list[tuple[object, ...]],
+    origin: str,
+    roots: ModelRoots | None,
+) -> None:
+    try:
+        with os.scandir(folder) as listing:
+            children = sorted(listing, key=lambda entry: entry.name)
+    except OSError as error:
+        raise ModelConfigError(f"{origin}: cannot list {shown_path(folder, roots)}: {error.strerror}") from None
+    for child in children:
+        path = Path(child.path)
+        relative = path.relative_to(top).as_posix()
+        if roots is not None:
+            roots.resolve(path, "file", origin=origin)  # a link that leads outside is refused by its own name
+        if child.is_symlink() and not os.path.exists(path):
+            entries.append((relative, "dangling link", os.readlink(path)))  # nothing to read; seen if it changes
+            continue
+        try:
+            is_folder = child.is_dir(follow_symlinks=True)
+        except OSError:
+            is_folder = False  # a dangling link: stamped (and refused) as a file below
+        if is_folder:
+            if child.name in SKIPPED_FOLDERS or path.resolve() in skipped:
+                continue
+            if child.is_symlink():  # counted by where it points; never followed (a loop would never end)
+                entries.append((relative, "link", os.readlink(path)))
+                continue
+            _stamp_folder(top, path, skipped, entries, origin, roots)
+        else:
+            entries.append(_file_entry(path, relative, origin, roots))
+
+
+def _file_entry(path: Path, relative: str, origin: str, roots: ModelRoots | None) -> tuple[object, ...]:
+    info = check_regular_file(path, origin, roots)
+    digest = ""
+    if info.st_size <= HASHED_FILE_BYTES:
+        digest = hashlib.sha256(read_regular_file(path, origin, roots)).hexdigest()
+    return (relative, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev, digest)
+
+
 def is_version_number(text: str) -> bool:
-    """A version as a folder name or a request names it: ASCII digits only. str.isdigit alone also takes "²" and
-    other Unicode digits, which int() refuses (a request naming version "²" was an internal error)."""
+    """A version as a request names it: ASCII digits only. str.isdigit alone also takes "²" and other Unicode
+    digits, which int() refuses (a request naming version "²" was an internal error)."""
     return text.isascii() and text.isdigit()
 
 
+MAX_VERSION = (1 << 63) - 1  # Triton's versions are int64
+
+
+def folder_version(name: str) -> int | None:
+    """The version a folder's name gives, or None when the folder is not a version folder. As Triton 2.51: ASCII
+    digits, without leading zeros ("01" and "007" are not versions; "0" is), within int64. Where Triton reads a
+    number off the front ("1a", "-1", "+3", " 4" become 1, -1, 3, 4) and then never finishes loading that version,
+    and where it stops on a number past int64, slotserve leaves the folder out: it is no version
+    (tests/differential/test_version_folders.py)."""
+    if not is_version_number(name) or (len(name) > 1 and name.startswith("0")):
+        return None
+    version = int(name)
+    return version if version <= MAX_VERSION else None
+
+
 def check_model_name(name: str) -> None:
-    """Raise ModelConfigError unless `name` is a usable model id (letters, digits, `_.-`; no path parts)."""
-    if not _MODEL_NAME.match(name or ""):
+    """Raise ModelConfigError unless `name` is a usable model id (letters, digits, `_.-`; no path parts): matched
+    whole, so a name with a trailing newline, a `/` or 129 characters is refused before anything uses it."""
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
         raise ModelConfigError(
             f"invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit"
         )
@@ -338,7 +495,9 @@ FIELDS: dict[str, FieldRule] = {
     "sequence_batching.state.use_growable_memory": _ignored(
         "states are arrays kept per sequence on the server, as large as the model returns them"
     ),
-    "sequence_batching.iterative_sequence": _refused("not supported: iterative sequences are not implemented"),
+    "sequence_batching.iterative_sequence": _applied(
+        "a request without a sequence id gets one; a python model may reschedule a request, which runs again"
+    ),
     "ensemble_scheduling": _applied("the steps of an ensemble, run as a data flow (docs/ensembles.md)"),
     "ensemble_scheduling.step": _applied("one step: a model run through its own admission"),
     "ensemble_scheduling.step.model_name": _applied("the step's model, registered on this server"),
@@ -533,19 +692,32 @@ def _select_backend(config: model_config_pb2.ModelConfig, version_dir: Path | No
                 f"{origin}: unsupported platform '{config.platform}'; use one of {sorted(_PLATFORM_BACKEND)}"
             )
         return backend
+    if config.default_model_filename == _DEFAULT_FILE["python"]:
+        return "python"  # as Triton completes a configuration that names model.py
     if version_dir is not None:
-        if (version_dir / "model.onnx").exists():
-            return "onnxruntime"
-        if (version_dir / "model.plan").exists():
-            return "tensorrt"
-    raise ModelConfigError(f"{origin}: no backend or platform set and no model.onnx or model.plan found")
+        # As Triton 2.51 fills `backend` when the configuration (or its absence) leaves it out: by the file the
+        # version folder holds. A folder with only 1/model.py is a python model (python_backend's auto_complete).
+        for backend in ("onnxruntime", "tensorrt", "python"):
+            if (version_dir / _DEFAULT_FILE[backend]).exists():
+                return backend
+    raise ModelConfigError(f"{origin}: no backend or platform set and no model.onnx, model.plan or model.py found")
 
 
-def _version_folders(directory: Path | None) -> dict[int, Path]:
-    """The numbered version folders of a model directory, by number."""
+def _version_folders(directory: Path | None, origin: str = "model") -> dict[int, Path]:
+    """The numbered version folders of a model directory, by number (folder_version: "01" is not one). Raises
+    ModelConfigError when the directory cannot be listed."""
     if directory is None:
         return {}
-    return {int(p.name): p for p in directory.iterdir() if p.is_dir() and is_version_number(p.name)}
+    try:
+        children = list(directory.iterdir())
+    except OSError as error:
+        raise ModelConfigError(f"{origin}: cannot list its folder {directory.name}: {error.strerror}") from None
+    found = {}
+    for path in children:
+        version = folder_version(path.name)
+        if version is not None and path.is_dir():
+            found[version] = path
+    return found
 
 
 def _version_policy(config: model_config_pb2.ModelConfig, origin: str) -> VersionPolicy:
@@ -591,9 +763,28 @@ def _sequence_refusals(config: model_config_pb2.ModelConfig) -> list[tuple[str, 
         return []
     found = []
     if config.model_transaction_policy.decoupled:
-        found.append(("sequence_batching", "not supported yet for a decoupled model (model_transaction_policy)"))
+        found.extend(_decoupled_sequence_refusals(config))
     if config.response_cache.enable:
         found.append(("response_cache", "not with sequence_batching: a sequence's answers depend on its state"))
+    return found
+
+
+def _decoupled_sequence_refusals(config: model_config_pb2.ModelConfig) -> list[tuple[str, str]]:
+    """A decoupled sequence model streams each request's responses from its sequence's slot (docs/sequences.md);
+    refused where that cannot be: `oldest` batching the requests of several sequences, and implicit state (no
+    response of a stream is the one whose state output is kept)."""
+    block = config.sequence_batching
+    found = []
+    if block.WhichOneof("strategy_choice") == "oldest" and config.max_batch_size > 0:
+        found.append(
+            (
+                "sequence_batching.oldest",
+                "not supported for a decoupled model (model_transaction_policy) with max_batch_size > 0: its "
+                "requests are batched, and a batch does not stream; use direct, or max_batch_size 0",
+            )
+        )
+    if block.state:
+        found.append(("sequence_batching.state", "not supported for a decoupled model (model_transaction_policy)"))
     return found
 
 
@@ -638,7 +829,7 @@ def spec_from_config(
         raise ModelConfigError(f"{origin}: config.pbtxt names the model '{config.name}'")
     if config.max_batch_size < 0:
         raise ModelConfigError(f"{origin}: max_batch_size must be >= 0, got {config.max_batch_size}")
-    folders = _version_folders(directory)
+    folders = _version_folders(directory, origin)
     policy = _version_policy(config, origin)
     _judge_fields(config, origin, _other_refusals(config, policy, folders, backend))
     batching = _batching_spec(config, origin) or oldest_batching(config, origin)
@@ -654,11 +845,14 @@ def spec_from_config(
             raise ModelConfigError(f"{origin}: unknown backend '{backend}'; slotserve has {', '.join(KNOWN_BACKENDS)}")
     else:
         backend = _select_backend(config, version_dir, origin)
-    model_file = None
+    model_file, file_name = None, ""
     if backend in _DEFAULT_FILE:
         if version_dir is None:
             raise ModelConfigError(f"{origin}: no numeric version directory (e.g. 1/) with a model file")
-        model_file = _model_file(config, backend, version_dir, roots, origin)
+        model_file, file_name = _model_file(config, backend, version_dir, roots, origin)
+    files = files_stamp(version_dir, model_file, origin=origin, roots=roots, skip=_cache_folders(config, roots))
+    if backend == "python" and "EXECUTION_ENV_PATH" in config.parameters:  # a changed archive: a changed model
+        files += archive_stamp(config.parameters["EXECUTION_ENV_PATH"].string_value, directory)
     instance_count = None
     if config.instance_group:
         count = config.instance_group[0].count
@@ -670,6 +864,9 @@ def spec_from_config(
     final.name = name
     final.backend = backend
     final.platform = config.platform or _BACKEND_PLATFORM[backend]
+    # As Triton completes it: the model file's name, so that the ModelConfig answer, sent back as a load's
+    # `config`, finds the same file (a python model's answer said model.plan, and such a load failed).
+    final.default_model_filename = config.default_model_filename or file_name
     inputs = _tensor_specs(config.input, "input", origin)
     sequence = read_sequence_spec(config, directory, roots, origin)
     return ModelSpec(
@@ -678,6 +875,7 @@ def spec_from_config(
         version=str(version),
         directory=directory,
         model_file=model_file,
+        files=files,
         platform=final.platform,
         max_batch_size=int(config.max_batch_size),
         inputs=inputs,
@@ -692,6 +890,13 @@ def spec_from_config(
         config=final,
         roots=roots,
     )
+
+
+def _cache_folders(config: model_config_pb2.ModelConfig, roots: ModelRoots) -> tuple[Path, ...]:
+    """Folders the engine writes itself, left out of the files stamp: TensorRT's plan cache (`trt_cache_dir`,
+    relative to the repository) should it lie in a version folder."""
+    cache = config.parameters["trt_cache_dir"].string_value if "trt_cache_dir" in config.parameters else ""
+    return (roots.repository / cache,) if cache else ()
 
 
 def _check_ensemble(config: model_config_pb2.ModelConfig, backend: str | None, origin: str) -> None:
@@ -772,9 +977,8 @@ def _warmup_input(
     path = roots.resolve(block.input_data_file, "input_data_file", origin=where, base=folder)
     if folder not in path.parents:
         raise ModelConfigError(f"{where}: input_data_file '{block.input_data_file}' must be inside {WARMUP_FOLDER}/")
-    if not path.is_file():
-        raise ModelConfigError(f"{where}: input_data_file {roots.shown(path)} not found")
-    _check_warmup_file(path.read_bytes(), datatype, shape, f"{where}: input_data_file {roots.shown(path)}")
+    data = read_regular_file(path, where, roots)  # not found, a folder, a FIFO: named
+    _check_warmup_file(data, datatype, shape, f"{where}: input_data_file {roots.shown(path)}")
     return WarmupInput(name, datatype.name, shape, "file", path)
 
 
@@ -799,9 +1003,10 @@ def _check_warmup_file(data: bytes, datatype: datatypes.DataType, shape: tuple[i
 
 def _model_file(
     config: model_config_pb2.ModelConfig, backend: str, version_dir: Path, roots: ModelRoots, origin: str
-) -> Path:
-    """The model file's real path, checked inside `roots` before anything looks at it. Raises
-    ModelConfigError for a file outside them or a missing one (named relative to the repository)."""
+) -> tuple[Path, str]:
+    """The model file's real path, checked inside `roots` before anything looks at it, and the name it was found
+    by in the version folder (`default_model_filename`, or the backend's default). Raises ModelConfigError for a
+    file outside them, a missing one (named relative to the repository) or one that is no regular file."""
     field = "default_model_filename" if config.default_model_filename else "model file"
     filename = config.default_model_filename or _DEFAULT_FILE[backend]
     candidates = [filename]
@@ -811,9 +1016,17 @@ def _model_file(
         model_file = roots.resolve(
             candidate, field if candidate == filename else "model file", origin=origin, base=version_dir
         )
-        if model_file.exists():
-            return model_file
+        if os.path.lexists(model_file):
+            check_regular_file(model_file, origin, roots)  # a folder or a FIFO named model.onnx is named so
+            return model_file, candidate
     raise ModelConfigError(f"{origin}: model file {roots.shown(version_dir / filename)} not found")
+
+
+def _has_version_folder(path: Path) -> bool:
+    try:
+        return any(folder_version(p.name) is not None and p.is_dir() for p in path.iterdir())
+    except OSError:
+        return True  # cannot be listed: listed as a model, whose reading then names the problem
 
 
 class ModelRepository:
@@ -831,10 +1044,10 @@ class ModelRepository:
             return []
         found = []
         for path in sorted(self.root.iterdir()):
-            if not path.is_dir() or not _MODEL_NAME.match(path.name):
+            if not path.is_dir() or not _MODEL_NAME.fullmatch(path.name):
                 continue
-            if (path / CONFIG_FILE).exists() or any(p.is_dir() and is_version_number(p.name) for p in path.iterdir()):
-                found.append(path.name)
+            if os.path.lexists(path / CONFIG_FILE) or _has_version_folder(path):
+                found.append(path.name)  # a config.pbtxt that is no regular file is listed, and fails by name
         return found
 
     def resolve_source(self, source: str, origin: str) -> Path:
@@ -856,9 +1069,9 @@ class ModelRepository:
         For `python -m service check`; the server calls `read`, which runs the same steps."""
         try:
             directory, config = self._config_of(name, source, config_json)
+            folders = _version_folders(directory, f"model '{name}'")
         except ModelConfigError as error:
             return ModelReading(name, None, error, (), (), ())
-        folders = _version_folders(directory)
         try:
             policy = _version_policy(config, f"model '{name}'")
             judged = judge_config(config, _other_refusals(config, policy, folders, backend))
@@ -884,21 +1097,7 @@ class ModelRepository:
                 continue
             if config.platform == "ensemble":
                 steps[name] = [step.model_name for step in config.ensemble_scheduling.step]
-        ordered: list[str] = []
-        placed: set[str] = set()
-
-        def place(name: str, path: frozenset[str]) -> None:
-            if name in placed or name in path:
-                return  # placed already, or an ensemble cycle (refused when it loads)
-            for step in steps.get(name, ()):
-                if step in steps:
-                    place(step, path | {name})
-            placed.add(name)
-            ordered.append(name)
-
-        for name in [n for n in names if n not in steps] + [n for n in names if n in steps]:
-            place(name, frozenset())
-        return ordered
+        return ensembles_after_their_steps(names, steps)  # iterative: a recursion here failed on a long chain
 
     def _config_of(self, name: str, source: str, config_json: str) -> tuple[Path, model_config_pb2.ModelConfig]:
         """Model `name`'s directory and parsed configuration (config.pbtxt, or `config_json` instead; an empty
@@ -915,8 +1114,9 @@ class ModelRepository:
         if config_json:
             return directory, parse_config_json(config_json, origin)
         config_path = self.roots.resolve(directory / CONFIG_FILE, CONFIG_FILE, origin=origin)
-        if config_path.exists():
-            return directory, parse_config_text(config_path.read_text(), f"{origin} ({CONFIG_FILE})")
+        if os.path.lexists(config_path):  # read only if it is a regular file: a folder or a FIFO is this model's error
+            text = read_regular_text(config_path, origin, self.roots)
+            return directory, parse_config_text(text, f"{origin} ({CONFIG_FILE})")
         return directory, model_config_pb2.ModelConfig()
 
     def read_versions(

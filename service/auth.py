@@ -164,6 +164,13 @@ class Authenticator:
         )
 
 
+def management_unprotected(
+    management_allowed: bool, management_token: Secret | None, inference_token: Secret | None
+) -> bool:
+    """Management is enabled and no token guards it: anyone who reaches the port may change the models."""
+    return management_allowed and management_token is None and inference_token is None
+
+
 def describe(
     management_allowed: bool, management_token: Secret | None, inference_token: Secret | None, tls: str
 ) -> list[str]:

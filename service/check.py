@@ -1,13 +1,26 @@
 """`python -m service check PATH`: what a model repository will do on slotserve, before serving it.
 
-Reads every model with the server's own reader (ModelRepository.judge: the same parse, the same FIELDS table, the
-same spec the server registers), computes slots with the registry's own rule (ModelRegistry.settings_for) under
-the same flags, and compares an ONNX model's inputs and outputs, read from the file with `onnx` (no session), with
-the configuration using the ONNX Runtime backend's own comparison (`_reconcile`), so each reason is the text the
-server would give. `--load` also loads each model in a throwaway in-process server (explicit model control, port
-0 on 127.0.0.1), sends one request of zeros made from its inputs (a failed request is reported; the verdict is the
-load's) and reports load time and memory; only then does a model's code run. Warmup samples are read and checked;
-they run at load once the server runs them.
+The verdict is the server's own loading decision, not a second opinion: the server's registry (ModelRegistry, as
+service/server.py builds it for the same flags) registers and loads the repository as a server's startup does
+(`register_repository`: the load order that puts an ensemble after its steps, the repository's read, the slot
+rule, ModelEntry's load path with its warmup checks, the server's EnsembleBackend checking each ensemble against
+its step models as registered), and each model's verdict is then what RepositoryIndex and ModelReady would say
+of it (`registry_verdict`). Only the backends differ, so that nothing runs: a reader stands in for each backend
+whose load would run the model's code or build its engine (`reading_backends`):
+
+* ONNX Runtime: no session; the graph's tensors are read with `onnx` and go through the backend's own functions
+  (session_options for the parameters, served_metadata: a sequence model's control and state inputs are the
+  server's, the declared tensors against the graph's; parallel_slots);
+* python: the backend's checks up to the import of model.py (unstarted_model), and the metadata of the
+  configuration as written (metadata_from_config); auto_complete_config and initialize are the model's code;
+* TensorRT: the configuration; the plan is deserialized on the GPU only with --load.
+
+So a refusal anyone adds to the server's load path (the repository's read, the registry, the lifecycle, the
+ensemble load) is the check's too, in the server's words. `--load` loads each model in a throwaway in-process
+server (explicit model control, port 0 on 127.0.0.1; an ensemble after its step models), sends one request of
+zeros made from its inputs (a failed request is reported; the verdict is the load's) and reports load time and
+memory; only then does a model's code run. Warmup samples are checked against the inputs at load; they run only
+with --load.
 
 Exit status: 0 when every model would serve, 1 when any would not, 2 when PATH is not a model repository.
 
@@ -16,9 +29,10 @@ Exit status: 0 when every model would serve, 1 when any would not, 2 when PATH i
     {"format": 1, "repository": PATH, "serves": bool, "models": [MODEL, ...]}
     MODEL = {"name", "serves": bool, "reason": str | null (the server's words, the model's name cut off),
              "backend", "model_file", "version_folders": [int], "versions": [int] (chosen by the policy),
-             "slots", "max_batch_size", "batching": {...} | null, "warmup": [{"name", "batch_size", "count",
-             "inputs"}], "warmup_runs": str, "startup": str, "not_run": str (a python model's code, not run
-             without --load; "" otherwise), "refused": [{"field", "reason"}],
+             "slots", "max_batch_size", "batching": {...} | null, "sequence": {"strategy", "max_idle_us",
+             "filled_inputs", "state_outputs"} | null, "warmup": [{"name", "batch_size", "count",
+             "inputs"}], "warmup_runs": str, "startup": str, "not_run": str (what runs only with --load: a python
+             model's code, a TensorRT plan; "" otherwise), "refused": [{"field", "reason"}],
              "ignored": [{"field", "reason"}], "files": [{"file", "inputs", "outputs", "problem"}],
              "load": null | {"seconds", "memory_bytes", "rss_delta_bytes", "request"}}
 """
@@ -33,13 +47,16 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from engine.errors import ModelConfigError
-from engine.interface import ModelSpec, TensorSpec
-from engine.repository import ModelReading, ModelRepository
+from engine.interface import Backend, Context, LoadedModel, ModelMetadata, ModelSpec, TensorSpec
+from engine.repository import ModelReading, ModelRepository, shown_path
+
+from .core.events import Events
 
 FORMAT_VERSION = 1
 WARMUP_RUNS = "runs on every slot at load, before the model is ready"  # service/core/warmup.py
@@ -68,6 +85,7 @@ class ModelVerdict:
     slots: int | None = None
     max_batch_size: int | None = None
     batching: dict | None = None
+    sequence: dict | None = None  # sequence_batching: the strategy and the inputs the server fills
     warmup: list[dict] = field(default_factory=list)
     warmup_runs: str = WARMUP_RUNS
     startup: str = ""
@@ -178,31 +196,215 @@ def not_a_repository(path: Path) -> str:
     return ""
 
 
-# ---- the check --------------------------------------------------------------------------------------------------
+# ---- the check: the server's own load, with backends that read instead of run --------------------------------
 
 
 def check_repository(args: argparse.Namespace) -> list[ModelVerdict]:
-    repository = ModelRepository(args.repository, args.allowed_model_roots or ())
-    verdicts = [check_model(repository, name, args) for name in repository.names()]
+    """Every model's verdict: the repository registered and loaded by the server's own registry (its load order,
+    registration, slot rule, load path and ensemble checks; the failures it lists), on backends that read the model
+    files instead of running them (`--load` then loads each model in a throwaway server)."""
+    options = server_options(args)
+    files: dict[str, list[dict]] = {}
+    registry = reading_registry(options, files)
+    registry.register_repository(load=True)  # as the server's startup: every model, an ensemble after its steps
+    repository = registry.repository
+    verdicts = [check_model(repository, registry, files, name, args) for name in repository.names()]
     if args.load:
         load_models(args, [v for v in verdicts if v.backend is not None])  # every model the server registers
     return verdicts
 
 
-def check_model(repository: ModelRepository, name: str, args: argparse.Namespace) -> ModelVerdict:
+def reading_registry(options, files: dict[str, list[dict]]):
+    """A ModelRegistry as the server builds one for `options` (ServerOptions), whose backends read instead of run:
+    `reading_backends`, and the server's own EnsembleBackend, which checks each ensemble against its step models as
+    registered here. Loads nothing yet. `files` collects what the ONNX reader read, by model name."""
+    from .core.lifecycle import SharedRuntime
+    from .core.registry import ModelRegistry, RegistryPolicy
+    from .dataplane import Dataplane
+    from .ensemble import EnsembleBackend
+
+    backends = reading_backends(options.enable_test_backends, files)
+    ensembles = EnsembleBackend()
+    backends["ensemble"] = EnsembleReader(ensembles)
+    registry = ModelRegistry(
+        ModelRepository(options.model_repository, allowed_roots=options.allowed_model_roots),
+        SharedRuntime(backends=backends, events=OnePass()),
+        RegistryPolicy(parallel_jobs=options.parallel_jobs, admission_timeout=options.admission_timeout),
+    )
+    ensembles.bind(Dataplane(registry))
+    return registry
+
+
+class OnePass(Events):
+    """The check's lifecycle events: counted and logged as the server's are, with no listener. The server's
+    EnsembleBackend subscribes a StepWatcher that loads an ensemble again when one of its step models loads later;
+    the check loads every model once, the steps before their ensembles (ModelRepository.load_order), so there is
+    nothing to load again, and a watcher thread loading behind the check would race its reading."""
+
+    def subscribe(self, listener: Callable[[str, str, Mapping[str, object]], None]) -> None:
+        return
+
+
+def reading_backends(test_backends: bool, files: dict[str, list[dict]]) -> dict[str, Backend]:
+    """The server's backends (service.server.default_backends), each replaced by its reader where running it would
+    run the model's code or build its engine: ONNX Runtime, python, TensorRT. Any other (the test backends) is the
+    server's own."""
+    from .server import default_backends
+
+    readers: dict[str, Backend] = {
+        "onnxruntime": OnnxReader(files),
+        "python": PythonReader(),
+        "tensorrt": TensorRTReader(),
+    }
+    return {name: readers.get(name, backend) for name, backend in default_backends(test_backends=test_backends).items()}
+
+
+class NotRun(Context):
+    """A slot of a model read, not loaded: it runs nothing. A warmup sample is checked against the inputs (by the
+    server's warmup code, as at load) and not run."""
+
+    def execute(self, inputs, outputs, cancel) -> dict:
+        return {}
+
+
+class ReadModel(LoadedModel):
+    """What a reader makes of a model: the metadata it would serve and the most slots it would take."""
+
+    def __init__(self, metadata: ModelMetadata, max_parallel_slots: int) -> None:
+        self.metadata = metadata
+        self.max_parallel_slots = max_parallel_slots
+
+    def create_context(self) -> Context:
+        return NotRun()
+
+
+class OnnxReader(Backend):
+    """ONNX Runtime's load without a session: the session's parameters checked (session_options), the graph's
+    tensors read from the file with `onnx`, the served metadata and the slot capacity computed by the backend's own
+    functions (served_metadata: a sequence model's control and state inputs are the server's; parallel_slots)."""
+
+    name = "onnxruntime"
+
+    def __init__(self, files: dict[str, list[dict]]) -> None:
+        self.files = files
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        from engine.onnxruntime_backend import parallel_slots, served_metadata, session_options
+
+        if spec.model_file is None or not spec.model_file.exists():  # the load's own refusal (the read found it)
+            raise ModelConfigError(f"model '{spec.name}': model file not found")
+        session_options(spec)
+        shown = shown_path(spec.model_file, spec.roots)
+        entry: dict[str, Any] = {"file": shown, "inputs": [], "outputs": [], "problem": None}
+        self.files.setdefault(spec.name, []).append(entry)
+        try:
+            inputs, outputs = onnx_tensors(spec.model_file, f"model '{spec.name}'", shown)
+            entry["inputs"] = [shown_tensor(t) for t in inputs]
+            entry["outputs"] = [shown_tensor(t) for t in outputs]
+            metadata = served_metadata(spec, inputs, outputs)
+        except ModelConfigError as error:
+            entry["problem"] = server_reason(spec.name, str(error))
+            raise
+        return ReadModel(metadata, parallel_slots(spec))
+
+
+class PythonReader(Backend):
+    """The python backend's load up to the model's code: model.py, the execution environment and the parameters
+    checked (unstarted_model), the metadata of the configuration as written (metadata_from_config; a model's
+    auto_complete_config is its code, run only with --load)."""
+
+    name = "python"
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        from engine.python.backend import metadata_from_config, triton_config, unstarted_model
+
+        model = unstarted_model(spec)
+        return ReadModel(metadata_from_config(triton_config(spec), spec), model.max_parallel_slots)
+
+
+class TensorRTReader(Backend):
+    """A TensorRT plan is deserialized on the GPU, only with --load: without it the configuration is the metadata."""
+
+    name = "tensorrt"
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        from .core.registry import MAX_SLOTS
+
+        metadata = ModelMetadata(spec.inputs, spec.outputs, spec.max_batch_size, platform=spec.platform)
+        return ReadModel(metadata, MAX_SLOTS)
+
+
+class EnsembleReader(Backend):
+    """The server's EnsembleBackend load (the graph, its steps against their models as registered), and a model
+    read from it: like the others it runs nothing (a warmup sample of the ensemble is checked, not sent through the
+    steps)."""
+
+    name = "ensemble"
+
+    def __init__(self, ensembles: Backend) -> None:
+        self.ensembles = ensembles
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        loaded = self.ensembles.load(spec)
+        return ReadModel(loaded.metadata, loaded.max_parallel_slots)
+
+
+NOT_RUN = {
+    "python": "model.py is imported (its code runs) only with --load; without it the configuration and the file's "
+    "presence are checked",
+    "tensorrt": "the plan is deserialized (on the GPU) only with --load; without it the configuration and the "
+    "file's presence are checked",
+}
+
+
+def registry_verdict(registry, name: str) -> tuple[bool, str | None]:
+    """(serves, reason) of model `name` as the registry lists it (what RepositoryIndex and ModelReady answer): it
+    serves when every version the policy serves is READY; otherwise the reason is the first other version's error,
+    or why the name has no entry, the model's name cut off as `server_reason` does."""
+    from .core.lifecycle import ModelState
+
+    entries = registered_entries(registry, name)
+    if not entries:  # its configuration failed (the reason noted), or no such model
+        return False, registry.unregistered_reason(name).removeprefix("failed to load: ")
+    for entry in entries:
+        status = entry.status()
+        if status.state is not ModelState.READY:
+            return False, server_reason(name, status.last_error or status.state.value)
+    return True, None
+
+
+def registered_entries(registry, name: str) -> list:
+    """The entries of model `name`'s versions, lowest first ([] when the registry has none)."""
+    from .core.errors import ServiceError
+
+    try:
+        return registry.versions(name).entries()
+    except ServiceError:  # ModelConfigFailed or ModelNotFound
+        return []
+
+
+def check_model(
+    repository: ModelRepository, registry, files: dict[str, list[dict]], name: str, args: argparse.Namespace
+) -> ModelVerdict:
+    """One model's block: the registry's verdict, the reading's refused and ignored fields and versions, the
+    registered spec (the highest version's), the slots it was given, the files read."""
+    serves, reason = registry_verdict(registry, name)
+    verdict = ModelVerdict(name=name, serves=serves, reason=reason)
     reading = repository.judge(name)
-    verdict = ModelVerdict(name=name, serves=reading.error is None)
     describe_reading(verdict, reading)
-    spec = reading.spec
+    entries = registered_entries(registry, name)
+    spec = entries[-1].spec if entries else reading.spec
     if spec is None:
-        verdict.fail(str(reading.error))
         return verdict
     describe_spec(verdict, spec, repository)
-    for step in (check_slots, check_backend, check_files):
-        try:
-            step(verdict, spec, repository, args)
-        except Exception as error:  # ModelConfigError, UnsupportedSlotCount: what the server refuses with
-            verdict.fail(str(error))
+    if entries:
+        verdict.slots = entries[-1].status().slots
+    if args.parallel_jobs is None and spec.instance_count not in (None, 1):
+        why = "without --parallel-jobs every model has one slot"  # the registry's warning
+        verdict.ignored.append({"field": "instance_group[0].count", "reason": why})
+    if not args.load:
+        verdict.not_run = NOT_RUN.get(spec.backend, "")
+    verdict.files = files.get(name, [])
     verdict.startup = startup_line(name, args)
     return verdict
 
@@ -219,6 +421,13 @@ def describe_spec(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepos
     verdict.model_file = repository.roots.shown(spec.model_file) if spec.model_file else None
     verdict.max_batch_size = spec.max_batch_size
     verdict.batching = asdict(spec.batching) if spec.batching is not None else None
+    if spec.sequence is not None:
+        verdict.sequence = {
+            "strategy": spec.sequence.strategy,
+            "max_idle_us": spec.sequence.max_idle_us,
+            "filled_inputs": sorted(spec.sequence.provided_inputs()),
+            "state_outputs": list(spec.sequence.state_outputs()),
+        }
     verdict.warmup = [
         {
             "name": sample.name,
@@ -228,53 +437,6 @@ def describe_spec(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepos
         }
         for sample in spec.warmup
     ]
-
-
-def check_slots(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepository, args) -> None:
-    """The slot count the server's registry computes with these flags (its own rule, no model loaded)."""
-    from .core.lifecycle import SharedRuntime  # noqa: F401 - named by the cast
-    from .core.registry import ModelRegistry, Registration, RegistryPolicy
-
-    policy = RegistryPolicy(parallel_jobs=args.parallel_jobs, admission_timeout=args.admission_timeout)
-    # settings_for reads only the policy: a registry without a runtime computes what the server's computes.
-    registry = ModelRegistry(repository, runtime=cast("SharedRuntime", None), policy=policy)
-    verdict.slots = registry.settings_for(spec, Registration(name=spec.name)).slots
-    if args.parallel_jobs is None and spec.instance_count not in (None, 1):
-        reason = "without --parallel-jobs every model has one slot"  # the registry's warning
-        verdict.ignored.append({"field": "instance_group[0].count", "reason": reason})
-
-
-def check_backend(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepository, args) -> None:
-    from .core.lifecycle import TEST_BACKENDS, backend_missing_message
-
-    if spec.backend in TEST_BACKENDS and not args.enable_test_backends:
-        verdict.fail(backend_missing_message(spec.name, spec.backend))
-    if spec.backend == "python" and not args.load:
-        verdict.not_run = (
-            "model.py is imported (its code runs) only with --load; without it the configuration and the file's "
-            "presence are checked"
-        )
-
-
-def check_files(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepository, args) -> None:
-    """An ONNX model's inputs and outputs, read from the file without a session, against the configuration, by
-    the ONNX Runtime backend's own comparison (the first mismatch, in the words the load would use)."""
-    if spec.backend != "onnxruntime" or spec.model_file is None:
-        return
-    from engine.onnxruntime_backend import _reconcile
-
-    origin = f"model '{spec.name}'"
-    entry: dict[str, Any] = {"file": verdict.model_file, "inputs": [], "outputs": [], "problem": None}
-    verdict.files.append(entry)
-    try:
-        inputs, outputs = onnx_tensors(spec.model_file, origin, entry["file"])
-        entry["inputs"] = [shown_tensor(t) for t in inputs]
-        entry["outputs"] = [shown_tensor(t) for t in outputs]
-        _reconcile(spec.inputs, inputs, spec.max_batch_size, "input", origin)
-        _reconcile(spec.outputs, outputs, spec.max_batch_size, "output", origin)
-    except ModelConfigError as error:
-        entry["problem"] = server_reason(spec.name, str(error))
-        raise
 
 
 def onnx_tensors(path: Path, origin: str, shown: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
@@ -324,11 +486,12 @@ def startup_line(name: str, args) -> str:
 
 
 def load_models(args, verdicts: list[ModelVerdict]) -> None:
-    """Load each model in one throwaway in-process server (explicit control: one at a time, timed), send one
-    request of zeros, unload it. The load decides the verdict: one that fails does not serve, with the server's
-    words (they replace the check's own, e.g. onnx's for a file ONNX Runtime cannot load either); a request of
-    zeros that fails is reported and changes no verdict. Blocks for as long as the loads take (no timeout: a
-    backend that hangs in its load hangs the check, as it would hang the server's startup)."""
+    """Load each model in one throwaway in-process server (explicit control: one at a time, timed), an ensemble's
+    step models first, send one request of zeros, unload what was loaded. The load decides the verdict, read from
+    that server's registry as without --load (its words replace the reader's, e.g. ONNX Runtime's for a file onnx
+    cannot read either); a request of zeros that fails is reported and changes no verdict. Blocks for as long as
+    the loads take (no timeout: a backend that hangs in its load hangs the check, as it would hang the server's
+    startup)."""
     from .testing import serve
 
     options = dict(
@@ -345,31 +508,60 @@ def load_models(args, verdicts: list[ModelVerdict]) -> None:
 
 
 def load_one(running, verdict: ModelVerdict) -> None:
+    """Load one model (its steps first when it is an ensemble, untimed), measure it, send zeros, unload it and
+    the steps loaded for it."""
     registry = running.server.registry
-    rss_before = _resident_bytes()
-    started = time.monotonic()
+    steps = load_steps(registry, verdict.name, {verdict.name})
     try:
-        registry.load(verdict.name)
-    except Exception as error:
-        verdict.serves, verdict.reason = False, server_reason(verdict.name, str(error))
-        return
-    verdict.serves, verdict.reason = True, None
-    seconds = time.monotonic() - started
-    status = registry.get(verdict.name).status()
-    verdict.load = {
-        "seconds": round(seconds, 3),
-        "memory_bytes": status.memory_bytes,
-        "rss_delta_bytes": _resident_bytes() - rss_before,
-        "request": "not sent",
-    }
-    try:
-        running.client.infer(verdict.name, zeros_request(running.client.model_metadata(verdict.name)))
-        verdict.load["request"] = "ok"
-    except Exception as error:
-        # The model loaded and serves; zeros may simply not be data it accepts (a sample rate of 0, say).
-        verdict.load["request"] = f"failed (the model may need real data): {error}"
+        rss_before = _resident_bytes()
+        started = time.monotonic()
+        with contextlib.suppress(Exception):  # the registry lists why, read below
+            registry.load(verdict.name)
+        seconds = time.monotonic() - started
+        verdict.serves, verdict.reason = registry_verdict(registry, verdict.name)
+        if not verdict.serves:
+            return
+        verdict.load = {
+            "seconds": round(seconds, 3),
+            "memory_bytes": registry.get(verdict.name).status().memory_bytes,
+            "rss_delta_bytes": _resident_bytes() - rss_before,
+            "request": "not sent",
+        }
+        try:
+            running.client.infer(verdict.name, zeros_request(running.client.model_metadata(verdict.name)))
+            verdict.load["request"] = "ok"
+        except Exception as error:
+            # The model loaded and serves; zeros may simply not be data it accepts (a sample rate of 0, say).
+            verdict.load["request"] = f"failed (the model may need real data): {error}"
     finally:
-        registry.unload(verdict.name)
+        for name in [verdict.name, *reversed(steps)]:
+            with contextlib.suppress(Exception):  # a name the registry does not have, or a model not loaded
+                registry.unload(name)
+
+
+def load_steps(registry, name: str, seen: set[str], depth: int = 1) -> list[str]:
+    """Load the models ensemble `name`'s steps run (an inner ensemble's own steps before it), as the server's
+    startup loads them before the ensemble (ModelRepository.load_order). Returns the names loaded or tried here, in
+    order; a step that fails to load is left to the ensemble's load, which names it as the server's does. Past
+    MAX_NESTING (`depth` is `name`'s place in the chain) it descends no further: the chain is refused by name."""
+    from engine.ensemble_graph import MAX_NESTING
+
+    if depth > MAX_NESTING:
+        return []
+    entries = registered_entries(registry, name)
+    config = entries[-1].spec.config if entries else None
+    if config is None or entries[-1].spec.backend != "ensemble":
+        return []
+    tried: list[str] = []
+    for step in dict.fromkeys(block.model_name for block in config.ensemble_scheduling.step):
+        if step in seen:
+            continue  # a cycle, or a step shared with another: loaded once
+        seen.add(step)
+        tried += load_steps(registry, step, seen, depth + 1)
+        with contextlib.suppress(Exception):  # listed by the registry; the ensemble's load names it
+            registry.load(step)
+        tried.append(step)
+    return tried
 
 
 def zeros_request(metadata) -> dict:
@@ -427,6 +619,8 @@ def text_block(v: ModelVerdict) -> list[str]:
         if v.slots is not None:
             lines.append(f"  slots: {v.slots}")
         lines.append(f"  batching: {batching_line(v)}")
+        if v.sequence is not None:
+            lines.append(f"  sequence batching: {sequence_line(v.sequence)}")
         for sample in v.warmup:
             lines.append(
                 f"  warmup '{sample['name']}': batch {sample['batch_size']}, {sample['count']} run(s), "
@@ -464,3 +658,9 @@ def batching_line(v: ModelVerdict) -> str:
         + (f", preferred sizes {list(b['preferred_batch_sizes'])}" if b["preferred_batch_sizes"] else "")
         + ")"
     )
+
+
+def sequence_line(sequence: dict) -> str:
+    filled = ", ".join(sequence["filled_inputs"]) or "nothing"
+    kept = f"; it keeps {', '.join(sequence['state_outputs'])} between requests" if sequence["state_outputs"] else ""
+    return f"{sequence['strategy']}; the server fills the inputs {filled}{kept}"

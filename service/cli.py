@@ -10,22 +10,54 @@ import sys
 import threading
 from pathlib import Path
 
-from .core.events import JsonFormatter, QuietStreamHandler, log_event
+from .core.events import JsonFormatter, QuietStreamHandler, TextFormatter, log_event
 from .model_control import DEFAULT_POLL_SECONDS, MODES
 from .model_files import DEFAULT_MAX_LOAD_FILE_BYTES
 from .options import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ServerOptions
 from .signals import Decision, SignalPipe, decide
+from .triton_flags import add_triton_flags, log_level, refusal, triton_bool, triton_fields
+
+# --log-format's values: ours, and Triton's two (both plain text lines here).
+LOG_FORMATS = ("text", "json", "default", "ISO8601")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, except that a bad command line is one line on stderr (exit 2), like a value out of range."""
+    """argparse, except that a bad command line is one line on stderr (exit 2), like a value out of range, and a
+    flag is known only by its full name: argparse's abbreviations would take `--repository DIR` for
+    `--repository-poll-seconds DIR` (and any Triton flag that is the start of one of ours for it)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+class _ServerParser(_Parser):
+    """The server's parser: a tritonserver flag with no meaning here is refused naming the flag and the reason
+    (service/triton_flags.py), before argparse would call it unrecognized."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]  # argparse's own signature
+        argv = sys.argv[1:] if args is None else list(args)
+        refused = refusal(argv)
+        if refused is not None:
+            self.error(refused)
+        return super().parse_known_args(argv, namespace)
+
+
+class _Once(argparse.Action):
+    """A flag that may be given once (Triton takes several --model-repository; slotserve serves one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            parser.error(f"{option_string} given twice: slotserve serves one model repository")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = _ServerParser(
         prog="slotserve",
         description="Serve a model repository over the KServe v2 gRPC protocol.",
         epilog="slotserve check PATH (python -m service check PATH) tells what a repository will do, without serving "
@@ -34,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add(
         "--model-repository",
+        "--model-store",
+        action=_Once,
         type=Path,
         default=Path("demo/model_repository"),
         help="folder of <model>/config.pbtxt + <model>/<version>/model.* (default: %(default)s)",
@@ -48,8 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default_model_filename, a symbolic link's target); repeatable. Without it every model file must "
         "resolve inside the repository",
     )
-    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    add("--port", type=int, default=8001, help="port to listen on, 0..65535; 0 picks a free one (default: %(default)s)")
+    add("--host", "--grpc-address", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add(
+        "--port",
+        "--grpc-port",
+        type=int,
+        default=8001,
+        help="port to listen on, 0..65535; 0 picks a free one (default: %(default)s)",
+    )
     add(
         "--parallel-jobs",
         type=int,
@@ -71,7 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
         "without limit",
     )
     add("--max-queue", type=int, default=0, metavar="N", help="queued requests per model, >= 0; 0 = no limit")
-    add("--max-concurrent-loads", type=int, default=1, metavar="N", help="simultaneous cold loads, >= 1 (default 1)")
+    add(
+        "--max-concurrent-loads",
+        "--model-load-thread-count",
+        type=int,
+        default=1,
+        metavar="N",
+        help="simultaneous cold loads, >= 1 (default 1)",
+    )
     add(
         "--max-resident-models",
         type=int,
@@ -119,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--repository-poll-seconds",
+        "--repository-poll-secs",
         type=float,
         default=DEFAULT_POLL_SECONDS,
         metavar="SECONDS",
@@ -131,7 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="folder in which loads with files (RepositoryModelLoad's file: parameters) get their private folder, "
-        "removed at shutdown (default: the system temporary folder)",
+        "removed at shutdown; made on the first such load if missing, nothing is written before (default: the "
+        "system temporary folder; on a read-only root filesystem, a mounted volume)",
+    )
+    add(
+        "--python-environments-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder in which python models' packed execution environments (EXECUTION_ENV_PATH naming an archive) "
+        "are extracted, one folder per archive content, kept for later loads and restarts; made on the first such "
+        "load, nothing is written before (default: slotserve-python-environments in the system temporary folder; "
+        "on a read-only root filesystem, a mounted volume)",
     )
     add(
         "--max-load-file-bytes",
@@ -181,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=ServerOptions.max_request_tensor_bytes,
         metavar="BYTES",
         help="memory one request's decoded input tensors may take (estimated from the message before decoding; "
-        "BYTES elements cost about 56 bytes each); a request above it is refused with "
+        "a BYTES element counts 4 x (56 bytes + its length): decoded and an engine's copies); a request above it is "
+        "refused with "
         "RESOURCE_EXHAUSTED; 0 or more, 0 = no limit (default: 1 GiB)",
     )
     add(
@@ -194,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--response-cache-bytes",
+        "--response-cache-byte-size",
         type=int,
         default=ServerOptions.response_cache_bytes,
         metavar="BYTES",
@@ -211,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--shutdown-grace",
+        "--exit-timeout-secs",
         type=float,
         default=30.0,
         metavar="SECONDS",
@@ -233,10 +295,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--log-format",
-        choices=("text", "json"),
+        choices=LOG_FORMATS,
         default="text",
         help="text: human-readable lines; json: one JSON object per line with time, level, logger, event, "
-        "model, message and the event's fields (default: %(default)s)",
+        "model, message and the event's fields; Triton's default and ISO8601 mean text (default: %(default)s)",
+    )
+    add(
+        "--log-file",
+        type=Path,
+        metavar="PATH",
+        help="write log lines to PATH (appended; created if missing) instead of stderr (default: stderr)",
+    )
+    add(
+        "--exit-on-error",
+        type=triton_bool,
+        nargs="?",
+        const=True,
+        default="false",  # a string, so that argparse reads it with triton_bool and --help shows Triton's word
+        metavar="BOOL",
+        help="true (or the flag alone): exit with status 1, serving nothing, when a model fails to load at "
+        "startup, as Triton does by default; false: log it, list the model with its reason and serve the others "
+        "(default: false)",
     )
     add(
         "--enable-test-backends",
@@ -253,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
         help="the lowest level logged, in any case; DEBUG also logs every rejected request (default: %(default)s)",
     )
+    add_triton_flags(parser)
     return parser
 
 
@@ -351,14 +431,23 @@ def security_lines(options: ServerOptions) -> list[str]:
     return lines
 
 
-def configure_logging(log_format: str, level: str) -> None:
-    """Log to stderr; a broken stderr drops lines and never raises into the server (QuietStreamHandler)."""
-    handler = QuietStreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter()
-        if log_format == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+def security_warnings(options: ServerOptions) -> list[str]:
+    """The banner lines (of security_lines) logged at WARNING: management enabled with no token at all, so that
+    anyone who reaches the port may register, load and unload models."""
+    from . import auth
+
+    if not auth.management_unprotected(options.allow_management, options.management_token, options.inference_token):
+        return []
+    return [line for line in security_lines(options) if line.startswith("management:")]
+
+
+def configure_logging(log_format: str, level: str, log_file: Path | None = None) -> None:
+    """Log to stderr, or appended to `log_file` (--log-file); a broken stream drops lines and never raises into
+    the server (QuietStreamHandler). Raises OSError when `log_file` cannot be opened."""
+    stream = sys.stderr if log_file is None else open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - the process's
+    handler = QuietStreamHandler(stream)
+    # Both formats write one line per record whatever a client put in it (service/core/events.py).
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
@@ -376,8 +465,9 @@ def scope_lines(options: ServerOptions) -> list[str]:
 
 
 def option_fields(args: argparse.Namespace) -> dict:
-    """The ServerOptions fields the parsed command line gives. Raises ValueError for unreadable token files."""
-    return dict(
+    """The ServerOptions fields the parsed command line gives, Triton's flags included. Raises ValueError for
+    unreadable token files and Triton flags that do not go together."""
+    fields = dict(
         model_repository=args.model_repository,
         host=args.host,
         port=args.port,
@@ -393,6 +483,7 @@ def option_fields(args: argparse.Namespace) -> dict:
         repository_poll_seconds=args.repository_poll_seconds,
         model_files_dir=args.model_files_dir,
         max_load_file_bytes=args.max_load_file_bytes,
+        python_environments_dir=args.python_environments_dir,
         max_resident_models=args.max_resident_models,
         idle_unload=args.idle_unload,
         memory_budget=args.memory_budget,
@@ -407,13 +498,16 @@ def option_fields(args: argparse.Namespace) -> dict:
         drain_seconds=args.drain_seconds,
         shutdown_grace=args.shutdown_grace,
         stream_write_timeout=args.stream_write_timeout,
-        log_format=args.log_format,
+        log_format="json" if args.log_format == "json" else "text",
+        exit_on_error=args.exit_on_error,
         metrics_port=args.metrics_port,
         shared_memory=args.shared_memory,
         shared_memory_prefix=args.shared_memory_prefix,
         shared_memory_max_bytes=args.shared_memory_max_bytes,
         **security_options(args),
     )
+    fields.update(triton_fields(args, fields))
+    return fields
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,7 +517,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return check(argv[1:])
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_format, args.log_level)
+    try:
+        configure_logging(args.log_format, log_level(args), args.log_file)
+    except OSError as error:
+        print(f"slotserve: --log-file {args.log_file}: cannot open it: {error.strerror or error}", file=sys.stderr)
+        return 2
     try:
         options = ServerOptions(**option_fields(args))
     except ValueError as error:
@@ -435,8 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     from .server import Server
 
     log = logging.getLogger("slotserve")
+    warnings = security_warnings(options)
     for line in scope_lines(options) + security_lines(options):
-        log.info("%s", line)
+        log.log(logging.WARNING if line in warnings else logging.INFO, "%s", line)
     server = Server(options)
     signals = SignalPipe(log)
     signals.install()  # before start: a stop signal during the startup loads ends the process at once

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -33,7 +34,7 @@ from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry, ModelVersions
-from .core.sequences import run_in_sequence
+from .core.sequences import sequence_answers
 from .request_info import request_info
 from .response_cache import NOT_CACHEABLE, CacheLookup, ResponseCache
 from .shared_memory import Region, RegionSlice
@@ -256,8 +257,14 @@ class Dataplane:
             deadline = self.admission_deadline(entry, decoded.timeout_us, request.client_deadline)
             if cached.answer is not None:  # a hit takes no slot
                 ran = _Ran.of(cached)
-            elif entry.spec.sequence is not None:
-                ran = _run_in_sequence(entry, decoded, deadline, cancel)
+            elif entry.spec.sequence is not None:  # one answer, or a streaming model's answers (core/sequences.py)
+                for answer, counted in self._in_sequence(
+                    entry, request, decoded, reservation, deadline, cancel, stream, started
+                ):
+                    recorded = counted
+                    yield answer
+                recorded = True  # a streaming model's request is counted after its last answer
+                return
             elif entry.batches:
                 ran = self._run_batched(entry, decoded, deadline, cancel, started)
             else:
@@ -321,6 +328,47 @@ class Dataplane:
                 yield self._respond(request, ran, decoded, reservation, final=isinstance(outputs, FinalOutputs))
             ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
+
+    def _in_sequence(
+        self,
+        entry: ModelEntry,
+        request: InferenceRequest[R],
+        decoded: DecodedRequest,
+        reservation: Reservation,
+        deadline: float | None,
+        cancel: CancelToken,
+        stream: bool,
+        started: int,
+    ) -> Iterator[tuple[R, bool]]:
+        """A sequence model's request (core/sequences.py): its answers, each encoded and paired with whether the
+        request is counted by then (a one-answer request before its answer goes out; a streaming model's after its
+        last, once this generator ends). A request its model reschedules waits again for its turn, until a new
+        admission deadline each time (the model's timeout and the request's `timeout` from then; the client's)."""
+        runs = sequence_answers(
+            entry,
+            decoded.sequence_parameters,
+            decoded.inputs,
+            decoded.signature,
+            decoded.outputs,
+            deadline,
+            cancel,
+            before_run=decoded.check_regions,
+            stream=stream,
+            next_deadline=lambda: self.admission_deadline(entry, decoded.timeout_us, request.client_deadline),
+        )
+        streamed: _Ran | None = None
+        with closing(runs):
+            for run in runs:
+                ran = _Ran(
+                    run.metadata, run.version, run.queue_ns, run.input_ns, run.infer_ns, 1, run.batched, run.outputs
+                )
+                answer = self._respond(request, ran, decoded, reservation, final=run.final)
+                if not run.streamed:
+                    self._record_success(entry, ran, started)
+                streamed = ran if run.streamed else None
+                yield answer, not run.streamed
+        if streamed is not None:
+            self._record_success(entry, streamed, started, counted_output=False)
 
     @staticmethod
     def _run_batched(
@@ -428,30 +476,6 @@ class _Ran:
         answer = cached.answer
         assert answer is not None
         return cls(answer.metadata, answer.version, 0, outputs=answer.outputs)
-
-
-def _run_in_sequence(entry: ModelEntry, decoded: DecodedRequest, deadline: float | None, cancel: CancelToken) -> _Ran:
-    """A request of a sequence model, on its sequence's slot (service/core/sequences.py)."""
-    run = run_in_sequence(
-        entry,
-        decoded.sequence_parameters,
-        decoded.inputs,
-        decoded.signature,
-        decoded.outputs,
-        deadline,
-        cancel,
-        before_run=decoded.check_regions,
-    )
-    return _Ran(
-        run.metadata,
-        run.version,
-        run.queue_ns,
-        run.input_ns,
-        run.infer_ns,
-        rows=1,
-        batched=run.batched,  # an oldest batch counts its run once
-        outputs=run.outputs,
-    )
 
 
 def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:

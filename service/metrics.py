@@ -117,26 +117,62 @@ TRITON_COUNTERS = (
         lambda s: s.compute_output.ns // 1000,
     ),
 )
-# Triton 2.51 labels its failure counter with a reason: REJECTED (turned away before running: queue full, admission
-# timeout, limits), CANCELED, BACKEND (the run failed) or OTHER. Our outcomes map onto them.
+# Triton 2.51 labels its failure counter with a reason: BACKEND (the backend's execution failed: an exception, a
+# dead worker or stub), REJECTED (turned away before running: a queue timeout, our limits), CANCELED (its client
+# gave up) or OTHER (the rest: an ensemble whose step failed, a request refused before running). Each of our
+# outcomes (an error reason: service/status_codes.py's TABLE, or `failed`) has its row here:
+# tests/unit/test_triton_failure_reasons.py fails on a reason without one, and tests/differential/
+# test_failure_reasons.py asks real Triton for each case. Two deliberate differences: a failure Triton counts as a
+# success (a python model's TritonError response, an output of the wrong datatype: Triton checks neither) is
+# BACKEND here, and a request refused by validation (which Triton does not count at all) is OTHER.
 TRITON_FAILURE_REASONS = ("BACKEND", "OTHER", "CANCELED", "REJECTED")
-_TRITON_REASON = {
+TRITON_REASON_OF: dict[str, str] = {
+    # the backend's run failed
+    FAILED: "BACKEND",
+    "model_error": "BACKEND",  # a python model raised, returned a TritonError or a wrong output, or its worker died
+    "model_error_unknown": "BACKEND",
+    "model_error_not_found": "BACKEND",
+    "model_error_invalid_argument": "BACKEND",
+    "model_error_unavailable": "BACKEND",
+    "model_error_unsupported": "BACKEND",
+    "model_error_already_exists": "BACKEND",
+    "device_failed": "BACKEND",  # the run broke the device (or a python model's workers died too often)
+    "out_of_memory": "BACKEND",
+    # the client gave up
     "cancelled": "CANCELED",
-    "server_busy": "REJECTED",
+    # turned away before running
+    "server_busy": "REJECTED",  # a full queue or an admission timeout (Triton: queue policy timeout)
     "residency_limit": "REJECTED",
     "memory_limit": "REJECTED",
     "tensor_memory_limit": "REJECTED",
+    "shared_memory_limit": "REJECTED",
     "shutting_down": "REJECTED",
-    FAILED: "BACKEND",
-    "out_of_memory": "BACKEND",
+    # refused before running for what the request asked, or the model could not be loaded for it
+    "invalid_request_error": "OTHER",
+    "region_not_found": "OTHER",
+    "model_not_found": "OTHER",
+    "model_not_loaded": "OTHER",
+    "load_failed": "OTHER",
+    "backend_unavailable": "OTHER",
+    "unimplemented": "OTHER",
+    "unauthenticated": "OTHER",
+    "management_disabled": "OTHER",
+    "model_control_disabled": "OTHER",
+    "load_files_limit": "OTHER",
+    "repository_poll_failed": "OTHER",  # a repository load's, never a request's
 }
 
 
-def triton_failures(snapshot: StatisticsSnapshot) -> dict[str, int]:
-    """Failed requests by Triton's reason (every reason present, at zero when none)."""
+def triton_failures(snapshot: StatisticsSnapshot, backend: str = "") -> dict[str, int]:
+    """Failed requests by Triton's reason (every reason present, at zero when none). An ensemble's failed run is
+    OTHER, as Triton's ensemble scheduler reports it (the step that failed counts BACKEND on its own model). A reason
+    without a row is OTHER."""
     counts = dict.fromkeys(TRITON_FAILURE_REASONS, 0)
     for outcome, count in snapshot.failures.items():
-        counts[_TRITON_REASON.get(outcome, "OTHER")] += count
+        reason = TRITON_REASON_OF.get(outcome, "OTHER")
+        if backend == "ensemble" and reason == "BACKEND":
+            reason = "OTHER"
+        counts[reason] += count
     return counts
 
 
@@ -228,7 +264,7 @@ class SlotserveCollector(Collector):
             failures = [
                 (entry, {"reason": reason}, count)
                 for entry, snapshot in rows
-                for reason, count in triton_failures(snapshot).items()
+                for reason, count in triton_failures(snapshot, entry.spec.backend).items()
             ]
             lines.counter(
                 "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", failures

@@ -21,17 +21,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from engine.ensemble_graph import MAX_NESTING
+from engine.errors import ModelConfigError
 from engine.interface import CancelToken
+from engine.repository import SKIPPED_FOLDERS, check_model_name, read_regular_file
 
 from .core.errors import ModelConfigFailed, ModelNotFound, ServiceError
+from .core.events import Events
 from .core.registry import ModelRegistry, Registration
-from .model_files import ModelFiles
+from .core.residency import COLD_LOAD_TURN_SECONDS
+from .model_files import InvalidModelName, ModelFiles, RepositoryPollFailed
 
 _LOG = logging.getLogger(__name__)
 
@@ -72,20 +79,26 @@ HASHED_BYTES = 64 << 10  # files up to this size (config.pbtxt, small models) ar
 
 def folder_fingerprint(directory: Path) -> tuple:
     """What the poller compares between scans: every file under `directory` with its size and modification time
-    (nanoseconds), and the content's digest for files up to HASHED_BYTES: a rewrite of config.pbtxt within the
-    file system's timestamp granularity (milliseconds on some) that keeps its size is still seen. A file added or
-    removed changes the list. An unreadable folder gives an empty tuple (retried when it reads differently)."""
+    (nanoseconds), and the content's digest for regular files up to HASHED_BYTES: a rewrite of config.pbtxt within
+    the file system's timestamp granularity (milliseconds on some) that keeps its size is still seen. A file added
+    or removed changes the list. `__pycache__` folders (the python worker's imports write them) are left out, so a
+    python model's first load is no change. Only regular files are opened, without blocking: a FIFO, socket or
+    device counts by its kind and times (opening a FIFO would stop the poller for good; reading /dev/zero would
+    never end). An unreadable folder gives an empty tuple (retried when it reads differently)."""
     found = []
     try:
-        for folder, _dirs, files in os.walk(directory):
+        for folder, dirs, files in os.walk(directory):
+            dirs[:] = [name for name in dirs if name not in SKIPPED_FOLDERS]
             for name in files:
                 path = Path(folder, name)
                 try:
-                    stat = path.stat()
+                    info = path.stat()
                 except OSError:
-                    continue  # removed while scanning: the next scan sees the folder settled
-                digest = _digest(path) if stat.st_size <= HASHED_BYTES else ""
-                found.append((str(path.relative_to(directory)), stat.st_size, stat.st_mtime_ns, digest))
+                    continue  # removed while scanning, or a dangling link: the next scan sees the folder settled
+                regular = stat.S_ISREG(info.st_mode)
+                digest = _digest(path) if regular and info.st_size <= HASHED_BYTES else ""
+                kind = "" if regular else stat.filemode(info.st_mode)[0]
+                found.append((str(path.relative_to(directory)), info.st_size, info.st_mtime_ns, digest, kind))
     except OSError:
         return ()
     return tuple(sorted(found))
@@ -93,8 +106,8 @@ def folder_fingerprint(directory: Path) -> tuple:
 
 def _digest(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha256(read_regular_file(path, "", None)).hexdigest()  # never blocks: O_NONBLOCK, fstat
+    except ModelConfigError:
         return ""
 
 
@@ -128,16 +141,22 @@ class ModelControl:
     # ---- startup and shutdown -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Register the repository's models and load what the mode says; start the poller in poll mode. A model
-        that fails is logged (not_loaded_at_startup) and stays unloaded; startup goes on."""
+        """Register the repository's models, then load what the mode says; start the poller in poll mode. Every
+        model is registered (listed, found by requests) before the first load. A model that fails is logged
+        (not_loaded_at_startup) and stays unloaded; startup goes on. Loads run one after another, in the
+        repository's load order, except that a load still running after a cold-load turn (COLD_LOAD_TURN_SECONDS)
+        goes on beside the next ones: a hung initialize delays the others by one turn, not its whole bound.
+        Returns once every startup load has ended (each within its own bound; the shutdown stops them)."""
         mode = self.settings.mode
         if mode == "poll":
             self._remember_all()  # before loading: a change made during the startup loads is seen by the next scan
+        self.registry.register_repository(load=False)
         if mode == "explicit":
-            self.registry.register_repository(load=False)
             self._load_named(self.settings.load_models)
-        else:
-            self.registry.register_repository(load=mode != "lazy" or self.settings.load_at_startup)
+        elif mode != "lazy" or self.settings.load_at_startup:
+            registered = {entry.name for entry in self.registry.entries()}  # a refused configuration was logged
+            names = [name for name in self.registry.repository.names() if name in registered]
+            self._load_in_turns(names, lambda name: self.registry.load_registered(name, None))
         if mode == "poll":
             self._thread = threading.Thread(target=self._poll_forever, name="repository-poller", daemon=True)
             self._thread.start()
@@ -146,41 +165,72 @@ class ModelControl:
         names = list(names)
         if LOAD_ALL in names:
             names = self.registry.repository.names()
-        for name in self.registry.repository.load_order(dict.fromkeys(names)):  # an ensemble after its steps
-            try:
-                self.registry.load(name)
-            except Exception as error:  # one broken model must not stop the others (Triton logs it too)
-                self.registry.runtime.events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
+        self._load_in_turns(names, self.registry.load)
+
+    def _load_in_turns(self, names: Iterable[str], load: Callable[[str], object]) -> None:
+        """`load(name)` for each of `names` in load order (an ensemble after its steps), each on a thread of its
+        own that the next one waits for one cold-load turn at most; then wait for the loads still running. A
+        failure is logged (not_loaded_at_startup), never raised."""
+        guard = self.registry.runtime.cold_loads
+        turn = guard.turn_seconds if guard is not None else COLD_LOAD_TURN_SECONDS
+        running = []
+        for name in self.registry.repository.load_order(dict.fromkeys(names)):
+            startup_load = _StartupLoad(name, load, self.registry.runtime.events)
+            if not startup_load.done.wait(turn if turn > 0 else None):
+                running.append(startup_load)  # past its turn: it goes on beside the next ones
+        for startup_load in running:
+            startup_load.done.wait()  # bounded by the load's own bound; the shutdown stops it (stop_loads)
 
     def stop_polling(self) -> None:
         """No scan starts after this (one under way finishes)."""
         self._stop.set()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop the poller, waiting up to `timeout` seconds for a scan under way (None: without limit; a scan stops
-        after the load it is in), and remove the files of loads with files (a model still open on them keeps its
-        open files: the OS frees them when the model closes)."""
+        """Stop every load in progress and refuse later ones (a hung python initialize is killed: registry's
+        stop_loads), stop the poller, waiting up to `timeout` seconds in all for a scan under way (None: without
+        limit; a scan stops after the load it is in) and for the loads whose callers left, and remove the files of
+        loads with files (a model still open on them keeps its open files: the OS frees them when it closes)."""
+        self.registry.stop_loads(SHUTTING_DOWN)
         self._stop.set()
+        ends = None if timeout is None else time.monotonic() + timeout
         if self._thread is not None:
             self._thread.join(timeout)
+        # Loads whose callers left (service/core/detached.py): a load a backend cannot stop may still publish.
+        if not self.registry.detached.wait_idle(None if ends is None else max(0.0, ends - time.monotonic())):
+            _LOG.warning("shutdown: %d load(s) left by their callers still run", self.registry.detached.running)
         self.files.remove_all()
 
     # ---- repository load / unload (Triton's model-repository extension) -------------------------------------
 
     def load(self, name: str, parameters: Mapping[str, object], cancel: CancelToken | None = None) -> None:
         """RepositoryModelLoad: `parameters` maps "config" to a JSON string and "file:<path>" to bytes. Refused in
-        none and poll mode. With files they are written to a private folder first (ModelFiles.stage, which
-        validates names and size before writing) and the model loads from there; without, the model's repository
-        folder is read again. Raises RepositoryControlDisabled, InvalidRequest, LoadFilesTooLarge, or the
-        registry's errors."""
+        none and poll mode. The model's name is checked first (InvalidModelName, INVALID_ARGUMENT: matched whole, so
+        no newline, `/` or `..` ever reaches a path). With files they are written to a private folder first
+        (ModelFiles.stage, which validates names and size before writing) and the model loads from there; the
+        folder is removed however the load ends unless the model is served from it. Without files the model's
+        repository folder is read again; a model the repository does not have is RepositoryPollFailed (Triton's
+        answer). A change of the instance count alone is made while the model serves. Blocks until the load ends
+        or `cancel` fires (the caller left: RequestCancelled; the load goes on, its outcome shown in the model's
+        state: service/core/detached.py). Raises RepositoryControlDisabled, InvalidModelName,
+        RepositoryPollFailed, InvalidRequest, LoadFilesTooLarge, or the registry's errors."""
         self._check_explicit()
+        try:
+            check_model_name(name)  # before anything touches the disk: the name becomes a folder's name below
+        except ModelConfigError as error:
+            raise InvalidModelName(name, str(error)) from None
+        self.registry.detached.run(lambda: self._load(name, parameters, cancel), cancel, f"repository load of '{name}'")
+
+    def _load(self, name: str, parameters: Mapping[str, object], cancel: CancelToken | None) -> None:
+        """load's work (on a thread of its own when its caller may leave)."""
         config_json = parameters.get("config", "")
         assert isinstance(config_json, str)  # the servicer passes the string_param
         files = {key[len("file:") :]: value for key, value in parameters.items() if key.startswith("file:")}
         if not files:
-            self._load_steps(name, config_json, cancel, {name})
+            self._check_known(name)
+            self._load_steps(name, config_json, cancel, {name}, depth=1)
             if self.files.owns(self._current_source(name)):  # leave a files load behind: read the folder again
-                self.registry.register(Registration(name=name, source=name, config_json=config_json), cancel=cancel)
+                registration = Registration(name=name, source=name, config_json=config_json, resize_in_service=True)
+                self.registry.register(registration, cancel=cancel)
                 self.registry.reload_ensembles_of(name, cancel)
             else:  # the repository's folder; a failure there keeps the model listed with the new reason
                 self.registry.load(name, config_json=config_json, cancel=cancel)
@@ -188,7 +238,8 @@ class ModelControl:
             return
         folder = self.files.stage(name, cast(Mapping[str, bytes], files), config_json)  # stage checks they are bytes
         try:
-            self.registry.register(Registration(name=name, source=str(folder), config_json=config_json), cancel=cancel)
+            registration = Registration(name=name, source=str(folder), config_json=config_json, resize_in_service=True)
+            self.registry.register(registration, cancel=cancel)
         finally:
             self.files.done(folder)
             self.files.sweep(name, self._current_source(name))
@@ -197,11 +248,27 @@ class ModelControl:
         # that asks right after its load).
         self.registry.reload_ensembles_of(name, cancel)
 
-    def _load_steps(self, name: str, config_json: str, cancel: CancelToken | None, seen: set[str]) -> None:
+    def _check_known(self, name: str) -> None:
+        """A load without files of a model that is neither registered nor a folder of the repository gets Triton's
+        answer (RepositoryPollFailed: INTERNAL "failed to load 'x', failed to poll from model repository"), with the
+        folder slotserve looked for."""
+        if name in self.registry.repository.names():
+            return
+        try:
+            self.registry.get(name)
+        except ModelNotFound:
+            raise RepositoryPollFailed(name, f"no model folder '{name}' in the repository") from None
+        except ModelConfigFailed:
+            return  # listed as failed: reading it again reports its reason
+
+    def _load_steps(self, name: str, config_json: str, cancel: CancelToken | None, seen: set[str], depth: int) -> None:
         """Before an ensemble loads from its repository folder: load each of its step models that is not loaded
         (Triton does; the steps of a step that is an ensemble too first). A step that fails to load is logged
         and left failed: the ensemble's own load then refuses it, naming the step. Unloading an ensemble leaves
-        its steps loaded, as in Triton."""
+        its steps loaded, as in Triton. `depth` is `name`'s place in the chain of ensembles: past MAX_NESTING the
+        descent stops (the chain's load refuses it by name), so a chain of thousands is neither read nor loaded."""
+        if depth > MAX_NESTING:
+            return
         try:
             specs = self.registry.repository.read_versions(name, config_json=config_json)
         except Exception:  # noqa: BLE001 (not readable: the ensemble's own load reports it)
@@ -219,7 +286,7 @@ class ModelControl:
                 loaded = False
             if loaded:
                 continue
-            self._load_steps(step, "", cancel, seen)
+            self._load_steps(step, "", cancel, seen, depth + 1)
             try:
                 self.registry.load(step, cancel=cancel)
             except Exception as error:  # the ensemble's load names the step and its failure
@@ -295,3 +362,25 @@ class ModelControl:
                         "model '%s': repository poll: its folder went away but unloading failed: %s", name, error
                     )
         return done
+
+
+# What a load stopped by the shutdown is told (its model's last error).
+SHUTTING_DOWN = "the server is shutting down"
+
+
+class _StartupLoad:
+    """One startup load on a thread of its own (ModelControl._load_in_turns); `done` is set when it has ended.
+    The thread ends with the load: each load is bounded by its backend's limit and stopped by the shutdown."""
+
+    def __init__(self, name: str, load: Callable[[str], object], events: Events) -> None:
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                load(name)
+            except Exception as error:  # one broken model must not stop the others (Triton logs it too)
+                events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name=f"startup load {name}"[:60], daemon=True).start()

@@ -7,9 +7,15 @@ Layout: one root per server (--model-files-dir's folder, else the system tempora
 roots, so the registry's path checks (ModelRoots) apply unchanged.
 
 A load's folder is removed when the model no longer uses it: after a later load replaced it, after a failed load
-that did not commit it, after RepositoryModelUnload, and at shutdown.
+that did not commit it (an error, a client that gave up), after RepositoryModelUnload, and at shutdown. A load
+staged while the server shuts down removes what it wrote itself: `remove_all` marks the files closed, and a stage
+that finds them closed (when it starts or once its writes are done) removes the whole root again and is refused.
 
-Locking: `_lock` guards `_folders` and `_pending`, held for set work only, never across file writes or loads.
+The model's name is checked (engine.repository.check_model_name) before anything is created, and every folder
+made is checked to be a direct child of the root: nothing is ever written outside --model-files-dir.
+
+Locking: `_lock` guards `_folders`, `_pending` and `_closed`, held for set work only, never across file writes or
+loads.
 """
 
 from __future__ import annotations
@@ -23,12 +29,39 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from .core.errors import InvalidRequest, ServiceError
+from engine.repository import check_model_name
+
+from .core.errors import InvalidRequest, ServiceError, ShuttingDown
 
 _LOG = logging.getLogger(__name__)
 
 NAME_MAX = 255  # bytes of one path component (Linux's NAME_MAX)
 DEFAULT_MAX_LOAD_FILE_BYTES = 1 << 30  # 1 GiB, as much as the default --max-message-bytes carries
+
+
+TRITON_POLL_FAILED = "failed to poll from model repository"  # Triton 2.51's words for a load it cannot read
+
+
+class RepositoryPollFailed(ServiceError):
+    """RepositoryModelLoad of a model the repository does not have, or with a `file:` path that cannot be written
+    inside the load's folder. Triton 2.51 answers both with INTERNAL "failed to load 'x', failed to poll from model
+    repository", which its clients and tests read; slotserve gives the same code and words, then the reason."""
+
+    error_reason = "repository_poll_failed"
+
+    def __init__(self, model: str, reason: str) -> None:
+        super().__init__(f"failed to load '{model}', {TRITON_POLL_FAILED}: {reason}")
+
+
+class InvalidModelName(ServiceError):
+    """RepositoryModelLoad naming no usable model: a `/`, `..`, a newline, more than 128 characters. Refused with
+    INVALID_ARGUMENT before anything is read or written (Triton 2.51 answers INTERNAL, or writes a load's files
+    under such a name); the message starts with Triton's words, then says what a name may hold."""
+
+    error_reason = "invalid_request_error"
+
+    def __init__(self, model: str, reason: str) -> None:
+        super().__init__(f"failed to load {model!r}, {TRITON_POLL_FAILED}: {reason}")
 
 
 class LoadFilesTooLarge(ServiceError):
@@ -77,15 +110,20 @@ class ModelFiles:
         self._lock = threading.Lock()  # guards: _folders, _pending
         self._folders: dict[str, set[Path]] = {}  # model -> its folders not removed yet
         self._pending: set[Path] = set()  # folders a load is still using (never removed under it)
+        self._closed = False  # remove_all has run: no folder is made any more
 
     def owns(self, source: str) -> bool:
         """Whether `source` (a model's committed source) is one of this server's load folders."""
         return bool(source) and Path(source).parent == self.root
 
     def stage(self, model: str, files: Mapping[str, bytes], config_json: str) -> Path:
-        """Check the files and write them to a new folder; return it (pending until `done`). Raises InvalidRequest
-        (no config, a bad name: nothing written) or LoadFilesTooLarge (before writing anything); an OS error
-        writing removes what was written and raises InvalidRequest naming the file."""
+        """Check the model's name and the files and write them to a new folder inside the root; return it (pending
+        until `done`). Raises ModelConfigError (a bad model name), InvalidRequest (no config, a value that is not
+        bytes), RepositoryPollFailed (a file name that cannot be written inside the folder: Triton's answer) or
+        LoadFilesTooLarge, all before anything is written; ShuttingDown once `remove_all` has run. Whatever ends
+        the writing (an OS error: InvalidRequest naming its reason; anything else as raised) removes what was
+        written. Blocks for the writes."""
+        check_model_name(model)
         if not config_json:
             raise InvalidRequest(
                 f"model '{model}': a load with files needs the 'config' parameter (the model's configuration as "
@@ -94,7 +132,7 @@ class ModelFiles:
         for name in files:
             problem = file_name_problem(name)
             if problem is not None:
-                raise InvalidRequest(f"model '{model}': file:{name!r}: {problem}")
+                raise RepositoryPollFailed(model, f"file:{name!r}: {problem}")
             if not isinstance(files[name], bytes):
                 raise InvalidRequest(f"model '{model}': file:{name}: the parameter must be bytes (bytes_param)")
         total = sum(len(content) for content in files.values())
@@ -107,23 +145,42 @@ class ModelFiles:
         try:
             for name, content in files.items():
                 _write_new(folder, name, content)
-        except OSError as error:
+            self._refuse_if_closed()
+        except BaseException as error:
             self.done(folder)
             self.sweep(model, None, only=folder)
-            raise InvalidRequest(f"model '{model}': cannot write its files: {error.strerror}") from None
+            if self._is_closed():
+                shutil.rmtree(self.root, ignore_errors=True)  # a write that raced remove_all may have left files
+                if isinstance(error, Exception):
+                    raise ShuttingDown("the server is shutting down: no more loads with files") from None
+            if isinstance(error, OSError):
+                raise InvalidRequest(f"model '{model}': cannot write its files: {error.strerror}") from None
+            raise
         return folder
 
     def _new_folder(self, model: str) -> Path:
+        self._refuse_if_closed()
+        self.root.parent.mkdir(parents=True, exist_ok=True)  # --model-files-dir itself is made on the first load too
         try:
             self.root.mkdir(mode=0o700)
         except FileExistsError:
             pass  # ours: created by an earlier load (the random name makes a stranger's folder unlikely)
         folder = self.root / f"{model}-{secrets.token_hex(6)}"
+        if folder.parent != self.root or len(folder.name.encode()) > NAME_MAX:  # check_model_name makes both hold
+            raise InvalidRequest(f"model '{model}': its name cannot name a folder")
         folder.mkdir(mode=0o700)
         with self._lock:
             self._folders.setdefault(model, set()).add(folder)
             self._pending.add(folder)
         return folder
+
+    def _is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+    def _refuse_if_closed(self) -> None:
+        if self._is_closed():
+            raise ShuttingDown("the server is shutting down: no more loads with files")
 
     def done(self, folder: Path) -> None:
         """The load that staged `folder` has finished (committed or not); `sweep` may remove it now."""
@@ -141,8 +198,10 @@ class ModelFiles:
             shutil.rmtree(folder, ignore_errors=True)
 
     def remove_all(self) -> None:
-        """At shutdown: remove the root and everything in it."""
+        """At shutdown: remove the root and everything in it. A stage still writing then removes it again when it
+        ends (it finds the files closed), so nothing it wrote after this outlives the server."""
         with self._lock:
+            self._closed = True
             self._folders.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -150,8 +209,16 @@ class ModelFiles:
 def _write_new(folder: Path, name: str, content: bytes) -> None:
     """Write `content` to folder/name, creating its parent folders; never follows or replaces anything (the
     folder is new and ours, and O_EXCL refuses a name given twice in other spelling)."""
-    path = folder.joinpath(*_components(name))
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    components = _components(name)
+    parent = folder
+    for component in components[:-1]:  # never `parents=True`: a load folder removed meanwhile is not made again
+        parent = parent / component
+        try:
+            parent.mkdir(mode=0o700)
+        except FileExistsError:
+            if parent.is_symlink() or not parent.is_dir():
+                raise
+    path = parent / components[-1]
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(content)

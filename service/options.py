@@ -57,6 +57,13 @@ class ServerOptions:
     shutdown_grace: float = 30.0
     stream_write_timeout: float = 30.0  # a stream message the client does not take within this ends the call
     metrics_port: int | None = None  # Prometheus text over HTTP on the same host; None: off; 0: any free port
+    metrics_host: str | None = None  # the address metrics listen on (Triton's --metrics-address); None: `host`
+    # A model that fails to load at startup stops the server (exit 1) instead of being listed with its reason
+    # (Triton's --exit-on-error, true by default there).
+    exit_on_error: bool = False
+    # grpcio server arguments from Triton's --grpc-keepalive-* and --grpc-http2-* flags: (argument, value) pairs.
+    grpc_arguments: tuple[tuple[str, int], ...] = ()
+    reuse_port: bool = False  # SO_REUSEPORT on the gRPC port (Triton's --reuse-grpc-port)
     log_format: str = "text"
     extra_backends: dict = field(default_factory=dict, compare=False)  # name -> Backend, for tests and plugins
     enable_test_backends: bool = False  # register engine/testing/'s doubles (backend "fixture"): tests only
@@ -84,6 +91,9 @@ class ServerOptions:
     # folder) and the most bytes one load may write.
     model_files_dir: Path | None = None
     max_load_file_bytes: int = DEFAULT_MAX_LOAD_FILE_BYTES
+    # Python models' packed execution environments (engine/python/environments.py): where they are extracted (None:
+    # <the system temporary folder>/slotserve-python-environments), made at the first such load.
+    python_environments_dir: Path | None = None
     response_cache_bytes: int = 0  # service/response_cache.py; 0 = no response cache
 
     def __post_init__(self) -> None:
@@ -92,8 +102,15 @@ class ServerOptions:
         problems += self._number_problems()
         if not isinstance(self.host, str) or not self.host.strip():
             problems.append(f"--host must name an address (0.0.0.0 for every interface), got {self.host!r}")
-        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+        if (
+            self.metrics_port is not None
+            and self.metrics_port == self.port != 0
+            and self.metrics_host in (None, self.host)
+        ):
             problems.append(f"--metrics-port must differ from --port ({self.port})")
+        if self.metrics_host is not None and (not isinstance(self.metrics_host, str) or not self.metrics_host.strip()):
+            problems.append(f"--metrics-address must name an address, got {self.metrics_host!r}")
+        object.__setattr__(self, "grpc_arguments", tuple(tuple(pair) for pair in self.grpc_arguments))
         problems += self._shared_memory_problems()
         problems += self._model_control_problems()
         if self.log_format not in ("text", "json"):
@@ -169,8 +186,13 @@ class ServerOptions:
             problems.append(
                 f"--idle-unload needs --model-control-mode lazy: under {mode} no request loads a retired model again"
             )
-        if self.model_files_dir is not None and not self.model_files_dir.is_dir():
+        # A folder that does not exist yet is made on the first load with files: nothing is written at startup.
+        if self.model_files_dir is not None and self.model_files_dir.exists() and not self.model_files_dir.is_dir():
             problems.append(f"--model-files-dir {self.model_files_dir} is not a folder")
+        if self.python_environments_dir is not None:
+            object.__setattr__(self, "python_environments_dir", Path(self.python_environments_dir))
+            if self.python_environments_dir.exists() and not self.python_environments_dir.is_dir():
+                problems.append(f"--python-environments-dir {self.python_environments_dir} is not a folder")
         return problems
 
     def _shared_memory_problems(self) -> list[str]:

@@ -7,10 +7,13 @@ servicers, health and reflection, and runs startup and shutdown.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -53,15 +56,16 @@ INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceS
 MANAGEMENT_SERVICE = management_pb2.DESCRIPTOR.services_by_name["ModelManagement"].full_name
 
 
-def default_backends(*, test_backends: bool = False) -> dict[str, Backend]:
+def default_backends(*, test_backends: bool = False, python_environments_dir: Path | None = None) -> dict[str, Backend]:
     """The backends a server has. The TensorRT backend imports TensorRT and probes the GPU only when a
     TensorRT model loads; without them that load fails with FAILED_PRECONDITION. The test doubles
     (engine/testing/: the fixture backend) are imported and added only with `test_backends`
-    (--enable-test-backends); without it a model naming them is refused by name."""
+    (--enable-test-backends); without it a model naming them is refused by name. Python models' packed execution
+    environments are extracted under `python_environments_dir` (--python-environments-dir)."""
     backends: dict[str, Backend] = {
         "onnxruntime": OnnxRuntimeBackend(),
         "tensorrt": TensorRTBackend(),
-        "python": PythonBackend(),
+        "python": PythonBackend(python_environments_dir),
     }
     if test_backends:
         from engine.testing import test_backends as make_test_backends
@@ -91,7 +95,11 @@ class Server:
     def __init__(self, options: ServerOptions, backends: Mapping[str, Backend] | None = None) -> None:
         self.options = options
         all_backends = dict(
-            backends if backends is not None else default_backends(test_backends=options.enable_test_backends)
+            backends
+            if backends is not None
+            else default_backends(
+                test_backends=options.enable_test_backends, python_environments_dir=options.python_environments_dir
+            )
         )
         all_backends.update(options.extra_backends)
         ensembles = all_backends.setdefault("ensemble", EnsembleBackend())  # bound to the dataplane below
@@ -107,7 +115,9 @@ class Server:
             residency=self.residency,
             lazy_load_refusal=lazy_load_refusal(options.model_control_mode),
         )
-        self.model_files = ModelFiles(options.model_files_dir, options.max_load_file_bytes)
+        # Named now (the repository's allowed roots are fixed here), created on the first load with files: nothing is
+        # written at startup, so a read-only root filesystem starts (deploy/kubernetes/*.yaml).
+        self.model_files = ModelFiles(options.model_files_dir or temporary_folder(), options.max_load_file_bytes)
         self.repository = ModelRepository(
             options.model_repository, allowed_roots=(*options.allowed_model_roots, self.model_files.root)
         )
@@ -181,10 +191,11 @@ class Server:
         port = self.options.metrics_port
         if port is None:
             return
+        host = self.options.metrics_host or self.options.host
         try:
-            self.metrics.start(self.options.host, port)
+            self.metrics.start(host, port)
         except OSError as error:
-            raise RuntimeError(f"cannot serve metrics on {self.options.host}:{port}: {error}") from None
+            raise RuntimeError(f"cannot serve metrics on {host}:{port}: {error}") from None
 
     def _build_grpc(self) -> grpc.Server:
         """The gRPC server and its handler threads.
@@ -204,7 +215,8 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 1 if self.options.reuse_port else 0),
+                *self.options.grpc_arguments,
             ],
             maximum_concurrent_rpcs=self.options.concurrent_rpcs,
         )
@@ -237,10 +249,12 @@ class Server:
         return server
 
     def start(self) -> int:
-        """Register (and by default load) the repository's models, bind, start serving. Returns the port.
+        """Bind and listen, register (and by default load) the repository's models, then report ready. Returns the
+        port once the startup loads have ended (the server answers while they run: ServerReady false).
 
-        Raises RuntimeError if the address cannot be bound, and tls.TLSConfigError (a RuntimeError) for an
-        unusable TLS file, before anything is loaded.
+        Raises RuntimeError if the address cannot be bound, or with --exit-on-error if a model failed to load at
+        startup (nothing served, what loaded is closed), and tls.TLSConfigError (a RuntimeError) for an unusable
+        TLS file, before anything is loaded.
         """
         try:
             credentials = tls.server_credentials(self.options)  # fail fast: before any model loads
@@ -254,7 +268,6 @@ class Server:
             raise
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.residency.start()
-        self.control.start()  # registers the repository's models and loads what --model-control-mode says
         self._grpc = self._build_grpc()
         try:
             address = f"{self._bind_host()}:{self.options.port}"
@@ -265,16 +278,31 @@ class Server:
                 else self._grpc.add_secure_port(address, credentials)
             )
         except RuntimeError as error:
-            # Nothing serves: release what startup built (threads, loaded engines) before raising.
-            self.residency.stop()
-            self.registry.close_idle_models()
-            self.control.stop(timeout=0.0)
-            self.timers.close()
-            self.metrics.stop()
+            self._release_unserved()
             raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from None
+        # Listening before the startup loads: ServerLive answers, ServerReady and health say not ready until they
+        # have ended (each within its own bound: a hung python initialize fails at its initialize timeout), and
+        # the models loaded already serve meanwhile (docs/lifecycle.md, "Startup").
         self._grpc.start()
-        self.state.ready = True
-        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        failures = StartupFailures(self.runtime.events) if self.options.exit_on_error else None
+        try:
+            self.control.start()  # registers the repository's models and loads what --model-control-mode says
+        except BaseException:
+            self.stop(grace=0.0)  # it listens already: a startup that fails still releases what it started
+            raise
+        failed = failures.close() if failures is not None else []
+        if failed:
+            self.stop(grace=0.0)
+            raise RuntimeError(
+                f"--exit-on-error: {len(failed)} model(s) failed to load at startup: "
+                f"{', '.join(repr(name) for name in failed)} (the log says why); start with --exit-on-error=false "
+                "to serve the others"
+            )
+        with self._shutdown_lock:  # a shutdown that began during the startup loads keeps the server not ready
+            if self._shutdown_claimed:
+                return self.port
+            self.state.ready = True
+            self._set_health(health_pb2.HealthCheckResponse.SERVING)
         metrics = self.metrics_port
         log_event(
             _LOG,
@@ -282,9 +310,19 @@ class Server:
             version=VERSION,
             repository=str(self.repository.root),
             address=self.address,
-            metrics_address=None if metrics is None else _host_port(self.options.host, metrics),
+            metrics_address=None
+            if metrics is None
+            else _host_port(self.options.metrics_host or self.options.host, metrics),
         )
         return self.port
+
+    def _release_unserved(self) -> None:
+        """Nothing serves: release what startup built (threads, loaded engines) before raising."""
+        self.residency.stop()
+        self.registry.close_idle_models()
+        self.control.stop(timeout=0.0)
+        self.timers.close()
+        self.metrics.stop()
 
     def _bind_host(self) -> str:
         host = self.options.host
@@ -378,6 +416,38 @@ class Server:
     def wait(self) -> None:
         if self._grpc is not None:
             self._grpc.wait_for_termination()
+
+
+class StartupFailures:
+    """The models whose startup load failed (their `not_loaded_at_startup` events), noted from construction until
+    `close`, for --exit-on-error. The listener only appends to a list (Events.subscribe's rule: never block)."""
+
+    def __init__(self, events) -> None:
+        self._names: list[str] = []
+        self._open = True
+        events.subscribe(self._note)
+
+    def _note(self, event: str, model: str, fields) -> None:
+        if self._open and event == "not_loaded_at_startup":
+            self._names.append(model)
+
+    def close(self) -> list[str]:
+        """Stop noting; the models noted, each once, in the order they failed."""
+        self._open = False
+        return list(dict.fromkeys(self._names))
+
+
+def temporary_folder() -> Path:
+    """The system temporary folder (tempfile's choice: $TMPDIR, $TEMP, $TMP, else /tmp), found without touching the
+    disk. tempfile.gettempdir() writes a probe file into each candidate and raises FileNotFoundError when none is
+    writable, as on a read-only root filesystem; a server that never loads with files must start there all the
+    same (a load with files then fails naming the folder: give --model-files-dir a mounted volume)."""
+    if tempfile.tempdir is not None:  # set by the program (a test) or by an earlier gettempdir()
+        return Path(tempfile.tempdir)
+    for variable in ("TMPDIR", "TEMP", "TMP"):
+        if os.environ.get(variable):
+            return Path(os.environ[variable])
+    return Path("/tmp")
 
 
 def _host_port(host: str, port: int) -> str:

@@ -60,6 +60,7 @@ TABLE: dict[str, grpc.StatusCode] = {
     "model_not_loaded": grpc.StatusCode.UNAVAILABLE,
     "model_control_disabled": grpc.StatusCode.UNAVAILABLE,  # Triton's code for load/unload in none or poll mode
     "load_files_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,  # --max-load-file-bytes
+    "repository_poll_failed": grpc.StatusCode.INTERNAL,  # Triton's code for a load of no folder, or bad file: paths
     "cancelled": grpc.StatusCode.CANCELLED,
     "load_failed": grpc.StatusCode.FAILED_PRECONDITION,
     "backend_unavailable": grpc.StatusCode.FAILED_PRECONDITION,

@@ -1,18 +1,22 @@
 """The memory request tensors take, bounded per request and for all requests in flight together.
 
-Before a request's inputs are decoded, the dataplane estimates from the message alone what decoding them takes
-(`tensors.decoded_bytes`: nbytes for fixed-size datatypes, BYTES_ELEMENT_COST per BYTES element plus its
-contents) and reserves that much here. A request whose estimate exceeds `--max-request-tensor-bytes`, or would
-take the requests in flight past `--max-inflight-tensor-bytes`, is refused at once with TensorMemoryLimit
-(RESOURCE_EXHAUSTED, reason tensor_memory_limit) naming the limit: nothing was decoded, and no request waits for
-memory. Once the run has produced its outputs, their size is added to the reservation (counted, never refused:
-that memory is already taken), so later requests see it. The reservation is released when the request ends,
-whatever the end: answered (its response serialized), refused, failed, cancelled, or a stream closed.
+Before a request's inputs are decoded, the dataplane estimates from the message alone what decoding and running
+them takes (`tensors.decoded_bytes`: nbytes for fixed-size datatypes; for BYTES, BYTES_COPIES times
+BYTES_ELEMENT_COST per element plus its contents) and reserves that much here. A request whose estimate exceeds
+`--max-request-tensor-bytes`, or would take the requests in flight past `--max-inflight-tensor-bytes`, is
+refused at once with TensorMemoryLimit (RESOURCE_EXHAUSTED, reason tensor_memory_limit) naming the limit: nothing
+was decoded, and no request waits for memory. Once the run has produced its outputs, their size is added to the
+reservation (counted, never refused: that memory is already taken), so later requests see it. The reservation is
+released when the request ends, whatever the end: answered (its response serialized), refused, failed,
+cancelled, or a stream closed.
 
 Why a bound is needed: a BYTES element becomes a Python bytes object behind a pointer (about 56 bytes for a
 short one), so 6 bytes on the wire (a 4-byte length and 2 bytes) take about 10 times that decoded; without a
-bound one 1 GiB message of short strings would take over 10 GiB. What an engine copies on top (ONNX Runtime turns
-BYTES elements into str objects and back) is not counted here: see docs/model-repository.md.
+bound one 1 GiB message of short strings would take over 10 GiB. And the engines copy BYTES tensors while they
+run: ONNX Runtime holds the input and the output as C++ strings and returns the output as str objects (with the
+server's decoded input, five copies of each element at its peak); a python model's worker decodes its own copy
+and encodes its output. So a BYTES element is reserved BYTES_COPIES times, measured so that the reservation
+bounds the peak within 1.5x (docs/model-repository.md has the figures).
 
 Plain Python: no gRPC, no protobuf. One lock, a leaf (nothing is taken under it), held for arithmetic only.
 """
@@ -25,10 +29,15 @@ from dataclasses import dataclass
 from .core.errors import ServiceError
 
 # --max-request-tensor-bytes: the default message limit (1 GiB), so every fixed-size tensor a default message
-# can carry is admitted; BYTES inputs of about 19 million short elements (some 110 MiB on the wire) are not.
+# can carry is admitted; BYTES inputs of about 4.6 million short elements (some 27 MiB on the wire) are not.
 DEFAULT_REQUEST_BYTES = 1 << 30
 # --max-inflight-tensor-bytes: four such requests at once.
 DEFAULT_IN_FLIGHT_BYTES = 4 << 30
+# What a decoded BYTES element is reserved for: itself and three copies an engine makes of it while it runs
+# (ONNX Runtime, an identity of 2 million 2-byte strings: a peak of 202 bytes an element over 58 decoded, 3.5
+# times; of 20-byte strings 394 over 76, 5.2 times; 1000-byte ones 5340 over 1056, 5.1 times; the run's output
+# is counted besides, when it exists).
+BYTES_COPIES = 4
 REQUEST_FLAG = "--max-request-tensor-bytes"
 IN_FLIGHT_FLAG = "--max-inflight-tensor-bytes"
 

@@ -43,6 +43,7 @@ from .core.sequences import check_parameter_types
 from .dataplane import DecodedRequest, InferenceRequest, InferenceResponse, output_bytes  # noqa: F401
 from .request_info import plain_parameters
 from .shared_memory import RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
+from .tensor_memory import BYTES_COPIES
 from .wire import LARGE_MESSAGE_BYTES, InferResponse
 
 _TYPED_FIELDS = (
@@ -187,9 +188,10 @@ def decoded_bytes(
     meanwhile: that entry's length is counted; typed contents are copied); one in shared memory counts its
     nbytes too, at most what the registered region holds past its offset (it is read into the server's own
     memory: regions are never mapped, see service/shared_memory.py). A BYTES
-    input counts BYTES_ELEMENT_COST per element plus its contents: raw or in a region, the contents less their
-    4-byte lengths; typed, the contents' serialized size. A malformed input counts no more than decoding it
-    allocates before refusing it (BYTES elements no more than its contents hold; a region slice no more than
+    input counts BYTES_COPIES times (tensor_memory.py: the decoded elements and an engine's copies of them) what
+    its decoded elements take: BYTES_ELEMENT_COST per element plus its contents (raw or in a region, the contents
+    less their 4-byte lengths; typed, the contents' serialized size). A malformed input counts no more than that
+    for what its contents can hold (BYTES elements no more than its contents hold; a region slice no more than
     the registered region holds, nothing for a region that is not registered). Raises InvalidRequest for a
     shape decode_request refuses; every other problem is left to decode_request."""
     raw = request.raw_input_contents if raw_contents is None else raw_contents
@@ -246,8 +248,9 @@ def _input_bytes(
     if placed or buffer is not None:
         size = _slice_size(tensor.parameters, shared_memory) if placed else len(buffer)
         decodable = min(elements, size // 4)
-        return decodable * BYTES_ELEMENT_COST + max(0, size - 4 * decodable)
-    return min(elements, len(tensor.contents.bytes_contents)) * BYTES_ELEMENT_COST + tensor.contents.ByteSize()
+        return BYTES_COPIES * (decodable * BYTES_ELEMENT_COST + max(0, size - 4 * decodable))
+    typed = min(elements, len(tensor.contents.bytes_contents))
+    return BYTES_COPIES * (typed * BYTES_ELEMENT_COST + tensor.contents.ByteSize())
 
 
 def _slice_size(parameters, shared_memory: SharedMemoryRegistry | None) -> int:

@@ -25,17 +25,26 @@ FAILURE_WINDOW seconds the model is taken out of service (DeviceFailedError: the
 reason as its last error). A cancelled request shows `is_cancelled()` true to the model (a word in shared memory
 the worker reads); a worker that has not answered CANCEL_KILL_SECONDS after its request was cancelled
 (SHUTDOWN_KILL_SECONDS when the server cancelled it at shutdown) is killed and its slot starts a new one, so a
-hung model.py can hold neither a slot nor the server past its bound. Closing a slot asks
-its worker to run `finalize` and returns; a thread kills the worker if it has not ended within the model's
-finalize grace.
+hung model.py can hold neither a slot nor the server past its bound; the kill clock runs from the cancellation,
+whatever the worker sends meanwhile. Closing a slot asks its worker to run `finalize` and returns; a thread kills
+the worker if it has not ended within the model's finalize grace.
+
+A worker's stdout and stderr are pipes a thread of its WorkerProcess reads (engine/python/output.py): what the
+model prints or logs becomes the server's log records, naming the model and the slot, never a write on the
+server's own streams. Tensors that do not fit in /dev/shm fail their request with OutOfSharedMemoryError
+(RESOURCE_EXHAUSTED), nothing else (engine/python/transport.py). A model's memory (`memory_bytes`) is read from
+/proc when asked: its workers' own resident memory plus their segments, once. PythonBackend, when it is made,
+removes the segment files that servers of ours which are gone left in /dev/shm.
 
 Parameters read from config.pbtxt (all optional):
     max_parallel_slots          cap on the advertised capacity (default 16)
-    initialize_timeout_seconds  how long a worker may take to import model.py and initialize (default 600)
+    initialize_timeout_seconds  how long a worker may take to import model.py and initialize (default 600; 0: no
+                                limit, as Triton); unloading the model, or the shutdown, stops a load sooner
     finalize_grace_seconds      how long closing the model waits for `finalize` before killing (default 2)
     cancel_kill_seconds         kill (and replace) a worker still running this long after its request was
                                 cancelled by its client or deadline (default 2; 0: never, Triton's behaviour)
-Refused by name: EXECUTION_ENV_PATH (custom execution environments).
+    EXECUTION_ENV_PATH          the model's own Python environment (a folder, or a packed one extracted once):
+                                its workers run on that interpreter (engine/python/environments.py)
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import queue
 import select
@@ -50,7 +60,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -74,6 +83,7 @@ from ..errors import (
     ModelErrorUnknown,
     ModelErrorUnsupported,
     ModelLoadError,
+    OutOfSharedMemoryError,
 )
 from ..interface import (
     Backend,
@@ -90,6 +100,9 @@ from ..interface import (
 )
 from ..repository import shown_path
 from . import transport
+from .environments import SERVER, Environments, Launcher, declared_environment
+from .output import WorkerOutput
+from .rescheduling import Released, released_outcome
 
 _LOG = logging.getLogger(__name__)
 
@@ -100,9 +113,13 @@ SHUTDOWN_KILL_SECONDS = 1.0  # well inside the server's SHUTDOWN_MARGIN (2 s) fo
 # A request its client gave up on before a shutdown was cancelled then, not by the shutdown (the first cancel
 # names the reason): killing its worker within the margin too keeps a hung model.py inside the shutdown's bound.
 CANCEL_KILL_SECONDS = 2.0
+# How long a worker may take to import model.py and run initialize. Triton 2.51 sets no limit (its python backend's
+# stub-timeout-seconds, 30 s, does not bound initialize: tests/differential/test_initialize_timeout.py); slotserve
+# bounds it, generously enough for whatever loads there, and a hung load holds only its own model meanwhile.
+INITIALIZE_TIMEOUT = 600.0
 SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: the engine does not import the service
 POLL_MILLISECONDS = 100  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+OUTPUT_STOP_SECONDS = 2.0  # how long closing a worker waits for its output reader to log the last lines
 
 # TritonError codes (triton_python_backend_utils.TritonError) -> the error each becomes here.
 _BY_TRITON_CODE: dict[int, type[EngineError]] = {
@@ -155,62 +172,114 @@ class WorkerProcess:
         self.model = model
         self.instance = instance
         self.run = 0
-        ours, theirs = socket.socketpair()
-        environment = dict(os.environ)
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, environment.get("PYTHONPATH")]))
-        self.board = transport.Segment.create(8 * (max(1, model.metadata_batch) + 1))
-        self.requests = transport.Segment.create(0)
-        self.responses = transport.Segment.create(0)
+        launch = model.launcher.launch()  # the interpreter: the model's environment's, or the server's
+        self.board, self.requests, self.responses = self._first_segments(model)
         self._new_segments: dict[str, transport.Segment] = {}  # replaced segments the worker has yet to map
         self._send_lock = threading.Lock()  # guards: writing a message on the pipe (BLS replies come from threads)
         self._caller: tuple[CancelToken, float | None] = (CancelToken(), None)  # the running call's, for its BLS
-        self._files_lock = threading.Lock()  # guards: _reply_files (BLS threads add, the slot thread prunes)
-        self._reply_files: set[str] = set()  # BLS reply segments the worker may not have mapped (unlinked it then)
+        self._cancel_seen: float | None = None  # when this call's cancellation was first seen (the kill clock)
+        self._refused: OutOfSharedMemoryError | None = None  # this call's response segment could not grow
+        self._files_lock = threading.Lock()  # guards: _reply_files, _bls_run (BLS threads add, the slot thread ends)
+        self._reply_files: set[str] = set()  # this call's BLS reply segments the worker may not have mapped yet
+        self._bls_run: int | None = None  # the call whose BLS replies are delivered; None between calls
+        ours, theirs = socket.socketpair()
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
+                [launch.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),),
-                env=environment,
+                env=dict(launch.variables),
                 stdin=subprocess.DEVNULL,
+                stdout=out_write,  # never the server's own: a print must not fail when its reader is gone
+                stderr=err_write,
             )
         except OSError as error:
             ours.close()
+            for descriptor in (out_read, err_read):
+                os.close(descriptor)
             self._free_segments()
             raise ModelLoadError(f"model '{model.name}': could not start a python worker: {error}") from None
         finally:
             theirs.close()
+            os.close(out_write)
+            os.close(err_write)
+        transport.started_worker(self.process.pid)
+        self.output = WorkerOutput(model.name, instance, out_read, err_read)
+        self.output.start()
+        model.worker_started(self)
         self.connection = Connection(ours.detach())
         # One poller for the worker's lifetime: Connection.poll builds a selector for every wait, which costs more
         # than the rest of a small request's wait for its answer.
         self._poller = select.poll()
         self._poller.register(self.connection.fileno(), select.POLLIN)
 
-    def start(self, settings: dict, timeout: float) -> str:
+    @staticmethod
+    def _first_segments(model: PythonModel) -> tuple[transport.Segment, transport.Segment, transport.Segment]:
+        """The cancel board and the first request and response segments. Raises ModelLoadError when the shared
+        memory has no room for them (none is left behind)."""
+        made: list[transport.Segment] = []
+        try:
+            for size in (8 * (max(1, model.metadata_batch) + 1), 0, 0):
+                made.append(transport.Segment.create(size))
+        except (OutOfSharedMemoryError, OSError) as error:
+            for segment in made:
+                segment.unlink()
+                segment.close()
+            raise ModelLoadError(f"model '{model.name}': could not start a python worker: {error}") from None
+        board, requests, responses = made
+        return board, requests, responses
+
+    def start(self, settings: dict, timeout: float | None, cancel: CancelToken | None = None) -> str:
         """Send the init message and wait for initialize. Returns the completed configuration (JSON). Raises
-        ModelLoadError with the model's message (the worker is ended) or after `timeout`."""
+        ModelLoadError with the model's message, after `timeout` seconds (None: no limit), or as soon as `cancel`
+        fires (an unload or the shutdown gave up on the load); the worker is killed in each case."""
         settings = dict(
             settings,
             cancel_board=(self.board.path, self.board.size),
             segments={key: (segment.path, segment.size) for key, segment in self._segments().items()},
         )
+        if cancel is not None:
+            cancel.add_callback(self._kill_now)  # ends the wait below: the pipe reports the end of the worker
         try:
             self.connection.send(("init", settings))
             if not self.connection.poll(timeout):
                 self.kill()
-                raise ModelLoadError(f"model '{self.model.name}': initialize did not finish within {timeout:g} s")
+                raise ModelLoadError(
+                    f"model '{self.model.name}': initialize did not finish within {timeout:g} s "
+                    "(its initialize_timeout_seconds)"
+                )
             kind, payload = self.connection.recv()
         except (EOFError, OSError):
             self.kill()
+            self._raise_if_cancelled(cancel)
             raise ModelLoadError(
                 f"model '{self.model.name}': its python worker {how_it_ended(self.process.wait())} while loading"
             ) from None
         finally:
+            if cancel is not None:
+                cancel.remove_callback(self._kill_now)
             for segment in (self.board, self.requests, self.responses):
                 segment.unlink()  # mapped by both sides now (or never to be): no file outlives the start
+        self._raise_if_cancelled(cancel)  # cancelled as initialize ended: the callback may have killed it
         if kind != "ready":
             self.kill()
             raise ModelLoadError(f"model '{self.model.name}': loading {self.model.shown_file} failed: {payload}")
         return payload
+
+    def _kill_now(self) -> None:
+        """A CancelToken callback (never blocks; idempotent): end the worker; `kill` reaps it later."""
+        with contextlib.suppress(OSError):
+            if self.process.poll() is None:
+                self.process.kill()
+
+    def _raise_if_cancelled(self, cancel: CancelToken | None) -> None:
+        if cancel is not None and cancel.cancelled:
+            self.kill()
+            raise ModelLoadError(
+                f"model '{self.model.name}': its load was stopped ({cancel.reason or 'given up'}) while "
+                f"{self.model.shown_file} was loading; its python worker was killed"
+            )
 
     def resident_bytes(self) -> int:
         try:
@@ -219,23 +288,35 @@ class WorkerProcess:
         except (OSError, ValueError, IndexError):
             return 0
 
+    def memory_bytes(self) -> int:
+        """This worker's memory now: its own resident pages (anonymous and file-backed, read from /proc; the
+        shared segments left out) plus the segments the server made for it, counted here once though both
+        processes map them. Never blocks; 0 for the process's part once it is gone."""
+        segments = self.board.size + self.requests.size + self.responses.size
+        return _private_resident(self.process.pid) + segments
+
     # ---- one call --------------------------------------------------------------------------------------------
 
     def call(self, members: Sequence, kill_cancel: CancelToken) -> list:
         """Run `members` (objects with .inputs, .outputs, .cancel) as one execute call. Returns per member
         ("ok", {name: array}) or ("error", code, message). Raises ModelError (execute raised; the worker
-        died: `self.ended` is then set), ExecutionCancelled (killed after a cancellation)."""
-        self.run += 1
-        run = self.run
-        requests = self._lay_out(members)
-        self._caller = (kill_cancel, _caller_deadline(members))
-        watchers = [self._cancel_watcher(run, index, member.cancel) for index, member in enumerate(members)]
+        died: `self.ended` is then set), ExecutionCancelled (killed after a cancellation),
+        OutOfSharedMemoryError (the shared memory has no room for the call's tensors: nothing else is lost)."""
+        run = self._begin_call()
+        sent = False
         try:
-            self._send(("execute", run, requests, self._segments_message()))
-            return self._results(run, kill_cancel)
+            requests = self._lay_out(members)
+            self._caller = (kill_cancel, _caller_deadline(members))
+            watchers = [self._cancel_watcher(run, index, member.cancel) for index, member in enumerate(members)]
+            try:
+                self._send(("execute", run, requests, self._segments_message()))
+                sent = True
+                return self._results(run, kill_cancel)
+            finally:
+                for member, watcher in zip(members, watchers, strict=True):
+                    member.cancel.remove_callback(watcher)
         finally:
-            for member, watcher in zip(members, watchers, strict=True):
-                member.cancel.remove_callback(watcher)
+            self._end_call(sent)
 
     def stream(self, member: _Single, cancel: CancelToken) -> Iterator[Outputs]:
         """Run one request of a decoupled model, yielding its responses' outputs as the worker sends them; ends
@@ -243,13 +324,24 @@ class WorkerProcess:
         request ends there). Raises as `call` does. Closed early (its client went away), or ended by an error
         before the final flag, it marks the request cancelled for the model and reads (and drops) what the
         worker still sends until the final flag; a worker that outlives the kill grace is killed (`ended`)."""
-        self.run += 1
-        run = self.run
-        watcher = self._send_call(run, [member])
+        run = self._begin_call()
+        try:
+            watcher = self._send_call(run, [member])
+        except BaseException:
+            self._end_call(sent=False)
+            raise
         finished = False
         try:
             while True:
                 message = self._next_message(run, cancel)
+                if isinstance(message, Released):  # rescheduled: no final flag this time (rescheduling.py)
+                    finished = True
+                    raise self._refused or released_outcome(self.model.name, self.model.spec)
+                if self._refused is not None:  # the response did not fit in the shared memory: the request ends
+                    finished = message[0] == "failed" or bool(message[5])
+                    if message[0] != "failed":
+                        self._send(("reply", message[1], None))
+                    raise self._refused
                 if message[0] == "failed":
                     finished = True
                     raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
@@ -268,7 +360,41 @@ class WorkerProcess:
             cancel.remove_callback(watcher)
             if not finished and not self.ended:
                 self._drop_the_rest(run, cancel)
-            self._forget_mapped_replies()
+            self._end_call(sent=True)
+
+    def _begin_call(self) -> int:
+        """A new call's number; its kill clock, refusal and BLS replies start afresh."""
+        self.run += 1
+        self._cancel_seen = None
+        self._refused = None
+        with self._files_lock:
+            self._bls_run = self.run
+        return self.run
+
+    def _end_call(self, sent: bool) -> None:
+        """The call ended (its execute message `sent` or not): the files of BLS replies the model did not read
+        are removed (a part that arrives later is not delivered: `_start_bls`), and single-use segments are
+        dropped, as the worker drops its mappings of them when the call ends (the next call makes small ones)."""
+        with self._files_lock:
+            self._bls_run = None
+            unread, self._reply_files = self._reply_files, set()
+        for path in unread:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if not self.ended:
+            self._release_single_use(sent)
+
+    def _release_single_use(self, sent: bool) -> None:
+        """Drop a single-use request or response segment (the worker drops its mapping of it when the call
+        ends, by the same rule: transport.single_use); one the worker never saw (the call was not sent) goes too.
+        Its place holds a released segment until the next call makes a small one (`_lay_out`), so no file is
+        named between calls."""
+        for key, segment in (("request", self.requests), ("response", self.responses)):
+            if transport.single_use(segment) and (sent or key in self._new_segments):
+                self._new_segments.pop(key, None)
+                self._set_segment(key, transport.Segment.released())
+                segment.unlink()
+                segment.close()
 
     def _read_result(self, result):
         """A response's result with its tensors copied out of the response segment (None: a final flag alone)."""
@@ -278,6 +404,7 @@ class WorkerProcess:
 
     def _next_message(self, run: int, kill_cancel: CancelToken):
         """The worker's next "response", "done" or "failed" of this run: a segment it asks for is handed over
+        (or refused, when the shared memory has no room: `_refused` is then set and the call fails with it)
         and a BLS call it makes is started on the way. Raises as `_receive`."""
         while True:
             message = self._receive(kill_cancel)
@@ -286,44 +413,51 @@ class WorkerProcess:
             self._new_segments = {}
             if message[0] == "grow":
                 _, tag, _run, size = message
-                self._replace("response", size)
-                self._send(("reply", tag, (self.responses.path, self.responses.size)))
+                self._send(("reply", tag, self._grown(size)))
                 continue
             if message[0] == "bls":
                 self._start_bls(message[1], message[2])
                 continue
             return message
 
+    def _grown(self, size: int):
+        """The reply to a "grow": the new response segment's (path, size), or GrowRefused (noted in `_refused`)."""
+        try:
+            self._replace("response", size)
+        except OutOfSharedMemoryError as error:
+            self._refused = OutOfSharedMemoryError(f"model '{self.model.name}': the response: {error}")
+            return transport.GrowRefused(str(self._refused))
+        return (self.responses.path, self.responses.size)
+
     def _start_bls(self, tag: int, call: transport.CallRequest) -> None:
         """Run a BLS call of the running request on a thread of its own (the model may make several at once);
-        its reply goes to the worker when the callee answered."""
+        its reply goes to the worker when the callee answered. A part that comes after the calling request
+        ended is not delivered (its file is removed): the worker gets one error part, final, in its place."""
         cancel, deadline = self._caller
+        run = self.run
+        ended = False  # the error part for a call outlived by its request was sent
 
         def deliver(reply: transport.CallReply, final: bool) -> None:
-            if reply.segment is not None:
-                with self._files_lock:
+            nonlocal ended
+            with self._files_lock:
+                live = self._bls_run == run
+                if live and reply.segment is not None:
                     self._reply_files.add(reply.segment[0])
+            if not live:
+                _unlink_reply(reply)
+                if ended:
+                    return
+                ended, final = True, True
+                reply = transport.CallReply((("error", transport.triton_code("CANCELLED"), _OUTLIVED),), None)
             try:
                 self._send(("part", tag, reply, final))
             except ModelError:  # the worker is gone (its slot thread reports that): nobody will map the reply
-                if reply.segment is not None:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(reply.segment[0])
+                _unlink_reply(reply)
 
-        def run() -> None:
+        def run_call() -> None:
             run_bls(self.model, call, cancel, deadline, deliver)
 
-        CALL_THREADS.submit(run)
-
-    def _forget_mapped_replies(self) -> None:
-        """Stop tracking BLS reply files the worker has mapped (it unlinks each as it maps it)."""
-        if not self._reply_files:  # read without the lock: a file added just now is looked at after the next call
-            return
-        with self._files_lock:
-            tracked = list(self._reply_files)
-        mapped = [path for path in tracked if not os.path.exists(path)]
-        with self._files_lock:
-            self._reply_files.difference_update(mapped)
+        CALL_THREADS.submit(run_call)
 
     def _drop_the_rest(self, run: int, cancel: CancelToken) -> None:
         """The request ended early: show it cancelled to the model and take what it still sends until the final
@@ -367,8 +501,13 @@ class WorkerProcess:
                 layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
             ]
             requests.append(_request_fields(descriptors, member))
-        if layout.size > self.requests.size:
-            self._replace("request", layout.size)
+        try:
+            if layout.size > self.requests.size or self.requests.is_released:
+                self._replace("request", layout.size)
+            if self.responses.is_released:  # dropped after a large call: the worker needs one to answer into
+                self._replace("response", 0)
+        except OutOfSharedMemoryError as error:
+            raise OutOfSharedMemoryError(f"model '{self.model.name}': the request: {error}") from None
         layout.write(self.requests)
         return requests
 
@@ -400,7 +539,8 @@ class WorkerProcess:
         while True:
             message = self._next_message(run, kill_cancel)
             kind = message[0]
-            self._forget_mapped_replies()
+            if kind == "failed" and self._refused is not None:  # the worker failed the call for want of room
+                raise self._refused
             if kind == "failed":
                 raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
             results = []
@@ -418,25 +558,38 @@ class WorkerProcess:
     def _receive(self, kill_cancel: CancelToken):
         """The worker's next message. Raises ModelError when the worker died, ExecutionCancelled when it was
         killed because it outlived the kill grace after a cancellation."""
-        cancelled_at = None
         while True:
+            wait = self._kill_clock(kill_cancel)
             try:
-                if self._poller.poll(POLL_MILLISECONDS):  # readable, or hung up (recv then raises EOFError)
+                if self._poller.poll(wait):  # readable, or hung up (recv then raises EOFError)
                     return transport.receive(self.connection)
             except (EOFError, OSError):
                 raise self._died() from None
             if self.process.poll() is not None:
                 raise self._died()
-            if kill_cancel.cancelled:
-                grace = self.model.kill_grace(kill_cancel.reason)
-                cancelled_at = cancelled_at or time.monotonic()
-                if grace is not None and time.monotonic() - cancelled_at >= grace:
-                    self.kill()
-                    self.ended = True
-                    raise ExecutionCancelled(
-                        f"model '{self.model.name}': its worker did not return {grace:g} s after the request was "
-                        "cancelled and was killed (the slot starts a new one)"
-                    )
+
+    def _kill_clock(self, kill_cancel: CancelToken) -> int:
+        """How many milliseconds to wait for the worker's next message before looking again. Once the call is
+        cancelled its clock runs from the first time it was seen cancelled, whatever the worker sends meanwhile
+        (a model that keeps sending is killed on time as well as one that hangs): past the kill grace the worker is
+        killed and ExecutionCancelled raised."""
+        if not kill_cancel.cancelled:
+            return POLL_MILLISECONDS
+        grace = self.model.kill_grace(kill_cancel.reason)
+        if grace is None:
+            return POLL_MILLISECONDS
+        now = time.monotonic()
+        if self._cancel_seen is None:
+            self._cancel_seen = now
+        left = self._cancel_seen + grace - now
+        if left > 0:
+            return min(POLL_MILLISECONDS, max(1, math.ceil(left * 1000)))
+        self.kill()
+        self.ended = True
+        raise ExecutionCancelled(
+            f"model '{self.model.name}': its worker did not return {grace:g} s after the request was "
+            "cancelled and was killed (the slot starts a new one)"
+        )
 
     ended = False
 
@@ -453,15 +606,20 @@ class WorkerProcess:
         )
 
     def _replace(self, key: str, size: int) -> None:
+        """A new segment for `key` ("request" or "response"), sent to the worker with the next message that
+        carries segments. Raises OutOfSharedMemoryError (nothing changed) when there is no room for it."""
         segment = transport.Segment.create(size)
         old = self.requests if key == "request" else self.responses
+        self._set_segment(key, segment)
+        self._new_segments[key] = segment
+        old.unlink()
+        old.close()
+
+    def _set_segment(self, key: str, segment: transport.Segment) -> None:
         if key == "request":
             self.requests = segment
         else:
             self.responses = segment
-        self._new_segments[key] = segment
-        old.unlink()
-        old.close()
 
     # ---- the end ---------------------------------------------------------------------------------------------
 
@@ -499,16 +657,29 @@ class WorkerProcess:
         self.process.wait()
 
     def close_resources(self) -> None:
+        """Free the pipe, the segments and the files of an ended worker; log the last of its output."""
         self.connection.close()
         self._free_segments()
+        for segment in self._new_segments.values():
+            segment.unlink()
+            segment.close()
+        self._new_segments = {}
         # BLS segments the worker made (named by its pid) or had yet to map: a dead worker unlinks none of them.
         with self._files_lock:
             stale = {*self._reply_files, *transport.segments_of(self.process.pid)}
+            self._reply_files.clear()
+            self._bls_run = None
         for path in stale:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        with self._files_lock:
-            self._reply_files.clear()
+        transport.ended_worker(self.process.pid)
+        self.model.worker_closed(self)
+        if not self.output.stop(OUTPUT_STOP_SECONDS):
+            _LOG.warning(
+                "model '%s': worker %d's output is still held open (by a process it started?); not read further",
+                self.model.name,
+                self.instance,
+            )
 
     def _free_segments(self) -> None:
         for segment in (self.board, self.requests, self.responses):
@@ -711,7 +882,7 @@ def run_bls(
             )
     except BaseException as error:  # noqa: BLE001 (every failure is the caller's error response)
         status, message = calls.describe(error)
-        if call.model == model.name and status == "UNAVAILABLE":
+        if call.model == model.name and _waited_for_a_slot(error):
             message += SELF_CALL_HINT
         outcomes.append((transport.triton_code(status), message))
     finally:
@@ -724,11 +895,45 @@ def run_bls(
             segment.close()  # after the reply copied the outputs: an output may be a view of an input
 
 
+def _waited_for_a_slot(error: BaseException) -> bool:
+    """Whether a call failed for want of a slot of its model (admission's `server_busy`: a timeout, a full queue,
+    every busy slot overdue), what a self-call meets while its callers hold every slot; not a shutdown, a
+    cancellation or an unloaded model."""
+    return getattr(type(error), "error_reason", None) == "server_busy"
+
+
 def _reply(outcomes: list, callee: str) -> transport.CallReply:
     try:
         return transport.write_reply(outcomes)
+    except OutOfSharedMemoryError as error:
+        code = transport.triton_code("RESOURCE_EXHAUSTED")
+        return transport.CallReply((("error", code, f"BLS call to model '{callee}': {error}"),), None)
     except (ValueError, OSError) as error:
         return transport.CallReply((("error", 1, f"BLS call to model '{callee}': {error}"),), None)
+
+
+_OUTLIVED = "the calling request ended before this BLS response was read; it was dropped"
+
+
+def _unlink_reply(reply: transport.CallReply) -> None:
+    """Remove a BLS reply's segment file (nobody will map it)."""
+    if reply.segment is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(reply.segment[0])
+
+
+def _private_resident(pid: int) -> int:
+    """Process `pid`'s resident anonymous and file-backed pages (bytes), shared memory left out; 0 when it is
+    gone. /proc/<pid>/status keeps these as counters: reading them costs microseconds, whatever the process."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return total
 
 
 class _Single:
@@ -742,6 +947,7 @@ class PythonModel(LoadedModel):
     """A model.py with its (auto-completed) configuration; workers are started per slot."""
 
     batches_as_requests = True  # service/core/batching.py hands a batch's member requests, unstacked
+    launcher: Launcher = SERVER  # what its workers run on: EXECUTION_ENV_PATH's environment (unstarted_model)
 
     def __init__(self, spec: ModelSpec) -> None:
         self.name = spec.name
@@ -749,10 +955,12 @@ class PythonModel(LoadedModel):
         self.shown_file = shown_path(spec.model_file, spec.roots) if spec.model_file is not None else "model.py"
         self.metadata_batch = spec.max_batch_size
         self.max_parallel_slots = int(_parameter(spec, "max_parallel_slots", MAX_SLOTS, 1, MAX_SLOTS))
-        self._initialize_timeout = _parameter(spec, "initialize_timeout_seconds", 600.0, 0.1, 86400.0)
+        # 0: no limit (Triton 2.51 waits for initialize without one; see docs/python-models.md).
+        self._initialize_timeout = _parameter(spec, "initialize_timeout_seconds", INITIALIZE_TIMEOUT, 0.0, 86400.0)
         self._finalize_grace = _parameter(spec, "finalize_grace_seconds", 2.0, 0.0, 600.0)
         self._cancel_kill = _parameter(spec, "cancel_kill_seconds", CANCEL_KILL_SECONDS, 0.0, 86400.0)
-        self._lock = threading.Lock()  # guards: _spare, _instances, _deaths, _worker_bytes
+        self._lock = threading.Lock()  # guards: _spare, _instances, _deaths, _worker_bytes, _live
+        self._live: set[WorkerProcess] = set()  # every worker started and not yet closed (memory_bytes)
         self._spare: WorkerProcess | None = None
         self._instances = 0
         self._deaths: deque[float] = deque()
@@ -764,9 +972,10 @@ class PythonModel(LoadedModel):
 
     # ---- load --------------------------------------------------------------------------------------------------
 
-    def load_first_worker(self) -> None:
-        """Start the first worker (auto-complete + initialize) and read the served I/O from its configuration."""
-        worker = self.start_worker(0, error_type=ModelLoadError)
+    def load_first_worker(self, cancel: CancelToken | None = None) -> None:
+        """Start the first worker (auto-complete + initialize) and read the served I/O from its configuration.
+        Raises ModelLoadError (after the initialize timeout, or at once when `cancel` fires: see start_worker)."""
+        worker = self.start_worker(0, error_type=ModelLoadError, cancel=cancel)
         self._auto_complete = False
         try:
             config = json.loads(self._config_json)
@@ -779,7 +988,12 @@ class PythonModel(LoadedModel):
         self._spare = worker
         self._instances = 1
 
-    def start_worker(self, instance: int, error_type: type[EngineError]) -> WorkerProcess:
+    def start_worker(
+        self, instance: int, error_type: type[EngineError], cancel: CancelToken | None = None
+    ) -> WorkerProcess:
+        """A new worker for slot `instance`, its model initialized. Blocks for the model's initialize, at most
+        initialize_timeout_seconds (0: no limit); `cancel` firing kills the worker at once. Raises `error_type`
+        naming what went wrong (the worker is ended and its resources freed)."""
         spec = self.spec
         worker = WorkerProcess(self, instance)
         settings = {
@@ -795,7 +1009,7 @@ class PythonModel(LoadedModel):
             "model_version": spec.version,
         }
         try:
-            completed = worker.start(settings, self._initialize_timeout)
+            completed = worker.start(settings, self._initialize_timeout or None, cancel)
         except ModelLoadError as error:
             worker.close_resources()
             raise error_type(str(error)) from None
@@ -808,6 +1022,11 @@ class PythonModel(LoadedModel):
     # ---- slots -------------------------------------------------------------------------------------------------
 
     def create_context(self) -> Context:
+        return self.create_context_cancellable(None)
+
+    def create_context_cancellable(self, cancel: CancelToken | None) -> Context:
+        """A slot: the load's worker for the first, a new worker (its own initialize) for each other one, stopped
+        when `cancel` fires."""
         with self._lock:
             worker, self._spare = self._spare, None
             instance = self._instances
@@ -815,14 +1034,30 @@ class PythonModel(LoadedModel):
                 self._instances += 1
         if worker is not None:
             return PythonContext(self, 0, worker)
-        return PythonContext(self, instance, self.start_worker(instance, error_type=ModelLoadError))
+        return PythonContext(self, instance, self.start_worker(instance, error_type=ModelLoadError, cancel=cancel))
 
     def memory_bytes(self, slots: int) -> int:
-        # Every slot is a process of its own: the model's weights are loaded once per worker.
-        return self._worker_bytes * slots
+        """The model's memory now: each live worker's own resident memory plus its segments (counted once,
+        though the server maps them too: WorkerProcess.memory_bytes); a slot without a worker (it died, its
+        next use starts one) counts what a worker weighed when it started. Every slot is a process of its own:
+        the model's weights are loaded once per worker. Reads /proc; never blocks."""
+        with self._lock:
+            workers = list(self._live)
+            started = self._worker_bytes
+        return sum(worker.memory_bytes() for worker in workers) + max(0, slots - len(workers)) * started
+
+    def worker_started(self, worker: WorkerProcess) -> None:
+        with self._lock:
+            self._live.add(worker)
+
+    def worker_closed(self, worker: WorkerProcess) -> None:
+        with self._lock:
+            self._live.discard(worker)
 
     def outcome(self, result: tuple, requested: Sequence[str]):
         """A member's Outputs, or the EngineError its response carried or its outputs earn."""
+        if isinstance(result, Released):  # the model rescheduled the request (rescheduling.py)
+            return released_outcome(self.name, self.spec)
         if result[0] == "error":
             code, message = result[1], result[2]
             return _BY_TRITON_CODE.get(code, ModelError)(message[:2000])  # the model's words, as Triton passes them
@@ -915,7 +1150,10 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
             f"{origin}: the response cache does not support a model with the 'decoupled' transaction policy"
         )
     max_batch = int(config.get("max_batch_size", 0) or 0)
-    if max_batch != spec.max_batch_size:
+    # auto_complete_config may set it where the configuration left it 0 and the server batches nothing itself (no
+    # dynamic or sequence batching to size): each request then runs alone with its rows (Triton's auto_complete).
+    completed = spec.max_batch_size == 0 and spec.batching is None and spec.sequence is None
+    if max_batch != spec.max_batch_size and not completed:
         raise ModelConfigError(
             f"{origin}: auto_complete_config set max_batch_size {max_batch}; set it in config.pbtxt "
             f"(it is {spec.max_batch_size} there), where the server's batching reads it"
@@ -937,25 +1175,47 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
     )
 
 
+def unstarted_model(spec: ModelSpec, environments: Environments | None = None) -> PythonModel:
+    """The PythonModel `spec` describes, checked but not started: no worker, none of the model's code run
+    (PythonBackend.load starts it; `python -m service check` stops here without --load). Its EXECUTION_ENV_PATH is
+    checked without writing or running anything; `environments` prepares it at the first worker. Raises
+    ModelConfigError for a missing model.py, an execution environment that is not there, or a parameter out of
+    range."""
+    origin = f"model '{spec.name}'"
+    if spec.model_file is None or not spec.model_file.exists():
+        raise ModelConfigError(f"{origin}: model.py not found")
+    declared = declared_environment(spec)
+    model = PythonModel(spec)
+    if declared is not None:
+        model.launcher = (environments or Environments()).launcher(declared)
+    return model
+
+
 class PythonBackend(Backend):
     name = "python"
 
-    def __init__(self) -> None:
+    def __init__(self, environments_folder: Path | None = None) -> None:
         self._calls: ModelCalls | None = None
+        # Where packed execution environments are extracted (--python-environments-dir): nothing is written there
+        # before a model with one loads.
+        self._environments = Environments(environments_folder)
+        # What servers of ours that are gone left in /dev/shm (a SIGKILL unlinks nothing); what this one leaves
+        # named when it exits (a worker hung or killed mid-call, a BLS reply unread) goes at its exit.
+        removed = transport.remove_leftovers()
+        if removed:
+            _LOG.info("removed %d python-model segment file(s) left by processes that are gone", len(removed))
+        transport.remove_own_at_exit()
 
     def bind_model_calls(self, calls: ModelCalls) -> None:
         self._calls = calls
 
     def load(self, spec: ModelSpec) -> LoadedModel:
-        origin = f"model '{spec.name}'"
-        if spec.model_file is None or not spec.model_file.exists():
-            raise ModelConfigError(f"{origin}: model.py not found")
-        if spec.parameter("EXECUTION_ENV_PATH"):
-            raise ModelConfigError(
-                f"{origin}: EXECUTION_ENV_PATH (custom execution environments) is not supported by slotserve; "
-                "install the model's packages into the server's environment"
-            )
-        model = PythonModel(spec)
+        return self.load_cancellable(spec, None)
+
+    def load_cancellable(self, spec: ModelSpec, cancel: CancelToken | None) -> LoadedModel:
+        """Start the model's first worker. Blocks for its initialize (bounded by initialize_timeout_seconds);
+        `cancel` firing kills the worker and raises ModelLoadError at once."""
+        model = unstarted_model(spec, self._environments)
         model.calls = self._calls
-        model.load_first_worker()
+        model.load_first_worker(cancel)
         return model

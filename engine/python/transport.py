@@ -3,8 +3,16 @@
 Each worker has two segments the server creates and owns: requests (server -> worker) and responses
 (worker -> server), plus a small cancel board. The pipe carries only control messages: tensor descriptors
 (name, datatype, shape, offset, size) and small request fields. A segment too small for a call is replaced by a
-larger one (the server creates it and names it in the control message; the worker maps it); its file is
-unlinked as soon as both sides have it mapped, so nothing is left in /dev/shm even if the server is killed.
+larger one (the server creates it and names it in the control message; the worker maps it). A segment's file is
+unlinked as soon as the other side has mapped it (`Segment.attach` unlinks what it maps), so a file is named only
+between its creation and that mapping.
+
+Memory: a segment's memory is reserved when it is made (`posix_fallocate`), never left sparse: on a tmpfs that is
+full (Docker's 64 MiB /dev/shm) making it fails with OutOfSharedMemoryError, which names /dev/shm and its free
+space, where writing into a sparse file would kill the writer with SIGBUS. Segments up to KEEP_SEGMENT_BYTES are
+sized to a power of two and reused from call to call; a larger one is sized to fit and used for one call only:
+when the call ends both sides drop it (`single_use`; the server makes a small one for the next call), so one large
+request does not pin its memory for the worker's life.
 
 Copies per tensor: a request's input is copied once, into the request segment; the model gets a read-only
 numpy view of it (valid for the call: the segment is reused by the next one). An output is copied by the
@@ -19,21 +27,30 @@ into a segment it creates (`write_reply`: one copy) and answers a `CallReply`; t
 and gives the model views of it (no copy: the mapping lives as long as the arrays do). So one copy each way.
 Control messages while a call runs (each answered ("reply", tag, payload) by the server, matched by its tag):
 
-    ("grow", tag, run, size)                     the response segment is too small: the reply is a new (path, size)
+    ("grow", tag, run, size)                     the response segment is too small: the reply is a new (path, size),
+                                                 or a GrowRefused record when /dev/shm has no room (`granted` raises
+                                                 NoRoom for it in the worker)
     ("response", tag, run, index, result, final) a decoupled response is in the response segment: the reply is None
     ("bls", tag, CallRequest)                    a BLS call: answered by ("part", tag, CallReply, final) messages,
                                                  one (final) for an ordinary call; for a decoupled one, one per
                                                  response as the callee sends it, then a final one
+
+Files are named `slotserve-py-<pid>-<random>` after the process that made them. Whatever a process could not
+unlink (it was killed) is removed by the next server to start (`remove_leftovers`: files of processes that are
+gone), and a server that exits removes its own and its workers' (`remove_own_at_exit`).
 """
 
 from __future__ import annotations
 
+import atexit
+import errno
 import math
 import mmap
 import os
 import pickle
-import struct
+import re
 import tempfile
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,10 +59,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import tensor_codec
 from ..datatypes import NAMES, numpy_dtype
+from ..errors import OutOfSharedMemoryError
 
 ALIGNMENT = 64
 MIN_SEGMENT = 1 << 16
+# Segments up to this size are kept from call to call; a larger one is used for one call only (`single_use`).
+KEEP_SEGMENT_BYTES = 16 << 20
+_LARGE_GRANULE = 1 << 20  # a single-use segment is rounded up to whole MiB only
+_MiB = float(1 << 20)
 
 _NUMPY = {name: numpy_dtype(name) for name in NAMES if name not in ("BYTES", "BF16")}  # fixed-size, plain numpy
 
@@ -58,38 +81,60 @@ class Segment:
     """A shared-memory file mapped into this process. `create` makes a new one (the server); `attach` maps
     one by path (the worker). Raises OSError when the memory cannot be had."""
 
-    def __init__(self, path: str, size: int, mapping: mmap.mmap) -> None:
+    def __init__(self, path: str, size: int, mapping: mmap.mmap | None) -> None:
         self.path = path
         self.size = size
         self.mapping = mapping
-        self.view = memoryview(mapping)
+        self.view = memoryview(mapping if mapping is not None else b"")
+
+    @classmethod
+    def released(cls) -> Segment:
+        """The place of a segment dropped after a single use: no file, no memory, size 0."""
+        return cls("", 0, None)
+
+    @property
+    def is_released(self) -> bool:
+        return self.mapping is None
 
     @classmethod
     def create(cls, size: int) -> Segment:
-        size = max(MIN_SEGMENT, _rounded(size))
-        path = os.path.join(_shm_directory(), f"slotserve-py-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        """A new segment of at least `size` bytes (`segment_size`), its memory reserved. Raises
+        OutOfSharedMemoryError when the shared-memory file system has no room for it, OSError otherwise."""
+        size = segment_size(size)
+        directory = _shm_directory()
+        path = os.path.join(directory, f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
         try:
-            os.ftruncate(descriptor, size)
-            mapping = mmap.mmap(descriptor, size)
-        except BaseException:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        except OSError as error:
+            raise _no_room(error, directory, size) from None
+        try:
+            # Reserved, not sparse: a write into a page the file system cannot supply is SIGBUS, which kills.
+            os.posix_fallocate(descriptor, 0, size)
+            mapping = _mapped(descriptor, size)
+        except BaseException as error:
             os.unlink(path)
-            raise
+            raise _no_room(error, directory, size) from None
         finally:
             os.close(descriptor)
         return cls(path, size, mapping)
 
     @classmethod
     def attach(cls, path: str, size: int) -> Segment:
+        """Map the segment another process made, then unlink its file: both sides have it now, and no file is
+        left behind whatever happens to either. Raises OSError when it is gone (its maker died)."""
         descriptor = os.open(path, os.O_RDWR)
         try:
-            mapping = mmap.mmap(descriptor, size)
+            mapping = _mapped(descriptor, size)
         finally:
             os.close(descriptor)
-        return cls(path, size, mapping)
+        segment = cls(path, size, mapping)
+        segment.unlink()
+        return segment
 
     def unlink(self) -> None:
         """Remove the file (both sides keep their mappings)."""
+        if not self.path:
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -100,24 +145,160 @@ class Segment:
         garbage collector instead of being unmapped under the view."""
         try:
             self.view.release()
-            self.mapping.close()
+            if self.mapping is not None:
+                self.mapping.close()
         except BufferError:
             pass
+
+
+def _mapped(descriptor: int, size: int) -> mmap.mmap:
+    """The file mapped shared, its pages mapped at once (MAP_POPULATE): a segment is written or read whole soon
+    after, and one call into the kernel costs a fraction of a page fault per page (a single-use segment is new
+    every call)."""
+    return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | _POPULATE)
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _no_room(error: BaseException, directory: str, size: int) -> BaseException:
+    """OutOfSharedMemoryError for a file system that is full (naming it and its free space); `error` otherwise."""
+    if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+        return error
+    try:
+        stats = os.statvfs(directory)
+        free, total = stats.f_bavail * stats.f_frsize / _MiB, stats.f_blocks * stats.f_frsize / _MiB
+        room = f"{free:.1f} MiB free of {total:.0f} MiB"
+    except OSError:
+        room = "its free space unknown"
+    return OutOfSharedMemoryError(
+        f"{directory} has no room for a {size / _MiB:.1f} MiB segment to carry a python model's tensors "
+        f"({room}); the server needs a larger {directory} for tensors this size (docs/operations.md)"
+    )
+
+
+def segment_size(size: int) -> int:
+    """The size of a segment made for `size` bytes: a power of two (at least MIN_SEGMENT) up to
+    KEEP_SEGMENT_BYTES, so that a slowly growing tensor does not resize every call; above it, whole MiB (the
+    segment is used once: rounding it up to a power of two would only take memory)."""
+    if size <= KEEP_SEGMENT_BYTES:
+        return max(MIN_SEGMENT, 1 << max(0, int(size - 1).bit_length()))
+    return -(-size // _LARGE_GRANULE) * _LARGE_GRANULE
+
+
+def single_use(segment: Segment | None) -> bool:
+    """Whether `segment` is dropped when the call that used it ends (both sides apply this rule)."""
+    return segment is not None and segment.size > KEEP_SEGMENT_BYTES
+
+
+def kept(segment: Segment | None) -> Segment | None:
+    """The worker's rule at the end of a call: `segment`, or None (unmapped) when it was single-use; the server
+    sends a new one with the next call."""
+    if segment is not None and single_use(segment):
+        segment.close()
+        return None
+    return segment
+
+
+# ---- files: leftovers of dead processes, and this process's at exit ------------------------------------------
+
+PREFIX = "slotserve-py-"
+_NAME = re.compile(rf"{PREFIX}(\d+)-")
+_LEFTOVER_MARGIN = 2.0  # seconds: a process's start time read from /proc is exact to about a second
+_WORKERS_LOCK = threading.Lock()  # guards: _WORKER_PIDS, _AT_EXIT
+_WORKER_PIDS: set[int] = set()  # the workers this process started (their files are removed at its exit)
+_AT_EXIT = False
 
 
 def segments_of(pid: int) -> list[str]:
     """The paths of the segments process `pid` created that are still named (a dead worker's BLS inputs)."""
     directory = _shm_directory()
-    prefix = f"slotserve-py-{pid}-"
+    prefix = f"{PREFIX}{pid}-"
     try:
         return [os.path.join(directory, name) for name in os.listdir(directory) if name.startswith(prefix)]
     except OSError:
         return []
 
 
-def _rounded(size: int) -> int:
-    """`size` rounded up to a power of two, so that a slowly growing tensor does not resize every call."""
-    return 1 << max(0, int(size - 1).bit_length())
+def remove_leftovers(directory: str | None = None) -> list[str]:
+    """Remove the segment files left by processes that are gone: the pid in the name is dead, or it belongs to a
+    process that started after the file was last changed (the pid was reused, as a restarted container's pid 1
+    is). Files of live processes are left alone, so servers sharing a /dev/shm never touch each other's. Returns
+    the paths removed; never raises (a file it cannot judge or remove stays)."""
+    directory = directory or _shm_directory()
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        match = _NAME.match(name)
+        if match is None:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if _left_over(int(match.group(1)), os.stat(path).st_mtime):
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def _left_over(pid: int, changed: float) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    started = _start_time(pid)
+    return started is not None and changed < started - _LEFTOVER_MARGIN
+
+
+def _start_time(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch), from /proc; None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def started_worker(pid: int) -> None:
+    """Note a worker this process started: its files are removed at this process's exit."""
+    with _WORKERS_LOCK:
+        _WORKER_PIDS.add(pid)
+
+
+def ended_worker(pid: int) -> None:
+    with _WORKERS_LOCK:
+        _WORKER_PIDS.discard(pid)
+
+
+def remove_own_at_exit() -> None:
+    """Have this process remove, when it exits, every segment file named after it or after a worker it started
+    (what a hung or killed worker, or an exit in the middle of a call, left named). Registered once."""
+    global _AT_EXIT
+    with _WORKERS_LOCK:
+        if _AT_EXIT:
+            return
+        _AT_EXIT = True
+    atexit.register(_remove_own)
+
+
+def _remove_own() -> None:
+    with _WORKERS_LOCK:
+        pids = {os.getpid(), *_WORKER_PIDS}
+    for pid in pids:
+        for path in segments_of(pid):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 class Descriptor(NamedTuple):
@@ -141,26 +322,13 @@ def from_wire(items: Sequence[tuple]) -> list[Descriptor]:
 
 
 def _encode_bytes(array: np.ndarray) -> bytes:
-    parts = []
-    for element in array.reshape(-1):
-        if isinstance(element, str):
-            element = element.encode("utf-8")
-        elif not isinstance(element, bytes | bytearray | memoryview):
-            element = str(element).encode("utf-8")
-        parts.append(struct.pack("<I", len(element)))
-        parts.append(bytes(element))
-    return b"".join(parts)
+    """A BYTES tensor as length-prefixed elements: tensor_codec's layout, laid out without a list of parts (two
+    objects an element made 2 million short strings cost hundreds of MiB on the way to a worker)."""
+    return tensor_codec.serialize_bytes(array)
 
 
 def _decode_bytes(buffer: memoryview, count: int) -> np.ndarray:
-    result = np.empty(count, dtype=object)
-    position = 0
-    for index in range(count):
-        (length,) = struct.unpack_from("<I", buffer, position)
-        position += 4
-        result[index] = bytes(buffer[position : position + length])
-        position += length
-    return result
+    return tensor_codec.deserialize_bytes(buffer, count, "BYTES tensor")
 
 
 def datatype_of(array: np.ndarray) -> str | None:
@@ -313,14 +481,36 @@ class CallReply:
     segment: tuple[str, int] | None
 
 
+@dataclass(frozen=True)
+class GrowRefused:
+    """The server's reply to "grow" when it could not make the larger response segment: the call fails with
+    `message` (the server answers its client RESOURCE_EXHAUSTED), the worker and its segments are intact."""
+
+    message: str
+
+
+class NoRoom(Exception):
+    """Raised in the worker where the server refused to grow the response segment (GrowRefused)."""
+
+
+def granted(reply) -> tuple[str, int]:
+    """The (path, size) of the segment a "grow" got. Raises NoRoom when the server refused it."""
+    if isinstance(reply, GrowRefused):
+        raise NoRoom(reply.message)
+    return reply
+
+
 def write_call(tensors: Sequence[tuple[str, np.ndarray]]) -> tuple[Segment | None, tuple[Descriptor, ...]]:
     """Lay a BLS call's inputs into a new segment (the caller unlinks and closes it once the call is answered).
-    Raises ValueError for an array no datatype fits."""
+    Raises ValueError for an array no datatype fits, or when the shared memory has no room for the inputs."""
     layout = Layout()
     descriptors = tuple(layout.plan(name, array, _datatype_or_raise(name, array)) for name, array in tensors)
     if not descriptors:
         return None, descriptors
-    segment = Segment.create(layout.size)
+    try:
+        segment = Segment.create(layout.size)
+    except OutOfSharedMemoryError as error:
+        raise ValueError(str(error)) from None
     layout.write(segment)
     return segment, descriptors
 
@@ -331,14 +521,13 @@ def read_call(request: CallRequest, bf16=None) -> tuple[Segment | None, dict[str
     if request.segment is None:
         return None, {}
     segment = Segment.attach(*request.segment)
-    segment.unlink()
     return segment, {d.name: read(segment, d, copy=False, bf16=bf16) for d in request.inputs}
 
 
 def write_reply(outcomes: Sequence[Mapping[str, np.ndarray] | tuple[int, str]]) -> CallReply:
     """A BLS call's reply: each outcome is the callee's outputs ({name: array}) or an error (code, message). The
     outputs are copied into a new segment whose file the worker unlinks once it mapped it. Raises ValueError for
-    an output no datatype fits."""
+    an output no datatype fits, OutOfSharedMemoryError when the shared memory has no room for them."""
     layout = Layout()
     responses: list[tuple] = []
     for outcome in outcomes:
@@ -362,7 +551,6 @@ def read_reply(reply: CallReply, bf16=None) -> list[tuple]:
     segment = None
     if reply.segment is not None:
         segment = Segment.attach(*reply.segment)
-        segment.unlink()
     results: list[tuple] = []
     for response in reply.responses:
         if response[0] == "ok":

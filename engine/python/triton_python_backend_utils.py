@@ -2,11 +2,13 @@
 
 Written from Triton's documented python_backend API (its README). A worker process puts this module into
 `sys.modules` under the name `triton_python_backend_utils` before it imports a model.py, so
-`import triton_python_backend_utils as pb_utils` works without installing anything. It imports only numpy, so
-unit tests (and model code) can use it outside a worker.
+`import triton_python_backend_utils as pb_utils` works without installing anything. It imports only numpy (and
+its sibling dlpack.py, over numpy's DLPack), so unit tests (and model code) can use it outside a worker. Arguments
+are checked as Triton's binding checks them, and misuse is refused in Triton's words where its clients and tests
+read them.
 
 What Triton has and slotserve does not is refused by name, never missing silently: custom metrics
-(`MetricFamily`, `Metric`), DLPack and GPU tensors (see docs/python-models.md). A decoupled model's response
+(`MetricFamily`, `Metric`) and GPU tensors (see docs/python-models.md). A decoupled model's response
 senders are the worker's (engine/python/worker.py): each `send` reaches the client before it returns. BLS calls
 (`InferenceRequest(...).exec()`, `async_exec`) run through the worker too (`_bls_caller`); outside a worker they
 are refused by name.
@@ -299,6 +301,7 @@ class InferenceRequest:
         self._cancelled = _cancelled
         self._sender: InferenceResponseSender | None = None
         self._sender_taken = False
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL  # set_release_flags (engine/python/rescheduling.py)
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -331,6 +334,12 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         """True once the request's caller gave up (cancelled, deadline passed, server stopping)."""
         return bool(self._cancelled is not None and self._cancelled())
+
+    def set_release_flags(self, flags: int) -> None:
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE hands the request back unfinished: on a model with
+        sequence_batching { iterative_sequence: true } it runs again later (return None for it; a decoupled model
+        sets it before execute returns). engine/python/rescheduling.py."""
+        self._release_flags = int(flags)
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:

@@ -44,8 +44,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import transport
+from . import rescheduling, transport
 from . import triton_python_backend_utils as pb_utils
+from .output import RecordFormatter
 from .pipe import GONE, WorkerPipe, unlink_reply
 
 _LOG = logging.getLogger("slotserve.python_model")
@@ -118,7 +119,10 @@ class Worker:
                 self.execute_decoupled(*message[1:])
             elif kind == "execute":
                 self.execute(*message[1:])
-            elif kind == "stop":
+            if kind == "execute":  # single-use segments go when a call ends; the server sends small ones next
+                self.request_segment = transport.kept(self.request_segment)
+                self.response_segment = transport.kept(self.response_segment)
+            if kind == "stop":
                 self.finalize()
                 return
 
@@ -240,8 +244,12 @@ class Worker:
         finally:
             self.executing = False
             del built
-        if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self._replace_response_segment(*self.ask("grow", run, layout.size))
+        try:
+            if layout.size > self.response_segment.size:  # type: ignore[union-attr]
+                self._replace_response_segment(*transport.granted(self.ask("grow", run, layout.size)))
+        except transport.NoRoom as refused:  # /dev/shm is full: the server fails the call (RESOURCE_EXHAUSTED)
+            self.send(("failed", run, str(refused)))
+            return
         layout.write(self.response_segment)  # type: ignore[arg-type]
         self.send(("done", run, results))
 
@@ -268,6 +276,7 @@ class Worker:
                     f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
                     "return None."
                 )
+            rescheduling.send_released(self, built, senders)  # rescheduled requests: no final flag this time
         except BaseException as error:  # the model's own code
             _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
             with self.pipe_lock:
@@ -317,7 +326,7 @@ class Worker:
         layout = transport.Layout()
         result = None if response is None else self._result(response, requested, layout)
         if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self._replace_response_segment(*self.ask("grow", run, layout.size))
+            self._replace_response_segment(*transport.granted(self.ask("grow", run, layout.size)))  # or NoRoom
         layout.write(self.response_segment)  # type: ignore[arg-type]
         self.ask("response", run, index, result, final)  # answered once the server copied the tensors out
 
@@ -350,20 +359,21 @@ class Worker:
 
     def _collect(self, built, requests, returned, failure: BaseException | None):
         """The per-request results of a call, with the outputs laid out for the response segment: each request's
-        response sent through its sender, else the one `execute` returned, else (execute raised) the exception.
-        After execute returned None, waits for the responses of the senders the model took. Raises `failure`
-        when no request has a response to give, TritonModelException when the return value does not fit the
-        requests."""
+        response sent through its sender, else the one `execute` returned, else (execute raised) the exception; a
+        request the model rescheduled is a `Released` record (engine/python/rescheduling.py). After execute
+        returned None, waits for the responses of the senders the model took. Raises `failure` when no request
+        has a response to give, TritonModelException when the return value does not fit the requests."""
         if failure is not None:
             if all(request._sender.response is None for request in built):
                 raise failure
             responses = [request._sender.response for request in built]  # None: the exception's error below
         elif returned is None:
-            if any(not request._sender_taken for request in built):
+            answering = [request for request in built if not rescheduling.rescheduled(request)]
+            if any(not request._sender_taken for request in answering):
                 raise pb_utils.TritonModelException(
                     "execute returned None but did not send a response for every request through its response sender"
                 )
-            self._wait(lambda: all(request._sender.response is not None for request in built))
+            self._wait(lambda: all(request._sender.response is not None for request in answering))
             responses = [request._sender.response for request in built]
         else:
             responses = list(returned)
@@ -378,11 +388,17 @@ class Worker:
                 sender.closed = True  # answered: a later send raises, as on Triton
         layout = transport.Layout()
         results = []
-        for response, request in zip(responses, requests, strict=True):
+        for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
+            if failure is None:
+                released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
+                if released is not None:
+                    results.append(released)
+                    continue
             if response is None:
                 results.append(("error", pb_utils.TritonError.INTERNAL, _describe(failure)))  # type: ignore[arg-type]
             else:
                 results.append(self._result(response, request["outputs"], layout))
+        return results, layout
         return results, layout
 
     def _result(self, response, requested: list[str], layout: transport.Layout):
@@ -545,7 +561,8 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    logging.root.handlers[0].setFormatter(RecordFormatter())  # the server reads each record back (output.py)
     pb_utils._install()
     connection = Connection(int(argv[1]))
     parent = int(argv[2])

@@ -9,6 +9,7 @@ boundary the contract names it passes a **gate** that a test can hold, fail or r
     execute     the run itself (between prepare and the result)
     stream      before each partial response of a streaming model
     teardown    closing the engine (slow or hanging teardown)
+    measure     reading what a pool holds (`memory_bytes`: the memory budget's load check and its watch)
 
 A gate never sleeps: a held gate blocks arrivals on a condition until the test releases it, and the test
 waits for arrivals with `wait_arrivals` (bounded by a timeout so a broken test fails instead of hanging).
@@ -16,7 +17,8 @@ waits for arrivals with `wait_arrivals` (bounded by a timeout so a broken test f
 Config parameters (config.pbtxt `parameters` or management options):
     capacity          advertised max_parallel_slots (default 16)
     stream_responses  N > 0 makes the model streaming: each request yields N partial responses
-    memory_bytes      what a pool reports (weights), plus `slot_memory_bytes` per slot
+    memory_bytes      what a pool reports (weights), plus `slot_memory_bytes` per slot; a test changes what a
+                      model reports from then on with `FixtureControls.set_memory` (a model that grows with use)
     gate_dir          a folder for tests that run the server in another process: at point P, if the file
                       `<model>.<P>.hold` exists there, the fixture writes `<model>.<P>.arrived` and waits until
                       `<model>.<P>.release` exists (a cancelled request stops waiting at prepare/execute/stream)
@@ -41,7 +43,7 @@ from engine import datatypes
 from engine.errors import ExecutionCancelled, ExecutionError, ModelConfigError, ModelLoadError
 from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
 
-POINTS = ("load", "clone", "prepare", "execute", "stream", "teardown")
+POINTS = ("load", "clone", "prepare", "execute", "stream", "teardown", "measure")
 
 
 class Defect(Exception):
@@ -204,6 +206,7 @@ class FixtureControls:
         self.counters: Counter[str] = Counter()
         self.events: list[tuple[str, str]] = []  # (model, event) in order: "load", "clone", "close_context", ...
         self._batches: dict[str, list[int]] = {}  # model -> rows of each run of a batching model, in order
+        self._memory: dict[str, int] = {}  # model -> bytes its pools report now, set by the test (set_memory)
 
     def gate(self, model: str, point: str) -> Gate:
         if point not in POINTS:
@@ -229,6 +232,20 @@ class FixtureControls:
         """The rows (batch dimension) of each run of a batching model, in order."""
         with self._lock:
             return list(self._batches.get(model, ()))
+
+    def set_memory(self, model: str, nbytes: int | None) -> None:
+        """From now on every pool of `model` reports `nbytes` (what it holds now, whatever its slot count), as a
+        model whose memory grows or shrinks with use; None: back to its configured memory_bytes."""
+        with self._lock:
+            if nbytes is None:
+                self._memory.pop(model, None)
+            else:
+                self._memory[model] = nbytes
+
+    def memory(self, model: str) -> int | None:
+        """The bytes `set_memory` gave `model`, None when not set."""
+        with self._lock:
+            return self._memory.get(model)
 
     def count(self, model: str, event: str) -> int:
         with self._lock:
@@ -344,6 +361,10 @@ class FixtureModel(LoadedModel):
         return FixtureContext(self)
 
     def memory_bytes(self, slots: int) -> int:
+        self.controls.gate(self.name, "measure").passing()
+        measured = self.controls.memory(self.name)
+        if measured is not None:
+            return measured
         return self.settings.memory_bytes + slots * self.settings.slot_memory_bytes
 
     def close(self) -> None:

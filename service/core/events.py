@@ -5,11 +5,18 @@ calls `log_event(logger, event, model=..., **fields)` or, where the event is als
 `Events` per server, reached through `SharedRuntime.events`). `EVENTS` below is the one list of event names,
 their levels, the fields each carries and the text line it renders as; docs/operations.md ("Logs") documents it.
 
-* Text format: the usual `time LEVEL logger: message` line, whose message reads like a sentence
+* Text format (`TextFormatter`): the usual `time LEVEL logger: message` line, whose message reads like a sentence
   (`model 'x': loaded 2 slot(s) on onnxruntime in 0.045 s`).
 * JSON format (`JsonFormatter`, `--log-format json`): one object per line with the fixed keys `time`, `level`,
   `logger`, `event`, `model`, `message`, then the event's own fields. Lines that are not events (warnings,
   tracebacks) have `event` and `model` null; a traceback goes under `exception`.
+
+A record is one line whatever a client put in it: messages carry client-controlled strings (sequence and request
+ids, model, tensor and region names, parameters, in error messages), and a newline in one would start a forged
+line (`...\n2026-12-04 ... ERROR slotserve: ...`), an ANSI escape would rewrite a terminal. The text format escapes
+every control character of the line (`escape_controls`: `\n`, `\r`, `\t`, `\x1b`, the C1 controls, U+2028/9)
+and of an exception's message inside a traceback (whose own lines stay lines); JSON's string escaping does the same
+for the JSON format. Escaping happens here, once, for every logger: no call site has to remember it.
 
 Locking: `Events._lock` and `RejectionLog._lock` are leaves: nothing else is taken while they are held, so
 events may be emitted from anywhere, even under a model lock (no site does: they emit after releasing it).
@@ -23,9 +30,11 @@ import logging
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, TextIO
 
 # The keys every JSON line has; an event's own fields never use these names (tests/unit/test_events.py checks).
@@ -47,6 +56,8 @@ class EventSpec:
 
 def _evicted_text(fields: Mapping[str, object]) -> str:
     # The residency wording is the documentation's ("evicted to make room for model 'y'").
+    if fields["reason"] == "memory_growth":  # Residency.check_memory: no load asked for it
+        return "evicted: the resident models' memory grew past the budget"
     if fields["reason"] == "memory_budget":
         return f"evicted to fit model '{fields['for_model']}' in the memory budget"
     return f"evicted to make room for model '{fields['for_model']}'"
@@ -244,6 +255,57 @@ class JsonFormatter(logging.Formatter):
         elif record.exc_text:
             line["exception"] = record.exc_text
         return json.dumps(line, default=str)
+
+
+# Each control character a log line must not carry raw: C0 (newline, carriage return, tab, ESC, ...), DEL, C1
+# (NEL among them) and the Unicode line and paragraph separators, as its escape.
+_CONTROLS: dict[int, str] = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_CONTROLS.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def escape_controls(text: str) -> str:
+    """`text` with each control character written as its escape (`\\n`, `\\x1b`, ...): one line, nothing a
+    terminal would act on. Printable text, backslashes included, is unchanged."""
+    return text.translate(_CONTROLS)
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message`, one line per record: the line's control characters escaped; a traceback
+    after it keeps its lines, with the exception's message (and notes) escaped, so that only the server's own
+    traceback lines start a line."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(
+        self, ei: tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+    ) -> str:
+        error = ei[1]
+        if not isinstance(error, BaseException):
+            return escape_controls(super().formatException(ei))
+        described = traceback.TracebackException(type(error), error, ei[2], compact=True)
+        if not _escape_messages(described, set()):
+            return escape_controls(super().formatException(ei))  # an interpreter without _str: one long line
+        return "".join(described.format()).rstrip("\n")
+
+
+def _escape_messages(described: traceback.TracebackException, seen: set[int]) -> bool:
+    """Escape the message and notes of `described` and of its causes, contexts and grouped exceptions, in place.
+    False if this interpreter's TracebackException keeps its message elsewhere than `_str` (3.11-3.13 use it)."""
+    if id(described) in seen:
+        return True
+    seen.add(id(described))
+    if not isinstance(getattr(described, "_str", None), str):
+        return False
+    described._str = escape_controls(described._str)  # type: ignore[attr-defined]  # the message, as format() reads it
+    notes = getattr(described, "__notes__", None)
+    if notes:
+        described.__notes__ = [escape_controls(str(note)) for note in notes]
+    linked = [described.__cause__, described.__context__, *(getattr(described, "exceptions", None) or ())]
+    return all(_escape_messages(other, seen) for other in linked if other is not None)
 
 
 class QuietStreamHandler(logging.StreamHandler[TextIO]):

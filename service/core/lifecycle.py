@@ -37,7 +37,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from engine.errors import DeviceFailedError, EngineError
+from engine.errors import DeviceFailedError, EngineError, ModelLoadError
 from engine.interface import Backend, BatchingSpec, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs
 from engine.repository import hide_paths
 
@@ -55,12 +55,13 @@ from .errors import (
     own_copy,
 )
 from .events import Events
+from .load_stops import LoadStops, either
 from .outcomes import outcome_of
-from .pool import SlotPool, build_pool, check_slot_count, close_primary
-from .residency import ColdLoadGuard, Residency
+from .pool import SlotPool, build_contexts, build_pool, check_slot_count, close_contexts, close_primary
+from .residency import ColdLoadGuard, ColdLoadTurn, Residency
 from .sequences import SequenceTable
 from .statistics import InferenceStatistics
-from .warmup import LoadTimes, warm_up_pool
+from .warmup import LoadTimes, warm_up, warm_up_pool
 
 _LOG = logging.getLogger(__name__)
 
@@ -402,6 +403,7 @@ class ModelEntry:
         )
         self.statistics = InferenceStatistics()
         self.sequences = SequenceTable(spec.name, self._clock)  # open sequences (service/core/sequences.py)
+        self._loads = LoadStops()  # its loads in progress, which an unload or the shutdown stops
 
     # ---- observation ----------------------------------------------------------------------------------------
 
@@ -500,13 +502,13 @@ class ModelEntry:
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
     def sequence_capacity(self) -> int:
-        """How many sequences may be open at once: `oldest`'s max_candidate_sequences, else (direct, as Triton's)
-        max(1, max_batch_size) per slot of the published pool, else of the configured count."""
+        """How many sequences may be open at once, per slot of the published pool (else of the configured count),
+        as Triton's per instance: `oldest`'s max_candidate_sequences, else (direct) max(1, max_batch_size)."""
         spec = self._committed.spec
-        if spec.sequence is not None and spec.sequence.max_candidates:
-            return spec.sequence.max_candidates
         pool = self._pool
         slots = pool.capacity if pool is not None else self._committed.settings.slots
+        if spec.sequence is not None and spec.sequence.max_candidates:
+            return slots * spec.sequence.max_candidates
         return slots * max(1, spec.max_batch_size)
 
     def _max_queue(self, settings: ModelSettings) -> int:
@@ -573,8 +575,8 @@ class ModelEntry:
         keeps idle retirement from being lost: the reaper drops a model it finds not READY (loading,
         reconfiguring, unloading), and whichever lease made it so ends here."""
         residency = self._runtime.residency
-        if residency is not None and residency.reaper is not None:
-            residency.on_lease_end(self)
+        if residency is not None and (residency.reaper is not None or residency.watch is not None):
+            residency.on_lease_end(self)  # and the memory watch re-reads what the run kept
 
     def _ensure_pool(self, cancel: CancelToken | None) -> SlotPool:
         """The published pool; the first admitted request of an unloaded model builds it (the one
@@ -646,61 +648,98 @@ class ModelEntry:
         cancel: CancelToken | None = None,
     ) -> SlotPool:
         """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
-        memory budget checked. `cause` says why, for the log. Raises the backend's errors, ResidencyLimit or
-        MemoryLimit; on failure nothing stays reserved or built. Emits load_started, then loaded or
-        load_failed (timed from load_started: eviction and building, not the wait for the guard)."""
-        guard = self._runtime.cold_loads
-        if guard is not None:
+        memory budget checked. `cause` says why, for the log. `cancel` (a first request's) lets a caller leave
+        while it waits for the guard (RequestCancelled); a load under way is not interrupted by it, only stopped
+        by an unload or the shutdown (`stop_loads`: ModelLoadError). Raises the backend's errors,
+        ResidencyLimit or MemoryLimit; on failure nothing stays reserved or built. Emits load_started, then loaded
+        or load_failed (timed from load_started: eviction and building, not the wait for the guard)."""
+        with self._loads.running(refused_while_stopped=cause == "first_request") as stop:
             try:
-                guard.acquire(cancel)  # a waiting request may leave; a load under way is not interrupted
+                turn = self._cold_load_turn(spec, cancel, stop)
             except BaseException:
                 if primary is not None:
                     close_primary(primary, self.name)
                 raise
-        try:
-            events = self._runtime.events
-            events.emit(_LOG, "load_started", self.name, backend=spec.backend, slots=settings.slots, cause=cause)
-            started = time.perf_counter()
             try:
-                pool = self._build_reserved(spec, settings, primary, cancel)
-                pool.times = dataclasses.replace(  # the load's own time, warmup apart
-                    pool.times, load_seconds=time.perf_counter() - started - pool.times.warmup_seconds
-                )
-            except BaseException as error:
-                reason = outcome_of(error)  # the reason a request for this model would be told
-                # An error outside the table (a backend bug) is logged with its traceback; known ones need none.
-                events.emit(
-                    _LOG,
-                    "load_failed",
-                    self.name,
-                    backend=spec.backend,
-                    reason=reason,
-                    seconds=time.perf_counter() - started,
-                    error=str(error) or type(error).__name__,
-                    exc_info=error if reason == "failed" else None,
-                )
-                raise
+                return self._build_logged(spec, settings, primary, cause, cancel, stop)
+            finally:
+                if turn is not None:
+                    self._runtime.cold_loads.release(turn)  # type: ignore[union-attr]  # a turn comes from it
+
+    def _cold_load_turn(self, spec: ModelSpec, cancel: CancelToken | None, stop: CancelToken) -> ColdLoadTurn | None:
+        """A place in the cold-load guard (None without a guard), waited for until `cancel` fires
+        (RequestCancelled). Raises ModelLoadError when `stop` was refused from the start (a request's load while an
+        unload waits, or any load after the shutdown began), or fires during the wait of a load its backend could
+        stop anyway (a python model's: `_stops_its_loads`); a backend that cannot stop waits on and loads."""
+        _raise_if_stopped(self.name, stop)
+        guard = self._runtime.cold_loads
+        if guard is None:
+            return None
+        backend = self._runtime.backends.get(spec.backend)  # a missing one fails in the build, logged there
+        if backend is None or not _stops_its_loads(backend):
+            return guard.acquire(cancel)
+        try:
+            with either(cancel, stop) as leave:
+                return guard.acquire(leave)
+        except RequestCancelled:
+            _raise_if_stopped(self.name, stop)
+            raise
+
+    def _build_logged(
+        self,
+        spec: ModelSpec,
+        settings: ModelSettings,
+        primary: LoadedModel | None,
+        cause: str,
+        cancel: CancelToken | None,
+        stop: CancelToken,
+    ) -> SlotPool:
+        """_load's work once it holds its turn: build (see _build_reserved) and log it."""
+        events = self._runtime.events
+        events.emit(_LOG, "load_started", self.name, backend=spec.backend, slots=settings.slots, cause=cause)
+        started = time.perf_counter()
+        try:
+            pool = self._build_reserved(spec, settings, primary, cancel, stop)
+            pool.times = dataclasses.replace(  # the load's own time, warmup apart
+                pool.times, load_seconds=time.perf_counter() - started - pool.times.warmup_seconds
+            )
+        except BaseException as error:
+            reason = outcome_of(error)  # the reason a request for this model would be told
+            # An error outside the table (a backend bug) is logged with its traceback; known ones need none.
             events.emit(
                 _LOG,
-                "loaded",
+                "load_failed",
                 self.name,
                 backend=spec.backend,
-                slots=pool.capacity,
-                seconds=pool.times.load_seconds,
-                warmup_seconds=pool.times.warmup_seconds,
-                memory_bytes=pool.memory_bytes(),
-                batching=describe_batching(spec),
+                reason=reason,
+                seconds=time.perf_counter() - started,
+                error=str(error) or type(error).__name__,
+                exc_info=error if reason == "failed" else None,
             )
-            return pool
-        finally:
-            if guard is not None:
-                guard.release()
+            raise
+        events.emit(
+            _LOG,
+            "loaded",
+            self.name,
+            backend=spec.backend,
+            slots=pool.capacity,
+            seconds=pool.times.load_seconds,
+            warmup_seconds=pool.times.warmup_seconds,
+            memory_bytes=pool.memory_bytes(),
+            batching=describe_batching(spec),
+        )
+        return pool
 
     def _build_reserved(
-        self, spec: ModelSpec, settings: ModelSettings, primary: LoadedModel | None, cancel: CancelToken | None = None
+        self,
+        spec: ModelSpec,
+        settings: ModelSettings,
+        primary: LoadedModel | None,
+        cancel: CancelToken | None,
+        stop: CancelToken,
     ) -> SlotPool:
-        """_load's work under the guard: reserve residency, build, check the budget, warm up (stopped by a
-        shutdown: service/core/warmup.py); undo all on failure."""
+        """_load's work under the guard: reserve residency, build (given up when `stop` fires), check the budget,
+        warm up (stopped by a shutdown: service/core/warmup.py); undo all on failure."""
         residency = self._runtime.residency
         if residency is not None:
             try:
@@ -710,7 +749,8 @@ class ModelEntry:
                     close_primary(primary, self.name)
                 raise
         try:
-            pool = build_pool(self._runtime.backend(spec), spec, settings.slots, settings.explicit_slots, primary)
+            backend = self._runtime.backend(spec)
+            pool = build_pool(backend, spec, settings.slots, settings.explicit_slots, primary, stop)
             try:
                 if residency is not None:
                     residency.check_budget(self, pool)
@@ -800,6 +840,123 @@ class ModelEntry:
             )
         return barrier
 
+    # ---- stopping its loads (an unload, the shutdown) ----------------------------------------------------------
+
+    def stop_loads(self, reason: str) -> Callable[[], None]:
+        """Stop this model's loads in progress and make those that start before the returned `resume` is called
+        fail at once (ModelLoadError naming `reason`). An unload stops them while it waits for its exclusive
+        lease and resumes once granted, so that a load (a python model's hung initialize) cannot hold it back for
+        the load's whole bound, nor a request admitted before it start the load again. A backend that cannot stop
+        finishes its load (published as usual). Never blocks (the loads end on their own threads)."""
+        return self._loads.stop(reason)
+
+    def stop_loads_for_good(self, reason: str) -> None:
+        """As `stop_loads`, with no end (the shutdown: no engine may open after it closed the models)."""
+        self._loads.stop_for_good(reason)
+
+    # ---- an instance-count change while the model serves ------------------------------------------------------
+
+    def resize_in_service(
+        self, spec: ModelSpec, settings: ModelSettings, deadline: float | None, cancel: CancelToken | None
+    ) -> bool:
+        """Apply a change of the slot count alone (the same files, options and settings otherwise) while the model
+        serves, as Triton updates a model's instances: no exclusive lease, so neither the requests admitted
+        before it nor those after it wait for it. Added slots are built and warmed beside the running ones, then
+        published; removed ones leave the pool at once and each closes when its request ends (this waits for that
+        until `deadline` or `cancel`, then returns anyway). Returns False, changing nothing, when it is no such
+        change or the model is not READY with no manager holding or awaiting it: the caller reconfigures under
+        the exclusive lease then. Raises UnsupportedSlotCount, the backend's errors building a slot, MemoryLimit,
+        or ModelLoadError when an unload stopped it; the model serves on unchanged then."""
+        with self._lock:
+            pool = self._pool_for_count_change_locked(spec, settings)
+        if pool is None:
+            return False
+        capacity = pool.capacity
+        try:
+            target = check_slot_count(spec, settings.slots, settings.explicit_slots, pool.max_parallel_slots)
+            added, times = self._added_slots(pool, spec, target - capacity)
+        except BaseException as error:
+            self._runtime.events.emit(_LOG, "reconfigure_refused", self.name, error=str(error) or type(error).__name__)
+            raise
+        with self._lock:
+            current = self._pool_for_count_change_locked(spec, settings) is pool and pool.capacity == capacity
+            leaving = self._commit_count_locked(spec, settings, pool, added, target, times) if current else []
+        if not current:  # a manager or another change came first: start again behind it, under the lease
+            self._drop_added_slots(added)
+            return False
+        close_contexts(leaving, self.name)
+        pool.wait_removed(deadline, cancel)
+        self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=target, in_place=True)
+        return True
+
+    def _pool_for_count_change_locked(self, spec: ModelSpec, settings: ModelSettings) -> SlotPool | None:
+        """The served pool when `spec` and `settings` change its slot count alone and nothing else stands in the
+        way (READY, no manager active or queued, no sequences pinned to slots); None otherwise."""
+        pool, committed = self._pool, self._committed
+        if pool is None or self._state is not ModelState.READY or spec.sequence is not None:
+            return None
+        admission = self.admission.statistics_locked()
+        if admission.manager_active or admission.queued_managers:
+            return None
+        if not _only_the_count_differs(committed, spec, settings) or spec.session_key() != pool.spec.session_key():
+            return None
+        return pool
+
+    def _added_slots(self, pool: SlotPool, spec: ModelSpec, count: int) -> tuple[list[Context], LoadTimes]:
+        """`count` new contexts of `pool`'s engine, built (an unload stops it) and warmed outside every lock, the
+        grown pool's memory held to the budget (reserved until `_commit_count_locked` or `_drop_added_slots`).
+        Nothing for 0 or less. Raises as resize_in_service, having closed what it built."""
+        if count <= 0:
+            return [], LoadTimes()
+        with self._loads.running(refused_while_stopped=False) as stop:
+            added = build_contexts(pool.primary, count, spec, stop)
+        residency = self._runtime.residency
+        try:
+            if residency is not None:
+                residency.check_budget(self, _Sized(pool.primary.memory_bytes(pool.capacity + count)))
+            numbers = list(range(pool.capacity, pool.capacity + count))  # the slot numbers they will have
+            times = warm_up(
+                self.name,
+                pool.metadata,
+                spec.warmup,
+                added,
+                numbers=numbers,
+                streaming=pool.primary.streaming,
+                stopping=self._shutting_down,
+            )
+        except BaseException:
+            self._drop_added_slots(added)
+            raise
+        return added, times
+
+    def _drop_added_slots(self, added: list[Context]) -> None:
+        close_contexts(added, self.name)
+        if added and self._runtime.residency is not None:
+            self._runtime.residency.cancel(self)  # the grown pool's reservation
+
+    def _commit_count_locked(
+        self,
+        spec: ModelSpec,
+        settings: ModelSettings,
+        pool: SlotPool,
+        added: list[Context],
+        target: int,
+        times: LoadTimes,
+    ) -> list[Context]:
+        """Publish the new count: the committed configuration, the pool's contexts (added ones first, so that a
+        lease the raised capacity grants finds one), admission's capacity and residency's bytes. Returns the
+        removed contexts that are free now (the caller closes them outside the lock)."""
+        self._commit_locked(_Committed(spec, settings, self._committed.metadata))
+        if added:
+            pool.add(added)
+        leaving = pool.remove(pool.capacity - target) if pool.capacity > target else []
+        if times.warmup_runs:
+            pool.times = dataclasses.replace(times, load_seconds=pool.times.load_seconds)
+        self.admission.set_capacity_locked(pool.capacity)
+        if self._runtime.residency is not None:
+            self._runtime.residency.on_published(self)  # the pool's bytes now; the reservation became them
+        return leaving
+
     def load_leased(self) -> None:
         """Load the committed configuration if unloaded (caller holds the exclusive lease).
         Raises the load's error; the model then stays unloaded."""
@@ -855,7 +1012,8 @@ class ModelEntry:
         if same_engine:
             assert old_pool is not None  # same_engine compares with the live pool's spec
             check_slot_count(spec, settings.slots, settings.explicit_slots, old_pool.max_parallel_slots)
-            resized = old_pool.grown(min(settings.slots, old_pool.max_parallel_slots))
+            with self._loads.running(refused_while_stopped=False) as stop:
+                resized = old_pool.grown(min(settings.slots, old_pool.max_parallel_slots), stop)
             residency = self._runtime.residency
             try:
                 if residency is not None:
@@ -881,15 +1039,15 @@ class ModelEntry:
         return None, primary
 
     def _load_primary(self, spec: ModelSpec) -> LoadedModel:
-        """Load a primary privately, under the cold-load guard (a probe is a cold load too)."""
-        guard = self._runtime.cold_loads
-        if guard is not None:
-            guard.acquire()
-        try:
-            return self._runtime.backend(spec).load(spec)
-        finally:
-            if guard is not None:
-                guard.release()
+        """Load a primary privately, under the cold-load guard (a probe is a cold load too); an unload or the
+        shutdown stops it (ModelLoadError)."""
+        with self._loads.running(refused_while_stopped=False) as stop:
+            turn = self._cold_load_turn(spec, None, stop)
+            try:
+                return self._runtime.backend(spec).load_cancellable(spec, stop)
+            finally:
+                if turn is not None:
+                    self._runtime.cold_loads.release(turn)  # type: ignore[union-attr]  # a turn comes from it
 
     def _commit_locked(self, committed: _Committed) -> None:
         """Replace the committed configuration, and the batching rule admission applies with it."""
@@ -1006,6 +1164,36 @@ class ModelEntry:
         atomic read), so residency may call it while this model's lock is held (on_published)."""
         pool = self._pool
         return pool.memory_bytes() if pool is not None else 0
+
+
+@dataclass(frozen=True)
+class _Sized:
+    """What residency's budget check reads of a pool that is not built yet (a pool grown while it serves)."""
+
+    bytes: int
+
+    def memory_bytes(self) -> int:
+        return self.bytes
+
+
+def _only_the_count_differs(committed: _Committed, spec: ModelSpec, settings: ModelSettings) -> bool:
+    """Whether `spec` and `settings` differ from the committed ones in the slot count alone (ModelSpec equality
+    leaves out the ModelConfig message, whose instance_group says the count too)."""
+    same_spec = dataclasses.replace(spec, instance_count=committed.spec.instance_count) == committed.spec
+    current = committed.settings
+    same_settings = dataclasses.replace(settings, slots=current.slots, explicit_slots=current.explicit_slots) == current
+    return same_spec and same_settings
+
+
+def _stops_its_loads(backend: Backend) -> bool:
+    """Whether `backend` gives a load up when its token fires (it overrides Backend.load_cancellable)."""
+    return type(backend).load_cancellable is not Backend.load_cancellable
+
+
+def _raise_if_stopped(name: str, stop: CancelToken) -> None:
+    """ModelLoadError when an unload or the shutdown stopped this load (LoadStops)."""
+    if stop.cancelled:
+        raise ModelLoadError(f"model '{name}': its load was stopped: {stop.reason or 'given up'}")
 
 
 def _as_request_error(name: str, error: BaseException) -> BaseException:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
-from engine.interface import Backend, Context, LoadedModel, ModelSpec
+from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelSpec
 
 from .errors import InvalidRequest, UnsupportedSlotCount
 from .warmup import LoadTimes
@@ -36,8 +37,9 @@ class SlotPool:
         self.metadata = primary.metadata.name_model(spec.name)  # its refusals name the model, as Triton's do
         self.max_parallel_slots = primary.max_parallel_slots
         self._contexts = list(contexts)
-        self._freed = threading.Condition(threading.Lock())  # guards: _free
+        self._freed = threading.Condition(threading.Lock())  # guards: _contexts, _free, _leaving
         self._free: list[Context] = list(contexts)  # oldest given back first
+        self._leaving: set[int] = set()  # ids of contexts `remove` took out while lent: closed when given back
         self.times = LoadTimes()  # set by the load that built it (service/core/warmup.py)
 
     @property
@@ -65,22 +67,70 @@ class SlotPool:
                 self._freed.wait()
 
     def give_back(self, context: Context) -> None:
+        """A lease's context comes back; one that `remove` took out meanwhile is closed here, on the lease's
+        thread, outside the pool's lock."""
         with self._freed:
-            self._free.append(context)
+            if id(context) not in self._leaving:
+                self._free.append(context)
+                self._freed.notify_all()
+                return
+        close_contexts([context], self.spec.name)
+        with self._freed:
+            self._leaving.discard(id(context))
             self._freed.notify_all()
 
-    def grown(self, slots: int) -> SlotPool:
+    # ---- an instance-count change while the model serves (ModelEntry.resize_in_service) -------------------------
+
+    def add(self, contexts: list[Context]) -> None:
+        """Publish `contexts` (built beside the running ones) as free slots. Admission must not grant more leases
+        than the capacity before this returns (the caller raises it after, under the model lock)."""
+        with self._freed:
+            self._contexts.extend(contexts)
+            self._free.extend(contexts)
+            self._freed.notify_all()
+
+    def remove(self, count: int) -> list[Context]:
+        """Take the last `count` contexts out of the pool: returns those that are free (the caller closes them);
+        each lent one is closed when its lease gives it back. Admission must have lowered the capacity first (the
+        caller does both under the model lock), so no lease is granted that would find no context."""
+        with self._freed:
+            kept = len(self._contexts) - count
+            removed, self._contexts = self._contexts[kept:], self._contexts[:kept]
+            free = {id(context) for context in self._free}
+            idle = [context for context in removed if id(context) in free]
+            self._free = [context for context in self._free if all(context is not gone for gone in removed)]
+            self._leaving.update(id(context) for context in removed if id(context) not in free)
+            return idle
+
+    def wait_removed(self, deadline: float | None, cancel: CancelToken | None) -> bool:
+        """Block until every context `remove` took out while lent was given back and closed, until `deadline`
+        (monotonic; None: no limit) or until `cancel` fires. Returns whether they all were (the rest close when
+        their leases end, whatever this returns)."""
+
+        def wake() -> None:
+            with self._freed:
+                self._freed.notify_all()
+
+        if cancel is not None:
+            cancel.add_callback(wake)
+        try:
+            with self._freed:
+                while self._leaving and not (cancel is not None and cancel.cancelled):
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        break
+                    self._freed.wait(remaining)
+                return not self._leaving
+        finally:
+            if cancel is not None:
+                cancel.remove_callback(wake)
+
+    def grown(self, slots: int, stop: CancelToken | None = None) -> SlotPool:
         """A pool over the same engine with `slots` contexts: existing contexts are kept, new ones built,
         surplus ones closed. Only valid while no context is lent (the caller holds the exclusive lease).
-        Raises what create_context raises, after closing the contexts it built."""
+        Raises what create_context raises (`stop` gives a build up), after closing the contexts it built."""
         kept = self._contexts[:slots]
-        built: list[Context] = []
-        try:
-            while len(kept) + len(built) < slots:
-                built.append(self.primary.create_context())
-        except BaseException:
-            close_contexts(built, self.spec.name)
-            raise
+        built = build_contexts(self.primary, slots - len(kept), self.spec, stop)
         return SlotPool(self.spec, self.primary, kept + built)
 
     def contexts(self) -> list[Context]:
@@ -106,6 +156,19 @@ class SlotPool:
         close_contexts(self._contexts, self.spec.name)
         self._contexts = []
         close_primary(self.primary, self.spec.name)
+
+
+def build_contexts(primary: LoadedModel, count: int, spec: ModelSpec, stop: CancelToken | None) -> list[Context]:
+    """`count` new contexts of `primary` (none for 0 or less), each given up when `stop` fires. Raises what
+    create_context raises, after closing the contexts it built."""
+    built: list[Context] = []
+    try:
+        while len(built) < count:
+            built.append(primary.create_context() if stop is None else primary.create_context_cancellable(stop))
+    except BaseException:
+        close_contexts(built, spec.name)
+        raise
+    return built
 
 
 def close_contexts(contexts: list[Context], model: str) -> None:
@@ -137,21 +200,25 @@ def check_slot_count(spec: ModelSpec, slots: int, explicit: bool, capacity: int)
 
 
 def build_pool(
-    backend: Backend, spec: ModelSpec, slots: int, explicit: bool, primary: LoadedModel | None = None
+    backend: Backend,
+    spec: ModelSpec,
+    slots: int,
+    explicit: bool,
+    primary: LoadedModel | None = None,
+    stop: CancelToken | None = None,
 ) -> SlotPool:
-    """Load (or take over `primary`) and build `slots` contexts. Blocks for the whole build.
+    """Load (or take over `primary`) and build `slots` contexts. Blocks for the whole build; `stop` firing gives
+    it up (a backend that can stop does: Backend.load_cancellable).
 
     Raises the backend's errors or UnsupportedSlotCount; on any failure everything built is freed, contexts
     before the engine, including a `primary` that was handed in.
     """
-    primary = primary if primary is not None else backend.load(spec)
-    contexts: list[Context] = []
+    if primary is None:
+        primary = backend.load(spec) if stop is None else backend.load_cancellable(spec, stop)
     try:
         count = check_slot_count(spec, slots, explicit, primary.max_parallel_slots)
-        for _ in range(count):
-            contexts.append(primary.create_context())
+        contexts = build_contexts(primary, count, spec, stop)
     except BaseException:
-        close_contexts(contexts, spec.name)
         close_primary(primary, spec.name)
         raise
     return SlotPool(spec, primary, contexts)

@@ -34,6 +34,7 @@ from engine.errors import ModelConfigError
 from engine.interface import CancelToken, ModelSpec
 from engine.repository import ModelRepository, check_model_name, is_version_number
 
+from .detached import DetachedWork
 from .errors import InvalidRequest, ModelConfigFailed, ModelNotFound, RequestCancelled, UnsupportedSlotCount
 from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, ModelStatus, SharedRuntime
 
@@ -65,6 +66,10 @@ class Registration:
     slots: int | None = None  # explicit slot count from the request
     admission_timeout: float | None = None
     config_json: str = ""
+    # Triton's repository load (and poll mode): a change of the instance count alone is made while the model
+    # serves (ModelEntry.resize_in_service), as Triton does. False (RegisterModel): under the exclusive lease,
+    # after the work admitted before it, as every reconfiguration (the contract's OPS.ready.register, ORDER.03).
+    resize_in_service: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ class ModelRegistry:
         self.repository = repository
         self.runtime = runtime
         self.policy = policy or RegistryPolicy()
-        self._lock = threading.Lock()  # guards: _entries, _failed, _unloaded_with_step
+        self._lock = threading.Lock()  # guards: _entries, _failed, _unloaded_with_step, _stopped_for_good
         self._entries: dict[str, ModelVersions] = {}
         # Ensembles unloaded because a step model was (Triton's rule); loaded again when that step model loads.
         self._unloaded_with_step: dict[str, set[str]] = {}
@@ -121,6 +126,9 @@ class ModelRegistry:
         # reason, until a registration of the name succeeds.
         self._failed: dict[str, str] = {}
         self._bulk_lock = threading.Lock()  # serializes bulk barrier publication only
+        self._stopped_for_good = ""  # set by stop_loads (shutdown): new entries never load either
+        # Management work whose callers may leave before it ends (RegisterModel, RepositoryModelLoad).
+        self.detached = DetachedWork()
 
     # ---- lookup ---------------------------------------------------------------------------------------------
 
@@ -191,7 +199,10 @@ class ModelRegistry:
         InvalidRequest naming the problem."""
         requested = registration.slots
         if requested is None and registration.config_json and spec.instance_count is not None:
-            requested = spec.instance_count  # a count in a request's config override is the request's
+            # A count in a request's config override is the request's; without the parallel runtime a count of 1 is
+            # the one slot every model has (the ModelConfig answer, sent back as a load's config, says it).
+            if self.policy.parallel_jobs is not None or spec.instance_count != 1:
+                requested = spec.instance_count
         slots, explicit = self._slot_count(spec, requested)
         timeout = registration.admission_timeout
         batching = spec.batching
@@ -313,6 +324,11 @@ class ModelRegistry:
         statuses: dict[int, ModelStatus] = {}
         for version in sorted(set(group.by_version) & set(validated), reverse=True):
             entry = group.by_version[version]
+            if registration.resize_in_service and entry.resize_in_service(
+                *validated[version], self.manager_deadline(entry), cancel
+            ):
+                statuses[version] = entry.status()
+                continue
             with entry.exclusive(self.manager_deadline(entry), cancel):
                 if entry.retired:
                     continue  # a concurrent reload dropped it: added again below
@@ -345,6 +361,8 @@ class ModelRegistry:
                 if version in by_version and not by_version[version].retired:
                     continue
                 entry = ModelEntry(spec, settings, self.runtime)
+                if self._stopped_for_good:
+                    entry.stop_loads_for_good(self._stopped_for_good)
                 added.append((entry, entry.claim_new()))  # registry lock -> model lock: the stated order
                 by_version[version] = entry
             group = ModelVersions(name, by_version)
@@ -373,7 +391,8 @@ class ModelRegistry:
         override, and load it through the same path as register. A repository model that has no entry and
         still fails keeps failing with the new reason."""
         try:
-            status = self.register(Registration(name=name, config_json=config_json), cancel=cancel)
+            registration = Registration(name=name, config_json=config_json, resize_in_service=True)
+            status = self.register(registration, cancel=cancel)
         except (ModelConfigError, InvalidRequest) as error:
             if name not in self._entries and name in self.repository.names():
                 self._note_failure(name, error)
@@ -389,10 +408,20 @@ class ModelRegistry:
         Idempotent. Returns the highest version's status. Raises ModelNotFound or ServerBusy (the versions
         unloaded before it stay unloaded)."""
         statuses = []
-        for entry in reversed(self.versions(name).entries()):
-            with entry.exclusive(self.manager_deadline(entry), cancel):
-                entry.unload_leased(last_error=reason)
-                statuses.append(entry.status())
+        entries = list(reversed(self.versions(name).entries()))
+        # A load in progress (a python model's hung initialize) is stopped, not waited for; each version's loads
+        # stay stopped until its lease is granted (nothing loads under the lease).
+        resumes = [entry.stop_loads(UNLOADED_WHILE_LOADING) for entry in entries]
+        try:
+            for entry, resume in zip(entries, resumes, strict=True):
+                lease = entry.exclusive(self.manager_deadline(entry), cancel)
+                resume()
+                with lease:
+                    entry.unload_leased(last_error=reason)
+                    statuses.append(entry.status())
+        finally:
+            for resume in resumes:
+                resume()
         self.unload_ensembles_of(name, cancel)
         return statuses[0]
 
@@ -430,14 +459,14 @@ class ModelRegistry:
         names |= {e.name for e in self._ensembles_of(step) if not e.status().loaded and e.status().last_error}
         for name in sorted(names):
             try:
-                self._load_unloaded_versions(name, cancel)
+                self.load_registered(name, cancel)
             except Exception as error:  # the step loaded; the ensemble stays listed with its reason
                 _LOG.warning("ensemble '%s' not loaded again with its step '%s': %s", name, step, error)
                 continue
             with self._lock:
                 self._unloaded_with_step.get(step, set()).discard(name)
 
-    def _load_unloaded_versions(self, name: str, cancel: CancelToken | None) -> None:
+    def load_registered(self, name: str, cancel: CancelToken | None) -> None:
         """Load, as committed, each version of `name` that is not loaded, under its exclusive lease (bounded by
         its admission timeout). Two callers doing this at once (the step watcher beside a RepositoryModelLoad of
         the step) load it once: the second waits for the lease and finds it loaded. Re-registering it instead
@@ -461,6 +490,22 @@ class ModelRegistry:
         RequestCancelled then, and ShuttingDown when shutdown refused a barrier still queued.
         """
         selected, not_found = self._select(names, all_models)
+        # As unload: loads in progress are stopped until each barrier is granted.
+        resumes = {entry: entry.stop_loads(UNLOADED_WHILE_LOADING) for entry in selected}
+        try:
+            return self._unload_selected(selected, not_found, cancel, resumes)
+        finally:
+            for resume in resumes.values():
+                resume()
+
+    def _unload_selected(
+        self,
+        selected: list[ModelEntry],
+        not_found: list[str],
+        cancel: CancelToken | None,
+        resumes: Mapping[ModelEntry, Callable[[], None]],
+    ) -> tuple[list[str], list[str]]:
+        """unload_many's work once the selection is made (its docstring says how)."""
         reports: queue.SimpleQueue[Barrier | None] = queue.SimpleQueue()
         pending: dict[Barrier, None] = {}  # insertion-ordered
         with self._bulk_lock:
@@ -484,6 +529,7 @@ class ModelRegistry:
                     # The queue closed under the barrier (shutdown): this bulk did not complete.
                     raise reported.refusal()
                 if reported.granted:
+                    resumes[reported.entry]()
                     with reported:
                         reported.entry.unload_leased()
                     unloaded.add(reported.entry.name)
@@ -507,6 +553,14 @@ class ModelRegistry:
                 else:
                     selected.extend(group.entries())
             return selected, not_found
+
+    def stop_loads(self, reason: str) -> None:
+        """At shutdown: stop every load in progress (a python model's hung initialize is killed) and make every
+        later one fail at once, models registered from now on included. Never blocks."""
+        with self._lock:
+            self._stopped_for_good = reason
+        for entry in self.entries():
+            entry.stop_loads_for_good(reason)
 
     def close_idle_models(self) -> tuple[list[str], list[str]]:
         """At shutdown: unload every loaded model nobody holds (try-acquire; never waits). Returns (closed,
@@ -532,6 +586,10 @@ class ModelRegistry:
             except Exception as error:  # one broken model must not stop the others
                 self.runtime.events.emit(_LOG, "not_loaded_at_startup", name, error=str(error))
                 self._note_failure(name, error)
+
+
+# What a load stopped by an unload is told (its model's last error; the requests waiting for it get it too).
+UNLOADED_WHILE_LOADING = "the model was unloaded while it loaded"
 
 
 def _step_models(config: Any) -> set[str]:

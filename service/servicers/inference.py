@@ -345,6 +345,7 @@ def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
         config.CopyFrom(spec.config)
     config.name = entry.name
     if metadata is not None:
+        config.max_batch_size = config.max_batch_size or metadata.max_batch_size  # a python model's auto_complete
         if not config.input:
             for tensor in metadata.inputs:
                 config.input.add(name=tensor.name, data_type=_config_type(tensor.datatype), dims=tensor.shape)

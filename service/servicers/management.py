@@ -92,7 +92,11 @@ class ManagementServicer(pb_grpc.ModelManagementServicer):
             admission_timeout=_admission_timeout(request),
             config_json=request.config_json,
         )
-        return status_message(self._registry.register(registration, cancel=token))
+        # A load whose client gave up goes on without holding this handler thread (service/core/detached.py).
+        status = self._registry.detached.run(
+            lambda: self._registry.register(registration, cancel=token), token, f"registration of '{request.model_id}'"
+        )
+        return status_message(status)
 
     @rpc(access=Access.MANAGE)
     def UnloadModel(self, request, context, token):

@@ -111,6 +111,7 @@ class Lab:
         max_resident_models: int = 0,
         memory_budget: int = 0,
         idle_unload: float = 0.0,
+        memory_check_seconds: float = 0.0,  # 0: no memory watch thread (a test calls check_memory itself)
     ) -> None:
         self.root = Path(root)
         for name, parameters in (models or {"a": {}, "b": {}}).items():
@@ -122,6 +123,7 @@ class Lab:
             memory_budget=memory_budget,
             idle_unload=idle_unload,
             clock=clock,
+            memory_check_seconds=memory_check_seconds,
         )
         self.runtime = SharedRuntime(
             backends={"fixture": FixtureBackend(self.controls)},

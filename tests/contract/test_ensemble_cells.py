@@ -127,8 +127,9 @@ def test_an_unload_of_a_later_step_model_fails_the_running_request_there_and_unl
 
 @cell("ENSEMBLE.05")
 def test_eviction_skips_a_running_ensemble_and_its_running_step(chain):
-    lab = chain(extra_models=("other",), max_resident_models=3, load_at_startup=False)
-    answered(ensemble_request(lab))  # chain, first and second resident: the limit
+    lab = chain(extra_models=("other",), max_resident_models=2, load_at_startup=False)
+    answered(ensemble_request(lab))  # first and second resident: the limit (the ensemble holds no engine)
+    assert lab.server.residency.resident_names() == ["first", "second"]
     gate, running = held_in_first_step(lab)
     code, error = outcome(lab.infer("other"))  # needs room; second is idle: it goes
     assert code == "OK", error

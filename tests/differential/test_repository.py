@@ -120,16 +120,15 @@ def explicit_pair(triton, slotserve_endpoint, write_repositories):
     return reference, slotserve_endpoint(repositories.slotserve, model_control_mode="explicit", load_models=("simple",))
 
 
-def test_load_of_unknown_model_codes_differ_on_purpose(explicit_pair):
-    """Triton answers INTERNAL "failed to poll from model repository"; slotserve INVALID_ARGUMENT naming the
-    missing folder (the caller's mistake, not the server's: docs/errors.md, "Where slotserve differs from
-    Triton")."""
+def test_load_of_unknown_model_gets_tritons_code_and_words(explicit_pair):
+    """Triton answers INTERNAL "failed to load 'x', failed to poll from model repository", which its clients and
+    QA tests read; slotserve answers the same, then says where it looked (issue 34, item 8; docs/errors.md)."""
     request = pb.RepositoryModelLoadRequest(model_name="nowhere")
     (triton, triton_reply), (code, reply) = (outcome(e.stub.RepositoryModelLoad, request) for e in explicit_pair)
     assert (triton, triton_reply) == ("INTERNAL", "failed to load 'nowhere', failed to poll from model repository")
     assert (code, reply) == (
-        "INVALID_ARGUMENT",
-        "failed to load 'nowhere': model 'nowhere': no model directory at 'nowhere'",
+        "INTERNAL",
+        "failed to load 'nowhere', failed to poll from model repository: no model folder 'nowhere' in the repository",
     )
 
 

@@ -93,13 +93,15 @@ def flag_tables(parser: argparse.ArgumentParser) -> str:
 
 
 def usage(action: argparse.Action) -> str:
-    flag = max(action.option_strings, key=len)
+    """The flag with its value, then its other names (Triton's, for an alias: `--port PORT` (also `--grpc-port`))."""
+    flag, *others = action.option_strings
+    also = f" (also {', '.join(f'`{other}`' for other in others)})" if others else ""
     if action.nargs == 0:
-        return f"`{flag}`"
+        return f"`{flag}`{also}"
     if action.choices:
-        return f"`{flag} {'|'.join(action.choices)}`"
+        return f"`{flag} {'|'.join(action.choices)}`{also}"
     metavar = action.metavar or action.dest.upper()
-    return f"`{flag} {metavar}`"
+    return f"`{flag} {metavar}`{also}"
 
 
 def default(action: argparse.Action) -> str:

@@ -19,12 +19,21 @@ def test_the_walkthrough_goes_from_refused_to_served():
     before = generated_part(text, "walkthrough-before", MIGRATION_PAGE)
     edited = generated_part(text, "walkthrough-edited", MIGRATION_PAGE)
     after = generated_part(text, "walkthrough-after", MIGRATION_PAGE)
-    assert (
-        before.rstrip("`\n").endswith("$ echo $?\n1") and "2 of 4 models would serve" in before
-    )  # the python one, the ensemble
+    assert before.rstrip("`\n").endswith("$ echo $?\n1") and "1 of 4 models would serve" in before  # the python one
     for name in NOT_YET:
         assert f"model '{name}' version 1: does not serve" in before
     assert "refused: dynamic_batching.priority_levels" in before
+    # The ensemble does not serve while its step does not, as the server refuses it (issue 35).
+    assert "model 'classifier'" in block(before, "pipeline").split("  reason: ")[1]
     assert "mismatch: output 'scores' is FP32 in the model, FP16 in the config" in edited
+    assert "1 of 3 models would serve" in edited
+    assert (
+        "ensemble 'pipeline': step 1 (model 'classifier') failed: " in block(edited, "pipeline").split("  reason: ")[1]
+    )
     assert after.rstrip("`\n").endswith("$ echo $?\n0") and "3 of 3 models would serve" in after
     assert "  slots: 2" in after
+
+
+def block(output: str, model: str) -> str:
+    """Model `model`'s block of the check's text output, which must say it does not serve."""
+    return next(b for b in output.split("\n\n") if b.startswith(f"model '{model}' version 1: does not serve"))

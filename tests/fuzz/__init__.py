@@ -37,6 +37,10 @@ request!" (the deserializer runs in grpc before any handler; see test_undecodabl
 keep serving. Oversize messages are refused by the configured --max-message-bytes with RESOURCE_EXHAUSTED, and
 the next small request succeeds.
 
+Hostile repositories: test_ensemble_cycles_fuzz.py generates call graphs of ensembles (self, mutual, long and
+nested cycles, shared steps) and checks the load decision against an independent oracle, then serves whole
+repositories of them on servers of its own: what has no cycle serves, every cycle is refused naming a real one.
+
 `SLOTSERVE_FUZZ_SCALE=10 pytest tests/fuzz` multiplies every example count for a longer run.
 
 Where things are: lab.py (the models under test, the run settings, the statuses allowed), conftest.py (the

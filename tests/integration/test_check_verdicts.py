@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from service.testing import serve
+from tests.check_repositories import write_broken_ensembles, write_triton_examples
 
 from ._support import ROOT
 
@@ -254,7 +255,7 @@ def test_the_slotserve_command_has_the_check_too(tmp_path, capsys):
 
 MODEL_KEYS = {  # the JSON shape docs/migrating-from-triton.md documents (format 1)
     "name", "serves", "reason", "backend", "model_file", "version_folders", "versions", "slots", "max_batch_size",
-    "batching", "warmup", "warmup_runs", "startup", "not_run", "refused", "ignored", "files", "load",
+    "batching", "sequence", "warmup", "warmup_runs", "startup", "not_run", "refused", "ignored", "files", "load",
 }  # fmt: skip
 
 
@@ -282,3 +283,48 @@ def test_a_file_onnx_cannot_read_does_not_serve_and_load_gives_the_servers_words
     assert verdicts["corrupt"][1].startswith("model file corrupt/1/model.onnx is not an ONNX model onnx can read: ")
     status, loaded = check_json(root, "--load")
     assert status == 1 and check_verdicts(loaded) == expected
+
+
+# ---- issue 35: the check and the server share one loading decision -----------------------------------------------
+
+
+def test_tritons_example_repository_gets_the_servers_verdicts(tmp_path):
+    """Triton's eight examples (tests/check_repositories.py): the sequence models serve, their control inputs being
+    the sequence batcher's; densenet's reshaped tensors and the TensorFlow model do not, for the server's reasons."""
+    root = write_triton_examples(tmp_path / "examples")
+    status, report = check_json(root)
+    expected = server_verdicts(root)
+    assert check_verdicts(report) == expected
+    assert expected["simple_sequence"] == (True, "") and expected["simple_dyna_sequence"] == (True, "")
+    assert {name for name, (serves, _) in expected.items() if not serves} == {"densenet_onnx", "inception_graphdef"}
+    assert status == 1
+    by_name = {m["name"]: m for m in report["models"]}
+    assert by_name["simple_sequence"]["sequence"]["filled_inputs"] == ["READY", "START"]
+    assert by_name["simple_dyna_sequence"]["sequence"]["filled_inputs"] == ["CORRID", "END", "READY", "START"]
+
+
+def test_an_ensemble_the_server_refuses_does_not_serve(tmp_path):
+    """A step naming no model, and max_batch_size 16 over steps allowing 8: refused when the ensemble loads, so the
+    check says so (and exits 1) with the server's reasons; the good ensemble beside them serves."""
+    root = write_broken_ensembles(tmp_path / "ensembles")
+    status, report = check_json(root)
+    expected = server_verdicts(root)
+    assert check_verdicts(report) == expected
+    assert status == 1 and report["serves"] is False
+    reasons = {name: reason for name, (serves, reason) in expected.items() if not serves}
+    assert reasons == {
+        "missing_step": "ensemble 'missing_step': step 1 (model 'no_such_model') names a model that is not registered",
+        "too_wide": "ensemble 'too_wide': the ensemble allows maximum batch size 16, but step 0 (model 'prep') only "
+        "allows maximum batch size 8",
+    }
+
+
+def test_load_loads_an_ensembles_steps_in_its_throwaway_server(tmp_path):
+    """`--load` on an ensemble loads its steps first, so its request of zeros runs through them; each model still
+    gets the server's verdict."""
+    root = write_broken_ensembles(tmp_path / "ensembles")
+    status, report = check_json(root, "--load")
+    assert status == 1 and check_verdicts(report) == server_verdicts(root)
+    by_name = {m["name"]: m for m in report["models"]}
+    for name in ("pipeline", "outer"):  # outer's step is the ensemble pipeline: its steps load first
+        assert by_name[name]["serves"] is True and by_name[name]["load"]["request"] == "ok", by_name[name]["load"]

@@ -126,7 +126,8 @@ def test_an_evicted_step_leaves_the_ensemble_ready_and_its_next_call_loads_it(tm
     write_ensemble(
         tmp_path, "through", [("X", F, [-1])], [("Y", F, [-1])], [("wide", {"INPUT0": "X"}, {"OUTPUT0": "Y"})]
     )
-    with start_fixture_server(tmp_path, controls, max_resident_models=2, load_at_startup=False) as running:
+    # An ensemble is not counted (it holds no engine): room for one model is room for its one step.
+    with start_fixture_server(tmp_path, controls, max_resident_models=1, load_at_startup=False) as running:
         running.client.infer("through", {"X": np.ones(2, "f")})  # loads the ensemble, then its step
         running.client.infer("other", {"INPUT0": np.ones(1, "f")})  # room for it: the least recently used goes
         counts = running.server.runtime.events.counts()

@@ -128,8 +128,10 @@ def test_a_bad_file_name_is_refused_and_nothing_is_written(served, key):
     running, files_dir = served
     load(running, "kept", {"file:1/model.onnx": identity_bytes()})
     error = refused(running, "kept", {"file:1/model.onnx": identity_bytes(), key: b"x"})
-    assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
-    assert BAD_NAMES[key] in error.message and "failed to load 'kept'" in error.message, error
+    # Triton's code and words for a file: path it cannot write (issue 34, item 8), then the reason.
+    assert (error.code, error.reason) == ("INTERNAL", "repository_poll_failed"), error
+    assert error.message.startswith("failed to load 'kept', failed to poll from model repository: "), error
+    assert BAD_NAMES[key] in error.message, error
     assert len(folders(files_dir, "kept")) == 1  # the served load's folder only
     assert identity_serves(running, "kept") and identity_serves(running, IDENTITY)
 
@@ -216,5 +218,17 @@ def test_poll_and_none_modes_refuse_loads_with_files(tmp_path):
 def test_unusable_files_dir_is_refused_at_startup(tmp_path):
     from service.options import ServerOptions
 
+    (tmp_path / "a-file").write_text("")
     with pytest.raises(ValueError, match="--model-files-dir .* is not a folder"):
-        ServerOptions(model_repository=tmp_path, model_files_dir=tmp_path / "missing")
+        ServerOptions(model_repository=tmp_path, model_files_dir=tmp_path / "a-file")
+
+
+def test_a_missing_files_dir_is_made_by_the_first_load_with_files_not_at_startup(tmp_path):
+    """Nothing is written at startup (a read-only root filesystem starts: tests/unit/test_deploy_manifests_start.py);
+    the folder is made when a load with files needs it."""
+    repository = demo_subset(tmp_path / "repository")
+    files_dir = tmp_path / "volume" / "model-files"
+    with serve(repository, allow_management=True, model_files_dir=files_dir) as running:
+        assert not (tmp_path / "volume").exists()
+        load(running, "fresh", {"file:1/model.onnx": identity_bytes()})
+        assert identity_serves(running, "fresh") and len(folders(files_dir, "fresh")) == 1

@@ -3,8 +3,10 @@ the requests in flight past --max-inflight-tensor-bytes, is refused with RESOURC
 before the memory is taken; every request gives its share back when it ends, however it ends.
 
 BYTES elements of 2 bytes take 6 on the wire and about 56 decoded (a Python bytes object behind a pointer), which
-is how one 11 MiB request used to raise the server's peak RSS by 740 MiB. The real server runs in this process, so
-the account (`Dataplane.tensor_memory.statistics()`) and tracemalloc can be read directly.
+is how one 11 MiB request used to raise the server's peak RSS by 740 MiB; an engine copies them while it runs,
+so each is reserved four times (tests/integration/test_bytes_memory_peak.py measures the peak against it). The
+real server runs in this process, so the account (`Dataplane.tensor_memory.statistics()`) and tracemalloc can be
+read directly.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ._support import CALL_TIMEOUT, demo_subset, rpc_error, stub, write_fixture_
 REQUEST_LIMIT = 8 << 20
 IN_FLIGHT_LIMIT = 12 << 20
 ELEMENT_COST = 56  # what the server counts per decoded BYTES element beyond its contents (written out here)
+COPIES = 4  # a BYTES element is reserved for itself and three copies an engine makes of it
 SETTLE = 30.0  # seconds: how long the account may take to come back to zero after a stream's last answer
 
 
@@ -80,7 +83,7 @@ def bytes_request(model: str, elements: int, *, shape=None, contents: bytes | No
 
 
 def estimate(elements: int) -> int:
-    return elements * ELEMENT_COST + 2 * elements
+    return COPIES * (elements * ELEMENT_COST + 2 * elements)
 
 
 def account(running):
@@ -104,7 +107,7 @@ def small_request_succeeds(running) -> None:
 
 
 def test_a_bytes_request_over_the_request_limit_is_refused_before_it_is_decoded(running):
-    """1 M elements take 6 MiB on the wire and about 56 MiB decoded: refused by name, with both numbers. Decoding
+    """1 M elements take 6 MiB on the wire and are reserved 232 MB: refused by name, with both numbers. Decoding
     them would allocate some 43 MiB of Python objects (tracemalloc counts what was asked of the allocator, an
     under-count of RSS); during the refused call, the whole process (client and server) allocates less than four
     times the wire size: the message on each side, nothing per element."""
@@ -128,7 +131,7 @@ def test_a_bytes_request_over_the_request_limit_is_refused_before_it_is_decoded(
 
 
 def test_a_request_just_under_the_limit_is_served(running):
-    elements = REQUEST_LIMIT // (ELEMENT_COST + 2) - 10
+    elements = REQUEST_LIMIT // (COPIES * (ELEMENT_COST + 2)) - 10
     response = stub(running).ModelInfer(bytes_request("simple_identity", elements), timeout=CALL_TIMEOUT)
     assert response.raw_output_contents[0] == (struct.pack("<I", 2) + b"ab") * elements
     settled(running)
@@ -164,7 +167,7 @@ def test_requests_in_flight_together_are_bounded_and_the_memory_comes_back(runni
     """A request held at the fixture's execute gate keeps its reservation (7 MB); a second one of the same size
     would take the requests in flight past 12 MiB and is refused at once, naming the in-flight limit and what is
     held; once the first is answered, the second goes through."""
-    elements = 120_000
+    elements = 30_000
     gate = controls.gate("gated_bytes", "execute").hold()
     held = stub(running).ModelInfer.future(bytes_request("gated_bytes", elements), timeout=CALL_TIMEOUT)
     try:

@@ -73,12 +73,17 @@ def test_exception_and_triton_error_codes_reach_the_client(server, run_client):
     assert "pid" in result["after"]  # the model is still serving
 
 
-def test_exception_traceback_goes_to_the_log_not_the_client(capfd, slotserve, run_client):
-    server = slotserve(REPOSITORY, parallel_jobs=2)  # started here: its workers inherit the stderr capfd captures
+def test_exception_traceback_goes_to_the_log_not_the_client(caplog, server, run_client):
     result = run_client(SCRIPT, server.address, "errors")
     assert "Traceback" not in result["raise"][1]
-    log = capfd.readouterr().err
-    assert "Traceback" in log and "ValueError: the value 42 is bad" in log
+
+    def logged() -> bool:  # the worker's record, read from its stderr by the server's reader thread
+        texts = [r.getMessage() for r in caplog.records]
+        return any("Traceback" in text and "ValueError: the value 42 is bad" in text for text in texts)
+
+    wait_for(logged, "the traceback in the server's log")
+    (record,) = [r for r in caplog.records if "ValueError: the value 42 is bad" in r.getMessage()]
+    assert record.levelname == "ERROR" and record.model == "probe"  # type: ignore[attr-defined]
 
 
 def test_worker_death_fails_only_its_request_and_the_slot_gets_a_new_worker(server, run_client):

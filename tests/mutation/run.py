@@ -90,6 +90,7 @@ SUBSETS: dict[str, list[str]] = {
     ],
     "residency": [
         "tests/unit/test_residency_edges.py",
+        "tests/unit/test_memory_budget_over_time.py",
         "tests/unit/test_residency_gaps.py",
         "tests/contract/test_memory_budget_never_fits.py",
         "tests/unit/test_core_smaller_defects.py",

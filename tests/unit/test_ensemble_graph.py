@@ -7,8 +7,20 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.ensemble_graph import StepModel, check_against_models, read_steps
+from engine.ensemble_graph import (
+    CYCLE_REFUSAL,
+    MAX_NESTING,
+    StepModel,
+    call_graph_refusal,
+    call_graph_refusals,
+    check_against_models,
+    ensembles_after_their_steps,
+    read_steps,
+    step_models,
+)
 from engine.errors import ModelConfigError
 from engine.interface import TensorSpec
 from engine.repository import ModelRepository, parse_config_text
@@ -228,3 +240,155 @@ def test_a_batching_step_in_an_ensemble_that_does_not_batch_carries_its_batch_di
 def test_a_step_whose_tensors_are_known_only_after_loading_is_checked_at_run_time():
     unknown = StepModel(0, (), ())
     check({"a": unknown, "b": PLAIN})
+
+
+def test_a_chain_of_thousands_of_steps_is_read_without_recursion():
+    length = 3000
+    steps = [
+        step("m", {"IN": "X" if i == 0 else f"t{i}"}, {"OUT": "Y" if i == length - 1 else f"t{i + 1}"})
+        for i in range(length)
+    ]
+    assert len(steps_of(config_text(*steps))) == length
+    # listed last step first: the recursive check followed producers 3000 deep (RecursionError, limit 1000)
+    assert len(steps_of(config_text(*reversed(steps)))) == length
+    looped = [step("m", {"IN": "X", "LOOP": f"t{length - 1}"}, {"OUT": "t1"}), *steps[1:]]  # a cycle of 2999
+    message = refused(config_text(*looped))
+    assert "the steps form a cycle: step 0 (model 'm') -> step 1 (model 'm') -> " in message
+    assert len(message) < 400, message  # a long cycle is shortened, not listed in full
+
+
+# ---- the ensembles' call graph (call_graph_refusal) --------------------------------------------------------------
+
+
+def refusal(graph: dict[str, list[str]], name: str) -> str | None:
+    return call_graph_refusal(name, lambda model: graph.get(model, ()))
+
+
+def test_an_ensemble_calling_itself_is_refused_naming_the_cycle_in_tritons_words():
+    assert CYCLE_REFUSAL == "circular dependency between ensembles"
+    assert refusal({"a": ["w", "a"]}, "a") == f"{CYCLE_REFUSAL}: ensemble 'a' calls itself through a -> a"
+
+
+def test_mutual_and_longer_cycles_are_named_from_the_ensemble_loading():
+    graph = {"a": ["w", "b"], "b": ["a"], "l1": ["l2"], "l2": ["x", "l3"], "l3": ["l1"]}
+    assert refusal(graph, "a") == f"{CYCLE_REFUSAL}: ensemble 'a' calls itself through a -> b -> a"
+    assert refusal(graph, "b") == f"{CYCLE_REFUSAL}: ensemble 'b' calls itself through b -> a -> b"
+    assert refusal(graph, "l2") == f"{CYCLE_REFUSAL}: ensemble 'l2' calls itself through l2 -> l3 -> l1 -> l2"
+
+
+def test_an_ensemble_reaching_a_cycle_it_is_not_on_is_refused_naming_the_way_there():
+    graph = {"c": ["w", "d"], "d": ["a"], "a": ["b"], "b": ["a"]}
+    assert refusal(graph, "c") == (
+        f"{CYCLE_REFUSAL}: ensemble 'c' calls ensemble 'a' (c -> d -> a), which calls itself through a -> b -> a"
+    )
+
+
+def test_graphs_without_cycles_pass_shared_steps_included():
+    diamond = {"top": ["left", "right"], "left": ["bottom"], "right": ["bottom"], "bottom": ["w"]}
+    assert refusal(diamond, "top") is None
+    assert refusal({}, "lonely") is None
+
+
+def test_each_model_is_asked_once():
+    asked: list[str] = []
+    graph = {"top": ["left", "right"], "left": ["bottom", "w"], "right": ["bottom", "w"], "bottom": ["w"]}
+
+    def steps_of_model(model: str) -> list[str]:
+        asked.append(model)
+        return graph.get(model, [])
+
+    assert call_graph_refusal("top", steps_of_model) is None
+    assert sorted(asked) == ["bottom", "left", "right", "top", "w"]
+
+
+def test_a_chain_of_ensembles_longer_than_the_limit_is_refused_naming_it():
+    chain = {f"e{i}": [f"e{i + 1}"] for i in range(1, MAX_NESTING)}  # e1 .. e<MAX_NESTING>; the last calls w
+    chain[f"e{MAX_NESTING}"] = ["w"]
+    assert refusal(chain, "e1") is None
+    chain[f"e{MAX_NESTING}"] = [f"e{MAX_NESTING + 1}"]
+    chain[f"e{MAX_NESTING + 1}"] = ["w"]
+    message = refusal(chain, "e1")
+    assert message is not None and message.startswith(f"ensemble 'e1' nests {MAX_NESTING + 1} ensembles deep (e1 -> e2")
+    assert refusal(chain, "e2") is None
+
+
+def test_huge_graphs_are_judged_without_recursion_and_named_briefly():
+    size = 20000
+    ring = {f"e{i}": [f"e{(i + 1) % size}"] for i in range(size)}
+    message = refusal(ring, "e0")
+    assert message is not None and message.startswith(f"{CYCLE_REFUSAL}: ensemble 'e0' calls itself through e0 -> e1")
+    assert f"({size - 10} more) -> e{size - 1} -> e0" in message and len(message) < 300
+    line = {f"e{i}": [f"e{i + 1}"] for i in range(size)}
+    message = refusal(line, "e0")
+    assert message is not None and f"nests {size} ensembles deep" in message and len(message) < 300
+
+
+def test_a_whole_repository_is_judged_at_once_for_check():
+    graph = {"a": ["b"], "b": ["a"], "c": ["w"], "d": ["a"]}
+    assert call_graph_refusals(graph) == {
+        "a": f"{CYCLE_REFUSAL}: ensemble 'a' calls itself through a -> b -> a",
+        "b": f"{CYCLE_REFUSAL}: ensemble 'b' calls itself through b -> a -> b",
+        "d": f"{CYCLE_REFUSAL}: ensemble 'd' calls ensemble 'a' (d -> a), which calls itself through a -> b -> a",
+    }
+
+
+def test_step_models_lists_each_model_once_in_step_order():
+    text = config_text(
+        step("b", {"IN": "X"}, {"OUT": "t"}), step("a", {"IN": "t"}, {"OUT": "u"}), step("b", {"IN": "u"}, {"OUT": "Y"})
+    )
+    assert step_models(parse_config_text(text, "e")) == ("b", "a")
+
+
+def test_a_reload_that_changes_only_the_steps_is_a_new_engine(tmp_path):
+    (tmp_path / "e" / "1").mkdir(parents=True)
+    (tmp_path / "e" / "config.pbtxt").write_text(config_text(*CHAIN))
+    before = ModelRepository(tmp_path).read("e")
+    (tmp_path / "e" / "config.pbtxt").write_text(config_text(CHAIN[0], step("c", {"IN": "t"}, {"OUT": "Y"})))
+    after = ModelRepository(tmp_path).read("e")
+    assert (before.inputs, before.outputs) == (after.inputs, after.outputs)
+    assert before.session_key() != after.session_key()  # a reload loads (and checks) the new steps
+    assert after.session_key() == ModelRepository(tmp_path).read("e").session_key()  # the same steps: the same
+
+
+# ---- load order (engine/repository.py load_order) ----------------------------------------------------------------
+
+
+def recursive_order(names: list[str], steps: dict[str, list[str]]) -> list[str]:
+    """The order load_order gave before it was made iterative (its recursive definition, kept as the reference)."""
+    ordered: list[str] = []
+    placed: set[str] = set()
+
+    def place(name: str, path: frozenset[str]) -> None:
+        if name in placed or name in path:
+            return
+        for called in steps.get(name, ()):
+            if called in steps:
+                place(called, path | {name})
+        placed.add(name)
+        ordered.append(name)
+
+    for name in [n for n in names if n not in steps] + [n for n in names if n in steps]:
+        place(name, frozenset())
+    return ordered
+
+
+@settings(deadline=None, max_examples=300)
+@given(data=st.data())
+def test_the_load_order_puts_each_ensemble_after_the_ones_it_calls_as_before(data):
+    names = data.draw(st.lists(st.sampled_from([f"m{i}" for i in range(8)]), min_size=1, max_size=10, unique=True))
+    ensembles = data.draw(st.sets(st.sampled_from(names)))
+    steps = {e: data.draw(st.lists(st.sampled_from([*names, "elsewhere"]), min_size=1, max_size=4)) for e in ensembles}
+    assert ensembles_after_their_steps(names, steps) == recursive_order(names, steps)
+
+
+def test_a_repository_with_a_chain_of_a_thousand_ensembles_is_ordered_without_recursion(tmp_path):
+    length = 1200  # the recursive order hit Python's recursion limit here, and the server did not start
+    for level in range(length):
+        (tmp_path / f"e{level}" / "1").mkdir(parents=True)
+        called = f"e{level + 1}" if level + 1 < length else "w"
+        (tmp_path / f"e{level}" / "config.pbtxt").write_text(
+            config_text(step(called, {"IN": "X"}, {"OUT": "Y"}), head=f'name: "e{level}"\nplatform: "ensemble"\n')
+        )
+    repository = ModelRepository(tmp_path)
+    order = repository.load_order(repository.names())
+    assert order == [f"e{level}" for level in reversed(range(length))]

@@ -39,8 +39,8 @@ class _HoldAfterRelease(ColdLoadGuard):
         super().__init__(limit)
         self._until = until
 
-    def release(self) -> None:
-        super().release()
+    def release(self, turn=None) -> None:
+        super().release(turn)
         if threading.current_thread().name == "a":
             assert self._until.wait(WAIT), "b's load never ended"
 
