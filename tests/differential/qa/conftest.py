@@ -27,7 +27,7 @@ from service.testing import serve
 
 from ..conftest import INSTALLATION, MISSING_REASON
 from ..reference import RunningTriton, _launch, _stop, _tail, free_ports, run_triton
-from .harness import KINDS, Model, Server, write_repository
+from .harness import KINDS, Model, Server, wait_for, write_repository
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]  # tritonclient's
 DEFAULT_SLOTSERVE = {"allow_management": True, "metrics_port": 0, "parallel_jobs": 1}
@@ -145,3 +145,19 @@ def launch(request, tmp_path) -> Iterator[Callable[..., Server]]:
 
         launch_one.kind = request.param  # type: ignore[attr-defined]
         yield launch_one
+
+
+@pytest.fixture
+def logged(caplog) -> Callable[[Server, str, float], None]:
+    """`logged(server, text, seconds=30)`: wait until the server's log has `text` (Triton's log file; slotserve's
+    log records, its python workers' output included, in this process); AssertionError after `seconds`."""
+
+    def wait(server: Server, text: str, seconds: float = 30.0) -> None:
+        def seen() -> bool:
+            if server.log is not None:
+                return text in server.log.read_text(errors="replace")
+            return text in caplog.text
+
+        wait_for(seen, f"{text!r} in the {server.kind} log", seconds=seconds)
+
+    return wait

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Model, build_request, python_model, slotserve_fails, wait_for
+from .harness import Model, build_request, python_model, slotserve_fails
 
 OVERLAP_SECONDS = 10.0
 
@@ -176,14 +176,8 @@ def test_concurrent_execute_different_duration(server):
         assert second is not None and not second.error and second.outputs["DUMMY_OUT"].shape[0] == 1, second
 
 
-def test_model_raise_exception(launch, capfd):
+def test_model_raise_exception(launch, logged):
     """An execute that raises after sending its final flags: the exception is in the server's log."""
     server = launch(MODELS)
     server.stream_all([_request("async_execute_decouple", -1, 1)])
-    seen = []
-
-    def logged() -> bool:
-        seen.append(server.log.read_text(errors="replace") if server.log else capfd.readouterr().err)
-        return any("ValueError: wait_secs cannot be negative" in text for text in seen)
-
-    wait_for(logged, "the model's exception in the server's log")
+    logged(server, "ValueError: wait_secs cannot be negative")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .harness import Model, json_of, python_model, wait_for
+from .harness import Model, json_of, python_model
 from .models import identity, square
 
 # The QA's bls_parameters: with n > 0 it adds bool_n, int_n and str_n to its request's parameters and calls itself
@@ -222,15 +222,9 @@ def test_bls_init_error(launch):
     assert code != "OK" and OUTSIDE_EXECUTE in message, (code, message)
 
 
-def test_bls_finalize_error(launch, capfd):
+def test_bls_finalize_error(launch, logged):
     models = {"square_int32": square(), "bls_finalize_error": python_model(NO_INPUTS, BLS_IN_FINALIZE)}
     server = launch(models, **EXPLICIT)
     assert server.load("bls_finalize_error") == ("OK", "")
     assert server.unload("bls_finalize_error") == ("OK", "")
-    seen = []
-
-    def logged() -> bool:
-        seen.append(server.log.read_text(errors="replace") if server.log else capfd.readouterr().err)
-        return any(OUTSIDE_EXECUTE in text for text in seen)
-
-    wait_for(logged, "the finalize's BLS error in the server's log", seconds=30)
+    logged(server, OUTSIDE_EXECUTE)

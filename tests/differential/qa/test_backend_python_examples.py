@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Model, build_request, python_model, slotserve_fails
+from .harness import Model, build_request, python_model
 from .models import add_sub, repeat, square
 
 BLS_SYNC = """
@@ -245,7 +245,6 @@ def _config_ios(server, model: str) -> tuple[int, list, list]:
     return config.max_batch_size, ios(config.input), ios(config.output)
 
 
-@slotserve_fails("34.11b a python model without config.pbtxt is refused (helper repo)")
 def test_auto_complete(server):
     four = [("INPUT0", 11, [4]), ("INPUT1", 11, [4])]  # 11: TYPE_FP32
     outputs = [("OUTPUT0", 11, [4]), ("OUTPUT1", 11, [4])]

@@ -347,24 +347,16 @@ def test_init_error(launch):
     assert not server.ready("init_error")
 
 
-def test_fini_error(launch, capfd):
+def test_fini_error(launch, logged):
     """finalize raises: the unload still succeeds, and the server's log has the model's error."""
     server = launch({"fini_error": python_model(IN_OUT, FINI_ERROR)}, **EXPLICIT)
     assert server.load("fini_error") == ("OK", "")
     assert server.infer("fini_error", {"IN": np.ones([1, 2], np.float32)}).ok
     assert server.unload("fini_error") == ("OK", "")
     wait_for(lambda: not server.ready("fini_error"), "the model is unloaded")
-
-    seen: list[str] = []
-
-    def logged() -> bool:
-        seen.append(server.log.read_text(errors="replace") if server.log else capfd.readouterr().err)
-        return any("name 'undefined_variable' is not defined" in text for text in seen)
-
-    wait_for(logged, "the finalize error in the server's log")
+    logged(server, "name 'undefined_variable' is not defined")
 
 
-@slotserve_fails("34.11b a python model without config.pbtxt is refused (helper repo)")
 def test_auto_complete_error(launch):
     models = {"auto_complete_error": Model(None, {"1/model.py": textwrap.dedent(AUTO_COMPLETE_ERROR)})}
     server = launch(models, **EXPLICIT)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .harness import Model, build_request, ensemble, json_of, python_model, slotserve_fails, triton_fails
+from .harness import Model, build_request, ensemble, json_of, python_model, triton_fails
 from .models import identity
 
 # The QA's checks of pb_utils' argument validation, as a unittest run inside execute.
@@ -275,10 +275,6 @@ def test_model_control_reload(launch):
         assert not server.ready("identity_fp32") and not server.ready("simple_identity_fp32")
 
 
-ITERATIVE_CAUSE = "34.5 sequence_batching.iterative_sequence and request rescheduling are refused (nobody this round)"
-
-
-@slotserve_fails(ITERATIVE_CAUSE)
 def test_grpc_decoupled_rescheduling(launch):
     models = {
         "iterative_sequence": python_model(
@@ -299,7 +295,6 @@ def test_grpc_decoupled_rescheduling(launch):
     assert [item.outputs["OUT"].tolist() for item in items] == [[2], [1], [0]]
 
 
-@slotserve_fails(ITERATIVE_CAUSE)
 def test_grpc_non_decoupled_rescheduling(launch):
     models = {
         "request_rescheduling_addsub": python_model(
@@ -345,9 +340,6 @@ def _numpy1_environment() -> Path:
     return INSTALLATION.venv
 
 
-@slotserve_fails(
-    "34.10 EXECUTION_ENV_PATH is refused: python models run in the server's environment (nobody this round)"
-)
 def test_execution_env_path(launch):
     """A model pinned to numpy 1 (it uses np.NINF, gone in numpy 2) runs in the environment its config names."""
     environment = _numpy1_environment()

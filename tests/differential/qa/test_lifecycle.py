@@ -78,7 +78,6 @@ def test_parse_error_model_no_version(launch):
     assert not _works(server, "noversion")
 
 
-@slotserve_fails('a version folder "003" is served as version 3; Triton ignores it (engine/repository.py, helper repo)')
 def test_parse_ignore_zero_prefixed_version(launch):
     """Version folders "1" and "003": only 1 is a version."""
     server = launch({"model": _versioned(["1", "003"])})
@@ -164,9 +163,6 @@ def _loads(server) -> dict[str, int]:
     return {path.name: len(path.read_text()) for path in folder.iterdir()} if folder.exists() else {}
 
 
-@slotserve_fails(
-    "34.7 a load after a version's model.py changed does not load that version again (helpers repo, lifecycle)"
-)
 def test_load_new_model_version(launch):
     """Versions 1, 2 served; 2's model.py touched, 3 and 4 added: a load brings 3 and 4 and reloads 2 only."""
     policy = "version_policy: { specific: { versions: [1, 2] } }"

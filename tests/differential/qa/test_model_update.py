@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
-from .harness import Model, python_model, slotserve_fails, wait_for
+from .harness import Model, python_model, wait_for
 
 NAME = "model_init_del"
 
@@ -161,9 +161,6 @@ def updates(launch) -> Updates:
     return Updates(launch({NAME: python_model(config(cpu(1)), MODEL)}, **EXPLICIT))
 
 
-BLOCKING = "34.7 slots are added and removed under the model's exclusive lease: inference waits (helper lifecycle)"
-
-
 def _add_rm_add(updates, start: int, steps, batching: bool) -> None:
     updates.load(cpu(start), start, 0, batching=batching)
     stop = updates.background()
@@ -222,7 +219,6 @@ def test_invalid_config(updates):
     updates.unload()
 
 
-@slotserve_fails("34.7 after model.py changes, the old instances are kept and one is added (helpers repo, lifecycle)")
 def test_model_file_update(updates):
     """model.py changed: every instance is created again (6 new, the 5 old finalized)."""
     updates.load(cpu(5), 5, 0)
@@ -239,7 +235,6 @@ def test_non_instance_config_update(updates):
     updates.unload()
 
 
-@slotserve_fails("34.7 a load with the configuration ModelConfig returned looks for model.plan (helper repo)")
 def test_load_api_with_config(updates):
     """The configuration ModelConfig returns, with one more instance, given back to a load."""
     updates.load(cpu(1), 1, 0)
@@ -256,7 +251,6 @@ def _release(updates) -> None:
     (updates.counts / "release").write_text("go")
 
 
-@slotserve_fails(BLOCKING)
 def test_update_while_inferencing(updates):
     """Adding an instance does not wait for a request running on the old one."""
     updates.load(cpu(1), 1, 0)
@@ -280,7 +274,6 @@ def test_update_while_inferencing(updates):
     updates.unload()
 
 
-@slotserve_fails(BLOCKING)
 def test_infer_while_updating(updates):
     """A request is served by the old instance while the new one initializes."""
     updates.load(cpu(1), 1, 0)
@@ -314,11 +307,7 @@ def _sequence(updates, steps) -> None:
     "scheduler",
     [
         pytest.param("direct { } max_sequence_idle_microseconds: 8000000", id="direct"),
-        pytest.param(
-            "oldest { max_candidate_sequences: 4 } max_sequence_idle_microseconds: 8000000",
-            id="oldest",
-            marks=slotserve_fails("34.6 sequence_batching.oldest with max_batch_size 0 is refused (nobody this round)"),
-        ),
+        pytest.param("oldest { max_candidate_sequences: 4 } max_sequence_idle_microseconds: 8000000", id="oldest"),
     ],
 )
 def test_scheduler_update_no_ongoing_sequences(updates, scheduler):
