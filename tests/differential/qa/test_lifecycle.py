@@ -131,8 +131,9 @@ def test_config_override(launch):
 
 
 @slotserve_fails(
-    '34.8 a load with files but no configuration is answered "no model directory", not Triton\'s "failed to load '
-    "'x', failed to poll from model repository\" (service/model_control.py, helper repo)"
+    "34.8 a load with files but no configuration is answered \"failed to load 'x': model 'x': a load with files needs "
+    "the 'config' parameter ...\", not Triton's \"failed to load 'x', failed to poll from model repository\" "
+    "(service/model_control.py messages, helper repo)"
 )
 def test_file_override(launch):
     """Files without a configuration are refused in Triton's words; with one, they load as the model's files."""
