@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
 from engine.errors import ModelErrorUnsupported
-from engine.interface import CancelToken, FinalOutputs, ModelMetadata, Outputs
+from engine.interface import CancelToken, FinalOutputs, ModelMetadata, ModelSpec, Outputs
 from engine.tensor_codec import BYTES_ELEMENT_COST
 
 from .core.batching import BatchItem
@@ -37,6 +37,7 @@ from .core.sequences import run_in_sequence
 from .request_info import request_info
 from .response_cache import NOT_CACHEABLE, CacheLookup, ResponseCache
 from .shared_memory import Region, RegionSlice
+from .stream_requests import StreamPlacement
 from .tensor_memory import Reservation, TensorMemory
 
 _LOG = logging.getLogger(__name__)
@@ -229,7 +230,9 @@ class Dataplane:
         next(answers, None)  # run it to its end (its finally gives the memory back) rather than throw GeneratorExit in
         return answer
 
-    def infer_stream(self, request: InferenceRequest[R], *, cancel: CancelToken | None = None) -> Iterator[R]:
+    def infer_stream(
+        self, request: InferenceRequest[R], *, cancel: CancelToken | None = None
+    ) -> Generator[R, None, None]:
         """Answers for one request on a stream: one for an ordinary model, several for a streaming model.
 
         A streaming model's lease is held until the last answer is taken from this generator, the generator
@@ -238,7 +241,25 @@ class Dataplane:
         """
         return self._answers(request, cancel, stream=True)
 
-    def _answers(self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool) -> Iterator[R]:
+    def stream_placement(self, request: InferenceRequest[R]) -> StreamPlacement:
+        """Where a stream puts `request` among its others (service/stream_requests.py), read as the request
+        arrives: its answers keep their place unless its model is decoupled (Triton's rule, from the model's
+        `model_transaction_policy` as Triton reads it), and a sequence model's requests of one sequence run one
+        after another (its turns are taken in arrival order; requests of other sequences run meanwhile). Reads the
+        registry only; never raises: a request that is to fail keeps its place, and its error is written there."""
+        try:
+            spec = self.registry.get(request.model, request.version).spec
+        except Exception:  # unknown model or version: refused when it runs, in its place
+            return StreamPlacement()
+        serial_key = None
+        sequence_id = request.parameters.get("sequence_id")
+        if spec.sequence is not None and sequence_id not in (None, 0, ""):
+            serial_key = ("sequence", request.model, sequence_id)
+        return StreamPlacement(in_order=not _decoupled(spec), serial_key=serial_key)
+
+    def _answers(
+        self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool
+    ) -> Generator[R, None, None]:
         """The one admit-and-run path of `infer` and `infer_stream`: a request that answers once is counted
         before its answer is yielded (a stream cancelled right after it never resumes the generator, and the
         answer was complete); a streaming model's answers are counted after the last."""
@@ -462,6 +483,13 @@ def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> 
     finally:
         if reservation is not None:
             reservation.release()
+
+
+def _decoupled(spec: ModelSpec) -> bool:
+    """Whether the model's configuration says `model_transaction_policy { decoupled: true }` (read off the parsed
+    configuration by name: the dataplane knows no protobuf types)."""
+    policy = getattr(spec.config, "model_transaction_policy", None)
+    return bool(getattr(policy, "decoupled", False))
 
 
 def _timeout_override_allowed(entry: ModelEntry) -> bool:

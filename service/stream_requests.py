@@ -1,0 +1,421 @@
+"""A stream's requests in flight: each is read as it arrives and run at once, several at a time, and their answers
+are written in Triton's order.
+
+ModelStreamInfer (service/servicers/inference.py) hands `StreamRequests` the stream's requests, each with its
+`StreamPlacement` (`Dataplane.stream_placement`), and `run`, which runs one request and gives its messages (its
+answers, or its error); the servicer writes what `messages()` yields. Nothing here knows gRPC or the requests'
+contents. The rules:
+
+* **Admitted as they arrive.** A request is handed to `run` as soon as it is read, so several requests of one
+  stream are in flight together, each on the ordinary admission, batching and sequence path: requests sent
+  together to a batching model queue together and run as one batch. Triton dispatches each request of a stream as
+  it reads it in the same way.
+* **Bounded.** At most `limit` requests of a stream are in flight (read and not finished; MAX_IN_FLIGHT unless the
+  caller says otherwise). At the limit the stream is not read until one finishes: the client's further requests
+  wait in the transport (HTTP/2 flow control pushes back on it), never in a queue or a thread here.
+* **Answers in Triton's order.** The answers of a request placed `in_order` (a model that is not decoupled) are
+  written after those of every earlier in-order request of the stream: Triton 2.51 writes a non-decoupled model's
+  responses in the order of the requests ("put it in the context queue so that its response is sent in the same
+  order as the request was received", src/grpc/stream_infer_handler.cc; tests/differential/
+  test_stream_in_flight.py asks it). Any other request's answers (a decoupled model's) are written as they come.
+  Every answer carries its request's id (`run`'s messages do).
+* **One at a time where arrival order matters.** Requests with the same `serial_key` (the requests of one sequence
+  of a sequence model, whose turns are taken in arrival order) run one after another, in the order read: the next
+  starts once the previous one has finished. Requests with other keys, or none, run at once.
+* **An answer is written before the next is made.** `run`'s next message is asked for only once its previous one
+  was written (the writer resumed after yielding it). So a streaming model holds its slot until its last response
+  is written, a request's tensor memory stays counted until its answer is sent, and a client that stops reading
+  stops the runs too (until the write timeout cancels the call).
+
+Threads: the stream's own. Requests run on "workers", started as needed and never more than `limit`. The workers
+take turns reading the stream: the one that reads a request runs it and leaves the reading to an idle worker (a new
+one if none is idle and the limit allows), so a request never waits for a hand-off to another thread. The thread
+that calls `messages()` (the gRPC handler) only writes. `messages()` starts the first worker and, however it ends,
+stops them all: it cancels every request still in flight (each has its own CancelToken, cancelled with the stream's
+token too, with its reason), wakes every waiting worker, and joins them for at most STOP_SECONDS; a worker still in
+a run that ignores cancellation after that is logged and left to finish by itself (its request releases its lease
+and tensor memory as it ends, as any request does).
+
+Waits: every wait is on a condition of `_lock`, timed (RECHECK_SECONDS at most) and re-checked, woken by the event
+it waits for: a message to write, a finished request, the end of the reading, the stream's cancellation, the stop.
+The writer waits in `blocking_wait` (a gRPC runner thread must not be held by an open stream); the workers are no
+runner's. A worker idle for IDLE_SECONDS ends when another worker is left to read.
+
+Lock: `_lock` guards every field below, and every `_Flight`'s `message` and `pending`. It is a leaf: cancelling a
+token, starting or joining a thread, and running or reading happen with it released.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from engine.interface import CancelToken
+
+from .core.blocking import blocking_wait
+
+_LOG = logging.getLogger(__name__)
+
+# Requests of one stream in flight at most: what one stream can put into a batch at once, and its threads. Past
+# it the stream is read on as its requests finish.
+MAX_IN_FLIGHT = 16
+# How long a stream that ended waits for its workers after cancelling their requests, before it leaves them to end
+# by themselves (under service.server's SHUTDOWN_MARGIN minus the stream's own SHUTDOWN_STREAM_SECONDS).
+STOP_SECONDS = 0.9
+IDLE_SECONDS = 5.0  # a worker with nothing to do ends after this, unless it is the one left to read the stream
+RECHECK_SECONDS = 1.0  # the longest a wait goes without looking at the state again
+
+Q = TypeVar("Q")  # a request, as the caller reads it
+M = TypeVar("M")  # a message to write
+
+
+@dataclass(frozen=True)
+class StreamPlacement:
+    """Where a request goes among its stream's others (see the module docstring)."""
+
+    in_order: bool = True  # its answers keep its place among the in-order requests' answers
+    serial_key: Hashable | None = None  # requests with an equal key run one after another, in arrival order
+
+
+@dataclass(frozen=True)
+class StreamStatistics:
+    in_flight: int  # read and not finished (running, writing, or waiting behind an earlier one of its key)
+    workers: int  # threads of the stream alive (or starting)
+    idle: int  # workers waiting for a turn to read
+    reading: bool  # a worker is reading the stream now
+    paused: bool  # nobody reads: the limit is reached
+    read_over: bool  # the stream's requests have ended
+
+
+class _Flight(Generic[Q, M]):
+    """One request from its reading to the end of its run."""
+
+    __slots__ = ("request", "placement", "token", "written", "message", "pending")
+
+    def __init__(self, request: Q, placement: StreamPlacement, token: CancelToken, written: threading.Condition):
+        self.request = request
+        self.placement = placement
+        self.token = token  # its own: the dataplane puts what the request says about itself on it
+        self.written = written  # its worker waits here for its message to be written
+        self.message: M | None = None
+        self.pending = False  # `message` waits to be written
+
+
+class StreamRequests(Generic[Q, M]):
+    """The requests of one stream in flight (see the module docstring). Iterate `messages()` once, from the thread
+    that writes the stream; it starts and stops everything else."""
+
+    def __init__(
+        self,
+        requests: Iterator[tuple[Q, StreamPlacement]],
+        run: Callable[[Q, CancelToken], Iterator[M]],
+        cancel: CancelToken,
+        *,
+        limit: int = MAX_IN_FLIGHT,
+        name: str = "stream-request",
+    ) -> None:
+        """`requests` gives each request with its placement, blocking until the next one is read; it ends with the
+        stream (an exception from it ends the reading, and is raised by `messages()` once the requests read
+        before it are answered). `run(request, token)` gives the request's messages: it must answer a failed
+        request with a message, not an exception (an exception is taken for a defect and ends the stream with it).
+        `cancel` is the stream's token: when it fires every request in flight, and every request read later, is
+        cancelled with its reason."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self._requests = requests
+        self._run_one = run
+        self._cancel = cancel
+        self._limit = limit
+        self._name = name
+        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()  # guards: every field below, and each _Flight's message and pending
+        self._to_read = threading.Condition(self._lock)  # idle workers wait here for their turn to read
+        self._to_write = threading.Condition(self._lock)  # the writer waits here for a message to write
+        self._flights: set[_Flight[Q, M]] = set()  # read and not finished
+        self._order: collections.deque[_Flight[Q, M]] = collections.deque()  # in-order ones, in reading order
+        self._ready: collections.deque[_Flight[Q, M]] = collections.deque()  # a message to write now, in order
+        self._serial: dict[Hashable, collections.deque[_Flight[Q, M]]] = {}  # key -> waiting behind the running one
+        self._threads: set[threading.Thread] = set()
+        self._idle = 0
+        self._reading = False
+        self._read_over = False
+        self._read_error: BaseException | None = None
+        self._failure: BaseException | None = None  # a defect in `run`: the stream ends with it
+        self._stopped = False
+
+    # ---- the writer -----------------------------------------------------------------------------------------
+
+    def messages(self) -> Iterator[M]:
+        """Every message of the stream's requests, in the order to write them; the next one is taken only after
+        the caller came back from the previous (it was written). Ends once the stream's requests have ended and
+        every request read was answered; then raises the reading's exception, if it ended with one, or a run's
+        defect. Blocks (stepping aside from the gRPC runners) while there is nothing to write. However it ends
+        (closed by the caller too), every request still in flight is cancelled and the workers are joined for at
+        most STOP_SECONDS."""
+        self._cancel.add_callback(self._on_cancel)
+        try:
+            self._start_worker()
+            while (flight := self._next_to_write()) is not None:
+                yield flight.message  # type: ignore[misc]  # pending: its message is set
+                self._written(flight)
+            if self._failure is not None:
+                raise self._failure
+            if self._read_error is not None:
+                raise self._read_error
+        finally:
+            self._cancel.remove_callback(self._on_cancel)
+            self._stop()
+
+    def _next_to_write(self) -> _Flight[Q, M] | None:
+        """The flight whose message goes next; None when the stream is done (or failed)."""
+        with self._lock:
+            if self._ready:
+                return self._ready.popleft()
+            if self._done_locked():
+                return None
+        with blocking_wait, self._lock:
+            while not self._ready:
+                if self._done_locked():
+                    return None
+                self._to_write.wait(RECHECK_SECONDS)
+            return self._ready.popleft()
+
+    def _done_locked(self) -> bool:
+        return self._failure is not None or (self._read_over and not self._flights)
+
+    def _written(self, flight: _Flight[Q, M]) -> None:
+        with self._lock:
+            flight.message, flight.pending = None, False
+            flight.written.notify()
+
+    # ---- the workers ----------------------------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        """Start the first worker."""
+        with self._lock:
+            thread = self._new_worker_locked()
+        self._launch(thread)
+
+    def _new_worker_locked(self) -> threading.Thread:
+        """A worker counted among the stream's threads (so that the limit holds before it starts); `_launch` it
+        once the lock is released."""
+        thread = threading.Thread(target=self._work, name=f"{self._name}-{next(self._numbers)}", daemon=True)
+        self._threads.add(thread)
+        return thread
+
+    def _launch(self, thread: threading.Thread) -> None:
+        try:
+            thread.start()
+        except RuntimeError as error:  # the operating system refused a thread: the others read on
+            with self._lock:
+                self._threads.discard(thread)
+                alone = not self._threads
+            if alone:  # nobody would read the stream, nor answer it: end it with the error
+                self._fail(error)
+            else:
+                _LOG.warning("could not start a thread for a stream's requests (%s); its other threads go on", error)
+
+    def _work(self) -> None:
+        """A worker's loop: take a turn to read, run what it read (and the requests of its key waiting behind
+        it), again; until the stream's requests end, the stream stops, or it has been idle long enough."""
+        try:
+            while (flight := self._take()) is not None:
+                while flight is not None:
+                    self._run(flight)
+                    flight = self._finish(flight)
+        except BaseException as error:  # a defect (in `run`, or here): the stream ends with it
+            self._fail(error)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+                self._to_read.notify()
+                self._to_write.notify()
+
+    def _take(self) -> _Flight[Q, M] | None:
+        """Read requests until one is to run now (one of a key already running waits behind it); None when this
+        worker is to end."""
+        while True:
+            if not self._turn_to_read():
+                return None
+            try:
+                read: tuple[Q, StreamPlacement] | None = next(self._requests, None)
+            except BaseException as error:  # the stream failed (a cancelled call raises here): reading ends
+                read = None
+                with self._lock:
+                    self._read_error = error
+            another: threading.Thread | None = None
+            with self._lock:
+                self._reading = False
+                if read is None:
+                    self._read_over = True
+                    self._to_read.notify_all()
+                    self._to_write.notify()
+                    return None
+                if self._stopped:
+                    return None
+                flight, run_now = self._admit_locked(*read)
+                if self._idle:
+                    self._to_read.notify()  # an idle worker reads the next one
+                elif run_now and self._in_flight_locked() < self._limit and len(self._threads) < self._limit:
+                    another = self._new_worker_locked()  # to read on while this one runs what it read
+            if self._cancel.cancelled:  # (after the lock: `_on_cancel` either saw this flight or runs after this)
+                flight.token.cancel(self._cancel.reason)
+            if another is not None:
+                self._launch(another)
+            if run_now:
+                return flight
+
+    def _turn_to_read(self) -> bool:
+        """Wait until this worker may read (nobody else reads, and the limit leaves room). False when it is to end
+        instead: the stream stopped or failed, the reading is over, or it was idle IDLE_SECONDS while another
+        worker is left (one always is: the reader, or a worker that will read once its request finishes)."""
+        idle_until = time.monotonic() + IDLE_SECONDS
+        with self._lock:
+            while True:
+                if self._stopped or self._read_over or self._failure is not None:
+                    return False
+                if not self._reading and self._in_flight_locked() < self._limit:
+                    self._reading = True
+                    return True
+                left = idle_until - time.monotonic()
+                if left <= 0 and len(self._threads) > 1:
+                    return False
+                self._idle += 1
+                try:
+                    self._to_read.wait(min(left, RECHECK_SECONDS) if left > 0 else RECHECK_SECONDS)
+                finally:
+                    self._idle -= 1
+
+    def _in_flight_locked(self) -> int:
+        return len(self._flights)
+
+    def _admit_locked(self, request: Q, placement: StreamPlacement) -> tuple[_Flight[Q, M], bool]:
+        """Count a request read in flight, in its place. Returns it, and whether it runs now (False: an earlier
+        request of its key runs; it waits behind it)."""
+        flight: _Flight[Q, M] = _Flight(request, placement, CancelToken(), threading.Condition(self._lock))
+        self._flights.add(flight)
+        if placement.in_order:
+            self._order.append(flight)
+        key = placement.serial_key
+        if key is None:
+            return flight, True
+        waiting = self._serial.get(key)
+        if waiting is None:
+            self._serial[key] = collections.deque()
+            return flight, True
+        waiting.append(flight)
+        return flight, False
+
+    def _run(self, flight: _Flight[Q, M]) -> None:
+        """Run one request and hand each of its messages to the writer, the next only once the previous was
+        written. Stops asking for messages (and closes the run, which releases what it holds) when the stream
+        stopped."""
+        messages = self._run_one(flight.request, flight.token)
+        try:
+            for message in messages:
+                if not self._post(flight, message):
+                    return
+        finally:
+            close = getattr(messages, "close", None)  # a generator's; a plain iterator has nothing to close
+            if close is not None:
+                close()
+
+    def _post(self, flight: _Flight[Q, M], message: M) -> bool:
+        """Hand `message` to the writer and wait until it is written. False: the stream stopped; not written."""
+        with self._lock:
+            if self._stopped:
+                return False
+            flight.message, flight.pending = message, True
+            if not flight.placement.in_order or self._order[0] is flight:
+                self._ready.append(flight)
+                self._to_write.notify()
+            while flight.pending and not self._stopped:
+                flight.written.wait(RECHECK_SECONDS)
+            return not flight.pending
+
+    def _finish(self, flight: _Flight[Q, M]) -> _Flight[Q, M] | None:
+        """The request has ended: out of the stream's count and order (the next in-order one may be written now).
+        Returns the request of its key that waited behind it, to run now on this worker (None if none, or
+        the stream stopped)."""
+        with self._lock:
+            self._flights.discard(flight)
+            if flight.placement.in_order:
+                was_first = self._order[0] is flight
+                self._order.remove(flight)
+                if was_first and self._order and self._order[0].pending:
+                    self._ready.append(self._order[0])
+            successor = None
+            key = flight.placement.serial_key
+            if key is not None:
+                waiting = self._serial[key]
+                if waiting and not self._stopped:
+                    successor = waiting.popleft()
+                elif not waiting:
+                    del self._serial[key]
+            self._to_read.notify()  # room under the limit
+            self._to_write.notify()  # maybe the stream's end, or a message to write
+            return successor
+
+    def _fail(self, error: BaseException) -> None:
+        _LOG.error("a stream's request thread failed; the stream ends", exc_info=error)
+        with self._lock:
+            if self._failure is None:
+                self._failure = error
+            self._to_write.notify()
+            self._to_read.notify_all()
+
+    # ---- cancellation and stop --------------------------------------------------------------------------------
+
+    def _on_cancel(self) -> None:
+        """The stream's token fired (client gone, deadline, shutdown): cancel every request in flight with its
+        reason. Requests read later are cancelled as they are read. Idempotent; never blocks for long."""
+        with self._lock:
+            tokens = [flight.token for flight in self._flights]
+        for token in tokens:
+            token.cancel(self._cancel.reason)
+
+    def _stop(self) -> None:
+        """The writer is done (or closed): cancel what is in flight, wake every worker, and join them for at most
+        STOP_SECONDS."""
+        with self._lock:
+            self._stopped = True
+            flights = list(self._flights)
+            threads = list(self._threads)
+            for flight in flights:
+                flight.written.notify()
+            self._to_read.notify_all()
+        for flight in flights:
+            flight.token.cancel(self._cancel.reason)
+        deadline = time.monotonic() + STOP_SECONDS
+        for thread in threads:
+            if thread is not threading.current_thread() and thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        left = [thread.name for thread in threads if thread.is_alive()]
+        if left:
+            _LOG.warning(
+                "a stream ended with %d request(s) still running after %.1f s (%s): they were cancelled and end by "
+                "themselves",
+                len(left),
+                STOP_SECONDS,
+                ", ".join(left),
+            )
+
+    def statistics(self) -> StreamStatistics:
+        with self._lock:
+            return StreamStatistics(
+                in_flight=len(self._flights),
+                workers=len(self._threads),
+                idle=self._idle,
+                reading=self._reading,
+                paused=not self._reading and len(self._flights) >= self._limit and not self._read_over,
+                read_over=self._read_over,
+            )
+
+
+__all__ = ["MAX_IN_FLIGHT", "StreamPlacement", "StreamRequests", "StreamStatistics"]
