@@ -23,26 +23,32 @@ contents. The rules:
   of a sequence model, whose turns are taken in arrival order) run one after another, in the order read: the next
   starts once the previous one has finished. Requests with other keys, or none, run at once.
 * **An answer is written before the next is made.** `run`'s next message is asked for only once its previous one
-  was written (the writer resumed after yielding it). So a streaming model holds its slot until its last response
-  is written, a request's tensor memory stays counted until its answer is sent, and a client that stops reading
-  stops the runs too (until the write timeout cancels the call).
+  was written (the writer resumed after yielding it), except after the request's last message: then its run ends
+  at once (a request's tensor memory is given back and a streaming model's slot freed once its last answer is
+  made, as ModelInfer's are before gRPC sends its answer), and the request stays counted in flight until that
+  message is written. So a streaming model holds its slot until its last response is taken, and a client that
+  stops reading stops the stream's runs too (until the write timeout cancels the call).
 
-Threads: the stream's own. Requests run on "workers", started as needed and never more than `limit`. The workers
-take turns reading the stream: the one that reads a request runs it and leaves the reading to an idle worker (a new
-one if none is idle and the limit allows), so a request never waits for a hand-off to another thread. The thread
-that calls `messages()` (the gRPC handler) only writes. `messages()` starts the first worker and, however it ends,
-stops them all: it cancels every request still in flight (each has its own CancelToken, cancelled with the stream's
-token too, with its reason), wakes every waiting worker, and joins them for at most STOP_SECONDS; a worker still in
-a run that ignores cancellation after that is logged and left to finish by itself (its request releases its lease
-and tensor memory as it ends, as any request does).
+Threads: the stream's own. Requests run on "workers", started as needed, never more than `limit` + 1 (one per
+request in flight, and a reader). The workers take turns reading the stream: the one that reads a request runs it
+and leaves the reading to an idle worker (a new one if none is idle), so a request waits for no hand-off to another
+thread. A request read while nothing else is in flight, whose answers keep their place, is run by the thread that
+calls `messages()` (the gRPC handler, which otherwise only writes), and the worker that read it reads on: a client
+that waits for each answer before sending its next request then costs no hand-off either (as when the handler ran
+its requests itself); what is read meanwhile runs on workers, and their answers are written once that run is done
+(a decoupled model's too, the one exception to "as they come"). `messages()` starts the first worker and, however it
+ends, stops them all: it cancels every request still in flight (each has its own CancelToken, cancelled with the
+stream's token too, with its reason), wakes every waiting worker, and joins them for at most STOP_SECONDS; a worker
+still in a run that ignores cancellation after that is logged and left to finish by itself (its request releases
+its lease and tensor memory as it ends, as any request does).
 
 Waits: every wait is on a condition of `_lock`, timed (RECHECK_SECONDS at most) and re-checked, woken by the event
 it waits for: a message to write, a finished request, the end of the reading, the stream's cancellation, the stop.
 The writer waits in `blocking_wait` (a gRPC runner thread must not be held by an open stream); the workers are no
 runner's. A worker idle for IDLE_SECONDS ends when another worker is left to read.
 
-Lock: `_lock` guards every field below, and every `_Flight`'s `message` and `pending`. It is a leaf: cancelling a
-token, starting or joining a thread, and running or reading happen with it released.
+Lock: `_lock` guards every field of `StreamRequests`, and every `_Flight`'s `message`, `pending` and `ended`. It is
+a leaf: cancelling a token, starting or joining a thread, and running or reading happen with it released.
 """
 
 from __future__ import annotations
@@ -69,7 +75,9 @@ MAX_IN_FLIGHT = 16
 # by themselves (under service.server's SHUTDOWN_MARGIN minus the stream's own SHUTDOWN_STREAM_SECONDS).
 STOP_SECONDS = 0.9
 IDLE_SECONDS = 5.0  # a worker with nothing to do ends after this, unless it is the one left to read the stream
-RECHECK_SECONDS = 1.0  # the longest a wait goes without looking at the state again
+RECHECK_SECONDS = 2.0  # the longest a wait goes without looking at the state again
+
+_READ = object()  # a worker's job: read the stream (see `_next_job`)
 
 Q = TypeVar("Q")  # a request, as the caller reads it
 M = TypeVar("M")  # a message to write
@@ -96,7 +104,7 @@ class StreamStatistics:
 class _Flight(Generic[Q, M]):
     """One request from its reading to the end of its run."""
 
-    __slots__ = ("request", "placement", "token", "written", "message", "pending")
+    __slots__ = ("request", "placement", "token", "written", "message", "pending", "ended", "in_order")
 
     def __init__(self, request: Q, placement: StreamPlacement, token: CancelToken, written: threading.Condition):
         self.request = request
@@ -105,6 +113,8 @@ class _Flight(Generic[Q, M]):
         self.written = written  # its worker waits here for its message to be written
         self.message: M | None = None
         self.pending = False  # `message` waits to be written
+        self.ended = False  # its run is over (its last message may still wait to be written)
+        self.in_order = placement.in_order  # until it answers more than once (see `_post`)
 
 
 class StreamRequests(Generic[Q, M]):
@@ -114,7 +124,7 @@ class StreamRequests(Generic[Q, M]):
     def __init__(
         self,
         requests: Iterator[tuple[Q, StreamPlacement]],
-        run: Callable[[Q, CancelToken], Iterator[M]],
+        run: Callable[[Q, CancelToken], Iterator[tuple[M, bool]]],
         cancel: CancelToken,
         *,
         limit: int = MAX_IN_FLIGHT,
@@ -122,8 +132,10 @@ class StreamRequests(Generic[Q, M]):
     ) -> None:
         """`requests` gives each request with its placement, blocking until the next one is read; it ends with the
         stream (an exception from it ends the reading, and is raised by `messages()` once the requests read
-        before it are answered). `run(request, token)` gives the request's messages: it must answer a failed
-        request with a message, not an exception (an exception is taken for a defect and ends the stream with it).
+        before it are answered). `run(request, token)` gives the request's messages, each as (message, last):
+        `last` says that no message of the request follows, so that its run may end without waiting for it to be
+        written (the request is still counted in flight until it is). It must answer a failed request with a
+        message, not an exception (an exception is taken for a defect and ends the stream with it).
         `cancel` is the stream's token: when it fires every request in flight, and every request read later, is
         cancelled with its reason."""
         if limit < 1:
@@ -134,7 +146,7 @@ class StreamRequests(Generic[Q, M]):
         self._limit = limit
         self._name = name
         self._numbers = itertools.count(1)
-        self._lock = threading.Lock()  # guards: every field below, and each _Flight's message and pending
+        self._lock = threading.Lock()  # guards: every field below, and each _Flight's message, pending and ended
         self._to_read = threading.Condition(self._lock)  # idle workers wait here for their turn to read
         self._to_write = threading.Condition(self._lock)  # the writer waits here for a message to write
         self._flights: set[_Flight[Q, M]] = set()  # read and not finished
@@ -142,8 +154,11 @@ class StreamRequests(Generic[Q, M]):
         self._ready: collections.deque[_Flight[Q, M]] = collections.deque()  # a message to write now, in order
         self._serial: dict[Hashable, collections.deque[_Flight[Q, M]]] = {}  # key -> waiting behind the running one
         self._threads: set[threading.Thread] = set()
+        self._handed: _Flight[Q, M] | None = None  # read while nothing else was in flight: the writer runs it
+        self._runnable: collections.deque[_Flight[Q, M]] = collections.deque()  # for the next free worker
         self._idle = 0
         self._reading = False
+        self._reader: threading.Thread | None = None  # the worker in a read now (it ends when the call does)
         self._read_over = False
         self._read_error: BaseException | None = None
         self._failure: BaseException | None = None  # a defect in `run`: the stream ends with it
@@ -162,8 +177,11 @@ class StreamRequests(Generic[Q, M]):
         try:
             self._start_worker()
             while (flight := self._next_to_write()) is not None:
-                yield flight.message  # type: ignore[misc]  # pending: its message is set
-                self._written(flight)
+                if flight.pending:
+                    yield flight.message  # type: ignore[misc]  # pending: its message is set
+                    self._written(flight)
+                else:  # handed over to run here
+                    yield from self._run_here(flight)
             if self._failure is not None:
                 raise self._failure
             if self._read_error is not None:
@@ -173,26 +191,66 @@ class StreamRequests(Generic[Q, M]):
             self._stop()
 
     def _next_to_write(self) -> _Flight[Q, M] | None:
-        """The flight whose message goes next; None when the stream is done (or failed)."""
+        """The flight whose message goes next, or one handed over to run on this thread; None when the stream is
+        done (or failed)."""
         with self._lock:
-            if self._ready:
-                return self._ready.popleft()
-            if self._done_locked():
-                return None
+            if (flight := self._next_locked()) is not None or self._done_locked():
+                return flight
         with blocking_wait, self._lock:
-            while not self._ready:
+            while (flight := self._next_locked()) is None:
                 if self._done_locked():
                     return None
                 self._to_write.wait(RECHECK_SECONDS)
+            return flight
+
+    def _next_locked(self) -> _Flight[Q, M] | None:
+        if self._ready:
             return self._ready.popleft()
+        flight, self._handed = self._handed, None
+        return flight
+
+    def _run_here(self, flight: _Flight[Q, M]) -> Iterator[M]:
+        """Run a request handed over (it came alone: nothing else was in flight) on the writer's own thread and
+        write its messages as they come, without a hand-off between threads: a stream whose client waits for each
+        answer before its next request (ping-pong) costs what it cost when the handler ran its requests itself.
+        The worker that read it reads on, and any request read meanwhile runs on a worker; their answers are
+        written once this run is done (an in-order one's would wait for this request's anyway). A request of its
+        serial key that waited behind it goes to a worker: it may have later requests before it in the order."""
+        messages = self._run_one(flight.request, flight.token)
+        try:
+            for message, _last in messages:
+                yield message
+        finally:
+            close = getattr(messages, "close", None)
+            if close is not None:
+                close()
+        successor = self._finish(flight)
+        if successor is not None:
+            self._to_a_worker(successor)
+
+    def _to_a_worker(self, flight: _Flight[Q, M]) -> None:
+        """Have a worker run `flight` (an idle one, else a new one: the thread bound leaves room for one per
+        request in flight besides the reader)."""
+        another = None
+        with self._lock:
+            self._runnable.append(flight)
+            if self._idle:
+                self._to_read.notify()
+            elif len(self._threads) <= self._limit:
+                another = self._new_worker_locked()
+        if another is not None:
+            self._launch(another)
 
     def _done_locked(self) -> bool:
-        return self._failure is not None or (self._read_over and not self._flights)
+        return self._failure is not None or (self._read_over and not self._flights and self._handed is None)
 
     def _written(self, flight: _Flight[Q, M]) -> None:
         with self._lock:
             flight.message, flight.pending = None, False
-            flight.written.notify()
+            if flight.ended:  # its run did not wait for its last message: it ends here
+                self._retire_locked(flight)
+            else:
+                flight.written.notify()
 
     # ---- the workers ----------------------------------------------------------------------------------------
 
@@ -238,11 +296,13 @@ class StreamRequests(Generic[Q, M]):
                 self._to_write.notify()
 
     def _take(self) -> _Flight[Q, M] | None:
-        """Read requests until one is to run now (one of a key already running waits behind it); None when this
-        worker is to end."""
+        """The next request for this worker to run: one handed to the workers, else the next one it reads that is
+        to run now (not one of a key already running, which waits behind it, nor one the writer takes). None when
+        this worker is to end."""
         while True:
-            if not self._turn_to_read():
-                return None
+            job = self._next_job()
+            if job is not _READ:
+                return job  # type: ignore[return-value]  # a flight to run, or None
             try:
                 read: tuple[Q, StreamPlacement] | None = next(self._requests, None)
             except BaseException as error:  # the stream failed (a cancelled call raises here): reading ends
@@ -251,7 +311,7 @@ class StreamRequests(Generic[Q, M]):
                     self._read_error = error
             another: threading.Thread | None = None
             with self._lock:
-                self._reading = False
+                self._reading, self._reader = False, None
                 if read is None:
                     self._read_over = True
                     self._to_read.notify_all()
@@ -260,10 +320,17 @@ class StreamRequests(Generic[Q, M]):
                 if self._stopped:
                     return None
                 flight, run_now = self._admit_locked(*read)
-                if self._idle:
+                if run_now and len(self._flights) == 1 and flight.in_order:
+                    self._handed, run_now = flight, False  # alone: the writer runs it; this worker reads on
+                    self._to_write.notify()
+                elif not run_now:
+                    pass  # it waits behind its key's running request; this worker reads on
+                elif self._idle:
                     self._to_read.notify()  # an idle worker reads the next one
-                elif run_now and self._in_flight_locked() < self._limit and len(self._threads) < self._limit:
-                    another = self._new_worker_locked()  # to read on while this one runs what it read
+                elif len(self._threads) <= self._limit:
+                    # To read on while this one runs what it read (at the limit: once a request finishes; the
+                    # writer's own run may be the one, and it does not come back to read).
+                    another = self._new_worker_locked()
             if self._cancel.cancelled:  # (after the lock: `_on_cancel` either saw this flight or runs after this)
                 flight.token.cancel(self._cancel.reason)
             if another is not None:
@@ -271,21 +338,26 @@ class StreamRequests(Generic[Q, M]):
             if run_now:
                 return flight
 
-    def _turn_to_read(self) -> bool:
-        """Wait until this worker may read (nobody else reads, and the limit leaves room). False when it is to end
-        instead: the stream stopped or failed, the reading is over, or it was idle IDLE_SECONDS while another
-        worker is left (one always is: the reader, or a worker that will read once its request finishes)."""
+    def _next_job(self) -> _Flight[Q, M] | object | None:
+        """Wait for this worker's next job: a flight handed to the workers, or its turn to read (_READ: nobody else
+        reads, and the limit leaves room). None when it is to end instead: the stream stopped or failed, the
+        reading is over and nothing is left to run, or it was idle IDLE_SECONDS while another worker reads or
+        waits to (so that a request finishing on the writer's thread always finds a reader)."""
         idle_until = time.monotonic() + IDLE_SECONDS
         with self._lock:
             while True:
-                if self._stopped or self._read_over or self._failure is not None:
-                    return False
+                if self._stopped or self._failure is not None:
+                    return None
+                if self._runnable:
+                    return self._runnable.popleft()
+                if self._read_over:
+                    return None
                 if not self._reading and self._in_flight_locked() < self._limit:
-                    self._reading = True
-                    return True
+                    self._reading, self._reader = True, threading.current_thread()
+                    return _READ
                 left = idle_until - time.monotonic()
-                if left <= 0 and len(self._threads) > 1:
-                    return False
+                if left <= 0 and (self._reading or self._idle > 0):  # another one reads, or will
+                    return None
                 self._idle += 1
                 try:
                     self._to_read.wait(min(left, RECHECK_SECONDS) if left > 0 else RECHECK_SECONDS)
@@ -300,7 +372,7 @@ class StreamRequests(Generic[Q, M]):
         request of its key runs; it waits behind it)."""
         flight: _Flight[Q, M] = _Flight(request, placement, CancelToken(), threading.Condition(self._lock))
         self._flights.add(flight)
-        if placement.in_order:
+        if flight.in_order:
             self._order.append(flight)
         key = placement.serial_key
         if key is None:
@@ -314,42 +386,62 @@ class StreamRequests(Generic[Q, M]):
 
     def _run(self, flight: _Flight[Q, M]) -> None:
         """Run one request and hand each of its messages to the writer, the next only once the previous was
-        written. Stops asking for messages (and closes the run, which releases what it holds) when the stream
-        stopped."""
+        written (its last one: without waiting for it). Stops asking for messages (and closes the run, which
+        releases what it holds) when the stream stopped."""
         messages = self._run_one(flight.request, flight.token)
         try:
-            for message in messages:
-                if not self._post(flight, message):
+            for message, last in messages:
+                if not self._post(flight, message, last):
                     return
         finally:
             close = getattr(messages, "close", None)  # a generator's; a plain iterator has nothing to close
             if close is not None:
                 close()
 
-    def _post(self, flight: _Flight[Q, M], message: M) -> bool:
-        """Hand `message` to the writer and wait until it is written. False: the stream stopped; not written."""
+    def _post(self, flight: _Flight[Q, M], message: M, last: bool) -> bool:
+        """Hand `message` to the writer and wait until it is written, unless it is the request's `last` (a message
+        after a last one waits for that one first). False: the stream stopped; not written."""
         with self._lock:
+            while flight.pending and not self._stopped:
+                flight.written.wait(RECHECK_SECONDS)
             if self._stopped:
                 return False
+            if not last and flight.in_order:
+                self._out_of_order_locked(flight)
             flight.message, flight.pending = message, True
-            if not flight.placement.in_order or self._order[0] is flight:
+            if not flight.in_order or self._order[0] is flight:
                 self._ready.append(flight)
                 self._to_write.notify()
+            if last:
+                return True
             while flight.pending and not self._stopped:
                 flight.written.wait(RECHECK_SECONDS)
             return not flight.pending
 
+    def _out_of_order_locked(self, flight: _Flight[Q, M]) -> None:
+        """A request placed in order answers more than once (a streaming model that is not decoupled: the test
+        backend's, never one of Triton's, which answer once): from now on its answers are written as they come.
+        Kept in order, it could hold its slot waiting for an earlier request's answer while that request waits for
+        the slot."""
+        self._leave_order_locked(flight)
+        flight.in_order = False
+
+    def _leave_order_locked(self, flight: _Flight[Q, M]) -> None:
+        was_first = self._order[0] is flight
+        self._order.remove(flight)
+        if was_first and self._order and self._order[0].pending:
+            self._ready.append(self._order[0])
+            self._to_write.notify()
+
     def _finish(self, flight: _Flight[Q, M]) -> _Flight[Q, M] | None:
-        """The request has ended: out of the stream's count and order (the next in-order one may be written now).
-        Returns the request of its key that waited behind it, to run now on this worker (None if none, or
-        the stream stopped)."""
+        """The request's run has ended: it leaves the stream's count and order now, or once its last message is
+        written (`_written`). Returns the request of its key that waited behind it, to run now on this worker
+        (None if none, or the stream stopped): a sequence's next turn need not wait for this one's answer to be
+        written, which keeps its place in the order anyway."""
         with self._lock:
-            self._flights.discard(flight)
-            if flight.placement.in_order:
-                was_first = self._order[0] is flight
-                self._order.remove(flight)
-                if was_first and self._order and self._order[0].pending:
-                    self._ready.append(self._order[0])
+            flight.ended = True
+            if not flight.pending:
+                self._retire_locked(flight)
             successor = None
             key = flight.placement.serial_key
             if key is not None:
@@ -358,9 +450,18 @@ class StreamRequests(Generic[Q, M]):
                     successor = waiting.popleft()
                 elif not waiting:
                     del self._serial[key]
-            self._to_read.notify()  # room under the limit
-            self._to_write.notify()  # maybe the stream's end, or a message to write
             return successor
+
+    def _retire_locked(self, flight: _Flight[Q, M]) -> None:
+        """A request is over (run ended, messages written): out of the count, and of the order (the next in-order
+        request's message may go now)."""
+        at_limit = len(self._flights) >= self._limit
+        self._flights.discard(flight)
+        if flight.in_order:
+            self._leave_order_locked(flight)
+        if at_limit:
+            self._to_read.notify()  # room under the limit again
+        self._to_write.notify()  # maybe the stream's end, or a message to write
 
     def _fail(self, error: BaseException) -> None:
         _LOG.error("a stream's request thread failed; the stream ends", exc_info=error)
@@ -382,11 +483,12 @@ class StreamRequests(Generic[Q, M]):
 
     def _stop(self) -> None:
         """The writer is done (or closed): cancel what is in flight, wake every worker, and join them for at most
-        STOP_SECONDS."""
+        STOP_SECONDS. A worker still in a read is not waited for: the read ends when the call does (gRPC ends it
+        once this handler returns or raises), and the worker with it, having read nothing it would run."""
         with self._lock:
             self._stopped = True
             flights = list(self._flights)
-            threads = list(self._threads)
+            threads = [thread for thread in self._threads if thread is not self._reader]
             for flight in flights:
                 flight.written.notify()
             self._to_read.notify_all()
@@ -394,13 +496,13 @@ class StreamRequests(Generic[Q, M]):
             flight.token.cancel(self._cancel.reason)
         deadline = time.monotonic() + STOP_SECONDS
         for thread in threads:
-            if thread is not threading.current_thread() and thread.ident is not None:
+            if thread.ident is not None:  # (one counted but not started yet sees the stop as it starts)
                 thread.join(max(0.0, deadline - time.monotonic()))
         left = [thread.name for thread in threads if thread.is_alive()]
         if left:
             _LOG.warning(
-                "a stream ended with %d request(s) still running after %.1f s (%s): they were cancelled and end by "
-                "themselves",
+                "a stream ended with %d thread(s) still in a request %.1f s after it was cancelled (%s); they end "
+                "by themselves",
                 len(left),
                 STOP_SECONDS,
                 ", ".join(left),

@@ -222,8 +222,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             yield _StreamRequest(message, call), self._dataplane.stream_placement(call)
 
     def _stream_one(self, request: _StreamRequest, cancel):
-        """One request's messages on the stream (run on a thread of the stream, with the request's own token).
-        Each answer says whether it is the request's last (`triton_final_response`); a streaming model whose final
+        """One request's messages on the stream, each with whether it is the request's last (run on a thread of
+        the stream, with the request's own token). Each answer says whether it is the request's last
+        (`triton_final_response`: the dataplane gives nothing after a final answer); a streaming model whose final
         flag came alone ends with an empty final answer when the client asked for one
         (`triton_enable_empty_final_response`), as on Triton. A failed request's error is its one message."""
         message = request.message
@@ -232,16 +233,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             for response in responses:
                 final = response.parameters[FINAL_RESPONSE].bool_param
-                yield pb.ModelStreamInferResponse(infer_response=response)
+                yield pb.ModelStreamInferResponse(infer_response=response), final
             if not final and wants_empty_final_response(message):
-                yield pb.ModelStreamInferResponse(infer_response=empty_final_response(message))
+                yield pb.ModelStreamInferResponse(infer_response=empty_final_response(message)), True
         except Exception as error:  # a failed request must not end the stream
             _code, text, _reason = status_codes.describe(as_client_error(error, cancel))
             failed = pb.ModelInferResponse(
                 model_name=message.model_name, model_version=message.model_version, id=message.id
             )
             failed.parameters[FINAL_RESPONSE].bool_param = True  # a failed request ends there, as on Triton
-            yield pb.ModelStreamInferResponse(error_message=text, infer_response=failed)
+            yield pb.ModelStreamInferResponse(error_message=text, infer_response=failed), True
         finally:
             responses.close()
 

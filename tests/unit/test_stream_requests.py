@@ -54,14 +54,15 @@ class Requests:
 
 
 class Runs:
-    """`run` for the stream: request "x" answers "x" (and "x+" for "x*2"); a request with a gate waits for it (or
-    for its token) first. Records starts, answers made ("ran") and ends (after its last answer was written), and
-    each request's token."""
+    """`run` for the stream: request "x" answers "x" (and "x+" for "x*2", its first answer not its last); a request
+    with a gate waits for it (or for its token) first. Records starts, answers made ("ran") and ends, and each
+    request's token."""
 
     def __init__(self) -> None:
         self.gates: dict[str, threading.Event] = {}
         self.events: list[str] = []
         self.tokens: dict[str, CancelToken] = {}
+        self.threads: dict[str, str] = {}  # request -> the thread that ran it
         self._lock = threading.Lock()
 
     def gate(self, request: str) -> threading.Event:
@@ -73,6 +74,7 @@ class Runs:
 
     def __call__(self, request: str, token: CancelToken):
         self.tokens[request] = token
+        self.threads[request] = threading.current_thread().name
         self.note(f"start {request}")
         gate = self.gates.get(request)
         if gate is not None:
@@ -80,12 +82,13 @@ class Runs:
             assert gate.wait(WAIT)
         if token.cancelled:
             self.note(f"end {request}")
-            yield f"{request} cancelled: {token.reason}"
+            yield f"{request} cancelled: {token.reason}", True
             return
         self.note(f"ran {request}")  # its answer is made; it is written (and the run goes on) in its turn
-        yield request
-        if request.endswith("*2"):
-            yield request + "+"
+        twice = request.endswith("*2")
+        yield request, not twice
+        if twice:
+            yield request + "+", True
         self.note(f"end {request}")
 
 
@@ -95,7 +98,7 @@ class Writer:
     def __init__(self, stream: StreamRequests) -> None:
         self.written: list[str] = []
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write, args=(stream,), daemon=True)
+        self._thread = threading.Thread(target=self._write, args=(stream,), name="writer", daemon=True)
         self._thread.start()
 
     def _write(self, stream: StreamRequests) -> None:
@@ -209,7 +212,7 @@ def test_the_streams_cancellation_cancels_every_request_in_flight_and_those_read
     assert len({id(token) for token in runs.tokens.values()}) == 3  # each request its own token
 
 
-def test_closing_the_writer_cancels_what_runs_and_joins_the_threads():
+def test_closing_the_writer_cancels_what_runs_and_joins_the_threads_that_run_it():
     requests, runs = Requests(), Runs()
     runs.gate("b")
     stream = StreamRequests(iter(requests), runs, CancelToken())
@@ -218,10 +221,11 @@ def test_closing_the_writer_cancels_what_runs_and_joins_the_threads():
     requests.put("b", AS_THEY_COME)
     assert next(messages) == "a"
     eventually(lambda: "start b" in runs.events, "b running")
-    requests.end()
     messages.close()  # the call ended at a write: gRPC closes the generator
     assert runs.tokens["b"].cancelled and runs.tokens["a"].cancelled
-    assert not stream_threads()
+    assert "end b" in runs.events  # its worker was joined: its run saw the cancel and ended
+    requests.end()  # the reading ends with the call (the reader is not waited for)
+    eventually(lambda: not stream_threads(), "the reader gone too")
 
 
 def test_a_defect_in_a_run_ends_the_stream_with_it():
@@ -254,3 +258,52 @@ def test_a_reading_that_fails_is_raised_after_the_requests_read_before_it_are_an
 def test_the_limit_must_be_positive():
     with pytest.raises(ValueError):
         StreamRequests(iter(()), Runs(), CancelToken(), limit=0)
+
+
+def test_a_request_whose_last_answer_waits_to_be_written_still_counts_against_the_limit():
+    requests, runs = Requests(), Runs()
+    first = runs.gate("a")
+    stream, writer = start(requests, runs, limit=2)
+    for name in ("a", "b", "c"):
+        requests.put(name)
+    eventually(lambda: "end b" in runs.events, "b's run ended (its answer waits behind a's)")
+    eventually(lambda: stream.statistics().paused, "the reading paused at the limit")
+    assert requests.asked == 2 and writer.written == []
+    first.set()
+    requests.end()
+    assert writer.join() == ["a", "b", "c"]
+
+
+def test_a_request_that_comes_alone_runs_on_the_writers_thread_and_the_reader_reads_on():
+    """A client that waits for each answer before its next request (ping-pong): each request finds nothing else in
+    flight and runs on the writer's thread (no hand-off of its answer); one worker reads them all."""
+    requests, runs = Requests(), Runs()
+    stream, writer = start(requests, runs)
+    for n, name in enumerate(("a", "b", "c"), 1):
+        requests.put(name)
+        eventually(lambda n=n: len(writer.written) == n, f"answer {n}")
+    assert set(runs.threads.values()) == {"writer"}
+    assert stream.statistics().workers == 1
+    requests.end()
+    assert writer.join() == ["a", "b", "c"]
+
+
+def test_the_next_request_of_a_key_run_on_the_writers_thread_goes_to_a_worker_and_keeps_its_place():
+    """a1 comes alone (the writer runs it), then b1 (another key, on a worker) and a2 (behind a1): once a1 is done,
+    a2 runs on a worker, and its answer waits for b1's, which came before it."""
+    requests, runs = Requests(), Runs()
+    first, other = runs.gate("a1"), runs.gate("b1")
+    stream, writer = start(requests, runs)
+    key_a, key_b = StreamPlacement(serial_key="a"), StreamPlacement(serial_key="b")
+    requests.put("a1", key_a)
+    eventually(lambda: "start a1" in runs.events, "a1 running")
+    requests.put("b1", key_b)
+    requests.put("a2", key_a)
+    eventually(lambda: "start b1" in runs.events and stream.statistics().in_flight == 3, "b1 running, a2 waiting")
+    first.set()
+    eventually(lambda: "ran a2" in runs.events, "a2 run once a1 was done")
+    assert writer.written == ["a1"]
+    other.set()
+    requests.end()
+    assert writer.join() == ["a1", "b1", "a2"]
+    assert runs.threads["a1"] == "writer" and runs.threads["a2"] != "writer"
