@@ -407,3 +407,78 @@ def test_a_stream_past_its_limit_of_requests_in_flight_reads_on_as_they_finish(t
             replies = stream.receive(5)
         assert [reply.infer_response.id for reply in replies] == [f"l{n}" for n in range(5)]
         assert [reply.error_message for reply in replies] == [""] * 5
+
+
+# ---- sequences --------------------------------------------------------------------------------------------------
+
+
+def test_a_sequence_start_waiting_for_a_slot_does_not_hold_up_the_streams_open_sequence(tmp_path):
+    """One sequence slot; on one stream: A starts, B starts (it waits for A's slot), then A's next requests and its
+    end. A's requests run while B's start waits (the old stream held everything behind B's start, A never ended,
+    and the stream ran out of time); B runs once A ended. Answers in the order of the requests, each sequence with
+    its own running sum."""
+    from tests.integration.test_sequences import output as sequence_output
+    from tests.integration.test_sequences import sequence_request
+    from tests.sequence_builders import write_accumulate
+
+    write_accumulate(tmp_path, "acc", slots=1)
+    plan = [("A", 1, True, False), ("B", 100, True, False), ("A", 2, False, False), ("A", 3, False, True)]
+    plan += [("B", 200, False, False), ("B", 300, False, True)]
+    ids = {"A": 21, "B": 22}
+    messages = [sequence_request("acc", value, ids[name], start=start, end=end) for name, value, start, end in plan]
+    with serve(tmp_path) as running, grpc.insecure_channel(running.address) as channel:
+        replies = list(pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(messages), timeout=20))
+    assert [reply.error_message for reply in replies] == [""] * 6
+    assert [int(sequence_output(reply.infer_response)[0]) for reply in replies] == [1, 100, 3, 6, 300, 600]
+
+
+def test_many_requests_of_interleaved_sequences_sent_together_keep_each_sequences_order(tmp_path):
+    """Three sequences of eight requests each, interleaved and sent back-to-back on one stream to a model of three
+    slots (a sequence slot each: see docs/sequences.md for more sequences than slots on one stream): requests of
+    one sequence run one after another in the order sent (each answer is its running sum), requests of different
+    sequences at once."""
+    from tests.integration.test_sequences import output as sequence_output
+    from tests.integration.test_sequences import sequence_request
+    from tests.sequence_builders import expected_sums, write_accumulate
+
+    write_accumulate(tmp_path, "acc", slots=3)
+    values = {sequence_id: [sequence_id * 100 + k for k in range(8)] for sequence_id in (31, 32, 33)}
+    messages, order = [], []
+    for k in range(8):
+        for sequence_id, sequence in values.items():
+            messages.append(sequence_request("acc", sequence[k], sequence_id, start=k == 0, end=k == 7))
+            order.append((sequence_id, k))
+    with serve(tmp_path, parallel_jobs=3) as running, grpc.insecure_channel(running.address) as channel:
+        replies = list(pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(messages), timeout=60))
+    assert [reply.error_message for reply in replies] == [""] * len(messages)
+    sums = {sequence_id: expected_sums(sequence) for sequence_id, sequence in values.items()}
+    assert [int(sequence_output(reply.infer_response)[0]) for reply in replies] == [sums[s][k] for s, k in order]
+
+
+# ---- shutdown ---------------------------------------------------------------------------------------------------
+
+
+def test_requests_of_one_stream_still_running_at_the_end_of_the_grace_each_get_shutting_down(tmp_path, controls):
+    """Three requests of one stream held in a model of four slots when the shutdown's grace runs out: each is
+    cancelled and gets its `shutting_down` error on the stream, the handler returns (nothing abandoned) and the
+    engine is closed."""
+    _plain_model(tmp_path, "m", slots=4)
+    with serve(tmp_path, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=4) as running:
+        held = controls.gate("m", "execute").hold()
+        stream = Stream(running.address)
+        try:
+            for n in range(3):
+                stream.send(request("m", "INPUT0", np.full(4, n, np.float32), f"d{n}"))
+            held.wait_blocked(3, timeout=WAIT)
+            received: list = []
+            reader = threading.Thread(target=lambda: received.extend(stream.receive(3)), daemon=True)
+            reader.start()  # the client reads while the server shuts down
+            report = running.server.shutdown(drain_seconds=0.0, grace=0.3)
+            reader.join(WAIT)
+            replies = received
+        finally:
+            stream.__exit__()
+        assert sorted(reply.infer_response.id for reply in replies) == ["d0", "d1", "d2"]
+        assert all("shutting_down" in reply.error_message for reply in replies), replies
+        assert report.abandoned_calls == 0 and report.closed_models == ["m"]
+        assert controls.live_engines("m") == 0
