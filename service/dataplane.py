@@ -6,8 +6,10 @@ The wire layer (service/servicers/inference.py with service/tensors.py) hands `D
 tensors (decoded here, after their memory is reserved) and `respond`, its encoder, which turns each neutral
 `InferenceResponse` (the outputs of a run) into what the transport sends. Both calls go through one path
 (`_answers`): unary and stream requests are admitted, run (alone on a slot, or in a batch) and counted the same
-way; only a streaming model's several answers differ. Everything else (the tensor memory account, FIFO admission,
-lazy loading, statistics) happens here and below. A request's tensor memory is reserved before decoding
+way; only a streaming model's several answers differ. A stream's requests are in flight together, each through
+this path on a thread of the stream (service/stream_requests.py keeps them; `stream_placement` says where each goes
+among the others). Everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens
+here and below. A request's tensor memory is reserved before decoding
 (service/tensor_memory.py) and given back when it ends, whatever the end. Nothing here imports grpc, protobuf
 messages or the wire layer (tests/unit/test_layers.py says so).
 """
