@@ -9,9 +9,9 @@ tensors (decoded here, after their memory is reserved) and `respond`, its encode
 way; only a streaming model's several answers differ. A stream's requests are in flight together, each through
 this path on a thread of the stream (service/stream_requests.py keeps them; `stream_placement` says where each goes
 among the others). Everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens
-here and below. A request's tensor memory is reserved before decoding
-(service/tensor_memory.py) and given back when it ends, whatever the end. Nothing here imports grpc, protobuf
-messages or the wire layer (tests/unit/test_layers.py says so).
+here and below. A request's tensor memory is reserved before decoding (service/tensor_memory.py) and given back
+when it ends, whatever the end. Nothing here imports grpc, protobuf messages or the wire layer
+(tests/unit/test_layers.py says so).
 """
 
 from __future__ import annotations
@@ -136,6 +136,11 @@ class InferenceRequest(Generic[R]):
     respond: Callable[[InferenceResponse], R]
     client_deadline: float | None = None  # on the monotonic clock; None: the client set none
     parameters: Mapping[str, object] = field(default_factory=dict)  # the request's own (plain values)
+    # A stream's: what ends a streaming model's request, made while its slot is still held, so that it is on its way
+    # before another request of the stream takes the slot (as on Triton, where the model's instance sends it before
+    # it takes its next request): `respond_end(error, final_sent)` encodes the error the run ended with, or (error
+    # None) what follows its last answer (None: nothing). Without it a streaming model's error is raised.
+    respond_end: Callable[[BaseException | None, bool], R | None] | None = None
 
 
 def output_bytes(outputs: Outputs) -> int:
@@ -333,16 +338,30 @@ class Dataplane:
         started: int,
     ) -> Iterator[R]:
         """A streaming model's answers, holding its slot until the last one is taken (or the generator is
-        closed), then counted."""
+        closed), then counted. With `request.respond_end`, what ends the request (its error, or what follows its
+        last answer) is taken while the slot is still held, and the error is counted here instead of raised."""
+        final = False
         with lease:
-            decoded.check_regions()
-            lease.metadata.check_request(decoded.signature, decoded.outputs)
-            ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
-            began = time.perf_counter_ns()
-            for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
-                ran.outputs = outputs
-                yield self._respond(request, ran, decoded, reservation, final=isinstance(outputs, FinalOutputs))
-            ran.infer_ns = time.perf_counter_ns() - began
+            try:
+                decoded.check_regions()
+                lease.metadata.check_request(decoded.signature, decoded.outputs)
+                ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
+                began = time.perf_counter_ns()
+                for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
+                    ran.outputs = outputs
+                    final = isinstance(outputs, FinalOutputs)
+                    yield self._respond(request, ran, decoded, reservation, final=final)
+                ran.infer_ns = time.perf_counter_ns() - began
+            except Exception as error:
+                if request.respond_end is None:
+                    raise
+                self._record_failure(entry, error, cancel, started)
+                failed = request.respond_end(error, final)
+                if failed is not None:
+                    yield failed
+                return
+            if request.respond_end is not None and (end := request.respond_end(None, final)) is not None:
+                yield end
         self._record_success(entry, ran, started, counted_output=False)
 
     @staticmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 from typing import NamedTuple
 
@@ -218,7 +220,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """The stream's requests as they are read (on a thread of the stream), each with its dataplane request and
         its place among the others."""
         for message in _each_message(request_iterator):
-            call = inference_request(message, as_message, shared_memory=self._shared_memory, client_deadline=deadline)
+            call = inference_request(
+                message, _stream_answer, shared_memory=self._shared_memory, client_deadline=deadline
+            )
             yield _StreamRequest(message, call), self._dataplane.stream_placement(call)
 
     def _stream_one(self, request: _StreamRequest, cancel):
@@ -226,23 +230,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         the stream, with the request's own token). Each answer says whether it is the request's last
         (`triton_final_response`: the dataplane gives nothing after a final answer); a streaming model whose final
         flag came alone ends with an empty final answer when the client asked for one
-        (`triton_enable_empty_final_response`), as on Triton. A failed request's error is its one message."""
+        (`triton_enable_empty_final_response`), as on Triton. A failed request's error is its one last message
+        (a streaming model's is made while its slot is held: see InferenceRequest.respond_end)."""
         message = request.message
-        responses = self._dataplane.infer_stream(request.call, cancel=cancel)
-        final = False
+        ending = functools.partial(_stream_end, message, cancel)
+        responses = self._dataplane.infer_stream(dataclasses.replace(request.call, respond_end=ending), cancel=cancel)
         try:
             for response in responses:
-                final = response.parameters[FINAL_RESPONSE].bool_param
-                yield pb.ModelStreamInferResponse(infer_response=response), final
-            if not final and wants_empty_final_response(message):
-                yield pb.ModelStreamInferResponse(infer_response=empty_final_response(message)), True
+                yield response, response.infer_response.parameters[FINAL_RESPONSE].bool_param
         except Exception as error:  # a failed request must not end the stream
-            _code, text, _reason = status_codes.describe(as_client_error(error, cancel))
-            failed = pb.ModelInferResponse(
-                model_name=message.model_name, model_version=message.model_version, id=message.id
-            )
-            failed.parameters[FINAL_RESPONSE].bool_param = True  # a failed request ends there, as on Triton
-            yield pb.ModelStreamInferResponse(error_message=text, infer_response=failed), True
+            yield ending(error, True), True
         finally:
             responses.close()
 
@@ -475,6 +472,26 @@ def add_inference_servicer(servicer: InferenceServicer, server: grpc.Server) -> 
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _stream_answer(response) -> pb.ModelStreamInferResponse:
+    """An answer as the stream carries it."""
+    return pb.ModelStreamInferResponse(infer_response=as_message(response))
+
+
+def _stream_end(message: pb.ModelInferRequest, cancel, error: BaseException | None, final_sent: bool):
+    """What ends a stream request after its answers: its error (with the request's id, final), or an empty final
+    answer if its last answer was not final and the client asked for one; else None."""
+    if error is not None:
+        _code, text, _reason = status_codes.describe(as_client_error(error, cancel))
+        failed = pb.ModelInferResponse(
+            model_name=message.model_name, model_version=message.model_version, id=message.id
+        )
+        failed.parameters[FINAL_RESPONSE].bool_param = True  # a failed request ends there, as on Triton
+        return pb.ModelStreamInferResponse(error_message=text, infer_response=failed)
+    if not final_sent and wants_empty_final_response(message):
+        return pb.ModelStreamInferResponse(infer_response=empty_final_response(message))
+    return None
 
 
 class _StreamRequest(NamedTuple):
