@@ -251,18 +251,26 @@ class Dataplane:
     def stream_placement(self, request: InferenceRequest[R]) -> StreamPlacement:
         """Where a stream puts `request` among its others (service/stream_requests.py), read as the request
         arrives: its answers keep their place unless its model is decoupled (Triton's rule, from the model's
-        `model_transaction_policy` as Triton reads it), and a sequence model's requests of one sequence run one
-        after another (its turns are taken in arrival order; requests of other sequences run meanwhile). Reads the
-        registry only; never raises: a request that is to fail keeps its place, and its error is written there."""
+        `model_transaction_policy` as Triton reads it); a sequence model's requests of one sequence run one after
+        another (its turns are taken in arrival order; requests of other sequences run meanwhile); a model that
+        neither batches nor takes sequences runs as many of the stream's requests at once as it has slots (the
+        others would only wait in its queue). A batching model's requests all go to its queue at once, to batch.
+        Reads the registry only; never raises: a request that is to fail keeps its place, and its error is written
+        there."""
         try:
-            spec = self.registry.get(request.model, request.version).spec
+            entry = self.registry.get(request.model, request.version)
         except Exception:  # unknown model or version: refused when it runs, in its place
             return StreamPlacement()
-        serial_key = None
-        sequence_id = request.parameters.get("sequence_id")
-        if spec.sequence is not None and sequence_id not in (None, 0, ""):
-            serial_key = ("sequence", request.model, sequence_id)
-        return StreamPlacement(in_order=not _decoupled(spec), serial_key=serial_key)
+        spec = entry.spec
+        in_order = not _decoupled(spec)
+        if spec.sequence is not None:
+            sequence_id = request.parameters.get("sequence_id")
+            if sequence_id in (None, 0, ""):
+                return StreamPlacement(in_order)  # refused when it runs
+            return StreamPlacement(in_order, lane=("sequence", entry.name, spec.version, sequence_id))
+        if entry.batches or spec.backend == "ensemble":  # (an ensemble's steps have slots of their own)
+            return StreamPlacement(in_order)
+        return StreamPlacement(in_order, lane=("model", entry.name, spec.version), width=max(1, entry.settings.slots))
 
     def _answers(
         self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool

@@ -19,9 +19,11 @@ contents. The rules:
   order as the request was received", src/grpc/stream_infer_handler.cc; tests/differential/
   test_stream_in_flight.py asks it). Any other request's answers (a decoupled model's) are written as they come.
   Every answer carries its request's id (`run`'s messages do).
-* **One at a time where arrival order matters.** Requests with the same `serial_key` (the requests of one sequence
-  of a sequence model, whose turns are taken in arrival order) run one after another, in the order read: the next
-  starts once the previous one has finished. Requests with other keys, or none, run at once.
+* **Lanes.** Requests placed in the same `lane` run at most `width` at a time, in the order read: the next starts
+  once an earlier one has finished. The requests of one sequence of a sequence model share a lane of width 1 (their
+  turns are taken in arrival order); a model that neither batches nor takes sequences has a lane as wide as its
+  slots (more of its requests at once would only wait in its queue, each holding a thread). Requests of other
+  lanes, or of none (a batching model's: they queue together to form batches), run at once.
 * **An answer is written before the next is made.** `run`'s next message is asked for only once its previous one
   was written (the writer resumed after yielding it), except after the request's last message: then its run ends
   at once (a request's tensor memory is given back and a streaming model's slot freed once its last answer is
@@ -88,17 +90,28 @@ class StreamPlacement:
     """Where a request goes among its stream's others (see the module docstring)."""
 
     in_order: bool = True  # its answers keep its place among the in-order requests' answers
-    serial_key: Hashable | None = None  # requests with an equal key run one after another, in arrival order
+    lane: Hashable | None = None  # requests of an equal lane run at most `width` at once, in arrival order
+    width: int = 1
 
 
 @dataclass(frozen=True)
 class StreamStatistics:
-    in_flight: int  # read and not finished (running, writing, or waiting behind an earlier one of its key)
+    in_flight: int  # read and not finished (running, its answer waiting to be written, or waiting in its lane)
     workers: int  # threads of the stream alive (or starting)
     idle: int  # workers waiting for a turn to read
     reading: bool  # a worker is reading the stream now
     paused: bool  # nobody reads: the limit is reached
     read_over: bool  # the stream's requests have ended
+
+
+class _Lane(Generic[Q, M]):
+    """The requests of one lane in flight: how many run, and those waiting for a place, oldest first."""
+
+    __slots__ = ("running", "waiting")
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting: collections.deque[_Flight[Q, M]] = collections.deque()
 
 
 class _Flight(Generic[Q, M]):
@@ -152,7 +165,7 @@ class StreamRequests(Generic[Q, M]):
         self._flights: set[_Flight[Q, M]] = set()  # read and not finished
         self._order: collections.deque[_Flight[Q, M]] = collections.deque()  # in-order ones, in reading order
         self._ready: collections.deque[_Flight[Q, M]] = collections.deque()  # a message to write now, in order
-        self._serial: dict[Hashable, collections.deque[_Flight[Q, M]]] = {}  # key -> waiting behind the running one
+        self._lanes: dict[Hashable, _Lane[Q, M]] = {}  # lane -> its running count and its requests waiting
         self._threads: set[threading.Thread] = set()
         self._handed: _Flight[Q, M] | None = None  # read while nothing else was in flight: the writer runs it
         self._runnable: collections.deque[_Flight[Q, M]] = collections.deque()  # for the next free worker
@@ -214,8 +227,8 @@ class StreamRequests(Generic[Q, M]):
         write its messages as they come, without a hand-off between threads: a stream whose client waits for each
         answer before its next request (ping-pong) costs what it cost when the handler ran its requests itself.
         The worker that read it reads on, and any request read meanwhile runs on a worker; their answers are
-        written once this run is done (an in-order one's would wait for this request's anyway). A request of its
-        serial key that waited behind it goes to a worker: it may have later requests before it in the order."""
+        written once this run is done (an in-order one's would wait for this request's anyway). A request that
+        waited in its lane goes to a worker: it may have later requests before it in the order."""
         messages = self._run_one(flight.request, flight.token)
         try:
             for message, _last in messages:
@@ -280,8 +293,8 @@ class StreamRequests(Generic[Q, M]):
                 _LOG.warning("could not start a thread for a stream's requests (%s); its other threads go on", error)
 
     def _work(self) -> None:
-        """A worker's loop: take a turn to read, run what it read (and the requests of its key waiting behind
-        it), again; until the stream's requests end, the stream stops, or it has been idle long enough."""
+        """A worker's loop: take a turn to read, run what it read (and the requests that waited in its lane), again;
+        until the stream's requests end, the stream stops, or it has been idle long enough."""
         try:
             while (flight := self._take()) is not None:
                 while flight is not None:
@@ -297,10 +310,11 @@ class StreamRequests(Generic[Q, M]):
 
     def _take(self) -> _Flight[Q, M] | None:
         """The next request for this worker to run: one handed to the workers, else the next one it reads that is
-        to run now (not one of a key already running, which waits behind it, nor one the writer takes). None when
-        this worker is to end."""
+        to run now (not one that waits in its lane, nor one the writer takes). None when this worker is to end."""
         while True:
-            job = self._next_job()
+            job, reader = self._next_job()
+            if reader is not None:
+                self._launch(reader)
             if job is not _READ:
                 return job  # type: ignore[return-value]  # a flight to run, or None
             try:
@@ -324,7 +338,7 @@ class StreamRequests(Generic[Q, M]):
                     self._handed, run_now = flight, False  # alone: the writer runs it; this worker reads on
                     self._to_write.notify()
                 elif not run_now:
-                    pass  # it waits behind its key's running request; this worker reads on
+                    pass  # it waits in its lane; this worker reads on
                 elif self._idle:
                     self._to_read.notify()  # an idle worker reads the next one
                 elif len(self._threads) <= self._limit:
@@ -338,26 +352,31 @@ class StreamRequests(Generic[Q, M]):
             if run_now:
                 return flight
 
-    def _next_job(self) -> _Flight[Q, M] | object | None:
+    def _next_job(self) -> tuple[_Flight[Q, M] | object | None, threading.Thread | None]:
         """Wait for this worker's next job: a flight handed to the workers, or its turn to read (_READ: nobody else
-        reads, and the limit leaves room). None when it is to end instead: the stream stopped or failed, the
-        reading is over and nothing is left to run, or it was idle IDLE_SECONDS while another worker reads or
-        waits to (so that a request finishing on the writer's thread always finds a reader)."""
+        reads, and the limit leaves room); with a worker to launch, to read while this one runs a flight handed
+        over, if nobody else would. The job is None when this worker is to end instead: the stream stopped or
+        failed, the reading is over and nothing is left to run, or it was idle IDLE_SECONDS while another worker
+        reads or waits to (so that a request finishing on the writer's thread always finds a reader)."""
         idle_until = time.monotonic() + IDLE_SECONDS
         with self._lock:
             while True:
                 if self._stopped or self._failure is not None:
-                    return None
+                    return None, None
                 if self._runnable:
-                    return self._runnable.popleft()
+                    flight = self._runnable.popleft()
+                    wanted = not self._read_over and not self._reading and not self._idle
+                    if wanted and self._in_flight_locked() < self._limit and len(self._threads) <= self._limit:
+                        return flight, self._new_worker_locked()
+                    return flight, None
                 if self._read_over:
-                    return None
+                    return None, None
                 if not self._reading and self._in_flight_locked() < self._limit:
                     self._reading, self._reader = True, threading.current_thread()
-                    return _READ
+                    return _READ, None
                 left = idle_until - time.monotonic()
                 if left <= 0 and (self._reading or self._idle > 0):  # another one reads, or will
-                    return None
+                    return None, None
                 self._idle += 1
                 try:
                     self._to_read.wait(min(left, RECHECK_SECONDS) if left > 0 else RECHECK_SECONDS)
@@ -368,20 +387,21 @@ class StreamRequests(Generic[Q, M]):
         return len(self._flights)
 
     def _admit_locked(self, request: Q, placement: StreamPlacement) -> tuple[_Flight[Q, M], bool]:
-        """Count a request read in flight, in its place. Returns it, and whether it runs now (False: an earlier
-        request of its key runs; it waits behind it)."""
+        """Count a request read in flight, in its place. Returns it, and whether it runs now (False: its lane is
+        full; it waits there)."""
         flight: _Flight[Q, M] = _Flight(request, placement, CancelToken(), threading.Condition(self._lock))
         self._flights.add(flight)
         if flight.in_order:
             self._order.append(flight)
-        key = placement.serial_key
-        if key is None:
+        if placement.lane is None:
             return flight, True
-        waiting = self._serial.get(key)
-        if waiting is None:
-            self._serial[key] = collections.deque()
+        lane = self._lanes.get(placement.lane)
+        if lane is None:
+            lane = self._lanes[placement.lane] = _Lane()
+        if lane.running < placement.width and not lane.waiting:
+            lane.running += 1
             return flight, True
-        waiting.append(flight)
+        lane.waiting.append(flight)
         return flight, False
 
     def _run(self, flight: _Flight[Q, M]) -> None:
@@ -435,22 +455,23 @@ class StreamRequests(Generic[Q, M]):
 
     def _finish(self, flight: _Flight[Q, M]) -> _Flight[Q, M] | None:
         """The request's run has ended: it leaves the stream's count and order now, or once its last message is
-        written (`_written`). Returns the request of its key that waited behind it, to run now on this worker
-        (None if none, or the stream stopped): a sequence's next turn need not wait for this one's answer to be
+        written (`_written`). Returns the oldest request waiting in its lane, which takes its place there, to run
+        now on this worker (None if none, or the stream stopped): it need not wait for this one's answer to be
         written, which keeps its place in the order anyway."""
         with self._lock:
             flight.ended = True
             if not flight.pending:
                 self._retire_locked(flight)
-            successor = None
-            key = flight.placement.serial_key
-            if key is not None:
-                waiting = self._serial[key]
-                if waiting and not self._stopped:
-                    successor = waiting.popleft()
-                elif not waiting:
-                    del self._serial[key]
-            return successor
+            key = flight.placement.lane
+            if key is None:
+                return None
+            lane = self._lanes[key]
+            if lane.waiting and not self._stopped:
+                return lane.waiting.popleft()
+            lane.running -= 1
+            if not lane.running and not lane.waiting:
+                del self._lanes[key]
+            return None
 
     def _retire_locked(self, flight: _Flight[Q, M]) -> None:
         """A request is over (run ended, messages written): out of the count, and of the order (the next in-order

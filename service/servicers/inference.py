@@ -171,8 +171,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stream_requests.MAX_IN_FLIGHT; then the stream is read on as they finish), each through the same admission,
         batching and sequence path as a ModelInfer: requests sent together to a batching model run as one batch.
         Their answers are written in Triton's order: a model that is not decoupled answers in the order of the
-        requests, a decoupled model as it sends; the requests of one sequence run one after another
-        (service/stream_requests.py has the rules, the threads and their stop). This handler's thread only writes.
+        requests, a decoupled model as it sends; the requests of one sequence run one after another, and a model
+        that does not batch runs as many at once as it has slots (service/stream_requests.py has the rules, the
+        threads and their stop). This handler's thread writes, and runs a request that comes alone.
 
         A request's next answer is made only after its previous one was written, so a streaming model's lease is
         held until its last response is written. A client that stops reading would block a send forever, so each

@@ -485,16 +485,15 @@ def test_requests_of_one_stream_still_running_at_the_end_of_the_grace_each_get_s
 
 
 def test_a_streaming_models_error_is_on_its_way_before_the_next_request_takes_its_slot(tmp_path, controls, monkeypatch):
-    """One slot; on one stream a streaming request whose second response fails, and a second request queued behind
-    it. The first's error message is made while its slot is still held (the second still queued), so it is written
-    before anything of the second, as on Triton, where the model's instance sends the error before it takes the
-    next request. (Made after the slot was freed, the second could take the slot and answer first.)"""
+    """A streaming model whose engine has one slot (two configured: the stream runs two of its requests at once);
+    on one stream a request whose second response fails, and a second request queued behind it for the slot. The
+    first's error message is made while its slot is still held (the second still queued), so it is written before
+    anything of the second, as on Triton, where the model's instance sends the error before it takes the next
+    request. (Made after the slot was freed, the second could take the slot and answer first.)"""
+    parameters = {"stream_responses": "2", "capacity": "1"}
+    extra = "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in parameters.items())
     write_fixture_model(
-        tmp_path,
-        "s",
-        inputs=[("INPUT0", "FP32", [4])],
-        outputs=[("OUTPUT0", "FP32", [4])],
-        extra='instance_group [ { count: 1 } ]\nparameters { key: "stream_responses" value { string_value: "2" } }\n',
+        tmp_path, "s", inputs=[("INPUT0", "FP32", [4])], outputs=[("OUTPUT0", "FP32", [4])], extra=extra
     )
     from service.servicers import inference
 
@@ -507,11 +506,13 @@ def test_a_streaming_models_error_is_on_its_way_before_the_next_request_takes_it
         return describe(error)
 
     monkeypatch.setattr(inference.status_codes, "describe", describing)
-    with serve(tmp_path, backends={"fixture": FixtureBackend(controls)}) as running, Stream(running.address) as stream:
+    backends = {"fixture": FixtureBackend(controls)}
+    with serve(tmp_path, backends=backends, parallel_jobs=2) as running, Stream(running.address) as stream:
         gate = controls.gate("s", "stream").hold_from(2).fail_arrival(2)
         stream.send(request("s", "INPUT0", np.full(4, 1, np.float32), "first"))
         first = stream.receive(1)
         gate.wait_blocked(1, timeout=WAIT)
+        assert running.server.registry.get("s").status().slots == 1
         stream.send(request("s", "INPUT0", np.full(4, 2, np.float32), "second"))
         eventually(lambda: running.server.registry.get("s").status().queued_requests == 1, "the second queued")
         gate.release()

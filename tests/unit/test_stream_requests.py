@@ -1,6 +1,6 @@
 """service/stream_requests.py without gRPC: a stream's requests run at once up to the limit (then the reading
 pauses), answers in Triton's order (in-order ones in the order read, the others as they come), requests of one
-serial key one after another, cancellation of every request in flight, the stop and its threads, and what a
+lane one after another, cancellation of every request in flight, the stop and its threads, and what a
 defect or a failed reading does. Events and statistics order everything; nothing sleeps to order them."""
 
 from __future__ import annotations
@@ -161,15 +161,15 @@ def test_every_answer_of_the_first_in_order_request_comes_before_the_next_ones()
     assert writer.join() == ["a*2", "a*2+", "b"]
 
 
-def test_requests_of_one_serial_key_run_one_after_another_and_others_run_meanwhile():
+def test_requests_of_one_lane_run_one_after_another_and_others_run_meanwhile():
     requests, runs = Requests(), Runs()
     first = runs.gate("a1")
     stream, writer = start(requests, runs)
-    key_a, key_c = StreamPlacement(serial_key="a"), StreamPlacement(serial_key="c")
+    key_a, key_c = StreamPlacement(lane="a"), StreamPlacement(lane="c")
     requests.put("a1", key_a)
     requests.put("a2", key_a)
     requests.put("c1", key_c)
-    eventually(lambda: "ran c1" in runs.events, "another key's request run while a1 is held")
+    eventually(lambda: "ran c1" in runs.events, "another lane's request run while a1 is held")
     eventually(lambda: stream.statistics().in_flight == 3, "the three read")
     assert "start a2" not in runs.events  # it waits behind a1
     first.set()
@@ -288,13 +288,13 @@ def test_a_request_that_comes_alone_runs_on_the_writers_thread_and_the_reader_re
     assert writer.join() == ["a", "b", "c"]
 
 
-def test_the_next_request_of_a_key_run_on_the_writers_thread_goes_to_a_worker_and_keeps_its_place():
-    """a1 comes alone (the writer runs it), then b1 (another key, on a worker) and a2 (behind a1): once a1 is done,
+def test_the_next_request_of_a_lane_run_on_the_writers_thread_goes_to_a_worker_and_keeps_its_place():
+    """a1 comes alone (the writer runs it), then b1 (another lane, on a worker) and a2 (behind a1): once a1 is done,
     a2 runs on a worker, and its answer waits for b1's, which came before it."""
     requests, runs = Requests(), Runs()
     first, other = runs.gate("a1"), runs.gate("b1")
     stream, writer = start(requests, runs)
-    key_a, key_b = StreamPlacement(serial_key="a"), StreamPlacement(serial_key="b")
+    key_a, key_b = StreamPlacement(lane="a"), StreamPlacement(lane="b")
     requests.put("a1", key_a)
     eventually(lambda: "start a1" in runs.events, "a1 running")
     requests.put("b1", key_b)
@@ -307,3 +307,22 @@ def test_the_next_request_of_a_key_run_on_the_writers_thread_goes_to_a_worker_an
     requests.end()
     assert writer.join() == ["a1", "b1", "a2"]
     assert runs.threads["a1"] == "writer" and runs.threads["a2"] != "writer"
+
+
+def test_a_lane_runs_as_many_at_once_as_its_width_and_the_next_when_one_finishes():
+    """A model of two slots that does not batch: its requests run two at a time; the third waits in the lane (not
+    in the model's queue) until one of them has finished, then runs where it finished."""
+    requests, runs = Requests(), Runs()
+    first, second = runs.gate("a"), runs.gate("b")
+    stream, writer = start(requests, runs)
+    lane = StreamPlacement(lane="m", width=2)
+    for name in ("a", "b", "c"):
+        requests.put(name, lane)
+    eventually(lambda: "start b" in runs.events and stream.statistics().in_flight == 3, "a and b running, c read")
+    assert "start c" not in runs.events
+    second.set()
+    eventually(lambda: "start c" in runs.events, "c run once b finished")
+    assert runs.threads["c"] == runs.threads["b"]
+    first.set()
+    requests.end()
+    assert writer.join() == ["a", "b", "c"]
