@@ -6,10 +6,10 @@ ModelStreamInfer (service/servicers/inference.py) hands `StreamRequests` the str
 answers, or its error); the servicer writes what `messages()` yields. Nothing here knows gRPC or the requests'
 contents. The rules:
 
-* **Admitted as they arrive.** A request is handed to `run` as soon as it is read, so several requests of one
-  stream are in flight together, each on the ordinary admission, batching and sequence path: requests sent
-  together to a batching model queue together and run as one batch. Triton dispatches each request of a stream as
-  it reads it in the same way.
+* **Admitted as they arrive.** A request is handed to `run` as soon as it is read (unless its lane is full: see
+  Lanes), so several requests of one stream are in flight together, each on the ordinary admission, batching and
+  sequence path: requests sent together to a batching model queue together and run as one batch. Triton dispatches
+  each request of a stream as it reads it in the same way.
 * **Bounded.** At most `limit` requests of a stream are in flight (read and not finished; MAX_IN_FLIGHT unless the
   caller says otherwise). At the limit the stream is not read until one finishes: the client's further requests
   wait in the transport (HTTP/2 flow control pushes back on it), never in a queue or a thread here.
@@ -36,13 +36,13 @@ request in flight, and a reader). The workers take turns reading the stream: the
 and leaves the reading to an idle worker (a new one if none is idle), so a request waits for no hand-off to another
 thread. A request read while nothing else is in flight, whose answers keep their place, is run by the thread that
 calls `messages()` (the gRPC handler, which otherwise only writes), and the worker that read it reads on: a client
-that waits for each answer before sending its next request then costs no hand-off either (as when the handler ran
-its requests itself); what is read meanwhile runs on workers, and their answers are written once that run is done
-(a decoupled model's too, the one exception to "as they come"). `messages()` starts the first worker and, however it
-ends, stops them all: it cancels every request still in flight (each has its own CancelToken, cancelled with the
-stream's token too, with its reason), wakes every waiting worker, and joins them for at most STOP_SECONDS; a worker
-still in a run that ignores cancellation after that is logged and left to finish by itself (its request releases
-its lease and tensor memory as it ends, as any request does).
+that waits for each answer before sending its next request has its answers written by the thread that made them,
+and no worker woken to read for each request; what is read meanwhile runs on workers, and their answers are
+written once that run is done (a decoupled model's too, the one exception to "as they come"). `messages()` starts
+the first worker and, however it ends, stops them all: it cancels every request still in flight (each has its own
+CancelToken, cancelled with the stream's token too, with its reason), wakes every waiting worker, and joins them for
+at most STOP_SECONDS; a worker still in a run that ignores cancellation after that is logged and left to finish by
+itself (its request releases its lease and tensor memory as it ends, as any request does).
 
 Waits: every wait is on a condition of `_lock`, timed (RECHECK_SECONDS at most) and re-checked, woken by the event
 it waits for: a message to write, a finished request, the end of the reading, the stream's cancellation, the stop.
