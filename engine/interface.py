@@ -329,8 +329,8 @@ class CancelToken:
         self._cancelled = False
         self._callbacks: list[Callable[[], None]] = []
         self.reason = ""  # why it was cancelled, e.g. "shutdown"
-        # What the request being run says about itself (set by the dataplane as it admits the request; a token a
-        # stream's requests share holds the one running now). Backends that show it to a model read it here.
+        # What the request being run says about itself (set by the dataplane as it admits the request; each
+        # request of a stream has a token of its own). Backends that show it to a model read it here.
         self.request: RequestInfo | None = None
 
     @property

@@ -6,10 +6,12 @@ The wire layer (service/servicers/inference.py with service/tensors.py) hands `D
 tensors (decoded here, after their memory is reserved) and `respond`, its encoder, which turns each neutral
 `InferenceResponse` (the outputs of a run) into what the transport sends. Both calls go through one path
 (`_answers`): unary and stream requests are admitted, run (alone on a slot, or in a batch) and counted the same
-way; only a streaming model's several answers differ. Everything else (the tensor memory account, FIFO admission,
-lazy loading, statistics) happens here and below. A request's tensor memory is reserved before decoding
-(service/tensor_memory.py) and given back when it ends, whatever the end. Nothing here imports grpc, protobuf
-messages or the wire layer (tests/unit/test_layers.py says so).
+way; only a streaming model's several answers differ. A stream's requests are in flight together, each through
+this path on a thread of the stream (service/stream_requests.py keeps them; `stream_placement` says where each goes
+among the others). Everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens
+here and below. A request's tensor memory is reserved before decoding (service/tensor_memory.py) and given back
+when it ends, whatever the end. Nothing here imports grpc, protobuf messages or the wire layer
+(tests/unit/test_layers.py says so).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -25,7 +27,7 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 
 from engine.errors import ModelErrorUnsupported
-from engine.interface import CancelToken, FinalOutputs, ModelMetadata, Outputs
+from engine.interface import CancelToken, FinalOutputs, ModelMetadata, ModelSpec, Outputs
 from engine.tensor_codec import BYTES_ELEMENT_COST
 
 from .core.batching import BatchItem
@@ -34,10 +36,11 @@ from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry, ModelVersions
-from .core.sequences import sequence_answers
+from .core.sequences import ID_MODULUS, sequence_answers
 from .request_info import request_info
 from .response_cache import NOT_CACHEABLE, CacheLookup, ResponseCache
 from .shared_memory import Region, RegionSlice
+from .stream_requests import StreamPlacement
 from .tensor_memory import Reservation, TensorMemory
 
 _LOG = logging.getLogger(__name__)
@@ -134,6 +137,11 @@ class InferenceRequest(Generic[R]):
     respond: Callable[[InferenceResponse], R]
     client_deadline: float | None = None  # on the monotonic clock; None: the client set none
     parameters: Mapping[str, object] = field(default_factory=dict)  # the request's own (plain values)
+    # A stream's: what ends a streaming model's request, made while its slot is still held, so that it is on its way
+    # before another request of the stream takes the slot (as on Triton, where the model's instance sends it before
+    # it takes its next request): `respond_end(error, final_sent)` encodes the error the run ended with, or (error
+    # None) what follows its last answer (None: nothing). Without it a streaming model's error is raised.
+    respond_end: Callable[[BaseException | None, bool], R | None] | None = None
 
 
 def output_bytes(outputs: Outputs) -> int:
@@ -230,7 +238,9 @@ class Dataplane:
         next(answers, None)  # run it to its end (its finally gives the memory back) rather than throw GeneratorExit in
         return answer
 
-    def infer_stream(self, request: InferenceRequest[R], *, cancel: CancelToken | None = None) -> Iterator[R]:
+    def infer_stream(
+        self, request: InferenceRequest[R], *, cancel: CancelToken | None = None
+    ) -> Generator[R, None, None]:
         """Answers for one request on a stream: one for an ordinary model, several for a streaming model.
 
         A streaming model's lease is held until the last answer is taken from this generator, the generator
@@ -239,7 +249,35 @@ class Dataplane:
         """
         return self._answers(request, cancel, stream=True)
 
-    def _answers(self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool) -> Iterator[R]:
+    def stream_placement(self, request: InferenceRequest[R]) -> StreamPlacement:
+        """Where a stream puts `request` among its others (service/stream_requests.py), read as the request
+        arrives: its answers keep their place unless its model is decoupled (Triton's rule, from the model's
+        `model_transaction_policy` as Triton reads it); a sequence model's requests of one sequence run one after
+        another (its turns are taken in arrival order; requests of other sequences run meanwhile); a model that
+        neither batches nor takes sequences runs as many of the stream's requests at once as it has slots (the
+        others would only wait in its queue). A batching model's requests all go to its queue at once, to batch.
+        Reads the registry only; never raises: a request that is to fail keeps its place, and its error is written
+        there."""
+        try:
+            entry = self.registry.get(request.model, request.version)
+        except Exception:  # unknown model or version: refused when it runs, in its place
+            return StreamPlacement()
+        spec = entry.spec
+        in_order = not _decoupled(spec)
+        if spec.sequence is not None:
+            sequence_id = request.parameters.get("sequence_id")
+            if sequence_id in (None, 0, ""):
+                return StreamPlacement(in_order)  # refused when it runs
+            if isinstance(sequence_id, int) and not isinstance(sequence_id, bool):
+                sequence_id %= ID_MODULUS  # one lane per sequence: -1 and 2**64 - 1 are one (core/sequences.py)
+            return StreamPlacement(in_order, lane=("sequence", entry.name, spec.version, sequence_id))
+        if entry.batches or spec.backend == "ensemble":  # (an ensemble's steps have slots of their own)
+            return StreamPlacement(in_order)
+        return StreamPlacement(in_order, lane=("model", entry.name, spec.version), width=max(1, entry.settings.slots))
+
+    def _answers(
+        self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool
+    ) -> Generator[R, None, None]:
         """The one admit-and-run path of `infer` and `infer_stream`: a request that answers once is counted
         before its answer is yielded (a stream cancelled right after it never resumes the generator, and the
         answer was complete); a streaming model's answers are counted after the last."""
@@ -317,16 +355,30 @@ class Dataplane:
         started: int,
     ) -> Iterator[R]:
         """A streaming model's answers, holding its slot until the last one is taken (or the generator is
-        closed), then counted."""
+        closed), then counted. With `request.respond_end`, what ends the request (its error, or what follows its
+        last answer) is taken while the slot is still held, and the error is counted here instead of raised."""
+        final = False
         with lease:
-            decoded.check_regions()
-            lease.metadata.check_request(decoded.signature, decoded.outputs)
-            ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
-            began = time.perf_counter_ns()
-            for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
-                ran.outputs = outputs
-                yield self._respond(request, ran, decoded, reservation, final=isinstance(outputs, FinalOutputs))
-            ran.infer_ns = time.perf_counter_ns() - began
+            try:
+                decoded.check_regions()
+                lease.metadata.check_request(decoded.signature, decoded.outputs)
+                ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
+                began = time.perf_counter_ns()
+                for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
+                    ran.outputs = outputs
+                    final = isinstance(outputs, FinalOutputs)
+                    yield self._respond(request, ran, decoded, reservation, final=final)
+                ran.infer_ns = time.perf_counter_ns() - began
+            except Exception as error:
+                if request.respond_end is None:
+                    raise
+                self._record_failure(entry, error, cancel, started)
+                failed = request.respond_end(error, final)
+                if failed is not None:
+                    yield failed
+                return
+            if request.respond_end is not None and (end := request.respond_end(None, final)) is not None:
+                yield end
         self._record_success(entry, ran, started, counted_output=False)
 
     def _in_sequence(
@@ -486,6 +538,13 @@ def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> 
     finally:
         if reservation is not None:
             reservation.release()
+
+
+def _decoupled(spec: ModelSpec) -> bool:
+    """Whether the model's configuration says `model_transaction_policy { decoupled: true }` (read off the parsed
+    configuration by name: the dataplane knows no protobuf types)."""
+    policy = getattr(spec.config, "model_transaction_policy", None)
+    return bool(getattr(policy, "decoupled", False))
 
 
 def _timeout_override_allowed(entry: ModelEntry) -> bool:

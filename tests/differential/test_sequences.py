@@ -753,12 +753,6 @@ def test_starts_beyond_the_candidates_wait_longer_than_the_idle_timeout_and_then
             assert code == expected, (endpoint.name, answer)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stream runs its requests one after another until ModelStreamInfer admits them as they arrive (issue 34 "
-    "item 4, helper stream: a sequence's requests in order, other sequences' meanwhile); it passes on a trial merge of "
-    "branch stream at ef64797: remove this mark when that lands",
-)
 def test_sequences_beyond_the_candidates_on_one_stream_wait_without_ending_the_others_as_on_triton(servers):
     # Triton facts (NVIDIA's SequenceBatcherPreserveOrderingTest, oldest on one stream): four sequences streamed on
     # one ModelStreamInfer call, each START, then each middle, then each END, to an `oldest` model with two
