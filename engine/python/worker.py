@@ -385,17 +385,29 @@ class Worker:
                 sender = request._sender
                 if sender.response is not None:  # sent already: what execute returned for it goes nowhere
                     responses[index] = sender.response
-                sender.closed = True  # answered: a later send raises, as on Triton
+                elif responses[index] is not None:
+                    sender.closed = True  # answered: a later send raises, as on Triton
+            # None for a request whose sender the model took: its response comes through the sender (a batch may
+            # mix returned responses and sent ones).
+            pending = [
+                index
+                for index, request in enumerate(built)
+                if responses[index] is None and request._sender_taken and not rescheduling.rescheduled(request)
+            ]
+            if pending:
+                self._wait(lambda: all(built[index]._sender.response is not None for index in pending))
+                for index in pending:
+                    responses[index] = built[index]._sender.response
         layout = transport.Layout()
-        results = []
+        results: list = []  # per request: ("ok", ...), ("error", ...) or a rescheduling.Released
         for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
             if failure is None:
                 released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
                 if released is not None:
                     results.append(released)
                     continue
-            if response is None:
-                results.append(("error", pb_utils.TritonError.INTERNAL, _describe(failure)))  # type: ignore[arg-type]
+            if response is None and failure is not None:
+                results.append(("error", pb_utils.TritonError.INTERNAL, _describe(failure)))
             else:
                 results.append(self._result(response, request["outputs"], layout))
         return results, layout

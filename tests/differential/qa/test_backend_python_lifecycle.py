@@ -199,7 +199,6 @@ def test_execute_cancel(server):
     assert (folder / "outcome").read_text() == "cancelled"
 
 
-@slotserve_fails("34.4 requests sent on one stream are not batched into one execute (nobody this round)")
 def test_batch_error(server):
     """Three requests batched into one execute: the first and third fail, the second succeeds."""
     values = [np.random.randn(2, 2).astype(np.float32) for _ in range(3)]
