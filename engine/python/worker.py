@@ -28,6 +28,7 @@ outlives its server.
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -69,6 +71,8 @@ class Worker:
         # True while a call runs (a decoupled model's: until every final flag): BLS calls are allowed then only.
         self.executing = False
         self.loop: asyncio.AbstractEventLoop | None = None  # runs an `async def execute`
+        self._wakeup: asyncio.Event | None = None  # set by a sender while `_wait` runs the loop
+        self.instance_name = ""  # Triton's instance name (<model>_0_<slot>), for Triton's words
 
     # ---- start -----------------------------------------------------------------------------------------------
 
@@ -76,11 +80,12 @@ class Worker:
         """Import model.py, auto-complete the configuration, initialize. Replies ("ready", config json) or
         ("error", message)."""
         self.name = settings["model_name"]
+        self.instance_name = settings["model_instance_name"]
         try:
             self.cancel_board = transport.Segment.attach(*settings["cancel_board"])
             self._remap(settings["segments"])  # mapped first: the server unlinks the files once this call replies
             config = json.loads(settings["model_config"])
-            module = _import_model(settings["model_file"], self.name)
+            module = _import_model(settings["model_file"])
             model_class = getattr(module, "TritonPythonModel", None)
             if model_class is None:
                 raise pb_utils.TritonModelException(f"{settings['shown_file']} defines no class TritonPythonModel")
@@ -144,8 +149,9 @@ class Worker:
         iterator of them, each as it arrives. Raises TritonModelException outside execute, for an input no
         datatype fits, or when the server is gone (the iterator raises it too)."""
         if not self.executing:
-            raise pb_utils.TritonModelException(
-                "a BLS call can only be made while execute runs (as in Triton): this one came after it returned"
+            raise pb_utils.TritonModelException(  # Triton's words first
+                "BLS is only supported during the 'execute' function. (a BLS call can only be made while execute "
+                "runs: this one came before it, from initialize or finalize, or after it returned)"
             )
         tensors = [(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
         try:
@@ -208,16 +214,31 @@ class Worker:
 
     def execute(self, run: int, requests: list[dict], segments: dict) -> None:
         """Run one call (a list of requests) and reply ("done", run, results), results per request
-        ("ok", descriptors) or ("error", code, message); ("failed", run, message) if execute raised."""
+        ("ok", descriptors) or ("error", code, message); ("failed", run, message) when there is nothing to answer
+        (execute raised before any response was sent, or returned what does not fit the requests).
+
+        A request's response may come back from execute or through its response sender, from execute or from a
+        thread after execute returned None: the call is answered once every request whose sender was taken has
+        its response (an async model's event loop runs meanwhile). A response sent before execute raised still
+        reaches its client, as on Triton; the others get the exception."""
         self._remap(segments)
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
+        for request in built:
+            request._sender = pb_utils.InferenceResponseSender(notify=self._senders_changed)
         self.executing = True
         try:
-            responses = self.run_model(built)
-            results, layout = self._collect(built, requests, responses)
-        except BaseException as error:  # the model's own code
-            _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
+            failure: BaseException | None = None
+            returned = None
+            try:
+                returned = self.run_model(built)
+            except BaseException as error:  # the model's own code
+                _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
+                failure = error
+            results, layout = self._collect(built, requests, returned, failure)
+        except BaseException as error:  # nothing fits the requests: every request fails
+            if error is not failure:
+                _LOG.error("model '%s': %s", self.name, _describe(error))
             self.send(("failed", run, _describe(error)))
             return
         finally:
@@ -234,8 +255,9 @@ class Worker:
 
     def execute_decoupled(self, run: int, requests: list[dict], segments: dict) -> None:
         """Run one call of a decoupled model: its responses go to the server as they are sent (`send_response`);
-        returns once every request got its final flag. An exception in `execute` (or a return value other than
-        None) closes the senders still open and is reported as ("failed", run, message)."""
+        returns once every request got its final flag (an async model's event loop runs meanwhile, so the tasks
+        its execute left behind can send). An exception in `execute` (or a return value other than None, refused
+        in Triton's words) closes the senders still open and is reported as ("failed", run, message)."""
         self._remap(segments)
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
@@ -251,7 +273,8 @@ class Worker:
             returned = self.run_model(built)
             if returned is not None:
                 raise pb_utils.TritonModelException(
-                    "a decoupled model's execute must return None: it answers through the requests' response senders"
+                    f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
+                    "return None."
                 )
             rescheduling.send_released(self, built, senders)  # rescheduled requests: no final flag this time
         except BaseException as error:  # the model's own code
@@ -263,9 +286,39 @@ class Worker:
                     self.send(("failed", run, _describe(error)))
         finally:
             del built
-        with self.finals:
-            self.finals.wait_for(lambda: self.open_senders == 0)
+        self._wait(lambda: self.open_senders == 0)
         self.executing = False
+
+    def _senders_changed(self) -> None:
+        """A response sender got a response or its final flag (any thread): wake the call waiting for them."""
+        with self.finals:
+            self.finals.notify_all()
+        loop, wakeup = self.loop, self._wakeup
+        if loop is not None and wakeup is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wakeup.set)
+
+    def _wait(self, done: Callable[[], bool]) -> None:
+        """Block until `done()` (which `_senders_changed` follows). For an `async def execute` the event loop runs
+        meanwhile: asyncio tasks its execute created may be the ones that send. Waits as long as the model takes,
+        as on Triton: the server kills a worker still busy `cancel_kill_seconds` after its request was cancelled."""
+        if self.loop is None:
+            with self.finals:
+                self.finals.wait_for(done)
+            return
+
+        async def until_done() -> None:
+            self._wakeup = asyncio.Event()
+            try:
+                while True:
+                    self._wakeup.clear()  # cleared before looking: a send in between sets it again
+                    with self.finals:
+                        if done():
+                            return
+                    await self._wakeup.wait()
+            finally:
+                self._wakeup = None
+
+        self.loop.run_until_complete(until_done())
 
     def send_response(self, run: int, index: int, requested: list[str], response, final: bool) -> None:
         """Hand one response of a decoupled call to the server and wait until it has taken the tensors. Called
@@ -280,7 +333,7 @@ class Worker:
     def sender_closed(self) -> None:
         with self.finals:
             self.open_senders -= 1
-            self.finals.notify_all()
+        self._senders_changed()
 
     def _request(self, run: int, index: int, request: dict, board) -> pb_utils.InferenceRequest:
         segment = self.request_segment
@@ -304,28 +357,60 @@ class Worker:
             _cancelled=cancelled,
         )
 
-    def _collect(self, built, requests, responses):
-        """The per-request results of `execute`'s return value, with the outputs laid out for the response
-        segment. Raises TritonModelException when the return value does not fit the requests."""
-        if responses is None:
-            responses = [request._sender.response if request._sender is not None else None for request in built]
-            if any(
-                response is None and not rescheduling.rescheduled(request)
-                for response, request in zip(responses, built, strict=True)
-            ):
+    def _collect(self, built, requests, returned, failure: BaseException | None):
+        """The per-request results of a call, with the outputs laid out for the response segment: each request's
+        response sent through its sender, else the one `execute` returned, else (execute raised) the exception; a
+        request the model rescheduled is a `Released` record (engine/python/rescheduling.py). After execute
+        returned None, waits for the responses of the senders the model took. Raises `failure` when no request
+        has a response to give, TritonModelException when the return value does not fit the requests."""
+        if failure is not None:
+            if all(request._sender.response is None for request in built):
+                raise failure
+            responses = [request._sender.response for request in built]  # None: the exception's error below
+        elif returned is None:
+            answering = [request for request in built if not rescheduling.rescheduled(request)]
+            if any(not request._sender_taken for request in answering):
                 raise pb_utils.TritonModelException(
                     "execute returned None but did not send a response for every request through its response sender"
                 )
-        responses = list(responses)
-        if len(responses) != len(built):
-            raise pb_utils.TritonModelException(
-                f"execute returned {len(responses)} responses for {len(built)} requests (one each is required)"
-            )
+            self._wait(lambda: all(request._sender.response is not None for request in answering))
+            responses = [request._sender.response for request in built]
+        else:
+            responses = list(returned)
+            if len(responses) != len(built):
+                raise pb_utils.TritonModelException(
+                    f"execute returned {len(responses)} responses for {len(built)} requests (one each is required)"
+                )
+            for index, request in enumerate(built):
+                sender = request._sender
+                if sender.response is not None:  # sent already: what execute returned for it goes nowhere
+                    responses[index] = sender.response
+                elif responses[index] is not None:
+                    sender.closed = True  # answered: a later send raises, as on Triton
+            # None for a request whose sender the model took: its response comes through the sender (a batch may
+            # mix returned responses and sent ones).
+            pending = [
+                index
+                for index, request in enumerate(built)
+                if responses[index] is None and request._sender_taken and not rescheduling.rescheduled(request)
+            ]
+            if pending:
+                self._wait(lambda: all(built[index]._sender.response is not None for index in pending))
+                for index in pending:
+                    responses[index] = built[index]._sender.response
         layout = transport.Layout()
-        results = []
+        results: list = []  # per request: ("ok", ...), ("error", ...) or a rescheduling.Released
         for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
-            released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
-            results.append(self._result(response, request["outputs"], layout) if released is None else released)
+            if failure is None:
+                released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
+                if released is not None:
+                    results.append(released)
+                    continue
+            if response is None and failure is not None:
+                results.append(("error", pb_utils.TritonError.INTERNAL, _describe(failure)))
+            else:
+                results.append(self._result(response, request["outputs"], layout))
+        return results, layout
         return results, layout
 
     def _result(self, response, requested: list[str], layout: transport.Layout):
@@ -337,6 +422,11 @@ class Worker:
             error = response.error()
             return ("error", error.code(), error.message())  # type: ignore[union-attr]
         descriptors = []
+        names = [tensor.name() for tensor in response.output_tensors()]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # Triton 2.51 answers a malformed response then (one output's shape twice, the other's none)
+            return ("error", pb_utils.TritonError.INTERNAL, f"the response has more than one output named {twice}: "
+                    "each output may appear once")  # fmt: skip
         for tensor in response.output_tensors():
             if requested and tensor.name() not in requested:
                 continue
@@ -379,19 +469,11 @@ class _StreamSender(pb_utils.InferenceResponseSender):
         self._request_cancelled = request.is_cancelled
 
     def send(self, response: pb_utils.InferenceResponse | None = None, flags: int = 0) -> None:
-        if response is not None and not isinstance(response, pb_utils.InferenceResponse):
-            raise pb_utils.TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
-        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        if response is None and not final:
-            raise pb_utils.TritonModelException(
-                "send() without a response must carry TRITONSERVER_RESPONSE_COMPLETE_FINAL"
-            )
+        final = pb_utils._check_send(response, flags)
         worker = self._worker
         with worker.pipe_lock:
-            if self.closed:
-                raise pb_utils.TritonModelException(
-                    "the response sender was closed: a response with the final flag was sent (or execute failed)"
-                )
+            if self.closed:  # a response with the final flag was sent, or execute failed
+                raise pb_utils.TritonModelException(pb_utils.SENDER_CLOSED)
             try:
                 worker.send_response(self._run, self._index, self._requested, response, final)
             except (EOFError, OSError):
@@ -444,16 +526,40 @@ def _bf16(descriptor):
 
 
 def _describe(error: BaseException) -> str:
-    text = str(error)
+    """ "Type: message" of a model's exception. Never raises: an exception whose __str__ raises is described by
+    its type (it must not end the worker, which then counts as a death toward the model's limit)."""
+    try:
+        text = str(error)
+    except BaseException:  # noqa: BLE001 (the model's __str__: anything may come out of it)
+        text = "<str() of the exception raised>"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _import_model(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(f"slotserve_python_model_{name.replace('.', '_')}", path)
+def _import_model(path: str):
+    """Import the model's file as Triton's stub does (pb_stub.cc, ModelContext::StubSetup): its version folder and
+    the model's folder are appended to sys.path, and the file is the module `<version>.<stem>` ("1.model"), a
+    module of the version folder's package. So `import helper` finds helper.py beside model.py, `from . import
+    helper` works too, and `unittest.main("model")` imports the file again by the name `model`, as on Triton.
+
+    The package is made here rather than found on sys.path: a folder of the version's name in the worker's working
+    directory (an earlier sys.path entry) must not take its place. Raises what the import raises."""
+    path = os.path.abspath(path)
+    version_folder = os.path.dirname(path)
+    version = os.path.basename(version_folder)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    for folder in (version_folder, os.path.dirname(version_folder)):
+        if folder not in sys.path:
+            sys.path.append(folder)
+    package_spec = importlib.machinery.ModuleSpec(version, None, is_package=True)
+    package_spec.submodule_search_locations = [version_folder]
+    package = importlib.util.module_from_spec(package_spec)
+    sys.modules[version] = package
+    spec = importlib.util.spec_from_file_location(f"{version}.{stem}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
+    setattr(package, stem, module)
     spec.loader.exec_module(module)
     return module
 
