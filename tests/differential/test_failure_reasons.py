@@ -11,7 +11,7 @@ ensemble's as OTHER, a queue timeout as REJECTED, a request cancelled in the que
 | an ensemble whose step raises | OTHER on the ensemble (counted twice), BACKEND on the step | OTHER once, BACKEND |
 | its queue policy's timeout passes | REJECTED | REJECTED |
 | cancelled by its client while queued | CANCELED | CANCELED |
-| an output of the wrong datatype | a success (not checked) | BACKEND (refused: INTERNAL naming it) |
+| a string output where the config says a number | a success (not checked) | BACKEND (INTERNAL naming it) |
 | a response carrying a TritonError | a success | BACKEND (the client got an error) |
 | refused by input validation | not counted | OTHER (counted in ModelStatistics too) |
 
@@ -69,7 +69,7 @@ BODIES = {
     "raises": "        raise RuntimeError('execute failed on purpose')\n",
     "dies": "        os._exit(3)\n",
     "wrong_dtype": (
-        "        wrong = pb_utils.Tensor('OUTPUT0', np.zeros(3, np.int32))\n"
+        "        wrong = pb_utils.Tensor('OUTPUT0', np.array([b'a', b'b', b'c'], dtype=np.object_))\n"
         "        return responses(requests, lambda: pb_utils.InferenceResponse([wrong]))\n"
     ),
     "error_response": (

@@ -54,7 +54,7 @@ def test_stream_json_is_one_object_per_response(decoupled):
 def test_stream_reports_an_error_response_and_exits_1(decoupled):
     done = run_client("--address", decoupled.address, "stream", "repeat", "--input", "IN=[-1]")
     assert done.returncode == 1
-    assert done.stderr.splitlines() == ["error: response 1: UNKNOWN: model 'repeat': n must be >= 0, got -1"]
+    assert done.stderr.splitlines() == ["error: response 1: UNKNOWN: n must be >= 0, got -1"]  # the model's words
     assert done.stdout.splitlines()[-1] == "1 response(s), 1 of them error(s)"
 
 
