@@ -220,10 +220,6 @@ def _failures(server, model: str, reason: str) -> float:
     return float(found.group(1))
 
 
-@slotserve_fails(
-    "34.8 an execute that raises is answered \"model 'x' raised NameError: ...\", not Triton's \"Failed to process "
-    'the request(s) for model ..." (backend.py WorkerProcess._results, pyhard)'
-)
 def test_infer_pymodel_error(server):
     """execute raises NameError: the message starts as Triton's, and the failure counts as reason BACKEND."""
     before = _failures(server, "wrong_model", "BACKEND")
