@@ -10,7 +10,6 @@ from typing import NamedTuple
 import grpc
 from google.protobuf import message_factory
 
-from engine.errors import EngineError
 from engine.interface import ModelSpec
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
@@ -19,7 +18,7 @@ from generated import model_config_pb2
 from .. import status_codes, stream_requests
 from ..auth import Access
 from ..core.blocking import blocking_wait
-from ..core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
+from ..core.errors import ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
 from ..dataplane import Dataplane, InferenceRequest
@@ -275,12 +274,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 parameters[key] = value.string_param
             elif key.startswith("file:"):
                 parameters[key] = value.bytes_param if value.WhichOneof("parameter_choice") == "bytes_param" else None
-        try:
-            self._control.load(request.model_name, parameters, cancel=token)
-        except (EngineError, InvalidRequest) as error:
-            # Triton's clients recognise a failed load by this wording.
-            error.args = (f"failed to load '{request.model_name}': {error}",)
-            raise
+        self._control.load(request.model_name, parameters, cancel=token)  # its errors are in Triton's words
         return pb.RepositoryModelLoadResponse()
 
     @rpc(access=Access.MANAGE)

@@ -7,8 +7,11 @@ are malformed, holds) Triton's text, and says more after it where it knows more.
   elements or a cut length prefix. Where several inputs are malformed Triton names one, in an order of its own (a
   hash map's: the second of two); slotserve names each.
 * An `execute` that raises: "Failed to process the request(s) for model '<instance>', message: <the exception>".
-* RepositoryModelLoad of a model whose configuration does not read: Triton's "failed to poll from model
-  repository" words (its code INTERNAL; slotserve's INVALID_ARGUMENT, on purpose: docs/errors.md).
+* RepositoryModelLoad that fails: a version whose load failed, "load failed for model 'x': version N is at
+  UNAVAILABLE state: ..." (Triton's code INVALID_ARGUMENT; slotserve keeps the failure's own, FAILED_PRECONDITION
+  here, on purpose: docs/errors.md); a configuration that does not read, "failed to load 'x', failed to poll from
+  model repository" (Triton's code INTERNAL; slotserve's INVALID_ARGUMENT, the same reason); files without `config`,
+  the same words and INTERNAL on both.
 * The `triton_grpc_error: true` stream header (Triton's src/grpc/stream_infer_handler.cc): a request refused
   before it runs is still answered with `error_message` and the stream goes on; the first error of a request that
   ran ends the stream with that error's status and message; the header's value must be exactly "true".
@@ -278,15 +281,41 @@ def test_grpc_error_mode_needs_the_value_true_exactly(server, value):
         assert stream.status is None
 
 
-# ---- a load whose configuration does not read ----------------------------------------------------------------------
+# ---- loads that fail ----------------------------------------------------------------------------------------------
+
+BROKEN = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("this version is broken")
+"""
 
 
-def test_a_configuration_that_does_not_read_is_refused_in_tritons_words(launch):
+def test_failed_loads_are_told_in_tritons_words(launch):
+    """A version whose initialize raises, a configuration that does not read, files without `config`."""
     server = launch(
-        {"garbled": Model("this is { not a configuration", {"1/model.py": "x = 1\n"})},
+        {
+            "garbled": Model("this is { not a configuration", {"1/model.py": "x = 1\n"}),
+            "broken": python_model(
+                """
+                max_batch_size: 0
+                input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+                output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+                """,
+                BROKEN,
+            ),
+        },
         ("--model-control-mode=explicit",),
         model_control_mode="explicit",
     )
+    code, message = server.load("broken")
+    assert message.startswith("load failed for model 'broken': version 1 is at UNAVAILABLE state: "), message
+    assert "RuntimeError: this version is broken" in message, message
+    assert code == ("INVALID_ARGUMENT" if server.kind == "triton" else "FAILED_PRECONDITION"), (code, message)
     code, message = server.load("garbled")
     assert message.startswith("failed to load 'garbled', failed to poll from model repository"), message
     assert code == ("INTERNAL" if server.kind == "triton" else "INVALID_ARGUMENT"), (code, message)
+    code, message = server.load("fresh", files={"file:1/model.py": b"x = 1\n"})
+    assert (code, message.startswith("failed to load 'fresh', failed to poll from model repository")) == (
+        "INTERNAL",
+        True,
+    ), message
