@@ -34,11 +34,11 @@ from engine.errors import ModelConfigError
 from engine.interface import CancelToken
 from engine.repository import SKIPPED_FOLDERS, check_model_name, read_regular_file
 
-from .core.errors import ModelConfigFailed, ModelNotFound, ServiceError
+from .core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ServiceError, own_copy
 from .core.events import Events
 from .core.registry import ModelRegistry, Registration
 from .core.residency import COLD_LOAD_TURN_SECONDS
-from .model_files import InvalidModelName, ModelFiles, RepositoryPollFailed
+from .model_files import TRITON_POLL_FAILED, InvalidModelName, ModelFiles, RepositoryPollFailed
 
 _LOG = logging.getLogger(__name__)
 
@@ -212,13 +212,26 @@ class ModelControl:
         answer). A change of the instance count alone is made while the model serves. Blocks until the load ends
         or `cancel` fires (the caller left: RequestCancelled; the load goes on, its outcome shown in the model's
         state: service/core/detached.py). Raises RepositoryControlDisabled, InvalidModelName,
-        RepositoryPollFailed, InvalidRequest, LoadFilesTooLarge, or the registry's errors."""
+        RepositoryPollFailed, InvalidRequest, LoadFilesTooLarge, or the registry's errors.
+
+        A failure is told in Triton's words, which its clients and QA tests read: a version that failed to load
+        "load failed for model 'x': version N is at UNAVAILABLE state: <why>" (the registry words it), a
+        configuration or files that do not read "failed to load 'x', failed to poll from model repository: <why>"
+        (with the error's own class: INVALID_ARGUMENT where Triton answers INTERNAL, docs/errors.md)."""
         self._check_explicit()
         try:
             check_model_name(name)  # before anything touches the disk: the name becomes a folder's name below
         except ModelConfigError as error:
             raise InvalidModelName(name, str(error)) from None
-        self.registry.detached.run(lambda: self._load(name, parameters, cancel), cancel, f"repository load of '{name}'")
+        try:
+            self.registry.detached.run(
+                lambda: self._load(name, parameters, cancel), cancel, f"repository load of '{name}'"
+            )
+        except (ModelConfigError, InvalidRequest) as error:
+            worded = _poll_failed(name, error)
+            if worded is error:
+                raise
+            raise worded from error.__cause__
 
     def _load(self, name: str, parameters: Mapping[str, object], cancel: CancelToken | None) -> None:
         """load's work (on a thread of its own when its caller may leave)."""
@@ -384,3 +397,16 @@ class _StartupLoad:
                 self.done.set()
 
         threading.Thread(target=run, name=f"startup load {name}"[:60], daemon=True).start()
+
+
+def _poll_failed(name: str, error: Exception) -> Exception:
+    """A load refused before any version of it loaded (its configuration or files do not read, or are refused), in
+    Triton's words for it, "failed to load 'x', failed to poll from model repository: <why>", as a copy of `error`
+    (its class, so its status code, kept). An error already in Triton's words (a version's failed load, a poll
+    failure) is returned as it is."""
+    text = str(error)
+    if text.startswith(("load failed for model '", "failed to load '")):
+        return error
+    worded = own_copy(error)
+    worded.args = (f"failed to load '{name}', {TRITON_POLL_FAILED}: {text}",)
+    return worded  # type: ignore[return-value]  # own_copy keeps the class

@@ -43,9 +43,10 @@ TRITON_POLL_FAILED = "failed to poll from model repository"  # Triton 2.51's wor
 
 
 class RepositoryPollFailed(ServiceError):
-    """RepositoryModelLoad of a model the repository does not have, or with a `file:` path that cannot be written
-    inside the load's folder. Triton 2.51 answers both with INTERNAL "failed to load 'x', failed to poll from model
-    repository", which its clients and tests read; slotserve gives the same code and words, then the reason."""
+    """RepositoryModelLoad of a model the repository does not have, with a `file:` path that cannot be written
+    inside the load's folder, or with files and no `config`. Triton 2.51 answers each with INTERNAL "failed to load
+    'x', failed to poll from model repository", which its clients and tests read; slotserve gives the same code and
+    words, then the reason."""
 
     error_reason = "repository_poll_failed"
 
@@ -118,16 +119,17 @@ class ModelFiles:
 
     def stage(self, model: str, files: Mapping[str, bytes], config_json: str) -> Path:
         """Check the model's name and the files and write them to a new folder inside the root; return it (pending
-        until `done`). Raises ModelConfigError (a bad model name), InvalidRequest (no config, a value that is not
-        bytes), RepositoryPollFailed (a file name that cannot be written inside the folder: Triton's answer) or
+        until `done`). Raises ModelConfigError (a bad model name), InvalidRequest (a value that is not bytes),
+        RepositoryPollFailed (no config, or a file name that cannot be written inside the folder: Triton's answer) or
         LoadFilesTooLarge, all before anything is written; ShuttingDown once `remove_all` has run. Whatever ends
         the writing (an OS error: InvalidRequest naming its reason; anything else as raised) removes what was
         written. Blocks for the writes."""
         check_model_name(model)
-        if not config_json:
-            raise InvalidRequest(
-                f"model '{model}': a load with files needs the 'config' parameter (the model's configuration as "
-                "JSON), as Triton requires"
+        if not config_json:  # Triton's code and words (its QA tests read them), then what is missing
+            raise RepositoryPollFailed(
+                model,
+                "a load with files needs the 'config' parameter (the model's configuration as JSON), as Triton "
+                "requires",
             )
         for name in files:
             problem = file_name_problem(name)

@@ -18,6 +18,7 @@ that is not registered); nothing is written to a region unless every output fits
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -32,7 +33,6 @@ from engine.tensor_codec import (
     TensorDecodeError,
     decode_raw,
     deserialize_bytes,
-    element_count,
     encode_raw,
 )
 from generated import grpc_service_pb2 as pb
@@ -280,8 +280,13 @@ def _placement_or_none(parameters) -> tuple[str, int, int] | None:
 def _decode_inputs(
     decoded: DecodedRequest, request: pb.ModelInferRequest, raw, shared_memory: SharedMemoryRegistry | None
 ) -> None:
+    """Decode every input into `decoded`. A malformed input does not stop the others from being looked at: the
+    InvalidRequest raised names each malformed input, in request order, each in Triton's words (Triton names one,
+    in an order of its own: a client looking for its words about any of them finds them). RegionNotFound is
+    raised at once."""
     tensors = request.inputs
     count = len(tensors)
+    model = request.model_name
     # raw_input_contents holds one entry per input not in shared memory. The inputs in shared memory are looked
     # for first only when the counts differ, so the common request (every input raw) pays nothing for them.
     one_per_input = len(raw) == count
@@ -289,58 +294,120 @@ def _decode_inputs(
         _check_raw_count(request, len(raw))
     inputs = decoded.inputs
     signature = decoded.signature
+    problems: list[str] = []
     next_raw = 0
     for index in range(count):
         tensor = tensors[index]
         name = tensor.name
-        if name in inputs:
-            raise InvalidRequest(f"duplicate input '{name}'")
-        datatype = tensor.datatype
-        if datatype not in datatypes.BY_NAME:
-            raise InvalidRequest(
-                f"input '{name}' has unknown datatype '{datatype}'; use one of {', '.join(datatypes.NAMES)}"
-            )
         shape = tuple(tensor.shape)
-        elements = _checked_elements(name, shape)
-        place = _placement(f"input '{name}'", tensor.parameters) if tensor.parameters else None
-        if place is not None:
-            if tensor.HasField("contents"):
-                raise InvalidRequest(
-                    f"input '{name}' has typed contents and names shared memory region "
-                    f"'{place[0]}'; use one or the other"
-                )
-            if raw and one_per_input:
-                raise InvalidRequest(
-                    f"input '{name}' names shared memory region '{place[0]}' and has a raw_input_contents entry "
-                    "too; an input in shared memory takes none"
-                )
-            array = _region_input(decoded, name, datatype, shape, elements, place, shared_memory)
-        elif raw:
-            if tensor.HasField("contents"):
-                raise _mixed_contents(name, request.model_name)
-            buffer = raw[next_raw]
-            next_raw += 1
-            dtype = _FIXED_SIZE.get(datatype)
-            if dtype is not None:  # the common case, inline: one length check, one zero-copy view
-                if len(buffer) != elements * dtype.itemsize:
+        try:
+            if name in inputs:
+                raise InvalidRequest(f"input '{name}' already exists in request")
+            place = _placement(f"input '{name}'", tensor.parameters) if tensor.parameters else None
+            if place is None and raw:
+                buffer = raw[next_raw]
+                next_raw += 1
+                array = _raw_input(tensor, model, shape, buffer)
+            elif place is not None:
+                if tensor.HasField("contents"):
                     raise InvalidRequest(
-                        f"input '{name}': shape {list(shape)} of {datatype} needs {elements * dtype.itemsize} "
-                        f"bytes, got {len(buffer)}"
+                        f"unexpected 'content' provided when using shared memory for input tensor '{name}' for "
+                        f"model '{model}' (it names shared memory region '{place[0]}'; use one or the other)"
                     )
-                array = np.frombuffer(buffer, dtype).reshape(shape)
+                if raw and one_per_input:
+                    raise InvalidRequest(
+                        f"input '{name}' names shared memory region '{place[0]}' and has a raw_input_contents "
+                        "entry too; an input in shared memory takes none"
+                    )
+                array = _region_input(decoded, tensor, model, shape, place, shared_memory)
+            elif tensor.HasField("contents"):
+                array = _typed_input(tensor, model, shape)
             else:
-                try:
-                    array = decode_raw(buffer, datatype, shape, name)
-                except TensorDecodeError as error:
-                    raise InvalidRequest(str(error)) from None
-        elif tensor.HasField("contents"):
-            array = _decode_typed(name, datatype, shape, tensor.contents)
-        else:
-            raise InvalidRequest(
-                f"input '{name}' has no contents (neither raw_input_contents, contents nor a shared memory region)"
-            )
+                raise InvalidRequest(
+                    f"{_no_data(name, model)} (neither raw_input_contents, contents nor a shared memory region)"
+                )
+        except InvalidRequest as error:
+            problems.append(str(error))
+            continue
         inputs[name] = array
-        signature[name] = (datatype, shape)
+        signature[name] = (tensor.datatype, shape)
+    if problems:
+        raise InvalidRequest("; ".join(problems))
+
+
+def _no_data(name: str, model: str) -> str:
+    """Triton's words for an input with no data (tritonclient users know them)."""
+    return f"unable to find data for input tensor '{name}' for model '{model}' in request."
+
+
+def _known_datatype(tensor, shape: tuple[int, ...]) -> tuple[datatypes.DataType, int]:
+    """The input's datatype and element count; InvalidRequest for an unknown datatype or a shape no request may
+    have. (Triton names an unknown datatype only against the model's: "data-type is '<invalid>'"; the model is
+    not known here, so the message is slotserve's.)"""
+    datatype = datatypes.BY_NAME.get(tensor.datatype)
+    if datatype is None:
+        raise InvalidRequest(
+            f"input '{tensor.name}' has unknown datatype '{tensor.datatype}'; use one of {', '.join(datatypes.NAMES)}"
+        )
+    return datatype, _checked_elements(tensor.name, shape)
+
+
+def _byte_size_mismatch(name: str, model: str, expected: int, got: int) -> str:
+    """Triton's words for contents whose byte size does not match the shape (its clients and QA tests read them)."""
+    return f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {got}"
+
+
+def _raw_input(tensor, model: str, shape: tuple[int, ...], buffer) -> np.ndarray:
+    """An input from its raw_input_contents entry: a zero-copy view (BYTES elements are copied out)."""
+    name = tensor.name
+    if tensor.HasField("contents"):
+        raise _mixed_contents(name, model)
+    dtype = _FIXED_SIZE.get(tensor.datatype)
+    if dtype is not None:  # the common case, inline: one length check, one zero-copy view
+        elements = _checked_elements(name, shape)
+        if len(buffer) != elements * dtype.itemsize:
+            raise InvalidRequest(
+                f"{_byte_size_mismatch(name, model, elements * dtype.itemsize, len(buffer))} "
+                f"(shape {list(shape)} of {tensor.datatype})"
+            )
+        return np.frombuffer(buffer, dtype).reshape(shape)
+    datatype, elements = _known_datatype(tensor, shape)
+    if datatype.name == "BYTES":
+        try:
+            return decode_raw(buffer, "BYTES", shape, name)
+        except TensorDecodeError as error:
+            raise InvalidRequest(_string_elements_problem(buffer, elements, name, model) or str(error)) from None
+    if len(buffer) != elements * datatype.itemsize:  # BF16
+        raise InvalidRequest(
+            f"{_byte_size_mismatch(name, model, elements * datatype.itemsize, len(buffer))} "
+            f"(shape {list(shape)} of {datatype.name})"
+        )
+    return decode_raw(buffer, datatype.name, shape, name)
+
+
+def _string_elements_problem(buffer, count: int, name: str, model: str) -> str | None:
+    """What Triton says of serialized BYTES contents that do not hold `count` elements (its clients and QA tests
+    read it), found as Triton finds it: length prefixes counted from the front, an element's bytes skipped (one
+    that runs past the end ends the walk, and Triton lets that pass: None then, when the count is right). Read only
+    for a refusal (the codec refused the contents)."""
+    view = memoryview(buffer).cast("B")
+    end = len(view)
+    where = f"for inference input '{name}' for model '{model}'"
+    offset = checked = 0
+    while offset < end:
+        if end - offset < 4:
+            return (
+                f"incomplete string length indicator {where}, expecting 4 bytes but only {end - offset} bytes "
+                "available. Please make sure the string length indicator is in one buffer."
+            )
+        (length,) = _LENGTH.unpack_from(view, offset)
+        checked += 1
+        if checked > count:
+            return f"unexpected number of string elements {checked} {where}, expecting {count}"
+        offset += 4 + length
+    if checked != count:
+        return f"expected {count} string elements {where}, got {checked}"
+    return None
 
 
 def _mixed_contents(name: str, model: str) -> InvalidRequest:
@@ -353,27 +420,36 @@ def _mixed_contents(name: str, model: str) -> InvalidRequest:
 
 def _check_raw_count(request: pb.ModelInferRequest, entries: int) -> None:
     """Raise InvalidRequest unless raw_input_contents' `entries` are one per input not in shared memory. An input
-    with typed contents is refused first, as Triton refuses it: the count is then not the problem."""
+    with typed contents is refused first, as Triton refuses it: the count is then not the problem. Too few entries
+    name the first input left without one, in Triton's words; too many are refused too (Triton ignores the
+    extra entries: slotserve names the mistake)."""
     tensors = request.inputs
     count = len(tensors)
     placed = 0
+    takers: list[str] = []  # the inputs that take a raw entry, in order
     for tensor in tensors:
         if tensor.parameters and _placement(f"input '{tensor.name}'", tensor.parameters) is not None:
             placed += 1
         elif tensor.HasField("contents"):
             raise _mixed_contents(tensor.name, request.model_name)
-    if entries == count - placed:
+        else:
+            takers.append(tensor.name)
+    if entries == len(takers):
         return
+    first = f"{_no_data(takers[entries], request.model_name)} " if entries < len(takers) else ""
     if placed:
         raise InvalidRequest(
-            f"raw_input_contents has {entries} entries for the {count - placed} inputs not in shared memory "
+            f"{first}raw_input_contents has {entries} entries for the {count - placed} inputs not in shared memory "
             f"(of {count}); send one per such input, in order"
         )
-    raise InvalidRequest(f"raw_input_contents has {entries} entries for {count} inputs; send one per input, in order")
+    raise InvalidRequest(
+        f"{first}raw_input_contents has {entries} entries for {count} inputs; send one per input, in order"
+    )
 
 
 # Fixed-size datatypes decoded inline (BF16 and BYTES go through the codec).
 _FIXED_SIZE = {name: datatypes.numpy_dtype(name) for name in datatypes.NAMES if name not in ("BF16", "BYTES")}
+_LENGTH = struct.Struct("<I")  # a BYTES element's length prefix
 
 
 def _checked_elements(name: str, shape: tuple[int, ...]) -> int:
@@ -443,51 +519,95 @@ def _hold_slice(
 
 def _region_input(
     decoded: DecodedRequest,
-    name: str,
-    datatype: str,
+    tensor,
+    model: str,
     shape: tuple[int, ...],
-    elements: int,
     place: tuple[str, int, int],
     shared_memory: SharedMemoryRegistry | None,
 ) -> np.ndarray:
     """An input read from shared memory into a read-only array of its own (BYTES elements are copied out)."""
+    name = tensor.name
+    datatype, elements = _known_datatype(tensor, shape)
     what = f"input '{name}'"
     region_slice = _hold_slice(decoded, what, place, shared_memory)
-    if datatype == "BYTES":
+    where = f"shared memory region '{place[0]}'"
+    if datatype.name == "BYTES":
         with region_slice.buffer() as view:
             try:
                 return deserialize_bytes(view, elements, name).reshape(shape)
             except TensorDecodeError as error:
-                raise InvalidRequest(f"shared memory region '{place[0]}': {error}") from None
-    dtype = datatypes.numpy_dtype(datatype)
-    needed = elements * dtype.itemsize
+                problem = _string_elements_problem(view, elements, name, model)
+                raise InvalidRequest(f"{problem} (in {where})" if problem else f"{where}: {error}") from None
+    needed = elements * datatype.itemsize
     if region_slice.byte_size != needed:
         raise InvalidRequest(
-            f"{what} in shared memory region '{place[0]}': shape {list(shape)} of {datatype} needs {needed} bytes, "
-            f"{BYTE_SIZE} is {region_slice.byte_size}"
+            f"{_byte_size_mismatch(name, model, needed, region_slice.byte_size)} (shape {list(shape)} of "
+            f"{datatype.name} in {where}: {needed} bytes, {BYTE_SIZE} is {region_slice.byte_size})"
         )
-    return region_slice.array(dtype, shape)
+    return region_slice.array(datatypes.numpy_dtype(datatype.name), shape)
 
 
-def _decode_typed(name: str, datatype: str, shape: tuple[int, ...], contents) -> np.ndarray:
-    expected = datatypes.BY_NAME[datatype].contents_field
-    if expected is None:
-        raise InvalidRequest(f"input '{name}' is {datatype}, which can only be sent in raw_input_contents")
-    for kind in _TYPED_FIELDS:
-        if kind != expected and len(getattr(contents, kind)):
-            raise InvalidRequest(f"input '{name}' is {datatype} and takes {expected}; got {kind}")
-    values = getattr(contents, expected)
-    count = element_count(shape)
+# The contents fields in the order Triton reads them, and the datatype each holds (int_contents and uint_contents
+# hold the 8- and 16-bit types too: an input of one of those takes its values from them).
+_FIELD_TYPES = {
+    "bool_contents": ("BOOL",),
+    "int_contents": ("INT32", "INT8", "INT16"),
+    "int64_contents": ("INT64",),
+    "uint_contents": ("UINT32", "UINT8", "UINT16"),
+    "uint64_contents": ("UINT64",),
+    "fp32_contents": ("FP32",),
+    "fp64_contents": ("FP64",),
+    "bytes_contents": ("BYTES",),
+}
+
+
+def _typed_input(tensor, model: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An input from its typed `contents`. Refused in Triton's words: values in a field of another type, values in
+    two fields, a count that does not match the shape (as a byte size, or BYTES elements)."""
+    name = tensor.name
+    datatype, count = _known_datatype(tensor, shape)
+    contents = tensor.contents
+    expected = datatype.contents_field
+    given = ""  # the field holding the values
+    for kind, types in _FIELD_TYPES.items():
+        if not len(getattr(contents, kind)):
+            continue
+        if given:
+            raise InvalidRequest(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}', binary data was "
+                f"already supplied. ({given} and {kind} both hold values; send one)"
+            )
+        if datatype.name not in types:
+            takes = f"takes {expected}" if expected else "can only be sent in raw_input_contents"
+            raise InvalidRequest(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' of type "
+                f"'{types[0]}', expected datatype '{datatype.name}' ({datatype.name} {takes}; got {kind})"
+            )
+        given = kind
+    values = getattr(contents, expected) if expected else ()
     if len(values) != count:
+        if datatype.name == "BYTES":
+            found = min(len(values), count + 1)  # Triton stops counting one past the shape's
+            problem = (
+                f"unexpected number of string elements {found} for inference input '{name}' for model '{model}', "
+                f"expecting {count}"
+                if found > count
+                else f"expected {count} string elements for inference input '{name}' for model '{model}', got {found}"
+            )
+        else:
+            problem = _byte_size_mismatch(name, model, count * datatype.itemsize, len(values) * datatype.itemsize)
         raise InvalidRequest(
-            f"input '{name}' shape {list(shape)} needs {count} elements, {expected} holds {len(values)}"
+            f"{problem} (shape {list(shape)} needs {count} elements, {given or expected or 'contents'} holds "
+            f"{len(values)})"
         )
-    if datatype == "BYTES":  # straight into the object array: a list of the elements first would add 8 bytes each
+    if not count:
+        return np.empty(shape, dtype=object if datatype.name == "BYTES" else datatypes.numpy_dtype(datatype.name))
+    if datatype.name == "BYTES":  # straight into the object array: a list of the elements first would add 8 bytes each
         return np.fromiter(values, dtype=object, count=count).reshape(shape)
     try:
-        return np.array(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
+        return np.array(values, dtype=datatypes.numpy_dtype(datatype.name)).reshape(shape)
     except OverflowError:
-        raise InvalidRequest(f"input '{name}': a value in {expected} does not fit {datatype}") from None
+        raise InvalidRequest(f"input '{name}': a value in {expected} does not fit {datatype.name}") from None
 
 
 def _requested_outputs(

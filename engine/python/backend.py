@@ -344,7 +344,10 @@ class WorkerProcess:
                     raise self._refused
                 if message[0] == "failed":
                     finished = True
-                    raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
+                    raise ModelError(  # the python backend's words: its clients and QA tests read them
+                        f"Failed to process the request(s) for model '{self.model.name}_0_{self.instance}', "
+                        f"message: {message[2]}"[:2000]
+                    )
                 _, tag, _run, _index, result, final = message
                 outputs = self._read_result(result)
                 self._send(("reply", tag, None))  # the tensors are copied out: the worker may reuse the segment
@@ -542,7 +545,10 @@ class WorkerProcess:
             if kind == "failed" and self._refused is not None:  # the worker failed the call for want of room
                 raise self._refused
             if kind == "failed":
-                raise ModelError(f"model '{self.model.name}' raised {message[2]}"[:2000])
+                raise ModelError(  # the python backend's words: its clients and QA tests read them
+                    f"Failed to process the request(s) for model '{self.model.name}_0_{self.instance}', "
+                    f"message: {message[2]}"[:2000]
+                )
             results = []
             for result in message[2]:
                 if result[0] == "ok":

@@ -30,12 +30,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import ModelConfigError
+from engine.errors import EngineError, ExecutionCancelled, ModelConfigError
 from engine.interface import CancelToken, ModelSpec
 from engine.repository import ModelRepository, check_model_name, is_version_number
 
 from .detached import DetachedWork
-from .errors import InvalidRequest, ModelConfigFailed, ModelNotFound, RequestCancelled, UnsupportedSlotCount
+from .errors import (
+    InvalidRequest,
+    ModelConfigFailed,
+    ModelNotFound,
+    RequestCancelled,
+    UnsupportedSlotCount,
+    own_copy,
+)
 from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, ModelStatus, SharedRuntime
 
 _LOG = logging.getLogger(__name__)
@@ -301,7 +308,7 @@ class ModelRegistry:
                         try:
                             entry.load_leased()
                         except Exception as error:  # the other versions still load
-                            failure = failure or error
+                            failure = failure or version_load_failed(entry.name, entry.spec.version, error)
                     statuses[int(entry.spec.version)] = entry.status()
         finally:  # leases not reached (an interrupted load) are released too: idempotent
             for _entry, lease in claimed:
@@ -324,21 +331,27 @@ class ModelRegistry:
         statuses: dict[int, ModelStatus] = {}
         for version in sorted(set(group.by_version) & set(validated), reverse=True):
             entry = group.by_version[version]
-            if registration.resize_in_service and entry.resize_in_service(
-                *validated[version], self.manager_deadline(entry), cancel
-            ):
-                statuses[version] = entry.status()
-                continue
-            with entry.exclusive(self.manager_deadline(entry), cancel):
-                if entry.retired:
-                    continue  # a concurrent reload dropped it: added again below
-                spec, settings = validated[version]
-                if not registration.source:
-                    # "Keep the current source" means the one committed now: a manager ahead of this one in the
-                    # queue may have changed it since the early validation read it.
-                    spec, settings = self._validated(registration, entry).get(version, (spec, settings))
-                entry.reconfigure_leased(spec, settings)  # emits reconfigured or reconfigure_refused
-                statuses[version] = entry.status()
+            try:
+                if registration.resize_in_service and entry.resize_in_service(
+                    *validated[version], self.manager_deadline(entry), cancel
+                ):
+                    statuses[version] = entry.status()
+                    continue
+                with entry.exclusive(self.manager_deadline(entry), cancel):
+                    if entry.retired:
+                        continue  # a concurrent reload dropped it: added again below
+                    spec, settings = validated[version]
+                    if not registration.source:
+                        # "Keep the current source" means the one committed now: a manager ahead of this one in the
+                        # queue may have changed it since the early validation read it.
+                        spec, settings = self._validated(registration, entry).get(version, (spec, settings))
+                    entry.reconfigure_leased(spec, settings)  # emits reconfigured or reconfigure_refused
+                    statuses[version] = entry.status()
+            except Exception as error:
+                failed = version_load_failed(entry.name, entry.spec.version, error)
+                if failed is error:
+                    raise
+                raise failed from error.__cause__
         added, group = self._add_versions(registration.name, validated)
         if added:
             statuses[max(int(e.spec.version) for e, _ in added)] = self._load_claimed(added, load=True)
@@ -611,3 +624,18 @@ def _with_options(spec: ModelSpec, options: Mapping[str, str]) -> ModelSpec:
 
 
 __all__ = ["ModelRegistry", "ModelVersions", "Registration", "RegistryPolicy", "MAX_SLOTS", "ModelConfigError"]
+
+
+def version_load_failed(name: str, version: str, error: Exception) -> Exception:
+    """A version's failed load (its engine's error) in Triton's words, which its clients and QA tests read: "load
+    failed for model 'x': version N is at UNAVAILABLE state: <why>", as a copy of `error` (its class, so its
+    reason and status code, are kept). A refusal of the server's own (busy, cancelled, residency, memory) is
+    returned as it is."""
+    if not isinstance(error, EngineError) or isinstance(error, ExecutionCancelled):
+        return error
+    failed = own_copy(error)
+    failed.args = (f"{VERSION_LOAD_FAILED.format(name=name, version=version)}{error}",)
+    return failed  # type: ignore[return-value]  # own_copy keeps the class
+
+
+VERSION_LOAD_FAILED = "load failed for model '{name}': version {version} is at UNAVAILABLE state: "

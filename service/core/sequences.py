@@ -611,21 +611,21 @@ class SequenceTable:
             turn.woken.set()
 
     def _not_started_message(self, sequence_id: SequenceId) -> str:
+        """Triton's words (its clients and QA tests read them), then, for a sequence that ended, why it did."""
         why = self._ended_ids.get(sequence_id)
-        if why is not None:
-            return (
-                f"inference request for sequence {sequence_id} to model '{self.model}': the sequence was ended "
-                f"because {why}; start a new one with sequence_start"
-            )
-        return (
+        words = (
             f"inference request for sequence {sequence_id} to model '{self.model}' must specify the START flag on "
             "the first request of the sequence"
         )
+        if why is not None:
+            return f"{words}: the sequence was ended because {why}; start a new one with sequence_start"
+        return words
 
     def _ended_message(self, sequence: Sequence) -> str:
         return (
-            f"inference request for sequence {sequence.id} to model '{self.model}': the sequence was ended because "
-            f"{sequence.ended_why or 'it ended'}; start a new one with sequence_start"
+            f"inference request for sequence {sequence.id} to model '{self.model}' must specify the START flag on "
+            f"the first request of the sequence: the sequence was ended because {sequence.ended_why or 'it ended'}; "
+            "start a new one with sequence_start"
         )
 
 

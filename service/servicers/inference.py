@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 from typing import NamedTuple
 
 import grpc
 from google.protobuf import message_factory
 
-from engine.errors import EngineError
-from engine.interface import ModelSpec
+from engine.errors import ExecutionError, OutOfSharedMemoryError
+from engine.interface import CancelToken, ModelSpec
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
@@ -19,7 +20,7 @@ from generated import model_config_pb2
 from .. import status_codes, stream_requests
 from ..auth import Access
 from ..core.blocking import blocking_wait
-from ..core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
+from ..core.errors import ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
 from ..dataplane import Dataplane, InferenceRequest
@@ -185,6 +186,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         error_message); then the call is cancelled, so a handler blocked writing to a client that does not read,
         or a stream waiting for the next request of a client that keeps its side open, returns and is joined within
         the shutdown margin instead of being abandoned with its model's engine.
+
+        Triton's `triton_grpc_error: true` header (the value exactly "true", sent when the stream opens): the first
+        request whose run fails (`_ends_the_stream`) ends the stream with that error's status and message, and the
+        requests still in flight are cancelled; nothing more is written (Triton's stream handler does the same). A
+        request refused before it runs is answered with `error_message` as without the header.
         """
         self._access.abort_unless(Access.READ, "ModelStreamInfer", context)
         try:
@@ -198,20 +204,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 stop_timer.append(self._timers.arm(SHUTDOWN_STREAM_SECONDS, context.cancel))
 
         token.add_callback(on_cancel)
+        failure = _StreamFailure(token) if _wants_grpc_errors(context) else None
+        messages = None
         try:
             requests = StreamRequests(
                 self._stream_requests(request_iterator, client_deadline(context)),
-                self._stream_one,
+                functools.partial(self._stream_one, failure=failure),
                 token,
                 limit=stream_requests.MAX_IN_FLIGHT,
             )
-            for message in requests.messages():
+            messages = requests.messages()
+            for message in messages:
+                if failure is not None and (ended := failure.error()) is not None:
+                    messages.close()  # what is still in flight was cancelled; nothing more is written
+                    status_codes.abort(context, ended)
                 timer = self._timers.arm(self._write_timeout, context.cancel)
                 try:
                     yield message
                 finally:  # also when the stream is closed at the yield (GeneratorExit)
                     timer.cancel()
         finally:
+            if messages is not None:
+                messages.close()
             token.remove_callback(on_cancel)
             for timer in stop_timer:
                 timer.cancel()
@@ -226,15 +240,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             )
             yield _StreamRequest(message, call), self._dataplane.stream_placement(call)
 
-    def _stream_one(self, request: _StreamRequest, cancel):
+    def _stream_one(self, request: _StreamRequest, cancel, *, failure: _StreamFailure | None = None):
         """One request's messages on the stream, each with whether it is the request's last (run on a thread of
         the stream, with the request's own token). Each answer says whether it is the request's last
         (`triton_final_response`: the dataplane gives nothing after a final answer); a streaming model whose final
         flag came alone ends with an empty final answer when the client asked for one
         (`triton_enable_empty_final_response`), as on Triton. A failed request's error is its one last message
-        (a streaming model's is made while its slot is held: see InferenceRequest.respond_end)."""
+        (a streaming model's is made while its slot is held: see InferenceRequest.respond_end); with `failure` (the
+        stream's `triton_grpc_error` header) a failed run's error is recorded there too, which ends the stream."""
         message = request.message
-        ending = functools.partial(_stream_end, message, cancel)
+        ending = functools.partial(_stream_end, message, cancel, failure)
         responses = self._dataplane.infer_stream(dataclasses.replace(request.call, respond_end=ending), cancel=cancel)
         try:
             for response in responses:
@@ -275,12 +290,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 parameters[key] = value.string_param
             elif key.startswith("file:"):
                 parameters[key] = value.bytes_param if value.WhichOneof("parameter_choice") == "bytes_param" else None
-        try:
-            self._control.load(request.model_name, parameters, cancel=token)
-        except (EngineError, InvalidRequest) as error:
-            # Triton's clients recognise a failed load by this wording.
-            error.args = (f"failed to load '{request.model_name}': {error}",)
-            raise
+        self._control.load(request.model_name, parameters, cancel=token)  # its errors are in Triton's words
         return pb.RepositoryModelLoadResponse()
 
     @rpc(access=Access.MANAGE)
@@ -481,9 +491,18 @@ def _stream_answer(response) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(infer_response=as_message(response))
 
 
-def _stream_end(message: pb.ModelInferRequest, cancel, error: BaseException | None, final_sent: bool):
-    """What ends a stream request after its answers: its error (with the request's id, final), or an empty final
-    answer if its last answer was not final and the client asked for one; else None."""
+def _stream_end(
+    message: pb.ModelInferRequest,
+    cancel,
+    failure: _StreamFailure | None,
+    error: BaseException | None,
+    final_sent: bool,
+):
+    """What ends a stream request after its answers: its error (with the request's id, final; a failed run's is
+    also recorded in `failure`, the `triton_grpc_error` stream's end), or an empty final answer if its last answer
+    was not final and the client asked for one; else None."""
+    if error is not None and failure is not None and _ends_the_stream(error):
+        failure.record(as_client_error(error, cancel))
     if error is not None:
         _code, text, _reason = status_codes.describe(as_client_error(error, cancel))
         failed = pb.ModelInferResponse(
@@ -494,6 +513,50 @@ def _stream_end(message: pb.ModelInferRequest, cancel, error: BaseException | No
     if not final_sent and wants_empty_final_response(message):
         return pb.ModelStreamInferResponse(infer_response=empty_final_response(message))
     return None
+
+
+GRPC_ERROR_HEADER = "triton_grpc_error"  # Triton's stream header: end the stream at a request's failed run
+
+
+def _wants_grpc_errors(context) -> bool:
+    """Whether the stream was opened with Triton's `triton_grpc_error: true` (that value exactly, as Triton
+    compares it)."""
+    return any(key == GRPC_ERROR_HEADER and value == "true" for key, value in context.invocation_metadata() or ())
+
+
+def _ends_the_stream(error: BaseException) -> bool:
+    """Whether a request's error ends a `triton_grpc_error` stream: an error of its run (the model's: raised or
+    answered with a TritonError; the engine's or the device's; the request's tensors not fitting a python model's
+    shared memory), which Triton's handler gets in the request's response. A refusal before the run (a malformed
+    request, an unknown model, a full queue, a sequence refusal) Triton answers as it is issued, on the stream."""
+    return isinstance(error, (ExecutionError, OutOfSharedMemoryError))
+
+
+GRPC_ERROR_CANCEL_REASON = "triton_grpc_error: a request of the stream failed"
+
+
+class _StreamFailure:
+    """The end of a `triton_grpc_error` stream: the first error of a request's run, for the stream's writer, which
+    ends the call with its status before it writes anything more. Recording it cancels the call's token, so every
+    request in flight is cancelled (as Triton cancels them) and a writer waiting on one of them (a request it runs
+    itself, an earlier answer's turn) gets to the end at once."""
+
+    def __init__(self, token: CancelToken) -> None:
+        self._token = token
+        self._lock = threading.Lock()  # guards: _error
+        self._error: BaseException | None = None
+
+    def record(self, error: BaseException) -> None:
+        """Keep `error` if it is the first; then cancel the call's requests. Called by the stream's threads."""
+        with self._lock:
+            if self._error is not None:
+                return
+            self._error = error
+        self._token.cancel(GRPC_ERROR_CANCEL_REASON)
+
+    def error(self) -> BaseException | None:
+        with self._lock:
+            return self._error
 
 
 class _StreamRequest(NamedTuple):

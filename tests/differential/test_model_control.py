@@ -66,9 +66,6 @@ DIFFERENCES = {
     "infer_before_load": ("NOT_FOUND", "UNAVAILABLE"),
     "infer_after_unload": ("NOT_FOUND", "UNAVAILABLE"),
     "infer_again_after_unload": ("NOT_FOUND", "UNAVAILABLE"),
-    # Triton answers INTERNAL "failed to poll from model repository" for a load with files it refuses; slotserve
-    # INVALID_ARGUMENT naming the problem (it is the caller's mistake).
-    "files_without_config": ("INTERNAL", "INVALID_ARGUMENT"),
 }
 
 

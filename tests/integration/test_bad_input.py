@@ -69,7 +69,7 @@ def test_missing_input(infer):
 
 def test_duplicate_input(infer):
     request = simple(("INPUT0", "INT32", [1, 16]), ("INPUT0", "INT32", [1, 16]), raw=[ROW, ROW])
-    refused(infer, request, says=("duplicate input", "'INPUT0'"))
+    refused(infer, request, says=("input 'INPUT0' already exists in request",))  # Triton's words
 
 
 def test_wrong_datatype(infer):
@@ -79,7 +79,9 @@ def test_wrong_datatype(infer):
 
 def test_shape_does_not_match_byte_length(infer):
     request = simple(*GOOD, raw=[ROW, ROW[:-4]])
-    refused(infer, request, says=("'INPUT1'", "needs 64 bytes", "got 60"))
+    refused(
+        infer, request, says=("input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 60",)
+    )
 
 
 def test_negative_dimension(infer):
@@ -120,7 +122,7 @@ def test_typed_contents_of_the_wrong_kind(infer):
 def test_bytes_with_truncated_length_prefix(infer):
     # Element 0 is complete ("abc"); element 1 has only two of its four length bytes.
     request = simple(("INPUT0", "BYTES", [1, 2]), raw=[b"\x03\x00\x00\x00abc\x05\x00"], model="simple_identity")
-    refused(infer, request, says=("'INPUT0'", "truncated length prefix"))
+    refused(infer, request, says=("incomplete string length indicator for inference input 'INPUT0'", "only 2 bytes"))
 
 
 def test_unknown_requested_output(infer):
@@ -162,7 +164,65 @@ def test_unknown_datatype_string(infer):
 
 
 def test_raw_contents_count_differs_from_inputs(infer):
-    refused(infer, simple(*GOOD, raw=[ROW]), says=("raw_input_contents has 1 entries for 2 inputs",))
+    refused(
+        infer,
+        simple(*GOOD, raw=[ROW]),
+        says=(
+            "unable to find data for input tensor 'INPUT1' for model 'simple' in request.",  # Triton's words first
+            "raw_input_contents has 1 entries for 2 inputs",
+        ),
+    )
+
+
+# ---- Triton's words (issue 34 item 8; tests/differential/qa/test_triton_words.py asks Triton) -----------------
+
+
+def test_each_malformed_input_is_named_in_tritons_words(infer):
+    """Triton names one of several malformed inputs (the second of two); slotserve names each, in order."""
+    error = refused(infer, simple(*GOOD, raw=[ROW[:-4], ROW + ROW[:4]]))
+    assert error.message == (
+        "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60 (shape [1, 16] of "
+        "INT32); input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 68 (shape [1, 16] "
+        "of INT32)"
+    )
+
+
+def test_typed_contents_of_the_wrong_count_are_a_byte_size_mismatch(infer):
+    request = simple(*GOOD)
+    request.inputs[0].contents.int_contents.extend(range(16))
+    request.inputs[1].contents.int_contents.extend(range(15))
+    refused(
+        infer,
+        request,
+        says=("input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 60", "holds 15"),
+    )
+
+
+def test_typed_contents_in_two_fields(infer):
+    request = simple(*GOOD)
+    request.inputs[0].contents.int_contents.extend(range(16))
+    request.inputs[0].contents.int64_contents.extend(range(16))
+    request.inputs[1].contents.int_contents.extend(range(16))
+    refused(
+        infer,
+        request,
+        says=(
+            "unexpected explicit tensor data for input tensor 'INPUT0' for model 'simple', binary data was already "
+            "supplied.",
+            "int_contents and int64_contents",
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    "count, words", [(1, "expected 2 string elements"), (3, "unexpected number of string elements 3")]
+)
+def test_bytes_contents_of_the_wrong_count(infer, count, words):
+    raw = simple(("INPUT0", "BYTES", [1, 2]), raw=[b"\x01\x00\x00\x00a" * count], model="simple_identity")
+    typed = simple(("INPUT0", "BYTES", [1, 2]), model="simple_identity")
+    typed.inputs[0].contents.bytes_contents.extend([b"a"] * count)
+    for request in (raw, typed):
+        refused(infer, request, says=(f"{words} for inference input 'INPUT0' for model 'simple_identity'",))
 
 
 def test_timeout_parameter_of_the_wrong_type(infer):
@@ -200,13 +260,13 @@ def test_classification_output(infer):
 
 
 def test_input_without_contents(infer):
-    refused(infer, simple(*GOOD), says=("'INPUT0'", "no contents"))
+    refused(infer, simple(*GOOD), says=("unable to find data for input tensor 'INPUT0'", "neither raw_input_contents"))
 
 
 def test_bytes_with_more_elements_than_the_shape(infer):
     two = b"\x01\x00\x00\x00a\x01\x00\x00\x00b"
     request = simple(("INPUT0", "BYTES", [1, 1]), raw=[two], model="simple_identity")
-    refused(infer, request, says=("'INPUT0'", "holds 1 BYTES elements", "more than 1"))
+    refused(infer, request, says=("unexpected number of string elements 2 for inference input 'INPUT0'", "expecting 1"))
 
 
 def test_batch_of_zero(infer):

@@ -153,7 +153,10 @@ def test_no_typed_contents_for_half_precision(running, datatype):
         )
     error = rpc_error(stub(running).ModelInfer, request)
     assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error")
-    assert f"input 'S' is {datatype}, which can only be sent in raw_input_contents" in error.message
+    assert (
+        f"of type 'FP32', expected datatype '{datatype}' ({datatype} can only be sent in raw_input_contents"
+        in error.message
+    )
 
 
 @pytest.mark.parametrize("datatype", DATATYPES)

@@ -158,7 +158,9 @@ def test_loading_an_ensemble_whose_step_fails_to_load_is_refused_naming_the_step
     with start_fixture_server(tmp_path, controls, model_control_mode="explicit", allow_management=True) as running:
         with pytest.raises(ClientError) as refused:
             running.client.load("diamond")
-        assert f"failed to load 'diamond': ensemble 'diamond': {JOIN_R} failed: " in refused.value.message
+        assert refused.value.message.startswith(  # Triton's words, then the step
+            f"load failed for model 'diamond': version 1 is at UNAVAILABLE state: ensemble 'diamond': {JOIN_R} failed: "
+        ), refused.value.message
         index = index_of(running)
         assert index["diamond"].state == "UNAVAILABLE" and JOIN_R in index["diamond"].reason
         assert index["left"].state == "READY"  # the steps that loaded stay loaded

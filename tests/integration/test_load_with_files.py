@@ -154,7 +154,8 @@ def test_a_component_of_exactly_name_max_bytes_is_accepted(served):
 def test_files_without_config_are_refused(served):
     running, files_dir = served
     error = refused(running, "noconfig", {"file:1/model.onnx": identity_bytes()}, config=None)
-    assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
+    assert (error.code, error.reason) == ("INTERNAL", "repository_poll_failed"), error  # Triton's code and words
+    assert error.message.startswith("failed to load 'noconfig', failed to poll from model repository: "), error
     assert "'config' parameter" in error.message, error
     assert folders(files_dir, "noconfig") == [] and "noconfig" not in [
         e.name for e in running.server.registry.entries()
@@ -189,7 +190,7 @@ def test_a_load_whose_files_do_not_load_leaves_no_folder_and_keeps_the_served_on
     load(running, "kept", {"file:1/model.onnx": identity_bytes()})
     (served_folder,) = folders(files_dir, "kept")
     error = refused(running, "kept", {"file:1/model.onnx": b"not an onnx model"})
-    assert "failed to load 'kept'" in error.message, error
+    assert error.message.startswith("load failed for model 'kept': version 1 is at UNAVAILABLE state: "), error
     assert str(files_dir) not in error.message and str(files_dir.resolve()) not in error.message, error
     assert folders(files_dir, "kept") == [served_folder] and identity_serves(running, "kept")
 

@@ -170,7 +170,11 @@ def test_sequence_errors_are_invalid_argument_and_lose_nothing(repository):
         assert never.code == "INVALID_ARGUMENT"
         assert "sequence 99" in never.message and "must specify the START flag" in never.message
         ended = rpc_error(infer, sequence_request("accumulate", 1, 3))
-        assert "sequence 3" in ended.message and "its END request was served" in ended.message
+        assert ended.message == (  # Triton's words first (its clients read them), then why the sequence ended
+            "inference request for sequence 3 to model 'accumulate' must specify the START flag on the first request "
+            "of the sequence: the sequence was ended because its END request was served; start a new one with "
+            "sequence_start"
+        )
         wrong = sequence_request("accumulate", 1, 5)
         wrong.parameters["sequence_end"].string_param = "yes"
         bad_type = rpc_error(infer, wrong)

@@ -541,7 +541,11 @@ BAD_REQUESTS = {
     "size_not_the_shape": (
         lambda r: _parameter(r.inputs[0], "shared_memory_byte_size", int64_param=60),
         "INVALID_ARGUMENT",
-        ["input 'INPUT0' in shared memory region 'in'", "needs 64 bytes", "shared_memory_byte_size is 60"],
+        [
+            "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60",
+            "in shared memory region 'in'",
+            "shared_memory_byte_size is 60",
+        ],
     ),
     "output_region_too_small": (
         lambda r: _parameter(r.outputs[1], "shared_memory_byte_size", int64_param=32),
@@ -551,7 +555,7 @@ BAD_REQUESTS = {
     "typed_and_region": (
         lambda r: r.inputs[0].contents.int_contents.extend(range(16)),
         "INVALID_ARGUMENT",
-        ["input 'INPUT0' has typed contents and names shared memory region 'in'"],
+        ["unexpected 'content' provided when using shared memory for input tensor 'INPUT0'", "region 'in'"],
     ),
     "raw_and_region": (
         lambda r: r.raw_input_contents.extend([b"\0" * ROW, b"\0" * ROW]),

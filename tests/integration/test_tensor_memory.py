@@ -156,7 +156,7 @@ def test_a_shape_claiming_more_elements_than_its_contents_hold_is_invalid_not_re
     request = bytes_request("gated_bytes", 1, shape=[10**9])
     error = rpc_error(stub(running).ModelInfer, request)
     assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error.message
-    assert "shape holds 1000000000 BYTES elements, the contents hold 1" in error.message
+    assert "expected 1000000000 string elements for inference input 'INPUT0'" in error.message
     settled(running)
 
 

@@ -146,7 +146,8 @@ def test_a_failing_warmup_run_fails_the_load_naming_the_sample_and_frees_the_poo
         error = client_error(running.client.load, "warm")
         expected = "warmup sample 'noise' failed on slot 1 (run 1 of 2): kernel exploded"
         assert (error.code, error.reason) == ("FAILED_PRECONDITION", "load_failed"), error
-        assert error.message.startswith("failed to load 'warm': ") and expected in error.message, error
+        assert error.message.startswith("load failed for model 'warm': version 1 is at UNAVAILABLE state: "), error
+        assert expected in error.message, error
         state, reason = index_state(running, "warm")
         assert state == "UNAVAILABLE" and expected in reason
         assert running.client.model_ready("warm") is False

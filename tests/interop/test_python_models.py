@@ -67,7 +67,10 @@ def test_a_batch_reaches_execute_as_a_list_of_requests_with_one_response_each(se
 
 def test_exception_and_triton_error_codes_reach_the_client(server, run_client):
     result = run_client(SCRIPT, server.address, "errors")
-    assert result["raise"] == ["INTERNAL", "model 'probe' raised ValueError: the value 42 is bad"]
+    assert result["raise"] == [  # the python backend's words, naming the instance as Triton does
+        "INTERNAL",
+        "Failed to process the request(s) for model 'probe_0_0', message: ValueError: the value 42 is bad",
+    ]
     for code, status in CODES.items():
         assert result[code] == [status, f"refused with {code}"], code  # the model's words as they are (Triton's)
     assert "pid" in result["after"]  # the model is still serving

@@ -39,7 +39,9 @@ def test_load_model_with_config_and_files(slotserve, run_client, demo_repository
 
     assert seen["ready_after_load"] is True
     assert seen["infer_after_load"] == VALUES and seen["infer_after_reload"] == VALUES
-    assert seen["no_config"]["status"] == "StatusCode.INVALID_ARGUMENT", seen["no_config"]
+    # files without `config`: Triton's code and words, INTERNAL "failed to poll from model repository", then why
+    assert seen["no_config"]["status"] == "StatusCode.INTERNAL", seen["no_config"]
+    assert seen["no_config"]["message"].startswith("failed to load 'other', failed to poll from model repository: ")
     assert "'config' parameter" in seen["no_config"]["message"]
     # a `file:` path the server refuses gets Triton's answer: INTERNAL "failed to poll from model repository"
     assert seen["bad_name"]["status"] == "StatusCode.INTERNAL", seen["bad_name"]

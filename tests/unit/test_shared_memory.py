@@ -240,7 +240,7 @@ def test_a_failed_decode_holds_nothing(shm):
     registry.register("r", source.key, 0, 4096)
     request = identity_request("r", 4)
     in_region(request.inputs.add(name="INPUT1", datatype="FP32", shape=[4]), "r", 15)  # wrong size, after INPUT0
-    with pytest.raises(InvalidRequest, match="needs 16 bytes, shared_memory_byte_size is 15"):
+    with pytest.raises(InvalidRequest, match="Expected 16, got 15 .*shared_memory_byte_size is 15"):
         decode_request(request, shared_memory=registry)
     assert registry.statistics().holds == 0
 

@@ -20,6 +20,7 @@ import struct
 import textwrap
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -443,8 +444,17 @@ class Server:
         return reply.model_stats[0]
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(self.metrics_url, timeout=CALL_TIMEOUT) as reply:
-            return reply.read().decode()
+        """The metrics text. Triton starts its metrics server after it answers ready: a case that asks first (run
+        alone) waits for it."""
+        deadline = time.monotonic() + CALL_TIMEOUT
+        while True:
+            try:
+                with urllib.request.urlopen(self.metrics_url, timeout=CALL_TIMEOUT) as reply:
+                    return reply.read().decode()
+            except urllib.error.URLError as error:
+                if not isinstance(error.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)  # ordering-free: polls until the metrics port listens, within a deadline
 
     # -- system shared memory --
 

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from .harness import Model, build_request, python_model, slotserve_fails, wait_for
+from .harness import Model, build_request, python_model, wait_for
 
 ERROR_CODE = """
     import triton_python_backend_utils as pb_utils
@@ -220,10 +220,6 @@ def _failures(server, model: str, reason: str) -> float:
     return float(found.group(1))
 
 
-@slotserve_fails(
-    "34.8 an execute that raises is answered \"model 'x' raised NameError: ...\", not Triton's \"Failed to process "
-    'the request(s) for model ..." (backend.py WorkerProcess._results, pyhard)'
-)
 def test_infer_pymodel_error(server):
     """execute raises NameError: the message starts as Triton's, and the failure counts as reason BACKEND."""
     before = _failures(server, "wrong_model", "BACKEND")
@@ -249,20 +245,12 @@ def _grpc_error_stream(server, requests: int) -> list:
     return seen
 
 
-GRPC_ERROR_CAUSE = (
-    "`triton_grpc_error: true` stream metadata is ignored: a model's error does not end the stream with its gRPC "
-    "status (service/servicers/inference.py, nobody this round)"
-)
-
-
-@slotserve_fails(GRPC_ERROR_CAUSE)
 def test_triton_grpc_error_error_on(server):
     """With `triton_grpc_error: true` the first error ends the stream with status INTERNAL."""
     seen = _grpc_error_stream(server, 2)
     assert seen[0] == ("OK", "") and seen[1][0] == "ERROR" and seen[1][1][0] == "INTERNAL", seen
 
 
-@slotserve_fails(GRPC_ERROR_CAUSE)
 def test_triton_grpc_error_multithreaded(server):
     """Two such streams at once: each ends with INTERNAL at its model error (the error falls on either)."""
     results: list = []

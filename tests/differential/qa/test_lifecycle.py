@@ -92,13 +92,6 @@ def test_parse_ignore_non_integral_version(launch):
     assert _works(server, "model")
 
 
-LOAD_FAILED = (
-    "34.8 a load that fails is answered \"failed to load 'x': ...\", not Triton's \"load failed for model 'x': ...\" "
-    "(service/model_control.py messages, helper repo)"
-)
-
-
-@slotserve_fails(LOAD_FAILED)
 def test_model_control_fail(launch):
     """A model whose configuration cannot be read: each load fails, in Triton's words."""
     broken = python_model(identity_config(), BROKEN)
@@ -109,7 +102,6 @@ def test_model_control_fail(launch):
         assert not server.ready("broken", "1")
 
 
-@slotserve_fails(LOAD_FAILED)
 def test_config_override(launch):
     """A load whose request gives the configuration: the file's (serving version 3, which fails) is not used;
     version 2 only."""
@@ -130,11 +122,6 @@ def test_config_override(launch):
     assert _works(server, "model", "2")
 
 
-@slotserve_fails(
-    "34.8 a load with files but no configuration is answered \"failed to load 'x': model 'x': a load with files needs "
-    "the 'config' parameter ...\", not Triton's \"failed to load 'x', failed to poll from model repository\" "
-    "(service/model_control.py messages, helper repo)"
-)
 def test_file_override(launch):
     """Files without a configuration are refused in Triton's words; with one, they load as the model's files."""
     model = _versioned(["3"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .harness import Model, build_request, python_model, slotserve_fails
+from .harness import Model, build_request, python_model
 
 SEQUENCE = """
     import json
@@ -99,13 +99,6 @@ def test_length1_sequence(server, model):
     assert _value(answer) == (42 if model == NOBATCH else 43)
 
 
-SEQUENCE_WORDS = (
-    "34.8 a request after its sequence's END without START is refused as \"the sequence was ended because its END "
-    'request was served", not Triton\'s "... must specify the START flag on the first request of the sequence" '
-    "(service/core/sequences.py, nobody this round)"
-)
-
-
 def test_batch_size(server):
     answer = server.send(_request(BATCH, 27, "start", 1, rows=2))
     assert not answer.ok
@@ -133,7 +126,6 @@ def test_no_sequence_start(server, model):
     ), answer.message
 
 
-@slotserve_fails(SEQUENCE_WORDS)
 @pytest.mark.parametrize("model", [NOBATCH, BATCH])
 def test_no_sequence_start2(server, model):
     """A request after the sequence's END, without START: refused."""

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-from .harness import ClientRegion, Model, build_request, in_region, python_model, slotserve_fails, wait_for
+from .harness import ClientRegion, Model, build_request, in_region, python_model, wait_for
 from .models import ADD_SUB
 
 SIZE = 64  # bytes: 16 INT32
@@ -146,10 +146,6 @@ def test_register_after_inference(server, regions):
         extra.close()
 
 
-@slotserve_fails(
-    "34.8 an input's byte size that does not match its shape is refused in slotserve's words, not Triton's \"input "
-    'byte size mismatch ..." (service/tensors.py, helper memory)'
-)
 def test_too_big_shm(server, regions):
     """INPUT1 from a 128-byte region: the byte size does not match the shape."""
     _register_all(server)

@@ -360,7 +360,7 @@ def case_control(client: grpcclient.InferenceServerClient) -> dict:
     except InferenceServerException as error:
         steps["batch_5_after_override"] = str(error.status())
 
-    # Failed loads answer an error that says "failed to load" (what Triton's clients look for).
+    # Failed loads answer in Triton's words ("failed to load 'x', failed to poll ..." / "load failed for model 'x'").
     errors: dict[str, dict | None] = {}
     for label, (name, config) in FAILING_LOADS.items():
         try:
