@@ -259,7 +259,11 @@ class Dataplane:
             elif entry.spec.sequence is not None:
                 ran = _run_in_sequence(entry, decoded, deadline, cancel)
             elif entry.batches:
-                ran = self._run_batched(entry, decoded, deadline, cancel, started)
+                ran = self._run_batched(entry, decoded, deadline, cancel, started, stream)
+                if ran.stream is not None:  # a decoupled model's member of a batch: its own answers
+                    yield from self._stream_batched(entry, request, decoded, reservation, ran, started)
+                    recorded = True
+                    return
             else:
                 lease = entry.acquire_lease(deadline, cancel)
                 if stream and lease.streaming:
@@ -322,22 +326,73 @@ class Dataplane:
             ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
 
+    def _stream_batched(
+        self,
+        entry: ModelEntry,
+        request: InferenceRequest[R],
+        decoded: DecodedRequest,
+        reservation: Reservation,
+        ran: _Ran,
+        started: int,
+    ) -> Iterator[R]:
+        """A decoupled model's answers to one member of a batch (its stream: the batch's slot is held until every
+        member's stream ended), then counted as a request that ran in a batch."""
+        answers = ran.stream
+        assert answers is not None
+        began = time.perf_counter_ns()
+        try:
+            for outputs in answers:
+                ran.outputs = outputs
+                yield self._respond(request, ran, decoded, reservation, final=isinstance(outputs, FinalOutputs))
+        finally:  # closed early (the client went away): the rest of its answers are dropped
+            close = getattr(answers, "close", None)
+            if close is not None:
+                close()
+        ran.infer_ns = time.perf_counter_ns() - began
+        self._record_success(entry, ran, started, counted_output=False)
+
     @staticmethod
     def _run_batched(
-        entry: ModelEntry, decoded: DecodedRequest, deadline: float | None, cancel: CancelToken, started: int
+        entry: ModelEntry,
+        decoded: DecodedRequest,
+        deadline: float | None,
+        cancel: CancelToken,
+        started: int,
+        stream: bool = False,
     ) -> _Ran:
-        """Admit a request of a batching model and see it run, alone or in a batch."""
+        """Admit a request of a batching model and see it run, alone or in a batch (on a `stream`, a decoupled
+        model's batch gives it a stream of answers: `_Ran.stream`)."""
         metadata = entry.known_metadata()
         if metadata is not None:  # bad input is refused before it can join a batch
             metadata.check_request(decoded.signature, decoded.outputs)
         rows = decoded.rows()
-        item = entry.run_batched(
-            BatchItem(
-                decoded.inputs, decoded.signature, decoded.outputs, rows, cancel, before_run=decoded.check_regions
-            ),
-            deadline,
+        item = BatchItem(
+            decoded.inputs,
+            decoded.signature,
+            decoded.outputs,
+            rows,
             cancel,
+            before_run=decoded.check_regions,
+            streams=stream,
         )
+        try:
+            entry.run_batched(item, deadline, cancel)
+            if item.stream is not None and item.error is not None:  # it gave up as its batch started
+                raise item.error
+        except BaseException:
+            answers = item.abandon()  # a decoupled model's answers nobody will read: its batch's slot must not wait
+            if answers is not None:
+                answers.close()  # type: ignore[attr-defined]  # a batch member's stream (core/batching.py)
+            raise
+        if item.stream is not None:
+            return _Ran(
+                item.metadata,  # type: ignore[arg-type]  # posted by the batch's leader with the stream
+                item.version,
+                item.started_ns - started,
+                rows=rows,
+                batched=True,
+                stream=item.stream,
+            )
         outputs = item.outcome()
         return _Ran(
             item.metadata,  # type: ignore[arg-type]  # posted by the batch's leader with the outcome
@@ -421,6 +476,7 @@ class _Ran:
     batched: bool = False  # it ran in a batch, whose run is counted once by the batch
     outputs: Outputs | None = None
     finished_ns: int = field(default_factory=time.perf_counter_ns)  # when the run ended: the output time's start
+    stream: Iterator[Outputs] | None = None  # a decoupled model's answers to a member of a batch, still to read
 
     @classmethod
     def of(cls, cached: CacheLookup) -> _Ran:

@@ -15,6 +15,7 @@ are refused by name.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
@@ -281,7 +282,9 @@ class InferenceRequest:
         awaited together (asyncio.gather) are in flight at once."""
 
         async def call():
-            return await asyncio.get_running_loop().run_in_executor(None, functools.partial(self.exec, decoupled))
+            # In the caller's context: the worker reads there which request the call belongs to.
+            exec_here = functools.partial(contextvars.copy_context().run, self.exec, decoupled)
+            return await asyncio.get_running_loop().run_in_executor(None, exec_here)
 
         return call()
 
