@@ -138,9 +138,7 @@ def test_a_cancelled_coroutine_that_never_ends_gets_its_worker_killed_failing_th
     repository = tmp_path / "repository"
     shutil.copytree(REPOSITORY / "async_gate", repository / "async_gate")
     config = repository / "async_gate" / "config.pbtxt"
-    config.write_text(
-        config.read_text() + 'parameters { key: "cancel_kill_seconds" value: { string_value: "0.5" } }\n'
-    )
+    config.write_text(config.read_text() + 'parameters { key: "cancel_kill_seconds" value: { string_value: "0.5" } }\n')
     gates = tmp_path / "gates"
     gates.mkdir()
     with serve(repository, parallel_jobs=1) as running:
