@@ -2,12 +2,15 @@
 
     PythonBackend.load(spec)    starts the first worker: it imports model.py, runs `auto_complete_config` (its
                                 result gives the served inputs and outputs) and `initialize`
-    PythonModel.create_context  one worker per slot (the first one is the load's); a slot's worker runs one
-                                call at a time, so slots run in parallel whatever the model does with the GIL
+    PythonModel.create_context  one worker per slot (an instance; the first one is the load's); a slot's worker runs
+                                one call at a time, so slots run in parallel whatever the model does with the GIL,
+                                except a decoupled model with `async def execute`, whose worker overlaps calls:
+                                its context takes `requests_per_context` requests at once, each on a lane
     PythonContext.execute       one request -> `execute([request])`; a batch leader passes its member requests
                                 (`batches_as_requests`), and the model gets them as one list, Triton's semantics
     PythonContext.execute_stream  a decoupled model (`streaming`): its responses as the model sends them; the
-                                slot is held until the final flag (the dataplane's streaming path)
+                                request's place is held until the final flag (the dataplane's streaming path)
+    PythonContext.execute_streams  a decoupled model's batch: one call, each member's responses a stream of its own
     run_bls                     a BLS call of the model (`InferenceRequest(...).exec()`), on a thread of its own:
                                 through the server's ModelCalls (`bind_model_calls`), so through the callee's
                                 admission, with the calling request's deadline and a token its cancellation fires
@@ -25,9 +28,11 @@ FAILURE_WINDOW seconds the model is taken out of service (DeviceFailedError: the
 reason as its last error). A cancelled request shows `is_cancelled()` true to the model (a word in shared memory
 the worker reads); a worker that has not answered CANCEL_KILL_SECONDS after its request was cancelled
 (SHUTDOWN_KILL_SECONDS when the server cancelled it at shutdown) is killed and its slot starts a new one, so a
-hung model.py can hold neither a slot nor the server past its bound; the kill clock runs from the cancellation,
-whatever the worker sends meanwhile. Closing a slot asks its worker to run `finalize` and returns; a thread kills
-the worker if it has not ended within the model's finalize grace.
+hung model.py can hold neither a slot nor the server past its bound; the kill clock runs per request from its
+cancellation, whatever the worker sends meanwhile, and a kill fails the other requests in flight on that worker
+(an overlapping model's), naming why. A death is counted once per worker, whichever of its calls saw it. Closing
+a slot asks its worker to run `finalize` and returns; a thread kills the worker if it has not ended within the
+model's finalize grace.
 
 A worker's stdout and stderr are pipes a thread of its WorkerProcess reads (engine/python/output.py): what the
 model prints or logs becomes the server's log records, naming the model and the slot, never a write on the
@@ -43,6 +48,8 @@ Parameters read from config.pbtxt (all optional):
     finalize_grace_seconds      how long closing the model waits for `finalize` before killing (default 2)
     cancel_kill_seconds         kill (and replace) a worker still running this long after its request was
                                 cancelled by its client or deadline (default 2; 0: never, Triton's behaviour)
+    async_requests_per_instance the requests one worker of a decoupled model with `async def execute` runs at once
+                                (default 16; Triton sets no bound)
 Refused by name: EXECUTION_ENV_PATH (custom execution environments).
 """
 
