@@ -190,12 +190,20 @@ class WorkerProcess:
         environment["PYTHONUNBUFFERED"] = "1"  # what the model prints reaches the log as it prints it
         self.board_words = max(1, model.metadata_batch) + 1  # board words per lane: one per request of a call
         self.board, requests, responses = self._first_segments(model, self.board_words)
-        self.lanes: list[_Lane] = [_Lane(requests, responses)]  # more are added as calls name them (`_lane`)
+        # Lane 0's segments are made now; the others' (an overlapping model's) by the first call on each.
+        released = transport.Segment.released
+        self.lanes = [
+            _Lane(requests, responses),
+            *(_Lane(released(), released()) for _ in range(model.lanes_wanted - 1)),
+        ]
         self._send_lock = threading.Lock()  # guards: writing a message on the pipe (BLS replies come from threads)
-        # guards: _calls, _reading, `ended`, and each call's `live`, `reply_files` and its waiters' inboxes
-        self._mail = threading.Condition(threading.Lock())
+        # guards: _calls, _reading, _waiting, `ended`, and each call's `live`, `reply_files`, `handed_over` and its
+        # waiters' inboxes (taken as `with self._mail:`, a plain lock; `_changed` waits and notifies on it)
+        self._mail = threading.Lock()
+        self._changed = threading.Condition(self._mail)
         self._calls: dict[int, _Call] = {}  # the calls in flight, by run
         self._reading = False  # a thread waiting for a message reads the pipe (only one at a time)
+        self._waiting = 0  # threads waiting on `_changed` for a message (a lone call's reader notifies nobody)
         self._runs = itertools.count(1)
         self.ended = False  # it died, or was killed: its calls fail; the context starts a new one
         self.kill_reason = ""  # why the server killed it (a cancelled request outlived the kill grace)
@@ -339,7 +347,7 @@ class WorkerProcess:
             requests = self._lay_out(call.lane, members)
             watchers = [self._cancel_watcher(call, index, member.cancel) for index, member in enumerate(members)]
             try:
-                self._send(Execute(call.run, lane, requests, self._hand_over(call)))
+                self._send(Execute(call.run, lane, requests, self._hand_over(call)).to_wire())
                 sent = True
                 return self._results(call)
             finally:
@@ -363,13 +371,16 @@ class WorkerProcess:
             requests = self._lay_out(call.lane, members)
             for index, member in enumerate(members):
                 call.waiters[index].watcher = self._cancel_watcher(call, index, member.cancel)
-            self._send(Execute(call.run, lane, requests, self._hand_over(call)))
+            self._send(Execute(call.run, lane, requests, self._hand_over(call)).to_wire())
         except BaseException:
             self._end_call(call, sent=False)
             raise
 
         def member_ended() -> None:
-            if call.member_ended():
+            with self._mail:
+                call.open_streams -= 1
+                last = call.open_streams == 0
+            if last:
                 self._end_call(call, sent=True)
                 ended()
 
@@ -387,9 +398,9 @@ class WorkerProcess:
         detach: Callable[[], None] | None = None,
     ) -> _Call:
         """A new call on lane `lane`, with a waiter (its inbox, its kill clock) per token."""
+        call = _Call(next(self._runs), lane, self.lanes[lane], [_Waiter(t) for t in tokens], bls_cancel, deadline)
+        call.detach = detach
         with self._mail:
-            call = _Call(next(self._runs), lane, self._lane(lane), [_Waiter(t) for t in tokens], bls_cancel, deadline)
-            call.detach = detach
             self._calls[call.run] = call
         return call
 
@@ -409,12 +420,15 @@ class WorkerProcess:
         for path in unread:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        self._unlink_handed_over(call)
+        if call.handed_over:
+            self._unlink_handed_over(call)
         if not self.ended:
             call.lane.release_single_use(sent)
 
     def _hand_over(self, call: _Call) -> dict[str, tuple[str, int]]:
         """The lane's replaced segments, for the call's execute message: from now on the call unlinks them."""
+        if not call.lane.new:
+            return {}
         new, call.lane.new = call.lane.new, {}
         with self._mail:
             call.handed_over.extend(new.values())
@@ -427,12 +441,6 @@ class WorkerProcess:
             segments, call.handed_over = call.handed_over, []
         for segment in segments:
             segment.unlink()
-
-    def _lane(self, number: int) -> _Lane:
-        """Lane `number`'s segments (a lane never used yet has released ones: its first call makes them)."""
-        while len(self.lanes) <= number:
-            self.lanes.append(_Lane(transport.Segment.released(), transport.Segment.released()))
-        return self.lanes[number]
 
     def _results(self, call: _Call) -> list:
         message = self._next_message(call, call.waiters[0])
@@ -498,59 +506,96 @@ class WorkerProcess:
         """`waiter`'s next message: a "response" for its request, or the call's "done" or "failed". Waits for it,
         reading the pipe meanwhile when no other thread does. Raises ModelError when the worker died (or was killed
         for another request), ExecutionCancelled when its own kill clock ran out (the worker is killed then)."""
+        if self.model.requests_per_context == 1 and len(call.waiters) == 1:
+            return self._next_message_alone(call, waiter)
         while True:
             with self._mail:
                 if waiter.inbox:
                     return waiter.inbox.popleft()
-                left = None if self.ended else self._kill_clock(waiter)
-                reading = not self.ended and (left is None or left > 0) and not self._reading
+                left = None if self.ended or not waiter.cancel.cancelled else self._kill_clock(waiter)
+                alive = not self.ended and (left is None or left > 0)
+                reading = alive and not self._reading
                 if reading:
                     self._reading = True
-                elif not self.ended and (left is None or left > 0):
-                    self._mail.wait(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+                elif alive:
+                    self._waiting += 1
+                    self._changed.wait(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+                    self._waiting -= 1
                     continue
             if self.ended:
                 raise self._died()
             if not reading:
                 self._kill_for(waiter)  # raises
+            mine = None
             try:
                 message = self._receive(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+                if message is not None:
+                    mine = self._route(message, call, waiter)
             finally:
                 with self._mail:
                     self._reading = False
-                    self._mail.notify_all()  # a thread still waiting takes the role over
-            if message is not None:
-                self._route(message)
+                    if self._waiting:
+                        self._changed.notify_all()  # a thread still waiting takes the role over
+            if mine is not None:
+                return mine
 
-    def _route(self, message) -> None:
-        """Deal with a message the reading thread took off the pipe: answer a "grow", start a BlsCall, file the
-        rest in the inbox of their call's waiter (a "response" for a call that has ended is answered and dropped)."""
+    def _next_message_alone(self, call: _Call, waiter: _Waiter):
+        """`_next_message` for the only call a worker can have in flight, and its only request (a model that does
+        not overlap its calls, one request on a stream or a call of requests that answer together): its thread is
+        the pipe's only reader, every message of the pipe is its own, so it reads without taking the reader's role."""
+        while True:
+            left = self._kill_clock(waiter) if waiter.cancel.cancelled else None
+            if left is not None and left <= 0:
+                self._kill_for(waiter)  # raises
+            message = self._receive(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+            if message is not None:
+                mine = self._route(message, call, waiter)
+                if mine is not None:
+                    return mine
+
+    def _route(self, message, reader_call: _Call, reader: _Waiter):
+        """Deal with a message the reading thread (`reader`'s, of `reader_call`) took off the pipe: answer a "grow",
+        start a BlsCall, file the rest in the inbox of their call's waiter (a "response" for a call that has ended
+        is answered and dropped). Returns the message when it is `reader`'s own (not filed), else None."""
         if isinstance(message, BlsCall):
             self._start_bls(message)
-            return
+            return None
         kind = message[0]
         if kind == "grow":
             _, tag, run, size = message
             self._send(("reply", tag, self._grown(run, size)))
-            return
+            return None
         run = message[2] if kind == "response" else message[1]
-        with self._mail:
-            call = self._calls.get(run)
-        if call is not None:
+        if run == reader_call.run:  # the reader's own call: in flight, since it waits for this
+            call: _Call | None = reader_call
+            live = True
+        else:
+            with self._mail:
+                call = self._calls.get(run)
+                live = call is not None and call.live
+        if call is None or not live:
+            if kind == "response":  # its call has ended: the response is dropped
+                self._send(("reply", message[1], None))
+            return None
+        if call.handed_over:
             self._unlink_handed_over(call)  # the worker has mapped them: it sent this after reading the call's message
-        with self._mail:
-            if call is not None and call.live:
-                if kind == "response":
-                    call.waiters[message[3]].inbox.append(message)
-                elif kind == "done":
-                    call.waiters[0].inbox.append(message)
-                else:  # "failed": the call's every request
-                    for waiter in call.waiters:
-                        waiter.inbox.append(message)
-                self._mail.notify_all()
-                return
-        if kind == "response":  # its call has ended: the response is dropped
-            self._send(("reply", message[1], None))
+        if kind == "done" and call.waiters[0] is reader:  # a lone call's answer: its own thread read it
+            return message
+        if kind == "response":
+            addressees = [call.waiters[message[3]]]
+        elif kind == "done":
+            addressees = [call.waiters[0]]
+        else:  # "failed": the call's every request
+            addressees = call.waiters
+        mine = message if reader in addressees else None
+        others = [waiter for waiter in addressees if waiter is not reader]
+        if others:
+            with self._mail:
+                for waiter in others:
+                    waiter.inbox.append(message)
+                if self._waiting:
+                    self._changed.notify_all()
+        return mine
 
     def _receive(self, seconds: float):
         """The worker's next message, or None when none came within `seconds`. Raises ModelError when the worker
@@ -565,10 +610,10 @@ class WorkerProcess:
         return None
 
     def _kill_clock(self, waiter: _Waiter) -> float | None:
-        """Seconds left before the worker is killed for `waiter`'s request (called with `_mail` held): None while
-        it is not cancelled (or the model never kills). The clock runs from the first time the request was seen
-        cancelled, whatever the worker sends meanwhile, so a model that keeps sending is killed on time as well as
-        one that hangs."""
+        """Seconds left before the worker is killed for `waiter`'s request (called with `_mail` held, or by the only
+        reader): None while it is not cancelled (or the model never kills). The clock runs from the first time the
+        request was seen cancelled, whatever the worker sends meanwhile, so a model that keeps sending is killed on
+        time as well as one that hangs."""
         cancel = waiter.cancel
         if not cancel.cancelled:
             return None
@@ -595,7 +640,7 @@ class WorkerProcess:
     def mark_ended(self) -> None:
         with self._mail:
             self.ended = True
-            self._mail.notify_all()
+            self._changed.notify_all()
 
     def _died(self) -> ModelError:
         self.mark_ended()
@@ -850,6 +895,21 @@ class _Call:
     """One execute call in flight on a worker: its run number, lane and waiters, and what its BLS calls carry (the
     calling requests' cancellation and deadline). `live` and `reply_files` are guarded by the worker's `_mail`."""
 
+    __slots__ = (
+        "run",
+        "lane_number",
+        "lane",
+        "waiters",
+        "bls_cancel",
+        "deadline",
+        "detach",
+        "live",
+        "reply_files",
+        "handed_over",
+        "refused",
+        "open_streams",
+    )
+
     def __init__(
         self,
         run: int,
@@ -872,14 +932,7 @@ class _Call:
         # by the worker's `_mail`.
         self.handed_over: list[transport.Segment] = []
         self.refused: OutOfSharedMemoryError | None = None  # a response segment could not grow: the call fails
-        self._open = len(waiters)  # streams not ended yet
-        self._open_lock = threading.Lock()  # guards: _open
-
-    def member_ended(self) -> bool:
-        """One of the call's streams ended; True for the last one."""
-        with self._open_lock:
-            self._open -= 1
-            return self._open == 0
+        self.open_streams = len(waiters)  # its streams not ended yet (a decoupled call's), guarded by `_mail`
 
 
 class ResponseStream(Iterator[Outputs]):
@@ -1026,6 +1079,10 @@ class PythonContext(Context):
         """A free lane and the live worker (a new one if it has none or it died); the caller `_leave`s both."""
         with self._lock:
             lane = self._free_lanes.pop()
+            worker = self._worker
+            if worker is not None and not worker.ended and worker.process.poll() is None:
+                worker.users += 1
+                return lane, worker
         try:
             return lane, self._worker_for_call()
         except BaseException:
@@ -1038,7 +1095,7 @@ class PythonContext(Context):
         with self._lock:
             self._free_lanes.append(lane)
             worker.users -= 1
-            retire = self._retire_locked(worker)
+            retire = worker.ended and self._retire_locked(worker)
         if retire:
             worker.close_resources()
 

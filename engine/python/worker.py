@@ -59,7 +59,7 @@ from typing import Any
 
 from . import transport
 from . import triton_python_backend_utils as pb_utils
-from .messages import BlsCall, Execute, Ready
+from .messages import EXECUTE, BlsCall, Execute, Ready
 from .output import RecordFormatter
 from .pipe import GONE, WorkerPipe, unlink_reply
 
@@ -128,8 +128,8 @@ class Worker:
             message = self.pipe.next_order()
             if message is GONE:
                 return  # the server is gone
-            if isinstance(message, Execute):
-                self.execute(message)
+            if message[0] == EXECUTE:
+                self.execute(Execute.from_wire(message))
             elif message[0] == "stop":
                 if self.loop is not None:
                     self.loop.stop(LOOP_STOP_SECONDS)  # as Triton: the loop stops, then finalize runs
@@ -504,16 +504,18 @@ class _Lane:
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
-@dataclass(eq=False)
 class _Run:
     """One execute call in flight: its number (the server's), its lane and, for a decoupled model, its requests'
     senders (`open_senders` of them without their final flag yet; changed under the lane's lock)."""
 
-    number: int
-    lane: _Lane
-    live: bool = True  # until its answer (or last final flag) was sent: BLS calls are allowed while it is
-    open_senders: int = 0
-    senders: list[_StreamSender] = field(default_factory=list)
+    __slots__ = ("number", "lane", "live", "open_senders", "senders")
+
+    def __init__(self, number: int, lane: _Lane) -> None:
+        self.number = number
+        self.lane = lane
+        self.live = True  # until its answer (or last final flag) was sent: BLS calls are allowed while it is
+        self.open_senders = 0
+        self.senders: list[_StreamSender] = []
 
 
 # The run the code running now belongs to: set for `execute` and copied into the coroutine it returns (and into
