@@ -93,8 +93,18 @@ class ModelMetadata:
             accepted.clear()
         accepted.add(key)
 
+    def name_model(self, model: str) -> ModelMetadata:
+        """Tell this metadata which model it describes (the pool does, when it publishes it): the refusals of
+        `check_request` then name the model, as Triton's do. Returns self."""
+        object.__setattr__(self, "_model", model)
+        return self
+
     def _check_request(self, inputs: Mapping[str, tuple[str, tuple[int, ...]]], outputs: Sequence[str]) -> None:
         known = self._inputs_by_name  # type: ignore[attr-defined]
+        required = [spec.name for spec in self.inputs if not spec.optional]
+        if not required_count_fits(len(inputs), len(required), len(self.inputs)):
+            model = getattr(self, "_model", "")
+            raise InvalidInputError(missing_inputs_message(model, inputs, required, len(self.inputs)))
         for name, (datatype, shape) in inputs.items():
             spec = known.get(name)
             if spec is None:
@@ -102,9 +112,9 @@ class ModelMetadata:
             if datatype != spec.datatype:
                 raise InvalidInputError(f"input '{name}' has datatype {datatype}, the model expects {spec.datatype}")
             self._check_shape(spec, shape)
-        for spec in self.inputs:
-            if spec.name not in inputs and not spec.optional:
-                raise InvalidInputError(f"missing input '{spec.name}'")
+        if any(name not in inputs for name in required):  # as many inputs as needed, but not the required ones
+            model = getattr(self, "_model", "")
+            raise InvalidInputError(missing_inputs_message(model, inputs, required, len(self.inputs)))
         if self.max_batch_size > 0:
             batches = {shape[0] for (_, shape) in inputs.values() if shape}
             if len(batches) > 1:
@@ -133,6 +143,34 @@ class ModelMetadata:
         for got, want in zip(shape, expected, strict=True):
             if want != -1 and got != want:
                 raise InvalidInputError(f"input '{spec.name}' has shape {sent}; the model expects {wanted}")
+
+
+def required_count_fits(given: int, required: int, total: int) -> bool:
+    """Whether `given` inputs are as many as a model with `required` required inputs of `total` takes."""
+    return required <= given <= total
+
+
+def missing_inputs_message(model: str, given: Iterable[str], required: Sequence[str], total: int) -> str:
+    """Triton's words for a request that does not give a model its required inputs (clients and Triton's own tests
+    read them): "expected 3 inputs but got 1 inputs for model 'm'. Got input(s) ['INPUT0'], but missing required
+    input(s) ['INPUT1','INPUT2']. Please provide all required input(s)." With optional inputs the count reads
+    "expected number of inputs between 3 and 4"."""
+    sent = sorted(given)
+    missing = sorted(name for name in required if name not in sent)
+    if len(required) == total:
+        expected = f"{len(required)} inputs"
+    else:
+        expected = f"number of inputs between {len(required)} and {total}"
+    where = f" for model '{model}'" if model else ""
+    return (
+        f"expected {expected} but got {len(sent)} inputs{where}. Got input(s) {_listed(sent)}, but missing required "
+        f"input(s) {_listed(missing)}. Please provide all required input(s)."
+    )
+
+
+def _listed(names: Iterable[str]) -> str:
+    """Names as Triton lists them: ['INPUT0','INPUT1']."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
 @dataclass(frozen=True)
@@ -292,8 +330,8 @@ class CancelToken:
         self._cancelled = False
         self._callbacks: list[Callable[[], None]] = []
         self.reason = ""  # why it was cancelled, e.g. "shutdown"
-        # What the request being run says about itself (set by the dataplane as it admits the request; a token a
-        # stream's requests share holds the one running now). Backends that show it to a model read it here.
+        # What the request being run says about itself (set by the dataplane as it admits the request; each
+        # request of a stream has a token of its own). Backends that show it to a model read it here.
         self.request: RequestInfo | None = None
 
     @property

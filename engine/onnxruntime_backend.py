@@ -298,6 +298,7 @@ def _unicode_array(array: np.ndarray) -> np.ndarray | None:
     if array.dtype.kind == "S":
         fixed = array.reshape(-1)
         width = array.dtype.itemsize
+        lengths = np.strings.str_len(fixed)
     else:
         flat = array.reshape(-1)
         try:
@@ -312,12 +313,22 @@ def _unicode_array(array: np.ndarray) -> np.ndarray | None:
         fixed = flat.astype(f"S{width}")
         if not np.array_equal(np.strings.str_len(fixed), lengths):
             return None  # an element ends with NUL: its fixed-width copy lost them
-        del lengths
+    if _holds_nul(fixed, lengths, width):
+        return None  # ONNX Runtime reads a unicode array's elements as C strings: "he\0llo" would reach it as "he"
+    del lengths
     if int(fixed.view(np.uint8).max(initial=0)) < 0x80:  # ASCII, the common case: numpy converts it in one pass
         text = fixed.astype(f"U{width}")
     else:
         text = np.strings.decode(fixed, "utf-8")
     return text.reshape(array.shape)
+
+
+def _holds_nul(fixed: np.ndarray, lengths: np.ndarray, width: int) -> bool:
+    """Whether an element of `fixed` (a flat 'S' array; `lengths` its elements' lengths) has a NUL byte inside it
+    (the NULs past an element's length are the fixed width's padding)."""
+    cells = fixed.view(np.uint8).reshape(-1, width)
+    inside = np.arange(width) < lengths[:, None]
+    return bool(np.any((cells == 0) & inside))
 
 
 def _str_objects(array: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from . import datatypes
 from .ensemble_graph import ensembles_after_their_steps, read_steps
 from .errors import ModelConfigError
 from .interface import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy, WarmupInput, WarmupSample
+from .python.environments import archive_stamp
 from .sequence_config import oldest_batching, read_sequence_spec
 
 _LOG = logging.getLogger(__name__)
@@ -494,7 +495,9 @@ FIELDS: dict[str, FieldRule] = {
     "sequence_batching.state.use_growable_memory": _ignored(
         "states are arrays kept per sequence on the server, as large as the model returns them"
     ),
-    "sequence_batching.iterative_sequence": _refused("not supported: iterative sequences are not implemented"),
+    "sequence_batching.iterative_sequence": _applied(
+        "a request without a sequence id gets one; a python model may reschedule a request, which runs again"
+    ),
     "ensemble_scheduling": _applied("the steps of an ensemble, run as a data flow (docs/ensembles.md)"),
     "ensemble_scheduling.step": _applied("one step: a model run through its own admission"),
     "ensemble_scheduling.step.model_name": _applied("the step's model, registered on this server"),
@@ -760,9 +763,28 @@ def _sequence_refusals(config: model_config_pb2.ModelConfig) -> list[tuple[str, 
         return []
     found = []
     if config.model_transaction_policy.decoupled:
-        found.append(("sequence_batching", "not supported yet for a decoupled model (model_transaction_policy)"))
+        found.extend(_decoupled_sequence_refusals(config))
     if config.response_cache.enable:
         found.append(("response_cache", "not with sequence_batching: a sequence's answers depend on its state"))
+    return found
+
+
+def _decoupled_sequence_refusals(config: model_config_pb2.ModelConfig) -> list[tuple[str, str]]:
+    """A decoupled sequence model streams each request's responses from its sequence's slot (docs/sequences.md);
+    refused where that cannot be: `oldest` batching the requests of several sequences, and implicit state (no
+    response of a stream is the one whose state output is kept)."""
+    block = config.sequence_batching
+    found = []
+    if block.WhichOneof("strategy_choice") == "oldest" and config.max_batch_size > 0:
+        found.append(
+            (
+                "sequence_batching.oldest",
+                "not supported for a decoupled model (model_transaction_policy) with max_batch_size > 0: its "
+                "requests are batched, and a batch does not stream; use direct, or max_batch_size 0",
+            )
+        )
+    if block.state:
+        found.append(("sequence_batching.state", "not supported for a decoupled model (model_transaction_policy)"))
     return found
 
 
@@ -829,6 +851,8 @@ def spec_from_config(
             raise ModelConfigError(f"{origin}: no numeric version directory (e.g. 1/) with a model file")
         model_file, file_name = _model_file(config, backend, version_dir, roots, origin)
     files = files_stamp(version_dir, model_file, origin=origin, roots=roots, skip=_cache_folders(config, roots))
+    if backend == "python" and "EXECUTION_ENV_PATH" in config.parameters:  # a changed archive: a changed model
+        files += archive_stamp(config.parameters["EXECUTION_ENV_PATH"].string_value, directory)
     instance_count = None
     if config.instance_group:
         count = config.instance_group[0].count

@@ -5,6 +5,10 @@ adds to each request of a sequence is declared here: control inputs (START, END,
 state (a model output fed back as an input on the sequence's next request, kept on the server). Neither is
 declared among the config's `input`s: the server fills them, the client never sends them.
 
+An iterative sequence (`iterative_sequence: true`, Triton's request rescheduling) lets the model hand a request
+back unfinished: its engine raises RequestRescheduled, and the sequence runs the same request again
+(service/core/sequences.py).
+
 `read_sequence_spec` checks the block and raises ModelConfigError naming the field; nothing here runs a model.
 """
 
@@ -20,7 +24,7 @@ import numpy as np
 from generated import model_config_pb2
 
 from . import datatypes
-from .errors import ModelConfigError
+from .errors import EngineError, ModelConfigError
 from .interface import BatchingSpec
 
 if TYPE_CHECKING:
@@ -40,6 +44,14 @@ _KINDS = {
     "CONTROL_SEQUENCE_CORRID": CORRID,
 }
 _CORRID_TYPES = ("UINT64", "INT64", "UINT32", "INT32", "BYTES")
+
+
+class RequestRescheduled(EngineError):
+    """An engine's answer for a request of an iterative sequence that its model released with Triton's
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: the request is not finished (no answer, or a streaming model's answers
+    so far), and the sequence runs it again, with the same inputs, after the requests queued before it. Never
+    reaches a client: service/core/sequences.py takes it (a model without iterative_sequence gets a ModelError
+    from its backend instead)."""
 
 
 @dataclass(frozen=True)
@@ -78,15 +90,19 @@ class SequenceState:
 class SequenceSpec:
     """A model's sequence batching. `direct`: max(1, max_batch_size) sequences per slot (Triton's sequence slots),
     each pinned to one slot (instance), each request run alone on it. `oldest`: up to `max_candidates` sequences
-    open at once; the next requests of different sequences that wait together run as one batch (dynamic
-    batching's rule: ModelSpec.batching carries the delay and preferred sizes), each sequence still one request
-    at a time, in order, its rows at their own place in the batch."""
+    per slot open at once; the next requests of different sequences that wait together run as one batch (dynamic
+    batching's rule: ModelSpec.batching carries the delay and preferred sizes; with max_batch_size 0 each runs
+    alone, on any slot), each sequence still one request at a time, in order, its rows at their own place in the
+    batch."""
 
     strategy: str = DIRECT
     max_idle_us: int = DEFAULT_IDLE_US
     controls: tuple[SequenceControl, ...] = ()
     states: tuple[SequenceState, ...] = ()
-    max_candidates: int = 0  # oldest: sequences open at once (0: direct, max(1, max_batch_size) per slot)
+    max_candidates: int = 0  # oldest: sequences open at once per slot (0: direct, max(1, max_batch_size) per slot)
+    # iterative_sequence: a request without an id gets one (and START); the model may reschedule a request
+    # (RequestRescheduled); the request that started a sequence ends it when it finishes.
+    iterative: bool = False
 
     def provided_inputs(self) -> dict[str, str]:
         """The model inputs the server fills (control inputs and state inputs), name -> datatype."""
@@ -118,22 +134,27 @@ def read_sequence_spec(
     )
     _check_unique(controls, states, {t.name for t in config.input}, {t.name for t in config.output}, where)
     idle = int(block.max_sequence_idle_microseconds) or DEFAULT_IDLE_US
+    iterative = bool(block.iterative_sequence)
     if block.WhichOneof("strategy_choice") != "oldest":
-        return SequenceSpec(DIRECT, idle, controls, states)
+        return SequenceSpec(DIRECT, idle, controls, states, iterative=iterative)
     oldest = block.oldest
-    if config.max_batch_size < 1:
-        raise ModelConfigError(f"{where}.oldest batches sequences: it needs max_batch_size >= 1")
-    if oldest.max_candidate_sequences < 1:
+    if oldest.max_candidate_sequences < 0:
         raise ModelConfigError(
-            f"{where}.oldest.max_candidate_sequences must be >= 1, got {oldest.max_candidate_sequences}"
+            f"{where}.oldest.max_candidate_sequences must not be negative, got {oldest.max_candidate_sequences}"
         )
-    return SequenceSpec(OLDEST, idle, controls, states, int(oldest.max_candidate_sequences))
+    # 0 (unset): Triton's default, max(1, max_batch_size). With max_batch_size 0 (Triton accepts it) each request
+    # runs alone.
+    candidates = int(oldest.max_candidate_sequences) or max(1, int(config.max_batch_size))
+    return SequenceSpec(OLDEST, idle, controls, states, candidates, iterative)
 
 
 def oldest_batching(config: model_config_pb2.ModelConfig, origin: str) -> BatchingSpec | None:
-    """The dynamic batching an `oldest` sequence model's requests get (its delay and preferred sizes), or None.
-    Raises ModelConfigError for a preferred size outside 1..max_batch_size."""
+    """The dynamic batching an `oldest` sequence model's requests get (its delay and preferred sizes), or None
+    (not `oldest`, or max_batch_size 0: nothing to batch along, as Triton's batcher of batch size 0 runs each
+    request alone). Raises ModelConfigError for a preferred size outside 1..max_batch_size."""
     if not config.HasField("sequence_batching") or config.sequence_batching.WhichOneof("strategy_choice") != "oldest":
+        return None
+    if config.max_batch_size < 1:
         return None
     oldest = config.sequence_batching.oldest
     preferred = sorted(set(int(size) for size in oldest.preferred_batch_size))

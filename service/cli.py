@@ -183,6 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
         "system temporary folder; on a read-only root filesystem, a mounted volume)",
     )
     add(
+        "--python-environments-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder in which python models' packed execution environments (EXECUTION_ENV_PATH naming an archive) "
+        "are extracted, one folder per archive content, kept for later loads and restarts; made on the first such "
+        "load, nothing is written before (default: slotserve-python-environments in the system temporary folder; "
+        "on a read-only root filesystem, a mounted volume)",
+    )
+    add(
         "--max-load-file-bytes",
         type=int,
         default=DEFAULT_MAX_LOAD_FILE_BYTES,
@@ -473,6 +483,7 @@ def option_fields(args: argparse.Namespace) -> dict:
         repository_poll_seconds=args.repository_poll_seconds,
         model_files_dir=args.model_files_dir,
         max_load_file_bytes=args.max_load_file_bytes,
+        python_environments_dir=args.python_environments_dir,
         max_resident_models=args.max_resident_models,
         idle_unload=args.idle_unload,
         memory_budget=args.memory_budget,

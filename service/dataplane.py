@@ -6,10 +6,12 @@ The wire layer (service/servicers/inference.py with service/tensors.py) hands `D
 tensors (decoded here, after their memory is reserved) and `respond`, its encoder, which turns each neutral
 `InferenceResponse` (the outputs of a run) into what the transport sends. Both calls go through one path
 (`_answers`): unary and stream requests are admitted, run (alone on a slot, or in a batch) and counted the same
-way; only a streaming model's several answers differ. Everything else (the tensor memory account, FIFO admission,
-lazy loading, statistics) happens here and below. A request's tensor memory is reserved before decoding
-(service/tensor_memory.py) and given back when it ends, whatever the end. Nothing here imports grpc, protobuf
-messages or the wire layer (tests/unit/test_layers.py says so).
+way; only a streaming model's several answers differ. A stream's requests are in flight together, each through
+this path on a thread of the stream (service/stream_requests.py keeps them; `stream_placement` says where each goes
+among the others). Everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens
+here and below. A request's tensor memory is reserved before decoding (service/tensor_memory.py) and given back
+when it ends, whatever the end. Nothing here imports grpc, protobuf messages or the wire layer
+(tests/unit/test_layers.py says so).
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
 from engine.errors import ModelErrorUnsupported
-from engine.interface import CancelToken, FinalOutputs, ModelMetadata, Outputs
+from engine.interface import CancelToken, FinalOutputs, ModelMetadata, ModelSpec, Outputs
 from engine.tensor_codec import BYTES_ELEMENT_COST
 
 from .core.batching import BatchItem
@@ -33,10 +36,11 @@ from .core.events import RejectionLog
 from .core.lifecycle import Lease, ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry, ModelVersions
-from .core.sequences import run_in_sequence
+from .core.sequences import ID_MODULUS, sequence_answers
 from .request_info import request_info
 from .response_cache import NOT_CACHEABLE, CacheLookup, ResponseCache
 from .shared_memory import Region, RegionSlice
+from .stream_requests import StreamPlacement
 from .tensor_memory import Reservation, TensorMemory
 
 _LOG = logging.getLogger(__name__)
@@ -133,6 +137,11 @@ class InferenceRequest(Generic[R]):
     respond: Callable[[InferenceResponse], R]
     client_deadline: float | None = None  # on the monotonic clock; None: the client set none
     parameters: Mapping[str, object] = field(default_factory=dict)  # the request's own (plain values)
+    # A stream's: what ends a streaming model's request, made while its slot is still held, so that it is on its way
+    # before another request of the stream takes the slot (as on Triton, where the model's instance sends it before
+    # it takes its next request): `respond_end(error, final_sent)` encodes the error the run ended with, or (error
+    # None) what follows its last answer (None: nothing). Without it a streaming model's error is raised.
+    respond_end: Callable[[BaseException | None, bool], R | None] | None = None
 
 
 def output_bytes(outputs: Outputs) -> int:
@@ -229,7 +238,9 @@ class Dataplane:
         next(answers, None)  # run it to its end (its finally gives the memory back) rather than throw GeneratorExit in
         return answer
 
-    def infer_stream(self, request: InferenceRequest[R], *, cancel: CancelToken | None = None) -> Iterator[R]:
+    def infer_stream(
+        self, request: InferenceRequest[R], *, cancel: CancelToken | None = None
+    ) -> Generator[R, None, None]:
         """Answers for one request on a stream: one for an ordinary model, several for a streaming model.
 
         A streaming model's lease is held until the last answer is taken from this generator, the generator
@@ -238,7 +249,35 @@ class Dataplane:
         """
         return self._answers(request, cancel, stream=True)
 
-    def _answers(self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool) -> Iterator[R]:
+    def stream_placement(self, request: InferenceRequest[R]) -> StreamPlacement:
+        """Where a stream puts `request` among its others (service/stream_requests.py), read as the request
+        arrives: its answers keep their place unless its model is decoupled (Triton's rule, from the model's
+        `model_transaction_policy` as Triton reads it); a sequence model's requests of one sequence run one after
+        another (its turns are taken in arrival order; requests of other sequences run meanwhile); a model that
+        neither batches nor takes sequences runs as many of the stream's requests at once as it has slots (the
+        others would only wait in its queue). A batching model's requests all go to its queue at once, to batch.
+        Reads the registry only; never raises: a request that is to fail keeps its place, and its error is written
+        there."""
+        try:
+            entry = self.registry.get(request.model, request.version)
+        except Exception:  # unknown model or version: refused when it runs, in its place
+            return StreamPlacement()
+        spec = entry.spec
+        in_order = not _decoupled(spec)
+        if spec.sequence is not None:
+            sequence_id = request.parameters.get("sequence_id")
+            if sequence_id in (None, 0, ""):
+                return StreamPlacement(in_order)  # refused when it runs
+            if isinstance(sequence_id, int) and not isinstance(sequence_id, bool):
+                sequence_id %= ID_MODULUS  # one lane per sequence: -1 and 2**64 - 1 are one (core/sequences.py)
+            return StreamPlacement(in_order, lane=("sequence", entry.name, spec.version, sequence_id))
+        if entry.batches or spec.backend == "ensemble":  # (an ensemble's steps have slots of their own)
+            return StreamPlacement(in_order)
+        return StreamPlacement(in_order, lane=("model", entry.name, spec.version), width=max(1, entry.settings.slots))
+
+    def _answers(
+        self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool
+    ) -> Generator[R, None, None]:
         """The one admit-and-run path of `infer` and `infer_stream`: a request that answers once is counted
         before its answer is yielded (a stream cancelled right after it never resumes the generator, and the
         answer was complete); a streaming model's answers are counted after the last."""
@@ -256,12 +295,18 @@ class Dataplane:
             deadline = self.admission_deadline(entry, decoded.timeout_us, request.client_deadline)
             if cached.answer is not None:  # a hit takes no slot
                 ran = _Ran.of(cached)
-            elif entry.spec.sequence is not None:
-                ran = _run_in_sequence(entry, decoded, deadline, cancel)
+            elif entry.spec.sequence is not None:  # one answer, or a streaming model's answers (core/sequences.py)
+                for answer, counted in self._in_sequence(
+                    entry, request, decoded, reservation, deadline, cancel, stream, started
+                ):
+                    recorded = counted
+                    yield answer
+                recorded = True  # a streaming model's request is counted after its last answer
+                return
             elif entry.batches:
                 ran = self._run_batched(entry, decoded, deadline, cancel, started, stream)
                 if ran.stream is not None:  # a decoupled model's member of a batch: its own answers
-                    yield from self._stream_batched(entry, request, decoded, reservation, ran, started)
+                    yield from self._stream_batched(entry, request, decoded, reservation, ran, cancel, started)
                     recorded = True
                     return
             else:
@@ -314,16 +359,30 @@ class Dataplane:
         started: int,
     ) -> Iterator[R]:
         """A streaming model's answers, holding its slot until the last one is taken (or the generator is
-        closed), then counted."""
+        closed), then counted. With `request.respond_end`, what ends the request (its error, or what follows its
+        last answer) is taken while the slot is still held, and the error is counted here instead of raised."""
+        final = False
         with lease:
-            decoded.check_regions()
-            lease.metadata.check_request(decoded.signature, decoded.outputs)
-            ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
-            began = time.perf_counter_ns()
-            for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
-                ran.outputs = outputs
-                yield self._respond(request, ran, decoded, reservation, final=isinstance(outputs, FinalOutputs))
-            ran.infer_ns = time.perf_counter_ns() - began
+            try:
+                decoded.check_regions()
+                lease.metadata.check_request(decoded.signature, decoded.outputs)
+                ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
+                began = time.perf_counter_ns()
+                for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
+                    ran.outputs = outputs
+                    final = isinstance(outputs, FinalOutputs)
+                    yield self._respond(request, ran, decoded, reservation, final=final)
+                ran.infer_ns = time.perf_counter_ns() - began
+            except Exception as error:
+                if request.respond_end is None:
+                    raise
+                self._record_failure(entry, error, cancel, started)
+                failed = request.respond_end(error, final)
+                if failed is not None:
+                    yield failed
+                return
+            if request.respond_end is not None and (end := request.respond_end(None, final)) is not None:
+                yield end
         self._record_success(entry, ran, started, counted_output=False)
 
     def _stream_batched(
@@ -333,23 +392,79 @@ class Dataplane:
         decoded: DecodedRequest,
         reservation: Reservation,
         ran: _Ran,
+        cancel: CancelToken,
         started: int,
     ) -> Iterator[R]:
         """A decoupled model's answers to one member of a batch (its stream: the batch's slot is held until every
-        member's stream ended), then counted as a request that ran in a batch."""
+        member's stream ended), then counted as a request that ran in a batch. With `request.respond_end`, what
+        ends the request is taken before its stream ends, as `_stream_from` does."""
         answers = ran.stream
         assert answers is not None
-        began = time.perf_counter_ns()
+        final = False
         try:
-            for outputs in answers:
-                ran.outputs = outputs
-                yield self._respond(request, ran, decoded, reservation, final=isinstance(outputs, FinalOutputs))
+            try:
+                began = time.perf_counter_ns()
+                for outputs in answers:
+                    ran.outputs = outputs
+                    final = isinstance(outputs, FinalOutputs)
+                    yield self._respond(request, ran, decoded, reservation, final=final)
+                ran.infer_ns = time.perf_counter_ns() - began
+            except Exception as error:
+                if request.respond_end is None:
+                    raise
+                self._record_failure(entry, error, cancel, started)
+                failed = request.respond_end(error, final)
+                if failed is not None:
+                    yield failed
+                return
+            if request.respond_end is not None and (end := request.respond_end(None, final)) is not None:
+                yield end
         finally:  # closed early (the client went away): the rest of its answers are dropped
             close = getattr(answers, "close", None)
             if close is not None:
                 close()
-        ran.infer_ns = time.perf_counter_ns() - began
         self._record_success(entry, ran, started, counted_output=False)
+
+    def _in_sequence(
+        self,
+        entry: ModelEntry,
+        request: InferenceRequest[R],
+        decoded: DecodedRequest,
+        reservation: Reservation,
+        deadline: float | None,
+        cancel: CancelToken,
+        stream: bool,
+        started: int,
+    ) -> Iterator[tuple[R, bool]]:
+        """A sequence model's request (core/sequences.py): its answers, each encoded and paired with whether the
+        request is counted by then (a one-answer request before its answer goes out; a streaming model's after its
+        last, once this generator ends). A request its model reschedules waits again for its turn, until a new
+        admission deadline each time (the model's timeout and the request's `timeout` from then; the client's)."""
+        runs = sequence_answers(
+            entry,
+            decoded.sequence_parameters,
+            decoded.inputs,
+            decoded.signature,
+            decoded.outputs,
+            deadline,
+            cancel,
+            before_run=decoded.check_regions,
+            stream=stream,
+            next_deadline=lambda: self.admission_deadline(entry, decoded.timeout_us, request.client_deadline),
+        )
+        streamed: _Ran | None = None
+        with closing(runs):
+            for run in runs:
+                ran = _Ran(
+                    run.metadata, run.version, run.queue_ns, run.input_ns, run.infer_ns, 1, run.batched, run.outputs
+                )
+                answer = self._respond(request, ran, decoded, reservation, final=run.final)
+                if not run.streamed:
+                    self._record_success(entry, ran, started)
+                streamed = ran if run.streamed else None
+                yield answer, not run.streamed
+        if streamed is not None:
+            self._record_success(entry, streamed, started, counted_output=False)
 
     @staticmethod
     def _run_batched(
@@ -486,30 +601,6 @@ class _Ran:
         return cls(answer.metadata, answer.version, 0, outputs=answer.outputs)
 
 
-def _run_in_sequence(entry: ModelEntry, decoded: DecodedRequest, deadline: float | None, cancel: CancelToken) -> _Ran:
-    """A request of a sequence model, on its sequence's slot (service/core/sequences.py)."""
-    run = run_in_sequence(
-        entry,
-        decoded.sequence_parameters,
-        decoded.inputs,
-        decoded.signature,
-        decoded.outputs,
-        deadline,
-        cancel,
-        before_run=decoded.check_regions,
-    )
-    return _Ran(
-        run.metadata,
-        run.version,
-        run.queue_ns,
-        run.input_ns,
-        run.infer_ns,
-        rows=1,
-        batched=run.batched,  # an oldest batch counts its run once
-        outputs=run.outputs,
-    )
-
-
 def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:
     """The request has ended: let go of its regions and give its tensor memory back."""
     try:
@@ -518,6 +609,13 @@ def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> 
     finally:
         if reservation is not None:
             reservation.release()
+
+
+def _decoupled(spec: ModelSpec) -> bool:
+    """Whether the model's configuration says `model_transaction_policy { decoupled: true }` (read off the parsed
+    configuration by name: the dataplane knows no protobuf types)."""
+    policy = getattr(spec.config, "model_transaction_policy", None)
+    return bool(getattr(policy, "decoupled", False))
 
 
 def _timeout_override_allowed(entry: ModelEntry) -> bool:

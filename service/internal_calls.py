@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine import datatypes
-from engine.interface import CancelToken, Outputs
+from engine.interface import CancelToken, FinalOutputs, Outputs
 
 from .core.errors import InvalidRequest
 from .dataplane import Dataplane, DecodedRequest, InferenceRequest, InferenceResponse, output_bytes
@@ -119,17 +119,25 @@ def call_model_stream(
 ) -> Iterator[Outputs]:
     """`call_model` for a streaming (decoupled) model: its outputs, response by response (another model's one).
     Holds the callee's slot until the iterator ends or is closed. Raises as `call_model`, from the iterator."""
-    request = _request(model, inputs, version, outputs, None, deadline, request_id, parameters)
+    request = _request(model, inputs, version, outputs, None, deadline, request_id, parameters, _stream_outputs_of)
     return dataplane.infer_stream(request, cancel=cancel)
 
 
-def _request(model, inputs, version, outputs, datatypes_of, deadline, request_id, parameters) -> InferenceRequest:
+def _stream_outputs_of(response: InferenceResponse) -> Outputs:
+    """A streamed answer's outputs, as FinalOutputs when it ends the stream (a model that is not decoupled answers
+    once, with the final flag): a BLS `exec(decoupled=True)` then ends with it, as Triton's iterator does."""
+    return FinalOutputs(response.outputs) if response.final else response.outputs
+
+
+def _request(
+    model, inputs, version, outputs, datatypes_of, deadline, request_id, parameters, respond=None
+) -> InferenceRequest:
     return InferenceRequest(
         model=model,
         version=version,
         id=request_id,
         tensors=ArrayTensors(inputs, outputs, datatypes_of or {}),
-        respond=_outputs_of,
+        respond=respond or _outputs_of,
         client_deadline=deadline,
         parameters=dict(parameters or {}),
     )

@@ -150,6 +150,7 @@ TRITON_REASON_OF: dict[str, str] = {
     # refused before running for what the request asked, or the model could not be loaded for it
     "invalid_request_error": "OTHER",
     "region_not_found": "OTHER",
+    "region_exists": "OTHER",  # SystemSharedMemoryRegister only: no request ends with it
     "model_not_found": "OTHER",
     "model_not_loaded": "OTHER",
     "load_failed": "OTHER",

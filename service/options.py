@@ -91,6 +91,9 @@ class ServerOptions:
     # folder) and the most bytes one load may write.
     model_files_dir: Path | None = None
     max_load_file_bytes: int = DEFAULT_MAX_LOAD_FILE_BYTES
+    # Python models' packed execution environments (engine/python/environments.py): where they are extracted (None:
+    # <the system temporary folder>/slotserve-python-environments), made at the first such load.
+    python_environments_dir: Path | None = None
     response_cache_bytes: int = 0  # service/response_cache.py; 0 = no response cache
 
     def __post_init__(self) -> None:
@@ -186,6 +189,10 @@ class ServerOptions:
         # A folder that does not exist yet is made on the first load with files: nothing is written at startup.
         if self.model_files_dir is not None and self.model_files_dir.exists() and not self.model_files_dir.is_dir():
             problems.append(f"--model-files-dir {self.model_files_dir} is not a folder")
+        if self.python_environments_dir is not None:
+            object.__setattr__(self, "python_environments_dir", Path(self.python_environments_dir))
+            if self.python_environments_dir.exists() and not self.python_environments_dir.is_dir():
+                problems.append(f"--python-environments-dir {self.python_environments_dir} is not a folder")
         return problems
 
     def _shared_memory_problems(self) -> list[str]:

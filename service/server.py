@@ -56,15 +56,16 @@ INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceS
 MANAGEMENT_SERVICE = management_pb2.DESCRIPTOR.services_by_name["ModelManagement"].full_name
 
 
-def default_backends(*, test_backends: bool = False) -> dict[str, Backend]:
+def default_backends(*, test_backends: bool = False, python_environments_dir: Path | None = None) -> dict[str, Backend]:
     """The backends a server has. The TensorRT backend imports TensorRT and probes the GPU only when a
     TensorRT model loads; without them that load fails with FAILED_PRECONDITION. The test doubles
     (engine/testing/: the fixture backend) are imported and added only with `test_backends`
-    (--enable-test-backends); without it a model naming them is refused by name."""
+    (--enable-test-backends); without it a model naming them is refused by name. Python models' packed execution
+    environments are extracted under `python_environments_dir` (--python-environments-dir)."""
     backends: dict[str, Backend] = {
         "onnxruntime": OnnxRuntimeBackend(),
         "tensorrt": TensorRTBackend(),
-        "python": PythonBackend(),
+        "python": PythonBackend(python_environments_dir),
     }
     if test_backends:
         from engine.testing import test_backends as make_test_backends
@@ -94,7 +95,11 @@ class Server:
     def __init__(self, options: ServerOptions, backends: Mapping[str, Backend] | None = None) -> None:
         self.options = options
         all_backends = dict(
-            backends if backends is not None else default_backends(test_backends=options.enable_test_backends)
+            backends
+            if backends is not None
+            else default_backends(
+                test_backends=options.enable_test_backends, python_environments_dir=options.python_environments_dir
+            )
         )
         all_backends.update(options.extra_backends)
         ensembles = all_backends.setdefault("ensemble", EnsembleBackend())  # bound to the dataplane below

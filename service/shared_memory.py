@@ -57,6 +57,7 @@ MAX_REGIONS = 4096  # open at once, at most; fewer when the open-file limit is l
 NAME_MAX = 255  # bytes (UTF-8) of a region's name, and of a POSIX shared-memory key after its "/" (the file name)
 _PAGE = mmap.PAGESIZE
 _ITEM_ALIGNMENT = 64  # an input read from a region starts on a multiple of this (every datatype's alignment)
+_REGISTER_REFUSED = "failed to register shared memory region '{name}': invalid args"  # Triton's words
 CUDA_UNSUPPORTED = (
     "slotserve does not support CUDA shared memory; use system shared memory (start the server "
     "with --shared-memory system). CUDA IPC is planned for the TensorRT engine"
@@ -67,6 +68,12 @@ class RegionNotFound(ServiceError):
     """No region is registered under the name (NOT_FOUND, as Triton answers)."""
 
     error_reason: str | None = "region_not_found"
+
+
+class RegionExists(ServiceError):
+    """A region of that name is registered already (ALREADY_EXISTS, as Triton answers)."""
+
+    error_reason: str | None = "region_exists"
 
 
 class SharedMemoryLimit(ServiceError):
@@ -190,11 +197,14 @@ class Region:
         """The bytes [offset, offset + byte_size) of this region (both >= 0), for `what` (e.g. "input 'INPUT0'").
         Raises InvalidRequest, naming region and numbers, for a range past the region's end."""
         if offset + byte_size > self.byte_size:
-            # The region's name comes first: the message's quoted strings stay close together (status_codes
-            # shortens a quoted stretch longer than 120 characters).
+            # Triton's words first (an offset at or past the end, or a range past it), then ours. The region's
+            # name comes early: the message's quoted strings stay close together (status_codes shortens a quoted
+            # stretch longer than 120 characters).
+            problem = "Invalid offset" if offset >= self.byte_size else "Invalid offset + byte size"
             raise InvalidRequest(
-                f"{what}: shared memory region '{self.name}' holds {self.byte_size} bytes; shared_memory_offset "
-                f"{offset} + shared_memory_byte_size {byte_size} = {offset + byte_size} is past its end"
+                f"{problem} for shared memory region: '{self.name}' ({what}: the region holds {self.byte_size} "
+                f"bytes; shared_memory_offset {offset} + shared_memory_byte_size {byte_size} = {offset + byte_size} "
+                "is past its end)"
             )
         return RegionSlice(self, offset, byte_size, what)
 
@@ -373,7 +383,7 @@ class SharedMemoryRegistry:
                 f"keys starting with {self.prefix!r} (--shared-memory-prefix)"
             )
         if byte_size <= 0:
-            raise InvalidRequest(f"shared memory region '{name}': byte_size must be > 0, got {byte_size}")
+            raise InvalidRequest(f"{_REGISTER_REFUSED.format(name=name)} (byte_size must be > 0, got {byte_size})")
         with self._lock:
             self._refuse_duplicate(name)
             self._check_bounds(name, byte_size)  # before the descriptor is taken (checked again below)
@@ -461,9 +471,9 @@ class SharedMemoryRegistry:
     def _refuse_duplicate(self, name: str) -> None:
         region = self._regions.get(name)
         if region is not None:
-            raise InvalidRequest(
-                f"shared memory region '{name}' is already registered (key {region.key!r}, offset {region.offset},"
-                f" {region.byte_size} bytes); unregister it first"
+            raise RegionExists(  # Triton's words first: clients and Triton's own tests read them
+                f"shared memory region '{name}' already in manager: it is already registered (key {region.key!r}, "
+                f"offset {region.offset}, {region.byte_size} bytes); unregister it first"
             )
 
     def _check_bounds(self, name: str, byte_size: int) -> None:
@@ -509,7 +519,9 @@ def _open(name: str, key: str, offset: int, byte_size: int) -> int:
         # changes reads and writes of a regular file.
         descriptor = _posixshmem.shm_open(key, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY, 0)
     except FileNotFoundError:
-        raise InvalidRequest(f"{where} does not exist (create it with shm_open first)") from None
+        raise InvalidRequest(
+            f"Unable to open shared memory region: {key!r} ({where} does not exist; create it with shm_open first)"
+        ) from None
     except OSError as error:
         raise InvalidRequest(f"{where} cannot be opened read-write: {_reason(error)}") from None
     try:
@@ -518,8 +530,8 @@ def _open(name: str, key: str, offset: int, byte_size: int) -> int:
             raise InvalidRequest(f"{where} is not a shared-memory object")
         if offset + byte_size > info.st_size:
             raise InvalidRequest(
-                f"{where}: offset {offset} + byte_size {byte_size} = {offset + byte_size} is past the end of the "
-                f"object ({info.st_size} bytes)"
+                f"{_REGISTER_REFUSED.format(name=name)} (key {key!r}: offset {offset} + byte_size {byte_size} = "
+                f"{offset + byte_size} is past the end of the object ({info.st_size} bytes))"
             )
     except BaseException:
         os.close(descriptor)

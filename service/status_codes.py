@@ -46,6 +46,7 @@ TABLE: dict[str, grpc.StatusCode] = {
     "model_not_found": grpc.StatusCode.NOT_FOUND,
     "invalid_request_error": grpc.StatusCode.INVALID_ARGUMENT,
     "region_not_found": grpc.StatusCode.NOT_FOUND,  # Triton's code for it
+    "region_exists": grpc.StatusCode.ALREADY_EXISTS,  # re-registering a name: Triton's code for it
     "shared_memory_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "tensor_memory_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,  # --max-request-tensor-bytes / --max-inflight-...
     "unimplemented": grpc.StatusCode.UNIMPLEMENTED,

@@ -247,7 +247,8 @@ def write_ensemble_cycle(root: Path) -> Path:
 def write_backend_refusals(root: Path) -> Path:
     """Models the backends refuse at load for their parameters, beside ones they serve: ONNX `one_slot` (at most 1
     slot, 2 asked for by instance_group: refused under --parallel-jobs), `threads` (intra_op_num_threads not a
-    number); python `environment` (EXECUTION_ENV_PATH), `no_slots` (max_parallel_slots 0) and `plain` (serves)."""
+    number); python `environment` (EXECUTION_ENV_PATH names an archive that is not there), `not_an_environment`
+    (EXECUTION_ENV_PATH names a folder without bin/python3), `no_slots` (max_parallel_slots 0) and `plain` (serves)."""
 
     def parameters(**values: str) -> str:
         return "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in values.items())
@@ -260,6 +261,7 @@ def write_backend_refusals(root: Path) -> Path:
     for name, extra in (
         ("plain", ""),
         ("environment", parameters(EXECUTION_ENV_PATH="$$TRITON_MODEL_DIRECTORY/env.tar.gz")),
+        ("not_an_environment", parameters(EXECUTION_ENV_PATH="$$TRITON_MODEL_DIRECTORY/1")),
         ("no_slots", parameters(max_parallel_slots="0")),
     ):
         _config(root, name, python + extra)

@@ -355,3 +355,153 @@ def write_onnx_accumulate(
     """Write onnx_accumulate (implicit state) into root/<name>/ and return that directory."""
     config = accumulate_config(name, options, backend="onnxruntime", state=True)
     return _write_onnx(root, name, onnx_accumulate_bytes(options), config)
+
+
+# ------------------------------------------------------------------------------------------ iterative sequences
+# `sequence_batching { iterative_sequence: true }`: a model may hand a request back unfinished
+# (`request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`); the server runs it again later. Each
+# model below answers LOG, what it saw on the execution that answered (or on each, streaming):
+
+LOG_FIELDS = ("execution", "flags", "correlation_id", "requests", "calls", "START", "END", "CORRID")
+# execution: how many times this request was executed (1 = its first); flags: request.flags() (START 1 | END 2);
+# correlation_id: request.correlation_id() (-7 for a string); requests: len(requests) of that execute call; calls:
+# execute calls of the worker so far; START, END, CORRID: the control inputs the server filled (-1 without them).
+
+_LOG_HELPERS = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+
+
+def _key(request):
+    return (str(request.correlation_id()), request.request_id())
+
+
+def _log(request, execution, requests, calls):
+    corrid = request.correlation_id()
+    log = [execution, request.flags(), -7 if isinstance(corrid, str) else int(corrid), len(requests), calls]
+    for name in ("START", "END", "CORRID"):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        log.append(-1 if tensor is None else int(tensor.as_numpy().reshape(-1)[0]))
+    return pb_utils.Tensor("LOG", np.array(log, dtype=np.int64).reshape(SHAPE))
+"""
+
+# Executes each request IN times: reschedules it (returning None for it, as Triton requires) until then.
+COUNTDOWN_MODEL_PY = (
+    '"""Answers a request on its IN-th execution, rescheduling it before (tests/sequence_models.py)."""\n\n'
+    + _LOG_HELPERS
+    + """
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.executions = {}  # (correlation id, request id) -> executions so far
+        self.calls = 0
+
+    def execute(self, requests):
+        self.calls += 1
+        responses = []
+        for request in requests:
+            wanted = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)[0])
+            key = _key(request)
+            execution = self.executions.get(key, 0) + 1
+            if execution < wanted:
+                self.executions[key] = execution
+                request.set_release_flags(RESCHEDULE)
+                responses.append(None)
+                continue
+            self.executions.pop(key, None)
+            responses.append(pb_utils.InferenceResponse([_log(request, execution, requests, self.calls)]))
+        return responses
+"""
+)
+
+# COUNTDOWN_MODEL_PY returning None, not a list, from a call whose every request it rescheduled.
+COUNTDOWN_RETURNING_NONE_MODEL_PY = COUNTDOWN_MODEL_PY.replace(
+    "        return responses\n", "        return None if all(r is None for r in responses) else responses\n"
+)
+
+# Decoupled: one response per execution, IN responses in all; every execution but the last reschedules the
+# request before execute returns; the last response carries the final flag.
+COUNTDOWN_STREAM_MODEL_PY = (
+    '"""Sends one response per execution of a request, IN in all, rescheduling it until the last (final) one\n'
+    '(tests/sequence_models.py)."""\n\n'
+    + _LOG_HELPERS
+    + """
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.executions = {}
+        self.calls = 0
+
+    def execute(self, requests):
+        self.calls += 1
+        for request in requests:
+            wanted = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)[0])
+            key = _key(request)
+            execution = self.executions.get(key, 0) + 1
+            response = pb_utils.InferenceResponse([_log(request, execution, requests, self.calls)])
+            sender = request.get_response_sender()
+            if execution < wanted:
+                self.executions[key] = execution
+                request.set_release_flags(RESCHEDULE)
+                sender.send(response)
+            else:
+                self.executions.pop(key, None)
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+)
+
+# Reschedules every request and returns a response for it all the same: Triton's "wrong return type".
+RESCHEDULE_AND_ANSWER_MODEL_PY = (
+    '"""Reschedules each request but returns a response for it (tests/sequence_models.py)."""\n\n'
+    + _LOG_HELPERS
+    + """
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            request.set_release_flags(RESCHEDULE)
+            responses.append(pb_utils.InferenceResponse([_log(request, 1, requests, 1)]))
+        return responses
+"""
+)
+
+ITERATIVE_CONTROLS = (
+    "  control_input [\n"
+    '    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },\n'
+    '    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },\n'
+    '    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }\n'
+    "  ]\n"
+)
+
+
+@dataclass(frozen=True)
+class IterativeOptions:
+    """The config of a LOG model: its sequence_batching block (None: none), batch size, transaction policy."""
+
+    sequence: str | None = "  iterative_sequence: true\n" + ITERATIVE_CONTROLS
+    max_batch_size: int = 0
+    decoupled: bool = False
+    instances: int = 1
+
+
+def log_config(name: str, options: IterativeOptions) -> str:
+    """config.pbtxt of a LOG model: IN INT32 [1] (how many executions) -> LOG INT64 [8] (LOG_FIELDS)."""
+    text = f'name: "{name}"\nbackend: "python"\nmax_batch_size: {options.max_batch_size}\n'
+    text += _tensors("input", [("IN", "TYPE_INT32")])
+    text += f'output [\n  {{ name: "LOG" data_type: TYPE_INT64 dims: [ {len(LOG_FIELDS)} ] }}\n]\n'
+    if options.sequence is not None:
+        text += "sequence_batching {\n" + options.sequence + "}\n"
+    if options.decoupled:
+        text += "model_transaction_policy { decoupled: true }\n"
+    return text + f"instance_group [ {{ count: {options.instances} kind: KIND_CPU }} ]\n"
+
+
+def write_python_log_model(root: Path, name: str, source: str, options: IterativeOptions = IterativeOptions()) -> Path:
+    """Write one of the LOG models above (COUNTDOWN_MODEL_PY, COUNTDOWN_STREAM_MODEL_PY,
+    RESCHEDULE_AND_ANSWER_MODEL_PY) into root/<name>/ and return that directory."""
+    shape = "(1, -1)" if options.max_batch_size > 0 else "(-1,)"
+    return builders.write_python_model(root, name, log_config(name, options), source.replace("SHAPE", shape))

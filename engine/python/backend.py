@@ -50,7 +50,8 @@ Parameters read from config.pbtxt (all optional):
                                 cancelled by its client or deadline (default 2; 0: never, Triton's behaviour)
     async_requests_per_instance the requests one worker of a decoupled model with `async def execute` runs at once
                                 (default 16; Triton sets no bound)
-Refused by name: EXECUTION_ENV_PATH (custom execution environments).
+    EXECUTION_ENV_PATH          the model's own Python environment (a folder, or a packed one extracted once):
+                                its workers run on that interpreter (engine/python/environments.py)
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -108,8 +108,10 @@ from ..interface import (
 )
 from ..repository import shown_path
 from . import transport
+from .environments import SERVER, Environments, Launcher, declared_environment
 from .messages import BlsCall, Execute, Ready
 from .output import WorkerOutput
+from .rescheduling import Released, released_outcome
 
 _LOG = logging.getLogger(__name__)
 
@@ -129,7 +131,6 @@ INITIALIZE_TIMEOUT = 600.0
 SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: the engine does not import the service
 POLL_SECONDS = 0.1  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
 OUTPUT_STOP_SECONDS = 2.0  # how long closing a worker waits for its output reader to log the last lines
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 # TritonError codes (triton_python_backend_utils.TritonError) -> the error each becomes here.
 _BY_TRITON_CODE: dict[int, type[EngineError]] = {
@@ -185,9 +186,7 @@ class WorkerProcess:
     def __init__(self, model: PythonModel, instance: int) -> None:
         self.model = model
         self.instance = instance
-        environment = dict(os.environ)
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, environment.get("PYTHONPATH")]))
-        environment["PYTHONUNBUFFERED"] = "1"  # what the model prints reaches the log as it prints it
+        launch = model.launcher.launch()  # the interpreter: the model's environment's, or the server's
         self.board_words = max(1, model.metadata_batch) + 1  # board words per lane: one per request of a call
         self.board, requests, responses = self._first_segments(model, self.board_words)
         # Lane 0's segments are made now; the others' (an overlapping model's) by the first call on each.
@@ -217,9 +216,9 @@ class WorkerProcess:
         err_read, err_write = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
+                [launch.executable, "-m", "engine.python.worker", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),),
-                env=environment,
+                env=dict(launch.variables),
                 stdin=subprocess.DEVNULL,
                 stdout=out_write,  # never the server's own: a print must not fail when its reader is gone
                 stderr=err_write,
@@ -462,6 +461,9 @@ class WorkerProcess:
         call, waiter = stream.call, stream.call.waiters[stream.index]
         while True:
             message = self._next_message(call, waiter)
+            if isinstance(message, Released):  # rescheduled: no final flag this time (rescheduling.py)
+                stream.finished = True
+                raise call.refused or released_outcome(self.model.name, self.model.spec)
             if call.refused is not None:  # a response did not fit in the shared memory: the request ends
                 stream.finished = message[0] == "failed" or bool(message[5])
                 if message[0] != "failed":
@@ -493,7 +495,7 @@ class WorkerProcess:
         try:
             while not stream.finished:
                 message = self._next_message(call, waiter)
-                if message[0] == "failed":
+                if isinstance(message, Released) or message[0] == "failed":
                     return
                 self._send(("reply", message[1], None))
                 stream.finished = bool(message[5])
@@ -560,12 +562,17 @@ class WorkerProcess:
         if isinstance(message, BlsCall):
             self._start_bls(message)
             return None
-        kind = message[0]
+        if isinstance(message, Released):  # a decoupled request the model rescheduled: its stream ends
+            kind = "response"
+            run, index = message.run, message.position
+        else:
+            kind = message[0]
+            run = message[2] if kind == "response" else message[1]
+            index = message[3] if kind == "response" else 0
         if kind == "grow":
             _, tag, run, size = message
             self._send(("reply", tag, self._grown(run, size)))
             return None
-        run = message[2] if kind == "response" else message[1]
         if run == reader_call.run:  # the reader's own call: in flight, since it waits for this
             call: _Call | None = reader_call
             live = True
@@ -574,7 +581,7 @@ class WorkerProcess:
                 call = self._calls.get(run)
                 live = call is not None and call.live
         if call is None or not live:
-            if kind == "response":  # its call has ended: the response is dropped
+            if kind == "response" and not isinstance(message, Released):  # its call has ended: dropped
                 self._send(("reply", message[1], None))
             return None
         if call.handed_over:
@@ -582,7 +589,7 @@ class WorkerProcess:
         if kind == "done" and call.waiters[0] is reader:  # a lone call's answer: its own thread read it
             return message
         if kind == "response":
-            addressees = [call.waiters[message[3]]]
+            addressees = [call.waiters[index]]
         elif kind == "done":
             addressees = [call.waiters[0]]
         else:  # "failed": the call's every request
@@ -1346,6 +1353,7 @@ class PythonModel(LoadedModel):
     (async_requests_per_instance) requests at once, as Triton's stub runs such coroutines in the background."""
 
     batches_as_requests = True  # service/core/batching.py hands a batch's member requests, unstacked
+    launcher: Launcher = SERVER  # what its workers run on: EXECUTION_ENV_PATH's environment (unstarted_model)
 
     def __init__(self, spec: ModelSpec) -> None:
         self.name = spec.name
@@ -1461,9 +1469,11 @@ class PythonModel(LoadedModel):
 
     def outcome(self, result: tuple, requested: Sequence[str]):
         """A member's Outputs, or the EngineError its response carried or its outputs earn."""
+        if isinstance(result, Released):  # the model rescheduled the request (rescheduling.py)
+            return released_outcome(self.name, self.spec)
         if result[0] == "error":
             code, message = result[1], result[2]
-            return _BY_TRITON_CODE.get(code, ModelError)(f"model '{self.name}': {message}"[:2000])
+            return _BY_TRITON_CODE.get(code, ModelError)(message[:2000])  # the model's words, as Triton passes them
         outputs: Outputs = result[1]
         kept = self.spec.sequence.state_outputs() if self.spec.sequence is not None else ()
         for name, array in outputs.items():
@@ -1472,10 +1482,13 @@ class PythonModel(LoadedModel):
                 continue
             if declared is None:
                 return ModelError(f"model '{self.name}' returned output '{name}', which its configuration lacks")
-            datatype = datatypes.from_numpy(array.dtype) if array.dtype.kind not in "OSU" else "BYTES"
-            if datatype != declared.datatype:
+            # A numeric output of another datatype than configured is accepted, as Triton accepts it (its docs
+            # promise no check; NVIDIA's QA models and the bls_decoupled examples rely on it); the response carries
+            # it converted to the configured datatype. Strings and numbers do not convert into each other.
+            if (array.dtype.kind in "OSU") != (declared.datatype == "BYTES"):
+                returned = "BYTES" if array.dtype.kind in "OSU" else datatypes.from_numpy(array.dtype)
                 return ModelError(
-                    f"model '{self.name}' returned output '{name}' as {datatype}; its configuration says "
+                    f"model '{self.name}' returned output '{name}' as {returned}; its configuration says "
                     f"{declared.datatype}"
                 )
         for name in requested:
@@ -1570,26 +1583,30 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
     )
 
 
-def unstarted_model(spec: ModelSpec) -> PythonModel:
+def unstarted_model(spec: ModelSpec, environments: Environments | None = None) -> PythonModel:
     """The PythonModel `spec` describes, checked but not started: no worker, none of the model's code run
-    (PythonBackend.load starts it; `python -m service check` stops here without --load). Raises ModelConfigError for
-    a missing model.py, an execution environment, or a parameter out of range."""
+    (PythonBackend.load starts it; `python -m service check` stops here without --load). Its EXECUTION_ENV_PATH is
+    checked without writing or running anything; `environments` prepares it at the first worker. Raises
+    ModelConfigError for a missing model.py, an execution environment that is not there, or a parameter out of
+    range."""
     origin = f"model '{spec.name}'"
     if spec.model_file is None or not spec.model_file.exists():
         raise ModelConfigError(f"{origin}: model.py not found")
-    if spec.parameter("EXECUTION_ENV_PATH"):
-        raise ModelConfigError(
-            f"{origin}: EXECUTION_ENV_PATH (custom execution environments) is not supported by slotserve; "
-            "install the model's packages into the server's environment"
-        )
-    return PythonModel(spec)
+    declared = declared_environment(spec)
+    model = PythonModel(spec)
+    if declared is not None:
+        model.launcher = (environments or Environments()).launcher(declared)
+    return model
 
 
 class PythonBackend(Backend):
     name = "python"
 
-    def __init__(self) -> None:
+    def __init__(self, environments_folder: Path | None = None) -> None:
         self._calls: ModelCalls | None = None
+        # Where packed execution environments are extracted (--python-environments-dir): nothing is written there
+        # before a model with one loads.
+        self._environments = Environments(environments_folder)
         # What servers of ours that are gone left in /dev/shm (a SIGKILL unlinks nothing); what this one leaves
         # named when it exits (a worker hung or killed mid-call, a BLS reply unread) goes at its exit.
         removed = transport.remove_leftovers()
@@ -1606,7 +1623,7 @@ class PythonBackend(Backend):
     def load_cancellable(self, spec: ModelSpec, cancel: CancelToken | None) -> LoadedModel:
         """Start the model's first worker. Blocks for its initialize (bounded by initialize_timeout_seconds);
         `cancel` firing kills the worker and raises ModelLoadError at once."""
-        model = unstarted_model(spec)
+        model = unstarted_model(spec, self._environments)
         model.calls = self._calls
         model.load_first_worker(cancel)
         return model

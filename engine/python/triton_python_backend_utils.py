@@ -2,11 +2,13 @@
 
 Written from Triton's documented python_backend API (its README). A worker process puts this module into
 `sys.modules` under the name `triton_python_backend_utils` before it imports a model.py, so
-`import triton_python_backend_utils as pb_utils` works without installing anything. It imports only numpy, so
-unit tests (and model code) can use it outside a worker.
+`import triton_python_backend_utils as pb_utils` works without installing anything. It imports only numpy (and
+its sibling dlpack.py, over numpy's DLPack), so unit tests (and model code) can use it outside a worker. Arguments
+are checked as Triton's binding checks them, and misuse is refused in Triton's words where its clients and tests
+read them.
 
 What Triton has and slotserve does not is refused by name, never missing silently: custom metrics
-(`MetricFamily`, `Metric`), DLPack and GPU tensors (see docs/python-models.md). A decoupled model's response
+(`MetricFamily`, `Metric`) and GPU tensors (see docs/python-models.md). A decoupled model's response
 senders are the worker's (engine/python/worker.py): each `send` reaches the client before it returns. BLS calls
 (`InferenceRequest(...).exec()`, `async_exec`) run through the worker too (`_bls_caller`); outside a worker they
 are refused by name.
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import functools
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -97,12 +101,14 @@ class Tensor:
 
     def __init__(self, name: str, array) -> None:
         if not isinstance(name, str):
-            raise TritonModelException(f"a Tensor's name must be a str, got {type(name).__name__}")
+            raise TypeError(f"a Tensor's name must be a str, got {type(name).__name__}")  # pybind's TypeError
         if not isinstance(array, np.ndarray):
-            raise TritonModelException(
-                f"Tensor '{name}' must be built from a numpy array, got {type(array).__name__}"
-                " (GPU tensors and DLPack are not supported)"
+            raise TypeError(
+                f"Tensor '{name}' must be built from a numpy array, got {type(array).__name__} (a DLPack tensor: "
+                "Tensor.from_dlpack; GPU tensors are not supported)"
             )
+        if name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
         self._name = name
         self._array = array
 
@@ -124,11 +130,35 @@ class Tensor:
         return True
 
     def to_dlpack(self):
-        raise _refuse("Tensor.to_dlpack (DLPack)")
+        """A DLPack capsule of the tensor's data (a read-only or strided array is copied first). BF16 tensors too."""
+        from . import dlpack
+
+        return dlpack.export(self._array)
+
+    def __dlpack__(self, stream=None):
+        if stream is not None:
+            raise TritonModelException("a CPU tensor takes no stream in __dlpack__ (stream must be None)")
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from . import dlpack
+
+        return (dlpack.CPU, 0)
 
     @staticmethod
-    def from_dlpack(name, capsule):
-        raise _refuse("Tensor.from_dlpack (DLPack)")
+    def from_dlpack(name, capsule) -> Tensor:
+        """A Tensor over a DLPack capsule's memory, or an object with `__dlpack__` (numpy, torch, a Tensor); CPU
+        and C-contiguous only, as in Triton. Raises TritonModelException in Triton's words."""
+        from . import dlpack
+
+        if not isinstance(name, str):
+            raise TypeError(f"a Tensor's name must be a str, got {type(name).__name__}")
+        if name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        try:
+            return Tensor(name, dlpack.import_(capsule))
+        except (TypeError, ValueError) as error:
+            raise TritonModelException(str(error)) from None
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
@@ -137,8 +167,10 @@ class Tensor:
 class InferenceResponse:
     """One request's answer: output tensors, or an error."""
 
-    def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None) -> None:
-        tensors = list(output_tensors or [])
+    def __init__(self, output_tensors=(), error: TritonError | None = None, parameters=None) -> None:
+        if output_tensors is None:
+            raise TypeError("InferenceResponse output_tensors must be a list of pb_utils.Tensor, got None")
+        tensors = list(output_tensors)
         for tensor in tensors:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(
@@ -161,31 +193,53 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """The response sender of a model that is not decoupled: it takes exactly one response, which must carry
-    TRITONSERVER_RESPONSE_COMPLETE_FINAL (or be followed by a final `send(flags=...)` without a response). A
-    decoupled model's requests get the worker's streaming sender instead."""
+    """The response sender of a model that is not decoupled: it takes one response, then the final flag
+    (TRITONSERVER_RESPONSE_COMPLETE_FINAL, with the response or alone after it), from `execute` or from a thread
+    after `execute` returned None (the worker then waits for it). Misuse raises TritonModelException in Triton's
+    words. A decoupled model's requests get the worker's streaming sender instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
         self.response: InferenceResponse | None = None
         self.closed = False
+        self._notify = notify  # the worker's: a response or the final flag came
+        self._lock = threading.Lock()  # guards: response, closed (sends may come from several threads)
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self.closed:
-            raise TritonModelException("the response sender was closed: a response with the final flag was sent")
-        if response is not None:
-            if not isinstance(response, InferenceResponse):
-                raise TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
-            if self.response is not None:
+        final = _check_send(response, flags)
+        with self._lock:
+            if response is not None and self.response is not None:
                 raise TritonModelException(
-                    "this model is not decoupled: a request takes one response (a model with "
-                    "model_transaction_policy { decoupled: true } may send several)"
+                    "Unable to send response. Non-decoupled model cannot send more than one response."
                 )
-            self.response = response
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-            self.closed = True
+            if response is None and final and self.response is None:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final before sending a response."
+                )
+            if self.closed:
+                raise TritonModelException(SENDER_CLOSED)
+            if response is not None:
+                self.response = response
+            if final:
+                self.closed = True
+        if self._notify is not None:
+            self._notify()
 
     def is_cancelled(self) -> bool:
         return False
+
+
+SENDER_CLOSED = "Unable to send response. Response sender has been closed."  # Triton's words
+
+
+def _check_send(response, flags: int) -> bool:
+    """Triton's checks of `send`'s arguments. Returns whether the final flag is set. Raises TritonModelException."""
+    if response is not None and not isinstance(response, InferenceResponse):
+        raise TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
+    if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+        raise TritonModelException("Unable to send response. Unsupported flag provided.")
+    if flags == 0 and response is None:
+        raise TritonModelException("Inference Response object must be provided when the response flags is set to zero.")
+    return flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class InferenceRequest:
@@ -200,9 +254,9 @@ class InferenceRequest:
 
     def __init__(
         self,
-        model_name: str = "",
-        inputs=None,
-        requested_output_names=None,
+        model_name: str | bytes = "",
+        inputs=(),
+        requested_output_names=(),
         request_id: str = "",
         correlation_id=0,
         flags: int = 0,
@@ -214,11 +268,29 @@ class InferenceRequest:
         *,
         _cancelled: Callable[[], bool] | None = None,
     ) -> None:
-        self._model_name = model_name
-        self._inputs = list(inputs or [])
-        self._requested = list(requested_output_names or [])
-        self._request_id = request_id
+        # Triton's binding checks its arguments: None (or a wrong type) is a TypeError, a list element that is not
+        # a Tensor a TritonModelException; a bytes name is taken as its UTF-8 text, as its std::string is.
+        self._model_name = _text(model_name, "model_name")
+        if inputs is None:
+            raise TypeError("InferenceRequest inputs must be a list of pb_utils.Tensor, got None")
+        self._inputs = list(inputs)
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"InferenceRequest inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}"
+                )
+        if requested_output_names is None:
+            raise TypeError("InferenceRequest requested_output_names must be a list of str, got None")
+        self._requested = [_text(name, "requested_output_names") for name in requested_output_names]
+        self._request_id = _text(request_id, "request_id")
+        if correlation_id is None or isinstance(correlation_id, bool):
+            raise TypeError(f"InferenceRequest correlation_id must be an int or a str, got {correlation_id!r}")
+        if not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
         self._correlation_id = correlation_id
+        for name, value in (("flags", flags), ("timeout", timeout), ("model_version", model_version)):
+            if not isinstance(value, int | np.integer) or isinstance(value, bool):
+                raise TypeError(f"InferenceRequest {name} must be an int, got {value!r}")
         self._flags = flags
         if isinstance(parameters, dict):
             parameters = json.dumps(parameters)
@@ -229,6 +301,8 @@ class InferenceRequest:
         self._model_version = model_version
         self._cancelled = _cancelled
         self._sender: InferenceResponseSender | None = None
+        self._sender_taken = False
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL  # set_release_flags (engine/python/rescheduling.py)
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -262,9 +336,16 @@ class InferenceRequest:
         """True once the request's caller gave up (cancelled, deadline passed, server stopping)."""
         return bool(self._cancelled is not None and self._cancelled())
 
+    def set_release_flags(self, flags: int) -> None:
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE hands the request back unfinished: on a model with
+        sequence_batching { iterative_sequence: true } it runs again later (return None for it; a decoupled model
+        sets it before execute returns). engine/python/rescheduling.py."""
+        self._release_flags = int(flags)
+
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             self._sender = InferenceResponseSender()
+        self._sender_taken = True  # the worker waits only for the senders a model took
         return self._sender
 
     def exec(self, decoupled: bool = False):
@@ -287,6 +368,18 @@ class InferenceRequest:
             return await asyncio.get_running_loop().run_in_executor(None, exec_here)
 
         return call()
+
+
+def _text(value, what: str) -> str:
+    """A str argument of Triton's binding: str, or bytes taken as UTF-8 text; TypeError otherwise."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise TypeError(f"InferenceRequest {what} must be UTF-8 text, got {value!r}") from None
+    if not isinstance(value, str):
+        raise TypeError(f"InferenceRequest {what} must be a str, got {type(value).__name__}")
+    return value
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
@@ -429,19 +522,30 @@ class Metric:
 
 
 class Logger:
-    """Writes to the server's log (the worker's stderr, which the server's process shares)."""
+    """Writes to the server's log (the worker's stderr, which the server's process shares). Levels are
+    `Logger.LogLevel` members (also `Logger.INFO` ...), as in Triton: a plain number is refused (TypeError)."""
 
-    class LogLevel:
+    class LogLevel(enum.Enum):
         INFO = 0
         WARNING = 1
         ERROR = 2
         VERBOSE = 3
 
-    _levels = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    _levels = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING, LogLevel.ERROR: logging.ERROR,
+               LogLevel.VERBOSE: logging.DEBUG}  # fmt: skip
 
     @staticmethod
-    def log(message: str, level: int = 0) -> None:
-        logging.getLogger("slotserve.python_model").log(Logger._levels.get(level, logging.INFO), "%s", message)
+    def log(message: str, level: Logger.LogLevel = LogLevel.INFO) -> None:
+        if not isinstance(message, str):
+            raise TypeError(f"Logger.log takes a str message, got {type(message).__name__}")
+        if not isinstance(level, Logger.LogLevel):
+            raise TypeError(f"Logger.log takes a Logger.LogLevel, got {level!r}")
+        logging.getLogger("slotserve.python_model").log(Logger._levels[level], "%s", message)
 
     @staticmethod
     def log_info(message: str) -> None:

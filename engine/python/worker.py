@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import transport
+from . import rescheduling, transport
 from . import triton_python_backend_utils as pb_utils
 from .messages import EXECUTE, BlsCall, Execute, Ready
 from .output import RecordFormatter
@@ -83,6 +84,10 @@ class Worker:
         self._runs_lock = threading.Lock()  # guards: _runs, each run's `live`
         self._runs: dict[int, _Run] = {}  # the runs in flight (until their answer or last final flag)
         self.loop: EventLoop | None = None  # runs `async def execute`; made at the first coroutine, ended at stop
+        # Notified when a response sender of a call that is not decoupled got a response or its final flag (any
+        # thread): the main thread waits on it for the responses the model sends rather than returns.
+        self.finals = threading.Condition()
+        self.instance_name = ""  # Triton's instance name (<model>_0_<slot>), for Triton's words
 
     # ---- start -----------------------------------------------------------------------------------------------
 
@@ -90,13 +95,14 @@ class Worker:
         """Import model.py, auto-complete the configuration, initialize. Replies Ready (the completed configuration,
         whether execute is a coroutine function) or ("error", message)."""
         self.name = settings["model_name"]
+        self.instance_name = settings["model_instance_name"]
         try:
             self.cancel_board = transport.Segment.attach(*settings["cancel_board"])
             self.board_words = int(settings.get("board_words", 1))
             # Mapped first: the server unlinks the files once this call replies.
             self._remap(self._lane(0), settings["segments"])
             config = json.loads(settings["model_config"])
-            module = _import_model(settings["model_file"], self.name)
+            module = _import_model(settings["model_file"])
             model_class = getattr(module, "TritonPythonModel", None)
             if model_class is None:
                 raise pb_utils.TritonModelException(f"{settings['shown_file']} defines no class TritonPythonModel")
@@ -167,8 +173,9 @@ class Worker:
         iterator raises it too)."""
         run = self.calling_run()
         if run is None:
-            raise pb_utils.TritonModelException(
-                "a BLS call can only be made while execute runs (as in Triton): this one came after it returned"
+            raise pb_utils.TritonModelException(  # Triton's words first
+                "BLS is only supported during the 'execute' function. (a BLS call can only be made while execute "
+                "runs: this one came before it, from initialize or finalize, or after it returned)"
             )
         tensors = [(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
         try:
@@ -236,8 +243,7 @@ class Worker:
 
     def execute(self, message: Execute) -> None:
         """Run one call (its requests read from its lane's request segment). A decoupled model's answers go as
-        its requests' senders send them; another model's as ("done", run, results), results per request ("ok",
-        descriptors) or ("error", code, message), or ("failed", run, message) if execute raised."""
+        its requests' senders send them; another model's as ("done", run, results) (`execute_returning`)."""
         lane = self._lane(message.lane)
         self._remap(lane, message.segments)
         run = _Run(message.run, lane)
@@ -255,16 +261,33 @@ class Worker:
 
     def execute_returning(self, run: _Run, built: list, requests: list[dict]) -> None:
         """A model that is not decoupled: `execute` (an `async def` one run to its end on the event loop, as
-        Triton does: no overlap), its responses laid into the lane's response segment, ("done", run, results)."""
+        Triton does: no overlap), its responses laid into the lane's response segment, ("done", run, results),
+        results per request ("ok", descriptors) or ("error", code, message); ("failed", run, message) when there is
+        nothing to answer (execute raised before any response was sent, or returned what does not fit the
+        requests).
+
+        A request's response may come back from execute or through its response sender, from execute or from a
+        thread after execute returned None: the call is answered once every request whose sender was taken has
+        its response (the event loop runs meanwhile, on its thread). A response sent before execute raised still
+        reaches its client, as on Triton; the others get the exception."""
         lane = run.lane
+        for request in built:
+            request._sender = pb_utils.InferenceResponseSender(notify=self._senders_changed)
+        failure: BaseException | None = None
         try:
             try:
-                returned = self.model.execute(built)
-                if inspect.iscoroutine(returned):
-                    returned = self.event_loop().run(returned)
-                results, layout = self._collect(built, requests, returned)
-            except BaseException as error:  # the model's own code
-                _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
+                returned = None
+                try:
+                    returned = self.model.execute(built)
+                    if inspect.iscoroutine(returned):
+                        returned = self.event_loop().run(returned)
+                except BaseException as error:  # the model's own code
+                    _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
+                    failure = error
+                results, layout = self._collect(built, requests, returned, failure)
+            except BaseException as error:  # nothing fits the requests: every request fails
+                if error is not failure:
+                    _LOG.error("model '%s': %s", self.name, _describe(error))
                 self.send(("failed", run.number, _describe(error)))
                 return
             finally:
@@ -285,12 +308,14 @@ class Worker:
         """A decoupled model: its responses go to the server as they are sent (`send_response`); the run ends at
         its last final flag. An `async def execute` is left running in the background on the event loop (the main
         thread reads the next order at once); otherwise execute runs here. An exception (or a return value other
-        than None) closes the senders still open and is reported as ("failed", run, message)."""
+        than None, refused in Triton's words) closes the senders still open and is reported as ("failed", run,
+        message). Requests the model rescheduled are handed back once execute (or its coroutine) has ended."""
         senders = [
             _StreamSender(self, run, index, request["outputs"], built[index]) for index, request in enumerate(requests)
         ]
         run.open_senders = len(senders)
         run.senders = senders
+        run.requests = built
         for request, sender in zip(built, senders, strict=True):
             request._sender = sender
         try:
@@ -298,7 +323,8 @@ class Worker:
             if inspect.iscoroutine(returned):
                 self.event_loop().start(returned, lambda outcome: self._background_ended(run, outcome))
                 return
-            _returned_nothing(returned)
+            self._returned_nothing(returned)
+            rescheduling.send_released(self, run.number, run.lane.lock, built, senders)  # no final flag this time
         except BaseException as error:  # the model's own code
             _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
             self.fail_run(run, error)
@@ -306,9 +332,11 @@ class Worker:
             del built
 
     def _background_ended(self, run: _Run, outcome: concurrent.futures.Future) -> None:
-        """A decoupled model's coroutine ended (on the event loop's thread): an exception fails its own run."""
+        """A decoupled model's coroutine ended (on the event loop's thread): an exception fails its own run; its
+        rescheduled requests are handed back."""
         try:
-            _returned_nothing(outcome.result())
+            self._returned_nothing(outcome.result())
+            rescheduling.send_released(self, run.number, run.lane.lock, run.requests, run.senders)
         except BaseException as error:  # the model's own code (or its coroutine was cancelled)
             _LOG.error(
                 "model '%s': execute raised:\n%s",
@@ -316,6 +344,13 @@ class Worker:
                 "".join(traceback.format_exception(type(error), error, error.__traceback__)),
             )
             self.fail_run(run, error)
+
+    def _returned_nothing(self, returned) -> None:
+        if returned is not None:
+            raise pb_utils.TritonModelException(
+                f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
+                "return None."
+            )
 
     def fail_run(self, run: _Run, error: BaseException) -> None:
         """Close the run's senders still open and tell the server ("failed", run, message): the requests of the run
@@ -329,6 +364,19 @@ class Worker:
                 self.send(("failed", run.number, _describe(error)))
             except OSError:
                 pass  # the server is gone
+
+    def _senders_changed(self) -> None:
+        """A response sender of a call that is not decoupled got a response or its final flag (any thread): wake
+        the main thread waiting for them (`_wait`)."""
+        with self.finals:
+            self.finals.notify_all()
+
+    def _wait(self, done: Callable[[], bool]) -> None:
+        """Block until `done()` (which `_senders_changed` follows; the event loop runs on its own thread meanwhile,
+        so asyncio tasks execute left behind may be the ones that send). Waits as long as the model takes, as on
+        Triton: the server kills a worker still busy `cancel_kill_seconds` after its request was cancelled."""
+        with self.finals:
+            self.finals.wait_for(done)
 
     def send_response(self, run: _Run, index: int, requested: list[str], response, final: bool) -> None:
         """Hand one response of a decoupled call to the server and wait until it has taken the tensors. Called
@@ -391,24 +439,60 @@ class Worker:
             _cancelled=cancelled,
         )
 
-    def _collect(self, built, requests, responses):
-        """The per-request results of `execute`'s return value, with the outputs laid out for the response
-        segment. Raises TritonModelException when the return value does not fit the requests."""
-        if responses is None:
-            responses = [request._sender.response if request._sender is not None else None for request in built]
-            if any(response is None for response in responses):
+    def _collect(self, built, requests, returned, failure: BaseException | None):
+        """The per-request results of a call, with the outputs laid out for the response segment: each request's
+        response sent through its sender, else the one `execute` returned, else (execute raised) the exception; a
+        request the model rescheduled is a `Released` record (engine/python/rescheduling.py). After execute
+        returned None, waits for the responses of the senders the model took. Raises `failure` when no request
+        has a response to give, TritonModelException when the return value does not fit the requests."""
+        if failure is not None:
+            if all(request._sender.response is None for request in built):
+                raise failure
+            responses = [request._sender.response for request in built]  # None: the exception's error below
+        elif returned is None:
+            answering = [request for request in built if not rescheduling.rescheduled(request)]
+            if any(not request._sender_taken for request in answering):
                 raise pb_utils.TritonModelException(
                     "execute returned None but did not send a response for every request through its response sender"
                 )
-        responses = list(responses)
-        if len(responses) != len(built):
-            raise pb_utils.TritonModelException(
-                f"execute returned {len(responses)} responses for {len(built)} requests (one each is required)"
-            )
+            self._wait(lambda: all(request._sender.response is not None for request in answering))
+            responses = [request._sender.response for request in built]
+        else:
+            responses = list(returned)
+            if len(responses) != len(built):
+                raise pb_utils.TritonModelException(
+                    f"execute returned {len(responses)} responses for {len(built)} requests (one each is required)"
+                )
+            for index, request in enumerate(built):
+                sender = request._sender
+                if sender.response is not None:  # sent already: what execute returned for it goes nowhere
+                    responses[index] = sender.response
+                elif responses[index] is not None:
+                    sender.closed = True  # answered: a later send raises, as on Triton
+            # None for a request whose sender the model took: its response comes through the sender (a batch may
+            # mix returned responses and sent ones).
+            pending = [
+                index
+                for index, request in enumerate(built)
+                if responses[index] is None and request._sender_taken and not rescheduling.rescheduled(request)
+            ]
+            if pending:
+                self._wait(lambda: all(built[index]._sender.response is not None for index in pending))
+                for index in pending:
+                    responses[index] = built[index]._sender.response
         layout = transport.Layout()
-        results = []
-        for response, request in zip(responses, requests, strict=True):
-            results.append(self._result(response, request["outputs"], layout))
+        results: list = []  # per request: ("ok", ...), ("error", ...) or a rescheduling.Released
+        for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
+            if failure is None:
+                released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
+                if released is not None:
+                    results.append(released)
+                    continue
+            if response is None and failure is not None:
+                results.append(("error", pb_utils.TritonError.INTERNAL, _describe(failure)))
+            else:
+                results.append(self._result(response, request["outputs"], layout))
+        return results, layout
         return results, layout
 
     def _result(self, response, requested: list[str], layout: transport.Layout):
@@ -420,6 +504,11 @@ class Worker:
             error = response.error()
             return ("error", error.code(), error.message())  # type: ignore[union-attr]
         descriptors = []
+        names = [tensor.name() for tensor in response.output_tensors()]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # Triton 2.51 answers a malformed response then (one output's shape twice, the other's none)
+            return ("error", pb_utils.TritonError.INTERNAL, f"the response has more than one output named {twice}: "
+                    "each output may appear once")  # fmt: skip
         for tensor in response.output_tensors():
             if requested and tensor.name() not in requested:
                 continue
@@ -463,19 +552,11 @@ class _StreamSender(pb_utils.InferenceResponseSender):
         self._request_cancelled = request.is_cancelled
 
     def send(self, response: pb_utils.InferenceResponse | None = None, flags: int = 0) -> None:
-        if response is not None and not isinstance(response, pb_utils.InferenceResponse):
-            raise pb_utils.TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
-        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        if response is None and not final:
-            raise pb_utils.TritonModelException(
-                "send() without a response must carry TRITONSERVER_RESPONSE_COMPLETE_FINAL"
-            )
+        final = pb_utils._check_send(response, flags)
         worker = self._worker
         with self._run.lane.lock:
-            if self.closed:
-                raise pb_utils.TritonModelException(
-                    "the response sender was closed: a response with the final flag was sent (or execute failed)"
-                )
+            if self.closed:  # a response with the final flag was sent, or execute failed
+                raise pb_utils.TritonModelException(pb_utils.SENDER_CLOSED)
             try:
                 worker.send_response(self._run, self._index, self._requested, response, final)
             except (EOFError, OSError):
@@ -508,7 +589,7 @@ class _Run:
     """One execute call in flight: its number (the server's), its lane and, for a decoupled model, its requests'
     senders (`open_senders` of them without their final flag yet; changed under the lane's lock)."""
 
-    __slots__ = ("number", "lane", "live", "open_senders", "senders")
+    __slots__ = ("number", "lane", "live", "open_senders", "senders", "requests")
 
     def __init__(self, number: int, lane: _Lane) -> None:
         self.number = number
@@ -516,6 +597,7 @@ class _Run:
         self.live = True  # until its answer (or last final flag) was sent: BLS calls are allowed while it is
         self.open_senders = 0
         self.senders: list[_StreamSender] = []
+        self.requests: list = []  # a decoupled run's (its rescheduled ones are handed back when it ends)
 
 
 # The run the code running now belongs to: set for `execute` and copied into the coroutine it returns (and into
@@ -561,13 +643,6 @@ class EventLoop:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _returned_nothing(returned) -> None:
-    if returned is not None:
-        raise pb_utils.TritonModelException(
-            "a decoupled model's execute must return None: it answers through the requests' response senders"
-        )
-
-
 _ARG_KEYS = (
     "model_instance_kind",
     "model_instance_name",
@@ -603,16 +678,40 @@ def _bf16(descriptor):
 
 
 def _describe(error: BaseException) -> str:
-    text = str(error)
+    """ "Type: message" of a model's exception. Never raises: an exception whose __str__ raises is described by
+    its type (it must not end the worker, which then counts as a death toward the model's limit)."""
+    try:
+        text = str(error)
+    except BaseException:  # noqa: BLE001 (the model's __str__: anything may come out of it)
+        text = "<str() of the exception raised>"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _import_model(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(f"slotserve_python_model_{name.replace('.', '_')}", path)
+def _import_model(path: str):
+    """Import the model's file as Triton's stub does (pb_stub.cc, ModelContext::StubSetup): its version folder and
+    the model's folder are appended to sys.path, and the file is the module `<version>.<stem>` ("1.model"), a
+    module of the version folder's package. So `import helper` finds helper.py beside model.py, `from . import
+    helper` works too, and `unittest.main("model")` imports the file again by the name `model`, as on Triton.
+
+    The package is made here rather than found on sys.path: a folder of the version's name in the worker's working
+    directory (an earlier sys.path entry) must not take its place. Raises what the import raises."""
+    path = os.path.abspath(path)
+    version_folder = os.path.dirname(path)
+    version = os.path.basename(version_folder)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    for folder in (version_folder, os.path.dirname(version_folder)):
+        if folder not in sys.path:
+            sys.path.append(folder)
+    package_spec = importlib.machinery.ModuleSpec(version, None, is_package=True)
+    package_spec.submodule_search_locations = [version_folder]
+    package = importlib.util.module_from_spec(package_spec)
+    sys.modules[version] = package
+    spec = importlib.util.spec_from_file_location(f"{version}.{stem}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
+    setattr(package, stem, module)
     spec.loader.exec_module(module)
     return module
 

@@ -38,7 +38,7 @@ from ..errors import (
     OutOfDeviceMemoryError,
     OutOfHostMemoryError,
 )
-from ..interface import CancelToken, Context, Outputs
+from ..interface import CancelToken, Context, Outputs, missing_inputs_message
 from .cuda import CudaError, CudaRuntime, host_view
 from .engine_io import LINEAR_ONLY, IoTensor, dims, origin, row_major_strides, volume
 from .protocols import ExecutionContext, TensorRTRuntimeModule
@@ -290,12 +290,13 @@ class TensorRTContext(Context):
     ) -> tuple[dict[str, np.ndarray], list[str]]:
         model = self._model
         arrays = {}
+        declared = [tensor.name for tensor in model.io if tensor.is_input]
         for tensor in model.io:
             if not tensor.is_input:
                 continue
             array = inputs.get(tensor.name)
-            if array is None:
-                raise InvalidInputError(f"missing input '{tensor.name}'")
+            if array is None:  # every input of a plan is required
+                raise InvalidInputError(missing_inputs_message(model.name, inputs, declared, len(declared)))
             if array.dtype != tensor.dtype:
                 raise InvalidInputError(
                     f"input '{tensor.name}' has datatype {datatypes.from_numpy(array.dtype)}, the model expects "

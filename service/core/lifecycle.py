@@ -428,7 +428,8 @@ class ModelEntry:
 
     def status(self) -> ModelStatus:
         with self._lock:
-            return self._status_locked()
+            status, pool = self._status_locked(), self._pool
+        return _with_memory(status, pool)
 
     def view(self) -> ModelView:
         """The committed spec, the known metadata and the status, read in one step: a reply built from it never
@@ -437,9 +438,12 @@ class ModelEntry:
         with self._lock:
             pool = self._pool
             metadata = pool.metadata if pool is not None else self._committed.metadata
-            return ModelView(self._committed.spec, metadata, self._status_locked())
+            view = ModelView(self._committed.spec, metadata, self._status_locked())
+        return dataclasses.replace(view, status=_with_memory(view.status, pool))
 
     def _status_locked(self) -> ModelStatus:
+        """The status; its memory_bytes is filled in by `_with_memory` after the lock is let go (a python model
+        measures its workers in /proc: no reading of files under the model lock)."""
         committed, pool = self._committed, self._pool
         admission = self.admission.statistics_locked()
         return ModelStatus(
@@ -456,7 +460,7 @@ class ModelEntry:
             source=committed.settings.source,
             admission_timeout=committed.settings.admission_timeout,
             version=committed.spec.version,
-            memory_bytes=pool.memory_bytes() if pool is not None else None,
+            memory_bytes=None,
             manager_active=admission.manager_active,
             queued_managers=admission.queued_managers,
             batching=committed.spec.batching,
@@ -502,13 +506,13 @@ class ModelEntry:
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
     def sequence_capacity(self) -> int:
-        """How many sequences may be open at once: `oldest`'s max_candidate_sequences, else (direct, as Triton's)
-        max(1, max_batch_size) per slot of the published pool, else of the configured count."""
+        """How many sequences may be open at once, per slot of the published pool (else of the configured count),
+        as Triton's per instance: `oldest`'s max_candidate_sequences, else (direct) max(1, max_batch_size)."""
         spec = self._committed.spec
-        if spec.sequence is not None and spec.sequence.max_candidates:
-            return spec.sequence.max_candidates
         pool = self._pool
         slots = pool.capacity if pool is not None else self._committed.settings.slots
+        if spec.sequence is not None and spec.sequence.max_candidates:
+            return slots * spec.sequence.max_candidates
         return slots * max(1, spec.max_batch_size)
 
     def _max_queue(self, settings: ModelSettings) -> int:
@@ -1171,6 +1175,14 @@ class ModelEntry:
         atomic read), so residency may call it while this model's lock is held (on_published)."""
         pool = self._pool
         return pool.memory_bytes() if pool is not None else 0
+
+
+def _with_memory(status: ModelStatus, pool: SlotPool | None) -> ModelStatus:
+    """`status` with the memory its pool reports now (measured without the model lock; a pool retired meanwhile
+    still answers for itself). Unchanged when the status says nothing is loaded."""
+    if pool is None or not status.loaded:
+        return status
+    return dataclasses.replace(status, memory_bytes=pool.memory_bytes())
 
 
 @dataclass(frozen=True)

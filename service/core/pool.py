@@ -37,7 +37,7 @@ class SlotPool:
     def __init__(self, spec: ModelSpec, primary: LoadedModel, contexts: list[Context]) -> None:
         self.spec = spec
         self.primary = primary
-        self.metadata = primary.metadata
+        self.metadata = primary.metadata.name_model(spec.name)  # its refusals name the model, as Triton's do
         self.max_parallel_slots = primary.max_parallel_slots
         self.requests_per_context = max(1, primary.requests_per_context)
         self._contexts = list(contexts)

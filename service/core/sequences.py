@@ -4,7 +4,7 @@ slot, in arrival order, with the control inputs and the implicit state the model
 The rule (contract SEQUENCE.nn, docs/sequences.md):
 
 * A model has `ModelEntry.sequence_capacity()` **sequence slots**: `direct`, as Triton's, has max(1,
-  max_batch_size) of them per instance (slot); `oldest` has max_candidate_sequences. A request with
+  max_batch_size) of them per instance (slot); `oldest` has max_candidate_sequences per slot. A request with
   `sequence_start` takes one for its sequence, in FIFO order among the starts that wait for one, until the
   request's admission deadline. The sequence keeps that slot until a request with `sequence_end` ends it; under
   `direct` each of its requests runs on the slot's instance (context `slot % instances`, fixed when the slot is
@@ -20,12 +20,24 @@ The rule (contract SEQUENCE.nn, docs/sequences.md):
   (the last ENDED_MEMORY of them) so that its next request is told why, not just that it never started.
 * Implicit state is kept per sequence here: the initial state at START, then each successful run's state
   output, fed back as the state input of the next turn. A failed run leaves the state as it was.
+* Ids: a number names its sequence by its 64-bit value (int64 -1 and uint64 2**64-1 are one sequence, as Triton
+  reads an int64 id as uint64); a string by itself.
+* Iterative sequences (`iterative_sequence: true`, Triton's request rescheduling): a request without an id gets
+  one of its own (AssignedId, numbered 1, 2, ... per model as Triton's) and starts a sequence; a turn whose engine
+  raises RequestRescheduled (its model released it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) goes back to the
+  end of its sequence's queue (`SequenceTable.again`) and runs again, the same request with the same inputs,
+  through the model's admission again, so other requests run between its executions (Triton re-enqueues it in
+  its sequence batcher); executions after its first see START and END false; the request that started an
+  iterative sequence ends it when it finishes (Triton releases the sequence slot then).
+* A streaming (decoupled) model's answers are yielded as it sends them, its request holding its turn and its slot
+  until the last (`sequence_answers`); a rescheduled one releases its slot between executions.
 
 States of a sequence, and their transitions:
 
     WAITING -> OPEN     a sequence slot was handed to its start
     WAITING -> ENDED    its start gave up (deadline, cancel) before it had a slot
-    OPEN    -> ENDED    its END request finished (either way), it was idle too long, or its model's pool retired
+    OPEN    -> ENDED    its END request finished (either way), an iterative sequence's START request finished, it
+                        was idle too long, or its model's pool retired
 
 Locking: `SequenceTable._lock` guards the table and every sequence's fields. It is a leaf: the model lock may be
 held when it is taken (`end_all`, `open_count`), never the reverse; it is never held across a wait or a run.
@@ -39,17 +51,18 @@ import itertools
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from collections.abc import Sequence as Listing
-from dataclasses import dataclass, field
+from contextlib import closing
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import datatypes
-from engine.errors import ModelError
-from engine.interface import CancelToken, ModelMetadata, Outputs
-from engine.sequence_config import CORRID, END, OLDEST, READY, START, SequenceSpec
+from engine.errors import ModelError, ModelErrorUnsupported
+from engine.interface import CancelToken, FinalOutputs, ModelMetadata, Outputs, RequestInfo
+from engine.sequence_config import CORRID, END, OLDEST, READY, START, RequestRescheduled, SequenceSpec
 
 from .batching import BatchItem
 from .errors import AdmissionTimeout, InvalidRequest, RequestCancelled
@@ -58,8 +71,22 @@ if TYPE_CHECKING:
     from .lifecycle import ModelEntry
 
 ENDED_MEMORY = 4096  # ended sequence ids remembered for a clear refusal of their next request
+ID_MODULUS = 2**64  # a numeric sequence id is its 64-bit value: int64 -1 is 2**64 - 1, as Triton reads it
+START_FLAG, END_FLAG = 1, 2  # Triton's request flags, as a python model's request.flags() shows them
 
-SequenceId = int | str
+
+@dataclass(frozen=True)
+class AssignedId:
+    """The id an iterative sequence's request without one gets (Triton's iterative sequencer numbers them 1, 2, ...
+    per model): a key of its own, so that it never meets a client's sequence of the same number."""
+
+    number: int
+
+    def __str__(self) -> str:
+        return str(self.number)
+
+
+SequenceId = int | str | AssignedId
 
 
 class SequenceIdRequired(InvalidRequest):
@@ -96,12 +123,13 @@ class SequenceFlags:
     end: bool = False
 
 
-def read_flags(model: str, parameters: Mapping[str, tuple[str, object]]) -> SequenceFlags:
+def read_flags(model: str, parameters: Mapping[str, tuple[str, object]], iterative: bool = False) -> SequenceFlags:
     """The sequence flags of a request to a sequence model, from its parameters as the transport read them
     ({name: (kind, value)}, kind the protocol's parameter_choice). Raises SequenceParameterError for a wrong
-    type and SequenceIdRequired without an id (Triton's words)."""
+    type and SequenceIdRequired without an id (Triton's words), except on an `iterative` model, where a request
+    without an id (0 or "") is one of its own (`SequenceTable.assign` gives it one)."""
     flags = check_parameter_types(parameters)
-    if flags.id in (0, ""):
+    if flags.id in (0, "") and not iterative:
         raise SequenceIdRequired(
             f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
         )
@@ -111,12 +139,14 @@ def read_flags(model: str, parameters: Mapping[str, tuple[str, object]]) -> Sequ
 def check_parameter_types(parameters: Mapping[str, tuple[str, object]]) -> SequenceFlags:
     """The sequence parameters' values, their types checked, for a request to ANY model (Triton checks them even
     on a model without sequence_batching, which then ignores them): `sequence_id` an int64_param, uint64_param
-    or string_param, the flags bool_params. Raises SequenceParameterError naming the parameter and the type."""
+    or string_param (a number as its 64-bit value, 0..2**64-1), the flags bool_params. Raises
+    SequenceParameterError naming the parameter and the type."""
     sequence_id: SequenceId = 0
     if "sequence_id" in parameters:
         kind, value = parameters["sequence_id"]
         if kind in ("int64_param", "uint64_param") and isinstance(value, int):
-            sequence_id = value  # a negative int64 is a sequence id too (Triton's CORRID reinterprets it)
+            # Triton reads an int64 id as uint64: -1 and 2**64 - 1 name one sequence (and one CORRID value).
+            sequence_id = value % ID_MODULUS
         elif kind == "string_param" and isinstance(value, str):
             sequence_id = value
         else:  # Triton's words (it takes no uint64_param; slotserve does)
@@ -181,7 +211,14 @@ class Turn:
     flags: SequenceFlags
     number: int
     woken: threading.Event = field(default_factory=threading.Event)
-    restart: bool = False  # this turn starts the sequence (again): START control true, initial state
+    restart: bool = False  # this execution starts the sequence (again): START control true, initial state
+    closes: bool = False  # its sequence ends when it finishes: END, or an iterative sequence's START
+    executions: int = 0  # earlier executions of its request (an iterative sequence's model rescheduled it)
+
+    @property
+    def ends(self) -> bool:
+        """The END control of this execution: the request's END, on its first execution only (Triton's flags)."""
+        return self.flags.end and self.executions == 0
 
     @property
     def slot(self) -> int:
@@ -218,10 +255,18 @@ class SequenceTable:
         self._capacity = 1  # sequence slots
         self._instances = 1  # contexts the slots are spread over (slot % instances)
         self._numbers = itertools.count(1)
+        self._assigned = itertools.count(1)  # AssignedId numbers (iterative sequences' requests without an id)
         self._ended = 0
         self._idle_ended = 0
 
     # ---- a request's turn ---------------------------------------------------------------------------------
+
+    def assign(self, flags: SequenceFlags) -> SequenceFlags:
+        """The flags of an iterative sequence's request that came without an id: a new AssignedId, START (and no
+        END: Triton's iterative sequencer sets the flags to START alone). Never blocks."""
+        with self._lock:
+            number = next(self._assigned)
+        return replace(flags, id=AssignedId(number), start=True, end=False)
 
     def enter(
         self,
@@ -251,7 +296,8 @@ class SequenceTable:
                 if not flags.start:
                     raise SequenceNotStarted(self._not_started_message(flags.id))
                 sequence = self._open_locked(flags.id, now, idle_s)
-            turn = Turn(sequence, flags, next(self._numbers), restart=flags.start)
+            closes = flags.end or (spec.iterative and flags.start)
+            turn = Turn(sequence, flags, next(self._numbers), restart=flags.start, closes=closes)
             sequence.turns.append(turn)
             self._wake_next_locked(sequence)
         self._wait_turn(turn, deadline, cancel, idle_s)
@@ -265,6 +311,32 @@ class SequenceTable:
         self._sweep_locked(now, idle_s)
         self._hand_slots_locked()
         return sequence
+
+    def again(self, turn: Turn, spec: SequenceSpec, deadline: float | None, cancel: CancelToken | None = None) -> None:
+        """`turn`'s request ran and its model rescheduled it (an iterative sequence): it goes back to the end of
+        its sequence's queue, behind the requests that came meanwhile, and this returns once it may run again (its
+        START and END controls false from now on). Blocks until `deadline`; raises as `enter` does,
+        SequenceNotStarted at once when the sequence ended while it ran, and AdmissionTimeout at once when
+        `deadline` has passed (a model that reschedules for ever stops at its caller's deadline, even where no
+        queue wait would notice). The caller still `finish`es the turn."""
+        with self._lock:
+            sequence = turn.sequence
+            if sequence.running is turn:
+                sequence.running = None
+            if sequence.phase is not SequencePhase.OPEN:
+                raise SequenceNotStarted(self._ended_message(sequence))
+            if deadline is not None and self._clock() >= deadline:
+                raise AdmissionTimeout(
+                    f"model '{self.model}': sequence {turn.flags.id}'s request was rescheduled by its model "
+                    f"{turn.executions + 1} time{'s' if turn.executions else ''} and its deadline passed"
+                )
+            turn.executions += 1
+            turn.restart = False
+            turn.woken.clear()
+            sequence.turns.append(turn)
+            sequence.last_active = self._clock()
+            self._wake_next_locked(sequence)
+        self._wait_turn(turn, deadline, cancel, spec.max_idle_us / 1e6)
 
     def _wait_turn(self, turn: Turn, deadline: float | None, cancel: CancelToken | None, idle_s: float) -> None:
         """Block until `turn` may run. While waiting for a slot, wake when an idle sequence may expire (there is
@@ -372,7 +444,7 @@ class SequenceTable:
             if control.kind == CORRID:
                 filled[control.input_name] = _corrid(control.datatype, turn.flags.id, shape)
                 continue
-            on = {START: turn.restart, END: turn.flags.end, READY: True}[control.kind]
+            on = {START: turn.restart, END: turn.ends, READY: True}[control.kind]
             value = control.true_value if on else control.false_value
             filled[control.input_name] = np.full(shape, value, datatypes.numpy_dtype(control.datatype))
         with self._lock:
@@ -385,6 +457,15 @@ class SequenceTable:
                     array = array[np.newaxis]
             filled[state.input_name] = array
         return filled
+
+    @staticmethod
+    def shown_to_model(turn: Turn, info: RequestInfo | None) -> RequestInfo:
+        """What the model is shown of this execution of `turn` (a python model's `correlation_id()` and `flags()`):
+        the id as Triton shows it (a number's 64-bit value; an assigned id's number) and the START / END flags of
+        this execution (none on a rescheduled one)."""
+        flags = (START_FLAG if turn.restart else 0) | (END_FLAG if turn.ends else 0)
+        shown = turn.flags.id.number if isinstance(turn.flags.id, AssignedId) else turn.flags.id
+        return replace(info or RequestInfo(), correlation_id=shown, flags=flags)
 
     def keep_states(self, turn: Turn, spec: SequenceSpec, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """After a successful run: store its state outputs as the sequence's next state inputs, and return the
@@ -405,8 +486,9 @@ class SequenceTable:
         return outputs
 
     def finish(self, turn: Turn) -> None:
-        """The turn is done (ran, failed or left): the sequence's next request may run; an END frees the slot
-        for the oldest waiting start. Never blocks."""
+        """The turn is done (ran, failed or left): the sequence's next request may run; an END (or an iterative
+        sequence's START request) ends the sequence and frees its slot for the oldest waiting start. Never
+        blocks."""
         with self._lock:
             sequence = turn.sequence
             if sequence.running is turn:
@@ -414,8 +496,8 @@ class SequenceTable:
             elif turn in sequence.turns:
                 sequence.turns.remove(turn)
             sequence.last_active = self._clock()
-            if sequence.phase is SequencePhase.OPEN and turn.flags.end:
-                self._end_locked(sequence, "its END request was served")
+            if sequence.phase is SequencePhase.OPEN and turn.closes:
+                self._end_locked(sequence, _why_closed(turn))
             elif sequence.phase is SequencePhase.OPEN:
                 self._wake_next_locked(sequence)
             self._hand_slots_locked()
@@ -547,20 +629,41 @@ class SequenceTable:
         )
 
 
+def _why_closed(turn: Turn) -> str:
+    if turn.flags.end:
+        return "its END request was served"
+    return "the request that started it finished (an iterative sequence ends with it)"
+
+
 @dataclass
 class SequenceRun:
-    """What one request of a sequence gave, for its response and statistics."""
+    """One answer of a request of a sequence, for its response and statistics."""
 
     metadata: ModelMetadata
     version: str
-    queue_ns: int  # from arrival until its lease: its turn and its admission
+    queue_ns: int  # from arrival until its (last) lease: its turns and admissions, its earlier executions left out
     input_ns: int
     infer_ns: int
     outputs: Outputs
     batched: bool = False  # ran in a batch (oldest), whose run the batch counts once
+    final: bool = True  # the request's last answer (a streaming model's: sent with its final flag)
+    streamed: bool = False  # a streaming model's answer: the request holds its slot until its last one is taken
 
 
-def run_in_sequence(
+@dataclass
+class _Spent:
+    """The time a request of a sequence spent, over its executions (several when its model rescheduled it)."""
+
+    arrived: int  # perf_counter_ns
+    input_ns: int = 0
+    infer_ns: int = 0
+
+    def queue_ns(self, started: int) -> int:
+        """The time it waited up to an execution that starts at `started`: not the earlier executions."""
+        return max(0, started - self.arrived - self.input_ns - self.infer_ns)
+
+
+def sequence_answers(
     entry: ModelEntry,
     parameters: Mapping[str, tuple[str, object]],
     inputs: Mapping[str, np.ndarray],
@@ -569,81 +672,144 @@ def run_in_sequence(
     deadline: float | None,
     cancel: CancelToken,
     before_run: Callable[[], None] = lambda: None,
-) -> SequenceRun:
-    """Run one request of a sequence model: its flags read, its turn taken (`SequenceTable.enter`), its lease
-    acquired on its sequence's slot, the control and state inputs added, the state outputs kept and the rest
-    returned. Blocks for the turn and the admission (until `deadline`) and for the run. Raises the sequence
-    errors above, the admission's, and the run's; the turn is finished and the lease released in every case."""
+    *,
+    stream: bool = False,
+    next_deadline: Callable[[], float | None] | None = None,
+) -> Generator[SequenceRun, None, None]:
+    """Run one request of a sequence model and yield its answers: one, or on a `stream` a streaming model's, one per
+    response (the request then holds its turn and its slot until the last is taken). Its flags are read, its turn
+    taken (`SequenceTable.enter`), its lease acquired on its sequence's slot (`oldest` with a batch dimension: its
+    batch run), the control and state inputs added, the state outputs kept. A request its model reschedules
+    (RequestRescheduled: an iterative sequence) goes back into its sequence's queue and runs again, each new wait
+    bounded by `next_deadline()` (default: `deadline`). Blocks for the turns, the admissions and the runs. Raises
+    the sequence errors above, the admission's and the run's, and ModelErrorUnsupported for a streaming model
+    outside a stream (Triton's words). Its turn is finished and every lease released in every case, also when the
+    generator is closed early; a one-answer request's turn is finished before its answer is yielded."""
     arrived = time.perf_counter_ns()
     spec = entry.spec.sequence
     assert spec is not None  # the dataplane calls it for sequence models only
-    flags = read_flags(entry.name, parameters)
+    flags = read_flags(entry.name, parameters, spec.iterative)
     batched = entry.spec.max_batch_size > 0
     _check_batch_of_one(entry.name, signature, batched)
     metadata = entry.known_metadata()
     if metadata is not None:  # bad input is refused before it takes a turn
         metadata.check_request(signature, outputs)
+    table = entry.sequences
+    if flags.id in (0, ""):  # an iterative sequence's request without an id starts a sequence of its own
+        flags = table.assign(flags)
     for control in spec.controls:  # an id the CORRID cannot hold, too (it would hold a slot it never uses)
         if control.kind == CORRID:
             _corrid(control.datatype, flags.id, (1,))
-    table = entry.sequences
     capacity = entry.sequence_capacity()
-    instances = None if spec.strategy == OLDEST else capacity // max(1, entry.spec.max_batch_size)
+    pinned = spec.strategy != OLDEST  # oldest: a sequence runs on whichever slot is free
+    instances = capacity // max(1, entry.spec.max_batch_size) if pinned else None
     turn = table.enter(flags, spec, capacity, deadline, cancel, instances)
+    spent = _Spent(arrived)
+    run = _Execution(entry, table, turn, spec, inputs, signature, outputs, cancel, before_run, spent)
+    finished = False
     try:
-        if spec.strategy == OLDEST:
-            return _run_in_batch(entry, table, turn, spec, inputs, signature, outputs, deadline, cancel, before_run)
-        with entry.acquire_lease(deadline, cancel, context_index=turn.context) as lease:
-            table.bind(turn, lease.pool)
-            before_run()
-            checked = time.perf_counter_ns()
-            lease.metadata.check_request(signature, outputs)
-            feed = dict(inputs)
-            feed.update(table.inputs(turn, spec, batched))
-            wanted = list(outputs) or [tensor.name for tensor in lease.metadata.outputs]
-            ran = time.perf_counter_ns()
-            produced = lease.execute(feed, [*wanted, *spec.state_outputs()], cancel)
-            executed = time.perf_counter_ns()
-            answer = table.keep_states(turn, spec, dict(produced))
-            return SequenceRun(lease.metadata, lease.version, checked - arrived, ran - checked, executed - ran, answer)
+        while True:
+            answers = run.in_batch(deadline) if spec.strategy == OLDEST and batched else run.alone(deadline, stream)
+            try:
+                with closing(answers):
+                    for answer in answers:
+                        if not answer.streamed:  # the sequence's next request may run while this answer goes out
+                            table.finish(turn)
+                            finished = True
+                        yield answer
+                return
+            except RequestRescheduled:
+                deadline = deadline if next_deadline is None else next_deadline()
+                table.again(turn, spec, deadline, cancel)
     finally:
-        table.finish(turn)
+        if not finished:
+            table.finish(turn)
 
 
-def _run_in_batch(
-    entry: ModelEntry,
-    table: SequenceTable,
-    turn: Turn,
-    spec: SequenceSpec,
-    inputs: Mapping[str, np.ndarray],
-    signature: Mapping[str, tuple[str, tuple[int, ...]]],
-    outputs: Listing[str],
-    deadline: float | None,
-    cancel: CancelToken,
-    before_run: Callable[[], None],
-) -> SequenceRun:
-    """`oldest`: the turn's request, its control and state inputs added, goes through dynamic batching
-    (`ModelEntry.run_batched`): it runs with the next requests of other sequences that wait with it, its own rows
-    of the outputs (state included) posted back. Its sequence is checked open just before the batch runs."""
-    arrived = time.perf_counter_ns()
-    table.begin(turn)
-    feed = dict(inputs)
-    feed.update(table.inputs(turn, spec, batched=True))
+@dataclass
+class _Execution:
+    """What one request of a sequence needs to run, once per execution (again for each its model reschedules)."""
 
-    def still_open() -> None:
-        table.begin(turn, restart=False)
-        before_run()
+    entry: ModelEntry
+    table: SequenceTable
+    turn: Turn
+    spec: SequenceSpec
+    inputs: Mapping[str, np.ndarray]
+    signature: Mapping[str, tuple[str, tuple[int, ...]]]
+    outputs: Listing[str]
+    cancel: CancelToken
+    before_run: Callable[[], None]
+    spent: _Spent
 
-    item = entry.run_batched(
-        BatchItem(feed, signature, outputs, 1, cancel, before_run=still_open, kept_outputs=spec.state_outputs()),
-        deadline,
-        cancel,
-    )
-    produced = item.outcome()
-    answer = table.keep_states(turn, spec, dict(produced))
-    assert item.metadata is not None  # posted by the batch's leader with the outcome
-    queue_ns = max(0, item.started_ns - arrived)
-    return SequenceRun(item.metadata, item.version, queue_ns, item.input_ns, item.infer_ns, answer, batched=True)
+    def alone(self, deadline: float | None, stream: bool) -> Generator[SequenceRun, None, None]:
+        """One execution on its own (direct: on its sequence's slot; oldest without a batch dimension: on any free
+        one): yields its answer once the lease is released, or a streaming model's answers as they come, holding
+        the lease. Raises RequestRescheduled when the model handed the request back (after the answers it sent)."""
+        entry, table, turn, spec, cancel = self.entry, self.table, self.turn, self.spec, self.cancel
+        context = turn.context if spec.strategy != OLDEST else None
+        with entry.acquire_lease(deadline, cancel, context_index=context) as lease:
+            table.bind(turn, lease.pool)
+            if lease.streaming and not stream:  # Triton's code and words for a decoupled model
+                raise ModelErrorUnsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
+            self.before_run()
+            checked = time.perf_counter_ns()
+            lease.metadata.check_request(self.signature, self.outputs)
+            feed = dict(self.inputs)
+            feed.update(table.inputs(turn, spec, entry.spec.max_batch_size > 0))
+            cancel.request = table.shown_to_model(turn, cancel.request)
+            wanted = list(self.outputs) or [tensor.name for tensor in lease.metadata.outputs]
+            queue_ns = self.spent.queue_ns(checked)
+            ran = time.perf_counter_ns()
+            self.spent.input_ns += ran - checked
+            if lease.streaming:
+                for produced in lease.execute_stream(feed, list(self.outputs), cancel):
+                    infer_ns = time.perf_counter_ns() - ran
+                    final = isinstance(produced, FinalOutputs)
+                    yield SequenceRun(
+                        lease.metadata, lease.version, queue_ns, ran - checked, infer_ns, produced, False, final, True
+                    )
+                self.spent.infer_ns += time.perf_counter_ns() - ran
+                return
+            try:
+                produced = lease.execute(feed, [*wanted, *spec.state_outputs()], cancel)
+            finally:
+                self.spent.infer_ns += time.perf_counter_ns() - ran
+            answer = table.keep_states(turn, spec, dict(produced))
+            spent = self.spent
+            run = SequenceRun(lease.metadata, lease.version, queue_ns, spent.input_ns, spent.infer_ns, answer)
+        yield run
+
+    def in_batch(self, deadline: float | None) -> Generator[SequenceRun, None, None]:
+        """`oldest`: the turn's request, its control and state inputs added, goes through dynamic batching
+        (`ModelEntry.run_batched`): it runs with the next requests of other sequences that wait with it, its own
+        rows of the outputs (state included) posted back. Its sequence is checked open just before the batch runs.
+        Yields its answer; raises RequestRescheduled when the model handed the request back."""
+        entry, table, turn, spec = self.entry, self.table, self.turn, self.spec
+        table.begin(turn)
+        feed = dict(self.inputs)
+        feed.update(table.inputs(turn, spec, batched=True))
+        self.cancel.request = table.shown_to_model(turn, self.cancel.request)
+
+        def still_open() -> None:
+            table.begin(turn, restart=False)
+            self.before_run()
+
+        item = entry.run_batched(
+            BatchItem(
+                feed, self.signature, self.outputs, 1, self.cancel, before_run=still_open,
+                kept_outputs=spec.state_outputs(),
+            ),
+            deadline,
+            self.cancel,
+        )  # fmt: skip
+        queue_ns = self.spent.queue_ns(item.started_ns) if item.started_ns else 0
+        self.spent.input_ns += item.input_ns
+        self.spent.infer_ns += item.infer_ns
+        produced = item.outcome()
+        answer = table.keep_states(turn, spec, dict(produced))
+        assert item.metadata is not None  # posted by the batch's leader with the outcome
+        spent = self.spent
+        yield SequenceRun(item.metadata, item.version, queue_ns, spent.input_ns, spent.infer_ns, answer, batched=True)
 
 
 def _check_batch_of_one(model: str, signature: Mapping[str, tuple[str, tuple[int, ...]]], batched: bool) -> None:
@@ -654,6 +820,10 @@ def _check_batch_of_one(model: str, signature: Mapping[str, tuple[str, tuple[int
 
 
 def _corrid(datatype: str, sequence_id: SequenceId, shape: tuple[int, ...]) -> np.ndarray:
+    """The CORRID control input of a sequence: its id in the configured type. Raises SequenceParameterError for a
+    string id on a numeric CORRID, and for a number the type cannot hold."""
+    if isinstance(sequence_id, AssignedId):
+        sequence_id = sequence_id.number
     if datatype == "BYTES":
         array = np.empty(shape, dtype=object)
         array.fill(str(sequence_id).encode())
@@ -662,17 +832,32 @@ def _corrid(datatype: str, sequence_id: SequenceId, shape: tuple[int, ...]) -> n
         raise SequenceParameterError(
             f"sequence id '{sequence_id}' is a string; the model's CORRID control input is {datatype}"
         )
-    dtype = datatypes.numpy_dtype(datatype)
-    limits = np.iinfo(dtype)
-    value = sequence_id
-    if value < 0 and limits.min == 0 and value >= -(2**63):  # a negative int64 id, as Triton reinterprets it
-        value += 2 ** (8 * dtype.itemsize)
-    if not limits.min <= value <= limits.max:
+    value = _corrid_value(datatype, sequence_id)
+    if value is None:
         raise SequenceParameterError(f"sequence id {sequence_id} does not fit the model's CORRID input ({datatype})")
-    return np.full(shape, value, dtype)
+    return np.full(shape, value, datatypes.numpy_dtype(datatype))
+
+
+def _corrid_value(datatype: str, key: int) -> int | None:
+    """The CORRID value of the numeric id `key` (its 64-bit value, 0..2**64-1), None when the type cannot hold it:
+    UINT64 takes it as it is, INT64 as the signed number of the same bits (2**64 - 1 is -1), a 32-bit type the id
+    when it fits, or the 32 bits of a negative int64 id that fits INT32 (-3 is 2**32 - 3 in UINT32), as Triton's
+    casts give them. So an id sent as int64 or as uint64 gets one value, or one refusal."""
+    signed = key - ID_MODULUS if key >= ID_MODULUS // 2 else key
+    if datatype == "UINT64":
+        return key
+    if datatype == "INT64":
+        return signed
+    limits = np.iinfo(datatypes.numpy_dtype(datatype))
+    if limits.min <= key <= limits.max:
+        return key
+    if -(2**31) <= signed < 0:
+        return signed if limits.min < 0 else signed + 2**32
+    return None
 
 
 __all__ = [
+    "AssignedId",
     "SequenceFlags",
     "SequenceIdRequired",
     "SequenceNotStarted",
@@ -683,5 +868,5 @@ __all__ = [
     "Turn",
     "check_parameter_types",
     "read_flags",
-    "run_in_sequence",
+    "sequence_answers",
 ]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
+from typing import NamedTuple
 
 import grpc
 from google.protobuf import message_factory
@@ -13,15 +16,16 @@ from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
 
-from .. import status_codes
+from .. import status_codes, stream_requests
 from ..auth import Access
 from ..core.blocking import blocking_wait
 from ..core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
 from ..core.lifecycle import ModelEntry, ModelState
 from ..core.registry import ModelRegistry
-from ..dataplane import Dataplane
+from ..dataplane import Dataplane, InferenceRequest
 from ..model_control import ModelControl
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
+from ..stream_requests import StreamRequests
 from ..tensors import (
     FINAL_RESPONSE,
     as_bytes,
@@ -163,16 +167,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered on the stream; a failed one gets `error_message` and the stream goes on.
 
-        A streaming model's lease is held until its last response is written: the server resumes this
-        generator only after the previous message was sent. A client that stops reading would block that send
-        forever, so each send is bounded by the write timeout, after which the call is cancelled and the lease
-        released. A cancelled or failed stream closes this generator, which releases the lease.
+        The requests are read as they arrive and run at once, several at a time (up to
+        stream_requests.MAX_IN_FLIGHT; then the stream is read on as they finish), each through the same admission,
+        batching and sequence path as a ModelInfer: requests sent together to a batching model run as one batch.
+        Their answers are written in Triton's order: a model that is not decoupled answers in the order of the
+        requests, a decoupled model as it sends; the requests of one sequence run one after another, and a model
+        that does not batch runs as many at once as it has slots (service/stream_requests.py has the rules, the
+        threads and their stop). This handler's thread writes, and runs a request that comes alone.
+
+        A request's next answer is made only after its previous one was written, so a streaming model's lease is
+        held until its last response is written. A client that stops reading would block a send forever, so each
+        send is bounded by the write timeout, after which the call is cancelled. A cancelled or failed stream
+        cancels every request in flight, which releases their leases and memory.
 
         At the end of the shutdown grace (the token fires with reason "shutdown") the stream gets
         SHUTDOWN_STREAM_SECONDS to deliver what it still sends (a request cut short gets its `shutting_down`
         error_message); then the call is cancelled, so a handler blocked writing to a client that does not read,
-        or waiting for the next request of a client that keeps its side open, returns and is joined within the
-        shutdown margin instead of being abandoned with its model's engine.
+        or a stream waiting for the next request of a client that keeps its side open, returns and is joined within
+        the shutdown margin instead of being abandoned with its model's engine.
         """
         self._access.abort_unless(Access.READ, "ModelStreamInfer", context)
         try:
@@ -187,40 +199,48 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         token.add_callback(on_cancel)
         try:
-            deadline = client_deadline(context)
-            for request in _each_message(request_iterator):
-                for message in self._stream_one(request, deadline, token):
-                    timer = self._timers.arm(self._write_timeout, context.cancel)
-                    try:
-                        yield message
-                    finally:  # also when the stream is closed at the yield (GeneratorExit)
-                        timer.cancel()
+            requests = StreamRequests(
+                self._stream_requests(request_iterator, client_deadline(context)),
+                self._stream_one,
+                token,
+                limit=stream_requests.MAX_IN_FLIGHT,
+            )
+            for message in requests.messages():
+                timer = self._timers.arm(self._write_timeout, context.cancel)
+                try:
+                    yield message
+                finally:  # also when the stream is closed at the yield (GeneratorExit)
+                    timer.cancel()
         finally:
             token.remove_callback(on_cancel)
             for timer in stop_timer:
                 timer.cancel()
             self._calls.end(token, CallKind.INFERENCE)
 
-    def _stream_one(self, request, deadline, cancel):
-        """One request's messages on the stream. Each answer says whether it is the request's last
-        (`triton_final_response`); a streaming model whose final flag came alone ends with an empty final answer
-        when the client asked for one (`triton_enable_empty_final_response`), as on Triton."""
-        call = inference_request(request, as_message, shared_memory=self._shared_memory, client_deadline=deadline)
-        responses = self._dataplane.infer_stream(call, cancel=cancel)
-        final = False
+    def _stream_requests(self, request_iterator, deadline):
+        """The stream's requests as they are read (on a thread of the stream), each with its dataplane request and
+        its place among the others."""
+        for message in _each_message(request_iterator):
+            call = inference_request(
+                message, _stream_answer, shared_memory=self._shared_memory, client_deadline=deadline
+            )
+            yield _StreamRequest(message, call), self._dataplane.stream_placement(call)
+
+    def _stream_one(self, request: _StreamRequest, cancel):
+        """One request's messages on the stream, each with whether it is the request's last (run on a thread of
+        the stream, with the request's own token). Each answer says whether it is the request's last
+        (`triton_final_response`: the dataplane gives nothing after a final answer); a streaming model whose final
+        flag came alone ends with an empty final answer when the client asked for one
+        (`triton_enable_empty_final_response`), as on Triton. A failed request's error is its one last message
+        (a streaming model's is made while its slot is held: see InferenceRequest.respond_end)."""
+        message = request.message
+        ending = functools.partial(_stream_end, message, cancel)
+        responses = self._dataplane.infer_stream(dataclasses.replace(request.call, respond_end=ending), cancel=cancel)
         try:
             for response in responses:
-                final = response.parameters[FINAL_RESPONSE].bool_param
-                yield pb.ModelStreamInferResponse(infer_response=response)
-            if not final and wants_empty_final_response(request):
-                yield pb.ModelStreamInferResponse(infer_response=empty_final_response(request))
+                yield response, response.infer_response.parameters[FINAL_RESPONSE].bool_param
         except Exception as error:  # a failed request must not end the stream
-            _code, message, _reason = status_codes.describe(as_client_error(error, cancel))
-            failed = pb.ModelInferResponse(
-                model_name=request.model_name, model_version=request.model_version, id=request.id
-            )
-            failed.parameters[FINAL_RESPONSE].bool_param = True  # a failed request ends there, as on Triton
-            yield pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+            yield ending(error, True), True
         finally:
             responses.close()
 
@@ -456,10 +476,37 @@ def add_inference_servicer(servicer: InferenceServicer, server: grpc.Server) -> 
     server.add_registered_method_handlers(service.full_name, handlers)
 
 
+def _stream_answer(response) -> pb.ModelStreamInferResponse:
+    """An answer as the stream carries it."""
+    return pb.ModelStreamInferResponse(infer_response=as_message(response))
+
+
+def _stream_end(message: pb.ModelInferRequest, cancel, error: BaseException | None, final_sent: bool):
+    """What ends a stream request after its answers: its error (with the request's id, final), or an empty final
+    answer if its last answer was not final and the client asked for one; else None."""
+    if error is not None:
+        _code, text, _reason = status_codes.describe(as_client_error(error, cancel))
+        failed = pb.ModelInferResponse(
+            model_name=message.model_name, model_version=message.model_version, id=message.id
+        )
+        failed.parameters[FINAL_RESPONSE].bool_param = True  # a failed request ends there, as on Triton
+        return pb.ModelStreamInferResponse(error_message=text, infer_response=failed)
+    if not final_sent and wants_empty_final_response(message):
+        return pb.ModelStreamInferResponse(infer_response=empty_final_response(message))
+    return None
+
+
+class _StreamRequest(NamedTuple):
+    """One request read from a stream: its message (for what the stream writes back) and the dataplane's request."""
+
+    message: pb.ModelInferRequest
+    call: InferenceRequest
+
+
 def _each_message(request_iterator):
     """A stream's requests, as they come. The wait for the client's next message is a wait elsewhere
-    (blocking_wait: an open stream does not hold one of the server's runners); it is taken for each read and never
-    across a yield, since a generator may be closed on another thread."""
+    (blocking_wait: on a gRPC runner thread it steps aside; the stream's own threads read it, which no runner
+    counts); it is taken for each read and never across a yield."""
     while True:
         with blocking_wait:
             request = next(request_iterator, None)

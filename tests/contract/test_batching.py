@@ -394,7 +394,6 @@ def test_without_the_block_or_without_a_batch_dimension_each_request_runs_alone(
     [
         ("dynamic_batching { priority_levels: 2 }", "dynamic_batching.priority_levels"),
         ("dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "timeout_action DELAY"),
-        ("sequence_batching { iterative_sequence: true }", "sequence_batching.iterative_sequence"),
         (
             'dynamic_batching { }\ninput { name: "R" data_type: TYPE_FP32 dims: -1 allow_ragged_batch: true }',
             "allow_ragged_batch",

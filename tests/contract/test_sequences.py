@@ -13,6 +13,7 @@ import pytest
 
 from engine.interface import CancelToken
 from engine.onnxruntime_backend import OnnxRuntimeBackend
+from engine.sequence_config import RequestRescheduled
 from generated import grpc_service_pb2 as pb
 from service.core.errors import AdmissionTimeout, RequestCancelled, ResidencyLimit, ShuttingDown
 from service.core.lifecycle import Lease, ModelState
@@ -50,13 +51,20 @@ class Sequences:
         write_accumulate(root, "acc", slots=slots, idle_us=idle_us)
         # max_batch_size 2: two sequence slots per slot, as Triton's direct
         write_accumulate(root, "acc2", slots=slots, idle_us=idle_us, batched=True, max_batch_size=2)
+        # iterative_sequence, max_batch_size 2: two sequence slots on each slot's context (SEQUENCE.13)
+        iterative = "direct { } iterative_sequence: true"
+        write_fixture_sequence(root, "iter", slots=slots, idle_us=idle_us, strategy=iterative, max_batch_size=2)
+        streams = {"stream_responses": 2}
+        write_fixture_sequence(
+            root, "iter_stream", slots=slots, idle_us=idle_us, strategy=iterative, parameters=streams
+        )
         self.lab = Lab(root, {"other": {}}, load=False, parallel_jobs=max(2, slots), **lab_options)
         self.lab.runtime.backends["onnxruntime"] = OnnxRuntimeBackend()  # type: ignore[index]
         self.dataplane = Dataplane(self.lab.registry, clock=self.lab.clock)
 
     def infer(self, model: str, value, sequence_id, *, start=False, end=False, cancel=None, timeout_us=0):
         datatype = "INT32" if model.startswith("acc") else "FP32"
-        shape = (1, 1) if model == "acc2" else (1,)
+        shape = (1, 1) if model in ("acc2", "iter") else (1,)
         request = message(model, value, sequence_id, start=start, end=end, datatype=datatype, shape=shape)
         if timeout_us:
             request.parameters["timeout"].int64_param = timeout_us
@@ -328,22 +336,31 @@ def test_implicit_state_is_kept_per_sequence_on_the_server(sequences):
 
 @cell("SEQUENCE.11")
 @pytest.mark.parametrize(
-    "block, field",
+    "head, block, field",
     [
-        ("iterative_sequence: true", "sequence_batching.iterative_sequence: not supported"),
         (
-            "oldest { max_candidate_sequences: 0 }",
-            "sequence_batching.oldest batches sequences: it needs max_batch_size",
+            "max_batch_size: 2\nmodel_transaction_policy { decoupled: true }",
+            "oldest { max_candidate_sequences: 2 }",
+            "sequence_batching.oldest: not supported for a decoupled model",
         ),
+        (
+            "model_transaction_policy { decoupled: true }",
+            'state [ { input_name: "SI" output_name: "SO" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+            "sequence_batching.state: not supported for a decoupled model",
+        ),
+        ("", "oldest { max_candidate_sequences: -1 }", "max_candidate_sequences must not be negative, got -1"),
     ],
 )
-def test_sequence_settings_not_implemented_are_refused_at_load_naming_the_field(tmp_path, block, field):
+def test_sequence_settings_that_cannot_work_are_refused_at_load_naming_the_field(tmp_path, head, block, field):
     from engine.repository import ModelRepository
 
     directory = tmp_path / "m"
     directory.mkdir()
-    (directory / "config.pbtxt").write_text(f'name: "m"\nbackend: "fixture"\nsequence_batching {{ {block} }}\n')
-    # (oldest runs: SEQUENCE.12; with max_batch_size 0 there is nothing to batch along)
+    config = f'name: "m"\nbackend: "python"\n{head}\nsequence_batching {{ {block} }}\n'
+    (directory / "config.pbtxt").write_text(config)
+    (directory / "1").mkdir()
+    (directory / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    # (iterative_sequence: SEQUENCE.13; oldest with max_batch_size 0 loads and runs each request alone, as Triton)
     with pytest.raises(Exception) as refused:
         ModelRepository(tmp_path).read("m")
     assert field in str(refused.value) and describe(refused.value)[0].name == "INVALID_ARGUMENT"
@@ -469,3 +486,66 @@ def test_oldest_batches_the_next_requests_of_different_sequences_each_in_order(t
         assert lab.registry.get("acco").sequences.statistics().open == 0
     finally:
         lab.close()
+
+
+def rescheduling(monkeypatch) -> list[float]:
+    """Make every run of a request with INPUT0 = n > 1 reschedule it until its n-th execution, as a python model with
+    `set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)` does (the engine raises RequestRescheduled); returns
+    INPUT0 of every execution, in run order."""
+    runs: list[float] = []
+    left: dict[float, int] = {}
+    execute = Lease.execute
+
+    def run(self, inputs, outputs, cancel):
+        value = float(np.asarray(inputs["INPUT0"]).reshape(-1)[0])
+        runs.append(value)
+        produced = execute(self, inputs, outputs, cancel)
+        left[value] = left.get(value, int(value)) - 1
+        if left[value] > 0:
+            raise RequestRescheduled("rescheduled by the test's model")
+        return produced
+
+    monkeypatch.setattr(Lease, "execute", run)
+    return runs
+
+
+@cell("SEQUENCE.13")
+def test_an_iterative_sequences_rescheduled_request_runs_again_through_admission(sequences, monkeypatch):
+    env = sequences(slots=1)  # iter: two sequence slots, both on the one context
+    runs = rescheduling(monkeypatch)
+    gate = env.lab.gate("iter", "execute").hold()
+    three = env.infer("iter", 3.0, 0)  # no id: a sequence of its own, three executions
+    gate.wait_blocked(1)
+    one = env.infer("iter", 1.0, 0)  # another sequence: its request queues for the context behind the first run
+    env.lab.wait_queued("iter", requests=1)
+    gate.release()
+    assert (three.result(), one.result()) == (3.0, 1.0)
+    # The rescheduled request went back through admission: the other sequence's request ran between its executions.
+    assert runs == [3.0, 1.0, 3.0, 3.0]
+    stats = env.table("iter")
+    assert stats.open == 0 and stats.running == 0 and stats.queued_turns == 0  # each request's end ended its sequence
+    assert env.entry("iter").statistics.snapshot().success.count == 2  # counted per request, not per execution
+    error = env.infer("iter", 1.0, 5).error()  # an id of one's own still needs its START
+    assert isinstance(error, SequenceNotStarted) and describe(error)[0].name == "INVALID_ARGUMENT"
+
+
+@cell("SEQUENCE.13")
+def test_an_iterative_streaming_models_answers_come_from_every_execution(sequences, monkeypatch):
+    env = sequences(slots=1)
+    executions = []
+    stream = Lease.execute_stream
+
+    def run(self, inputs, outputs, cancel):  # two answers per execution; reschedules after the first execution
+        executions.append(cancel.request.flags)
+        yield from stream(self, inputs, outputs, cancel)
+        if len(executions) == 1:
+            raise RequestRescheduled("rescheduled by the test's model")
+
+    monkeypatch.setattr(Lease, "execute_stream", run)
+    request = message("iter_stream", 4.0, 0)
+    answers = list(env.dataplane.infer_stream(inference_request(request, as_message), cancel=CancelToken()))
+    assert len(answers) == 4 and executions == [1, 0]  # START on the first execution only (Triton's flags)
+    assert [a.parameters["triton_final_response"].bool_param for a in answers] == [False, False, False, False]
+    assert env.table("iter_stream").open == 0
+    unary = env.infer("iter_stream", 4.0, 0).error()  # ModelInfer: Triton's words for a decoupled model
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in str(unary)

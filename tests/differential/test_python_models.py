@@ -246,6 +246,6 @@ def test_a_decoupled_models_streams_and_its_unary_refusal_are_the_same(both):
     ours, theirs = (ask(address, "decoupled") for address in both)
     assert ours["streams"] == theirs["streams"]
     assert ours["unary"] == theirs["unary"]
-    # the model's own text reaches the client on both (slotserve prefixes the model's name)
+    # the model's own text reaches the client on both
     assert len(ours["errors"]) == len(theirs["errors"]) == 1
     assert theirs["errors"][0] in ours["errors"][0], (ours, theirs)

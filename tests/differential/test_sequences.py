@@ -36,6 +36,9 @@ IDLE_MICROSECONDS = 300_000  # echo_idle: a sequence idle this long is released
 IDLE_WAIT_SECONDS = 2.0  # how long the idle tests stay silent: over 6x the timeout, for a loaded machine
 ONE_SLOT_IDLE_MICROSECONDS = 1_000_000  # echo_one_slot_idle: the holder of the only slot goes idle after 1 s
 LONG_IDLE_MICROSECONDS = 120_000_000  # models whose sequences must not go idle during a test
+# echo_oldest_two_stream: long enough that a loaded machine never idles a sequence between two of its requests on
+# a stream that runs them as they arrive; short enough that a stream holding them back ends them within the test.
+STREAM_IDLE_MICROSECONDS = 4_000_000
 
 # name -> writer; every model has one instance (the accumulator's sums live in that one worker).
 MODELS = {
@@ -69,6 +72,42 @@ MODELS = {
             strategy=models.OLDEST,
             max_candidate_sequences=2,
             max_batch_size=2,
+            max_sequence_idle_microseconds=LONG_IDLE_MICROSECONDS,
+        ),
+    ),
+    "echo_oldest_nobatch": lambda root: models.write_python_echo(
+        root,
+        "echo_oldest_nobatch",
+        models.SequenceOptions(strategy=models.OLDEST, max_candidate_sequences=2, max_batch_size=0),
+    ),
+    "echo_oldest_two_idle": lambda root: models.write_python_echo(
+        root,
+        "echo_oldest_two_idle",
+        models.SequenceOptions(
+            strategy=models.OLDEST,
+            max_candidate_sequences=2,
+            max_batch_size=2,
+            max_sequence_idle_microseconds=ONE_SLOT_IDLE_MICROSECONDS,
+        ),
+    ),
+    "echo_oldest_two_stream": lambda root: models.write_python_echo(
+        root,
+        "echo_oldest_two_stream",
+        models.SequenceOptions(
+            strategy=models.OLDEST,
+            max_candidate_sequences=2,
+            max_batch_size=2,
+            max_sequence_idle_microseconds=STREAM_IDLE_MICROSECONDS,
+        ),
+    ),
+    "echo_oldest_instances": lambda root: models.write_python_echo(
+        root,
+        "echo_oldest_instances",
+        models.SequenceOptions(
+            strategy=models.OLDEST,
+            max_candidate_sequences=2,
+            max_batch_size=2,
+            instances=2,
             max_sequence_idle_microseconds=LONG_IDLE_MICROSECONDS,
         ),
     ),
@@ -108,6 +147,7 @@ class TritonPythonModel:
 """
 
 SequenceId = int | str  # what tritonclient sends as sequence_id
+NO_BATCH_DIMENSION = ("echo_nobatch", "echo_oldest_nobatch")  # max_batch_size 0: INPUT [1]
 
 pytestmark = pytest.mark.interop
 
@@ -153,10 +193,10 @@ def sequence_request(
     rows: int = 1,
     request_id: str = "",
 ) -> pb.ModelInferRequest:
-    """One request of a sequence as tritonclient sends it: INPUT [rows, 1] INT32 (or [1] for echo_nobatch), the id
-    as int64_param (a number) or string_param (a string), the flags as bool_param where given."""
+    """One request of a sequence as tritonclient sends it: INPUT [rows, 1] INT32 (or [1] without a batch dimension),
+    the id as int64_param (a number) or string_param (a string), the flags as bool_param where given."""
     request = pb.ModelInferRequest(model_name=model, id=request_id)
-    shape = [1] if model == "echo_nobatch" else [rows, 1]
+    shape = [1] if model in NO_BATCH_DIMENSION else [rows, 1]
     request.inputs.add(name="INPUT", datatype="INT32", shape=shape)
     request.raw_input_contents.append(np.full(shape, value, dtype=np.int32).tobytes())
     if isinstance(sequence_id, str):
@@ -611,6 +651,23 @@ def test_direct_runs_max_batch_size_times_instances_sequences_at_once_as_on_trit
             assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
 
 
+def test_oldest_has_max_candidate_sequences_per_instance_as_on_triton(servers):
+    # Triton fact: `oldest`'s max_candidate_sequences counts per instance (each instance's batcher has that many
+    # sequence slots): two candidates x two instances keep four sequences open; a fifth START waits.
+    model = "echo_oldest_instances"
+    for offset, endpoint in enumerate(servers.each()):
+        held = [7350 + 10 * offset + k for k in range(4)]
+        for sequence_id in held:
+            assert infer(endpoint, sequence_request(model, sequence_id, start=True))[0] == "OK", endpoint.name
+        waiting = Pending(endpoint, sequence_request(model, 7350 + 10 * offset + 9, start=True))
+        wait_until_pending(endpoint, model, 1)
+        assert not waiting.done.is_set(), (endpoint.name, waiting.answer)
+        assert infer(endpoint, sequence_request(model, held[0], end=True))[0] == "OK", endpoint.name
+        assert waiting.result()[0] == "OK", (endpoint.name, waiting.answer)
+        for sequence_id in (*held[1:], 7350 + 10 * offset + 9):
+            assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
+
+
 def test_the_slot_of_an_idle_sequence_goes_to_a_waiting_one_as_on_triton(servers):
     # Triton fact: a START waiting for the only slot is answered once the holder has been idle for
     # max_sequence_idle_microseconds (1 s here; 0.97 s measured), and the holder's next request is refused.
@@ -637,6 +694,100 @@ def test_a_waiting_start_given_up_by_its_client_does_not_open_the_sequence_as_on
         code, text = infer(endpoint, sequence_request("echo_one_slot", given_up, end=True))
         assert code == "INVALID_ARGUMENT" and str(given_up) in text, (endpoint.name, code, text)
         assert infer(endpoint, sequence_request("echo_one_slot", later, start=True, end=True))[0] == "OK", endpoint.name
+
+
+def test_oldest_without_a_batch_dimension_runs_each_request_alone_as_on_triton(servers):
+    # Triton facts: `oldest` with max_batch_size 0 loads; each request runs alone (BATCH 1) with its controls, four
+    # sequences at once on two candidates included (the other two wait for a candidate, then run).
+    model = "echo_oldest_nobatch"
+    answers = {}
+    for offset, endpoint in enumerate(servers.each()):
+        sequence_id = 7700 + 10 * offset
+        steps = [dict(start=True, value=5), dict(value=6), dict(end=True, value=7)]
+        answers[endpoint.name] = [infer(endpoint, sequence_request(model, sequence_id, **step)) for step in steps]
+        together = [
+            Pending(endpoint, sequence_request(model, sequence_id + k, start=True, end=True)) for k in (1, 2, 3, 4)
+        ]
+        assert [pending.result()[0] for pending in together] == ["OK"] * 4, endpoint.name
+        assert all(pending.result()[1]["BATCH"] == [1] for pending in together), endpoint.name
+        for code, answer in answers[endpoint.name]:
+            assert code == "OK", (endpoint.name, answer)
+            assert answer.pop("OUT_CORRID") == [sequence_id], endpoint.name
+    reference = [answer for _code, answer in answers["triton"]]
+    assert [(a["OUT_START"], a["OUT_END"], a["OUT_INPUT"], a["BATCH"]) for a in reference] == [
+        ([1], [0.0], [5], [1]),
+        ([0], [0.0], [6], [1]),
+        ([0], [1.0], [7], [1]),
+    ]
+    assert answers["slotserve"] == answers["triton"]
+
+
+def test_starts_beyond_the_candidates_wait_longer_than_the_idle_timeout_and_then_run_as_on_triton(servers):
+    # Triton facts: `oldest` with two candidates and a 1 s idle timeout; two sequences open and kept busy for 2.5 s
+    # while two more STARTs wait: the waiting ones are not ended (however long past the idle timeout they wait);
+    # once the first two end, both are answered (START 1). Then A DELIBERATE DIFFERENCE (docs/sequences.md):
+    # Triton's idle clock of a waiting sequence ran while it waited, so its reaper ends it about 50 ms after it got
+    # its slot unless its next request comes at once (0.5 s later its END is refused); slotserve starts the idle
+    # clock when the sequence gets its slot, and its END is served.
+    model = "echo_oldest_two_idle"
+    for offset, endpoint in enumerate(servers.each()):
+        held, waiting_ids = [7900 + 10 * offset + k for k in (1, 2)], [7900 + 10 * offset + k for k in (3, 4)]
+        for sequence_id in held:
+            assert infer(endpoint, sequence_request(model, sequence_id, start=True))[0] == "OK", endpoint.name
+        waiting = [Pending(endpoint, sequence_request(model, sequence_id, start=True)) for sequence_id in waiting_ids]
+        wait_until_pending(endpoint, model, 2)
+        busy_until = time.monotonic() + 2.5 * ONE_SLOT_IDLE_MICROSECONDS / 1e6
+        while time.monotonic() < busy_until:  # the holders never go idle; the waiting starts wait past the timeout
+            for sequence_id in held:
+                assert infer(endpoint, sequence_request(model, sequence_id, value=2))[0] == "OK", endpoint.name
+        assert not any(pending.done.is_set() for pending in waiting), endpoint.name
+        for sequence_id in held:
+            assert infer(endpoint, sequence_request(model, sequence_id, end=True))[0] == "OK", endpoint.name
+        for pending, sequence_id in zip(waiting, waiting_ids, strict=True):
+            code, answer = pending.result()
+            assert code == "OK" and answer["OUT_START"] == [1] and answer["OUT_CORRID"] == [sequence_id], endpoint.name
+        time.sleep(0.5 * ONE_SLOT_IDLE_MICROSECONDS / 1e6)  # ordering-free: 10x Triton's 50 ms reaper recheck
+        expected = "OK" if endpoint.name == "slotserve" else "INVALID_ARGUMENT"
+        for sequence_id in waiting_ids:
+            code, answer = infer(endpoint, sequence_request(model, sequence_id, end=True))
+            assert code == expected, (endpoint.name, answer)
+
+
+def test_sequences_beyond_the_candidates_on_one_stream_wait_without_ending_the_others_as_on_triton(servers):
+    # Triton facts (NVIDIA's SequenceBatcherPreserveOrderingTest, oldest on one stream): four sequences streamed on
+    # one ModelStreamInfer call, each START, then each middle, then each END, to an `oldest` model with two
+    # candidates (idle after 4 s): the third and fourth sequences wait for a candidate in the backlog while the
+    # stream goes on, the first two run to their END, and every request is answered, in the order sent. (slotserve
+    # ran a stream's requests one after another: the third START held the stream, the first two sequences went
+    # idle behind it and their later requests were refused as ended.)
+    model = "echo_oldest_two_stream"
+    answers = {}
+    for offset, endpoint in enumerate(servers.each()):
+        ids = [7800 + 10 * offset + k for k in range(4)]
+        requests = [
+            sequence_request(model, i, start=step == 0, end=step == 2, value=step, request_id=f"{i}/{step}")
+            for step in range(3)
+            for i in ids
+        ]
+        answers[endpoint.name] = [(code, request_id, answer) for code, answer, request_id in stream(endpoint, requests)]
+        assert [code for code, _, _ in answers[endpoint.name]] == ["OK"] * 12, (endpoint.name, answers[endpoint.name])
+        assert [request_id for _, request_id, _ in answers[endpoint.name]] == [r.id for r in requests], endpoint.name
+    for endpoint in servers.each():
+        shown = [
+            (answer["OUT_START"], answer["OUT_END"], answer["OUT_INPUT"]) for _, _, answer in answers[endpoint.name]
+        ]
+        assert shown == [([1], [0.0], [0])] * 4 + [([0], [0.0], [1])] * 4 + [([0], [1.0], [2])] * 4, endpoint.name
+
+
+def test_a_negative_id_is_named_by_its_64_bit_value_as_on_triton(servers):
+    # Triton fact: an int64_param sequence_id of -7003 is the sequence 2**64 - 7003 (its 64 bits unsigned): a
+    # request of it that is not a START is refused naming that number (slotserve names the same sequence).
+    for endpoint in servers.each():
+        assert infer(endpoint, sequence_request("echo_direct", -7003)) == (
+            "INVALID_ARGUMENT",
+            f"inference request for sequence {2**64 - 7003} to model 'echo_direct' must specify the START flag on "
+            "the first request of the sequence",
+        ), endpoint.name
 
 
 # ------------------------------------------------------------------------------------ metadata and statistics

@@ -43,8 +43,9 @@ def _replies(address: str, *requests) -> list[tuple]:
 
 def _same(ours: tuple, theirs: tuple) -> bool:
     """An answer the same in every field; an error the same in its id and outputs (none), Triton's text inside ours,
-    and final wherever Triton says final. Differences on purpose: slotserve puts "model 'NAME': " before a model's
-    own error, names the model on every error, and marks every failed request's reply final (Triton 2.51 leaves
+    and final wherever Triton says final. Differences on purpose: slotserve names the model on every error it
+    makes itself (a model's own TritonError passes as it is, as on Triton), and marks every failed request's reply
+    final (Triton 2.51 leaves
     the parameter off a request refused before it reached the model)."""
     if not theirs[0]:
         return ours == theirs

@@ -68,11 +68,10 @@ ensemble_scheduling {
 TRACKER = """name: "tracker"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
-input [ { name: "pixels" data_type: TYPE_FP32 dims: [ 4 ] } ]
+input [ { name: "pixels" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
 output [ { name: "scores" data_type: TYPE_FP32 dims: [ 4 ] } ]
 sequence_batching {
   max_sequence_idle_microseconds: 5000000
-  iterative_sequence: true
   control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ]
 }
 """

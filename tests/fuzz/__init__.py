@@ -37,6 +37,11 @@ request!" (the deserializer runs in grpc before any handler; see test_undecodabl
 keep serving. Oversize messages are refused by the configured --max-message-bytes with RESOURCE_EXHAUSTED, and
 the next small request succeeds.
 
+Hostile management calls: test_management_fuzz.py sends RepositoryModelLoad and Unload with generated names (`..`,
+`/`, newlines, ANSI escapes, NUL, 300 characters), config JSON and `file:` paths; a name that is not a model name is
+INVALID_ARGUMENT before anything touches the disk, nothing is written outside --model-files-dir or into the
+repository, and the server serves on.
+
 Hostile repositories: test_ensemble_cycles_fuzz.py generates call graphs of ensembles (self, mutual, long and
 nested cycles, shared steps) and checks the load decision against an independent oracle, then serves whole
 repositories of them on servers of its own: what has no cycle serves, every cycle is refused naming a real one.

@@ -64,7 +64,7 @@ def test_unknown_input_name(infer):
 
 
 def test_missing_input(infer):
-    refused(infer, simple(("INPUT0", "INT32", [1, 16]), raw=[ROW]), says=("missing input", "'INPUT1'"))
+    refused(infer, simple(("INPUT0", "INT32", [1, 16]), raw=[ROW]), says=("missing required input(s)", "'INPUT1'"))
 
 
 def test_duplicate_input(infer):

@@ -137,12 +137,6 @@ def test_an_onnx_identity_of_two_million_short_strings_stays_within_its_reservat
     assert rise >= reserved / 2, f"peak rose {rise >> 20} MiB for {reserved >> 20} MiB reserved"
 
 
-@pytest.mark.xfail(
-    reason="the python transport (engine/python/transport.py, helper pyhard) encodes BYTES through a list of "
-    "two objects an element and decodes them one by one: server and worker rose 1128 MiB for 549 reserved; "
-    "with tensor_codec's serialize_bytes / deserialize_bytes there, 455 MiB. Remove this mark when that lands.",
-    strict=True,
-)
 def test_a_python_identity_of_two_million_short_strings_stays_within_its_reservation(tmp_path):
     write_model(tmp_path, "identity", PYTHON_IDENTITY, STRING_IO)
     rise, reserved = _measure(tmp_path, "identity")

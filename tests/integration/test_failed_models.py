@@ -22,8 +22,7 @@ response_cache { enable: true }
 """
 REFUSED = """
 instance_group [ { count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]
-sequence_batching { iterative_sequence: true control_input [
-  { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }
+batch_output [ { target_name: "Y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "X" } ]
 """
 
 
@@ -73,9 +72,7 @@ def test_broken_models_stay_listed_with_their_reason_and_answer_unavailable(repo
             assert (error.code, error.reason) == ("UNAVAILABLE", "model_not_loaded"), error
             assert error.message.startswith(f"model '{name}' failed to load: ") and words in error.message, error
             assert "unknown model" not in error.message
-        assert (
-            "sequence_batching.iterative_sequence: not supported" in listed["refused"][1]
-        )  # every refused field, not the first
+        assert "batch_output: not supported" in listed["refused"][1]  # every refused field, not the first
         for name in ("good", "listed"):
             assert listed[name][0] == "READY" and running.client.model_ready(name)
             assert serves(running, name)

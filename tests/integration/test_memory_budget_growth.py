@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pytest
 
 from engine.testing.fixture import FixtureBackend
 from service.testing import serve
@@ -81,11 +80,6 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 
 
-@pytest.mark.xfail(
-    reason="needs PythonModel.memory_bytes to report its workers' current memory (helper pyhard, issue 33.12); "
-    "it reads the first worker's memory once at start until then. Remove this mark when that lands.",
-    strict=True,
-)
 def test_a_python_model_that_keeps_memory_evicts_the_idle_one(tmp_path):
     write_model(tmp_path, "keeper", KEEPER, FLOAT_IO)
     write_model(tmp_path, "other", KEEPER, FLOAT_IO)

@@ -535,7 +535,7 @@ def test_stream_answers_errors_on_the_open_stream(demo):
     assert [r.infer_response.id for r in responses] == ["a", "b", "c", "d", "e"]
     assert responses[0].error_message == ""
     check_simple_response(responses[0].infer_response, first_a, first_b)
-    assert "missing input 'INPUT1'" in responses[1].error_message
+    assert "missing required input(s) ['INPUT1']" in responses[1].error_message
     assert "Request for unknown model" in responses[2].error_message
     assert "'abc'" in responses[3].error_message
     assert responses[4].error_message == ""
@@ -548,7 +548,7 @@ def test_stream_through_the_client(demo):
     assert len(items) == 3
     check_simple(items[0], requests[0])
     assert isinstance(items[1], ClientError)
-    assert items[1].request_id == "1" and "missing input 'INPUT1'" in items[1].message
+    assert items[1].request_id == "1" and "missing required input(s) ['INPUT1']" in items[1].message
     check_simple(items[2], requests[2])
 
 

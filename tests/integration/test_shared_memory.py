@@ -437,7 +437,7 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
     elif case == "long_key":
         key, says = PREFIX + "k" * 256, ["at most 255 bytes after the '/'"]
     elif case == "twice":
-        name, says = "existing", ["'existing' is already registered", existing.key, "4096 bytes"]
+        name, says = "existing", ["'existing' already in manager", existing.key, "4096 bytes"]
     elif case == "missing":
         key, says = PREFIX + "missing", ["'r'", PREFIX + "missing", "does not exist"]
     elif case == "no_slash":
@@ -459,9 +459,16 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
         os.mkdir(special)
         key, says = "/" + os.path.basename(special), ["is not a shared-memory object"]
     elif case == "zero_size":
-        size, says = 0, ["byte_size must be > 0, got 0"]
+        size, says = 0, ["failed to register shared memory region 'r': invalid args", "byte_size must be > 0, got 0"]
     else:
-        offset, size, says = 60, 50, ["offset 60 + byte_size 50 = 110 is past the end of the object (100 bytes)"]
+        offset, size, says = (
+            60,
+            50,
+            [
+                "failed to register shared memory region 'r': invalid args",
+                "offset 60 + byte_size 50 = 110 is past the end of the object (100 bytes)",
+            ],
+        )
     try:
         error = rpc_error(
             server.stub.SystemSharedMemoryRegister,
@@ -470,7 +477,8 @@ def test_a_bad_registration_is_refused_naming_the_problem_and_changes_nothing(se
     finally:
         if special is not None:
             (os.rmdir if os.path.isdir(special) else os.unlink)(special)
-    assert (error.code, error.reason) == ("INVALID_ARGUMENT", "invalid_request_error"), error
+    expected = ("ALREADY_EXISTS", "region_exists") if case == "twice" else ("INVALID_ARGUMENT", "invalid_request_error")
+    assert (error.code, error.reason) == expected, error  # Triton's codes
     for phrase in says:
         assert phrase in error.message, f"{phrase!r} not in {error.message!r}"
     assert len(error.message) < 400
@@ -526,9 +534,8 @@ BAD_REQUESTS = {
         lambda r: _parameter(r.inputs[1], "shared_memory_offset", int64_param=100),
         "INVALID_ARGUMENT",
         [
-            "input 'INPUT1': shared memory region 'in' holds 128 bytes; "
-            "shared_memory_offset 100 + shared_memory_byte_size 64 = 164 is past "
-            "its end"
+            "Invalid offset + byte size for shared memory region: 'in' (input 'INPUT1': the region holds 128 bytes; "
+            "shared_memory_offset 100 + shared_memory_byte_size 64 = 164 is past its end"
         ],
     ),
     "size_not_the_shape": (
@@ -560,7 +567,7 @@ BAD_REQUESTS = {
         lambda r: _parameter(r.outputs[0], "shared_memory_offset", uint64_param=2**64 - 1),
         "INVALID_ARGUMENT",
         [
-            "output 'OUTPUT0': shared memory region 'out' holds 128 bytes",
+            "Invalid offset for shared memory region: 'out' (output 'OUTPUT0': the region holds 128 bytes",
             f"shared_memory_offset {2**64 - 1} + shared_memory_byte_size 64 = {2**64 + 63} is past its end",
         ],
     ),

@@ -60,8 +60,8 @@ def test_tritonclient_bytes_flow(server, run_client):
 
 def test_tritonclient_sees_the_errors(server, run_client):
     result = run_client(SCRIPT, server.address, "errors")
-    assert result["twice"]["status"] == "StatusCode.INVALID_ARGUMENT"
-    assert "'region' is already registered" in result["twice"]["message"]
+    assert result["twice"]["status"] == "StatusCode.ALREADY_EXISTS"  # Triton's code and words
+    assert "shared memory region 'region' already in manager" in result["twice"]["message"]
     assert result["unknown"]["status"] == "StatusCode.NOT_FOUND"
     assert "Unable to find shared memory region: 'nowhere'" in result["unknown"]["message"]
     assert_nothing_left(server)

@@ -19,7 +19,8 @@ CONFIGS = {
     "good": f'backend: "fixture"\nmax_batch_size: 4\n{TENSORS}dynamic_batching {{ }}\n',
     "ignored": f'backend: "fixture"\n{TENSORS}dynamic_batching {{ }}\n'
     "instance_group [ { count: 1 kind: KIND_GPU } ]\noptimization { priority: PRIORITY_MAX }\n",
-    "refused": f'backend: "fixture"\n{TENSORS}sequence_batching {{ iterative_sequence: true }}\n'
+    "refused": f'backend: "fixture"\n{TENSORS}'
+    'batch_output [ { target_name: "Y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "X" } ]\n'
     "instance_group [ { passive: true } ]\n"
     "optimization { priority: PRIORITY_MAX }\n",
     "unparsable": 'backend: "fixture"\ninput [ { name: "X" ',
@@ -56,7 +57,7 @@ def test_judge_gives_what_read_gives(repository, name):
 def test_the_refused_fields_are_those_the_error_names(repository):
     reading = repository.judge("refused")
     assert {path for path, _ in reading.refused} == {
-        "sequence_batching.iterative_sequence",
+        "batch_output",
         "instance_group[0].passive",
     }
     for path, reason in reading.refused:

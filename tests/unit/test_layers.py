@@ -78,10 +78,12 @@ def test_engines_import_nothing_of_the_server_or_grpc(path):
     assert _forbidden(imported_modules(path, package), transport) == []
 
 
-def test_the_dataplane_knows_no_wire_format():
-    """One admit-and-run path over a neutral request (docs/architecture.md): the dataplane imports neither gRPC nor
-    protobuf messages nor the modules that speak them (service/wire.py, service/tensors.py, the servicers)."""
-    names = imported_modules(ROOT / "service" / "dataplane.py", "service")
+@pytest.mark.parametrize("module", ["dataplane.py", "stream_requests.py"])
+def test_the_dataplane_knows_no_wire_format(module):
+    """One admit-and-run path over a neutral request (docs/architecture.md): the dataplane (and a stream's requests in
+    flight) import neither gRPC nor protobuf messages nor the modules that speak them (service/wire.py,
+    service/tensors.py, the servicers)."""
+    names = imported_modules(ROOT / "service" / module, "service")
     assert _forbidden(names, NOT_IN_CORE + ("service.wire", "service.tensors", "service.servicers")) == []
 
 

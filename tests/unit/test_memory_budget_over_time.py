@@ -178,3 +178,18 @@ def test_a_measurement_that_raises_keeps_the_last_figure_and_is_logged_once(lab,
         assert lab.residency.check_memory().in_use == 300
     assert [r.getMessage() for r in caplog.records] == ["model 'b': could not read its memory; its last figure stays"]
     assert lab.residency.check_memory().in_use == 500  # it reads again: its figure now
+
+
+def test_reading_a_models_status_measures_its_memory_outside_the_model_lock(lab):
+    """GetModel, RepositoryIndex and the metrics read a model's status; its memory is measured then (a python
+    model reads its workers in /proc). That measurement must not hold the model's lock: requests to the model
+    (admission takes that lock) go on while a status is being read."""
+    measure = lab.gate("b", "measure").hold()
+    seen = {}
+    reader = threading.Thread(target=lambda: seen.update(status=lab.status("b")), daemon=True)
+    reader.start()
+    measure.wait_blocked(1)
+    assert lab.infer("b", 3.0).result(timeout=WAIT)["OUTPUT0"][0] == 3.0  # b's lock is free meanwhile
+    measure.release()
+    reader.join(WAIT)
+    assert seen["status"].memory_bytes == 100 and seen["status"].loaded

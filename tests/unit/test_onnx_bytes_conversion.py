@@ -47,6 +47,7 @@ CASES = {
     "ascii": _objects(b"ab", b"cd", b""),
     "utf-8": _objects("é".encode(), "中文".encode(), b"a"),
     "trailing NUL": _objects(b"a\x00", b"\x00", b"b"),
+    "inner NUL": _objects(b"he\x00llo", b"ab", b"\x00x"),  # a unicode array reached ONNX Runtime as "he", "", ...
     "one long among short": _objects(b"x" * 10_000, *[b"y"] * 50),
     "empty": _objects(),
 }

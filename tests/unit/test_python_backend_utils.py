@@ -4,11 +4,13 @@ shared-memory tensor transport its workers use (engine/python/transport.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 import numpy as np
 import pytest
 
+from engine import datatypes
 from engine.python import transport
 from engine.python import triton_python_backend_utils as pb_utils
 
@@ -27,12 +29,83 @@ def test_tensor_and_response_accessors():
 
 
 def test_tensor_refuses_what_is_not_a_numpy_array_by_name():
-    with pytest.raises(pb_utils.TritonModelException, match="numpy array, got list"):
+    with pytest.raises(TypeError, match="numpy array, got list"):  # Triton's binding: a TypeError
         pb_utils.Tensor("X", [1, 2])
-    with pytest.raises(pb_utils.TritonModelException, match="DLPack"):
-        pb_utils.Tensor("X", np.zeros(1)).to_dlpack()
     with pytest.raises(pb_utils.TritonModelException, match="InferenceResponse output_tensors"):
         pb_utils.InferenceResponse(output_tensors=[np.zeros(1)])
+
+
+def test_arguments_are_checked_as_tritons_binding_checks_them():
+    """What NVIDIA's argument_validation model checks (L0_backend_python/argument_validation)."""
+    inputs = [pb_utils.Tensor("INPUT0", np.asarray([1, 2], dtype=np.int32))]
+    request = functools.partial(pb_utils.InferenceRequest, model_name="m", inputs=inputs, requested_output_names=["o"])
+    with pytest.raises(pb_utils.TritonModelException):
+        request(inputs=[None])
+    for keyword in ("inputs", "model_name", "requested_output_names", "correlation_id", "request_id", "model_version",
+                    "flags"):  # fmt: skip
+        with pytest.raises(TypeError):
+            request(**{keyword: None})
+    with pytest.raises(TypeError):
+        request(requested_output_names=[None])
+    assert request(correlation_id=5).correlation_id() == 5
+    assert request(correlation_id="test_str_id-5").correlation_id() == "test_str_id-5"
+    assert request().correlation_id() == 0
+    pb_utils.InferenceRequest(requested_output_names=[], inputs=[], model_name="m")
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=[None])
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)
+    for name, array in ((None, np.zeros(1)), ("OUTPUT0", None), ("", None)):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, array)
+    for name in ("OUTPUT0", ""):
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.Tensor.from_dlpack(name, None)
+
+
+def test_a_bytes_model_name_is_its_text_as_tritons_binding_takes_it():
+    """The bls example passes `model_name=tensor.as_numpy()[0]`, a bytes."""
+    call = pb_utils.InferenceRequest(model_name=b"add_sub", inputs=[], requested_output_names=[b"OUTPUT0"])
+    assert call.model_name() == "add_sub" and call.requested_output_names() == ["OUTPUT0"]
+
+
+def test_logger_takes_its_levels_and_text_only():
+    logger = pb_utils.Logger
+    for level in (None, 1):
+        with pytest.raises(TypeError):
+            logger.log("Invalid Level", level)
+    for method in (logger.log_info, logger.log_warn, logger.log_error, logger.log_verbose):
+        with pytest.raises(TypeError):
+            method(None)
+    logger.log("Level unspecified")
+    logger.log("Level given", logger.INFO)
+    logger.log("Level given", logger.LogLevel.WARNING)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.uint64, np.bool_, np.float16, "bf16"])
+def test_dlpack_round_trips_every_datatype_bf16_included(dtype):
+    bf16 = datatypes.bfloat16()
+    values = np.array([[1.5, -2.0], [0.25, 3.0]]) if dtype != np.bool_ else np.array([[True, False], [False, True]])
+    array = values.astype(bf16 if dtype == "bf16" else dtype)
+    array.setflags(write=False)  # an input tensor's array is read-only: exported as a copy
+    tensor = pb_utils.Tensor("INPUT0", array)
+    copy = pb_utils.Tensor.from_dlpack("OUTPUT0", tensor.to_dlpack())
+    assert copy.name() == "OUTPUT0" and copy.as_numpy().dtype == array.dtype
+    assert np.array_equal(copy.as_numpy().astype(np.float64), array.astype(np.float64))
+
+
+def test_dlpack_takes_objects_with_dlpack_and_refuses_what_triton_refuses():
+    value = np.arange(6, dtype=np.int32)
+    assert np.array_equal(pb_utils.Tensor.from_dlpack("A", value).as_numpy(), value)  # no copy: a view of it
+    tensor = pb_utils.Tensor("B", value)
+    assert np.array_equal(np.from_dlpack(tensor), value) and tensor.__dlpack_device__() == (1, 0)
+    with pytest.raises(pb_utils.TritonModelException, match="not contiguous"):
+        pb_utils.Tensor.from_dlpack("C", value.reshape(2, 3).T)
+    capsule = tensor.to_dlpack()
+    pb_utils.Tensor.from_dlpack("D", capsule)
+    with pytest.raises(pb_utils.TritonModelException, match="not an unused DLPack tensor"):
+        pb_utils.Tensor.from_dlpack("E", capsule)  # a capsule is read once
+    assert pb_utils.Tensor.from_dlpack("F", pb_utils.Tensor("G", np.ones([0], np.float32)).to_dlpack()).shape() == [0]
 
 
 def test_triton_error_codes_are_tritons():
@@ -83,17 +156,27 @@ def test_bls_outside_a_worker_and_custom_metrics_are_refused_by_name():
 
 
 def test_response_sender_takes_one_response_for_a_model_that_is_not_decoupled():
+    """Triton's checks and words (python_backend's response_sender.cc), in its order."""
     sender = pb_utils.InferenceRequest().get_response_sender()
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send complete final before sending a response"):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(pb_utils.TritonModelException, match="^Inference Response object must be provided when"):
+        sender.send()
+    with pytest.raises(pb_utils.TritonModelException, match=r"^Unable to send response\. Unsupported flag provided\.$"):
+        sender.send(pb_utils.InferenceResponse(), flags=4)
     response = pb_utils.InferenceResponse()
     sender.send(response)
     with pytest.raises(
-        pb_utils.TritonModelException, match="this model is not decoupled: a request takes one response"
+        pb_utils.TritonModelException,
+        match=r"^Unable to send response\. Non-decoupled model cannot send more than one response\.$",
     ):
         sender.send(pb_utils.InferenceResponse())
     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     assert sender.response is response and sender.closed
-    with pytest.raises(pb_utils.TritonModelException, match="closed"):
-        sender.send(response)
+    with pytest.raises(
+        pb_utils.TritonModelException, match=r"^Unable to send response\. Response sender has been closed\.$"
+    ):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def test_type_conversions():

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from engine.interface import CancelToken
-from engine.sequence_config import SequenceControl, SequenceSpec, SequenceState
+from engine.sequence_config import RequestRescheduled, SequenceControl, SequenceSpec, SequenceState
 from service.core.errors import AdmissionTimeout, RequestCancelled
 from service.core.sequences import (
+    AssignedId,
     SequenceFlags,
     SequenceIdRequired,
     SequenceNotStarted,
@@ -24,6 +25,7 @@ from service.core.sequences import (
     SequenceTable,
     read_flags,
 )
+from service.core.sequences import _corrid as corrid
 
 SPEC = SequenceSpec(max_idle_us=60_000_000)
 # The random schedules' sequences go idle after 0.2 s: one whose END gave up holds its slot until then, and a start
@@ -268,7 +270,8 @@ def test_flags_are_read_with_their_types_checked():
         read_flags("m", {"sequence_id": ("string_param", "")})
     with pytest.raises(SequenceParameterError, match="value type for 'sequence_id' parameter, expected int64_param"):
         read_flags("m", {"sequence_id": ("double_param", 1.0)})
-    assert read_flags("m", {"sequence_id": ("int64_param", -3)}) == SequenceFlags(-3)
+    # A number is its 64-bit value, as Triton reads an int64 id (its messages name 18446744073709551613).
+    assert read_flags("m", {"sequence_id": ("int64_param", -3)}) == SequenceFlags(2**64 - 3)
     with pytest.raises(SequenceParameterError, match="'sequence_start' parameter, expected bool_param .got int64"):
         read_flags("m", {"sequence_id": ("int64_param", 1), "sequence_start": ("int64_param", 1)})
 
@@ -324,3 +327,142 @@ def test_a_turn_on_another_pool_ends_its_sequence():
         table.bind(again, pool="new")
     table.finish(again)
     assert table.statistics().open == 0
+
+
+# ---- ids: one sequence per 64-bit value -----------------------------------------------------------------------
+
+
+def test_an_int64_id_and_the_uint64_of_its_bits_name_one_sequence():
+    """int64 -1 and uint64 2**64-1 (issue 33): one sequence, one slot, one CORRID value in every numeric type."""
+    as_int64 = read_flags("m", {"sequence_id": ("int64_param", -1), "sequence_start": ("bool_param", True)})
+    as_uint64 = read_flags("m", {"sequence_id": ("uint64_param", 2**64 - 1), "sequence_end": ("bool_param", True)})
+    assert as_int64.id == as_uint64.id == 2**64 - 1
+    table = SequenceTable("m")
+    table.finish(table.enter(as_int64, SPEC, 2, None))
+    assert table.statistics().open == 1
+    end = table.enter(as_uint64, SPEC, 2, None)  # the same sequence: no START needed, no second slot
+    assert table.statistics().slots_in_use == (end.slot,)
+    table.finish(end)
+    assert table.statistics().open == 0
+
+
+@pytest.mark.parametrize(
+    "datatype, expected",
+    [("UINT64", 2**64 - 1), ("INT64", -1), ("UINT32", 2**32 - 1), ("INT32", -1)],
+)
+def test_both_spellings_of_an_id_fill_corrid_alike(datatype, expected):
+    for kind, value in (("int64_param", -1), ("uint64_param", 2**64 - 1)):
+        key = read_flags("m", {"sequence_id": (kind, value)}).id
+        assert corrid(datatype, key, (1,)).tolist() == [expected], (kind, datatype)
+
+
+@pytest.mark.parametrize("kind, value", [("int64_param", -(2**40)), ("uint64_param", 2**64 - 2**40)])
+def test_an_id_a_32_bit_corrid_cannot_hold_is_refused_alike_in_both_spellings(kind, value):
+    key = read_flags("m", {"sequence_id": (kind, value)}).id
+    with pytest.raises(SequenceParameterError, match=f"sequence id {2**64 - 2**40} does not fit .*UINT32"):
+        corrid("UINT32", key, (1,))
+
+
+# ---- iterative sequences --------------------------------------------------------------------------------------
+
+ITERATIVE = SequenceSpec(max_idle_us=60_000_000, iterative=True)
+CONTROLS = SequenceSpec(
+    max_idle_us=60_000_000,
+    iterative=True,
+    controls=(
+        SequenceControl("start", "S", "INT32", 0, 1),
+        SequenceControl("end", "E", "INT32", 0, 1),
+        SequenceControl("corrid", "C", "UINT64"),
+    ),
+)
+
+
+def test_an_iterative_request_without_an_id_gets_one_of_its_own_and_starts():
+    assert read_flags("m", {}, iterative=True) == SequenceFlags(0)
+    with pytest.raises(SequenceIdRequired):
+        read_flags("m", {})
+    table = SequenceTable("m")
+    first = table.assign(SequenceFlags(0, end=True))
+    assert first == SequenceFlags(AssignedId(1), start=True, end=False)  # Triton sets START alone
+    assert table.assign(SequenceFlags("")).id == AssignedId(2)
+    assert AssignedId(1) != 1  # never a client's sequence 1
+    turn = table.enter(first, CONTROLS, 2, None)
+    client = table.enter(SequenceFlags(1, start=True), CONTROLS, 2, None)
+    assert table.statistics().open == 2
+    filled = table.inputs(turn, CONTROLS, batched=False)
+    assert {name: array.tolist() for name, array in filled.items()} == {"S": [1], "E": [0], "C": [1]}
+    assert table.shown_to_model(turn, None).correlation_id == 1 and table.shown_to_model(turn, None).flags == 1
+    table.finish(client)
+    table.finish(turn)
+
+
+def test_a_rescheduled_request_runs_again_after_the_ones_queued_before_it_with_start_and_end_false():
+    table = SequenceTable("m")
+    turn = table.enter(SequenceFlags(7, start=True, end=True), CONTROLS, 1, None)
+    table.bind(turn, pool="p")
+    assert {k: v.tolist() for k, v in table.inputs(turn, CONTROLS, batched=True).items()} == {
+        "S": [[1]],
+        "E": [[1]],
+        "C": [[7]],
+    }
+    later: list = []
+    queued = threading.Thread(target=lambda: later.append(table.enter(SequenceFlags(7), CONTROLS, 1, None)))
+    queued.start()
+    deadline = time.monotonic() + WAIT
+    while table.statistics().queued_turns != 1:  # the later request waits for its turn
+        assert time.monotonic() < deadline, table.statistics()
+        time.sleep(0.001)  # ordering-free: polls an observable state until a deadline
+    rescheduled = threading.Thread(target=table.again, args=(turn, CONTROLS, time.monotonic() + WAIT))
+    rescheduled.start()
+    queued.join(WAIT)
+    assert later and table.statistics().running == 1  # the later request runs first; the rescheduled one waits
+    assert rescheduled.is_alive()
+    table.finish(later[0])
+    rescheduled.join(WAIT)
+    assert not rescheduled.is_alive()
+    assert turn.executions == 1 and table.statistics().running == 1
+    filled = table.inputs(turn, CONTROLS, batched=True)
+    assert filled["S"].tolist() == [[0]] and filled["E"].tolist() == [[0]] and filled["C"].tolist() == [[7]]
+    assert table.shown_to_model(turn, None).flags == 0
+    table.finish(turn)  # its END, on its last execution: the sequence ends now
+    with pytest.raises(SequenceNotStarted, match="because its END request was served"):
+        table.enter(SequenceFlags(7), CONTROLS, 1, None)
+
+
+def test_the_request_that_started_an_iterative_sequence_ends_it_when_it_finishes():
+    table = SequenceTable("m")
+    turn = table.enter(SequenceFlags(3, start=True), ITERATIVE, 1, None)
+    table.again(turn, ITERATIVE, None)  # rescheduled: the sequence stays open, its slot held
+    assert table.statistics().open == 1
+    table.finish(turn)
+    assert table.statistics().open == 0
+    with pytest.raises(SequenceNotStarted, match="the request that started it finished"):
+        table.enter(SequenceFlags(3), ITERATIVE, 1, None)
+    plain = table.enter(SequenceFlags(4, start=True), SPEC, 1, None)  # without iterative_sequence: stays open
+    table.finish(plain)
+    assert table.statistics().open == 1
+
+
+def test_a_rescheduled_request_of_a_sequence_ended_meanwhile_is_refused_and_leaks_nothing():
+    table = SequenceTable("m")
+    turn = table.enter(SequenceFlags(5, start=True), ITERATIVE, 1, None)
+    table.end_all("its model was unloaded")
+    with pytest.raises(SequenceNotStarted, match="its model was unloaded"):
+        table.again(turn, ITERATIVE, None)
+    table.finish(turn)
+    stats = table.statistics()
+    assert stats.open == 0 and stats.running == 0 and stats.queued_turns == 0
+    assert RequestRescheduled.error_reason is None  # never a client's answer: the generic INTERNAL if it escaped
+
+
+def test_a_request_rescheduled_past_its_deadline_stops_there_and_leaks_nothing():
+    clock = [100.0]
+    table = SequenceTable("m", clock=lambda: clock[0])
+    turn = table.enter(SequenceFlags(6, start=True), ITERATIVE, 1, 101.0)
+    table.again(turn, ITERATIVE, 101.0)  # within its deadline: runs again at once (nothing else queued)
+    clock[0] = 101.0
+    with pytest.raises(AdmissionTimeout, match="sequence 6's request was rescheduled by its model 2 times and its"):
+        table.again(turn, ITERATIVE, 101.0)
+    table.finish(turn)
+    stats = table.statistics()
+    assert stats.open == 0 and stats.running == 0 and stats.queued_turns == 0
