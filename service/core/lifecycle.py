@@ -505,6 +505,13 @@ class ModelEntry:
             raise
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
+    def request_slots(self) -> int:
+        """How many of its requests the model runs at once: its published pool's request slots (an instance of a
+        python model whose decoupled `async def execute` overlaps takes several), else its configured slot count.
+        Reads without the lock (a reference and a number)."""
+        pool = self._pool
+        return pool.request_slots if pool is not None else self._committed.settings.slots
+
     def sequence_capacity(self) -> int:
         """How many sequences may be open at once, per slot of the published pool (else of the configured count),
         as Triton's per instance: `oldest`'s max_candidate_sequences, else (direct) max(1, max_batch_size)."""

@@ -1,9 +1,10 @@
 """Asked of real Triton 2.51 and of slotserve on the same repository (tests/python_models/overlap), the same way
-(tests/integration/_python_overlap.py: one stream per request, gates the test opens):
+(tests/integration/_python_overlap.py: a stream per request, or one for several; gates the test opens):
 
-- a decoupled model's `async def execute` overlaps on one instance: four requests in execute at once, each answering
-  when its gate opens, and BLS `async_exec` calls of overlapping requests overlap too; a model that is not decoupled
-  runs its coroutine to its end, one call at a time (NVIDIA's qa/L0_backend_python/async_execute asks the same);
+- a decoupled model's `async def execute` overlaps on one instance: four requests in execute at once (on four
+  streams, or on one), each answering when its gate opens, and BLS `async_exec` calls of overlapping requests overlap
+  too; a model that is not decoupled runs its coroutine to its end, one call at a time (NVIDIA's
+  qa/L0_backend_python/async_execute asks the same);
 - a coroutine that raises leaves the other requests alone; Triton leaves its own request open (no answer, only the
   log has the exception) where slotserve fails it with the exception's text, on purpose (docs/python-models.md);
 - a decoupled model with dynamic_batching: the requests that queued meanwhile reach one execute together, and each
@@ -27,6 +28,7 @@ from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from tests.integration._python_overlap import (
     REPOSITORY,
+    SharedStream,
     StreamedRequest,
     entered,
     open_gate,
@@ -119,6 +121,29 @@ def test_four_requests_overlap_on_one_instance_of_an_async_decoupled_model_on_bo
     answers, peers = triton
     assert answers == [(key, "", [key], True, True) for key in (3, 1, 4, 2)]
     assert peers == [0, 1, 2, 3]  # each came in while the earlier ones were still inside execute
+
+
+def one_stream(server: Server, gates: Path, keys=(5, 6, 7, 8), order=(8, 6, 5, 7)) -> list:
+    """`keys` sent on one stream, all in execute at once, answered as their gates open in `order`."""
+    stream = SharedStream(server.address)
+    try:
+        for key in keys:
+            stream.send(request("async_gate", key, gates))
+        wait_until(lambda: all(entered(gates, key) for key in keys), f"{server.name}: all in execute on one stream")
+        seen = []
+        for position, key in enumerate(order):
+            open_gate(gates, key)
+            answer = stream.next_answer(key)
+            waiting = all(stream.waiting(other) for other in order[position + 1 :])
+            seen.append((key, answer.error, answer.outputs["OUT"], answer.final, waiting))
+        return seen
+    finally:
+        stream.close()
+
+
+def test_four_requests_on_one_stream_overlap_and_answer_as_they_end_on_both(servers, tmp_path):
+    triton, ours = (one_stream(server, gates_of(tmp_path, server)) for server in servers)
+    assert ours == triton == [(key, "", [key], True, True) for key in (8, 6, 5, 7)]
 
 
 def test_bls_async_exec_calls_of_overlapping_requests_overlap_on_both(servers, tmp_path):

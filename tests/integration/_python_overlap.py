@@ -106,6 +106,51 @@ class StreamedRequest:
         self._channel.close()
 
 
+class SharedStream:
+    """Several requests on one ModelStreamInfer stream (`send` them as you go): each request's answers are collected
+    by its id ("key-KEY", as `request` names it)."""
+
+    def __init__(self, address: str) -> None:
+        self.answers: dict[str, queue.SimpleQueue[Answer]] = {}
+        self._outgoing: queue.SimpleQueue[pb.ModelInferRequest | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards: answers (the reader adds a request's queue when it first answers)
+        self._channel = grpc.insecure_channel(address)
+        self._call = pb_grpc.GRPCInferenceServiceStub(self._channel).ModelStreamInfer(self._requests(), timeout=300)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def send(self, message: pb.ModelInferRequest) -> None:
+        self._queue_of(message.id)
+        self._outgoing.put(message)
+
+    def next_answer(self, key: int, seconds: float = WAIT_SECONDS) -> Answer:
+        return self._queue_of(f"key-{key}").get(timeout=seconds)
+
+    def waiting(self, key: int) -> bool:
+        return self._queue_of(f"key-{key}").empty()
+
+    def _queue_of(self, request_id: str) -> queue.SimpleQueue[Answer]:
+        with self._lock:
+            return self.answers.setdefault(request_id, queue.SimpleQueue())
+
+    def _requests(self):
+        while (message := self._outgoing.get()) is not None:
+            yield message
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._queue_of(reply.infer_response.id).put(_answer(reply))
+        except grpc.RpcError:
+            pass  # cancelled by `close`
+
+    def close(self) -> None:
+        self._outgoing.put(None)
+        self._call.cancel()
+        self._thread.join(10)
+        self._channel.close()
+
+
 def _answer(reply: pb.ModelStreamInferResponse) -> Answer:
     response = reply.infer_response
     final = response.parameters[FINAL].bool_param if FINAL in response.parameters else False

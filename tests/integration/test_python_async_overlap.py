@@ -18,6 +18,7 @@ import pytest
 from service.testing import serve
 from tests.integration._python_overlap import (
     REPOSITORY,
+    SharedStream,
     StreamedRequest,
     entered,
     open_gate,
@@ -63,6 +64,22 @@ def test_four_requests_are_in_execute_at_once_on_one_instance_and_each_answers_w
             assert [answer.final for answer in stream.all_answers()] == [True]
     finally:
         close(streams)
+
+
+def test_four_requests_on_one_stream_are_in_execute_at_once_and_answer_out_of_order(server, tmp_path):
+    """A stream runs as many of its requests at once as the model runs (NVIDIA's QA sends them on one stream)."""
+    stream = SharedStream(server.address)
+    try:
+        for key in (51, 52, 53, 54):
+            stream.send(request("async_gate", key, tmp_path))
+        wait_until(lambda: all(entered(tmp_path, key) for key in (51, 52, 53, 54)), "all four in execute at once")
+        for key in (54, 52, 51, 53):  # a decoupled model's answers go out as they come, not in the stream's order
+            open_gate(tmp_path, key)
+            answer = stream.next_answer(key)
+            assert (answer.error, answer.outputs["OUT"], answer.final) == ("", [key], True)
+            assert all(stream.waiting(other) for other in (51, 52, 53, 54) if other != key)
+    finally:
+        stream.close()
 
 
 def test_an_exception_in_one_coroutine_fails_its_own_request_only(server, tmp_path):
@@ -156,5 +173,40 @@ def test_a_cancelled_coroutine_that_never_ends_gets_its_worker_killed_failing_th
             (answer,) = after[8].all_answers()
             assert (answer.error, answer.outputs) == ("", {"OUT": [8], "PEERS": [0]})
             assert running.management.get("async_gate").loaded  # a kill is no reason to take it out of service
+        finally:
+            close(streams)
+
+
+def test_a_worker_that_dies_under_four_requests_fails_them_all_and_counts_one_death(tmp_path):
+    """Its requests in flight fail naming how it ended; the death is counted once (three deaths within a minute take a
+    model out of service: four here would), and the next request gets a new worker."""
+    repository = tmp_path / "repository"
+    shutil.copytree(REPOSITORY / "async_gate", repository / "async_gate")
+    model = repository / "async_gate" / "1" / "model.py"
+    source = model.read_text()
+    model.write_text(
+        source.replace(
+            "            if key < 0:\n",
+            "            if key == -99:\n                os._exit(7)\n            if key < 0:\n",
+            1,
+        )
+    )
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    with serve(repository, parallel_jobs=1) as running:
+        streams = send(running, "async_gate", (1, 2, 3, -99), gates)
+        try:
+            wait_until(lambda: all(entered(gates, key) for key in streams), "all four in execute")
+            open_gate(gates, -99)
+            for stream in streams.values():
+                (answer,) = stream.all_answers()
+                assert "exited with code 7" in answer.error, answer
+            assert running.management.get("async_gate").loaded  # one death, not four
+            after = send(running, "async_gate", (4,), gates)
+            streams.update(after)
+            wait_until(lambda: entered(gates, 4), "a new request in execute on a new worker")
+            open_gate(gates, 4)
+            (answer,) = after[4].all_answers()
+            assert (answer.error, answer.outputs) == ("", {"OUT": [4], "PEERS": [0]})
         finally:
             close(streams)
