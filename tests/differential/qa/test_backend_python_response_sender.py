@@ -241,8 +241,6 @@ def expect_error(server, model: str, inputs: dict, words: str) -> None:
     assert len(items) == 1 and words in items[0].error, items
 
 
-
-
 def decoupled_both(server, inputs, before, returned, after):
     expect(server, "response_sender_decoupled", inputs, before, returned, after)
     expect(server, "response_sender_decoupled_async", inputs, before, returned, after)
