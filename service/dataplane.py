@@ -254,10 +254,10 @@ class Dataplane:
         arrives: its answers keep their place unless its model is decoupled (Triton's rule, from the model's
         `model_transaction_policy` as Triton reads it); a sequence model's requests of one sequence run one after
         another (its turns are taken in arrival order; requests of other sequences run meanwhile); a model that
-        neither batches nor takes sequences runs as many of the stream's requests at once as it runs at once (its
-        request slots: the others would only wait in its queue). A batching model's requests all go to its queue at
-        once, to batch. Reads the registry only; never raises: a request that is to fail keeps its place, and its
-        error is written there."""
+        neither batches nor takes sequences runs as many of the stream's requests at once as it has slots, or as it
+        runs at once where an instance takes several (the others would only wait in its queue). A batching model's
+        requests all go to its queue at once, to batch. Reads the registry only; never raises: a request that is to
+        fail keeps its place, and its error is written there."""
         try:
             entry = self.registry.get(request.model, request.version)
         except Exception:  # unknown model or version: refused when it runs, in its place
@@ -273,7 +273,8 @@ class Dataplane:
             return StreamPlacement(in_order, lane=("sequence", entry.name, spec.version, sequence_id))
         if entry.batches or spec.backend == "ensemble":  # (an ensemble's steps have slots of their own)
             return StreamPlacement(in_order)
-        return StreamPlacement(in_order, lane=("model", entry.name, spec.version), width=max(1, entry.request_slots()))
+        width = max(1, entry.settings.slots, entry.request_slots())
+        return StreamPlacement(in_order, lane=("model", entry.name, spec.version), width=width)
 
     def _answers(
         self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool
