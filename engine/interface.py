@@ -8,7 +8,8 @@
     Context.execute_stream(...)                 -> iterator of partial outputs (streaming models only)
     Context.close(); LoadedModel.close()        contexts are always closed before their LoadedModel
 
-Threading: the server guarantees that one Context is used by one thread at a time, and that `close` is never
+Threading: the server guarantees that one Context is used by one thread at a time (by at most
+`LoadedModel.requests_per_context` threads at once where a backend says it takes more), and that `close` is never
 called while that context executes. Different contexts of one LoadedModel run concurrently. `load`,
 `create_context` and the `close` methods block for as long as the backend needs; the server never holds a lock
 across them.
@@ -440,6 +441,13 @@ class Context(ABC):
         model marked it final as it sent it). The default yields `execute`'s."""
         yield self.execute(inputs, outputs, cancel)
 
+    def execute_streams(self, members: Sequence[object]) -> list[Iterator[Outputs]]:
+        """A streaming model's batch, on a backend whose LoadedModel has `batches_as_requests`: one engine call of
+        `members` (each with .inputs, .outputs, .cancel), each member's answers as an iterator of its own, read on
+        that member's own thread (close one to drop the rest of its answers). The context stays in use until every
+        iterator has ended. Raises as `execute_stream`; by default the backend does not stream batches."""
+        raise NotImplementedError("this backend does not stream a batch's answers")
+
     def close(self) -> None:  # noqa: B027 (optional hook: a context with nothing to free keeps this one)
         """Free the slot's resources. Never called while `execute` runs."""
 
@@ -449,6 +457,9 @@ class LoadedModel(ABC):
 
     metadata: ModelMetadata
     max_parallel_slots: int = 1
+    # Requests one context runs at once (the pool lends it that many times; admission counts each): 1 for every
+    # engine but python's async decoupled models, whose worker overlaps its calls as Triton's stub does.
+    requests_per_context: int = 1
     streaming: bool = False
     interruptible: bool = False  # True when a running execute stops promptly on cancel
 

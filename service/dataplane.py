@@ -254,10 +254,10 @@ class Dataplane:
         arrives: its answers keep their place unless its model is decoupled (Triton's rule, from the model's
         `model_transaction_policy` as Triton reads it); a sequence model's requests of one sequence run one after
         another (its turns are taken in arrival order; requests of other sequences run meanwhile); a model that
-        neither batches nor takes sequences runs as many of the stream's requests at once as it has slots (the
-        others would only wait in its queue). A batching model's requests all go to its queue at once, to batch.
-        Reads the registry only; never raises: a request that is to fail keeps its place, and its error is written
-        there."""
+        neither batches nor takes sequences runs as many of the stream's requests at once as it has slots, or as it
+        runs at once where an instance takes several (the others would only wait in its queue). A batching model's
+        requests all go to its queue at once, to batch. Reads the registry only; never raises: a request that is to
+        fail keeps its place, and its error is written there."""
         try:
             entry = self.registry.get(request.model, request.version)
         except Exception:  # unknown model or version: refused when it runs, in its place
@@ -273,7 +273,8 @@ class Dataplane:
             return StreamPlacement(in_order, lane=("sequence", entry.name, spec.version, sequence_id))
         if entry.batches or spec.backend == "ensemble":  # (an ensemble's steps have slots of their own)
             return StreamPlacement(in_order)
-        return StreamPlacement(in_order, lane=("model", entry.name, spec.version), width=max(1, entry.settings.slots))
+        width = max(1, entry.settings.slots, entry.request_slots())
+        return StreamPlacement(in_order, lane=("model", entry.name, spec.version), width=width)
 
     def _answers(
         self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool
@@ -304,7 +305,11 @@ class Dataplane:
                 recorded = True  # a streaming model's request is counted after its last answer
                 return
             elif entry.batches:
-                ran = self._run_batched(entry, decoded, deadline, cancel, started)
+                ran = self._run_batched(entry, decoded, deadline, cancel, started, stream)
+                if ran.stream is not None:  # a decoupled model's member of a batch: its own answers
+                    yield from self._stream_batched(entry, request, decoded, reservation, ran, cancel, started)
+                    recorded = True
+                    return
             else:
                 lease = entry.acquire_lease(deadline, cancel)
                 if stream and lease.streaming:
@@ -381,6 +386,46 @@ class Dataplane:
                 yield end
         self._record_success(entry, ran, started, counted_output=False)
 
+    def _stream_batched(
+        self,
+        entry: ModelEntry,
+        request: InferenceRequest[R],
+        decoded: DecodedRequest,
+        reservation: Reservation,
+        ran: _Ran,
+        cancel: CancelToken,
+        started: int,
+    ) -> Iterator[R]:
+        """A decoupled model's answers to one member of a batch (its stream: the batch's slot is held until every
+        member's stream ended), then counted as a request that ran in a batch. With `request.respond_end`, what
+        ends the request is taken before its stream ends, as `_stream_from` does."""
+        answers = ran.stream
+        assert answers is not None
+        final = False
+        try:
+            try:
+                began = time.perf_counter_ns()
+                for outputs in answers:
+                    ran.outputs = outputs
+                    final = isinstance(outputs, FinalOutputs)
+                    yield self._respond(request, ran, decoded, reservation, final=final)
+                ran.infer_ns = time.perf_counter_ns() - began
+            except Exception as error:
+                if request.respond_end is None:
+                    raise
+                self._record_failure(entry, error, cancel, started)
+                failed = request.respond_end(error, final)
+                if failed is not None:
+                    yield failed
+                return
+            if request.respond_end is not None and (end := request.respond_end(None, final)) is not None:
+                yield end
+        finally:  # closed early (the client went away): the rest of its answers are dropped
+            close = getattr(answers, "close", None)
+            if close is not None:
+                close()
+        self._record_success(entry, ran, started, counted_output=False)
+
     def _in_sequence(
         self,
         entry: ModelEntry,
@@ -424,20 +469,46 @@ class Dataplane:
 
     @staticmethod
     def _run_batched(
-        entry: ModelEntry, decoded: DecodedRequest, deadline: float | None, cancel: CancelToken, started: int
+        entry: ModelEntry,
+        decoded: DecodedRequest,
+        deadline: float | None,
+        cancel: CancelToken,
+        started: int,
+        stream: bool = False,
     ) -> _Ran:
-        """Admit a request of a batching model and see it run, alone or in a batch."""
+        """Admit a request of a batching model and see it run, alone or in a batch (on a `stream`, a decoupled
+        model's batch gives it a stream of answers: `_Ran.stream`)."""
         metadata = entry.known_metadata()
         if metadata is not None:  # bad input is refused before it can join a batch
             metadata.check_request(decoded.signature, decoded.outputs)
         rows = decoded.rows()
-        item = entry.run_batched(
-            BatchItem(
-                decoded.inputs, decoded.signature, decoded.outputs, rows, cancel, before_run=decoded.check_regions
-            ),
-            deadline,
+        item = BatchItem(
+            decoded.inputs,
+            decoded.signature,
+            decoded.outputs,
+            rows,
             cancel,
+            before_run=decoded.check_regions,
+            streams=stream,
         )
+        try:
+            entry.run_batched(item, deadline, cancel)
+            if item.stream is not None and item.error is not None:  # it gave up as its batch started
+                raise item.error
+        except BaseException:
+            answers = item.abandon()  # a decoupled model's answers nobody will read: its batch's slot must not wait
+            if answers is not None:
+                answers.close()  # type: ignore[attr-defined]  # a batch member's stream (core/batching.py)
+            raise
+        if item.stream is not None:
+            return _Ran(
+                item.metadata,  # type: ignore[arg-type]  # posted by the batch's leader with the stream
+                item.version,
+                item.started_ns - started,
+                rows=rows,
+                batched=True,
+                stream=item.stream,
+            )
         outputs = item.outcome()
         return _Ran(
             item.metadata,  # type: ignore[arg-type]  # posted by the batch's leader with the outcome
@@ -521,6 +592,7 @@ class _Ran:
     batched: bool = False  # it ran in a batch, whose run is counted once by the batch
     outputs: Outputs | None = None
     finished_ns: int = field(default_factory=time.perf_counter_ns)  # when the run ended: the output time's start
+    stream: Iterator[Outputs] | None = None  # a decoupled model's answers to a member of a batch, still to read
 
     @classmethod
     def of(cls, cached: CacheLookup) -> _Ran:

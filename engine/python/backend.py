@@ -2,12 +2,15 @@
 
     PythonBackend.load(spec)    starts the first worker: it imports model.py, runs `auto_complete_config` (its
                                 result gives the served inputs and outputs) and `initialize`
-    PythonModel.create_context  one worker per slot (the first one is the load's); a slot's worker runs one
-                                call at a time, so slots run in parallel whatever the model does with the GIL
+    PythonModel.create_context  one worker per slot (an instance; the first one is the load's); a slot's worker runs
+                                one call at a time, so slots run in parallel whatever the model does with the GIL,
+                                except a decoupled model with `async def execute`, whose worker overlaps calls:
+                                its context takes `requests_per_context` requests at once, each on a lane
     PythonContext.execute       one request -> `execute([request])`; a batch leader passes its member requests
                                 (`batches_as_requests`), and the model gets them as one list, Triton's semantics
     PythonContext.execute_stream  a decoupled model (`streaming`): its responses as the model sends them; the
-                                slot is held until the final flag (the dataplane's streaming path)
+                                request's place is held until the final flag (the dataplane's streaming path)
+    PythonContext.execute_streams  a decoupled model's batch: one call, each member's responses a stream of its own
     run_bls                     a BLS call of the model (`InferenceRequest(...).exec()`), on a thread of its own:
                                 through the server's ModelCalls (`bind_model_calls`), so through the callee's
                                 admission, with the calling request's deadline and a token its cancellation fires
@@ -25,9 +28,11 @@ FAILURE_WINDOW seconds the model is taken out of service (DeviceFailedError: the
 reason as its last error). A cancelled request shows `is_cancelled()` true to the model (a word in shared memory
 the worker reads); a worker that has not answered CANCEL_KILL_SECONDS after its request was cancelled
 (SHUTDOWN_KILL_SECONDS when the server cancelled it at shutdown) is killed and its slot starts a new one, so a
-hung model.py can hold neither a slot nor the server past its bound; the kill clock runs from the cancellation,
-whatever the worker sends meanwhile. Closing a slot asks its worker to run `finalize` and returns; a thread kills
-the worker if it has not ended within the model's finalize grace.
+hung model.py can hold neither a slot nor the server past its bound; the kill clock runs per request from its
+cancellation, whatever the worker sends meanwhile, and a kill fails the other requests in flight on that worker
+(an overlapping model's), naming why. A death is counted once per worker, whichever of its calls saw it. Closing
+a slot asks its worker to run `finalize` and returns; a thread kills the worker if it has not ended within the
+model's finalize grace.
 
 A worker's stdout and stderr are pipes a thread of its WorkerProcess reads (engine/python/output.py): what the
 model prints or logs becomes the server's log records, naming the model and the slot, never a write on the
@@ -43,6 +48,8 @@ Parameters read from config.pbtxt (all optional):
     finalize_grace_seconds      how long closing the model waits for `finalize` before killing (default 2)
     cancel_kill_seconds         kill (and replace) a worker still running this long after its request was
                                 cancelled by its client or deadline (default 2; 0: never, Triton's behaviour)
+    async_requests_per_instance the requests one worker of a decoupled model with `async def execute` runs at once
+                                (default 16; Triton sets no bound)
     EXECUTION_ENV_PATH          the model's own Python environment (a folder, or a packed one extracted once):
                                 its workers run on that interpreter (engine/python/environments.py)
 """
@@ -50,6 +57,7 @@ Parameters read from config.pbtxt (all optional):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -101,12 +109,15 @@ from ..interface import (
 from ..repository import shown_path
 from . import transport
 from .environments import SERVER, Environments, Launcher, declared_environment
+from .messages import BlsCall, Execute, Ready
 from .output import WorkerOutput
 from .rescheduling import Released, released_outcome
 
 _LOG = logging.getLogger(__name__)
 
 MAX_SLOTS = 16
+ASYNC_REQUESTS = 16  # an async decoupled model's requests in flight at once per instance (Triton sets no bound)
+MAX_ASYNC_REQUESTS = 256
 WORKER_FAILURES = 3
 FAILURE_WINDOW = 60.0
 SHUTDOWN_KILL_SECONDS = 1.0  # well inside the server's SHUTDOWN_MARGIN (2 s) for cancelled work to return
@@ -118,7 +129,7 @@ CANCEL_KILL_SECONDS = 2.0
 # bounds it, generously enough for whatever loads there, and a hung load holds only its own model meanwhile.
 INITIALIZE_TIMEOUT = 600.0
 SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: the engine does not import the service
-POLL_MILLISECONDS = 100  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
+POLL_SECONDS = 0.1  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
 OUTPUT_STOP_SECONDS = 2.0  # how long closing a worker waits for its output reader to log the last lines
 
 # TritonError codes (triton_python_backend_utils.TritonError) -> the error each becomes here.
@@ -165,23 +176,41 @@ def how_it_ended(returncode: int | None) -> str:
 
 
 class WorkerProcess:
-    """One worker: its process, pipe, shared-memory segments and cancel board. Used by one thread at a time
-    (its slot's); the cancel callbacks it registers run on any thread and write only their word of the board."""
+    """One worker: its process, pipe and cancel board, and per lane (a call in flight at once: several only on a
+    model that overlaps its calls) its shared-memory segments. The calls of different lanes run on their own threads
+    at once: whichever of them waits for a message reads the pipe (`_next_message`) and files each message for the
+    call it belongs to (its run), answering the worker's asks (a larger segment) and starting its BLS calls on the
+    way, so no thread of its own reads the pipe and a lone call reads its own answer. The cancel callbacks it
+    registers run on any thread and write only their word of the board."""
 
     def __init__(self, model: PythonModel, instance: int) -> None:
         self.model = model
         self.instance = instance
-        self.run = 0
         launch = model.launcher.launch()  # the interpreter: the model's environment's, or the server's
-        self.board, self.requests, self.responses = self._first_segments(model)
-        self._new_segments: dict[str, transport.Segment] = {}  # replaced segments the worker has yet to map
+        self.board_words = max(1, model.metadata_batch) + 1  # board words per lane: one per request of a call
+        self.board, requests, responses = self._first_segments(model, self.board_words)
+        # Lane 0's segments are made now; the others' (an overlapping model's) by the first call on each.
+        released = transport.Segment.released
+        self.lanes = [
+            _Lane(requests, responses),
+            *(_Lane(released(), released()) for _ in range(model.lanes_wanted - 1)),
+        ]
         self._send_lock = threading.Lock()  # guards: writing a message on the pipe (BLS replies come from threads)
-        self._caller: tuple[CancelToken, float | None] = (CancelToken(), None)  # the running call's, for its BLS
-        self._cancel_seen: float | None = None  # when this call's cancellation was first seen (the kill clock)
-        self._refused: OutOfSharedMemoryError | None = None  # this call's response segment could not grow
-        self._files_lock = threading.Lock()  # guards: _reply_files, _bls_run (BLS threads add, the slot thread ends)
-        self._reply_files: set[str] = set()  # this call's BLS reply segments the worker may not have mapped yet
-        self._bls_run: int | None = None  # the call whose BLS replies are delivered; None between calls
+        # guards: _calls, _reading, _waiting, `ended`, and each call's `live`, `reply_files`, `handed_over` and its
+        # waiters' inboxes (taken as `with self._mail:`, a plain lock; `_changed` waits and notifies on it)
+        self._mail = threading.Lock()
+        self._changed = threading.Condition(self._mail)
+        self._calls: dict[int, _Call] = {}  # the calls in flight, by run
+        self._reading = False  # a thread waiting for a message reads the pipe (only one at a time)
+        self._waiting = 0  # threads waiting on `_changed` for a message (a lone call's reader notifies nobody)
+        self._runs = itertools.count(1)
+        self.ended = False  # it died, or was killed: its calls fail; the context starts a new one
+        self.kill_reason = ""  # why the server killed it (a cancelled request outlived the kill grace)
+        # The context's bookkeeping (under its lock): the calls using this worker, whether its death was counted and
+        # whether its resources were freed.
+        self.users = 0
+        self.death_counted = False
+        self.retired = False
         ours, theirs = socket.socketpair()
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
@@ -215,12 +244,14 @@ class WorkerProcess:
         self._poller.register(self.connection.fileno(), select.POLLIN)
 
     @staticmethod
-    def _first_segments(model: PythonModel) -> tuple[transport.Segment, transport.Segment, transport.Segment]:
-        """The cancel board and the first request and response segments. Raises ModelLoadError when the shared
-        memory has no room for them (none is left behind)."""
+    def _first_segments(
+        model: PythonModel, board_words: int
+    ) -> tuple[transport.Segment, transport.Segment, transport.Segment]:
+        """The cancel board (room for every lane the model may use) and lane 0's request and response segments.
+        Raises ModelLoadError when the shared memory has no room for them (none is left behind)."""
         made: list[transport.Segment] = []
         try:
-            for size in (8 * (max(1, model.metadata_batch) + 1), 0, 0):
+            for size in (8 * board_words * model.lanes_wanted, 0, 0):
                 made.append(transport.Segment.create(size))
         except (OutOfSharedMemoryError, OSError) as error:
             for segment in made:
@@ -230,14 +261,20 @@ class WorkerProcess:
         board, requests, responses = made
         return board, requests, responses
 
-    def start(self, settings: dict, timeout: float | None, cancel: CancelToken | None = None) -> str:
-        """Send the init message and wait for initialize. Returns the completed configuration (JSON). Raises
-        ModelLoadError with the model's message, after `timeout` seconds (None: no limit), or as soon as `cancel`
-        fires (an unload or the shutdown gave up on the load); the worker is killed in each case."""
+    def start(self, settings: dict, timeout: float | None, cancel: CancelToken | None = None) -> Ready:
+        """Send the init message and wait for initialize. Returns the worker's Ready (the completed configuration,
+        whether execute is a coroutine function). Raises ModelLoadError with the model's message, after `timeout`
+        seconds (None: no limit), or as soon as `cancel` fires (an unload or the shutdown gave up on the load); the
+        worker is killed in each case."""
+        lane = self.lanes[0]
         settings = dict(
             settings,
             cancel_board=(self.board.path, self.board.size),
-            segments={key: (segment.path, segment.size) for key, segment in self._segments().items()},
+            board_words=self.board_words,
+            segments={
+                "request": (lane.requests.path, lane.requests.size),
+                "response": (lane.responses.path, lane.responses.size),
+            },
         )
         if cancel is not None:
             cancel.add_callback(self._kill_now)  # ends the wait below: the pipe reports the end of the worker
@@ -249,7 +286,7 @@ class WorkerProcess:
                     f"model '{self.model.name}': initialize did not finish within {timeout:g} s "
                     "(its initialize_timeout_seconds)"
                 )
-            kind, payload = self.connection.recv()
+            answer = self.connection.recv()
         except (EOFError, OSError):
             self.kill()
             self._raise_if_cancelled(cancel)
@@ -259,13 +296,13 @@ class WorkerProcess:
         finally:
             if cancel is not None:
                 cancel.remove_callback(self._kill_now)
-            for segment in (self.board, self.requests, self.responses):
+            for segment in (self.board, lane.requests, lane.responses):
                 segment.unlink()  # mapped by both sides now (or never to be): no file outlives the start
         self._raise_if_cancelled(cancel)  # cancelled as initialize ended: the callback may have killed it
-        if kind != "ready":
+        if not isinstance(answer, Ready):
             self.kill()
-            raise ModelLoadError(f"model '{self.model.name}': loading {self.model.shown_file} failed: {payload}")
-        return payload
+            raise ModelLoadError(f"model '{self.model.name}': loading {self.model.shown_file} failed: {answer[1]}")
+        return answer
 
     def _kill_now(self) -> None:
         """A CancelToken callback (never blocks; idempotent): end the worker; `kill` reaps it later."""
@@ -292,160 +329,378 @@ class WorkerProcess:
         """This worker's memory now: its own resident pages (anonymous and file-backed, read from /proc; the
         shared segments left out) plus the segments the server made for it, counted here once though both
         processes map them. Never blocks; 0 for the process's part once it is gone."""
-        segments = self.board.size + self.requests.size + self.responses.size
+        segments = self.board.size + sum(lane.requests.size + lane.responses.size for lane in self.lanes)
         return _private_resident(self.process.pid) + segments
 
-    # ---- one call --------------------------------------------------------------------------------------------
+    # ---- calls -----------------------------------------------------------------------------------------------
 
-    def call(self, members: Sequence, kill_cancel: CancelToken) -> list:
-        """Run `members` (objects with .inputs, .outputs, .cancel) as one execute call. Returns per member
-        ("ok", {name: array}) or ("error", code, message). Raises ModelError (execute raised; the worker
-        died: `self.ended` is then set), ExecutionCancelled (killed after a cancellation),
-        OutOfSharedMemoryError (the shared memory has no room for the call's tensors: nothing else is lost)."""
-        run = self._begin_call()
+    def call(self, lane: int, members: Sequence, kill_cancel: CancelToken) -> list:
+        """Run `members` (objects with .inputs, .outputs, .cancel) as one execute call on lane `lane`. Returns per
+        member ("ok", {name: array}) or ("error", code, message). Raises ModelError (execute raised; the worker
+        died: `self.ended` is then set), ExecutionCancelled (`kill_cancel` fired and the worker outlived the kill
+        grace: it was killed), OutOfSharedMemoryError (the shared memory has no room for the call's tensors:
+        nothing else is lost)."""
+        call = self._begin_call(lane, [kill_cancel], kill_cancel, _caller_deadline(members))
         sent = False
         try:
-            requests = self._lay_out(members)
-            self._caller = (kill_cancel, _caller_deadline(members))
-            watchers = [self._cancel_watcher(run, index, member.cancel) for index, member in enumerate(members)]
+            requests = self._lay_out(call.lane, members)
+            watchers = [self._cancel_watcher(call, index, member.cancel) for index, member in enumerate(members)]
             try:
-                self._send(("execute", run, requests, self._segments_message()))
+                self._send(Execute(call.run, lane, requests, self._hand_over(call)).to_wire())
                 sent = True
-                return self._results(run, kill_cancel)
+                return self._results(call)
             finally:
                 for member, watcher in zip(members, watchers, strict=True):
                     member.cancel.remove_callback(watcher)
         finally:
-            self._end_call(sent)
+            self._end_call(call, sent)
 
-    def stream(self, member: _Single, cancel: CancelToken) -> Iterator[Outputs]:
-        """Run one request of a decoupled model, yielding its responses' outputs as the worker sends them; ends
-        at the final flag (zero responses is a valid answer). A response carrying an error raises it (the
-        request ends there). Raises as `call` does. Closed early (its client went away), or ended by an error
-        before the final flag, it marks the request cancelled for the model and reads (and drops) what the
-        worker still sends until the final flag; a worker that outlives the kill grace is killed (`ended`)."""
-        run = self._begin_call()
+    def streams(
+        self, lane: int, members: Sequence, failed: Callable[[BaseException], None], ended: Callable[[], None]
+    ) -> list[ResponseStream]:
+        """Start one execute call of a decoupled model with `members` on lane `lane` and return each member's
+        responses as a ResponseStream, to be read on the member's own thread (its cancel token is its kill clock's).
+        The call ends when every stream has ended (read to its final flag, closed, or raised); then `ended()` is
+        called. `failed(error)` is told each ModelError or ExecutionCancelled a stream raises. Raises as `call`
+        when the call cannot be sent (nothing is left in flight)."""
+        tokens = [member.cancel for member in members]
+        bls_cancel, detach = (tokens[0], None) if len(tokens) == 1 else _every_one_gave_up(tokens)
+        call = self._begin_call(lane, tokens, bls_cancel, _caller_deadline(members), detach)
         try:
-            watcher = self._send_call(run, [member])
+            requests = self._lay_out(call.lane, members)
+            for index, member in enumerate(members):
+                call.waiters[index].watcher = self._cancel_watcher(call, index, member.cancel)
+            self._send(Execute(call.run, lane, requests, self._hand_over(call)).to_wire())
         except BaseException:
-            self._end_call(sent=False)
+            self._end_call(call, sent=False)
             raise
-        finished = False
-        try:
-            while True:
-                message = self._next_message(run, cancel)
-                if isinstance(message, Released):  # rescheduled: no final flag this time (rescheduling.py)
-                    finished = True
-                    raise self._refused or released_outcome(self.model.name, self.model.spec)
-                if self._refused is not None:  # the response did not fit in the shared memory: the request ends
-                    finished = message[0] == "failed" or bool(message[5])
-                    if message[0] != "failed":
-                        self._send(("reply", message[1], None))
-                    raise self._refused
-                if message[0] == "failed":
-                    finished = True
-                    raise ModelError(  # the python backend's words: its clients and QA tests read them
-                        f"Failed to process the request(s) for model '{self.model.name}_0_{self.instance}', "
-                        f"message: {message[2]}"[:2000]
-                    )
-                _, tag, _run, _index, result, final = message
-                outputs = self._read_result(result)
-                self._send(("reply", tag, None))  # the tensors are copied out: the worker may reuse the segment
-                finished = bool(final)
-                if result is not None:
-                    outcome = self.model.outcome(outputs, member.outputs)
-                    if isinstance(outcome, BaseException):
-                        raise outcome
-                    yield FinalOutputs(outcome) if finished else outcome
-                if finished:
-                    return
-        finally:
-            cancel.remove_callback(watcher)
-            if not finished and not self.ended:
-                self._drop_the_rest(run, cancel)
-            self._end_call(sent=True)
 
-    def _begin_call(self) -> int:
-        """A new call's number; its kill clock, refusal and BLS replies start afresh."""
-        self.run += 1
-        self._cancel_seen = None
-        self._refused = None
-        with self._files_lock:
-            self._bls_run = self.run
-        return self.run
+        def member_ended() -> None:
+            with self._mail:
+                call.open_streams -= 1
+                last = call.open_streams == 0
+            if last:
+                self._end_call(call, sent=True)
+                ended()
 
-    def _end_call(self, sent: bool) -> None:
-        """The call ended (its execute message `sent` or not): the files of BLS replies the model did not read
-        are removed (a part that arrives later is not delivered: `_start_bls`), and single-use segments are
-        dropped, as the worker drops its mappings of them when the call ends (the next call makes small ones)."""
-        with self._files_lock:
-            self._bls_run = None
-            unread, self._reply_files = self._reply_files, set()
+        return [
+            ResponseStream(self, call, index, member.outputs, failed, member_ended)
+            for index, member in enumerate(members)
+        ]
+
+    def _begin_call(
+        self,
+        lane: int,
+        tokens: Sequence[CancelToken],
+        bls_cancel: CancelToken,
+        deadline: float | None,
+        detach: Callable[[], None] | None = None,
+    ) -> _Call:
+        """A new call on lane `lane`, with a waiter (its inbox, its kill clock) per token."""
+        call = _Call(next(self._runs), lane, self.lanes[lane], [_Waiter(t) for t in tokens], bls_cancel, deadline)
+        call.detach = detach
+        with self._mail:
+            self._calls[call.run] = call
+        return call
+
+    def _end_call(self, call: _Call, sent: bool) -> None:
+        """The call ended (its execute message `sent` or not): the files of BLS replies the model did not read are
+        removed (a part that arrives later is not delivered: `_start_bls`), and single-use segments are dropped, as
+        the worker drops its mappings of them when the call ends (the next call on the lane makes small ones)."""
+        with self._mail:
+            self._calls.pop(call.run, None)
+            call.live = False
+            unread, call.reply_files = call.reply_files, set()
+        if call.detach is not None:
+            call.detach()
+        for waiter in call.waiters:
+            if waiter.watcher is not None:
+                waiter.cancel.remove_callback(waiter.watcher)
         for path in unread:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        if call.handed_over:
+            self._unlink_handed_over(call)
         if not self.ended:
-            self._release_single_use(sent)
+            call.lane.release_single_use(sent)
 
-    def _release_single_use(self, sent: bool) -> None:
-        """Drop a single-use request or response segment (the worker drops its mapping of it when the call
-        ends, by the same rule: transport.single_use); one the worker never saw (the call was not sent) goes too.
-        Its place holds a released segment until the next call makes a small one (`_lay_out`), so no file is
-        named between calls."""
-        for key, segment in (("request", self.requests), ("response", self.responses)):
-            if transport.single_use(segment) and (sent or key in self._new_segments):
-                self._new_segments.pop(key, None)
-                self._set_segment(key, transport.Segment.released())
-                segment.unlink()
-                segment.close()
+    def _hand_over(self, call: _Call) -> dict[str, tuple[str, int]]:
+        """The lane's replaced segments, for the call's execute message: from now on the call unlinks them."""
+        if not call.lane.new:
+            return {}
+        new, call.lane.new = call.lane.new, {}
+        with self._mail:
+            call.handed_over.extend(new.values())
+        return {key: (segment.path, segment.size) for key, segment in new.items()}
 
-    def _read_result(self, result):
-        """A response's result with its tensors copied out of the response segment (None: a final flag alone)."""
-        if result is None or result[0] != "ok":
-            return result
-        return ("ok", {d.name: self._read(d) for d in transport.from_wire(result[1])})
+    def _unlink_handed_over(self, call: _Call) -> None:
+        """The worker has mapped the segments handed over to `call` (it sent a message of the call after reading
+        them), or the call is over: their files go."""
+        with self._mail:
+            segments, call.handed_over = call.handed_over, []
+        for segment in segments:
+            segment.unlink()
 
-    def _next_message(self, run: int, kill_cancel: CancelToken):
-        """The worker's next "response", "done" or "failed" of this run: a segment it asks for is handed over
-        (or refused, when the shared memory has no room: `_refused` is then set and the call fails with it)
-        and a BLS call it makes is started on the way. Raises as `_receive`."""
+    def _results(self, call: _Call) -> list:
+        message = self._next_message(call, call.waiters[0])
+        if message[0] == "failed" and call.refused is not None:  # the worker failed the call for want of room
+            raise call.refused
+        if message[0] == "failed":
+            raise self._execute_failed(message[2])
+        results = []
+        for result in message[2]:
+            if result[0] == "ok":
+                results.append(("ok", {d.name: call.lane.read(d) for d in transport.from_wire(result[1])}))
+            else:
+                results.append(result)
+        return results
+
+    def _execute_failed(self, why: str) -> ModelError:
+        """The error of an execute that raised, in the python backend's words (its clients and NVIDIA's QA tests
+        read them): the instance is named as Triton names it, `<model>_0_<instance>`."""
+        return ModelError(
+            f"Failed to process the request(s) for model '{self.model.name}_0_{self.instance}', message: {why}"[:2000]
+        )
+
+    def next_response(self, stream: ResponseStream) -> Outputs | None:
+        """The next response of a streamed request (its outputs; FinalOutputs when it came with the final flag), or
+        None once its final flag came alone. A response carrying an error raises it; raises as `call`."""
+        call, waiter = stream.call, stream.call.waiters[stream.index]
         while True:
-            message = self._receive(kill_cancel)
-            for segment in self._new_segments.values():
-                segment.unlink()  # the worker has mapped it (it answered after reading the message)
-            self._new_segments = {}
-            if message[0] == "grow":
-                _, tag, _run, size = message
-                self._send(("reply", tag, self._grown(size)))
-                continue
-            if message[0] == "bls":
-                self._start_bls(message[1], message[2])
-                continue
-            return message
+            message = self._next_message(call, waiter)
+            if isinstance(message, Released):  # rescheduled: no final flag this time (rescheduling.py)
+                stream.finished = True
+                raise call.refused or released_outcome(self.model.name, self.model.spec)
+            if call.refused is not None:  # a response did not fit in the shared memory: the request ends
+                stream.finished = message[0] == "failed" or bool(message[5])
+                if message[0] != "failed":
+                    self._send(("reply", message[1], None))
+                raise call.refused
+            if message[0] == "failed":
+                stream.finished = True
+                raise self._execute_failed(message[2])
+            _, tag, _run, _index, result, final = message
+            outputs = call.lane.read_result(result)
+            self._send(("reply", tag, None))  # the tensors are copied out: the worker may reuse the segment
+            stream.finished = bool(final)
+            if result is not None:
+                outcome = self.model.outcome(outputs, stream.requested)
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return FinalOutputs(outcome) if stream.finished else outcome
+            if stream.finished:
+                return None
 
-    def _grown(self, size: int):
-        """The reply to a "grow": the new response segment's (path, size), or GrowRefused (noted in `_refused`)."""
+    def drop_the_rest(self, stream: ResponseStream) -> None:
+        """A streamed request ended early: show it cancelled to the model and take what it still sends until its
+        final flag (or the kill grace ends the worker). Never raises: it runs when the stream is closed."""
+        call, waiter = stream.call, stream.call.waiters[stream.index]
+        struct.pack_into("<q", self.board.view, self._board_offset(call, stream.index), call.run)
+        if not waiter.cancel.cancelled:
+            waiter.cancel = CancelToken()
+            waiter.cancel.cancel("the request ended before its final response")
         try:
-            self._replace("response", size)
-        except OutOfSharedMemoryError as error:
-            self._refused = OutOfSharedMemoryError(f"model '{self.model.name}': the response: {error}")
-            return transport.GrowRefused(str(self._refused))
-        return (self.responses.path, self.responses.size)
+            while not stream.finished:
+                message = self._next_message(call, waiter)
+                if isinstance(message, Released) or message[0] == "failed":
+                    return
+                self._send(("reply", message[1], None))
+                stream.finished = bool(message[5])
+        except (ModelError, ExecutionCancelled) as error:
+            _LOG.warning("%s", error)
 
-    def _start_bls(self, tag: int, call: transport.CallRequest) -> None:
-        """Run a BLS call of the running request on a thread of its own (the model may make several at once);
-        its reply goes to the worker when the callee answered. A part that comes after the calling request
-        ended is not delivered (its file is removed): the worker gets one error part, final, in its place."""
-        cancel, deadline = self._caller
-        run = self.run
+    # ---- the pipe: messages filed by run ---------------------------------------------------------------------
+
+    def _next_message(self, call: _Call, waiter: _Waiter):
+        """`waiter`'s next message: a "response" for its request, or the call's "done" or "failed". Waits for it,
+        reading the pipe meanwhile when no other thread does. Raises ModelError when the worker died (or was killed
+        for another request), ExecutionCancelled when its own kill clock ran out (the worker is killed then)."""
+        if self.model.requests_per_context == 1 and len(call.waiters) == 1:
+            return self._next_message_alone(call, waiter)
+        while True:
+            with self._mail:
+                if waiter.inbox:
+                    return waiter.inbox.popleft()
+                left = None if self.ended or not waiter.cancel.cancelled else self._kill_clock(waiter)
+                alive = not self.ended and (left is None or left > 0)
+                reading = alive and not self._reading
+                if reading:
+                    self._reading = True
+                elif alive:
+                    self._waiting += 1
+                    self._changed.wait(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+                    self._waiting -= 1
+                    continue
+            if self.ended:
+                raise self._died()
+            if not reading:
+                self._kill_for(waiter)  # raises
+            mine = None
+            try:
+                message = self._receive(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+                if message is not None:
+                    mine = self._route(message, call, waiter)
+            finally:
+                with self._mail:
+                    self._reading = False
+                    if self._waiting:
+                        self._changed.notify_all()  # a thread still waiting takes the role over
+            if mine is not None:
+                return mine
+
+    def _next_message_alone(self, call: _Call, waiter: _Waiter):
+        """`_next_message` for the only call a worker can have in flight, and its only request (a model that does
+        not overlap its calls, one request on a stream or a call of requests that answer together): its thread is
+        the pipe's only reader, every message of the pipe is its own, so it reads without taking the reader's role."""
+        while True:
+            left = self._kill_clock(waiter) if waiter.cancel.cancelled else None
+            if left is not None and left <= 0:
+                self._kill_for(waiter)  # raises
+            message = self._receive(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+            if message is not None:
+                mine = self._route(message, call, waiter)
+                if mine is not None:
+                    return mine
+
+    def _route(self, message, reader_call: _Call, reader: _Waiter):
+        """Deal with a message the reading thread (`reader`'s, of `reader_call`) took off the pipe: answer a "grow",
+        start a BlsCall, file the rest in the inbox of their call's waiter (a "response" for a call that has ended
+        is answered and dropped). Returns the message when it is `reader`'s own (not filed), else None."""
+        if isinstance(message, BlsCall):
+            self._start_bls(message)
+            return None
+        if isinstance(message, Released):  # a decoupled request the model rescheduled: its stream ends
+            kind = "response"
+            run, index = message.run, message.position
+        else:
+            kind = message[0]
+            run = message[2] if kind == "response" else message[1]
+            index = message[3] if kind == "response" else 0
+        if kind == "grow":
+            _, tag, run, size = message
+            self._send(("reply", tag, self._grown(run, size)))
+            return None
+        if run == reader_call.run:  # the reader's own call: in flight, since it waits for this
+            call: _Call | None = reader_call
+            live = True
+        else:
+            with self._mail:
+                call = self._calls.get(run)
+                live = call is not None and call.live
+        if call is None or not live:
+            if kind == "response" and not isinstance(message, Released):  # its call has ended: dropped
+                self._send(("reply", message[1], None))
+            return None
+        if call.handed_over:
+            self._unlink_handed_over(call)  # the worker has mapped them: it sent this after reading the call's message
+        if kind == "done" and call.waiters[0] is reader:  # a lone call's answer: its own thread read it
+            return message
+        if kind == "response":
+            addressees = [call.waiters[index]]
+        elif kind == "done":
+            addressees = [call.waiters[0]]
+        else:  # "failed": the call's every request
+            addressees = call.waiters
+        mine = message if reader in addressees else None
+        others = [waiter for waiter in addressees if waiter is not reader]
+        if others:
+            with self._mail:
+                for waiter in others:
+                    waiter.inbox.append(message)
+                if self._waiting:
+                    self._changed.notify_all()
+        return mine
+
+    def _receive(self, seconds: float):
+        """The worker's next message, or None when none came within `seconds`. Raises ModelError when the worker
+        died."""
+        try:
+            if self._poller.poll(max(1, math.ceil(seconds * 1000))):  # readable, or hung up (recv then raises)
+                return transport.receive(self.connection)
+        except (EOFError, OSError):
+            raise self._died() from None
+        if self.process.poll() is not None:
+            raise self._died()
+        return None
+
+    def _kill_clock(self, waiter: _Waiter) -> float | None:
+        """Seconds left before the worker is killed for `waiter`'s request (called with `_mail` held, or by the only
+        reader): None while it is not cancelled (or the model never kills). The clock runs from the first time the
+        request was seen cancelled, whatever the worker sends meanwhile, so a model that keeps sending is killed on
+        time as well as one that hangs."""
+        cancel = waiter.cancel
+        if not cancel.cancelled:
+            return None
+        grace = self.model.kill_grace(cancel.reason)
+        if grace is None:
+            return None
+        now = time.monotonic()
+        if waiter.cancel_seen is None:
+            waiter.cancel_seen = now
+        return waiter.cancel_seen + grace - now
+
+    def _kill_for(self, waiter: _Waiter) -> None:
+        """Kill the worker: `waiter`'s request was cancelled and is still running past the kill grace. Raises
+        ExecutionCancelled; the worker's other calls fail (ModelError naming why it was killed)."""
+        grace = self.model.kill_grace(waiter.cancel.reason)
+        self.kill_reason = f"a request on it was cancelled and had not ended {grace:g} s later"
+        self.kill()
+        self.mark_ended()
+        raise ExecutionCancelled(
+            f"model '{self.model.name}': its worker did not return {grace:g} s after the request was "
+            "cancelled and was killed (the slot starts a new one)"
+        )
+
+    def mark_ended(self) -> None:
+        with self._mail:
+            self.ended = True
+            self._changed.notify_all()
+
+    def _died(self) -> ModelError:
+        self.mark_ended()
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.process.returncode
+        why = f" (killed: {self.kill_reason})" if self.kill_reason else ""
+        return ModelError(
+            f"model '{self.model.name}': its python worker (instance {self.instance}) {how_it_ended(code)}{why} while "
+            "running this request; the slot starts a new worker for the next one"
+        )
+
+    def _grown(self, run: int, size: int):
+        """The reply to a "grow" of call `run`: its lane's new response segment (path, size), or GrowRefused (noted
+        in the call's `refused`, which fails it)."""
+        with self._mail:
+            call = self._calls.get(run)
+        if call is None:
+            return transport.GrowRefused(f"model '{self.model.name}': the call had ended")
+        try:
+            segment = call.lane.replace("response", size)
+        except OutOfSharedMemoryError as error:
+            call.refused = OutOfSharedMemoryError(f"model '{self.model.name}': the response: {error}")
+            return transport.GrowRefused(str(call.refused))
+        with self._mail:
+            call.handed_over.append(segment)  # the worker maps it before it sends the call's next message
+        return (segment.path, segment.size)
+
+    def _start_bls(self, message: BlsCall) -> None:
+        """Run a BLS call of a request in flight on a thread of its own (the model may make several at once), with
+        that request's deadline and cancellation; its reply goes to the worker when the callee answered. A part that
+        comes after the calling request ended is not delivered (its file is removed): the worker gets one error part,
+        final, in its place."""
+        with self._mail:
+            call = self._calls.get(message.run)
+        tag = message.tag
         ended = False  # the error part for a call outlived by its request was sent
 
         def deliver(reply: transport.CallReply, final: bool) -> None:
             nonlocal ended
-            with self._files_lock:
-                live = self._bls_run == run
+            with self._mail:
+                live = call is not None and call.live
                 if live and reply.segment is not None:
-                    self._reply_files.add(reply.segment[0])
+                    call.reply_files.add(reply.segment[0])  # type: ignore[union-attr]  # live: not None
             if not live:
                 _unlink_reply(reply)
                 if ended:
@@ -454,48 +709,17 @@ class WorkerProcess:
                 reply = transport.CallReply((("error", transport.triton_code("CANCELLED"), _OUTLIVED),), None)
             try:
                 self._send(("part", tag, reply, final))
-            except ModelError:  # the worker is gone (its slot thread reports that): nobody will map the reply
+            except ModelError:  # the worker is gone (its calls report that): nobody will map the reply
                 _unlink_reply(reply)
 
-        def run_call() -> None:
-            run_bls(self.model, call, cancel, deadline, deliver)
+        if call is None:  # its request has ended: the model gets the error part at once
+            deliver(transport.CallReply((), None), True)
+            return
+        cancel, deadline = call.bls_cancel, call.deadline
+        CALL_THREADS.submit(lambda: run_bls(self.model, message.call, cancel, deadline, deliver))
 
-        CALL_THREADS.submit(run_call)
-
-    def _drop_the_rest(self, run: int, cancel: CancelToken) -> None:
-        """The request ended early: show it cancelled to the model and take what it still sends until the final
-        flag (or the kill grace ends the worker). Never raises: it runs when the stream is closed."""
-        struct.pack_into("<q", self.board.view, 0, run)
-        if not cancel.cancelled:
-            cancel = CancelToken()
-            cancel.cancel("the request ended before its final response")
-        try:
-            while True:
-                message = self._next_message(run, cancel)
-                if message[0] == "failed":
-                    return
-                self._send(("reply", message[1], None))
-                if message[5]:
-                    return
-        except (ModelError, ExecutionCancelled) as error:
-            _LOG.warning("%s", error)
-            self.ended = True
-
-    def _send_call(self, run: int, members: Sequence):
-        """Lay the members' inputs into the request segment and send the execute message. Returns the cancel
-        watcher of the first member (to remove when the call ends)."""
-        requests = self._lay_out(members)
-        self._caller = (members[0].cancel, _caller_deadline(members))
-        watcher = self._cancel_watcher(run, 0, members[0].cancel)
-        try:
-            self._send(("execute", run, requests, self._segments_message()))
-        except BaseException:
-            members[0].cancel.remove_callback(watcher)
-            raise
-        return watcher
-
-    def _lay_out(self, members: Sequence) -> list:
-        """Copy the members' inputs into the request segment (grown first when they do not fit); returns each
+    def _lay_out(self, lane: _Lane, members: Sequence) -> list:
+        """Copy the members' inputs into the lane's request segment (grown first when they do not fit); returns each
         member's request fields for the execute message."""
         layout = transport.Layout()
         requests = []
@@ -505,17 +729,14 @@ class WorkerProcess:
             ]
             requests.append(_request_fields(descriptors, member))
         try:
-            if layout.size > self.requests.size or self.requests.is_released:
-                self._replace("request", layout.size)
-            if self.responses.is_released:  # dropped after a large call: the worker needs one to answer into
-                self._replace("response", 0)
+            if layout.size > lane.requests.size or lane.requests.is_released:
+                lane.new["request"] = lane.replace("request", layout.size)
+            if lane.responses.is_released:  # dropped after a large call: the worker needs one to answer into
+                lane.new["response"] = lane.replace("response", 0)
         except OutOfSharedMemoryError as error:
             raise OutOfSharedMemoryError(f"model '{self.model.name}': the request: {error}") from None
-        layout.write(self.requests)
+        layout.write(lane.requests)
         return requests
-
-    def _segments(self) -> dict[str, transport.Segment]:
-        return {"request": self.requests, "response": self.responses}
 
     def _send(self, message) -> None:
         """Send a control message; a worker that is gone raises ModelError (its end named)."""
@@ -525,107 +746,17 @@ class WorkerProcess:
         except OSError:
             raise self._died() from None
 
-    def _cancel_watcher(self, run: int, index: int, cancel: CancelToken):
-        board = self.board.view
+    def _board_offset(self, call: _Call, index: int) -> int:
+        return 8 * (call.lane_number * self.board_words + index)
+
+    def _cancel_watcher(self, call: _Call, index: int, cancel: CancelToken):
+        board, offset, run = self.board.view, self._board_offset(call, index), call.run
 
         def cancelled() -> None:  # writes only this run's number: a late callback of an older run is harmless
-            struct.pack_into("<q", board, 8 * index, run)
+            struct.pack_into("<q", board, offset, run)
 
         cancel.add_callback(cancelled)
         return cancelled
-
-    def _segments_message(self) -> dict:
-        message = {key: (segment.path, segment.size) for key, segment in self._new_segments.items()}
-        return message
-
-    def _results(self, run: int, kill_cancel: CancelToken) -> list:
-        while True:
-            message = self._next_message(run, kill_cancel)
-            kind = message[0]
-            if kind == "failed" and self._refused is not None:  # the worker failed the call for want of room
-                raise self._refused
-            if kind == "failed":
-                raise ModelError(  # the python backend's words: its clients and QA tests read them
-                    f"Failed to process the request(s) for model '{self.model.name}_0_{self.instance}', "
-                    f"message: {message[2]}"[:2000]
-                )
-            results = []
-            for result in message[2]:
-                if result[0] == "ok":
-                    results.append(("ok", {d.name: self._read(d) for d in transport.from_wire(result[1])}))
-                else:
-                    results.append(result)
-            return results
-
-    def _read(self, descriptor: transport.Descriptor) -> np.ndarray:
-        bf16 = datatypes.bfloat16() if descriptor.datatype == "BF16" else None
-        return transport.read(self.responses, descriptor, copy=True, bf16=bf16)
-
-    def _receive(self, kill_cancel: CancelToken):
-        """The worker's next message. Raises ModelError when the worker died, ExecutionCancelled when it was
-        killed because it outlived the kill grace after a cancellation."""
-        while True:
-            wait = self._kill_clock(kill_cancel)
-            try:
-                if self._poller.poll(wait):  # readable, or hung up (recv then raises EOFError)
-                    return transport.receive(self.connection)
-            except (EOFError, OSError):
-                raise self._died() from None
-            if self.process.poll() is not None:
-                raise self._died()
-
-    def _kill_clock(self, kill_cancel: CancelToken) -> int:
-        """How many milliseconds to wait for the worker's next message before looking again. Once the call is
-        cancelled its clock runs from the first time it was seen cancelled, whatever the worker sends meanwhile
-        (a model that keeps sending is killed on time as well as one that hangs): past the kill grace the worker is
-        killed and ExecutionCancelled raised."""
-        if not kill_cancel.cancelled:
-            return POLL_MILLISECONDS
-        grace = self.model.kill_grace(kill_cancel.reason)
-        if grace is None:
-            return POLL_MILLISECONDS
-        now = time.monotonic()
-        if self._cancel_seen is None:
-            self._cancel_seen = now
-        left = self._cancel_seen + grace - now
-        if left > 0:
-            return min(POLL_MILLISECONDS, max(1, math.ceil(left * 1000)))
-        self.kill()
-        self.ended = True
-        raise ExecutionCancelled(
-            f"model '{self.model.name}': its worker did not return {grace:g} s after the request was "
-            "cancelled and was killed (the slot starts a new one)"
-        )
-
-    ended = False
-
-    def _died(self) -> ModelError:
-        self.ended = True
-        try:
-            code = self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = self.process.returncode
-        return ModelError(
-            f"model '{self.model.name}': its python worker (instance {self.instance}) {how_it_ended(code)} while "
-            "running this request; the slot starts a new worker for the next one"
-        )
-
-    def _replace(self, key: str, size: int) -> None:
-        """A new segment for `key` ("request" or "response"), sent to the worker with the next message that
-        carries segments. Raises OutOfSharedMemoryError (nothing changed) when there is no room for it."""
-        segment = transport.Segment.create(size)
-        old = self.requests if key == "request" else self.responses
-        self._set_segment(key, segment)
-        self._new_segments[key] = segment
-        old.unlink()
-        old.close()
-
-    def _set_segment(self, key: str, segment: transport.Segment) -> None:
-        if key == "request":
-            self.requests = segment
-        else:
-            self.responses = segment
 
     # ---- the end ---------------------------------------------------------------------------------------------
 
@@ -641,8 +772,12 @@ class WorkerProcess:
         kills it and frees its pipe and segments. So closing a model never waits on a slow finalize (a server's
         shutdown stays inside its bound), and a hung one is killed at the deadline."""
         self.ask_to_stop()
-        for segment in self._new_segments.values():
-            segment.unlink()  # the thread below may not outlive the process; the files must not either
+        for lane in self.lanes:
+            lane.unlink_new()  # the thread below may not outlive the process; the files must not either
+        with self._mail:
+            calls = list(self._calls.values())
+        for call in calls:
+            self._unlink_handed_over(call)
         threading.Thread(
             target=self.wait_or_kill, args=(deadline,), name=f"python-worker-stop-{self.process.pid}", daemon=True
         ).start()
@@ -666,18 +801,19 @@ class WorkerProcess:
         """Free the pipe, the segments and the files of an ended worker; log the last of its output."""
         self.connection.close()
         self._free_segments()
-        for segment in self._new_segments.values():
-            segment.unlink()
-            segment.close()
-        self._new_segments = {}
         # BLS segments the worker made (named by its pid) or had yet to map: a dead worker unlinks none of them.
-        with self._files_lock:
-            stale = {*self._reply_files, *transport.segments_of(self.process.pid)}
-            self._reply_files.clear()
-            self._bls_run = None
+        with self._mail:
+            stale = {*transport.segments_of(self.process.pid)}
+            calls = list(self._calls.values())
+            for call in calls:
+                stale.update(call.reply_files)
+                call.reply_files = set()
+                call.live = False
         for path in stale:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        for call in calls:
+            self._unlink_handed_over(call)
         transport.ended_worker(self.process.pid)
         self.model.worker_closed(self)
         if not self.output.stop(OUTPUT_STOP_SECONDS):
@@ -688,18 +824,218 @@ class WorkerProcess:
             )
 
     def _free_segments(self) -> None:
-        for segment in (self.board, self.requests, self.responses):
+        self.board.unlink()
+        self.board.close()
+        for lane in getattr(self, "lanes", ()):
+            lane.free()
+
+
+class _Lane:
+    """The server's side of one lane of a worker: its request and response segments (replaced by larger ones as
+    calls need them) and the replacements the worker has yet to be told of (`new`, handed over with the lane's next
+    execute message to its call). Used by the call on the lane, and by the reading thread for the call's "grow"
+    asks, which the protocol puts between the call's own steps."""
+
+    def __init__(self, requests: transport.Segment, responses: transport.Segment) -> None:
+        self.requests = requests
+        self.responses = responses
+        self.new: dict[str, transport.Segment] = {}
+
+    def replace(self, key: str, size: int) -> transport.Segment:
+        """A new segment for `key` ("request" or "response") in place of the old one (freed); the caller tells the
+        worker. Raises OutOfSharedMemoryError (nothing changed) when there is no room for it."""
+        segment = transport.Segment.create(size)
+        old = self.requests if key == "request" else self.responses
+        self._set(key, segment)
+        old.unlink()
+        old.close()
+        return segment
+
+    def _set(self, key: str, segment: transport.Segment) -> None:
+        if key == "request":
+            self.requests = segment
+        else:
+            self.responses = segment
+
+    def unlink_new(self) -> None:
+        """The worker is ending: the files of replacements it was never told of go."""
+        new, self.new = self.new, {}
+        for segment in new.values():
+            segment.unlink()
+
+    def release_single_use(self, sent: bool) -> None:
+        """Drop a single-use request or response segment (the worker drops its mapping of it when the call
+        ends, by the same rule: transport.single_use); one the worker never saw (the call was not sent) goes too.
+        Its place holds a released segment until the next call makes a small one (`_lay_out`), so no file is
+        named between calls."""
+        for key, segment in (("request", self.requests), ("response", self.responses)):
+            if transport.single_use(segment) and (sent or key in self.new):
+                self.new.pop(key, None)
+                self._set(key, transport.Segment.released())
+                segment.unlink()
+                segment.close()
+
+    def read(self, descriptor: transport.Descriptor) -> np.ndarray:
+        bf16 = datatypes.bfloat16() if descriptor.datatype == "BF16" else None
+        return transport.read(self.responses, descriptor, copy=True, bf16=bf16)
+
+    def read_result(self, result):
+        """A response's result with its tensors copied out of the response segment (None: a final flag alone)."""
+        if result is None or result[0] != "ok":
+            return result
+        return ("ok", {d.name: self.read(d) for d in transport.from_wire(result[1])})
+
+    def free(self) -> None:
+        for segment in (self.requests, self.responses, *self.new.values()):
             segment.unlink()
             segment.close()
+        self.new = {}
+
+
+class _Waiter:
+    """One request of a call as its thread waits for the worker's messages: its inbox, and its kill clock (its cancel
+    token, when it was first seen cancelled). Its fields are guarded by the worker's `_mail`."""
+
+    __slots__ = ("cancel", "cancel_seen", "inbox", "watcher")
+
+    def __init__(self, cancel: CancelToken) -> None:
+        self.cancel = cancel
+        self.cancel_seen: float | None = None
+        self.inbox: deque = deque()
+        self.watcher: Callable[[], None] | None = None  # its cancel board callback, removed when the call ends
+
+
+class _Call:
+    """One execute call in flight on a worker: its run number, lane and waiters, and what its BLS calls carry (the
+    calling requests' cancellation and deadline). `live` and `reply_files` are guarded by the worker's `_mail`."""
+
+    __slots__ = (
+        "run",
+        "lane_number",
+        "lane",
+        "waiters",
+        "bls_cancel",
+        "deadline",
+        "detach",
+        "live",
+        "reply_files",
+        "handed_over",
+        "refused",
+        "open_streams",
+    )
+
+    def __init__(
+        self,
+        run: int,
+        lane_number: int,
+        lane: _Lane,
+        waiters: list[_Waiter],
+        bls_cancel: CancelToken,
+        deadline: float | None,
+    ) -> None:
+        self.run = run
+        self.lane_number = lane_number
+        self.lane = lane
+        self.waiters = waiters
+        self.bls_cancel = bls_cancel
+        self.deadline = deadline
+        self.detach: Callable[[], None] | None = None  # ends bls_cancel's watch of the requests' tokens
+        self.live = True  # until the call ended: its BLS replies are delivered while it is
+        self.reply_files: set[str] = set()  # its BLS reply segments the worker may not have mapped yet
+        # Segments made for it that the worker maps before it sends the call's next message (then unlinked); guarded
+        # by the worker's `_mail`.
+        self.handed_over: list[transport.Segment] = []
+        self.refused: OutOfSharedMemoryError | None = None  # a response segment could not grow: the call fails
+        self.open_streams = len(waiters)  # its streams not ended yet (a decoupled call's), guarded by `_mail`
+
+
+class ResponseStream(Iterator[Outputs]):
+    """One request's responses from a decoupled model's call, read on the request's own thread: each `next` waits for
+    the next response (FinalOutputs for one sent with the final flag) and ends after the final flag. A response
+    carrying an error raises it. Ended (its last response read, closed, or raised), it ends its part of the call
+    once, even when it was never read: closed early, it first marks the request cancelled for the model and takes
+    what the model still sends until the final flag (the kill grace bounds it)."""
+
+    def __init__(
+        self,
+        worker: WorkerProcess,
+        call: _Call,
+        index: int,
+        requested: Sequence[str],
+        failed: Callable[[BaseException], None],
+        ended: Callable[[], None],
+    ) -> None:
+        self.worker, self.call, self.index, self.requested = worker, call, index, requested
+        self.finished = False  # its final flag came (or the call failed)
+        self._failed, self._ended_callback = failed, ended
+        self._ended = False
+        self._ended_lock = threading.Lock()  # guards: _ended (a stream may be closed from another thread)
+
+    def __next__(self) -> Outputs:
+        if self._ended:
+            raise StopIteration
+        try:
+            outputs = self.worker.next_response(self)
+        except (ModelError, ExecutionCancelled) as error:
+            self._end()
+            self._failed(error)
+            raise
+        except BaseException:
+            self._end()
+            raise
+        if outputs is None or self.finished:
+            self._end()
+        if outputs is None:
+            raise StopIteration
+        return outputs
+
+    def close(self) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        with self._ended_lock:
+            if self._ended:
+                return
+            self._ended = True
+        try:
+            if not self.finished and not self.worker.ended:
+                self.worker.drop_the_rest(self)
+        finally:
+            self._ended_callback()
+
+
+def _every_one_gave_up(tokens: Sequence[CancelToken]) -> tuple[CancelToken, Callable[[], None]]:
+    """A token cancelled once every one of `tokens` is (what a batch's BLS calls are cancelled with), and the function
+    that stops it watching them."""
+    token = CancelToken()
+
+    def look() -> None:
+        if all(each.cancelled for each in tokens):
+            token.cancel(tokens[-1].reason)
+
+    for each in tokens:
+        each.add_callback(look)
+
+    def detach() -> None:
+        for each in tokens:
+            each.remove_callback(look)
+
+    return token, detach
 
 
 class PythonContext(Context):
-    """One slot: its worker (started again after a death, on the slot's next use)."""
+    """One instance of the model (a slot of its pool): its worker, started again after a death on the next call, and
+    its lanes, the calls it runs at once: `model.requests_per_context` of them, 1 unless the model overlaps its calls
+    (an async decoupled model), so several threads may use it at once (never more than that: the pool lends it that
+    many times). A death is counted once per worker, whichever of its calls saw it."""
 
     def __init__(self, model: PythonModel, instance: int, worker: WorkerProcess) -> None:
         self._model = model
         self._instance = instance
+        self._lock = threading.Lock()  # guards: _worker, _free_lanes, each worker's users/death_counted/retired
+        self._start_lock = threading.Lock()  # held by the thread starting a new worker: the others wait for it
         self._worker: WorkerProcess | None = worker
+        self._free_lanes = list(range(model.requests_per_context - 1, -1, -1))  # lane 0 is taken first
 
     def execute(self, inputs, outputs: Sequence[str], cancel: CancelToken):
         """One request, or (from a batch leader, `batches_as_requests`) a list of member requests: then a list
@@ -714,57 +1050,126 @@ class PythonContext(Context):
         return outcome
 
     def _call(self, members: Sequence, cancel: CancelToken) -> list:
-        worker = self._worker_for_call()
+        lane, worker = self._enter()
         try:
-            results = worker.call(members, cancel)
+            results = worker.call(lane, members, cancel)
         except (ModelError, ExecutionCancelled) as error:
-            if worker.ended:
-                self._lost_worker(worker)
-                if isinstance(error, ModelError):
-                    self._model.worker_died(str(error))
+            self._failed(worker, error)
             raise
+        finally:
+            self._leave(lane, worker)
         return [self._model.outcome(result, member.outputs) for result, member in zip(results, members, strict=True)]
 
+    def execute_stream(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> Iterator[Outputs]:
+        """A decoupled model's responses to one request, as the model sends them (a ResponseStream). A model that
+        is not decoupled yields its one response."""
+        if not self._model.decoupled:
+            return iter((self.execute(inputs, outputs, cancel),))
+        if cancel.cancelled:
+            raise ExecutionCancelled("the caller gave up before the run started")
+        (stream,) = self.execute_streams([_Single(inputs, outputs, cancel)])
+        return stream
+
+    def execute_streams(self, members: Sequence) -> list[Iterator[Outputs]]:
+        """A decoupled model's batch: one execute call of `members` (each with .inputs, .outputs, .cancel), each
+        member's responses as a ResponseStream read on the member's own thread. The lane is held until every stream
+        has ended. Raises as `execute` when the call cannot start."""
+        lane, worker = self._enter()
+        try:
+            return list(
+                worker.streams(
+                    lane, members, lambda error: self._failed(worker, error), lambda: self._leave(lane, worker)
+                )
+            )
+        except (ModelError, ExecutionCancelled) as error:
+            self._leave(lane, worker)
+            self._failed(worker, error)
+            raise
+        except BaseException:
+            self._leave(lane, worker)
+            raise
+
+    def _enter(self) -> tuple[int, WorkerProcess]:
+        """A free lane and the live worker (a new one if it has none or it died); the caller `_leave`s both."""
+        with self._lock:
+            lane = self._free_lanes.pop()
+            worker = self._worker
+            if worker is not None and not worker.ended and worker.process.poll() is None:
+                worker.users += 1
+                return lane, worker
+        try:
+            return lane, self._worker_for_call()
+        except BaseException:
+            with self._lock:
+                self._free_lanes.append(lane)
+            raise
+
+    def _leave(self, lane: int, worker: WorkerProcess) -> None:
+        """A call on `lane` of `worker` ended: the last one to leave a worker that ended frees its resources."""
+        with self._lock:
+            self._free_lanes.append(lane)
+            worker.users -= 1
+            retire = worker.ended and self._retire_locked(worker)
+        if retire:
+            worker.close_resources()
+
+    def _retire_locked(self, worker: WorkerProcess) -> bool:
+        """Whether the caller is to free `worker`'s resources now (it ended and nobody uses it; said once)."""
+        if not worker.ended or worker.users > 0 or worker.retired:
+            return False
+        worker.retired = True
+        if self._worker is worker:
+            self._worker = None
+        return True
+
+    def _failed(self, worker: WorkerProcess, error: BaseException) -> None:
+        """A call on `worker` raised `error`: a death (not a kill after a cancellation) is counted once. Raises
+        WorkersFailing when the model's workers die too often."""
+        if not worker.ended or worker.kill_reason:
+            return
+        with self._lock:
+            counted, worker.death_counted = worker.death_counted, True
+        if not counted:
+            self._model.worker_died(str(error))
+
     def _worker_for_call(self) -> WorkerProcess:
-        """The slot's worker, a new one if it has none or it died while idle (no request of its failed then)."""
-        worker = self._worker
-        if worker is not None and worker.process.poll() is not None:
-            description = (
+        """The instance's worker, one more user counted; a new one if it has none or it died while idle (no request
+        of its failed then: the death is counted here)."""
+        with self._start_lock:
+            with self._lock:
+                worker = self._worker
+                if worker is not None and not worker.ended and worker.process.poll() is None:
+                    worker.users += 1
+                    return worker
+            if worker is not None:
+                self._replace_ended(worker)
+            started = self._model.start_worker(self._instance, error_type=ModelError)
+            with self._lock:
+                self._worker = started
+                started.users += 1
+            return started
+
+    def _replace_ended(self, worker: WorkerProcess) -> None:
+        """Let go of an ended worker (its resources freed now, or by the last call still on it); one that died while
+        idle (no call of its saw it) has its death counted here. Raises WorkersFailing as `worker_died`."""
+        idle_death = not worker.ended
+        worker.mark_ended()
+        with self._lock:
+            if self._worker is worker:
+                self._worker = None
+            retire = self._retire_locked(worker)
+            counted, worker.death_counted = worker.death_counted, True
+        if retire:
+            worker.close_resources()
+        if idle_death and not counted and not worker.kill_reason:
+            self._model.worker_died(
                 f"model '{self._model.name}': its python worker (instance {self._instance}) "
                 f"{how_it_ended(worker.process.returncode)} while idle; the slot starts a new one"
             )
-            self._lost_worker(worker)
-            self._model.worker_died(description)
-        if self._worker is None:
-            self._worker = self._model.start_worker(self._instance, error_type=ModelError)
-        return self._worker
-
-    def _lost_worker(self, worker: WorkerProcess) -> None:
-        worker.close_resources()
-        self._worker = None
-
-    def execute_stream(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> Iterator[Outputs]:
-        """A decoupled model's responses to one request, as the model sends them (see WorkerProcess.stream).
-        A model that is not decoupled yields its one response."""
-        if not self._model.decoupled:
-            yield self.execute(inputs, outputs, cancel)
-            return
-        if cancel.cancelled:
-            raise ExecutionCancelled("the caller gave up before the run started")
-        worker = self._worker_for_call()
-        try:
-            yield from worker.stream(_Single(inputs, outputs, cancel), cancel)
-        except ModelError as error:
-            if worker.ended:
-                self._lost_worker(worker)
-                self._model.worker_died(str(error))
-            raise
-        finally:  # ended while its request was cancelled, or killed while the rest was dropped
-            if worker.ended and self._worker is worker:
-                self._lost_worker(worker)
 
     def close(self) -> None:
-        worker, self._worker = self._worker, None
+        with self._lock:
+            worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop(self._model.close_deadline())
 
@@ -950,7 +1355,9 @@ class _Single:
 
 
 class PythonModel(LoadedModel):
-    """A model.py with its (auto-completed) configuration; workers are started per slot."""
+    """A model.py with its (auto-completed) configuration; workers are started per slot (an instance). A decoupled
+    model whose `execute` is `async def` overlaps its calls: each of its contexts takes `requests_per_context`
+    (async_requests_per_instance) requests at once, as Triton's stub runs such coroutines in the background."""
 
     batches_as_requests = True  # service/core/batching.py hands a batch's member requests, unstacked
     launcher: Launcher = SERVER  # what its workers run on: EXECUTION_ENV_PATH's environment (unstarted_model)
@@ -961,6 +1368,9 @@ class PythonModel(LoadedModel):
         self.shown_file = shown_path(spec.model_file, spec.roots) if spec.model_file is not None else "model.py"
         self.metadata_batch = spec.max_batch_size
         self.max_parallel_slots = int(_parameter(spec, "max_parallel_slots", MAX_SLOTS, 1, MAX_SLOTS))
+        # The calls one worker takes at once when the model overlaps them (an async decoupled model); others take one.
+        self.lanes_wanted = int(_parameter(spec, "async_requests_per_instance", ASYNC_REQUESTS, 1, MAX_ASYNC_REQUESTS))
+        self.requests_per_context = 1  # set at load: lanes_wanted for an async decoupled model
         # 0: no limit (Triton 2.51 waits for initialize without one; see docs/python-models.md).
         self._initialize_timeout = _parameter(spec, "initialize_timeout_seconds", INITIALIZE_TIMEOUT, 0.0, 86400.0)
         self._finalize_grace = _parameter(spec, "finalize_grace_seconds", 2.0, 0.0, 600.0)
@@ -973,6 +1383,7 @@ class PythonModel(LoadedModel):
         self._worker_bytes = 0
         self._config_json = json.dumps(triton_config(spec))
         self._auto_complete = True
+        self._async_execute = False  # its execute is `async def` (the first worker says)
         self.decoupled = False  # set from the completed configuration at load
         self.calls: ModelCalls | None = None  # the server's, for BLS calls (PythonBackend.bind_model_calls)
 
@@ -987,6 +1398,8 @@ class PythonModel(LoadedModel):
             config = json.loads(self._config_json)
             self.metadata = metadata_from_config(config, self.spec)
             self.decoupled = self.streaming = is_decoupled(config)
+            if self.decoupled and self._async_execute:  # Triton runs its coroutines in the background: they overlap
+                self.requests_per_context = self.lanes_wanted
         except BaseException:
             worker.ask_to_stop()
             worker.wait_or_kill(time.monotonic() + self._finalize_grace)
@@ -1015,12 +1428,13 @@ class PythonModel(LoadedModel):
             "model_version": spec.version,
         }
         try:
-            completed = worker.start(settings, self._initialize_timeout or None, cancel)
+            ready = worker.start(settings, self._initialize_timeout or None, cancel)
         except ModelLoadError as error:
             worker.close_resources()
             raise error_type(str(error)) from None
         if self._auto_complete:
-            self._config_json = completed
+            self._config_json = ready.config
+            self._async_execute = ready.async_execute
         with self._lock:
             self._worker_bytes = max(self._worker_bytes, worker.resident_bytes())
         return worker
@@ -1146,11 +1560,6 @@ def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
     """The served metadata of a (completed) configuration. Raises ModelConfigError for a tensor it cannot
     serve, or for settings slotserve refuses."""
     origin = f"model '{spec.name}'"
-    if is_decoupled(config) and spec.batching is not None:
-        raise ModelConfigError(
-            f"{origin}: a decoupled model (model_transaction_policy.decoupled) with dynamic_batching is not "
-            "supported by slotserve: its requests run one at a time per slot"
-        )
     if is_decoupled(config) and config.get("response_cache", {}).get("enable"):
         raise ModelConfigError(  # Triton 2.51 refuses it too
             f"{origin}: the response cache does not support a model with the 'decoupled' transaction policy"

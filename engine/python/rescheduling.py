@@ -8,9 +8,10 @@ How the model's release flag travels back from the worker with the request's res
   of ("ok", ...) or ("error", ...) (`released_result`, in the worker's `_collect`); the model must return None for
   it, as Triton requires (Triton's words otherwise, failing the call), or None for the whole list when it
   reschedules every request;
-* a decoupled call: once `execute` has returned, the worker sends a `Released` record as a message of its own for
-  each request rescheduled and not closed by a final flag, and closes its response sender
-  (`send_released`): the server's stream of that request ends there, after the responses it sent.
+* a decoupled call: once `execute` has returned (its coroutine ended, for an `async def execute`), the worker sends a
+  `Released` record as a message of its own for each request rescheduled and not closed by a final flag, naming the
+  request's call (its run), and closes its response sender (`send_released`): the server's stream of that request
+  ends there, after the responses it sent.
 
 What the server makes of it (`released_outcome`): RequestRescheduled on a model whose sequence_batching has
 `iterative_sequence: true` (service/core/sequences.py runs the request again); on any other model a ModelError in
@@ -42,10 +43,12 @@ NOT_CONFIGURED = (
 
 class Released(NamedTuple):
     """A request of the call that the model released with RELEASE_RESCHEDULE (worker -> server): `position` is its
-    place in the call, `flags` the release flags the model set."""
+    place in the call, `flags` the release flags the model set, `run` the call's number (a decoupled call's message
+    of its own: the server files it by run)."""
 
     position: int
     flags: int
+    run: int = 0
 
 
 # ---- the worker's side ---------------------------------------------------------------------------------------------
@@ -78,18 +81,19 @@ def released_result(request: Any, response: object, index: int) -> Released | No
     return Released(index, RELEASE_RESCHEDULE)
 
 
-def send_released(worker: Any, requests: Sequence[Any], senders: Sequence[Any]) -> None:
-    """After a decoupled `execute` returned: tell the server about each request the model rescheduled whose sender
-    is still open (a Released message; its answers so far are its stream's) and close that sender, so that the
-    call does not wait for a final flag the model will send on a later execution. A request that got its final flag
-    is done: its reschedule is not honoured. Raises OSError when the server is gone."""
+def send_released(worker: Any, run: int, lock: Any, requests: Sequence[Any], senders: Sequence[Any]) -> None:
+    """After a decoupled `execute` (call `run`) returned: tell the server about each request the model rescheduled
+    whose sender is still open (a Released message; its answers so far are its stream's) and close that sender, so
+    that the call does not wait for a final flag the model will send on a later execution. A request that got its
+    final flag is done: its reschedule is not honoured. `lock` is the one its senders send under. Raises OSError
+    when the server is gone."""
     for index, (request, sender) in enumerate(zip(requests, senders, strict=True)):
         if not rescheduled(request):
             continue
-        with worker.pipe_lock:
+        with lock:
             if sender.closed:
                 continue
-            worker.send(Released(index, RELEASE_RESCHEDULE))
+            worker.send(Released(index, RELEASE_RESCHEDULE, run))
             sender.close()
 
 

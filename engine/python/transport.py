@@ -31,9 +31,10 @@ Control messages while a call runs (each answered ("reply", tag, payload) by the
                                                  or a GrowRefused record when /dev/shm has no room (`granted` raises
                                                  NoRoom for it in the worker)
     ("response", tag, run, index, result, final) a decoupled response is in the response segment: the reply is None
-    ("bls", tag, CallRequest)                    a BLS call: answered by ("part", tag, CallReply, final) messages,
-                                                 one (final) for an ordinary call; for a decoupled one, one per
-                                                 response as the callee sends it, then a final one
+    BlsCall(tag, run, CallRequest)               a BLS call of the request of `run` (engine/python/messages.py):
+                                                 answered by ("part", tag, CallReply, final) messages, one (final)
+                                                 for an ordinary call; for a decoupled one, one per response as the
+                                                 callee sends it, then a final one
 
 Files are named `slotserve-py-<pid>-<random>` after the process that made them. Whatever a process could not
 unlink (it was killed) is removed by the next server to start (`remove_leftovers`: files of processes that are

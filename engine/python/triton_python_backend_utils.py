@@ -17,6 +17,7 @@ are refused by name.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import functools
 import json
@@ -362,7 +363,9 @@ class InferenceRequest:
         awaited together (asyncio.gather) are in flight at once."""
 
         async def call():
-            return await asyncio.get_running_loop().run_in_executor(None, functools.partial(self.exec, decoupled))
+            # In the caller's context: the worker reads there which request the call belongs to.
+            exec_here = functools.partial(contextvars.copy_context().run, self.exec, decoupled)
+            return await asyncio.get_running_loop().run_in_executor(None, exec_here)
 
         return call()
 

@@ -1,23 +1,34 @@
 """A python model's worker process: one per slot, started by engine/python/backend.py as
 `python -m engine.python.worker <pipe fd>`.
 
-It imports the model.py, runs `auto_complete_config` and `initialize`, then serves `execute` calls one at a
-time until told to stop (then `finalize`). Tensors arrive and leave through the server's shared-memory segments
-(engine/python/transport.py); the pipe carries only control messages.
+It imports the model.py, runs `auto_complete_config` and `initialize`, then serves `execute` calls (engine/python/
+messages.py's Execute: a run number, a lane, the requests) until told to stop (then `finalize`). Tensors arrive and
+leave through the server's shared-memory segments, a request and a response segment per lane
+(engine/python/transport.py); the pipe carries only control messages. A worker serves one lane, one call at a time,
+unless its model overlaps its calls (below).
 
 A decoupled model (`model_transaction_policy { decoupled: true }`) answers through its requests' response senders,
-from `execute` or from threads of its own: each `send` lays its tensors into the response segment, tells the
+from `execute` or from threads of its own: each `send` lays its tensors into its lane's response segment, tells the
 server ("response", run, index, result, final) and waits for its "ack" (the server has copied them out), all under
-the pipe's lock, so sends from several threads go one after another. The main thread waits until every request of
-the call got its final flag before it reads the next control message: only then is the pipe its own again.
+the lane's lock, so sends of one lane go one after another (sends of other lanes only share the pipe). A run ends at
+its last final flag (a decoupled model's) or when its answer is sent (another model's): its BLS calls are allowed
+until then, and its single-use segments are dropped then.
 
-BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any thread while it runs) go to the
-server as ("bls", tag, CallRequest) with their inputs in a segment of their own (engine/python/transport.py); the
-server runs each through the callee's admission on a thread of its own and answers ("part", tag, CallReply,
-final) messages (a decoupled callee's responses one by one, as they come), so several calls may be in flight at
-once. No thread of its own reads the pipe: the thread waiting for a message reads it (engine/python/pipe.py),
-filing replies and parts for the thread waiting for their tag (`ask`, `bls`), "execute" and "stop" for the main
-thread. `async def execute` runs to its end on the worker's event loop; `async_exec` runs `exec` on the loop's
+`async def execute` runs on the worker's event loop, a thread of its own (`EventLoop`, as Triton's stub runs it).
+A model that is not decoupled waits for the coroutine (no overlap: Triton runs it to completion). A decoupled
+model's coroutine runs in the background and the main thread reads the next Execute at once, so one worker has
+several calls in flight, each on a lane of its own (the server decides how many: docs/python-models.md); a
+coroutine that raises fails the requests of its own run whose final flag was not sent, nothing else.
+
+BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any thread while its run is in flight)
+go to the server as BlsCall(tag, run, CallRequest) with their inputs in a segment of their own
+(engine/python/transport.py): the run is the calling request's (a context variable set for `execute` and the
+coroutine it returns; a thread of the model's own, which has none, is taken for the latest run in flight). The
+server runs each through the callee's admission on a thread of its own and answers ("part", tag, CallReply, final)
+messages (a decoupled callee's responses one by one, as they come), so several calls may be in flight at once;
+`exec(decoupled=True)` returns once the first of them came, as Triton's does. No thread of its own reads the pipe:
+the thread waiting for a message reads it (engine/python/pipe.py), filing replies and parts for the thread waiting
+for their tag (`ask`, `bls`), Execute and "stop" for the main thread. `async_exec` runs `exec` on the event loop's
 thread pool, so calls awaited together overlap.
 
 An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
@@ -28,6 +39,8 @@ outlives its server.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import importlib.machinery
 import importlib.util
 import inspect
@@ -41,16 +54,19 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from . import rescheduling, transport
 from . import triton_python_backend_utils as pb_utils
+from .messages import EXECUTE, BlsCall, Execute, Ready
 from .output import RecordFormatter
 from .pipe import GONE, WorkerPipe, unlink_reply
 
 _LOG = logging.getLogger("slotserve.python_model")
 WATCHDOG_SECONDS = 0.5
+LOOP_STOP_SECONDS = 1.0  # how long the end of a worker waits for its event loop to stop
 
 
 class Worker:
@@ -58,32 +74,33 @@ class Worker:
         self.connection = connection
         self.model: Any = None  # the TritonPythonModel instance, once `initialize` ran
         self.name = ""
-        self.request_segment: transport.Segment | None = None
-        self.response_segment: transport.Segment | None = None
         self.cancel_board: transport.Segment | None = None
+        self.board_words = 1  # words of the cancel board per lane: one per request of a call (settings)
+        self.lanes: dict[int, _Lane] = {}  # by number; made as the server first names one
         self.requested_cache: dict = {}
         self.decoupled = False
-        self.pipe_lock = threading.Lock()  # guards: the pipe and the response segment while a decoupled call runs
-        self.finals = threading.Condition()  # guards: open_senders
-        self.open_senders = 0
         self.pipe = WorkerPipe(connection)  # read by the thread waiting for a message (engine/python/pipe.py)
         self.tags = itertools.count(1)
-        # True while a call runs (a decoupled model's: until every final flag): BLS calls are allowed then only.
-        self.executing = False
-        self.loop: asyncio.AbstractEventLoop | None = None  # runs an `async def execute`
-        self._wakeup: asyncio.Event | None = None  # set by a sender while `_wait` runs the loop
+        self._runs_lock = threading.Lock()  # guards: _runs, each run's `live`
+        self._runs: dict[int, _Run] = {}  # the runs in flight (until their answer or last final flag)
+        self.loop: EventLoop | None = None  # runs `async def execute`; made at the first coroutine, ended at stop
+        # Notified when a response sender of a call that is not decoupled got a response or its final flag (any
+        # thread): the main thread waits on it for the responses the model sends rather than returns.
+        self.finals = threading.Condition()
         self.instance_name = ""  # Triton's instance name (<model>_0_<slot>), for Triton's words
 
     # ---- start -----------------------------------------------------------------------------------------------
 
     def start(self, settings: dict) -> None:
-        """Import model.py, auto-complete the configuration, initialize. Replies ("ready", config json) or
-        ("error", message)."""
+        """Import model.py, auto-complete the configuration, initialize. Replies Ready (the completed configuration,
+        whether execute is a coroutine function) or ("error", message)."""
         self.name = settings["model_name"]
         self.instance_name = settings["model_instance_name"]
         try:
             self.cancel_board = transport.Segment.attach(*settings["cancel_board"])
-            self._remap(settings["segments"])  # mapped first: the server unlinks the files once this call replies
+            self.board_words = int(settings.get("board_words", 1))
+            # Mapped first: the server unlinks the files once this call replies.
+            self._remap(self._lane(0), settings["segments"])
             config = json.loads(settings["model_config"])
             module = _import_model(settings["model_file"])
             model_class = getattr(module, "TritonPythonModel", None)
@@ -105,24 +122,23 @@ class Worker:
             _LOG.error("model '%s': loading model.py failed:\n%s", self.name, traceback.format_exc())
             self.connection.send(("error", _describe(error)))
             return
-        self.connection.send(("ready", json.dumps(config)))
+        self.connection.send(
+            Ready(json.dumps(config), inspect.iscoroutinefunction(getattr(self.model, "execute", None)))
+        )
 
     # ---- serve -----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
+        """Read the server's orders until "stop" (then `finalize`) or until the server is gone."""
         while True:
             message = self.pipe.next_order()
-            kind = message[0]
             if message is GONE:
                 return  # the server is gone
-            if kind == "execute" and self.decoupled:
-                self.execute_decoupled(*message[1:])
-            elif kind == "execute":
-                self.execute(*message[1:])
-            if kind == "execute":  # single-use segments go when a call ends; the server sends small ones next
-                self.request_segment = transport.kept(self.request_segment)
-                self.response_segment = transport.kept(self.response_segment)
-            if kind == "stop":
+            if message[0] == EXECUTE:
+                self.execute(Execute.from_wire(message))
+            elif message[0] == "stop":
+                if self.loop is not None:
+                    self.loop.stop(LOOP_STOP_SECONDS)  # as Triton: the loop stops, then finalize runs
                 self.finalize()
                 return
 
@@ -135,20 +151,28 @@ class Worker:
         self.send((kind, tag, *fields))
         return self.pipe.answer(tag)
 
-    def run_model(self, built):
-        """`execute(built)`, an `async def execute` run to its end on the worker's event loop."""
-        returned = self.model.execute(built)
-        if inspect.iscoroutine(returned):
-            if self.loop is None:
-                self.loop = asyncio.new_event_loop()
-            returned = self.loop.run_until_complete(returned)
-        return returned
+    def event_loop(self) -> EventLoop:
+        """The worker's event loop (made, and its thread started, at the first use; only the main thread calls)."""
+        if self.loop is None:
+            self.loop = EventLoop()
+        return self.loop
+
+    def calling_run(self) -> _Run | None:
+        """The run a BLS call belongs to: the calling request's (its context variable), else, for a thread of the
+        model's own, the latest run in flight; None when there is none in flight (or the caller's has ended)."""
+        run = _CURRENT_RUN.get()
+        if run is not None:
+            return run if run.live else None
+        with self._runs_lock:
+            return self._runs[max(self._runs)] if self._runs else None
 
     def bls(self, request: pb_utils.InferenceRequest, decoupled: bool):
         """Send a BLS call to the server. Returns the list of the callee's responses (one), or with `decoupled` an
-        iterator of them, each as it arrives. Raises TritonModelException outside execute, for an input no
-        datatype fits, or when the server is gone (the iterator raises it too)."""
-        if not self.executing:
+        iterator of them, once the first has arrived (as Triton's exec), each of the others as it arrives. Raises
+        TritonModelException outside execute, for an input no datatype fits, or when the server is gone (the
+        iterator raises it too)."""
+        run = self.calling_run()
+        if run is None:
             raise pb_utils.TritonModelException(  # Triton's words first
                 "BLS is only supported during the 'execute' function. (a BLS call can only be made while execute "
                 "runs: this one came before it, from initialize or finalize, or after it returned)"
@@ -175,12 +199,17 @@ class Worker:
         tag = next(self.tags)
         self.pipe.open_call(tag)
         try:
-            self.send(("bls", tag, call))
+            self.send(BlsCall(tag, run.number, call))
         except OSError:
             self._end_call(tag, segment)
             raise pb_utils.TritonModelException("the server is gone: the BLS call was not sent") from None
         responses = self._responses(tag, segment)
-        return responses if decoupled else list(responses)
+        if not decoupled:
+            return list(responses)
+        # The first response is awaited here, as Triton's exec does: an `await async_exec(decoupled=True)` then
+        # returns with it, and iterating does not hold the event loop until the callee's first answer.
+        first = next(responses, None)
+        return itertools.chain(() if first is None else (first,), responses)
 
     def _responses(self, tag: int, segment):
         """A BLS call's responses as its parts arrive (a decoupled callee's one by one), up to the final part (a final
@@ -212,139 +241,192 @@ class Worker:
             segment.unlink()
             segment.close()
 
-    def execute(self, run: int, requests: list[dict], segments: dict) -> None:
-        """Run one call (a list of requests) and reply ("done", run, results), results per request
-        ("ok", descriptors) or ("error", code, message); ("failed", run, message) when there is nothing to answer
-        (execute raised before any response was sent, or returned what does not fit the requests).
+    def execute(self, message: Execute) -> None:
+        """Run one call (its requests read from its lane's request segment). A decoupled model's answers go as
+        its requests' senders send them; another model's as ("done", run, results) (`execute_returning`)."""
+        lane = self._lane(message.lane)
+        self._remap(lane, message.segments)
+        run = _Run(message.run, lane)
+        board = self.cancel_board
+        built = [self._request(run, index, request, board) for index, request in enumerate(message.requests)]
+        self.track(run)
+        current = _CURRENT_RUN.set(run)  # what execute, the coroutine it returns and their BLS calls belong to
+        try:
+            if self.decoupled:
+                self.execute_decoupled(run, built, message.requests)
+            else:
+                self.execute_returning(run, built, message.requests)
+        finally:
+            _CURRENT_RUN.reset(current)
+
+    def execute_returning(self, run: _Run, built: list, requests: list[dict]) -> None:
+        """A model that is not decoupled: `execute` (an `async def` one run to its end on the event loop, as
+        Triton does: no overlap), its responses laid into the lane's response segment, ("done", run, results),
+        results per request ("ok", descriptors) or ("error", code, message); ("failed", run, message) when there is
+        nothing to answer (execute raised before any response was sent, or returned what does not fit the
+        requests).
 
         A request's response may come back from execute or through its response sender, from execute or from a
         thread after execute returned None: the call is answered once every request whose sender was taken has
-        its response (an async model's event loop runs meanwhile). A response sent before execute raised still
+        its response (the event loop runs meanwhile, on its thread). A response sent before execute raised still
         reaches its client, as on Triton; the others get the exception."""
-        self._remap(segments)
-        board = self.cancel_board
-        built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
+        lane = run.lane
         for request in built:
             request._sender = pb_utils.InferenceResponseSender(notify=self._senders_changed)
-        self.executing = True
+        failure: BaseException | None = None
         try:
-            failure: BaseException | None = None
-            returned = None
             try:
-                returned = self.run_model(built)
-            except BaseException as error:  # the model's own code
-                _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
-                failure = error
-            results, layout = self._collect(built, requests, returned, failure)
-        except BaseException as error:  # nothing fits the requests: every request fails
-            if error is not failure:
-                _LOG.error("model '%s': %s", self.name, _describe(error))
-            self.send(("failed", run, _describe(error)))
-            return
+                returned = None
+                try:
+                    returned = self.model.execute(built)
+                    if inspect.iscoroutine(returned):
+                        returned = self.event_loop().run(returned)
+                except BaseException as error:  # the model's own code
+                    _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
+                    failure = error
+                results, layout = self._collect(built, requests, returned, failure)
+            except BaseException as error:  # nothing fits the requests: every request fails
+                if error is not failure:
+                    _LOG.error("model '%s': %s", self.name, _describe(error))
+                self.send(("failed", run.number, _describe(error)))
+                return
+            finally:
+                del built
+            try:
+                if layout.size > lane.response_segment.size:  # type: ignore[union-attr]
+                    self._remap(lane, {"response": transport.granted(self.ask("grow", run.number, layout.size))})
+            except transport.NoRoom as refused:  # /dev/shm is full: the server fails the call (RESOURCE_EXHAUSTED)
+                self.send(("failed", run.number, str(refused)))
+                return
+            layout.write(lane.response_segment)  # type: ignore[arg-type]
+            self.send(("done", run.number, results))
         finally:
-            self.executing = False
-            del built
-        try:
-            if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-                self._replace_response_segment(*transport.granted(self.ask("grow", run, layout.size)))
-        except transport.NoRoom as refused:  # /dev/shm is full: the server fails the call (RESOURCE_EXHAUSTED)
-            self.send(("failed", run, str(refused)))
-            return
-        layout.write(self.response_segment)  # type: ignore[arg-type]
-        self.send(("done", run, results))
+            with lane.lock:
+                self._end_run(run)
 
-    def execute_decoupled(self, run: int, requests: list[dict], segments: dict) -> None:
-        """Run one call of a decoupled model: its responses go to the server as they are sent (`send_response`);
-        returns once every request got its final flag (an async model's event loop runs meanwhile, so the tasks
-        its execute left behind can send). An exception in `execute` (or a return value other than None, refused
-        in Triton's words) closes the senders still open and is reported as ("failed", run, message)."""
-        self._remap(segments)
-        board = self.cancel_board
-        built = [self._request(run, index, request, board) for index, request in enumerate(requests)]
+    def execute_decoupled(self, run: _Run, built: list, requests: list[dict]) -> None:
+        """A decoupled model: its responses go to the server as they are sent (`send_response`); the run ends at
+        its last final flag. An `async def execute` is left running in the background on the event loop (the main
+        thread reads the next order at once); otherwise execute runs here. An exception (or a return value other
+        than None, refused in Triton's words) closes the senders still open and is reported as ("failed", run,
+        message). Requests the model rescheduled are handed back once execute (or its coroutine) has ended."""
         senders = [
             _StreamSender(self, run, index, request["outputs"], built[index]) for index, request in enumerate(requests)
         ]
-        with self.finals:
-            self.open_senders = len(senders)
+        run.open_senders = len(senders)
+        run.senders = senders
+        run.requests = built
         for request, sender in zip(built, senders, strict=True):
             request._sender = sender
-        self.executing = True  # until every final flag: the model's threads may make BLS calls for its requests
         try:
-            returned = self.run_model(built)
-            if returned is not None:
-                raise pb_utils.TritonModelException(
-                    f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
-                    "return None."
-                )
-            rescheduling.send_released(self, built, senders)  # rescheduled requests: no final flag this time
+            returned = self.model.execute(built)
+            if inspect.iscoroutine(returned):
+                self.event_loop().start(returned, lambda outcome: self._background_ended(run, outcome))
+                return
+            self._returned_nothing(returned)
+            rescheduling.send_released(self, run.number, run.lane.lock, built, senders)  # no final flag this time
         except BaseException as error:  # the model's own code
             _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
-            with self.pipe_lock:
-                if any(not sender.closed for sender in senders):
-                    for sender in senders:
-                        sender.close()
-                    self.send(("failed", run, _describe(error)))
+            self.fail_run(run, error)
         finally:
             del built
-        self._wait(lambda: self.open_senders == 0)
-        self.executing = False
+
+    def _background_ended(self, run: _Run, outcome: concurrent.futures.Future) -> None:
+        """A decoupled model's coroutine ended (on the event loop's thread): an exception fails its own run; its
+        rescheduled requests are handed back."""
+        try:
+            self._returned_nothing(outcome.result())
+            rescheduling.send_released(self, run.number, run.lane.lock, run.requests, run.senders)
+        except BaseException as error:  # the model's own code (or its coroutine was cancelled)
+            _LOG.error(
+                "model '%s': execute raised:\n%s",
+                self.name,
+                "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+            )
+            self.fail_run(run, error)
+
+    def _returned_nothing(self, returned) -> None:
+        if returned is not None:
+            raise pb_utils.TritonModelException(
+                f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
+                "return None."
+            )
+
+    def fail_run(self, run: _Run, error: BaseException) -> None:
+        """Close the run's senders still open and tell the server ("failed", run, message): the requests of the run
+        whose final flag was not sent fail; nothing happens when every one of them was sent already."""
+        with run.lane.lock:
+            if all(sender.closed for sender in run.senders):
+                return
+            for sender in run.senders:
+                sender.close()
+            try:
+                self.send(("failed", run.number, _describe(error)))
+            except OSError:
+                pass  # the server is gone
 
     def _senders_changed(self) -> None:
-        """A response sender got a response or its final flag (any thread): wake the call waiting for them."""
+        """A response sender of a call that is not decoupled got a response or its final flag (any thread): wake
+        the main thread waiting for them (`_wait`)."""
         with self.finals:
             self.finals.notify_all()
-        loop, wakeup = self.loop, self._wakeup
-        if loop is not None and wakeup is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(wakeup.set)
 
     def _wait(self, done: Callable[[], bool]) -> None:
-        """Block until `done()` (which `_senders_changed` follows). For an `async def execute` the event loop runs
-        meanwhile: asyncio tasks its execute created may be the ones that send. Waits as long as the model takes,
-        as on Triton: the server kills a worker still busy `cancel_kill_seconds` after its request was cancelled."""
-        if self.loop is None:
-            with self.finals:
-                self.finals.wait_for(done)
-            return
+        """Block until `done()` (which `_senders_changed` follows; the event loop runs on its own thread meanwhile,
+        so asyncio tasks execute left behind may be the ones that send). Waits as long as the model takes, as on
+        Triton: the server kills a worker still busy `cancel_kill_seconds` after its request was cancelled."""
+        with self.finals:
+            self.finals.wait_for(done)
 
-        async def until_done() -> None:
-            self._wakeup = asyncio.Event()
-            try:
-                while True:
-                    self._wakeup.clear()  # cleared before looking: a send in between sets it again
-                    with self.finals:
-                        if done():
-                            return
-                    await self._wakeup.wait()
-            finally:
-                self._wakeup = None
-
-        self.loop.run_until_complete(until_done())
-
-    def send_response(self, run: int, index: int, requested: list[str], response, final: bool) -> None:
+    def send_response(self, run: _Run, index: int, requested: list[str], response, final: bool) -> None:
         """Hand one response of a decoupled call to the server and wait until it has taken the tensors. Called
-        with pipe_lock held, on the model's thread."""
+        with the lane's lock held, on the model's thread."""
+        lane = run.lane
         layout = transport.Layout()
         result = None if response is None else self._result(response, requested, layout)
-        if layout.size > self.response_segment.size:  # type: ignore[union-attr]
-            self._replace_response_segment(*transport.granted(self.ask("grow", run, layout.size)))  # or NoRoom
-        layout.write(self.response_segment)  # type: ignore[arg-type]
-        self.ask("response", run, index, result, final)  # answered once the server copied the tensors out
+        if layout.size > lane.response_segment.size:  # type: ignore[union-attr]
+            self._remap(lane, {"response": transport.granted(self.ask("grow", run.number, layout.size))})  # or NoRoom
+        layout.write(lane.response_segment)  # type: ignore[arg-type]
+        self.ask("response", run.number, index, result, final)  # answered once the server copied the tensors out
 
-    def sender_closed(self) -> None:
-        with self.finals:
-            self.open_senders -= 1
-        self._senders_changed()
+    def sender_closed(self, run: _Run) -> None:
+        """One request of the run got its final flag (the lane's lock is held): the last one ends the run."""
+        run.open_senders -= 1
+        if run.open_senders == 0:
+            self._end_run(run)
 
-    def _request(self, run: int, index: int, request: dict, board) -> pb_utils.InferenceRequest:
-        segment = self.request_segment
+    def _end_run(self, run: _Run) -> None:
+        """The run is over (the lane's lock held): no BLS call of its own after this, and its lane's single-use
+        segments are dropped, as the server drops its side when the call ends (the next call sends small ones)."""
+        with self._runs_lock:
+            run.live = False
+            self._runs.pop(run.number, None)
+        lane = run.lane
+        lane.request_segment = transport.kept(lane.request_segment)
+        lane.response_segment = transport.kept(lane.response_segment)
+
+    def track(self, run: _Run) -> None:
+        """Count `run` in flight (until `_end_run`): its BLS calls, and those of threads that have no run, go."""
+        with self._runs_lock:
+            self._runs[run.number] = run
+
+    def _lane(self, number: int) -> _Lane:
+        lane = self.lanes.get(number)
+        if lane is None:
+            lane = self.lanes[number] = _Lane(number)
+        return lane
+
+    def _request(self, run: _Run, index: int, request: dict, board) -> pb_utils.InferenceRequest:
+        segment = run.lane.request_segment
         inputs = [
             pb_utils.Tensor(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
             for d in transport.from_wire(request["inputs"])
         ]
-        offset = 8 * index
+        offset = 8 * (run.lane.number * self.board_words + index)
+        number = run.number
 
         def cancelled() -> bool:
-            return struct.unpack_from("<q", board.view, offset)[0] == run
+            return struct.unpack_from("<q", board.view, offset)[0] == number
 
         return pb_utils.InferenceRequest(
             model_name=self.name,
@@ -438,15 +520,16 @@ class Worker:
             descriptors.append(layout.plan(tensor.name(), array, datatype))
         return ("ok", transport.to_wire(descriptors))
 
-    def _remap(self, segments: dict) -> None:
-        for key, (path, size) in segments.items():
-            old = getattr(self, f"{key}_segment")
-            setattr(self, f"{key}_segment", transport.Segment.attach(path, size))
-            if old is not None:
-                old.close()
-
-    def _replace_response_segment(self, path: str, size: int) -> None:
-        self._remap({"response": (path, size)})
+    def _remap(self, lane: _Lane, segments: dict) -> None:
+        """Map the segments the server made for `lane` ({"request"|"response": (path, size)}), in place of the old."""
+        if not segments:
+            return
+        with lane.lock:  # reentrant: a send that grows the response segment holds it already
+            for key, (path, size) in segments.items():
+                old = getattr(lane, f"{key}_segment")
+                setattr(lane, f"{key}_segment", transport.Segment.attach(path, size))
+                if old is not None:
+                    old.close()
 
     def finalize(self) -> None:
         finalize = getattr(self.model, "finalize", None)
@@ -463,7 +546,7 @@ class _StreamSender(pb_utils.InferenceResponseSender):
     Raises TritonModelException after the final flag, for a response that is not an InferenceResponse, and when
     the server is gone."""
 
-    def __init__(self, worker: Worker, run: int, index: int, requested: list[str], request) -> None:
+    def __init__(self, worker: Worker, run: _Run, index: int, requested: list[str], request) -> None:
         super().__init__()
         self._worker, self._run, self._index, self._requested = worker, run, index, requested
         self._request_cancelled = request.is_cancelled
@@ -471,7 +554,7 @@ class _StreamSender(pb_utils.InferenceResponseSender):
     def send(self, response: pb_utils.InferenceResponse | None = None, flags: int = 0) -> None:
         final = pb_utils._check_send(response, flags)
         worker = self._worker
-        with worker.pipe_lock:
+        with self._run.lane.lock:
             if self.closed:  # a response with the final flag was sent, or execute failed
                 raise pb_utils.TritonModelException(pb_utils.SENDER_CLOSED)
             try:
@@ -482,13 +565,82 @@ class _StreamSender(pb_utils.InferenceResponseSender):
                 self.close()
 
     def close(self) -> None:
-        """No response after this one (called with the pipe's lock held)."""
+        """No response after this one (called with the lane's lock held)."""
         if not self.closed:
             self.closed = True
-            self._worker.sender_closed()
+            self._worker.sender_closed(self._run)
 
     def is_cancelled(self) -> bool:
         return self._request_cancelled()
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One of the worker's calls in flight at once: the segments the server made for it, and the lock under which
+    its responses are written and sent and its segments replaced (they share the response segment)."""
+
+    number: int
+    request_segment: transport.Segment | None = None
+    response_segment: transport.Segment | None = None
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+class _Run:
+    """One execute call in flight: its number (the server's), its lane and, for a decoupled model, its requests'
+    senders (`open_senders` of them without their final flag yet; changed under the lane's lock)."""
+
+    __slots__ = ("number", "lane", "live", "open_senders", "senders", "requests")
+
+    def __init__(self, number: int, lane: _Lane) -> None:
+        self.number = number
+        self.lane = lane
+        self.live = True  # until its answer (or last final flag) was sent: BLS calls are allowed while it is
+        self.open_senders = 0
+        self.senders: list[_StreamSender] = []
+        self.requests: list = []  # a decoupled run's (its rescheduled ones are handed back when it ends)
+
+
+# The run the code running now belongs to: set for `execute` and copied into the coroutine it returns (and into
+# async_exec's thread by pb_utils), so a BLS call knows its request.
+_CURRENT_RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("slotserve_python_run", default=None)
+
+
+class EventLoop:
+    """The worker's asyncio event loop, run by a thread of its own as Triton's stub runs it: `async def execute`
+    runs there, and `async_exec` on its thread pool (owned here). Made by the worker at its first coroutine and
+    stopped by it at its end (`stop`)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="python-model-async-exec")
+        self.loop.set_default_executor(self._executor)
+        self._background: set[concurrent.futures.Future] = set()  # coroutines running in the background
+        self._thread = threading.Thread(target=self._run, name="python-model-event-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coroutine) -> Any:
+        """Run `coroutine` on the loop and return its result (or raise its exception). Blocks until it ends: the
+        server bounds a call that never does (its kill clock ends the worker)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def start(self, coroutine, ended: Callable[[concurrent.futures.Future], None]) -> None:
+        """Run `coroutine` on the loop in the background; `ended(future)` is called (on the loop's thread) when it
+        ends. Returns at once."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+        future.add_done_callback(ended)
+
+    def stop(self, timeout: float) -> None:
+        """Stop the loop (coroutines still running are left as they are) and its thread pool, waiting at most
+        `timeout` seconds for the loop's thread."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 _ARG_KEYS = (

@@ -106,6 +106,7 @@ class Ticket:
         "leader",
         "members",
         "left",
+        "posted",
     )
 
     def __init__(
@@ -135,6 +136,7 @@ class Ticket:
         self.leader: Ticket | None = None  # once granted in a batch: its first ticket (itself for the leader)
         self.members: list[Ticket] | None = None  # on a leader: the batch, in arrival order, leader first
         self.left = False  # a member whose caller gave up after the grant
+        self.posted = False  # a member whose leader posted its outcome before the batch ended (a stream to read)
 
     def __repr__(self) -> str:
         return f"Ticket(#{self.seq} {self.kind.value} {self.state.value})"
@@ -607,6 +609,8 @@ class AdmissionController:
                 if state is TicketState.QUEUED:
                     continue
                 if state is TicketState.GRANTED and ticket.is_member:
+                    if ticket.posted:  # its answers stream while the batch holds the slot: it reads them itself
+                        return ticket
                     if cancel is not None and cancel.cancelled:
                         raise RequestCancelled(f"the caller gave up while its batch of model '{self.model}' ran")
                     continue  # its leader runs the batch and wakes it with its result
@@ -710,6 +714,14 @@ class AdmissionController:
                 self._withdraw_locked(ticket, TicketState.CANCELLED)
             elif ticket.state is TicketState.GRANTED and ticket.is_member:
                 ticket.nudge()
+
+    def post_to_members(self, leader: Ticket) -> None:
+        """The leader of a batch posted every member its outcome while the batch still holds its slot (a streaming
+        model's: each member reads its own answers): wake the members, which return from `acquire` at once."""
+        with self._lock:
+            for member in (leader.members or [])[1:]:
+                member.posted = True
+                member.nudge()
 
     def abandon(self, ticket: Ticket) -> None:
         """The owner gives up its ticket whatever its state: queued leaves, granted is released (a batch member

@@ -11,22 +11,27 @@ batch once it is granted. The thread of its first request (the leader) holds the
   them once), its own statistics.
 * An engine error fails every member with the same status (each gets its own exception object).
 * A batch of one runs on the request's own arrays: no stacking copy, no split.
+* A streaming (decoupled) model's batch, on a backend that takes batches as requests (python), is one engine call
+  whose answers come per member: each member gets a stream of its own (`BatchItem.stream`, read on its own thread,
+  its own final flag and errors), and the slot is held until the last member's stream ended. A member that is not on
+  a stream (ModelInfer) is refused as Triton refuses it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from engine.errors import EngineError, ExecutionCancelled
+from engine.errors import DeviceFailedError, EngineError, ExecutionCancelled, ModelErrorUnsupported
 from engine.interface import BatchingSpec, CancelToken, ModelMetadata, ModelSpec, Outputs
 
 from .admission import BatchRule
+from .blocking import blocking_wait
 from .errors import InvalidRequest, ServiceError, own_copy
 from .statistics import InferenceStatistics
 
@@ -80,7 +85,9 @@ class BatchItem:
     # Outputs the server keeps (a sequence's implicit state, service/core/sequences.py): asked of the engine
     # besides `outputs` (or all the declared ones), not checked against the metadata, split like the others.
     kept_outputs: Sequence[str] = ()
+    streams: bool = False  # the request takes a stream of answers (ModelStreamInfer): a decoupled model may batch it
     result: Outputs | None = None
+    stream: Iterator[Outputs] | None = None  # a decoupled model's answers to it, posted instead of `result`
     error: BaseException | None = None
     metadata: ModelMetadata | None = None
     version: str = ""
@@ -89,13 +96,15 @@ class BatchItem:
     infer_ns: int = 0
     batch_rows: int = 0  # rows of the batch it ran in
     key: Hashable = field(init=False)
+    _abandoned: bool = field(default=False, init=False)  # its thread left: a stream posted later is closed
+    _stream_lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # guards: stream, _abandoned
 
     def __post_init__(self) -> None:
         self.key = batch_key(self.signature, self.outputs)
 
     @property
     def done(self) -> bool:
-        return self.result is not None or self.error is not None
+        return self.result is not None or self.error is not None or self.stream is not None
 
     def outcome(self) -> Outputs:
         """The request's rows of the batch's outputs; raises the error its batch (or its own input) ended in."""
@@ -108,6 +117,22 @@ class BatchItem:
     def fail(self, error: BaseException) -> None:
         if not self.done:
             self.error = own_copy(error)
+
+    def post_stream(self, stream: Iterator[Outputs]) -> bool:
+        """The leader hands the request its stream of answers; False (the caller closes it) when the request's
+        thread has left already."""
+        with self._stream_lock:
+            if self._abandoned:
+                return False
+            self.stream = stream
+            return True
+
+    def abandon(self) -> Iterator[Outputs] | None:
+        """The request's thread leaves without reading its answers (it gave up): returns the stream posted to it,
+        if any, for the caller to close; one posted later is closed by the leader."""
+        with self._stream_lock:
+            self._abandoned = True
+            return self.stream
 
 
 class EveryoneGaveUp(CancelToken):
@@ -141,30 +166,37 @@ class EveryoneGaveUp(CancelToken):
 
 def run_batch(
     lease: Lease, items: Sequence[BatchItem], run_cancel: CancelToken, statistics: InferenceStatistics
-) -> None:
+) -> bool:
     """Run `items` (a granted batch, leader first) on `lease`'s slot and post every item's outcome. Never raises
-    for a member's sake: every item ends with a result or an error. Blocks for the run."""
+    for a member's sake: every item ends with a result, a stream or an error. Blocks for the run; a streaming
+    model's batch only until its call started. Returns True when the lease went to the members' streams (the last
+    one to end releases it); False when the caller releases it now."""
     metadata = lease.metadata
     started = time.perf_counter_ns()
     live: list[BatchItem] = []
+    as_requests = getattr(lease.pool.primary, "batches_as_requests", False)
     for item in items:
         item.started_ns, item.metadata, item.version = started, metadata, lease.version
-        if lease.streaming:
+        if lease.streaming and not as_requests:
             item.fail(
                 InvalidRequest(
                     f"model '{lease.entry.name}' streams its responses, which dynamic batching "
                     "does not support: remove dynamic_batching from its configuration"
                 )
             )
+        elif lease.streaming and not item.streams:  # Triton's code and words for a decoupled model's ModelInfer
+            item.fail(ModelErrorUnsupported("ModelInfer RPC doesn't support models with decoupled transaction policy"))
         elif not item.cancel.cancelled:
             _checked(item, metadata, live)
     if not live:
         for item in items:
             item.fail(ExecutionCancelled("every request of the batch gave up before it ran"))
-        return
-    if getattr(lease.pool.primary, "batches_as_requests", False):
+        return False
+    if lease.streaming:
+        return _run_as_streams(lease, live, statistics, started)
+    if as_requests:
         _run_as_requests(lease, live, run_cancel, statistics, started)
-        return
+        return False
     inputs = stack(live)
     stacked = time.perf_counter_ns()
     rows = sum(item.rows for item in live)
@@ -173,7 +205,7 @@ def run_batch(
     except (EngineError, ExecutionCancelled) as error:
         for item in live:
             item.fail(error)
-        return
+        return False
     except BaseException as error:  # a backend bug: the same status for every member, and the log has it
         for item in live:
             item.fail(error)
@@ -188,6 +220,7 @@ def run_batch(
         infer_ns=executed - stacked,
         output_ns=time.perf_counter_ns() - executed,
     )
+    return False
 
 
 def _engine_outputs(item: BatchItem, metadata: ModelMetadata) -> Sequence[str]:
@@ -225,6 +258,93 @@ def _run_as_requests(
             item.result = outcome
         item.infer_ns, item.batch_rows = executed - started, rows
     statistics.record_execution(batch_size=rows, input_ns=0, infer_ns=executed - started, output_ns=0)
+
+
+def _run_as_streams(lease: Lease, live: Sequence[BatchItem], statistics: InferenceStatistics, started: int) -> bool:
+    """A streaming (decoupled) model's batch: one engine call of the members, each member's answers posted as a
+    stream of its own (read on its own thread by the dataplane). The lease goes to the streams: the last one to end
+    releases it, and the batch's execution is counted then. Returns whether it went (False: the call could not
+    start, every member failed with its error)."""
+    try:
+        streams = lease.context.execute_streams(list(live))
+    except (EngineError, ExecutionCancelled) as error:
+        for item in live:
+            item.fail(error)
+        return False
+    except BaseException as error:  # a backend bug: the same status for every member, and the log has it
+        for item in live:
+            item.fail(error)
+        raise
+    rows = sum(item.rows for item in live)
+    held = _HeldByStreams(lease, len(streams), statistics, started, rows)
+    for item, stream in zip(live, streams, strict=True):
+        item.batch_rows = rows
+        member = _MemberStream(stream, held)
+        if not item.post_stream(member):
+            member.close()
+    return True
+
+
+class _HeldByStreams:
+    """A streaming batch's lease, held until its last member stream ended: then the execution is counted and the
+    lease released (and, when the engine's device failed under a stream, the pool retired)."""
+
+    def __init__(self, lease: Lease, streams: int, statistics: InferenceStatistics, started: int, rows: int) -> None:
+        self._lease, self._statistics, self._started, self._rows = lease, statistics, started, rows
+        self._lock = threading.Lock()  # guards: _open, _failure
+        self._open = streams
+        self._failure: DeviceFailedError | None = None
+
+    def device_failed(self, error: DeviceFailedError) -> None:
+        with self._lock:
+            self._failure = self._failure or error
+
+    def stream_ended(self) -> None:
+        with self._lock:
+            self._open -= 1
+            if self._open > 0:
+                return
+            failure = self._failure
+        infer_ns = time.perf_counter_ns() - self._started
+        self._statistics.record_execution(batch_size=self._rows, input_ns=0, infer_ns=infer_ns, output_ns=0)
+        self._lease.release()
+        if failure is not None:
+            self._lease.entry.retire_failed_pool(self._lease.pool, failure)
+
+
+class _MemberStream(Iterator[Outputs]):
+    """One member's answers in a streaming batch: the engine's, each waited for in `blocking_wait` (a handler pool
+    may start another call meanwhile); ended (its last answer read, closed or raised), it ends its part of the
+    batch once."""
+
+    def __init__(self, answers: Iterator[Outputs], held: _HeldByStreams) -> None:
+        self._answers, self._held = answers, held
+        self._ended = False
+        self._lock = threading.Lock()  # guards: _ended (closed from any thread)
+
+    def __next__(self) -> Outputs:
+        try:
+            with blocking_wait:
+                return next(self._answers)
+        except DeviceFailedError as error:
+            self._held.device_failed(error)
+            self.close()
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            ended, self._ended = self._ended, True
+        if ended:
+            return
+        try:
+            close = getattr(self._answers, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._held.stream_ended()
 
 
 def _checked(item: BatchItem, metadata: ModelMetadata, live: list[BatchItem]) -> None:

@@ -257,7 +257,7 @@ class Lease:
         in a one-slot model's engine frees nothing another call of the model could use: stepping aside there
         would only wake another runner to queue behind it (a wake-up a request, measured as a loss on `simple`)."""
         try:
-            if self.pool.capacity > 1:
+            if self.pool.request_slots > 1:
                 with blocking_wait:
                     return self.context.execute(inputs, outputs, cancel)
             return self.context.execute(inputs, outputs, cancel)
@@ -505,6 +505,13 @@ class ModelEntry:
             raise
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
+    def request_slots(self) -> int:
+        """How many of its requests the model runs at once: its published pool's request slots (an instance of a
+        python model whose decoupled `async def execute` overlaps takes several), else its configured slot count.
+        Reads without the lock (a reference and a number)."""
+        pool = self._pool
+        return pool.request_slots if pool is not None else self._committed.settings.slots
+
     def sequence_capacity(self) -> int:
         """How many sequences may be open at once, per slot of the published pool (else of the configured count),
         as Triton's per instance: `oldest`'s max_candidate_sequences, else (direct) max(1, max_batch_size)."""
@@ -559,8 +566,15 @@ class ModelEntry:
                     member.fail(_as_request_error(self.name, error))
                 self._end_request(ticket)
                 raise
-            with Lease(self, ticket, pool, context, 0) as lease:  # its release ends every member's lease
-                run_batch(lease, items, run_cancel, self.statistics)
+            lease = Lease(self, ticket, pool, context, 0)  # its release ends every member's lease
+            handed_over = False
+            try:
+                handed_over = run_batch(lease, items, run_cancel, self.statistics)
+                if handed_over:  # each member reads its own stream now; the last one to end releases the lease
+                    self.admission.post_to_members(ticket)
+            finally:
+                if not handed_over:  # (a streaming batch's members' streams release it when the last one ends)
+                    lease.release()
         finally:
             if run_cancel is not cancel:
                 assert isinstance(run_cancel, EveryoneGaveUp)  # made above for a batch of several
@@ -778,7 +792,7 @@ class ModelEntry:
         self._committed = _Committed(self._committed.spec, self._committed.settings, pool.metadata)
         self._last_error = ""
         self._transition_locked(ModelState.READY)
-        self.admission.set_capacity_locked(pool.capacity)
+        self.admission.set_capacity_locked(pool.request_slots)
         if self._runtime.residency is not None:
             self._runtime.residency.on_published(self)
 
@@ -956,7 +970,7 @@ class ModelEntry:
         leaving = pool.remove(pool.capacity - target) if pool.capacity > target else []
         if times.warmup_runs:
             pool.times = dataclasses.replace(times, load_seconds=pool.times.load_seconds)
-        self.admission.set_capacity_locked(pool.capacity)
+        self.admission.set_capacity_locked(pool.request_slots)
         if self._runtime.residency is not None:
             self._runtime.residency.on_published(self)  # the pool's bytes now; the reservation became them
         return leaving

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 
 from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelSpec
 
@@ -24,10 +25,12 @@ class SlotGone(InvalidRequest):
 
 
 class SlotPool:
-    """A published engine with `capacity` contexts. Contexts are lent to leases and given back.
+    """A published engine with `capacity` contexts. Contexts are lent to leases and given back; a context is lent to
+    up to `requests_per_context` leases at once (the engine's: 1 but for a python model that overlaps its calls), so
+    the pool runs `request_slots` requests at once, which is what admission grants.
 
     `take` normally finds a free context at once, because admission never grants more leases than the pool's
-    capacity. The one exception is the first load of a model whose default slot count the engine could not
+    request slots. The one exception is the first load of a model whose default slot count the engine could not
     fully support: leases admitted before the load then wait here, in FIFO order, for a context.
     """
 
@@ -36,15 +39,29 @@ class SlotPool:
         self.primary = primary
         self.metadata = primary.metadata.name_model(spec.name)  # its refusals name the model, as Triton's do
         self.max_parallel_slots = primary.max_parallel_slots
+        self.requests_per_context = max(1, primary.requests_per_context)
         self._contexts = list(contexts)
         self._freed = threading.Condition(threading.Lock())  # guards: _contexts, _free, _leaving
-        self._free: list[Context] = list(contexts)  # oldest given back first
-        self._leaving: set[int] = set()  # ids of contexts `remove` took out while lent: closed when given back
+        self._free: list[Context] = self._lendings(contexts)  # oldest given back first
+        # Contexts `remove` took out while lent (by id): how many of their lendings are still out; each is closed when
+        # its last one is given back.
+        self._leaving: dict[int, int] = {}
         self.times = LoadTimes()  # set by the load that built it (service/core/warmup.py)
 
     @property
     def capacity(self) -> int:
+        """The pool's contexts (the model's instances)."""
         return len(self._contexts)
+
+    @property
+    def request_slots(self) -> int:
+        """The requests the pool runs at once: each context as many times as it takes requests."""
+        return len(self._contexts) * self.requests_per_context
+
+    def _lendings(self, contexts: list[Context]) -> list[Context]:
+        """Each of `contexts` once per request it takes at once, round robin: every context is lent once before
+        any is lent twice."""
+        return [context for _ in range(self.requests_per_context) for context in contexts]
 
     def memory_bytes(self) -> int:
         return self.primary.memory_bytes(self.capacity)
@@ -70,13 +87,17 @@ class SlotPool:
         """A lease's context comes back; one that `remove` took out meanwhile is closed here, on the lease's
         thread, outside the pool's lock."""
         with self._freed:
-            if id(context) not in self._leaving:
+            lent = self._leaving.get(id(context))
+            if lent is None:
                 self._free.append(context)
                 self._freed.notify_all()
                 return
+            if lent > 1:  # other leases still hold it: the last one closes it
+                self._leaving[id(context)] = lent - 1
+                return
         close_contexts([context], self.spec.name)
         with self._freed:
-            self._leaving.discard(id(context))
+            self._leaving.pop(id(context), None)
             self._freed.notify_all()
 
     # ---- an instance-count change while the model serves (ModelEntry.resize_in_service) -------------------------
@@ -86,7 +107,7 @@ class SlotPool:
         than the capacity before this returns (the caller raises it after, under the model lock)."""
         with self._freed:
             self._contexts.extend(contexts)
-            self._free.extend(contexts)
+            self._free.extend(self._lendings(contexts))
             self._freed.notify_all()
 
     def remove(self, count: int) -> list[Context]:
@@ -96,11 +117,14 @@ class SlotPool:
         with self._freed:
             kept = len(self._contexts) - count
             removed, self._contexts = self._contexts[kept:], self._contexts[:kept]
-            free = {id(context) for context in self._free}
-            idle = [context for context in removed if id(context) in free]
-            self._free = [context for context in self._free if all(context is not gone for gone in removed)]
-            self._leaving.update(id(context) for context in removed if id(context) not in free)
-            return idle
+            gone = {id(context) for context in removed}
+            free = Counter(id(context) for context in self._free if id(context) in gone)
+            self._free = [context for context in self._free if id(context) not in gone]
+            for context in removed:
+                lent = self.requests_per_context - free[id(context)]
+                if lent > 0:
+                    self._leaving[id(context)] = lent
+            return [context for context in removed if id(context) not in self._leaving]
 
     def wait_removed(self, deadline: float | None, cancel: CancelToken | None) -> bool:
         """Block until every context `remove` took out while lent was given back and closed, until `deadline`

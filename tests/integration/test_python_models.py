@@ -293,14 +293,29 @@ def test_a_decoupled_worker_that_ignores_its_cancelled_stream_is_replaced_and_fr
     assert running.management.get("stubborn").loaded  # one kill is no reason to take the model out of service
 
 
-def test_a_decoupled_model_with_dynamic_batching_is_refused_by_name(slotserve, tmp_path):
+DECOUPLED_DOUBLER = """
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            doubled = pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(request, "X").as_numpy() * 2)
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            request.get_response_sender().send(pb_utils.InferenceResponse([doubled]), flags=final)
+"""
+
+
+def test_a_decoupled_model_with_dynamic_batching_streams_and_refuses_model_infer_as_triton(slotserve, tmp_path):
+    """Accepted as Triton accepts it (tests/integration/test_python_decoupled_batching.py: its batches); ModelInfer is
+    refused with Triton's code and words for a decoupled model, the model intact."""
     config = FLOAT_IO.replace("[ -1 ]", "[ 1 ]") + "max_batch_size: 4\ndynamic_batching { }\n"
-    write_model(tmp_path, "batching", DOUBLER, config + "model_transaction_policy { decoupled: true }\n")
+    write_model(tmp_path, "batching", DECOUPLED_DOUBLER, config + "model_transaction_policy { decoupled: true }\n")
     running = slotserve(tmp_path)
-    (failed,) = running.client.stream_infer("batching", [{"X": np.ones((1, 1), np.float32)}], timeout=60)
-    assert isinstance(failed, ClientError), failed
-    assert "failed to load" in failed.message, failed
-    assert "decoupled" in failed.message and "with dynamic_batching is not supported" in failed.message, failed
+    with pytest.raises(ClientError) as refused:
+        running.client.infer("batching", {"X": np.ones((1, 1), np.float32)})
+    assert refused.value.code == "UNIMPLEMENTED"
+    assert refused.value.message == "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    (answer,) = running.client.stream_infer("batching", [{"X": np.full((1, 1), 3, np.float32)}], timeout=60)
+    assert not isinstance(answer, ClientError), answer
+    np.testing.assert_array_equal(answer["Y"], [[6]])
 
 
 def test_responses_sent_through_response_senders_answer_their_requests(slotserve, tmp_path):

@@ -15,9 +15,11 @@ import pytest
 
 from engine.python import transport
 from engine.python import triton_python_backend_utils as pb_utils
-from engine.python.worker import Worker
+from engine.python.messages import BlsCall
+from engine.python.worker import Worker, _Lane, _Run
 
 WAIT = 30.0
+RUN = 7
 
 
 @pytest.fixture
@@ -26,7 +28,7 @@ def pipe():
     ours, theirs = socket.socketpair()
     server, worker_end = Connection(ours.detach()), Connection(theirs.detach())
     worker = Worker(worker_end)
-    worker.executing = True
+    worker.track(_Run(RUN, _Lane(0)))  # a call in flight: its BLS calls are allowed (from threads of its own too)
     yield worker, server
     server.close()
     worker_end.close()
@@ -41,8 +43,9 @@ def call(model: str, value: int) -> pb_utils.InferenceRequest:
 def receive_call(server: Connection) -> tuple[int, transport.CallRequest, dict]:
     """The next BLS call the worker sent, with its inputs as the server maps them."""
     assert server.poll(WAIT), "the worker sent no call"
-    kind, tag, request = server.recv()
-    assert kind == "bls"
+    message = server.recv()
+    assert isinstance(message, BlsCall) and message.run == RUN  # the call says which request it belongs to
+    tag, request = message.tag, message.call
     segment, inputs = transport.read_call(request)
     copied = {name: array.copy() for name, array in inputs.items()}
     del inputs
@@ -79,10 +82,15 @@ def test_calls_from_two_threads_answered_out_of_order_each_get_their_own_reply(p
 
 def test_a_decoupled_calls_parts_arrive_one_by_one_and_an_error_is_a_response(pipe):
     worker, server = pipe
-    responses = worker.bls(call("stream", 1), decoupled=True)
+    returned = []  # exec(decoupled=True) returns once the first response came, as Triton's does
+    thread = threading.Thread(target=lambda: returned.append(worker.bls(call("stream", 1), decoupled=True)))
+    thread.start()
     tag, request, _inputs = receive_call(server)
     assert request.decoupled
+    assert not returned
     server.send(("part", tag, transport.write_reply([{"Y": np.array([0], np.int32)}]), False))
+    thread.join(WAIT)
+    (responses,) = returned
     first = next(responses)  # before the callee's final part was sent
     assert first.output_tensors()[0].as_numpy().tolist() == [0]
     server.send(("part", tag, transport.write_reply([(3, "n is bad")]), True))
@@ -116,8 +124,8 @@ def test_the_call_carries_its_version_timeout_ids_and_parameters(pipe):
 
 
 def test_a_call_outside_execute_is_refused_by_name(pipe):
-    worker, _server = pipe
-    worker.executing = False
+    _worker, server = pipe
+    worker = Worker(server)  # no call in flight on it
     with pytest.raises(pb_utils.TritonModelException, match="a BLS call can only be made while execute runs"):
         worker.bls(call("m", 1), decoupled=False)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Model, build_request, python_model, slotserve_fails
+from .harness import Model, build_request, python_model
 
 OVERLAP_SECONDS = 10.0
 
@@ -145,10 +145,6 @@ def test_concurrent_execute_single_request(server):
     _concurrent(server, "async_execute_decouple", 4, 1)
 
 
-OVERLAP = "34.2 an `async def execute` runs to its end before the next starts: executes do not overlap (not qa)"
-
-
-@slotserve_fails(OVERLAP)
 def test_concurrent_execute_multi_request(server):
     """Four one-row requests: four executes of the one instance in flight together."""
     _concurrent(server, "async_execute_decouple", 1, 4)
@@ -158,13 +154,11 @@ def test_concurrent_execute_single_request_bls(server):
     _concurrent(server, "async_execute_decouple_bls", 4, 1)
 
 
-@slotserve_fails(OVERLAP)
 def test_concurrent_execute_multi_request_bls(server):
     """Four requests to the BLS model, each an async_exec of the decoupled model: both overlap."""
     _concurrent(server, "async_execute_decouple_bls", 1, 4)
 
 
-@slotserve_fails(OVERLAP)
 def test_concurrent_execute_different_duration(server):
     """A long request sent first is answered after a short one sent next."""
     with server.stream() as stream:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Model, build_request, python_model, slotserve_fails, wait_for
+from .harness import Model, build_request, python_model, wait_for
 from .models import identity, square
 
 # Requests of one batched call: the first gets an error response, the others their input back.
@@ -227,7 +227,6 @@ def MODELS() -> dict[str, Model]:
     }
 
 
-@slotserve_fails("34.3 a decoupled model with dynamic_batching is refused at load (nobody this round)")
 def test_decoupled_execute_error(server):
     """Two requests batched into one execute of a decoupled model: the first is answered with an error, the
     second with its input."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Model, build_request, python_model, slotserve_fails, wait_for
+from .harness import Model, build_request, python_model, wait_for
 
 # Inputs (one row each, summed over the rows of a batched request): NUMBER_OF_RESPONSE_BEFORE_RETURN,
 # SEND_COMPLETE_FINAL_FLAG_BEFORE_RETURN, RETURN_A_RESPONSE, NUMBER_OF_RESPONSE_AFTER_RETURN,
@@ -241,9 +241,6 @@ def expect_error(server, model: str, inputs: dict, words: str) -> None:
     assert len(items) == 1 and words in items[0].error, items
 
 
-DECOUPLED_BATCHING = "34.3 a decoupled model with dynamic_batching is refused at load (nobody this round)"
-
-
 def decoupled_both(server, inputs, before, returned, after):
     expect(server, "response_sender_decoupled", inputs, before, returned, after)
     expect(server, "response_sender_decoupled_async", inputs, before, returned, after)
@@ -297,7 +294,6 @@ def test_non_decoupled_one_response_post_return(server):
 MULTIPLE_DECOUPLED = [ZERO_PRE, ZERO_POST, ONE_PRE, ONE_POST, TWO_PRE, TWO_POST, PRE_AND_POST]
 
 
-@slotserve_fails(DECOUPLED_BATCHING)
 def test_decoupled_multiple_requests(server):
     """Seven requests on one stream to a batching decoupled model: 4 responses before the returns, 6 after."""
     for model in ("response_sender_decoupled_batching", "response_sender_decoupled_async_batching"):
