@@ -417,6 +417,10 @@ class StepToken(CancelToken):
 # can start whatever its width and however many requests it serves (docs/ensembles.md).
 STEP_HELPERS = 8
 HELPER_IDLE_SECONDS = 10.0  # a helper with nothing to do for this long ends (one starts again when needed)
+# Answers and ordinary calls made from a decoupled step's responses that may wait for the request's own thread
+# before a helper reads that step's stream on (_Run._wait_for_room): bounds what a slow client makes the server hold.
+BACKLOG = 16
+RECHECK_SECONDS = 2.0  # the longest a helper held back goes without looking at its request again
 
 
 class StepHelpers:
@@ -563,6 +567,7 @@ class _Run:
         self._streams: collections.deque[_Call] = collections.deque()  # streaming calls ready, not opened
         self._own: _Call | None = None  # the coordinator's open stream
         self._awaiting_helper = False  # a helper was woken for this run's streams and has not come yet
+        self._held_back = 0  # helpers waiting for room before reading their stream on (_wait_for_room)
         self._answers: collections.deque[Outputs] = collections.deque()  # made, not yielded yet
         self._running = 0  # turns being taken, and streams a helper owns
         self._started: set[int] = set()  # steps with a call taken
@@ -598,6 +603,13 @@ class _Run:
 
     def _relay(self) -> None:
         self.cancel.cancel(self._parent.reason or "cancelled")
+        self._wake_held_back()
+
+    def _wake_held_back(self) -> None:
+        """The run ended early: helpers waiting for room stop waiting (and close their streams)."""
+        with self._changed:
+            if self._held_back:
+                self._changed.notify_all()
 
     def _coordinator_next_locked(self) -> tuple[_Next, Outputs | None, _Call | None, bool]:
         """What the coordinator does next: yield an answer; take a turn of an ordinary call (and whether more are
@@ -608,9 +620,13 @@ class _Run:
             ended = self._failure is not None or self._ended_locked()
             if self._answers and not self._parent.cancelled:  # (those made before a failure go out first)
                 answer = self._answers.popleft()
+                if self._held_back:
+                    self._changed.notify_all()  # room for a helper reading a stream
                 return _Next.ANSWER, (FinalOutputs(answer) if self._over_locked() else answer), None, False
             if not ended:
                 if self._calls:
+                    if self._held_back:
+                        self._changed.notify_all()
                     return _Next.CALL, None, self._taken_locked(self._calls), bool(self._calls or self._streams)
                 if self._own is not None:
                     self._running += 1
@@ -664,6 +680,7 @@ class _Run:
             over = not (self._calls or self._streams or self._own is not None or self._running)
         if not over:
             self.cancel.cancel("the request ended")
+            self._wake_held_back()
         with self._changed:
             while self._running:
                 self._changed.wait()  # every turn's end notifies
@@ -687,6 +704,8 @@ class _Run:
                 ready = self._streams or self._calls
                 taking = bool(ready) and self._failure is None and not self._ended_locked()
                 call = self._taken_locked(ready) if taking else None
+                if call is not None and self._held_back:
+                    self._changed.notify_all()  # room for a helper reading a stream
                 more = bool(self._calls or self._streams)
             if call is None:
                 return
@@ -694,9 +713,25 @@ class _Run:
                 self.model.helpers.want(self)
             if call.streaming:
                 while self._take_turn(call, own=True, keep=True):
-                    pass
+                    self._wait_for_room()
             else:
                 self._take_turn(call, own=False)
+
+    def _wait_for_room(self) -> None:
+        """Before a helper reads its stream's next response: wait while BACKLOG answers and calls made from earlier
+        ones wait for the coordinator (its client reads slowly, or the next step is slow), so that the stream is
+        read no faster than its results are taken, as a decoupled model's own stream is (the model's send waits for
+        the server's read). Ends when there is room, a step failed or the request ended (each notifies); rechecks
+        every RECHECK_SECONDS."""
+        with self._changed:
+            self._held_back += 1
+            try:
+                while len(self._answers) + len(self._calls) >= BACKLOG:
+                    if self._failure is not None or self._ended_locked():
+                        return
+                    self._changed.wait(RECHECK_SECONDS)
+            finally:
+                self._held_back -= 1
 
     # ---- turns -------------------------------------------------------------------------------------------------
 

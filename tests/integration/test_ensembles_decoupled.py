@@ -15,11 +15,14 @@ import numpy as np
 import pytest
 
 from client import ClientError
+from service.ensemble import BACKLOG
+from service.internal_calls import call_model_stream
 
 # The decoupled step: N responses OUT = [0], [1], ... on a thread of the model, then the final flag. MODE 1: the
 # response at index 1 is an error (then the rest and the final flag, which the ensemble no longer reads). MODE 2:
 # response 0, then it waits until the request is cancelled. MODE 3: responses [0] and [777] (which the next step
-# holds), the second with the final flag.
+# holds), the second with the final flag. MODE 4: as 0, writing how many responses were sent (the server read them:
+# a send returns once it has) into the file named by the `progress` parameter of its config.
 COUNTER = """
 import threading
 import time
@@ -35,6 +38,12 @@ def _response(value):
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        import json
+
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.progress = parameters.get("progress", {}).get("string_value", "")
+
     def execute(self, requests):
         for request in requests:
             n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
@@ -54,6 +63,9 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=error))
                 continue
             sender.send(_response(index))
+            if mode == 4:
+                with open(self.progress, "w") as progress:
+                    progress.write(str(index + 1))
             if mode == 2:
                 while not request.is_cancelled():
                     time.sleep(0.01)  # ordering-free: polls the request's cancellation
@@ -92,12 +104,14 @@ def _python_model(root: Path, name: str, config: str, source: str) -> None:
 
 
 def write_repository(root: Path) -> Path:
-    """counter (decoupled) -> plus, as the ensemble `chain` (outputs Y); each step model has one slot."""
+    """counter (decoupled) -> plus, as the ensemble `chain` (outputs Y); each step model has one slot. The
+    counter's progress file is root/progress."""
     _python_model(
         root,
         "counter",
         f'input [ {{ name: "N" {INT1} }}, {{ name: "MODE" {INT1} }} ]\noutput [ {{ name: "OUT" {INT1} }} ]\n'
-        "model_transaction_policy { decoupled: true }\n",
+        "model_transaction_policy { decoupled: true }\n"
+        f'parameters {{ key: "progress" value: {{ string_value: "{root / "progress"}" }} }}\n',
         COUNTER,
     )
     _python_model(root, "plus", f'input [ {{ name: "X" {INT1} }} ]\noutput [ {{ name: "Y" {INT1} }} ]\n', PLUS)
@@ -209,3 +223,22 @@ def test_an_error_in_the_second_response_ends_the_request_with_it_named(running)
         1000,
         1001,
     ]
+
+
+def test_a_request_whose_answers_are_not_taken_holds_back_the_decoupled_steps_stream(running, tmp_path):
+    """The ensemble's own caller (here the dataplane's internal stream, the gRPC writer in production) takes one
+    answer and then none: the helper reading the counter stops once BACKLOG calls made from its responses wait, so
+    the counter's sends wait too (as for a decoupled model's own stream); taking the answers again lets all through."""
+    answers = call_model_stream(running.server.dataplane, "chain", request(200, 4))
+    assert int(next(answers)["Y"][0]) == 1000
+    progress = tmp_path / "progress"
+    most = 0
+    window = time.monotonic() + 1.0
+    while time.monotonic() < window:  # ordering-free: watches that a bound holds until a deadline
+        most = max(most, int(progress.read_text() or 0) if progress.exists() else 0)
+        time.sleep(0.02)
+    # what was read: the first response, BACKLOG ones waiting as calls, one in the helper's hands, one in the pipe
+    assert 1 < most <= BACKLOG + 3, most
+    rest = [int(outputs["Y"][0]) for outputs in answers]
+    assert rest == [1000 + index for index in range(1, 200)]
+    assert int(progress.read_text()) == 200
