@@ -242,3 +242,17 @@ def test_a_request_whose_answers_are_not_taken_holds_back_the_decoupled_steps_st
     rest = [int(outputs["Y"][0]) for outputs in answers]
     assert rest == [1000 + index for index in range(1, 200)]
     assert int(progress.read_text()) == 200
+
+
+def test_a_decoupled_ensemble_asking_for_the_response_cache_is_refused_by_name(slotserve, tmp_path):
+    root = write_repository(tmp_path)
+    config = root / "chain" / "config.pbtxt"
+    config.write_text(config.read_text() + "response_cache { enable: true }\n")
+    running = slotserve(root, response_cache_bytes=1 << 20)
+    status = running.server.registry.get("chain").status()
+    assert not status.loaded
+    assert "the response cache does not support a model with the 'decoupled' transaction policy" in status.last_error
+    assert "step 0 (model 'counter')" in status.last_error
+    (refused,) = running.client.stream_infer("chain", [request(1)], timeout=120)
+    assert isinstance(refused, ClientError) and "response cache" in refused.message, refused
+    assert running.client.infer("plus", {"X": np.array([1], np.int32)}, timeout=120)["Y"].tolist() == [1001]
