@@ -8,13 +8,16 @@ Two checks, each refusal a ModelConfigError naming the step, the tensor or the m
   inputs or by one step's output_map); every step input is produced by something; every ensemble output is produced
   by a step; the steps form no cycle.
 * `check_against_models` (when the ensemble loads, with the step models' declared tensors): every step model is
-  known, not decoupled, has the inputs and outputs its maps name; the datatypes and shapes of each tensor agree
-  between its producer and every consumer; Triton's max_batch_size rules for ensembles (an ensemble that batches
-  needs every step model to batch at least as far).
+  known and has the inputs and outputs its maps name; the datatypes and shapes of each tensor agree between its
+  producer and every consumer; Triton's max_batch_size rules for ensembles (an ensemble that batches needs every
+  step model to batch at least as far); Triton's rule for decoupled steps (no step, and not the ensemble's outputs,
+  reads values that descend from different decoupled steps, or from one and from the request). It says whether the
+  ensemble is decoupled: when any step is (a decoupled model, or an ensemble that is decoupled itself).
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +56,7 @@ class StepModel:
     max_batch_size: int
     inputs: tuple[TensorSpec, ...]  # empty with outputs: the tensors are not known before the model loads
     outputs: tuple[TensorSpec, ...]
-    decoupled: bool = False
+    decoupled: bool = False  # answers a request with any number of responses (a decoupled ensemble included)
     version: str = ""
 
 
@@ -302,9 +305,10 @@ def check_against_models(
     outputs: Sequence[TensorSpec],
     steps: Sequence[Step],
     model_of: Callable[[Step], StepModel],
-) -> None:
+) -> bool:
     """Check the steps against their models. `model_of` gives a step's model or raises ModelConfigError naming
-    why it has none (unknown, not loaded). Raises ModelConfigError naming the step, the tensor and both sides."""
+    why it has none (unknown, not loaded). Raises ModelConfigError naming the step, the tensor and both sides.
+    Returns whether the ensemble is decoupled (a step model is: Triton's rule, see _decoupled_flow)."""
     declared: dict[str, tuple[str, tuple[int, ...], str]] = {
         t.name: (t.datatype, t.shape, "the ensemble's input") for t in inputs
     }
@@ -338,11 +342,80 @@ def check_against_models(
             _agree(origin, tensor, declared.get(tensor), spec.datatype, _shape(spec, model, max_batch_size), step)
     for spec in outputs:
         _agree(origin, spec.name, declared.get(spec.name), spec.datatype, spec.shape, None)
+    decoupled = {step.index for step in steps if models[step.index].decoupled}
+    _check_decoupled_flow(origin, [t.name for t in inputs], [t.name for t in outputs], steps, decoupled)
+    return bool(decoupled)
+
+
+def _check_decoupled_flow(
+    origin: str, inputs: Sequence[str], outputs: Sequence[str], steps: Sequence[Step], decoupled: set[int]
+) -> None:
+    """Triton's rule for decoupled steps (ValidateEnsembleConfig): each response of a decoupled step runs the steps
+    after it as a request of its own, so every value descends from the request itself or from one response of one
+    decoupled step (its "origin": the nearest decoupled step upstream). A step, or the ensemble's outputs, reading
+    values of different origins could never be given one value of each that belong together: refused in Triton's
+    words ("receives inputs originated from different decoupled models"), naming each input's origin. Iterative, in
+    data-flow order."""
+    origin_of: dict[str, Step | None] = dict.fromkeys(inputs)  # tensor -> its origin; None: the request
+    for step in _in_data_flow_order(steps, inputs):
+        sources = _sources(step.inputs.values(), origin_of)
+        if len(sources) > 1:
+            raise ModelConfigError(
+                f"{origin}: {step.label} receives inputs originated from different decoupled models "
+                f"({_origins(step.inputs.values(), origin_of)})"
+            )
+        source = step if step.index in decoupled else next(iter(sources.values()))
+        for tensor in step.outputs.values():
+            origin_of[tensor] = source
+    if len(_sources(outputs, origin_of)) > 1:
+        raise ModelConfigError(
+            f"{origin}, as the step collecting its outputs, receives inputs originated from different decoupled models "
+            f"({_origins(outputs, origin_of)})"
+        )
+
+
+def _sources(tensors: Iterable[str], origin_of: Mapping[str, Step | None]) -> dict[int, Step | None]:
+    """The distinct origins of `tensors`, by step index (-1: the request)."""
+    found: dict[int, Step | None] = {}
+    for tensor in tensors:
+        source = origin_of[tensor]
+        found[-1 if source is None else source.index] = source
+    return found
+
+
+def _origins(tensors: Iterable[str], origin_of: Mapping[str, Step | None]) -> str:
+    def named(tensor: str) -> str:
+        source = origin_of[tensor]
+        return f"'{tensor}' from {'the request' if source is None else source.label + ' (decoupled)'}"
+
+    return ", ".join(named(tensor) for tensor in dict.fromkeys(tensors))
+
+
+def _in_data_flow_order(steps: Sequence[Step], inputs: Sequence[str]) -> list[Step]:
+    """`steps` each after the steps producing its inputs (the config's order among those ready together), for a
+    graph read_steps checked (every input produced, no cycle). Iterative: Kahn's algorithm."""
+    readers: dict[str, list[Step]] = {}
+    waiting: dict[int, int] = {}
+    known = set(inputs)
+    for step in steps:
+        needed = {t for t in step.inputs.values() if t not in known}
+        waiting[step.index] = len(needed)
+        for tensor in needed:
+            readers.setdefault(tensor, []).append(step)
+    ready = collections.deque(step for step in steps if not waiting[step.index])
+    ordered: list[Step] = []
+    while ready:
+        step = ready.popleft()
+        ordered.append(step)
+        for tensor in step.outputs.values():
+            for reader in readers.get(tensor, ()):
+                waiting[reader.index] -= 1
+                if not waiting[reader.index]:
+                    ready.append(reader)
+    return ordered
 
 
 def _check_step_model(origin: str, max_batch_size: int, step: Step, model: StepModel) -> None:
-    if model.decoupled:
-        raise ModelConfigError(f"{origin}: {step.label} is decoupled; ensembles with decoupled steps are not supported")
     if step.version != LATEST and model.version and str(step.version) != model.version:
         raise ModelConfigError(
             f"{origin}: {step.label} asks for version {step.version}; the model serves version {model.version}"

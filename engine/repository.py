@@ -525,10 +525,11 @@ FIELDS: dict[str, FieldRule] = {
         "every sample runs `count` times on every slot before the model is ready; a failure fails the load"
     ),
     "model_operations": _refused("not supported: custom operation libraries are not loaded"),
-    "model_transaction_policy": _applied("decoupled: python models only"),
+    "model_transaction_policy": _applied("decoupled: python models, and ensembles (set from their steps)"),
     "model_transaction_policy.decoupled": _applied(
-        "python models only: the model answers through response senders, over ModelStreamInfer "
-        "(docs/python-models.md); refused for other backends"
+        "python models: the model answers through response senders, over ModelStreamInfer "
+        "(docs/python-models.md); an ensemble's is set when it loads, true exactly when a step is decoupled "
+        "(docs/ensembles.md); refused for other backends"
     ),
     "model_repository_agents": _refused("not supported: repository agents are not run"),
     "response_cache": _applied(
@@ -789,8 +790,11 @@ def _decoupled_sequence_refusals(config: model_config_pb2.ModelConfig) -> list[t
 
 
 def _decoupled_refusals(config: model_config_pb2.ModelConfig, backend: str | None) -> list[tuple[str, str]]:
-    """Only python models answer through response senders; another backend's decoupled model is refused."""
+    """Only python models answer through response senders; another backend's decoupled model is refused. An
+    ensemble's flag is Triton's to set: decoupled exactly when a step is (service/ensemble.py), whatever it says."""
     if not config.model_transaction_policy.decoupled or (backend or config.backend) == "python":
+        return []
+    if config.platform == "ensemble":
         return []
     return [
         (

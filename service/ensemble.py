@@ -36,9 +36,11 @@ ensemble stays loaded and the step's next call loads it.
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,15 +54,32 @@ from engine.ensemble_graph import (
     read_steps,
     step_models,
 )
-from engine.errors import DeviceFailedError, ExecutionError, ModelConfigError, ModelError, ModelLoadError
-from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs
+from engine.errors import (
+    DeviceFailedError,
+    ExecutionError,
+    ModelConfigError,
+    ModelError,
+    ModelErrorUnsupported,
+    ModelLoadError,
+)
+from engine.interface import (
+    Backend,
+    CancelToken,
+    Context,
+    FinalOutputs,
+    LoadedModel,
+    ModelMetadata,
+    ModelSpec,
+    Outputs,
+)
 from engine.repository import hide_paths
 
 from .core.errors import ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, RequestCancelled, own_copy
 from .core.lifecycle import ModelEntry, ModelState
 from .core.registry import ENSEMBLE_SLOTS, ModelRegistry
 from .dataplane import Dataplane
-from .internal_calls import call_model
+from .internal_calls import call_model, call_model_stream
+from .response_cache import model_enables_cache
 
 _LOG = logging.getLogger(__name__)
 
@@ -93,16 +112,38 @@ class EnsembleBackend(Backend):
         refusal = call_graph_refusal(spec.name, _called_models(dataplane.registry, spec.name, steps))
         if refusal is not None:
             raise ModelConfigError(refusal)
-        check_against_models(
-            origin,
-            spec.max_batch_size,
-            spec.inputs,
-            spec.outputs,
-            steps,
-            lambda step: _step_model(dataplane, step, origin),
-        )
+        models: dict[int, StepModel] = {}
+
+        def model_of(step: Step) -> StepModel:
+            models[step.index] = _step_model(dataplane, step, origin)
+            return models[step.index]
+
+        decoupled = check_against_models(origin, spec.max_batch_size, spec.inputs, spec.outputs, steps, model_of)
+        if decoupled and model_enables_cache(spec.config):
+            raise ModelConfigError(  # Triton 2.51 refuses it too: its ensemble is decoupled by then
+                f"{origin}: the response cache does not support a model with the 'decoupled' transaction policy "
+                f"(an ensemble with a decoupled step: {_decoupled_steps(steps, models)})"
+            )
+        _say_decoupled(spec.config, decoupled)
         metadata = ModelMetadata(spec.inputs, spec.outputs, spec.max_batch_size, platform="ensemble")
-        return EnsembleModel(spec.name, metadata, steps, dataplane)
+        streaming_steps = frozenset(index for index, model in models.items() if model.decoupled)
+        return EnsembleModel(spec.name, metadata, steps, dataplane, streaming_steps)
+
+
+def _decoupled_steps(steps: Sequence[Step], models: Mapping[int, StepModel]) -> str:
+    return ", ".join(step.label for step in steps if models[step.index].decoupled)
+
+
+def _say_decoupled(config: object, decoupled: bool) -> None:
+    """Triton's rule: an ensemble is decoupled exactly when one of its steps is (whatever its config.pbtxt says), and
+    its configuration says so from its load: ModelConfig answers `model_transaction_policy { decoupled: true }`, and
+    a stream writes its answers as they come (Dataplane.stream_placement reads the flag). A config that says
+    nothing about it keeps saying nothing when the ensemble is not decoupled."""
+    policy = getattr(config, "model_transaction_policy", None)  # the parsed ModelConfig, or None
+    if policy is None:
+        return
+    if decoupled or config.HasField("model_transaction_policy"):  # type: ignore[attr-defined]
+        policy.decoupled = decoupled
 
 
 def _called_models(registry: ModelRegistry, name: str, steps: Sequence[Step]) -> Callable[[str], tuple[str, ...]]:
@@ -161,9 +202,29 @@ def _step_model(dataplane: Dataplane, step: Step, origin: str) -> StepModel:
     inputs, outputs, batch = spec.inputs, spec.outputs, spec.max_batch_size
     if not inputs and not outputs and view.metadata is not None:
         inputs, outputs, batch = view.metadata.inputs, view.metadata.outputs, view.metadata.max_batch_size
-    policy = getattr(spec.config, "model_transaction_policy", None)  # spec.config: the parsed ModelConfig, or None
-    decoupled = bool(policy is not None and policy.decoupled)
+    decoupled = _answers_many(dataplane.registry, spec, 0)
     return StepModel(batch, tuple(inputs), tuple(outputs), decoupled, spec.version)
+
+
+def _answers_many(registry: ModelRegistry, spec: ModelSpec, depth: int) -> bool:
+    """Whether a model answers a request with any number of responses, so that an ensemble step calls it on a
+    stream: a decoupled model (`model_transaction_policy { decoupled: true }`), or an ensemble one of whose steps'
+    models (as registered: the served version) does, however deep (Triton's rule; its own config.pbtxt is not
+    read for it). A chain of ensembles deeper than MAX_NESTING is refused by the call-graph check before this."""
+    config = spec.config  # the parsed ModelConfig, or None
+    if spec.backend != "ensemble" or config is None:
+        policy = getattr(config, "model_transaction_policy", None)
+        return bool(policy is not None and policy.decoupled)
+    if depth >= MAX_NESTING:
+        return False
+    for model in step_models(config):
+        try:
+            step_spec = registry.get(model).spec
+        except (ModelNotFound, ModelConfigFailed):  # its own load names it
+            continue
+        if _answers_many(registry, step_spec, depth + 1):
+            return True
+    return False
 
 
 def failed_step_reason(origin: str, step: Step, error: str) -> str:
@@ -239,16 +300,25 @@ class StepWatcher:
 
 
 class EnsembleModel(LoadedModel):
-    """A loaded ensemble: its checked steps, and the helper threads its requests share (StepHelpers, closed with
-    the model)."""
+    """A loaded ensemble: its checked steps, which of them answer on a stream (decoupled steps: the ensemble is
+    then streaming itself), and the helper threads its requests share (StepHelpers, closed with the model)."""
 
     max_parallel_slots = ENSEMBLE_SLOTS
 
-    def __init__(self, name: str, metadata: ModelMetadata, steps: Sequence[Step], dataplane: Dataplane) -> None:
+    def __init__(
+        self,
+        name: str,
+        metadata: ModelMetadata,
+        steps: Sequence[Step],
+        dataplane: Dataplane,
+        streaming_steps: frozenset[int] = frozenset(),
+    ) -> None:
         self.name = name
         self.metadata = metadata
         self.steps = tuple(steps)
         self.dataplane = dataplane
+        self.streaming_steps = streaming_steps  # indexes of the steps called on a stream (decoupled models)
+        self.streaming = bool(streaming_steps)  # Triton's rule: decoupled when a step is (ModelStreamInfer only)
         readers: dict[str, list[Step]] = {}
         for step in self.steps:
             for tensor in dict.fromkeys(step.inputs.values()):
@@ -274,15 +344,34 @@ class EnsembleContext(Context):
         a step failed) never start. Raises the first failing step's error, renamed for the step (the other running
         steps are cancelled first), RequestCancelled when the request ended with no step failing, ModelConfigError
         when the request is inside a call of this same ensemble (a cycle made by reloads racing each other: the
-        load check refuses any other) or nested too deep."""
+        load check refuses any other) or nested too deep; a decoupled ensemble is refused (ModelErrorUnsupported,
+        Triton's words: it answers on a stream only)."""
+        if self.model.streaming:
+            raise ModelErrorUnsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
+        answers = list(self._run(inputs, outputs, cancel).answers())
+        if len(answers) != 1:  # cannot happen with a checked graph; never answer half of one
+            raise ExecutionError(f"ensemble '{self.model.name}' answered {len(answers)} times, not once")
+        return dict(answers[0])
+
+    def execute_stream(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
+    ) -> Iterator[Outputs]:
+        """Run the steps and yield the ensemble's outputs as they are made: each response of a decoupled step runs
+        the steps after it as a request of its own, and each set of the ensemble's outputs that belong together (the
+        ones asked for) is an answer, the last one as FinalOutputs when nothing else can follow it. Steps run as in
+        `execute`; the request ends at the first failing step (its error raised after the answers made before it)
+        or when it is cancelled; closing this iterator early ends it the same way (its running steps cancelled,
+        waited for; the streams of its decoupled steps closed, their slots freed). An ensemble that is not
+        decoupled yields its one answer."""
+        yield from self._run(inputs, outputs, cancel).answers()
+
+    def _run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> _Run:
         model = self.model
         callers = cancel.ensembles if isinstance(cancel, StepToken) else ()
         _check_callers(model.name, callers)
         self._check_steps_available()
-        run = _Run(model, dict(inputs), cancel, (*callers, model.name))
-        run.go()
-        wanted = outputs or [spec.name for spec in model.metadata.outputs]
-        return {name: run.tensors[name] for name in wanted}
+        wanted = tuple(outputs) or tuple(spec.name for spec in model.metadata.outputs)
+        return _Run(model, inputs, wanted, cancel, (*callers, model.name))
 
     def _check_steps_available(self) -> None:
         """Refuse a request while a step model is not registered (UNAVAILABLE, naming the step). A step model that
@@ -328,6 +417,10 @@ class StepToken(CancelToken):
 # can start whatever its width and however many requests it serves (docs/ensembles.md).
 STEP_HELPERS = 8
 HELPER_IDLE_SECONDS = 10.0  # a helper with nothing to do for this long ends (one starts again when needed)
+# Answers and ordinary calls made from a decoupled step's responses that may wait for the request's own thread
+# before a helper reads that step's stream on (_Run._wait_for_room): bounds what a slow client makes the server hold.
+BACKLOG = 16
+RECHECK_SECONDS = 2.0  # the longest a helper held back goes without looking at its request again
 
 
 class StepHelpers:
@@ -348,13 +441,14 @@ class StepHelpers:
         self._idle = 0  # helpers waiting for work that no `want` has woken yet
         self._closed = False
 
-    def want(self, run: _Run) -> None:
+    def want(self, run: _Run) -> bool:
         """Ask for a helper to take `run`'s ready steps: wakes an idle one, else starts one under the limit, else
         the run waits its turn in the queue (its own thread goes on meanwhile). Never blocks; a run already asking
-        is not queued twice."""
+        is not queued twice. True when a helper is on its way to this run now (an idle one woken or one started:
+        a helper idles only once no run is asking, so every run ahead of this one has its own on the way too)."""
         with self._changed:
             if self._closed or self.limit == 0 or run in self._queued:
-                return
+                return False
             self._queued.add(run)
             self._asking.append(run)
             start = False
@@ -364,9 +458,12 @@ class StepHelpers:
             elif self._threads < self.limit:
                 self._threads += 1
                 start = True
+            else:
+                return False
         if start:
             # daemon: a step hung in its backend must not keep the process from exiting (shutdown abandons it)
             threading.Thread(target=self._serve, name=f"ensemble-{self.name}-helper", daemon=True).start()
+        return True
 
     def close(self) -> None:
         """No helper takes work from now on; the idle ones end at once, a busy one after its step. Never blocks."""
@@ -405,136 +502,383 @@ class StepHelpers:
             return run
 
 
+Key = tuple[int, ...]  # which response of which decoupled step a value descends from, outermost first: () the request
+
+
+@dataclass(eq=False)
+class _Call:
+    """One step's call for one key, made once every input of the step exists for that key: its inputs (an input
+    whose producer's response left it out is left out), and for a streaming step its responses (opened by its first
+    turn) and how many it gave so far."""
+
+    step: Step
+    key: Key
+    inputs: dict[str, np.ndarray]
+    streaming: bool
+    answers: Iterator[Outputs] | None = None
+    count: int = 0
+
+
+@dataclass
+class _Turn:
+    """What one turn of a call gave: the ensemble tensors produced (None for a tensor the response left out) under
+    `key`, or nothing (`produced` None); whether the call is over (an ordinary call after its one turn, a streaming
+    one after its last response); or the error it failed with."""
+
+    produced: dict[str, np.ndarray | None] | None = None
+    key: Key = ()
+    over: bool = True
+    failure: BaseException | None = None
+
+
 class _Run:
-    """One ensemble request's data flow. Its own thread (the coordinator, in `go`) takes ready steps and runs them,
-    and waits for the steps helpers took when none is ready; a thread that ends a step stores its outputs, makes the
-    steps reading them ready, and goes on with the next ready step itself. Steps are taken in the order they became
-    ready (the config's order among those ready together). Once the request is cancelled or a step failed, no step
-    is taken."""
+    """One ensemble request's data flow (Triton's: each response of a decoupled step runs the steps after it as a
+    request of its own). Every value is kept under its tensor and its key; a step's call for a key is made once every
+    tensor it reads exists for that key (Triton's load check gives them all one origin, so keys of one length), and
+    the ensemble's answer for a key once every output asked for exists. A value is dropped once every step reading
+    it, and the answer, took it.
+
+    Threads. The request's own (the coordinator, in `answers`) yields the answers as they are made and runs ordinary
+    calls. A streaming call holds its callee's slot until its last response is read, so it is read without pause by
+    one owner until it ends: a helper (`help`: streams first, then ordinary calls), or the coordinator when no
+    helper is free (at most one at a time, read between its other work; an answer a helper makes meanwhile waits
+    for that stream's next response). A stream no owner is free for waits, unopened, until one is. So every open
+    stream drains, and a call waiting for its callee's slot never waits for a stream nobody reads. Whoever ends a turn
+    stores what it produced, which may make calls and answers ready, and asks for a helper when more calls are ready
+    than it takes. Once the request is cancelled, its iterator closed or a step failed, no call is taken; running
+    ones get the cancellation, and open streams are closed."""
 
     def __init__(
-        self, model: EnsembleModel, tensors: dict[str, np.ndarray], cancel: CancelToken, ensembles: tuple[str, ...]
+        self,
+        model: EnsembleModel,
+        inputs: Mapping[str, np.ndarray],
+        wanted: Sequence[str],
+        cancel: CancelToken,
+        ensembles: tuple[str, ...],
     ) -> None:
         self.model = model
-        self.tensors = tensors  # ensemble tensor -> array; written only under _changed
         self.cancel = StepToken(ensembles)  # the steps' token: fired by the request's, or by a failed step
         self._parent = cancel
-        self._changed = threading.Condition()  # guards: tensors, _missing, _ready, _untaken, _running, _failure
-        self._missing = {
-            step.index: sum(1 for t in dict.fromkeys(step.inputs.values()) if t not in tensors) for step in model.steps
-        }
-        self._ready = collections.deque(step for step in model.steps if not self._missing[step.index])
-        self._untaken = len(model.steps)
-        self._running = 0
+        self._wanted = tuple(dict.fromkeys(wanted))  # the ensemble outputs each answer carries
+        self._changed = threading.Condition()  # guards every field below
+        self._values: dict[tuple[str, Key], np.ndarray | None] = {}  # None: left out by its producer's response
+        self._uses: dict[tuple[str, Key], int] = {}  # readers (and the answer) yet to take each value
+        self._calls: collections.deque[_Call] = collections.deque()  # ordinary calls ready
+        self._streams: collections.deque[_Call] = collections.deque()  # streaming calls ready, not opened
+        self._own: _Call | None = None  # the coordinator's open stream
+        self._awaiting_helper = False  # a helper was woken for this run's streams and has not come yet
+        self._held_back = 0  # helpers waiting for room before reading their stream on (_wait_for_room)
+        self._answers: collections.deque[Outputs] = collections.deque()  # made, not yielded yet
+        self._running = 0  # turns being taken, and streams a helper owns
+        self._started: set[int] = set()  # steps with a call taken
         self._failure: tuple[Step, BaseException] | None = None
+        # An optional input the client left out is a value left out: a step reading it runs without it (Triton's).
+        self._store_locked({spec.name: inputs.get(spec.name) for spec in model.metadata.inputs}, ())
 
-    def go(self) -> None:
-        """Run the data flow on the calling thread (with help). Returns when every step ended; raises as
-        EnsembleContext.execute says."""
+    # ---- the request's thread --------------------------------------------------------------------------------
+
+    def answers(self) -> Iterator[Outputs]:
+        """The ensemble's answers as they are made (the last as FinalOutputs when nothing can follow it), then
+        returns once every call ended; raises as EnsembleContext.execute says, after the answers made before the
+        failure. Closed early, it ends the request (`_end`)."""
         relay = self._relay
         self._parent.add_callback(relay)
         try:
-            self._coordinate()
+            while True:
+                with self._changed:
+                    kind, answer, call, more = self._coordinator_next_locked()
+                if kind is _Next.ANSWER:
+                    yield answer  # type: ignore[misc]  # an ANSWER carries one
+                elif kind is _Next.DONE:
+                    return
+                elif kind is _Next.ASK:
+                    self._ask_for_a_helper()
+                else:
+                    if more:
+                        self.model.helpers.want(self)  # outside this run's lock: it may start a thread
+                    self._take_turn(call, own=kind is _Next.PUMP)  # type: ignore[arg-type]  # CALL and PUMP carry one
         finally:
             self._parent.remove_callback(relay)
+            self._end()
 
     def _relay(self) -> None:
         self.cancel.cancel(self._parent.reason or "cancelled")
+        self._wake_held_back()
 
-    def _coordinate(self) -> None:
-        while True:
-            with self._changed:
-                taken = self._take_locked()
-                while taken is None:
-                    if not self._running:
-                        self._finish_locked()
-                        return
-                    self._changed.wait()  # a running step ends (every end notifies): bounded by that step
-                    taken = self._take_locked()
-                more = bool(self._ready)
-            self._work(*taken, more)
-
-    def help(self) -> None:
-        """A helper's turn (StepHelpers): run ready steps of this request until none is left for it. Never
-        raises."""
+    def _wake_held_back(self) -> None:
+        """The run ended early: helpers waiting for room stop waiting (and close their streams)."""
         with self._changed:
-            taken = self._take_locked()
-            more = bool(self._ready)
-        if taken is not None:
-            self._work(*taken, more)
-
-    def _take_locked(self) -> tuple[Step, dict[str, np.ndarray]] | None:
-        """The next ready step and its inputs, counted running; None when none is ready, a step failed or the
-        request was cancelled."""
-        if self._failure is not None or self.cancel.cancelled or not self._ready:
-            return None
-        step = self._ready.popleft()
-        self._untaken -= 1
-        self._running += 1
-        return step, {model_input: self.tensors[tensor] for model_input, tensor in step.inputs.items()}
-
-    def _work(self, step: Step, inputs: dict[str, np.ndarray], more: bool) -> None:
-        """Run `step`, then every ready step this thread can take next; ask for a helper whenever more steps are
-        ready than the one this thread takes (`more`). Never raises."""
-        taken: tuple[Step, dict[str, np.ndarray]] | None = (step, inputs)
-        while taken is not None:
-            if more:
-                self.model.helpers.want(self)  # outside this run's lock: it may start a thread
-            step, inputs = taken
-            produced, failure = self._call(step, inputs)
-            with self._changed:
-                self._running -= 1
-                if failure is not None:
-                    if self._failure is None:
-                        self._failure = (step, failure)
-                else:
-                    self._store_locked(produced)
+            if self._held_back:
                 self._changed.notify_all()
-                taken = self._take_locked()
-                more = bool(self._ready)
-            if failure is not None:
-                self.cancel.cancel(f"{step.label} failed")
 
-    def _call(self, step: Step, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], BaseException | None]:
-        """One step through its model's admission: (the ensemble tensors it produced, None) or ({}, its error)."""
-        try:
-            results = call_model(
-                self.model.dataplane,
-                step.model,
-                inputs,
-                version=step.version_string,
-                outputs=list(step.outputs),
-                cancel=self.cancel,
-            )
-            produced = {}
-            for model_output, tensor in step.outputs.items():
-                if model_output not in results:
-                    raise ExecutionError(f"the model returned no output '{model_output}'")
-                produced[tensor] = results[model_output]
-            return produced, None
-        except BaseException as error:  # noqa: BLE001 (handed to the coordinator, which raises it)
-            return {}, error
+    def _coordinator_next_locked(self) -> tuple[_Next, Outputs | None, _Call | None, bool]:
+        """What the coordinator does next: yield an answer; take a turn of an ordinary call (and whether more are
+        ready) or of its own stream; ask for a helper for a stream; or nothing more (DONE). Waits while only other
+        threads' turns, or a helper on its way, can make progress (each turn's end, and a helper's arrival,
+        notifies). Raises the run's end (_finish_locked)."""
+        while True:
+            ended = self._failure is not None or self._ended_locked()
+            if self._answers and not self._parent.cancelled:  # (those made before a failure go out first)
+                answer = self._answers.popleft()
+                if self._held_back:
+                    self._changed.notify_all()  # room for a helper reading a stream
+                return _Next.ANSWER, (FinalOutputs(answer) if self._over_locked() else answer), None, False
+            if not ended:
+                if self._calls:
+                    if self._held_back:
+                        self._changed.notify_all()
+                    return _Next.CALL, None, self._taken_locked(self._calls), bool(self._calls or self._streams)
+                if self._own is not None:
+                    self._running += 1
+                    return _Next.PUMP, None, self._own, False
+                if self._streams and not self._awaiting_helper:
+                    self._awaiting_helper = True
+                    return _Next.ASK, None, None, False
+            if not self._running and (ended or not (self._calls or self._streams or self._own)):
+                self._finish_locked()
+                return _Next.DONE, None, None, False
+            self._changed.wait()
 
-    def _store_locked(self, produced: Mapping[str, np.ndarray]) -> None:
-        self.tensors.update(produced)
-        for tensor in produced:
-            for reader in self.model.readers.get(tensor, ()):
-                self._missing[reader.index] -= 1
-                if not self._missing[reader.index]:
-                    self._ready.append(reader)
+    def _ask_for_a_helper(self) -> None:
+        """Streams are ready: a helper on its way takes them (`help` says it has come); none free, the coordinator
+        opens one itself (it owns none now: it was asked only then)."""
+        if self.model.helpers.want(self):
+            return
+        with self._changed:
+            self._awaiting_helper = False
+            if self._streams and self._own is None and self._failure is None and not self._ended_locked():
+                self._own = self._taken_locked(self._streams)
+                self._running -= 1  # owned between turns, counted while a turn runs (_coordinator_next_locked)
+
+    def _over_locked(self) -> bool:
+        """Nothing can follow: no answer, call, stream or turn left, and the run did not fail or end early."""
+        busy = self._answers or self._calls or self._streams or self._own is not None or self._running
+        return not busy and self._failure is None and not self._ended_locked()
+
+    def _ended_locked(self) -> bool:
+        """The request ended early (its token fired, or a step failed and cancelled the others)."""
+        return self.cancel.cancelled or self._parent.cancelled
 
     def _finish_locked(self) -> None:
-        """Every taken step has ended: raise the first failure, or the request's end, or return."""
+        """Every turn has ended and nothing is ready (or may be taken): raise the first failure, or the request's
+        end, or return."""
         if self._failure is not None:
             step, error = self._failure
             raise _named(self.model.name, step, error)
-        if self.cancel.cancelled:
+        if self._ended_locked():
             reason = self._parent.reason or self.cancel.reason or "cancelled"
+            not_started = len(self.model.steps) - len(self._started)
             raise RequestCancelled(
-                f"ensemble '{self.model.name}': the request ended ({reason}) with {self._untaken} step(s) not started"
+                f"ensemble '{self.model.name}': the request ended ({reason}) with {not_started} step(s) not started"
             )
-        if self._untaken:  # cannot happen with a checked graph; never hang on it
-            raise ExecutionError(f"ensemble '{self.model.name}': steps never became ready")
+
+    def _end(self) -> None:
+        """However the request's iterator ends: a run not over is cancelled (its iterator was closed early); its
+        running turns are waited for (the cancellation ends them: bounded by those steps), and the coordinator's
+        open stream is closed (its callee's slot freed)."""
+        with self._changed:
+            over = not (self._calls or self._streams or self._own is not None or self._running)
+        if not over:
+            self.cancel.cancel("the request ended")
+            self._wake_held_back()
+        with self._changed:
+            while self._running:
+                self._changed.wait()  # every turn's end notifies
+            own, self._own = self._own, None
+            self._calls.clear()
+            self._streams.clear()
+            self._answers.clear()
+        if own is not None:
+            _close(own)
+
+    # ---- helpers -----------------------------------------------------------------------------------------------
+
+    def help(self) -> None:
+        """A helper's turn (StepHelpers): take this request's calls, streams first (each read to its end here),
+        until none is left for it. Never raises."""
+        while True:
+            with self._changed:
+                if self._awaiting_helper:  # this helper has come: the coordinator stops waiting for one
+                    self._awaiting_helper = False
+                    self._changed.notify_all()
+                ready = self._streams or self._calls
+                taking = bool(ready) and self._failure is None and not self._ended_locked()
+                call = self._taken_locked(ready) if taking else None
+                if call is not None and self._held_back:
+                    self._changed.notify_all()  # room for a helper reading a stream
+                more = bool(self._calls or self._streams)
+            if call is None:
+                return
+            if more:
+                self.model.helpers.want(self)
+            if call.streaming:
+                while self._take_turn(call, own=True, keep=True):
+                    self._wait_for_room()
+            else:
+                self._take_turn(call, own=False)
+
+    def _wait_for_room(self) -> None:
+        """Before a helper reads its stream's next response: wait while BACKLOG answers and calls made from earlier
+        ones wait for the coordinator (its client reads slowly, or the next step is slow), so that the stream is
+        read no faster than its results are taken, as a decoupled model's own stream is (the model's send waits for
+        the server's read). Ends when there is room, a step failed or the request ended (each notifies); rechecks
+        every RECHECK_SECONDS."""
+        with self._changed:
+            self._held_back += 1
+            try:
+                while len(self._answers) + len(self._calls) >= BACKLOG:
+                    if self._failure is not None or self._ended_locked():
+                        return
+                    self._changed.wait(RECHECK_SECONDS)
+            finally:
+                self._held_back -= 1
+
+    # ---- turns -------------------------------------------------------------------------------------------------
+
+    def _taken_locked(self, ready: collections.deque[_Call]) -> _Call:
+        call = ready.popleft()
+        self._running += 1
+        self._started.add(call.step.index)
+        return call
+
+    def _take_turn(self, call: _Call, *, own: bool, keep: bool = False) -> bool:
+        """Take one turn of `call` (outside the lock) and store what it gave; `own`: a stream its taker owns (the
+        coordinator's, or a helper's with `keep`: counted running until it ends). Returns whether that stream has
+        more to read now. Never raises: a failure is kept for the coordinator to raise, and cancels the other
+        steps."""
+        turn = self._turn(call)
+        close = False
+        with self._changed:
+            if turn.failure is not None:
+                if self._failure is None:
+                    self._failure = (call.step, turn.failure)
+            elif turn.produced is not None and self._failure is None and not self._ended_locked():
+                self._store_locked(turn.produced, turn.key)  # (nothing is made after the request's end)
+            more = own and not turn.over and turn.failure is None
+            if more and (self._failure is not None or self._ended_locked()):
+                more, close = False, keep  # a helper closes its stream; _end closes the coordinator's
+            if not (more and keep):
+                self._running -= 1
+            if own and not keep and (turn.over or turn.failure is not None):
+                self._own = None  # the coordinator's stream has ended
+            self._changed.notify_all()
+        if turn.failure is not None:
+            self.cancel.cancel(f"{call.step.label} failed")
+        if close:
+            _close(call)
+        return more
+
+    def _turn(self, call: _Call) -> _Turn:
+        """One turn of a call through its model's admission: an ordinary step's call (its one answer), or the next
+        response of a streaming step's (opened on its first turn). Never raises."""
+        step = call.step
+        try:
+            if not call.streaming:
+                results = call_model(
+                    self.model.dataplane,
+                    step.model,
+                    call.inputs,
+                    version=step.version_string,
+                    outputs=list(step.outputs),
+                    cancel=self.cancel,
+                )
+                produced: dict[str, np.ndarray | None] = {}
+                for model_output, tensor in step.outputs.items():
+                    if model_output not in results:
+                        raise ExecutionError(f"the model returned no output '{model_output}'")
+                    produced[tensor] = results[model_output]
+                return _Turn(produced, call.key)
+            if call.answers is None:
+                call.answers = call_model_stream(
+                    self.model.dataplane,
+                    step.model,
+                    call.inputs,
+                    version=step.version_string,
+                    outputs=list(step.outputs),
+                    cancel=self.cancel,
+                )
+            outputs = next(call.answers, None)
+            if outputs is None:
+                return _Turn()
+            # Sent with the final flag: read the stream to its end now (it ends there: the callee is counted and its
+            # slot freed), so that an answer this response makes can be the ensemble's final one.
+            over = isinstance(outputs, FinalOutputs) and next(call.answers, None) is None
+            key = (*call.key, call.count)
+            call.count += 1
+            # A response may leave outputs out (Triton's placeholder): the steps reading them run without them.
+            return _Turn({tensor: outputs.get(name) for name, tensor in step.outputs.items()}, key, over)
+        except BaseException as error:  # noqa: BLE001 (handed to the coordinator, which raises it)
+            return _Turn(failure=error)
+
+    # ---- values ------------------------------------------------------------------------------------------------
+
+    def _store_locked(self, produced: Mapping[str, np.ndarray | None], key: Key) -> None:
+        """Keep the values a turn produced under `key`; make ready (in step order) the calls whose inputs now all
+        exist for it, and the answer when every output asked for does."""
+        readers: dict[int, Step] = {}
+        answer_due = False
+        for tensor, value in produced.items():
+            wanted = tensor in self._wanted
+            uses = len(self.model.readers.get(tensor, ())) + wanted
+            if not uses:
+                continue
+            self._values[(tensor, key)] = value
+            self._uses[(tensor, key)] = uses
+            for reader in self.model.readers.get(tensor, ()):
+                readers[reader.index] = reader
+            answer_due = answer_due or wanted
+        for index in sorted(readers):
+            step = readers[index]
+            if all((tensor, key) in self._values for tensor in step.inputs.values()):
+                self._make_call_locked(step, key)
+        if answer_due and all((name, key) in self._values for name in self._wanted):
+            answer = {}
+            for name in self._wanted:
+                value = self._values[(name, key)]
+                if value is not None:
+                    answer[name] = value
+                self._release_locked(name, key)
+            self._answers.append(answer)
+
+    def _make_call_locked(self, step: Step, key: Key) -> None:
+        inputs = {}
+        for model_input, tensor in step.inputs.items():
+            value = self._values[(tensor, key)]
+            if value is not None:
+                inputs[model_input] = value
+        for tensor in dict.fromkeys(step.inputs.values()):
+            self._release_locked(tensor, key)
+        call = _Call(step, key, inputs, step.index in self.model.streaming_steps)
+        (self._streams if call.streaming else self._calls).append(call)
+
+    def _release_locked(self, tensor: str, key: Key) -> None:
+        """One reader (or the answer) took the value: dropped when the last one has."""
+        slot = (tensor, key)
+        self._uses[slot] -= 1
+        if not self._uses[slot]:
+            del self._uses[slot], self._values[slot]
+
+
+class _Next(enum.Enum):
+    """What the coordinator does next (_Run._coordinator_next_locked)."""
+
+    ANSWER = "yield an answer"
+    CALL = "take a turn of an ordinary call"
+    PUMP = "read the next response of its own stream"
+    ASK = "ask for a helper for the streams ready"
+    DONE = "nothing more"
+
+
+def _close(call: _Call) -> None:
+    """Close a streaming call's responses that the run no longer reads: the callee's request ends (its slot is
+    freed, its statistics count it). Never raises (logged)."""
+    close = getattr(call.answers, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception:  # noqa: BLE001 (ending a stream must not fail the request that no longer wants it)
+        _LOG.exception("%s: closing its responses failed", call.step.label)
 
 
 class StepDeviceFailed(ExecutionError):

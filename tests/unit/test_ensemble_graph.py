@@ -155,7 +155,7 @@ PLAIN = StepModel(0, (fp32("IN", 4),), (fp32("OUT", 4),))
 X4, Y4 = (fp32("X", 4),), (fp32("Y", 4),)
 
 
-def check(models: dict, *, batch: int = 0, steps=CHAIN, inputs=X4, outputs=Y4) -> None:
+def check(models: dict, *, batch: int = 0, steps=CHAIN, inputs=X4, outputs=Y4) -> bool:
     graph = steps_of(config_text(*steps, head=HEAD.replace("max_batch_size: 0", f"max_batch_size: {batch}")))
 
     def model_of(s):
@@ -163,7 +163,7 @@ def check(models: dict, *, batch: int = 0, steps=CHAIN, inputs=X4, outputs=Y4) -
             raise ModelConfigError(f"ensemble 'e': {s.label} names a model that is not registered")
         return models[s.model]
 
-    check_against_models("ensemble 'e'", batch, inputs, outputs, graph, model_of)
+    return check_against_models("ensemble 'e'", batch, inputs, outputs, graph, model_of)
 
 
 def check_refusal(models: dict, **kwargs) -> str:
@@ -207,10 +207,57 @@ def test_a_map_naming_a_tensor_the_model_lacks_is_refused():
     assert "maps output 'OUT', which the model does not produce" in check_refusal({"a": PLAIN, "b": b})
 
 
-def test_a_decoupled_step_is_refused_by_name():
-    b = StepModel(0, (fp32("IN", 4),), (fp32("OUT", 4),), decoupled=True)
-    message = check_refusal({"a": PLAIN, "b": b})
-    assert "step 1 (model 'b') is decoupled; ensembles with decoupled steps are not supported" in message
+DECOUPLED = StepModel(0, (fp32("IN", 4),), (fp32("OUT", 4),), decoupled=True)
+TWO_IN = StepModel(0, (fp32("IN", 4), fp32("IN2", 4)), (fp32("OUT", 4),))
+MIXED = "receives inputs originated from different decoupled models"  # Triton's words
+
+
+def test_an_ensemble_with_a_decoupled_step_is_decoupled_itself():
+    assert check({"a": PLAIN, "b": DECOUPLED}) is True
+    assert check({"a": DECOUPLED, "b": PLAIN}) is True
+    assert check({"a": PLAIN, "b": PLAIN}) is False
+
+
+def test_a_step_reading_a_decoupled_steps_values_and_the_requests_is_refused_in_tritons_words():
+    steps = (step("a", {"IN": "X"}, {"OUT": "t"}), step("b", {"IN": "t", "IN2": "X"}, {"OUT": "Y"}))
+    message = check_refusal({"a": DECOUPLED, "b": TWO_IN}, steps=steps)
+    assert (
+        f"ensemble 'e': step 1 (model 'b') {MIXED} ('t' from step 0 (model 'a') (decoupled), 'X' from the " in message
+    )
+    assert check({"a": PLAIN, "b": TWO_IN}, steps=steps) is False
+
+
+def test_values_of_two_decoupled_steps_meeting_are_refused_and_through_plain_steps_too():
+    steps = (
+        step("a", {"IN": "X"}, {"OUT": "t"}),
+        step("c", {"IN": "X"}, {"OUT": "u"}),
+        step("p", {"IN": "u"}, {"OUT": "v"}),  # plain: its output keeps the origin of its input (c)
+        step("b", {"IN": "t", "IN2": "v"}, {"OUT": "Y"}),
+    )
+    message = check_refusal({"a": DECOUPLED, "c": DECOUPLED, "p": PLAIN, "b": TWO_IN}, steps=steps)
+    assert (
+        f"step 3 (model 'b') {MIXED} ('t' from step 0 (model 'a') (decoupled), 'v' from step 1 (model 'c')" in message
+    )
+
+
+def test_the_ensembles_outputs_of_different_origins_are_refused():
+    steps = (step("a", {"IN": "X"}, {"OUT": "Y"}), step("b", {"IN": "X"}, {"OUT": "Z"}))
+    outputs = (fp32("Y", 4), fp32("Z", 4))
+    text = HEAD + TENSORS.replace(
+        'output [ { name: "Y"', 'output [ { name: "Z" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "Y"'
+    )
+    graph = steps_of(text + "ensemble_scheduling { step [ " + ", ".join(steps) + " ] }\n")
+    with pytest.raises(ModelConfigError, match=f"ensemble 'e', as the step collecting its outputs, {MIXED}"):
+        check_against_models("ensemble 'e'", 0, X4, outputs, graph, lambda s: {"a": DECOUPLED, "b": PLAIN}[s.model])
+
+
+def test_a_decoupled_step_after_another_starts_a_new_origin_that_its_readers_share():
+    steps = (
+        step("b", {"IN": "t"}, {"OUT": "u"}),  # listed first: the check follows the data, not the list
+        step("a", {"IN": "X"}, {"OUT": "t"}),
+        step("c", {"IN": "u", "IN2": "u"}, {"OUT": "Y"}),
+    )
+    assert check({"a": DECOUPLED, "b": DECOUPLED, "c": TWO_IN}, steps=steps) is True
 
 
 def test_a_step_version_other_than_the_served_one_is_refused():

@@ -13,7 +13,7 @@ import itertools
 
 import numpy as np
 
-from .harness import Model, build_request, ensemble, python_model, slotserve_fails
+from .harness import Model, build_request, ensemble, python_model
 from .models import add_sub
 
 # OUTPUT0 = INPUT0 through DLPack, NEXT_GPU_OUTPUT = GPU_OUTPUT[1:]; a model other than the first also checks the
@@ -192,7 +192,6 @@ def test_ensemble_io(server):
             assert np.array_equal(item.outputs["OUTPUT0"], value)
 
 
-@slotserve_fails("an ensemble with a decoupled step is refused by name (service/ensemble.py, helper ensembles)")
 def test_ensemble_io_decoupled(server):
     """The same with decoupled steps: two responses per request reach the client."""
     value = np.random.random([1000]).astype(np.float32)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .harness import Model, build_request, ensemble, python_model, slotserve_fails
+from .harness import Model, build_request, ensemble, python_model
 from .models import SQUARE, SQUARE_CONFIG
 
 # The repeat model, with the C++ repeat backend's shape check.
@@ -183,14 +183,8 @@ TRIALS = {
     "repeat_square": _nested,
     "nested_square": _nested,
 }
-DECOUPLED_ENSEMBLE = "an ensemble with a decoupled step is refused by name (service/ensemble.py, helper ensembles)"
-
-
 def _trials() -> list:
-    return [
-        pytest.param(name, marks=() if name == "repeat_int32" else (slotserve_fails(DECOUPLED_ENSEMBLE),), id=name)
-        for name in TRIALS
-    ]
+    return [pytest.param(name, id=name) for name in TRIALS]
 
 
 def _infer(server, model: str, requests: int, repeat: int, wait_ms: int, empty_final: bool) -> None:
