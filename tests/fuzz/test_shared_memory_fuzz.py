@@ -174,7 +174,7 @@ def test_generated_registrations(running, stub):
                 # A well-formed request naming a region the lab registered already is Triton's
                 # ALREADY_EXISTS (checked after the request's own fields); any other refusal is
                 # INVALID_ARGUMENT or, past the server's limits, RESOURCE_EXHAUSTED.
-                refusals = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED")
+                refusals: tuple[str, ...] = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED")
                 if request.name in REGIONS:
                     refusals += ("ALREADY_EXISTS",)
                 assert code in refusals, error

@@ -183,6 +183,8 @@ TRIALS = {
     "repeat_square": _nested,
     "nested_square": _nested,
 }
+
+
 def _trials() -> list:
     return [pytest.param(name, id=name) for name in TRIALS]
 
