@@ -500,6 +500,7 @@ def option_fields(args: argparse.Namespace) -> dict:
         stream_write_timeout=args.stream_write_timeout,
         log_format="json" if args.log_format == "json" else "text",
         exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
         metrics_port=args.metrics_port,
         shared_memory=args.shared_memory,
         shared_memory_prefix=args.shared_memory_prefix,

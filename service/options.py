@@ -61,6 +61,7 @@ class ServerOptions:
     # A model that fails to load at startup stops the server (exit 1) instead of being listed with its reason
     # (Triton's --exit-on-error, true by default there).
     exit_on_error: bool = False
+    strict_readiness: bool = False  # ServerReady false while a model loads or failed (Triton's default)
     # grpcio server arguments from Triton's --grpc-keepalive-* and --grpc-http2-* flags: (argument, value) pairs.
     grpc_arguments: tuple[tuple[str, int], ...] = ()
     reuse_port: bool = False  # SO_REUSEPORT on the gRPC port (Triton's --reuse-grpc-port)

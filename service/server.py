@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,10 +83,19 @@ class ShutdownReport:
 
 
 class ServerState:
-    """Readiness as clients see it (ServerReady, health)."""
+    """Readiness as clients see it (ServerReady, health). `ready` says the server serves (set after the startup
+    loads, cleared when a shutdown begins); with `strict` (--strict-readiness true, Triton's default) ServerReady
+    asks `not_ready_models` as well, and a model loading or failed keeps it false."""
 
-    def __init__(self) -> None:
+    def __init__(self, not_ready_models: Callable[[], list[str]] | None = None) -> None:
         self.ready = False
+        self._not_ready_models = not_ready_models
+
+    def server_ready(self) -> bool:
+        """ServerReady's answer. Never blocks on a load (the registry's and each model's lock are taken briefly)."""
+        if not self.ready:
+            return False
+        return self._not_ready_models is None or not self._not_ready_models()
 
 
 class Server:
@@ -159,7 +168,7 @@ class Server:
                 self.registry, self.residency, self.runtime.events, self.runtime.cold_loads, self.dataplane
             )
         )
-        self.state = ServerState()
+        self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
         self.timers = TimerQueue("stream-write-timeouts")

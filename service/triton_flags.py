@@ -84,8 +84,8 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag(
         "--strict-readiness",
         Kind.ACCEPTED,
-        "false only: ServerReady says whether the server serves, whatever its models' states (ask ModelReady "
-        "per model); true is refused",
+        "the same, slotserve's default false: ServerReady says whether the server serves (ask ModelReady per "
+        "model); true makes it false while a model loads or has failed to load, as Triton's default",
     ),
     TritonFlag("--model-control-mode", Kind.ACCEPTED, "none, poll, explicit, and slotserve's lazy (its default)"),
     TritonFlag("--repository-poll-secs", Kind.ALIAS, "--repository-poll-seconds"),
@@ -373,9 +373,13 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--strict-readiness",
-        type=only(False, "ServerReady says whether the server serves; ask ModelReady per model"),
-        metavar="false",
-        help="false only",
+        type=triton_bool,
+        nargs="?",
+        const=True,
+        default="false",  # a string, so that argparse reads it with triton_bool and --help shows Triton's word
+        metavar="BOOL",
+        help="true (or the flag alone): ServerReady is false while a model is loading or has failed to load, as "
+        "Triton's default; false: ServerReady says whether the server serves (default: false)",
     )
     add(
         "--strict-model-config",

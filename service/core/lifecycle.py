@@ -471,6 +471,11 @@ class ModelEntry:
     def is_ready(self) -> bool:
         return self._state is ModelState.READY
 
+    def readiness(self) -> tuple[ModelState, str]:
+        """The state and the last load error, read together (no memory measured: ServerReady asks often)."""
+        with self._lock:
+            return self._state, self._last_error
+
     def _transition_locked(self, new: ModelState) -> None:
         if new not in _TRANSITIONS[self._state]:
             raise InvalidTransition(f"model '{self.name}': {self._state.value} -> {new.value} is not allowed")

@@ -43,7 +43,7 @@ from .errors import (
     UnsupportedSlotCount,
     own_copy,
 )
-from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, ModelStatus, SharedRuntime
+from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, ModelState, ModelStatus, SharedRuntime
 
 _LOG = logging.getLogger(__name__)
 
@@ -173,6 +173,20 @@ class ModelRegistry:
         with self._lock:
             groups = [self._entries[name] for name in sorted(self._entries)]
         return [entry for group in groups for entry in group.entries()]
+
+    def not_ready_models(self) -> list[str]:
+        """The models that keep a strictly ready server (--strict-readiness true) from being ready, as Triton counts
+        them: a version loading, reloading or unloading, a version whose load failed, and a repository model that
+        could not be registered. A version that is simply not loaded (lazy, or unloaded) does not count. Takes the
+        registry's lock and each model's lock briefly; never blocks on a load."""
+        waiting = set()
+        for entry in self.entries():
+            state, last_error = entry.readiness()
+            if state is not ModelState.READY and not (state is ModelState.UNLOADED and not last_error):
+                waiting.add(entry.name)
+        with self._lock:
+            waiting.update(self._failed)
+        return sorted(waiting)
 
     def statuses(self) -> list[ModelStatus]:
         return [entry.status() for entry in self.entries()]

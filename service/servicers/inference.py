@@ -97,7 +97,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc(access=Access.OPEN)
     def ServerReady(self, request, context, token):
-        return pb.ServerReadyResponse(ready=self._server_state.ready)
+        return pb.ServerReadyResponse(ready=self._server_state.server_ready())
 
     @rpc(access=Access.OPEN)
     def ModelReady(self, request, context, token):

@@ -92,6 +92,10 @@ def test_the_client_takes_no_abbreviation():
         (["--exit-on-error"], "exit_on_error", True),
         (["--exit-on-error=false"], "exit_on_error", False),
         ([], "exit_on_error", False),  # slotserve's default, documented (Triton's is true)
+        (["--strict-readiness=true"], "strict_readiness", True),
+        (["--strict-readiness"], "strict_readiness", True),
+        (["--strict-readiness=false"], "strict_readiness", False),
+        ([], "strict_readiness", False),  # slotserve's default, documented (Triton's is true)
         (["--allow-metrics=true"], "metrics_port", 8002),  # Triton's metrics port
         (["--allow-metrics=true", "--metrics-port=9100"], "metrics_port", 9100),
         (["--allow-metrics=false", "--metrics-port=9100"], "metrics_port", None),
@@ -167,7 +171,6 @@ def test_tritons_tls_flags_that_do_not_go_together_are_refused(argv, says):
     [
         (["--allow-http=true"], "argument --allow-http: true is not supported here: slotserve speaks only gRPC"),
         (["--allow-grpc", "false"], "argument --allow-grpc: false is not supported here: gRPC is the one protocol"),
-        (["--strict-readiness=true"], "true is not supported here: ServerReady says whether the server serves"),
         (["--strict-model-config=true"], "true is not supported here: an ONNX model's undeclared inputs"),
         (["--allow-gpu-metrics=true"], "slotserve exports no GPU metrics"),
         (["--rate-limit=execution_count"], "only off is supported here"),

@@ -16,7 +16,7 @@ import numpy as np
 
 from generated import grpc_service_pb2 as pb
 
-from .harness import Model, python_model, slotserve_fails, wait_for
+from .harness import Model, python_model, wait_for
 from .models import IDENTITY, identity_config
 
 # Identity that counts its loads per version in loads/<version> beside the repository.
@@ -63,14 +63,11 @@ def _works(server, model: str, version: str = "") -> bool:
     return answer.ok and np.array_equal(answer["OUTPUT0"], value)
 
 
-@slotserve_fails(
-    "a model that cannot load leaves slotserve's ServerReady true (by design: the server starts anyway, the model "
-    "listed with its reason); Triton's strict readiness says not ready (docs/migrating-from-triton.md)"
-)
 def test_parse_error_model_no_version(launch):
     """A model folder with no version folder: that model is not ready (the server neither), the others serve."""
     models = {"good": _versioned(["1"]), "noversion": Model(python_model(identity_config(), IDENTITY).config)}
-    server = launch(models, ("--exit-on-error=false",))
+    # Triton's default strict readiness, said on both sides (slotserve's default is false: docs/command-line.md)
+    server = launch(models, ("--exit-on-error=false", "--strict-readiness=true"), strict_readiness=True)
     assert server.call("ServerLive", pb.ServerLiveRequest())[2].live
     assert not server.call("ServerReady", pb.ServerReadyRequest())[2].ready
     assert not server.ready("noversion")
