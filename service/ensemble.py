@@ -568,6 +568,7 @@ class _Run:
         self._own: _Call | None = None  # the coordinator's open stream
         self._awaiting_helper = False  # a helper was woken for this run's streams and has not come yet
         self._held_back = 0  # helpers waiting for room before reading their stream on (_wait_for_room)
+        self._coordinator_busy = False  # the request's thread is in a turn of its own (takes no answers meanwhile)
         self._answers: collections.deque[Outputs] = collections.deque()  # made, not yielded yet
         self._running = 0  # turns being taken, and streams a helper owns
         self._started: set[int] = set()  # steps with a call taken
@@ -596,10 +597,23 @@ class _Run:
                 else:
                     if more:
                         self.model.helpers.want(self)  # outside this run's lock: it may start a thread
-                    self._take_turn(call, own=kind is _Next.PUMP)  # type: ignore[arg-type]  # CALL and PUMP carry one
+                    self._set_coordinator_busy(True)
+                    try:
+                        self._take_turn(call, own=kind is _Next.PUMP)  # type: ignore[arg-type]  # CALL and PUMP carry one
+                    finally:
+                        self._set_coordinator_busy(False)
         finally:
             self._parent.remove_callback(relay)
             self._end()
+
+    def _set_coordinator_busy(self, busy: bool) -> None:
+        """The request's thread starts (or ended) a turn of its own. While it is in one it takes no answers, and the
+        turn may wait for a slot a helper's stream holds (a step after a decoupled one on a model with one slot):
+        helpers held back for room must read on then, or neither would ever move (_wait_for_room)."""
+        with self._changed:
+            self._coordinator_busy = busy
+            if busy and self._held_back:
+                self._changed.notify_all()
 
     def _relay(self) -> None:
         self.cancel.cancel(self._parent.reason or "cancelled")
@@ -721,12 +735,13 @@ class _Run:
         """Before a helper reads its stream's next response: wait while BACKLOG answers and calls made from earlier
         ones wait for the coordinator (its client reads slowly, or the next step is slow), so that the stream is
         read no faster than its results are taken, as a decoupled model's own stream is (the model's send waits for
-        the server's read). Ends when there is room, a step failed or the request ended (each notifies); rechecks
-        every RECHECK_SECONDS."""
+        the server's read). Ends when there is room, a step failed, the request ended, or the request's thread is
+        in a turn of its own (each notifies): that turn may wait for the very slot this helper's stream holds, so the
+        backlog may pass BACKLOG by what the streams read meanwhile. Rechecks every RECHECK_SECONDS."""
         with self._changed:
             self._held_back += 1
             try:
-                while len(self._answers) + len(self._calls) >= BACKLOG:
+                while len(self._answers) + len(self._calls) >= BACKLOG and not self._coordinator_busy:
                     if self._failure is not None or self._ended_locked():
                         return
                     self._changed.wait(RECHECK_SECONDS)

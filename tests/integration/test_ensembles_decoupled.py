@@ -94,6 +94,22 @@ class TritonPythonModel:
         return responses
 """
 
+# A second decoupled step: N responses OUT = [0], [1], ..., sent from execute, then the final flag.
+RECOUNT = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for index in range(int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([index], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
 INT1 = "data_type: TYPE_INT32 dims: [ 1 ]"
 
 
@@ -242,6 +258,44 @@ def test_a_request_whose_answers_are_not_taken_holds_back_the_decoupled_steps_st
     rest = [int(outputs["Y"][0]) for outputs in answers]
     assert rest == [1000 + index for index in range(1, 200)]
     assert int(progress.read_text()) == 200
+
+
+def write_two_decoupled_steps(root: Path) -> Path:
+    """`twice`: counter (decoupled) -> recount (a second counter, decoupled, one slot): response v of the first
+    makes v responses of the second, each its own call of recount (Triton's nested decoupled ensembles, as NVIDIA's
+    L0_decoupled repeat_square)."""
+    write_repository(root)
+    _python_model(
+        root,
+        "recount",
+        f'input [ {{ name: "N" {INT1} }} ]\noutput [ {{ name: "OUT" {INT1} }} ]\n'
+        "model_transaction_policy { decoupled: true }\n",
+        RECOUNT,
+    )
+    (root / "twice" / "1").mkdir(parents=True)
+    (root / "twice" / "config.pbtxt").write_text(
+        'name: "twice"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+        f'input [ {{ name: "N" {INT1} }}, {{ name: "MODE" {INT1} }} ]\noutput [ {{ name: "OUT" {INT1} }} ]\n'
+        "ensemble_scheduling { step [\n"
+        '  { model_name: "counter" model_version: -1 input_map { key: "N" value: "N" } '
+        'input_map { key: "MODE" value: "MODE" } output_map { key: "OUT" value: "counted" } },\n'
+        '  { model_name: "recount" model_version: -1 input_map { key: "N" value: "counted" } '
+        'output_map { key: "OUT" value: "OUT" } }\n'
+        "] }\n"
+    )
+    return root
+
+
+def test_a_decoupled_step_after_a_decoupled_step_on_one_slot_answers_more_than_the_backlog(slotserve, tmp_path):
+    """Responses of the second decoupled step fill the backlog while the request's thread waits for the one slot
+    that step's stream holds: the helper reading that stream must read on (it waited for room forever before,
+    after 16 answers; NVIDIA's repeat_square stopped after 100 of its 510 responses)."""
+    running = slotserve(write_two_decoupled_steps(tmp_path))
+    n = BACKLOG + 4
+    items = list(running.client.stream_infer("twice", [request(n)], timeout=120))
+    assert sorted(int(item["OUT"][0]) for item in items) == sorted(i for v in range(n) for i in range(v))
+    assert successes(running, "recount") == (n, 0)
+    wait_until(lambda: busy(running, "recount") == 0 and busy(running, "counter") == 0, "every slot free")
 
 
 def test_a_decoupled_ensemble_asking_for_the_response_cache_is_refused_by_name(slotserve, tmp_path):
