@@ -57,11 +57,11 @@ from .errors import (
 from .events import Events
 from .load_stops import LoadStops, either
 from .outcomes import outcome_of
-from .pool import SlotPool, build_contexts, build_pool, check_slot_count, close_contexts, close_primary
+from .pool import LoadTimes, SlotPool, build_contexts, build_pool, check_slot_count, close_contexts, close_primary
 from .residency import ColdLoadGuard, ColdLoadTurn, Residency
 from .sequences import SequenceTable
 from .statistics import InferenceStatistics
-from .warmup import LoadTimes, warm_up, warm_up_pool
+from .warmup import warm_up, warm_up_pool
 
 _LOG = logging.getLogger(__name__)
 
