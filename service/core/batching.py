@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -33,10 +33,8 @@ from engine.interface import BatchingSpec, CancelToken, ModelMetadata, ModelSpec
 from .admission import BatchRule
 from .blocking import blocking_wait
 from .errors import InvalidRequest, ServiceError, own_copy
+from .lease import Lease
 from .statistics import InferenceStatistics
-
-if TYPE_CHECKING:  # lifecycle imports this module
-    from .lifecycle import Lease
 
 
 def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | None:
@@ -87,7 +85,7 @@ class BatchItem:
     kept_outputs: Sequence[str] = ()
     streams: bool = False  # the request takes a stream of answers (ModelStreamInfer): a decoupled model may batch it
     result: Outputs | None = None
-    stream: Iterator[Outputs] | None = None  # a decoupled model's answers to it, posted instead of `result`
+    stream: MemberStream | None = None  # a decoupled model's answers to it, posted instead of `result`
     error: BaseException | None = None
     metadata: ModelMetadata | None = None
     version: str = ""
@@ -118,7 +116,7 @@ class BatchItem:
         if not self.done:
             self.error = own_copy(error)
 
-    def post_stream(self, stream: Iterator[Outputs]) -> bool:
+    def post_stream(self, stream: MemberStream) -> bool:
         """The leader hands the request its stream of answers; False (the caller closes it) when the request's
         thread has left already."""
         with self._stream_lock:
@@ -127,7 +125,7 @@ class BatchItem:
             self.stream = stream
             return True
 
-    def abandon(self) -> Iterator[Outputs] | None:
+    def abandon(self) -> MemberStream | None:
         """The request's thread leaves without reading its answers (it gave up): returns the stream posted to it,
         if any, for the caller to close; one posted later is closed by the leader."""
         with self._stream_lock:
@@ -279,7 +277,7 @@ def _run_as_streams(lease: Lease, live: Sequence[BatchItem], statistics: Inferen
     held = _HeldByStreams(lease, len(streams), statistics, started, rows)
     for item, stream in zip(live, streams, strict=True):
         item.batch_rows = rows
-        member = _MemberStream(stream, held)
+        member = MemberStream(stream, held)
         if not item.post_stream(member):
             member.close()
     return True
@@ -312,7 +310,7 @@ class _HeldByStreams:
             self._lease.entry.retire_failed_pool(self._lease.pool, failure)
 
 
-class _MemberStream(Iterator[Outputs]):
+class MemberStream(Iterator[Outputs]):
     """One member's answers in a streaming batch: the engine's, each waited for in `blocking_wait` (a handler pool
     may start another call meanwhile); ended (its last answer read, closed or raised), it ends its part of the
     batch once."""

@@ -31,19 +31,16 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
-
-import numpy as np
+from typing import Any
 
 from engine.errors import DeviceFailedError, EngineError, ModelLoadError
-from engine.interface import Backend, BatchingSpec, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs
+from engine.interface import Backend, BatchingSpec, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec
 from engine.repository import hide_paths
 
-from .admission import AdmissionController, Ticket, TicketKind, TicketState, refusal_error
+from .admission import AdmissionController, Ticket, TicketKind, TicketState
 from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
-from .blocking import blocking_wait
 from .errors import (
     BackendNotAvailable,
     ModelLoadFailed,
@@ -55,8 +52,12 @@ from .errors import (
     own_copy,
 )
 from .events import Events
+from .lease import Barrier as Barrier
+from .lease import ExclusiveLease as ExclusiveLease
+from .lease import Lease as Lease
 from .load_stops import LoadStops, either
 from .outcomes import outcome_of
+from .paths import RequestPath, path_for
 from .pool import LoadTimes, SlotPool, build_contexts, build_pool, check_slot_count, close_contexts, close_primary
 from .residency import ColdLoadGuard, ColdLoadTurn, Residency
 from .sequences import SequenceTable
@@ -221,159 +222,6 @@ class _InitAttempt:
         return self.pool  # type: ignore[return-value]
 
 
-class Lease:
-    """A granted request slot, bound to the published pool and one context of it.
-
-    Release it exactly once (`release` is idempotent); until then the pool cannot be torn down.
-    """
-
-    __slots__ = ("entry", "ticket", "pool", "context", "queue_ns", "_released", "_device_failure")
-
-    def __init__(self, entry: ModelEntry, ticket: Ticket, pool: SlotPool, context: Context, queue_ns: int) -> None:
-        self.entry = entry
-        self.ticket = ticket
-        self.pool = pool
-        self.context = context
-        self.queue_ns = queue_ns
-        self._released = False
-        self._device_failure: DeviceFailedError | None = None  # set when the backend's device failed under it
-
-    @property
-    def metadata(self) -> ModelMetadata:
-        return self.pool.metadata
-
-    @property
-    def version(self) -> str:
-        return self.pool.spec.version
-
-    @property
-    def streaming(self) -> bool:
-        """Whether the model answers a request with a stream of responses (execute_stream)."""
-        return self.pool.primary.streaming
-
-    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
-        """Run the engine on this lease's context. On a model of several slots the thread waits on the engine
-        meanwhile (blocking_wait: its handler pool may start another call, which may take another slot). A wait
-        in a one-slot model's engine frees nothing another call of the model could use: stepping aside there
-        would only wake another runner to queue behind it (a wake-up a request, measured as a loss on `simple`)."""
-        try:
-            if self.pool.request_slots > 1:
-                with blocking_wait:
-                    return self.context.execute(inputs, outputs, cancel)
-            return self.context.execute(inputs, outputs, cancel)
-        except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
-            self._device_failure = error
-            raise
-
-    def execute_stream(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
-    ) -> Iterator[Outputs]:
-        """The engine's answers, one by one; the thread waits on the engine for each (blocking_wait, taken for
-        each answer and never across a yield: a generator may be closed on another thread)."""
-        answers: Iterator[Outputs] = iter(())
-        try:
-            answers = self.context.execute_stream(inputs, outputs, cancel)  # a device failure here is caught too
-            while True:
-                with blocking_wait:
-                    answer = next(answers, None)  # an answer is a dict of outputs, never None
-                if answer is None:
-                    return
-                yield answer
-        except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
-            self._device_failure = error
-            raise
-        finally:  # closed early (the client went away): the engine's stream is closed with it, as `yield from` did
-            close = getattr(answers, "close", None)  # a generator's; a plain iterator has nothing to close
-            if close is not None:
-                close()
-
-    def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        self.pool.give_back(self.context)
-        self.entry._end_request(self.ticket)
-        if self._device_failure is not None:
-            self.entry.retire_failed_pool(self.pool, self._device_failure)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class ExclusiveLease:
-    """A manager's hold on a whole model (a granted MANAGER ticket): every earlier lease has ended and no later
-    one is granted until it is released. Use it as a context manager (`with entry.exclusive(...):`); `release`
-    is idempotent."""
-
-    __slots__ = ("entry", "_ticket", "_released")
-
-    def __init__(self, entry: ModelEntry, ticket: Ticket) -> None:
-        self.entry = entry
-        self._ticket = ticket
-        self._released = False
-
-    def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        self.entry._release_exclusive(self._ticket)
-
-    def __enter__(self) -> ExclusiveLease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class Barrier:
-    """A bulk unload's exclusive barrier on one model, queued without waiting (ModelEntry.post_barrier). Its
-    `on_change` callback reports it when it is granted or refused; the bulk unload then unloads under it, or
-    gives up. `withdraw` ends it in any state (idempotent)."""
-
-    __slots__ = ("entry", "_ticket", "_ended")
-
-    def __init__(self, entry: ModelEntry) -> None:
-        self.entry = entry
-        self._ticket: Ticket | None = None
-        self._ended = False
-
-    @property
-    def decided(self) -> bool:
-        """Granted or refused already (a queued barrier is reported by its callback later)."""
-        return self._ticket is not None and self._ticket.state is not TicketState.QUEUED
-
-    @property
-    def granted(self) -> bool:
-        return self._ticket is not None and self._ticket.state is TicketState.GRANTED
-
-    @property
-    def refused(self) -> bool:
-        return self._ticket is not None and self._ticket.state is TicketState.REFUSED
-
-    def refusal(self) -> Exception:
-        """The error a refused barrier's bulk unload raises (ShuttingDown: the queue closed under it)."""
-        assert self._ticket is not None
-        return refusal_error(self._ticket, self.entry.name)
-
-    def withdraw(self) -> None:
-        """Leave the queue if still queued; release if granted. Never blocks."""
-        if self._ended or self._ticket is None:
-            return
-        self._ended = True
-        self.entry.admission.cancel_queued(self._ticket)
-        if self._ticket.state is TicketState.GRANTED:
-            self.entry._release_exclusive(self._ticket)
-
-    def __enter__(self) -> Barrier:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.withdraw()
-
-
 @dataclass
 class _Committed:
     """The committed configuration: replaced as a whole, so readers never see a mix."""
@@ -403,6 +251,8 @@ class ModelEntry:
         )
         self.statistics = InferenceStatistics()
         self.sequences = SequenceTable(spec.name, self._clock)  # open sequences (service/core/sequences.py)
+        # How its requests run (service/core/paths.py): chosen with the committed configuration, read without the lock.
+        self.path: RequestPath = path_for(self, spec)
         self._loads = LoadStops()  # its loads in progress, which an unload or the shutdown stops
 
     # ---- observation ----------------------------------------------------------------------------------------
@@ -506,7 +356,7 @@ class ModelEntry:
             pool = self._ensure_pool(cancel)
             context = pool.take(context_index)
         except BaseException:
-            self._end_request(ticket)
+            self.end_lease(ticket)
             raise
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
@@ -545,7 +395,7 @@ class ModelEntry:
         gives up while queued or while its batch runs); on every error the caller holds nothing.
         """
         settings = self._committed.settings
-        ticket = self.admission.acquire(
+        ticket: Ticket[BatchItem] = self.admission.acquire(
             TicketKind.REQUEST,
             deadline,
             overdue_after=settings.admission_timeout,
@@ -559,7 +409,7 @@ class ModelEntry:
             return item  # released by its leader: the outcome is posted
         # (No members: the model's batching was reconfigured away while this request arrived; it runs alone.)
         # Every ticket of a batch was acquired here, with its BatchItem as the payload.
-        items = [cast(BatchItem, member.payload) for member in ticket.members or [ticket]]
+        items = [member.payload for member in ticket.members or [ticket]]
         # A batch of one is cancelled with its request (the common case when idle: no extra token).
         run_cancel = cancel if len(items) == 1 else EveryoneGaveUp([member.cancel for member in items])
         try:
@@ -569,7 +419,7 @@ class ModelEntry:
             except BaseException as error:
                 for member in items:
                     member.fail(_as_request_error(self.name, error))
-                self._end_request(ticket)
+                self.end_lease(ticket)
                 raise
             lease = Lease(self, ticket, pool, context, 0)  # its release ends every member's lease
             handed_over = False
@@ -588,7 +438,7 @@ class ModelEntry:
             item.error = RequestCancelled("the caller gave up while its batch ran")
         return item
 
-    def _end_request(self, ticket: Ticket) -> None:
+    def end_lease(self, ticket: Ticket[Any]) -> None:
         self.last_used = self._clock()
         self.admission.release(ticket)
         self._lease_ended()
@@ -828,7 +678,7 @@ class ModelEntry:
         (ServerBusy subclasses, RequestCancelled, ShuttingDown), holding nothing then."""
         return ExclusiveLease(self, self._acquire_exclusive(deadline, cancel))
 
-    def _acquire_exclusive(self, deadline: float | None, cancel: CancelToken | None) -> Ticket:
+    def _acquire_exclusive(self, deadline: float | None, cancel: CancelToken | None) -> Ticket[Any]:
         settings = self._committed.settings
         return self.admission.acquire(
             TicketKind.MANAGER,
@@ -837,7 +687,7 @@ class ModelEntry:
             cancel=cancel,
         )
 
-    def _release_exclusive(self, ticket: Ticket) -> None:
+    def release_exclusive(self, ticket: Ticket[Any]) -> None:
         self.admission.release(ticket)
         self._lease_ended()
 
@@ -851,15 +701,15 @@ class ModelEntry:
             raise RuntimeError(f"model '{self.name}': a new entry's first lease was not granted ({ticket.state})")
         return ExclusiveLease(self, ticket)
 
-    def post_barrier(self, on_change: Callable[[Barrier], None]) -> Barrier:
+    def post_barrier(self, on_change: Callable[[Barrier[ModelEntry]], None]) -> Barrier[ModelEntry]:
         """Queue a bulk unload's exclusive barrier without waiting. `on_change(barrier)` is called, under this
         model's lock (it must not block), when the barrier is granted, refused or withdrawn later; a barrier
         decided at once (`decided`) is not reported by it. The caller must `withdraw` the barrier, or unload
         under it and `withdraw` it, in every case."""
-        barrier = Barrier(self)
+        barrier: Barrier[ModelEntry] = Barrier(self)
         with self._lock:
-            barrier._ticket = self.admission.arrive_locked(
-                TicketKind.MANAGER, None, on_change=lambda _ticket: on_change(barrier)
+            barrier.attach(
+                self.admission.arrive_locked(TicketKind.MANAGER, None, on_change=lambda _ticket: on_change(barrier))
             )
         return barrier
 
@@ -1075,6 +925,7 @@ class ModelEntry:
     def _commit_locked(self, committed: _Committed) -> None:
         """Replace the committed configuration, and the batching rule admission applies with it."""
         self._committed = committed
+        self.path = path_for(self, committed.spec)
         self.admission.set_batching_locked(batch_rule(committed.spec.batching, committed.spec.max_batch_size))
 
     def _commit_resized(self, spec: ModelSpec, settings: ModelSettings, old_pool: SlotPool, resized: SlotPool) -> None:
@@ -1174,7 +1025,7 @@ class ModelEntry:
         with ExclusiveLease(self, ticket):
             return self.unload_leased(event, **fields)
 
-    def _try_acquire_idle_exclusive(self) -> Ticket | None:
+    def _try_acquire_idle_exclusive(self) -> Ticket[Any] | None:
         """An exclusive lease only if the model is ready, idle and queue-free right now; never queues.
         Returns None otherwise."""
         with self._lock:

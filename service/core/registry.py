@@ -533,8 +533,8 @@ class ModelRegistry:
         resumes: Mapping[ModelEntry, Callable[[], None]],
     ) -> tuple[list[str], list[str]]:
         """unload_many's work once the selection is made (its docstring says how)."""
-        reports: queue.SimpleQueue[Barrier | None] = queue.SimpleQueue()
-        pending: dict[Barrier, None] = {}  # insertion-ordered
+        reports: queue.SimpleQueue[Barrier[ModelEntry] | None] = queue.SimpleQueue()
+        pending: dict[Barrier[ModelEntry], None] = {}  # insertion-ordered
         with self._bulk_lock:
             for entry in selected:
                 barrier = entry.post_barrier(on_change=reports.put)
