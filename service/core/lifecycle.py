@@ -27,42 +27,35 @@ barriers with `post_barrier`; residency sees entries through its `ResidentModel`
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import DeviceFailedError, EngineError, ModelLoadError
-from engine.interface import Backend, BatchingSpec, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec
+from engine.errors import DeviceFailedError
+from engine.interface import CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec
 from engine.repository import hide_paths
 
 from .admission import AdmissionController, Ticket, TicketKind, TicketState
-from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
-from .errors import (
-    BackendNotAvailable,
-    ModelLoadFailed,
-    ModelNotFound,
-    ModelNotLoadedByControl,
-    RequestCancelled,
-    ServiceError,
-    UnsupportedSlotCount,
-    own_copy,
-)
-from .events import Events
+from .batching import BatchItem, EveryoneGaveUp, batch_rule, run_batch
+from .errors import ModelNotFound, ModelNotLoadedByControl, RequestCancelled, ServiceError
+from .initialization import InitAttempt, InitializerLeft, as_request_error
 from .lease import Barrier as Barrier
 from .lease import ExclusiveLease as ExclusiveLease
 from .lease import Lease as Lease
-from .load_stops import LoadStops, either
-from .outcomes import outcome_of
+from .loading import ModelLoader
+from .model_state import ModelState as ModelState
+from .model_state import ModelStatus as ModelStatus
+from .model_state import ModelView as ModelView
+from .model_state import check_transition, status_of, with_memory
 from .paths import RequestPath, path_for
-from .pool import LoadTimes, SlotPool, build_contexts, build_pool, check_slot_count, close_contexts, close_primary
-from .residency import ColdLoadGuard, ColdLoadTurn, Residency
+from .pool import LoadTimes, SlotPool, check_slot_count, close_contexts, close_primary
+from .runtime import ModelSettings as ModelSettings
+from .runtime import SharedRuntime as SharedRuntime
 from .sequences import SequenceTable
 from .statistics import InferenceStatistics
-from .warmup import warm_up, warm_up_pool
 
 _LOG = logging.getLogger(__name__)
 
@@ -74,152 +67,6 @@ _ENDED_BY = {
     "closed_at_shutdown": "closed at shutdown",
     "device_failed": "unloaded after its device failed",
 }
-
-
-class ModelState(enum.Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    READY = "ready"
-    RECONFIGURING = "reconfiguring"
-    UNLOADING = "unloading"
-
-
-_TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
-    ModelState.UNLOADED: frozenset({ModelState.LOADING}),
-    ModelState.LOADING: frozenset({ModelState.READY, ModelState.UNLOADED}),
-    ModelState.READY: frozenset({ModelState.RECONFIGURING, ModelState.UNLOADING}),
-    ModelState.RECONFIGURING: frozenset({ModelState.READY, ModelState.UNLOADED}),
-    ModelState.UNLOADING: frozenset({ModelState.UNLOADED}),
-}
-
-
-class InvalidTransition(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """What a registration fixes besides the spec."""
-
-    slots: int  # configured slot count
-    explicit_slots: bool  # asked for by the operator (must be honoured) rather than the server default
-    admission_timeout: float  # effective seconds, capped by the server ceiling; 0 = unbounded
-    source: str = ""
-    max_queue: int | None = None  # queued requests of this model (dynamic_batching's max_queue_size); None: server's
-
-
-@dataclass
-class SharedRuntime:
-    """What every model entry shares: backends, the cold-load guard, residency policy, limits and clock."""
-
-    backends: Mapping[str, Backend]
-    max_queue: int = 0
-    clock: Callable[[], float] = time.monotonic
-    cold_loads: ColdLoadGuard | None = None  # None: loads are not limited
-    residency: Residency | None = None  # None: no resident-model limit or budget
-    events: Events = field(default_factory=Events)  # lifecycle events: logged, and counted for the metrics
-    # --model-control-mode (service/model_control.py): "" lets a request load an unloaded model; otherwise requests
-    # never load one and are refused with this text (it names the mode and what loads the model).
-    lazy_load_refusal: str = ""
-
-    def backend(self, spec: ModelSpec) -> Backend:
-        try:
-            return self.backends[spec.backend]
-        except KeyError:
-            raise BackendNotAvailable(backend_missing_message(spec.name, spec.backend)) from None
-
-
-# Backends that exist only to make tests deterministic (engine/testing/): named so that a production server refuses
-# them with the flag that enables them, instead of calling them unknown.
-TEST_BACKENDS = ("fixture",)
-
-
-def backend_missing_message(model: str, backend: str) -> str:
-    if backend in TEST_BACKENDS:
-        return (
-            f"model '{model}': backend '{backend}' is a test backend; this server runs it only when started "
-            "with --enable-test-backends"
-        )
-    return f"model '{model}': backend '{backend}' is not available on this server"
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    """An observation of one model (GET /v1/models). Reserves nothing; never mixes old and new settings."""
-
-    name: str
-    state: ModelState
-    loaded: bool
-    slots: int
-    active_slots: int
-    queued_requests: int
-    max_parallel_slots: int | None
-    backend: str
-    last_error: str
-    source: str
-    admission_timeout: float
-    version: str
-    memory_bytes: int | None
-    manager_active: bool = False
-    queued_managers: int = 0
-    batching: BatchingSpec | None = None  # dynamic batching settings; None: one request per engine call
-    max_batch_size: int = 0
-    load_times: LoadTimes | None = None  # the published pool's load and warmup seconds; None when not loaded
-
-
-@dataclass(frozen=True)
-class ModelView:
-    """One consistent reading of a model for a reply (see ModelEntry.view)."""
-
-    spec: ModelSpec
-    metadata: ModelMetadata | None  # the published metadata, else the last published one, else None
-    status: ModelStatus
-
-
-class _InitializerLeft(Exception):
-    """Internal: the initializer's caller gave up before its load began; a waiter takes over."""
-
-
-class _InitAttempt:
-    """One initialization by the one initializer; admitted requests wait for its outcome."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards: _done, _waiters, pool, error
-        self._done = False
-        self._waiters: list[threading.Event] = []
-        self.pool: SlotPool | None = None
-        self.error: BaseException | None = None
-
-    def finish(self, pool: SlotPool | None, error: BaseException | None) -> None:
-        with self._lock:
-            self.pool, self.error, self._done = pool, error, True
-            waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            waiter.set()
-
-    def wait(self, cancel: CancelToken | None) -> SlotPool:
-        """Block until the initializer finishes (no time limit: a load is not bounded by admission).
-        Raises the load's error, or RequestCancelled if `cancel` fires first."""
-        woken = threading.Event()
-        with self._lock:
-            if self._done:
-                woken.set()
-            else:
-                self._waiters.append(woken)
-        if cancel is not None:
-            cancel.add_callback(woken.set)
-        try:
-            woken.wait()
-        finally:
-            if cancel is not None:
-                cancel.remove_callback(woken.set)
-        with self._lock:
-            if not self._done:
-                self._waiters.remove(woken)
-                raise RequestCancelled("the caller gave up while the model was loading")
-        if self.error is not None:
-            raise own_copy(self.error)
-        return self.pool  # type: ignore[return-value]
 
 
 @dataclass
@@ -243,7 +90,7 @@ class ModelEntry:
         self._retired = False  # a version its policy no longer serves: never loaded again (retire_leased)
         self._committed = _Committed(spec, settings)
         self._pool: SlotPool | None = None
-        self._init: _InitAttempt | None = None
+        self._init: InitAttempt | None = None
         self._last_error = ""
         self.last_used = self._clock()  # for LRU eviction; written without the lock (a float store)
         self.admission = AdmissionController(
@@ -253,7 +100,8 @@ class ModelEntry:
         self.sequences = SequenceTable(spec.name, self._clock)  # open sequences (service/core/sequences.py)
         # How its requests run (service/core/paths.py): chosen with the committed configuration, read without the lock.
         self.path: RequestPath = path_for(self, spec)
-        self._loads = LoadStops()  # its loads in progress, which an unload or the shutdown stops
+        # Its loads (building, warming, a replacement's probe, added slots), which an unload or the shutdown stops.
+        self._loader = ModelLoader(spec.name, runtime, self, self._shutting_down)
 
     # ---- observation ----------------------------------------------------------------------------------------
 
@@ -279,7 +127,7 @@ class ModelEntry:
     def status(self) -> ModelStatus:
         with self._lock:
             status, pool = self._status_locked(), self._pool
-        return _with_memory(status, pool)
+        return with_memory(status, pool)
 
     def view(self) -> ModelView:
         """The committed spec, the known metadata and the status, read in one step: a reply built from it never
@@ -289,33 +137,13 @@ class ModelEntry:
             pool = self._pool
             metadata = pool.metadata if pool is not None else self._committed.metadata
             view = ModelView(self._committed.spec, metadata, self._status_locked())
-        return dataclasses.replace(view, status=_with_memory(view.status, pool))
+        return dataclasses.replace(view, status=with_memory(view.status, pool))
 
     def _status_locked(self) -> ModelStatus:
-        """The status; its memory_bytes is filled in by `_with_memory` after the lock is let go (a python model
-        measures its workers in /proc: no reading of files under the model lock)."""
-        committed, pool = self._committed, self._pool
+        committed = self._committed
         admission = self.admission.statistics_locked()
-        return ModelStatus(
-            name=self.name,
-            state=self._state,
-            loaded=pool is not None,
-            # The built pool's count: a default count above the engine's capacity was lowered to it.
-            slots=pool.capacity if pool is not None else committed.settings.slots,
-            active_slots=admission.active_slots,
-            queued_requests=admission.queued,
-            max_parallel_slots=pool.max_parallel_slots if pool is not None else None,
-            backend=committed.spec.backend,
-            last_error=self._last_error,
-            source=committed.settings.source,
-            admission_timeout=committed.settings.admission_timeout,
-            version=committed.spec.version,
-            memory_bytes=None,
-            manager_active=admission.manager_active,
-            queued_managers=admission.queued_managers,
-            batching=committed.spec.batching,
-            max_batch_size=committed.spec.max_batch_size,
-            load_times=pool.times if pool is not None else None,
+        return status_of(
+            self.name, self._state, committed.spec, committed.settings, self._pool, self._last_error, admission
         )
 
     def is_ready(self) -> bool:
@@ -327,8 +155,7 @@ class ModelEntry:
             return self._state, self._last_error
 
     def _transition_locked(self, new: ModelState) -> None:
-        if new not in _TRANSITIONS[self._state]:
-            raise InvalidTransition(f"model '{self.name}': {self._state.value} -> {new.value} is not allowed")
+        check_transition(self.name, self._state, new)
         self._state = new
 
     # ---- requests -------------------------------------------------------------------------------------------
@@ -418,7 +245,7 @@ class ModelEntry:
                 context = pool.take()
             except BaseException as error:
                 for member in items:
-                    member.fail(_as_request_error(self.name, error))
+                    member.fail(as_request_error(self.name, error))
                 self.end_lease(ticket)
                 raise
             lease = Lease(self, ticket, pool, context, 0)  # its release ends every member's lease
@@ -470,7 +297,7 @@ class ModelEntry:
                 if attempt is None and self._runtime.lazy_load_refusal:
                     raise ModelNotLoadedByControl(self.name, self._runtime.lazy_load_refusal)
                 if attempt is None:
-                    attempt = self._init = _InitAttempt()
+                    attempt = self._init = InitAttempt()
                     self._transition_locked(ModelState.LOADING)
                     committed = self._committed
                     initializer = True
@@ -480,22 +307,22 @@ class ModelEntry:
                 return self._initialize(attempt, committed, cancel)
             try:
                 return attempt.wait(cancel)
-            except _InitializerLeft:
+            except InitializerLeft:
                 continue  # the initializer's caller left before its load began: the next waiter loads
 
-    def _initialize(self, attempt: _InitAttempt, committed: _Committed, cancel: CancelToken | None) -> SlotPool:
+    def _initialize(self, attempt: InitAttempt, committed: _Committed, cancel: CancelToken | None) -> SlotPool:
         """The one initializer's load; admitted requests waiting on `attempt` share its outcome."""
         try:
-            pool = self._load(committed.spec, committed.settings, cause="first_request", cancel=cancel)
+            pool = self._loader.load(committed.spec, committed.settings, cause="first_request", cancel=cancel)
         except RequestCancelled:
             # Cancelled while waiting for the cold-load guard: nothing was loaded, nothing failed.
             with self._lock:
                 self._init = None
                 self._transition_locked(ModelState.UNLOADED)
-            attempt.finish(None, _InitializerLeft())
+            attempt.finish(None, InitializerLeft())
             raise
         except BaseException as error:
-            failure = _as_request_error(self.name, error)
+            failure = as_request_error(self.name, error)
             with self._lock:
                 self._init = None
                 self._fail_load_locked(error)
@@ -510,132 +337,6 @@ class ModelEntry:
         return pool
 
     # ---- loading and publication (callers hold a lease; no lock held while building) ------------------------
-
-    def _load(
-        self,
-        spec: ModelSpec,
-        settings: ModelSettings,
-        primary: LoadedModel | None = None,
-        *,
-        cause: str,
-        cancel: CancelToken | None = None,
-    ) -> SlotPool:
-        """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
-        memory budget checked. `cause` says why, for the log. `cancel` (a first request's) lets a caller leave
-        while it waits for the guard (RequestCancelled); a load under way is not interrupted by it, only stopped
-        by an unload or the shutdown (`stop_loads`: ModelLoadError). Raises the backend's errors,
-        ResidencyLimit or MemoryLimit; on failure nothing stays reserved or built. Emits load_started, then loaded
-        or load_failed (timed from load_started: eviction and building, not the wait for the guard)."""
-        with self._loads.running(refused_while_stopped=cause == "first_request") as stop:
-            try:
-                turn = self._cold_load_turn(spec, cancel, stop)
-            except BaseException:
-                if primary is not None:
-                    close_primary(primary, self.name)
-                raise
-            try:
-                return self._build_logged(spec, settings, primary, cause, cancel, stop)
-            finally:
-                if turn is not None:
-                    self._runtime.cold_loads.release(turn)  # type: ignore[union-attr]  # a turn comes from it
-
-    def _cold_load_turn(self, spec: ModelSpec, cancel: CancelToken | None, stop: CancelToken) -> ColdLoadTurn | None:
-        """A place in the cold-load guard (None without a guard), waited for until `cancel` fires
-        (RequestCancelled). Raises ModelLoadError when `stop` was refused from the start (a request's load while an
-        unload waits, or any load after the shutdown began), or fires during the wait of a load its backend could
-        stop anyway (a python model's: `_stops_its_loads`); a backend that cannot stop waits on and loads."""
-        _raise_if_stopped(self.name, stop)
-        guard = self._runtime.cold_loads
-        if guard is None:
-            return None
-        backend = self._runtime.backends.get(spec.backend)  # a missing one fails in the build, logged there
-        if backend is None or not _stops_its_loads(backend):
-            return guard.acquire(cancel)
-        try:
-            with either(cancel, stop) as leave:
-                return guard.acquire(leave)
-        except RequestCancelled:
-            _raise_if_stopped(self.name, stop)
-            raise
-
-    def _build_logged(
-        self,
-        spec: ModelSpec,
-        settings: ModelSettings,
-        primary: LoadedModel | None,
-        cause: str,
-        cancel: CancelToken | None,
-        stop: CancelToken,
-    ) -> SlotPool:
-        """_load's work once it holds its turn: build (see _build_reserved) and log it."""
-        events = self._runtime.events
-        events.emit(_LOG, "load_started", self.name, backend=spec.backend, slots=settings.slots, cause=cause)
-        started = time.perf_counter()
-        try:
-            pool = self._build_reserved(spec, settings, primary, cancel, stop)
-            pool.times = dataclasses.replace(  # the load's own time, warmup apart
-                pool.times, load_seconds=time.perf_counter() - started - pool.times.warmup_seconds
-            )
-        except BaseException as error:
-            reason = outcome_of(error)  # the reason a request for this model would be told
-            # An error outside the table (a backend bug) is logged with its traceback; known ones need none.
-            events.emit(
-                _LOG,
-                "load_failed",
-                self.name,
-                backend=spec.backend,
-                reason=reason,
-                seconds=time.perf_counter() - started,
-                error=str(error) or type(error).__name__,
-                exc_info=error if reason == "failed" else None,
-            )
-            raise
-        events.emit(
-            _LOG,
-            "loaded",
-            self.name,
-            backend=spec.backend,
-            slots=pool.capacity,
-            seconds=pool.times.load_seconds,
-            warmup_seconds=pool.times.warmup_seconds,
-            memory_bytes=pool.memory_bytes(),
-            batching=describe_batching(spec),
-        )
-        return pool
-
-    def _build_reserved(
-        self,
-        spec: ModelSpec,
-        settings: ModelSettings,
-        primary: LoadedModel | None,
-        cancel: CancelToken | None,
-        stop: CancelToken,
-    ) -> SlotPool:
-        """_load's work under the guard: reserve residency, build (given up when `stop` fires), check the budget,
-        warm up (stopped by a shutdown: service/core/warmup.py); undo all on failure."""
-        residency = self._runtime.residency
-        if residency is not None:
-            try:
-                residency.make_room(self)
-            except BaseException:
-                if primary is not None:
-                    close_primary(primary, self.name)
-                raise
-        try:
-            backend = self._runtime.backend(spec)
-            pool = build_pool(backend, spec, settings.slots, settings.explicit_slots, primary, stop)
-            try:
-                if residency is not None:
-                    residency.check_budget(self, pool)
-                pool.times = warm_up_pool(pool, spec.warmup, cancel=cancel, stopping=self._shutting_down)
-            except BaseException:
-                pool.close()
-                raise
-        except BaseException:
-            if residency is not None:
-                residency.cancel(self)
-            raise
-        return pool
 
     def _shutting_down(self) -> bool:
         """Whether shutdown closed this model's admission (a warmup stops before its next run then)."""
@@ -688,6 +389,10 @@ class ModelEntry:
         )
 
     def release_exclusive(self, ticket: Ticket[Any]) -> None:
+        """A manager's lease (or a granted barrier) ended (ExclusiveLease.release, Barrier.withdraw)."""
+        self._release_exclusive(ticket)
+
+    def _release_exclusive(self, ticket: Ticket[Any]) -> None:  # (tests wrap it to steer an interleaving)
         self.admission.release(ticket)
         self._lease_ended()
 
@@ -721,11 +426,11 @@ class ModelEntry:
         lease and resumes once granted, so that a load (a python model's hung initialize) cannot hold it back for
         the load's whole bound, nor a request admitted before it start the load again. A backend that cannot stop
         finishes its load (published as usual). Never blocks (the loads end on their own threads)."""
-        return self._loads.stop(reason)
+        return self._loader.stop(reason)
 
     def stop_loads_for_good(self, reason: str) -> None:
         """As `stop_loads`, with no end (the shutdown: no engine may open after it closed the models)."""
-        self._loads.stop_for_good(reason)
+        self._loader.stop_for_good(reason)
 
     # ---- an instance-count change while the model serves ------------------------------------------------------
 
@@ -747,7 +452,7 @@ class ModelEntry:
         capacity = pool.capacity
         try:
             target = check_slot_count(spec, settings.slots, settings.explicit_slots, pool.max_parallel_slots)
-            added, times = self._added_slots(pool, spec, target - capacity)
+            added, times = self._loader.added_slots(pool, spec, target - capacity)
         except BaseException as error:
             self._runtime.events.emit(_LOG, "reconfigure_refused", self.name, error=str(error) or type(error).__name__)
             raise
@@ -755,7 +460,7 @@ class ModelEntry:
             current = self._pool_for_count_change_locked(spec, settings) is pool and pool.capacity == capacity
             leaving = self._commit_count_locked(spec, settings, pool, added, target, times) if current else []
         if not current:  # a manager or another change came first: start again behind it, under the lease
-            self._drop_added_slots(added)
+            self._loader.drop_added_slots(added)
             return False
         close_contexts(leaving, self.name)
         pool.wait_removed(deadline, cancel)
@@ -774,38 +479,6 @@ class ModelEntry:
         if not _only_the_count_differs(committed, spec, settings) or spec.session_key() != pool.spec.session_key():
             return None
         return pool
-
-    def _added_slots(self, pool: SlotPool, spec: ModelSpec, count: int) -> tuple[list[Context], LoadTimes]:
-        """`count` new contexts of `pool`'s engine, built (an unload stops it) and warmed outside every lock, the
-        grown pool's memory held to the budget (reserved until `_commit_count_locked` or `_drop_added_slots`).
-        Nothing for 0 or less. Raises as resize_in_service, having closed what it built."""
-        if count <= 0:
-            return [], LoadTimes()
-        with self._loads.running(refused_while_stopped=False) as stop:
-            added = build_contexts(pool.primary, count, spec, stop)
-        residency = self._runtime.residency
-        try:
-            if residency is not None:
-                residency.check_budget(self, _Sized(pool.primary.memory_bytes(pool.capacity + count)))
-            numbers = list(range(pool.capacity, pool.capacity + count))  # the slot numbers they will have
-            times = warm_up(
-                self.name,
-                pool.metadata,
-                spec.warmup,
-                added,
-                numbers=numbers,
-                streaming=pool.primary.streaming,
-                stopping=self._shutting_down,
-            )
-        except BaseException:
-            self._drop_added_slots(added)
-            raise
-        return added, times
-
-    def _drop_added_slots(self, added: list[Context]) -> None:
-        close_contexts(added, self.name)
-        if added and self._runtime.residency is not None:
-            self._runtime.residency.cancel(self)  # the grown pool's reservation
 
     def _commit_count_locked(
         self,
@@ -839,7 +512,7 @@ class ModelEntry:
             self._transition_locked(ModelState.LOADING)
             committed = self._committed
         try:
-            pool = self._load(committed.spec, committed.settings, cause="register")
+            pool = self._loader.load(committed.spec, committed.settings, cause="register")
         except BaseException as error:
             with self._lock:
                 self._fail_load_locked(error)
@@ -885,42 +558,14 @@ class ModelEntry:
         if same_engine:
             assert old_pool is not None  # same_engine compares with the live pool's spec
             check_slot_count(spec, settings.slots, settings.explicit_slots, old_pool.max_parallel_slots)
-            with self._loads.running(refused_while_stopped=False) as stop:
-                resized = old_pool.grown(min(settings.slots, old_pool.max_parallel_slots), stop)
-            residency = self._runtime.residency
-            try:
-                if residency is not None:
-                    residency.check_budget(self, resized)
-                # New slots are warmed; every slot when the samples changed.
-                unwarmed = resized.added_to(old_pool) if spec.warmup == old_pool.spec.warmup else None
-                warmed = warm_up_pool(resized, spec.warmup, unwarmed, stopping=self._shutting_down)
-            except BaseException:
-                resized.close_added(old_pool)
-                raise
-            resized.times = (
-                old_pool.times
-                if not warmed.warmup_runs
-                else dataclasses.replace(warmed, load_seconds=old_pool.times.load_seconds)
-            )
-            return resized, None
-        primary = self._load_primary(spec)
+            return self._loader.grown(old_pool, spec, min(settings.slots, old_pool.max_parallel_slots)), None
+        primary = self._loader.load_primary(spec)
         try:
             check_slot_count(spec, settings.slots, settings.explicit_slots, primary.max_parallel_slots)
         except BaseException:
             close_primary(primary, self.name)
             raise
         return None, primary
-
-    def _load_primary(self, spec: ModelSpec) -> LoadedModel:
-        """Load a primary privately, under the cold-load guard (a probe is a cold load too); an unload or the
-        shutdown stops it (ModelLoadError)."""
-        with self._loads.running(refused_while_stopped=False) as stop:
-            turn = self._cold_load_turn(spec, None, stop)
-            try:
-                return self._runtime.backend(spec).load_cancellable(spec, stop)
-            finally:
-                if turn is not None:
-                    self._runtime.cold_loads.release(turn)  # type: ignore[union-attr]  # a turn comes from it
 
     def _commit_locked(self, committed: _Committed) -> None:
         """Replace the committed configuration, and the batching rule admission applies with it."""
@@ -947,7 +592,7 @@ class ModelEntry:
         if retired is not None:
             retired.close()
         try:
-            pool = self._load(spec, settings, primary=probe, cause="reconfigure")
+            pool = self._loader.load(spec, settings, primary=probe, cause="reconfigure")
         except BaseException as error:
             with self._lock:
                 self._fail_load_locked(error)
@@ -1040,24 +685,6 @@ class ModelEntry:
         return pool.memory_bytes() if pool is not None else 0
 
 
-def _with_memory(status: ModelStatus, pool: SlotPool | None) -> ModelStatus:
-    """`status` with the memory its pool reports now (measured without the model lock; a pool retired meanwhile
-    still answers for itself). Unchanged when the status says nothing is loaded."""
-    if pool is None or not status.loaded:
-        return status
-    return dataclasses.replace(status, memory_bytes=pool.memory_bytes())
-
-
-@dataclass(frozen=True)
-class _Sized:
-    """What residency's budget check reads of a pool that is not built yet (a pool grown while it serves)."""
-
-    bytes: int
-
-    def memory_bytes(self) -> int:
-        return self.bytes
-
-
 def _only_the_count_differs(committed: _Committed, spec: ModelSpec, settings: ModelSettings) -> bool:
     """Whether `spec` and `settings` differ from the committed ones in the slot count alone (ModelSpec equality
     leaves out the ModelConfig message, whose instance_group says the count too)."""
@@ -1065,25 +692,3 @@ def _only_the_count_differs(committed: _Committed, spec: ModelSpec, settings: Mo
     current = committed.settings
     same_settings = dataclasses.replace(settings, slots=current.slots, explicit_slots=current.explicit_slots) == current
     return same_spec and same_settings
-
-
-def _stops_its_loads(backend: Backend) -> bool:
-    """Whether `backend` gives a load up when its token fires (it overrides Backend.load_cancellable)."""
-    return type(backend).load_cancellable is not Backend.load_cancellable
-
-
-def _raise_if_stopped(name: str, stop: CancelToken) -> None:
-    """ModelLoadError when an unload or the shutdown stopped this load (LoadStops)."""
-    if stop.cancelled:
-        raise ModelLoadError(f"model '{name}': its load was stopped: {stop.reason or 'given up'}")
-
-
-def _as_request_error(name: str, error: BaseException) -> BaseException:
-    """How a load failure reaches a request that needed the model: engine problems and unsupported slot
-    counts and backends this server does not run become ModelLoadFailed; residency and memory refusals keep
-    their own reason."""
-    if isinstance(error, (EngineError, UnsupportedSlotCount, BackendNotAvailable)):
-        return ModelLoadFailed(name, error)
-    if isinstance(error, ServiceError):
-        return error
-    return error
