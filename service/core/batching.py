@@ -33,9 +33,9 @@ from engine.interface import BatchingSpec, CancelToken, Context, ModelMetadata, 
 from .admission import BatchRule, Ticket
 from .blocking import blocking_wait
 from .errors import InvalidRequest, RequestCancelled, ServiceError, own_copy
-from .initialization import as_request_error
 from .lease import Lease, LeaseOwner
 from .pool import SlotPool
+from .request_errors import as_request_error
 from .statistics import InferenceStatistics
 
 

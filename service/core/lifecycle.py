@@ -1,19 +1,24 @@
-"""A registered model: its lifecycle state, its published pool and its admission, under one lock.
+"""A registered model (`ModelEntry`): its lifecycle, its leases, its requests' door, its unloads.
 
-States (contract "States and ownership") and their transitions:
+States (contract "States and ownership"; service/core/model_state.py lists them with their transitions): UNLOADED,
+LOADING, READY, RECONFIGURING, UNLOADING, each change checked against the list.
 
-    UNLOADED      -> LOADING        first request (the one initializer) or an explicit load
-    LOADING       -> READY          the complete pool is published
-    LOADING       -> UNLOADED       the load failed; a later request or load may retry
-    READY         -> RECONFIGURING  a manager's exclusive lease, after every earlier lease drained
-    READY         -> UNLOADING      likewise, for an unload, eviction, idle retirement or a failed device
-    RECONFIGURING -> READY          replacement published, or a pre-commit failure kept the old pool
-    RECONFIGURING -> UNLOADED       the replacement failed after the old pool was retired
-    UNLOADING     -> UNLOADED       teardown finished
+Its parts, each in a file of its own:
 
-Locking: `ModelEntry._lock` guards the state, the committed spec and settings, the published pool, the pending
-initialization and the admission core. Order: the registry lock before a model lock, never the reverse. No
-lock is held across loading, inference, teardown or any wait; those run with only a lease held.
+    model_record.py     ModelRecord: the state, committed configuration, published pool and admission under one
+                        lock, and the locked steps that change them (transition, commit, publish, fail, retire)
+    reconfiguration.py  Reconfigurable: load and reconfigure under a manager's lease; an instance-count change
+                        while serving
+    loading.py          ModelLoader: building pools (cold-load guard, residency, warmup, stops)
+    model_state.py      the states, their transitions, the status a reading gives
+    lease.py            Lease, ExclusiveLease, Barrier
+    paths.py            the request path chosen with the committed configuration (`ModelEntry.path`)
+    batching.py         a batching request's admission and its batch's run (`run_batched`)
+
+Locking: `ModelEntry._lock` (ModelRecord's) guards the state, the committed spec and settings, the published pool,
+the pending initialization (ModelEntry's `_init`) and the admission core. Order: the registry lock before a model
+lock, never the reverse. No lock is held across loading, inference, teardown or any wait; those run with only a
+lease held.
 
 Ownership: a request holds one slot (a REQUEST ticket) from admission until its `Lease` is released; a manager
 holds the whole model (a MANAGER ticket) for the body of `with entry.exclusive(...)` (an `ExclusiveLease`). Only a
@@ -21,12 +26,14 @@ holder of a lease changes the pool, so the pool a request runs on can never be t
 
 `ModelEntry` is the only way into a model: no other module takes its lock, reads its pool or calls its admission
 controller's `*_locked` methods. The registry publishes new entries with `claim_new` and posts bulk-unload
-barriers with `post_barrier`; residency sees entries through its `ResidentModel` protocol.
+barriers with `post_barrier`; residency sees entries through its `ResidentModel` protocol, leases through
+`LeaseOwner`, paths through `ServedModel`, the batching entry through `BatchingModel`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,8 +43,7 @@ from engine.interface import CancelToken, Context, ModelSpec
 
 from .admission import Ticket, TicketKind, TicketState
 from .batching import BatchItem, run_batched
-from .errors import ModelNotFound, ModelNotLoadedByControl, RequestCancelled, ServiceError
-from .initialization import InitAttempt, InitializerLeft, as_request_error
+from .errors import ModelNotFound, ModelNotLoadedByControl, RequestCancelled, ServiceError, own_copy
 from .lease import Barrier as Barrier
 from .lease import ExclusiveLease as ExclusiveLease
 from .lease import Lease as Lease
@@ -49,6 +55,7 @@ from .model_state import ModelView as ModelView
 from .paths import RequestPath, path_for
 from .pool import SlotPool
 from .reconfiguration import Reconfigurable
+from .request_errors import as_request_error
 from .runtime import ModelSettings as ModelSettings
 from .runtime import SharedRuntime as SharedRuntime
 
@@ -64,11 +71,60 @@ _ENDED_BY = {
 }
 
 
+class _InitializerLeft(Exception):
+    """Internal: the initializer's caller gave up before its load began; a waiter takes over."""
+
+
+class _InitAttempt:
+    """One initialization by the one initializer; admitted requests wait for its outcome."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: _done, _waiters, pool, error
+        self._done = False
+        self._waiters: list[threading.Event] = []
+        self.pool: SlotPool | None = None
+        self.error: BaseException | None = None
+
+    def finish(self, pool: SlotPool | None, error: BaseException | None) -> None:
+        with self._lock:
+            self.pool, self.error, self._done = pool, error, True
+            waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.set()
+
+    def wait(self, cancel: CancelToken | None) -> SlotPool:
+        """Block until the initializer finishes (no time limit: a load is not bounded by admission).
+        Raises the load's error, or RequestCancelled if `cancel` fires first."""
+        woken = threading.Event()
+        with self._lock:
+            if self._done:
+                woken.set()
+            else:
+                self._waiters.append(woken)
+        if cancel is not None:
+            cancel.add_callback(woken.set)
+        try:
+            woken.wait()
+        finally:
+            if cancel is not None:
+                cancel.remove_callback(woken.set)
+        with self._lock:
+            if not self._done:
+                self._waiters.remove(woken)
+                raise RequestCancelled("the caller gave up while the model was loading")
+        if self.error is not None:
+            raise own_copy(self.error)
+        if self.pool is None:
+            raise RuntimeError("the model's initialization ended with neither a pool nor an error")
+        return self.pool
+
+
 class ModelEntry(Reconfigurable):
     """One registered model. Entries are never removed from the registry: workers may hold them."""
 
     def __init__(self, spec: ModelSpec, settings: ModelSettings, runtime: SharedRuntime) -> None:
         super().__init__(spec, settings, runtime)
+        self._init: _InitAttempt | None = None  # lazy loading's attempt under way (guarded by _lock)
         self._loader = ModelLoader(spec.name, runtime, self, self._shutting_down)
         self.path = path_for(self, spec)
 
@@ -179,7 +235,7 @@ class ModelEntry(Reconfigurable):
                 if attempt is None and self._runtime.lazy_load_refusal:
                     raise ModelNotLoadedByControl(self.name, self._runtime.lazy_load_refusal)
                 if attempt is None:
-                    attempt = self._init = InitAttempt()
+                    attempt = self._init = _InitAttempt()
                     self._transition_locked(ModelState.LOADING)
                     committed = self._committed
                     initializer = True
@@ -189,10 +245,10 @@ class ModelEntry(Reconfigurable):
                 return self._initialize(attempt, committed, cancel)
             try:
                 return attempt.wait(cancel)
-            except InitializerLeft:
+            except _InitializerLeft:
                 continue  # the initializer's caller left before its load began: the next waiter loads
 
-    def _initialize(self, attempt: InitAttempt, committed: Committed, cancel: CancelToken | None) -> SlotPool:
+    def _initialize(self, attempt: _InitAttempt, committed: Committed, cancel: CancelToken | None) -> SlotPool:
         """The one initializer's load; admitted requests waiting on `attempt` share its outcome."""
         try:
             pool = self._loader.load(committed.spec, committed.settings, cause="first_request", cancel=cancel)
@@ -201,7 +257,7 @@ class ModelEntry(Reconfigurable):
             with self._lock:
                 self._init = None
                 self._transition_locked(ModelState.UNLOADED)
-            attempt.finish(None, InitializerLeft())
+            attempt.finish(None, _InitializerLeft())
             raise
         except BaseException as error:
             failure = as_request_error(self.name, error)

@@ -23,7 +23,6 @@ from engine.repository import hide_paths
 
 from .admission import AdmissionController
 from .batching import batch_rule
-from .initialization import InitAttempt
 from .loading import ModelLoader
 from .model_state import ModelState, ModelStatus, ModelView, check_transition, status_of, with_memory
 from .paths import RequestPath
@@ -57,7 +56,6 @@ class ModelRecord(ABC):
         self._retired = False  # a version its policy no longer serves: never loaded again (retire_leased)
         self._committed = Committed(spec, settings)
         self._pool: SlotPool | None = None
-        self._init: InitAttempt | None = None
         self._last_error = ""
         self.last_used = self._clock()  # for LRU eviction; written without the lock (a float store)
         self.admission = AdmissionController(
