@@ -119,6 +119,12 @@ class ModelVersions:
 
 
 class ModelRegistry:
+    """Model ids to their served versions, and the management operations over them (see the module docstring).
+
+    Longer than the house's ~300 lines for a reason: every operation here (register, reconfigure, unload, bulk
+    unload, repository load/unload, reloads adding and retiring versions) takes the registry lock and then model
+    leases in one stated order; kept in one class, that order is read in one place rather than across files."""
+
     def __init__(
         self, repository: ModelRepository, runtime: SharedRuntime, policy: RegistryPolicy | None = None
     ) -> None:

@@ -239,7 +239,11 @@ class SequenceStatistics:
 
 
 class SequenceTable:
-    """A model's sequences and sequence slots. Thread-safe; see the module docstring for the rule."""
+    """A model's sequences and sequence slots. Thread-safe; see the module docstring for the rule.
+
+    Longer than the house's ~300 lines for a reason: one lock guards the table and every sequence's fields, and each
+    method is one step of the rule under it (a turn taken, waited for, rescheduled, finished; slots handed; idle
+    sequences swept); split over classes, the fields a step changes would be guarded by a lock held elsewhere."""
 
     def __init__(self, model: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
