@@ -5,8 +5,10 @@ The wire layer (service/servicers/inference.py with service/tensors.py) hands `D
 `Dataplane.infer_stream` an `InferenceRequest`: model name, version, id, the client's deadline, the request's
 tensors (decoded here, after their memory is reserved) and `respond`, its encoder, which turns each neutral
 `InferenceResponse` (the outputs of a run) into what the transport sends. Both calls go through one path
-(`_answers`): unary and stream requests are admitted, run (alone on a slot, or in a batch) and counted the same
-way; only a streaming model's several answers differ. A stream's requests are in flight together, each through
+(`_answers`): decode, look the answer up in the response cache, run the request on its model's path (chosen when the
+model's configuration was committed: `entry.path.run(request, deadline, cancel)`, service/core/paths.py: alone on a
+slot, in a batch, or in its sequence), respond; unary and stream requests are counted the same way, only a
+streaming model's several answers differ. A stream's requests are in flight together, each through
 this path on a thread of the stream (service/stream_requests.py keeps them; `stream_placement` says where each goes
 among the others). Everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens
 here and below. A request's tensor memory is reserved before decoding (service/tensor_memory.py) and given back
