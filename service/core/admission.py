@@ -118,9 +118,9 @@ class Ticket(Generic[P]):
         arrived_at: float,
         deadline: float | None,
         seq: int,
-        rows: int = 1,
-        key: Hashable | None = None,
-        payload: P = None,  # type: ignore[assignment]  # a manager's ticket carries nothing
+        rows: int,
+        key: Hashable | None,
+        payload: P,  # a batching request's (its BatchItem); None for every other ticket
     ) -> None:
         self.kind = kind
         self.state = TicketState.QUEUED
@@ -353,7 +353,7 @@ class AdmissionCore:
         if not self.idle:
             return None
         self._seq += 1
-        ticket: Ticket[Any] = Ticket(TicketKind.MANAGER, now, None, self._seq)
+        ticket: Ticket[Any] = Ticket(TicketKind.MANAGER, now, None, self._seq, 1, None, None)
         self._grant(ticket, now)
         return ticket
 
