@@ -538,6 +538,10 @@ class _Run:
     the ensemble's answer for a key once every output asked for exists. A value is dropped once every step reading
     it, and the answer, took it.
 
+    Longer than the house's ~300 lines for a reason: the coordinator, the helpers and the relay of decoupled answers
+    all move one data flow under one lock (values, calls ready and running, the backlog bound); each method is one
+    move of it.
+
     Threads. The request's own (the coordinator, in `answers`) yields the answers as they are made and runs ordinary
     calls. A streaming call holds its callee's slot until its last response is read, so it is read without pause by
     one owner until it ends: a helper (`help`: streams first, then ordinary calls), or the coordinator when no

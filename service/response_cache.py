@@ -35,9 +35,9 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -46,8 +46,17 @@ from engine.tensor_codec import encode_raw
 
 from .core.lifecycle import ModelState
 
-if TYPE_CHECKING:
-    from .dataplane import DecodedRequest
+
+class DecodedTensors(Protocol):
+    """What a key reads of a decoded request (service/dataplane.py DecodedRequest), named here so that this module
+    does not import the dataplane, which imports it."""
+
+    @property
+    def inputs(self) -> Mapping[str, np.ndarray]: ...
+
+    @property
+    def signature(self) -> Mapping[str, tuple[str, tuple[int, ...]]]: ...
+
 
 ENTRY_OVERHEAD = 256  # bytes counted per entry for its bookkeeping (key tuple, dict slots, metadata reference)
 NEUTRAL_PARAMETERS = frozenset({"timeout", "priority", "binary_data_output"})  # request parameters left out of keys
@@ -99,7 +108,7 @@ def served_name(model: str, version: str) -> str:
     return f"{model}\x00{version}"  # NUL: never part of a model name (engine/repository.py check_model_name)
 
 
-def request_key(request, decoded: DecodedRequest, version: str) -> bytes:
+def request_key(request, decoded: DecodedTensors, version: str) -> bytes:
     """The digest that identifies a request's answer (see the module docstring for what it covers). Reads every
     input's bytes once; no lock."""
     digest = hashlib.sha256()
