@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from typing import NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -140,7 +141,7 @@ def rich_status(code: grpc.StatusCode, message: str, reason: str | None) -> grpc
     return rpc_status.to_status(status)
 
 
-def abort(context: grpc.ServicerContext, error: BaseException) -> None:
+def abort(context: grpc.ServicerContext, error: BaseException) -> NoReturn:
     """End the RPC with `error`'s status. Raises (as grpc's abort does)."""
     code, message, reason = describe(error)
     context.abort_with_status(rich_status(code, message, reason))
