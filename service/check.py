@@ -57,10 +57,11 @@ from engine.interface import Backend, Context, LoadedModel, ModelMetadata, Model
 from engine.repository import ModelReading, ModelRepository, shown_path
 
 from .core.events import Events
+from .flags import CommandLineParser, add_server_flags
 
 FORMAT_VERSION = 1
 WARMUP_RUNS = "runs on every slot at load, before the model is ready"  # service/core/warmup.py
-# The server's flags the verdict depends on: copied from service/cli.py's parser, help and defaults included.
+# The server's flags the verdict depends on: service/flags.py's, help and defaults included.
 SHARED_FLAGS = (
     "allowed_model_roots",
     "parallel_jobs",
@@ -110,10 +111,7 @@ def server_reason(name: str, message: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli import _Parser
-    from .cli import build_parser as server_parser
-
-    parser = _Parser(
+    parser = CommandLineParser(
         prog="slotserve check",
         description="Tell what a model repository will do on slotserve, without serving it: per model, what is "
         "served, every refused and ignored field, every missing or mismatched file.",
@@ -126,9 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also load each model in a throwaway in-process server, send one request of zeros, report load time "
         "and memory (a model's own code runs only with this)",
     )
-    for action in server_parser()._actions:
-        if action.dest in SHARED_FLAGS:
-            parser._add_action(action)
+    add_server_flags(parser, only=SHARED_FLAGS)
     return parser
 
 

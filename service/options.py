@@ -237,7 +237,7 @@ class ServerOptions:
 # Every numeric option: field -> (flag, lowest, highest, kind). kind "int" takes integers only (highest None: no
 # upper bound, for counts and byte budgets that Python compares exactly); "seconds" a finite number of seconds;
 # "positive seconds" the same above 0. tests/unit/test_flag_ranges.py checks that every int or float flag of
-# service/cli.py is here.
+# service/flags.py is here.
 RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "port": ("--port", 0, MAX_PORT, "int"),
     "parallel_jobs": ("--parallel-jobs", 1, MAX_SLOTS, "int"),

@@ -3,7 +3,7 @@ Triton's names where it means something here, refused by name with the reason wh
 
 Every flag of `tritonserver --help` (2.51) is in `TRITON_FLAGS`, as one of:
 
-* `ALIAS`: another name of one of our flags (`--grpc-port` is `--port`); service/cli.py adds the Triton name as a
+* `ALIAS`: another name of one of our flags (`--grpc-port` is `--port`); service/flags.py adds the Triton name as a
   second option string of that flag, so `--help` shows both;
 * `ACCEPTED`: a flag of Triton's own name with Triton's meaning here (`--exit-on-error`, `--log-verbose`,
   `--grpc-use-ssl`, ...), some of them only with the value that matches slotserve (`--allow-http=false`: any other
@@ -327,7 +327,7 @@ def _cache_config(text: str) -> int:
 
 def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     """The ACCEPTED flags that are not our own flags already (the aliases are second names of ours, added in
-    service/cli.py; --exit-on-error, --log-file, --log-format, --model-control-mode, --load-model,
+    service/flags.py; --exit-on-error, --log-file, --log-format, --model-control-mode, --load-model,
     --metrics-port and --model-repository are ours too)."""
     group = parser.add_argument_group(
         "Triton's flags", "tritonserver's flags with a meaning here (docs/migrating-from-triton.md lists them all)"
