@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import check, flags
 from .core.events import JsonFormatter, QuietStreamHandler, TextFormatter, log_event
@@ -16,18 +17,21 @@ from .options import ServerOptions
 from .signals import Decision, SignalPipe, decide
 from .triton_flags import log_level, triton_fields
 
+if TYPE_CHECKING:  # the server's modules load only when it runs (not for --help, nor for a check)
+    from .server import Server, ShutdownReport
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The server's command line (service/flags.py has its flags)."""
     return flags.server_parser()
 
 
-def security_options(args: argparse.Namespace) -> dict:
+def security_options(args: argparse.Namespace) -> dict[str, Any]:
     """ServerOptions fields from the security flags. Raises ValueError for an unreadable or empty token file
     (the message names the file, never its content)."""
     from .auth import read_token_file
 
-    options = {"tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca}
+    options: dict[str, Any] = {"tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca}
     for kind in ("management", "inference"):
         path = getattr(args, f"{kind}_token_file")
         options[f"{kind}_token"] = (
@@ -91,7 +95,7 @@ def scope_lines(options: ServerOptions) -> list[str]:
     ]
 
 
-def option_fields(args: argparse.Namespace) -> dict:
+def option_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The ServerOptions fields the parsed command line gives, Triton's flags included. Raises ValueError for
     unreadable token files and Triton flags that do not go together."""
     fields = dict(
@@ -204,12 +208,12 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
-def run_until_stopped(server, signals: SignalPipe, log: logging.Logger):
+def run_until_stopped(server: Server, signals: SignalPipe, log: logging.Logger) -> ShutdownReport | None:
     """Serve until a stop signal, then shut down on a thread of its own while this (main) thread keeps reading
     signals, so a forced exit (SIGINT again, SIGQUIT) works during the drain and the grace. Returns the
     shutdown's report, or None if the shutdown raised. See service/signals.py for the rules."""
     shutdown: threading.Thread | None = None
-    reports = []
+    reports: list[ShutdownReport] = []
 
     def shut_down() -> None:
         try:

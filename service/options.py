@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.interface import Backend
+
 from .auth import Secret, secret_of
 from .model_control import DEFAULT_POLL_SECONDS, MODES
 from .model_files import DEFAULT_MAX_LOAD_FILE_BYTES
@@ -66,7 +68,9 @@ class ServerOptions:
     grpc_arguments: tuple[tuple[str, int], ...] = ()
     reuse_port: bool = False  # SO_REUSEPORT on the gRPC port (Triton's --reuse-grpc-port)
     log_format: str = "text"
-    extra_backends: dict = field(default_factory=dict, compare=False)  # name -> Backend, for tests and plugins
+    extra_backends: dict[str, Backend] = field(
+        default_factory=dict, compare=False
+    )  # name -> Backend, for tests and plugins
     enable_test_backends: bool = False  # register engine/testing/'s doubles (backend "fixture"): tests only
     # Security (service/auth.py, service/tls.py). Tokens may be given as str; they are kept as Secret, which
     # never prints itself, so logging these options shows no token.

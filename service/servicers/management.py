@@ -54,3 +54,8 @@ class ManagementServicer(pb_grpc.ModelManagementServicer):
     @rpc(access=Access.STATUS)
     def GetModel(self, request: pb.GetModelRequest, context: Context, token: CancelToken) -> pb.ModelStatus:
         return converters.model_status(self._registry.get(request.model_id).status())
+
+
+def add_management_servicer(servicer: ManagementServicer, server: grpc.Server) -> None:
+    """Register the management service (the generated registration)."""
+    pb_grpc.add_ModelManagementServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated/: no stubs
