@@ -52,7 +52,8 @@ TABLE: dict[str, grpc.StatusCode] = {
     "tensor_memory_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,  # --max-request-tensor-bytes / --max-inflight-...
     "unimplemented": grpc.StatusCode.UNIMPLEMENTED,
     "management_disabled": grpc.StatusCode.PERMISSION_DENIED,
-    # A missing token and a wrong one get the same status (DESIGN §5); the message says which, never a token.
+    # A missing token and a wrong one get the same status (docs/security.md): a caller probing for a token learns
+    # nothing from the code; the message says which of the two it was, never a token.
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "server_busy": grpc.StatusCode.UNAVAILABLE,
     "residency_limit": grpc.StatusCode.UNAVAILABLE,
