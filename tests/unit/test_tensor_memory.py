@@ -10,9 +10,10 @@ import pytest
 
 from generated import grpc_service_pb2 as pb
 from service.core.errors import InvalidRequest
+from service.dataplane import output_bytes
 from service.shared_memory import RegionInfo, RegionNotFound
 from service.tensor_memory import TensorMemory, TensorMemoryLimit
-from service.tensors import decode_request, decoded_bytes, output_bytes
+from service.tensors import decode_request, decoded_bytes
 
 COST = 56  # per decoded BYTES element beyond its contents, written out here
 COPIES = 4  # a BYTES element is reserved for itself and three copies an engine makes of it (written out here)
