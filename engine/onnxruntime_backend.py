@@ -34,9 +34,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from . import datatypes
+from .config.files import hide_paths, shown_path
+from .config.specs import ModelSpec, TensorSpec
 from .errors import ExecutionCancelled, ExecutionError, InvalidInputError, ModelConfigError
-from .interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
-from .repository import hide_paths, shown_path
+from .interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, Outputs
 
 _LOG = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ModelConfigError
-from .interface import TensorSpec
+from ..errors import ModelConfigError
+from .specs import TensorSpec
 
 LATEST = -1  # model_version of a step that runs the model's served (latest) version
 

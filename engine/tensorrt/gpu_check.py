@@ -36,10 +36,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..config.repository import ModelRepository
+from ..config.specs import BatchingSpec, ModelSpec
 from ..errors import BackendUnavailableError, EngineError
-from ..interface import BatchingSpec, CancelToken, Context, LoadedModel, ModelSpec
+from ..interface import CancelToken, Context, LoadedModel
 from ..onnxruntime_backend import OnnxRuntimeBackend
-from ..repository import ModelRepository
 from .backend import TensorRTBackend, TensorRTModel, _import_cudart, _import_tensorrt, tensorrt_cuda_major
 from .cuda import CudaRuntime, cuda_version_text
 from .driver import nvidia_smi

@@ -40,8 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from engine import datatypes
+from engine.config.specs import ModelSpec, TensorSpec
 from engine.errors import ExecutionCancelled, ExecutionError, ModelConfigError, ModelLoadError
-from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
+from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, Outputs
 
 POINTS = ("load", "clone", "prepare", "execute", "stream", "teardown", "measure")
 
