@@ -97,7 +97,10 @@ def _step(index: int, block, origin: str) -> Step:
             f"{where} (model '{block.model_name}'): model_version must be -1 (latest) or a version number, "
             f"got {block.model_version}"
         )
-    step = Step(index, block.model_name, int(block.model_version), dict(block.input_map), dict(block.output_map))
+    # By name: a protobuf map iterates in an order its hashing decides (it changed with PYTHONHASHSEED), and the
+    # refusals that list a step's inputs must read the same on every run.
+    inputs, outputs = dict(sorted(block.input_map.items())), dict(sorted(block.output_map.items()))
+    step = Step(index, block.model_name, int(block.model_version), inputs, outputs)
     if not step.inputs or not step.outputs:
         raise ModelConfigError(f"{origin}: {step.label} needs an input_map and an output_map")
     return step
