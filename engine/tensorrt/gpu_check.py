@@ -44,6 +44,7 @@ from ..onnxruntime_backend import OnnxRuntimeBackend
 from .backend import TensorRTBackend, TensorRTModel, _import_cudart, _import_tensorrt, tensorrt_cuda_major
 from .cuda import CudaRuntime, cuda_version_text
 from .driver import nvidia_smi
+from .protocols import CudaRuntimeModule, TensorRTRuntimeModule
 
 DEFAULT_MODELS = ("simple", "identity_fp32", "matmul_chain", "silero_vad")
 CHECKS = ("data_dependent", "batching")
@@ -396,6 +397,8 @@ def _checks(backend: TensorRTBackend, repository: ModelRepository, args: argpars
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     repository = ModelRepository(args.repository)
+    cudart: CudaRuntimeModule | None
+    trt: TensorRTRuntimeModule | None
     if args.double:
         from engine.testing.tensorrt_double import double_backend
 

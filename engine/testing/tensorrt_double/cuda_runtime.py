@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .device import Op
 
 if TYPE_CHECKING:
-    from .device import Allocation, FakeDevice
+    from .device import Allocation, SimulatedDevice
 
 
 class cudaError_t(enum.IntEnum):  # noqa: N801 - the real names
@@ -115,7 +115,7 @@ class FakeCudaRuntime:
     cudaStreamNonBlocking = 1
     cudaHostAllocDefault = 0
 
-    def __init__(self, device: FakeDevice) -> None:
+    def __init__(self, device: SimulatedDevice) -> None:
         self._device = device
 
     def _unavailable(self) -> int | None:

@@ -32,7 +32,7 @@ from . import plans
 from .device import Op
 
 if TYPE_CHECKING:
-    from .device import Allocation, FakeDevice
+    from .device import Allocation, SimulatedDevice
 
 _LOG = logging.getLogger(__name__)
 
@@ -153,10 +153,10 @@ class IOutputAllocator:
 class _Bound:
     """Base of the double's classes that belong to one FakeDevice (set on per-device subclasses)."""
 
-    _fake: FakeDevice
+    _fake: SimulatedDevice
 
 
-def log_error(logger: Any, device: FakeDevice, message: str, severity: _Severity = _Severity.ERROR) -> None:
+def log_error(logger: Any, device: SimulatedDevice, message: str, severity: _Severity = _Severity.ERROR) -> None:
     device.log.append(message)
     if logger is not None:
         logger.log(severity, message)
@@ -699,7 +699,7 @@ class IExecutionContext(_Bound):
             device.stats.enqueues += 1
 
 
-def _call_allocator(device: FakeDevice, allocator: Any, name: str, current: int, size: int, stream: int) -> int:
+def _call_allocator(device: SimulatedDevice, allocator: Any, name: str, current: int, size: int, stream: int) -> int:
     """What TensorRT's PyOutputAllocator does: reallocate_output_async if the subclass has it, else the deprecated
     reallocate_output; an exception or a non-int result counts as nullptr."""
     method = getattr(allocator, "reallocate_output_async", None)
