@@ -226,8 +226,9 @@ def _reconcile(
 def _without_sequence_tensors(
     spec: ModelSpec, inputs: list[TensorSpec], outputs: list[TensorSpec], origin: str
 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The model's inputs and outputs less a sequence model's control and state tensors (engine/sequence_config.py),
-    each checked to be in the model with its datatype. Raises ModelConfigError naming the tensor."""
+    """The model's inputs and outputs less a sequence model's control and state tensors
+    (engine/config/sequence_batching.py), each checked to be in the model with its datatype. Raises
+    ModelConfigError naming the tensor."""
     assert spec.sequence is not None
     filled = spec.sequence.provided_inputs()
     by_name = {t.name: t for t in inputs}

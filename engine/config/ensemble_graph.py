@@ -229,7 +229,7 @@ def call_graph_refusals(graph: Mapping[str, Iterable[str]]) -> dict[str, str]:
 
 
 def ensembles_after_their_steps(names: Sequence[str], steps: Mapping[str, Sequence[str]]) -> list[str]:
-    """`names` in a load order (engine/repository.py load_order): the models that are not ensembles (not keys of
+    """`names` in a load order (engine/config/repository.py load_order): the models that are not ensembles (not keys of
     `steps`, which maps each ensemble among `names` to the models its steps name) first, in the given order, then
     the ensembles, each after the ensembles its steps name, depth first in step order. A cycle is cut where it
     closes (its ensembles are refused when they load). Iterative: a chain of any length is ordered without

@@ -427,7 +427,7 @@ def _cache_folders(config: model_config_pb2.ModelConfig, roots: ModelRoots) -> t
 
 def _check_ensemble(config: model_config_pb2.ModelConfig, backend: str | None, origin: str) -> None:
     """An ensemble is `platform: "ensemble"` with `ensemble_scheduling` whose steps form a valid graph
-    (engine/ensemble_graph.py read_steps); raises ModelConfigError naming the problem."""
+    (engine/config/ensemble_graph.py read_steps); raises ModelConfigError naming the problem."""
     if config.platform != "ensemble" and config.backend != "ensemble" and backend != "ensemble":
         raise ModelConfigError(f'{origin}: ensemble_scheduling needs platform: "ensemble"')
     if backend and backend != "ensemble":
