@@ -22,6 +22,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass
 from typing import Any
 
+from generated import model_config_pb2
+
 from ..errors import ModelConfigError
 from .specs import TensorSpec
 
@@ -60,7 +62,7 @@ class StepModel:
     version: str = ""
 
 
-def read_steps(config, origin: str) -> tuple[Step, ...]:
+def read_steps(config: Any, origin: str) -> tuple[Step, ...]:  # Any: ModelSpec.config is typed object
     """The steps of an ensemble's config (an inference.ModelConfig with platform 'ensemble'), checked as a graph.
     Raises ModelConfigError naming the first problem."""
     blocks = list(config.ensemble_scheduling.step)
@@ -86,7 +88,7 @@ def read_steps(config, origin: str) -> tuple[Step, ...]:
     return steps
 
 
-def _step(index: int, block, origin: str) -> Step:
+def _step(index: int, block: model_config_pb2.ModelEnsembling.Step, origin: str) -> Step:
     where = f"{origin}: step {index}"
     if not block.model_name:
         raise ModelConfigError(f"{where} names no model (model_name)")

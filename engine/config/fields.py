@@ -11,6 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
 from generated import model_config_pb2
 
 
@@ -216,8 +219,8 @@ class Classified:
     ignored: tuple[tuple[str, str], ...]
 
 
-def _is_map(field) -> bool:
-    return field.message_type is not None and field.message_type.GetOptions().map_entry
+def _is_map(field: FieldDescriptor) -> bool:
+    return field.message_type is not None and bool(field.message_type.GetOptions().map_entry)
 
 
 def _is_branch(path: str) -> bool:
@@ -242,7 +245,7 @@ def classify_fields(config: model_config_pb2.ModelConfig) -> Classified:
     refused: list[tuple[str, str]] = []
     ignored: list[tuple[str, str]] = []
 
-    def visit(message, path: str, shown: str) -> None:
+    def visit(message: Message, path: str, shown: str) -> None:
         for field, value in message.ListFields():
             key = f"{path}.{field.name}" if path else field.name
             label = f"{shown}.{field.name}" if shown else field.name

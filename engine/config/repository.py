@@ -115,7 +115,9 @@ def parse_config_json(text: str, origin: str) -> model_config_pb2.ModelConfig:
     return config
 
 
-def _tensor_specs(entries, kind: str, origin: str) -> tuple[TensorSpec, ...]:
+def _tensor_specs(
+    entries: Iterable[model_config_pb2.ModelInput] | Iterable[model_config_pb2.ModelOutput], kind: str, origin: str
+) -> tuple[TensorSpec, ...]:
     enum = model_config_pb2.DataType
     specs = []
     for entry in entries:

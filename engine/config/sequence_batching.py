@@ -101,7 +101,7 @@ def oldest_batching(config: model_config_pb2.ModelConfig, origin: str) -> Batchi
     )
 
 
-def _control(entry, where: str) -> SequenceControl:
+def _control(entry: model_config_pb2.ModelSequenceBatching.ControlInput, where: str) -> SequenceControl:
     if not entry.name:
         raise ModelConfigError(f"{where} has no name")
     where = f"{where} '{entry.name}'"
@@ -137,7 +137,13 @@ def _control(entry, where: str) -> SequenceControl:
     return SequenceControl(kind, entry.name, flag_type, values[0], values[1])
 
 
-def _state(entry, directory: Path | None, roots: ModelRoots, where: str, max_batch_size: int) -> SequenceState:
+def _state(
+    entry: model_config_pb2.ModelSequenceBatching.State,
+    directory: Path | None,
+    roots: ModelRoots,
+    where: str,
+    max_batch_size: int,
+) -> SequenceState:
     if not entry.input_name or not entry.output_name:
         raise ModelConfigError(f"{where} needs both input_name and output_name")
     where = f"{where} '{entry.input_name}'"

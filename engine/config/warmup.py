@@ -66,7 +66,12 @@ def read_warmup_samples(
 
 
 def _warmup_input(
-    name: str, block, declared: tuple[TensorSpec, ...], directory: Path | None, roots: ModelRoots, where: str
+    name: str,
+    block: model_config_pb2.ModelWarmup.Input,
+    declared: tuple[TensorSpec, ...],
+    directory: Path | None,
+    roots: ModelRoots,
+    where: str,
 ) -> WarmupInput:
     config_name = model_config_pb2.DataType.Name(block.data_type)
     datatype = datatypes.BY_CONFIG_NAME.get(config_name)
