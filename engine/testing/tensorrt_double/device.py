@@ -98,7 +98,7 @@ class Op:
 class Stream:
     handle: int
     flags: int
-    queue: deque = field(default_factory=deque)
+    queue: deque[Op] = field(default_factory=deque)
 
 
 class SimulatedDevice:

@@ -221,7 +221,8 @@ class Runtime(_Bound):
             return None
         with device._lock:
             device.stats.deserializations += 1
-        return device.trt.ICudaEngine(self, plan, weights)
+        engine: ICudaEngine = device.trt.ICudaEngine(self, plan, weights)  # the device's subclass of ICudaEngine
+        return engine
 
 
 class ICudaEngine(_Bound):
@@ -236,7 +237,7 @@ class ICudaEngine(_Bound):
         self._contexts: weakref.WeakSet[IExecutionContext] = weakref.WeakSet()
         self._session: Any = None
         self._session_lock = threading.Lock()  # guards: _session, _shape_cache
-        self._shape_cache: dict[tuple, dict[str, tuple[int, ...]]] = {}
+        self._shape_cache: dict[tuple[object, ...], dict[str, tuple[int, ...]]] = {}
         with device._lock:
             device.stats.engines_live += 1
             device.stats.events.append(f"engine {self._id} created")
