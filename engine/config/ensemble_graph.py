@@ -367,7 +367,8 @@ def _check_decoupled_flow(
         if len(sources) > 1:
             raise ModelConfigError(
                 f"{origin}: {step.label} receives inputs originated from different decoupled models "
-                f"({_origins(step.inputs.values(), origin_of)})"
+                # by the model's input names: the input map is a protobuf map (its order is not the config's)
+                f"({_origins([step.inputs[name] for name in sorted(step.inputs)], origin_of)})"
             )
         source = step if step.index in decoupled else next(iter(sources.values()))
         for tensor in step.outputs.values():
