@@ -15,28 +15,30 @@ back unfinished: its engine raises RequestRescheduled, and the sequence runs the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import numpy as np
 
 from generated import model_config_pb2
 
-from . import datatypes
-from .errors import EngineError, ModelConfigError
-from .interface import BatchingSpec
+from .. import datatypes
+from ..errors import ModelConfigError
+from .files import ModelRoots
+from .specs import (
+    CORRID,
+    DEFAULT_IDLE_US,
+    DIRECT,
+    END,
+    OLDEST,
+    READY,
+    START,
+    BatchingSpec,
+    SequenceControl,
+    SequenceSpec,
+    SequenceState,
+)
 
-if TYPE_CHECKING:
-    from .repository import ModelRoots
-
-# Triton's default for max_sequence_idle_microseconds (1 s).
-DEFAULT_IDLE_US = 1_000_000
 # The folder of a model's initial state files, as in Triton.
 INITIAL_STATE_FOLDER = "initial_state"
 
-START, END, READY, CORRID = "start", "end", "ready", "corrid"
-DIRECT, OLDEST = "direct", "oldest"
 _KINDS = {
     "CONTROL_SEQUENCE_START": START,
     "CONTROL_SEQUENCE_END": END,
@@ -44,77 +46,6 @@ _KINDS = {
     "CONTROL_SEQUENCE_CORRID": CORRID,
 }
 _CORRID_TYPES = ("UINT64", "INT64", "UINT32", "INT32", "BYTES")
-
-
-class RequestRescheduled(EngineError):
-    """An engine's answer for a request of an iterative sequence that its model released with Triton's
-    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: the request is not finished (no answer, or a streaming model's answers
-    so far), and the sequence runs it again, with the same inputs, after the requests queued before it. Never
-    reaches a client: service/core/sequences.py takes it (a model without iterative_sequence gets a ModelError
-    from its backend instead)."""
-
-
-@dataclass(frozen=True)
-class SequenceControl:
-    """One control input: `input_name` gets `true_value` or `false_value` (a flag), or the sequence id (CORRID)."""
-
-    kind: str  # START, END, READY or CORRID
-    input_name: str
-    datatype: str  # KServe name: INT32, FP32 or BOOL for a flag; CORRID's data_type
-    false_value: float = 0
-    true_value: float = 1
-
-
-@dataclass(frozen=True)
-class SequenceState:
-    """One implicit state: the model's output `output_name` comes back as its input `input_name` on the
-    sequence's next request. The first request of a sequence gets `initial` (raw little-endian bytes of
-    `initial_dims`), or zeros of `dims` when no initial state is given."""
-
-    input_name: str
-    output_name: str
-    datatype: str
-    dims: tuple[int, ...]  # without the batch dimension; -1: variable
-    initial_dims: tuple[int, ...]
-    initial: bytes | None = None  # None: zeros
-
-    def initial_array(self) -> np.ndarray:
-        """The state a sequence starts with (a fresh array each time: it becomes the sequence's own)."""
-        dtype = datatypes.numpy_dtype(self.datatype)
-        if self.initial is None:
-            return np.zeros(self.initial_dims, dtype)
-        return np.frombuffer(self.initial, dtype).reshape(self.initial_dims).copy()
-
-
-@dataclass(frozen=True)
-class SequenceSpec:
-    """A model's sequence batching. `direct`: max(1, max_batch_size) sequences per slot (Triton's sequence slots),
-    each pinned to one slot (instance), each request run alone on it. `oldest`: up to `max_candidates` sequences
-    per slot open at once; the next requests of different sequences that wait together run as one batch (dynamic
-    batching's rule: ModelSpec.batching carries the delay and preferred sizes; with max_batch_size 0 each runs
-    alone, on any slot), each sequence still one request at a time, in order, its rows at their own place in the
-    batch."""
-
-    strategy: str = DIRECT
-    max_idle_us: int = DEFAULT_IDLE_US
-    controls: tuple[SequenceControl, ...] = ()
-    states: tuple[SequenceState, ...] = ()
-    max_candidates: int = 0  # oldest: sequences open at once per slot (0: direct, max(1, max_batch_size) per slot)
-    # iterative_sequence: a request without an id gets one (and START); the model may reschedule a request
-    # (RequestRescheduled); the request that started a sequence ends it when it finishes.
-    iterative: bool = False
-
-    def provided_inputs(self) -> dict[str, str]:
-        """The model inputs the server fills (control inputs and state inputs), name -> datatype."""
-        provided = {control.input_name: control.datatype for control in self.controls}
-        provided.update({state.input_name: state.datatype for state in self.states})
-        return provided
-
-    def state_outputs(self) -> tuple[str, ...]:
-        return tuple(state.output_name for state in self.states)
-
-    def control(self, kind: str) -> SequenceControl | None:
-        return next((control for control in self.controls if control.kind == kind), None)
 
 
 def read_sequence_spec(
@@ -170,7 +101,7 @@ def oldest_batching(config: model_config_pb2.ModelConfig, origin: str) -> Batchi
     )
 
 
-def _control(entry, where: str) -> SequenceControl:
+def _control(entry: model_config_pb2.ModelSequenceBatching.ControlInput, where: str) -> SequenceControl:
     if not entry.name:
         raise ModelConfigError(f"{where} has no name")
     where = f"{where} '{entry.name}'"
@@ -206,7 +137,13 @@ def _control(entry, where: str) -> SequenceControl:
     return SequenceControl(kind, entry.name, flag_type, values[0], values[1])
 
 
-def _state(entry, directory: Path | None, roots: ModelRoots, where: str, max_batch_size: int) -> SequenceState:
+def _state(
+    entry: model_config_pb2.ModelSequenceBatching.State,
+    directory: Path | None,
+    roots: ModelRoots,
+    where: str,
+    max_batch_size: int,
+) -> SequenceState:
     if not entry.input_name or not entry.output_name:
         raise ModelConfigError(f"{where} needs both input_name and output_name")
     where = f"{where} '{entry.input_name}'"

@@ -22,8 +22,10 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ModelConfigError
-from .interface import TensorSpec
+from generated import model_config_pb2
+
+from ..errors import ModelConfigError
+from .specs import TensorSpec
 
 LATEST = -1  # model_version of a step that runs the model's served (latest) version
 
@@ -60,7 +62,7 @@ class StepModel:
     version: str = ""
 
 
-def read_steps(config, origin: str) -> tuple[Step, ...]:
+def read_steps(config: Any, origin: str) -> tuple[Step, ...]:  # Any: ModelSpec.config is typed object
     """The steps of an ensemble's config (an inference.ModelConfig with platform 'ensemble'), checked as a graph.
     Raises ModelConfigError naming the first problem."""
     blocks = list(config.ensemble_scheduling.step)
@@ -86,7 +88,7 @@ def read_steps(config, origin: str) -> tuple[Step, ...]:
     return steps
 
 
-def _step(index: int, block, origin: str) -> Step:
+def _step(index: int, block: model_config_pb2.ModelEnsembling.Step, origin: str) -> Step:
     where = f"{origin}: step {index}"
     if not block.model_name:
         raise ModelConfigError(f"{where} names no model (model_name)")
@@ -97,7 +99,10 @@ def _step(index: int, block, origin: str) -> Step:
             f"{where} (model '{block.model_name}'): model_version must be -1 (latest) or a version number, "
             f"got {block.model_version}"
         )
-    step = Step(index, block.model_name, int(block.model_version), dict(block.input_map), dict(block.output_map))
+    # By name: a protobuf map iterates in an order its hashing decides (it changed with PYTHONHASHSEED), and the
+    # refusals that list a step's inputs must read the same on every run.
+    inputs, outputs = dict(sorted(block.input_map.items())), dict(sorted(block.output_map.items()))
+    step = Step(index, block.model_name, int(block.model_version), inputs, outputs)
     if not step.inputs or not step.outputs:
         raise ModelConfigError(f"{origin}: {step.label} needs an input_map and an output_map")
     return step
@@ -226,7 +231,7 @@ def call_graph_refusals(graph: Mapping[str, Iterable[str]]) -> dict[str, str]:
 
 
 def ensembles_after_their_steps(names: Sequence[str], steps: Mapping[str, Sequence[str]]) -> list[str]:
-    """`names` in a load order (engine/repository.py load_order): the models that are not ensembles (not keys of
+    """`names` in a load order (engine/config/repository.py load_order): the models that are not ensembles (not keys of
     `steps`, which maps each ensemble among `names` to the models its steps name) first, in the given order, then
     the ensembles, each after the ensembles its steps name, depth first in step order. A cycle is cut where it
     closes (its ensembles are refused when they load). Iterative: a chain of any length is ordered without
