@@ -52,9 +52,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.config.files import shown_path
+from engine.config.repository import ModelReading, ModelRepository
+from engine.config.specs import ModelSpec, TensorSpec
 from engine.errors import ModelConfigError
-from engine.interface import Backend, Context, LoadedModel, ModelMetadata, ModelSpec, TensorSpec
-from engine.repository import ModelReading, ModelRepository, shown_path
+from engine.interface import Backend, Context, LoadedModel, ModelMetadata
 
 from .core.events import Events
 from .flags import CommandLineParser, add_server_flags
@@ -557,7 +559,7 @@ def load_steps(registry: ModelRegistry, name: str, seen: set[str], depth: int = 
     startup loads them before the ensemble (ModelRepository.load_order). Returns the names loaded or tried here, in
     order; a step that fails to load is left to the ensemble's load, which names it as the server's does. Past
     MAX_NESTING (`depth` is `name`'s place in the chain) it descends no further: the chain is refused by name."""
-    from engine.ensemble_graph import MAX_NESTING
+    from engine.config.ensemble_graph import MAX_NESTING
     from generated.model_config_pb2 import ModelConfig
 
     if depth > MAX_NESTING:

@@ -28,7 +28,8 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from engine.interface import CancelToken, ModelMetadata, ModelSpec, Outputs
+from engine.config.specs import ModelSpec
+from engine.interface import CancelToken, ModelMetadata, Outputs
 from engine.tensor_codec import BYTES_ELEMENT_COST
 
 from .core.errors import ModelNotFound

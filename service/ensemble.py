@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.ensemble_graph import (
+from engine.config.ensemble_graph import (
     CYCLE_REFUSAL,
     MAX_NESTING,
     Step,
@@ -54,6 +54,8 @@ from engine.ensemble_graph import (
     read_steps,
     step_models,
 )
+from engine.config.files import hide_paths
+from engine.config.specs import ModelSpec
 from engine.errors import (
     DeviceFailedError,
     ExecutionError,
@@ -62,17 +64,7 @@ from engine.errors import (
     ModelErrorUnsupported,
     ModelLoadError,
 )
-from engine.interface import (
-    Backend,
-    CancelToken,
-    Context,
-    FinalOutputs,
-    LoadedModel,
-    ModelMetadata,
-    ModelSpec,
-    Outputs,
-)
-from engine.repository import hide_paths
+from engine.interface import Backend, CancelToken, Context, FinalOutputs, LoadedModel, ModelMetadata, Outputs
 
 from .core.errors import ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, RequestCancelled, own_copy
 from .core.lifecycle import ModelEntry, ModelState

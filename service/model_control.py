@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from engine.ensemble_graph import MAX_NESTING
+from engine.config.ensemble_graph import MAX_NESTING
+from engine.config.files import SKIPPED_FOLDERS, read_regular_file
+from engine.config.repository import check_model_name
 from engine.errors import ModelConfigError
 from engine.interface import CancelToken
-from engine.repository import SKIPPED_FOLDERS, check_model_name, read_regular_file
 
 from .core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ServiceError, own_copy
 from .core.events import Events

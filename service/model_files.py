@@ -29,7 +29,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.repository import check_model_name
+from engine.config.repository import check_model_name
 
 from .core.errors import InvalidRequest, ServiceError, ShuttingDown
 

@@ -19,10 +19,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from engine.config.repository import ModelRepository
 from engine.interface import Backend
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from engine.python.backend import PythonBackend
-from engine.repository import ModelRepository
 from engine.tensorrt.backend import TensorRTBackend
 from generated import grpc_service_pb2, management_pb2
 

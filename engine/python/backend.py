@@ -78,6 +78,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import datatypes
+from ..config.files import shown_path
+from ..config.specs import ModelSpec, TensorSpec
 from ..errors import (
     DeviceFailedError,
     EngineError,
@@ -101,12 +103,9 @@ from ..interface import (
     LoadedModel,
     ModelCalls,
     ModelMetadata,
-    ModelSpec,
     Outputs,
     RequestInfo,
-    TensorSpec,
 )
-from ..repository import shown_path
 from . import transport
 from .environments import SERVER, Environments, Launcher, declared_environment
 from .messages import BlsCall, Execute, Ready

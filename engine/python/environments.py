@@ -59,8 +59,8 @@ from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import IO, Protocol
 
+from ..config.specs import ModelSpec
 from ..errors import ModelConfigError, ModelLoadError
-from ..interface import ModelSpec
 
 _LOG = logging.getLogger(__name__)
 

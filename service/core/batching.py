@@ -27,8 +27,9 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
+from engine.config.specs import BatchingSpec, ModelSpec
 from engine.errors import DeviceFailedError, EngineError, ExecutionCancelled, ModelErrorUnsupported
-from engine.interface import BatchingSpec, CancelToken, Context, ModelMetadata, ModelSpec, Outputs
+from engine.interface import CancelToken, Context, ModelMetadata, Outputs
 
 from .admission import BatchRule, Ticket
 from .blocking import blocking_wait

@@ -38,8 +38,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from engine.config.specs import ModelSpec
 from engine.errors import DeviceFailedError
-from engine.interface import CancelToken, Context, ModelSpec
+from engine.interface import CancelToken, Context
 
 from .admission import Ticket, TicketKind, TicketState
 from .batching import BatchItem, run_batched

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.config.specs import ModelSpec
 from engine.errors import ModelLoadError
-from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelSpec
+from engine.interface import Backend, CancelToken, Context, LoadedModel
 
 from .batching import describe_batching
 from .errors import RequestCancelled

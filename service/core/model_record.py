@@ -18,8 +18,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from engine.interface import ModelMetadata, ModelSpec
-from engine.repository import hide_paths
+from engine.config.files import hide_paths
+from engine.config.specs import ModelSpec
+from engine.interface import ModelMetadata
 
 from .admission import AdmissionController
 from .batching import batch_rule

@@ -20,7 +20,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
-from engine.interface import BatchingSpec, ModelMetadata, ModelSpec
+from engine.config.specs import BatchingSpec, ModelSpec
+from engine.interface import ModelMetadata
 
 from .admission import AdmissionStatistics
 from .pool import LoadTimes, SlotPool

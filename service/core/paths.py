@@ -26,8 +26,9 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from engine.config.specs import ModelSpec
 from engine.errors import ModelErrorUnsupported
-from engine.interface import CancelToken, FinalOutputs, ModelMetadata, ModelSpec
+from engine.interface import CancelToken, FinalOutputs, ModelMetadata
 
 from .batching import BatchItem, MemberStream
 from .lease import Lease

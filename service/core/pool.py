@@ -13,7 +13,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelSpec
+from engine.config.specs import ModelSpec
+from engine.interface import Backend, CancelToken, Context, LoadedModel
 
 from .errors import InvalidRequest, UnsupportedSlotCount
 

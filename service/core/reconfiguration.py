@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from engine.interface import CancelToken, Context, LoadedModel, ModelSpec
-from engine.repository import hide_paths
+from engine.config.files import hide_paths
+from engine.config.specs import ModelSpec
+from engine.interface import CancelToken, Context, LoadedModel
 
 from .model_record import Committed, ModelRecord
 from .model_state import ModelState

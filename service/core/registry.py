@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config.repository import ModelRepository, check_model_name, is_version_number
+from engine.config.specs import ModelSpec
 from engine.errors import EngineError, ExecutionCancelled, ModelConfigError
-from engine.interface import CancelToken, ModelSpec
-from engine.repository import ModelRepository, check_model_name, is_version_number
+from engine.interface import CancelToken
 
 from .detached import DetachedWork
 from .errors import (

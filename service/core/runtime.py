@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from engine.interface import Backend, ModelSpec
+from engine.config.specs import ModelSpec
+from engine.interface import Backend
 
 from .errors import BackendNotAvailable
 from .events import Events

@@ -12,9 +12,9 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.errors import ModelErrorUnsupported
-from engine.interface import CancelToken, FinalOutputs, ModelMetadata, ModelSpec
-from engine.sequence_config import CORRID, OLDEST, RequestRescheduled, SequenceSpec
+from engine.config.specs import CORRID, OLDEST, ModelSpec, SequenceSpec
+from engine.errors import ModelErrorUnsupported, RequestRescheduled
+from engine.interface import CancelToken, FinalOutputs, ModelMetadata
 
 from .batching import BatchItem
 from .lease import Lease

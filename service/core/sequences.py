@@ -58,9 +58,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine import datatypes
+from engine.config.specs import CORRID, END, READY, START, SequenceSpec
 from engine.errors import ModelError
 from engine.interface import CancelToken, RequestInfo
-from engine.sequence_config import CORRID, END, READY, START, SequenceSpec
 
 from .errors import AdmissionTimeout, InvalidRequest, RequestCancelled
 

@@ -19,9 +19,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from engine.config.specs import WarmupSample
+from engine.config.warmup import sample_inputs
 from engine.errors import EngineError, ExecutionCancelled, InvalidInputError, ModelConfigError, ModelLoadError
-from engine.interface import CancelToken, Context, ModelMetadata, WarmupSample
-from engine.warmup import sample_inputs
+from engine.interface import CancelToken, Context, ModelMetadata
 
 from .errors import SHUTDOWN_CANCEL_REASON, ShuttingDown
 from .pool import LoadTimes, SlotPool

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from engine import datatypes
-from engine.interface import ModelSpec
+from engine.config.specs import ModelSpec
 from generated import grpc_service_pb2 as pb
 from generated import management_pb2 as management_pb
 from generated import model_config_pb2

@@ -276,7 +276,7 @@ def behaviour_page(text: str, marks: dict[str, list[str]] | None = None) -> str:
 
 def config_fields_table() -> str:
     """One row per entry of engine.repository.FIELDS, in its order: the field, applied/refused/ignored, why."""
-    from engine.repository import FIELDS
+    from engine.config.fields import FIELDS
 
     rows = ["| field | slotserve | what happens |", "|---|---|---|"]
     rows += [f"| `{path}` | {rule.treatment.value} | {cell(rule.reason)} |" for path, rule in FIELDS.items()]

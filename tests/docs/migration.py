@@ -185,7 +185,7 @@ TREATMENT_WORDS = {"applied": "supported", "refused": "refused", "ignored": "ign
 
 
 def config_features_table() -> str:
-    from engine.repository import FIELDS
+    from engine.config.fields import FIELDS
 
     rows = ["| Triton | field | slotserve | what happens |", "|---|---|---|---|"]
     for feature, path in CONFIG_FEATURES:

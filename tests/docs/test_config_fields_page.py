@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.repository import FIELDS
+from engine.config.fields import FIELDS
 from tests.docs.generate import MODEL_REPOSITORY_PAGE, generated_part, model_repository_page
 from tests.docs.markdown import table_rows
 

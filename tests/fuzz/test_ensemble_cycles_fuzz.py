@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from engine.ensemble_graph import CYCLE_REFUSAL, call_graph_refusal
+from engine.config.ensemble_graph import CYCLE_REFUSAL, call_graph_refusal
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.testing import serve
 from tests.integration._support import write_fixture_model

@@ -200,8 +200,8 @@ def test_a_refusal_added_to_the_ensemble_load_reaches_the_check(tmp_path, monkey
 
 
 def test_a_refusal_added_to_the_repository_read_reaches_the_check(tmp_path, monkeypatch, capsys):
+    from engine.config.repository import ModelRepository
     from engine.errors import ModelConfigError
-    from engine.repository import ModelRepository
 
     root = check_repositories.write_broken_ensembles(tmp_path)
     shutil.rmtree(root / "missing_step")

@@ -237,7 +237,7 @@ def nested(root: Path, depth: int) -> None:
 
 
 def test_a_chain_of_ensembles_runs_up_to_the_limit_and_a_longer_one_is_refused_naming_it(tmp_path, controls):
-    from engine.ensemble_graph import MAX_NESTING
+    from engine.config.ensemble_graph import MAX_NESTING
 
     nested(tmp_path / "ok", MAX_NESTING)
     with start_fixture_server(tmp_path / "ok", controls) as running:
@@ -290,7 +290,7 @@ def test_check_refuses_the_same_cycles_in_the_same_words(tmp_path, capsys):
 def test_repository_model_load_of_a_chain_far_past_the_limit_is_refused_by_name_not_by_recursion(tmp_path, controls):
     # RepositoryModelLoad loads an ensemble's steps first, each inner ensemble's steps before it: a chain of 1,200
     # used to recurse past Python's limit there (INTERNAL RecursionError) before the nesting check could speak.
-    from engine.ensemble_graph import MAX_NESTING
+    from engine.config.ensemble_graph import MAX_NESTING
 
     nested(tmp_path, 1200)
     options = {"model_control_mode": "explicit", "allow_management": True, "load_models": ("w",)}

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from engine.interface import ModelSpec
+from engine.config.specs import ModelSpec
 from engine.onnxruntime_backend import OnnxRuntimeBackend, session_memory_bytes
 from service.testing import serve
 

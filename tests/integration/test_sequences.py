@@ -199,8 +199,8 @@ def test_the_demo_silero_vad_stream_keeps_each_streams_state_on_the_server(tmp_p
     streams."""
     import onnxruntime
 
+    from engine.config.repository import ModelRepository
     from engine.onnxruntime_backend import session_options
-    from engine.repository import ModelRepository
 
     repository = demo_subset(tmp_path / "models", "silero_vad_stream")
     spec = ModelRepository(repository).read("silero_vad_stream")

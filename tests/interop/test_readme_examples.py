@@ -34,7 +34,7 @@ import pytest
 
 from client.cli import ADDRESS_ENV
 from client.cli import DEFAULT_ADDRESS as CLI_DEFAULT_ADDRESS
-from engine.repository import parse_config_text
+from engine.config.repository import parse_config_text
 from service.cli import build_parser, option_fields
 from service.options import ServerOptions
 from service.testing import serve

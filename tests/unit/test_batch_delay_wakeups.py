@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 
-from engine.interface import BatchingSpec
+from engine.config.specs import BatchingSpec
 from service.core.admission import AdmissionController, AdmissionCore, BatchRule, TicketKind, TicketState
 from service.core.batching import batch_rule
 from tests.contract.harness import FakeClock

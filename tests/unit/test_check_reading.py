@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
+from engine.config.repository import ModelRepository
 from engine.errors import ModelConfigError
-from engine.repository import ModelRepository
 
 TENSORS = (
     'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'

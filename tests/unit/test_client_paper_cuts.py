@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.config.specs import TensorSpec
 from engine.errors import InvalidInputError
-from engine.interface import ModelMetadata, TensorSpec
+from engine.interface import ModelMetadata
 from tests.integration._support import demo_subset
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,11 +19,11 @@ import pytest
 from onnx import numpy_helper
 
 from demo import build_repository as builder
+from engine.config.repository import ModelRepository
 from engine.errors import ExecutionError
 from engine.interface import CancelToken
 from engine.onnxruntime_backend import OnnxRuntimeBackend, session_options
 from engine.python.backend import PythonBackend
-from engine.repository import ModelRepository
 
 PROJECT = Path(__file__).resolve().parents[2]
 CACHE = PROJECT / "demo" / ".cache"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.ensemble_graph import (
+from engine.config.ensemble_graph import (
     CYCLE_REFUSAL,
     MAX_NESTING,
     StepModel,
@@ -21,9 +21,9 @@ from engine.ensemble_graph import (
     read_steps,
     step_models,
 )
+from engine.config.repository import ModelRepository, parse_config_text
+from engine.config.specs import TensorSpec
 from engine.errors import ModelConfigError
-from engine.interface import TensorSpec
-from engine.repository import ModelRepository, parse_config_text
 
 HEAD = 'name: "e"\nplatform: "ensemble"\nmax_batch_size: 0\n'
 TENSORS = textwrap.dedent(

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine.interface import ModelSpec
+from engine.config.specs import ModelSpec
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.errors import MemoryLimit
 from service.core.events import Events

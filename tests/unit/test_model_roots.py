@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.config.files import ModelRoots, hide_paths
 from engine.errors import ModelConfigError
-from engine.repository import ModelRoots, hide_paths
 
 RULE = "must be inside the model repository or a root allowed with --allow-model-root"
 

@@ -13,8 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from engine.config.specs import ModelSpec
 from engine.errors import InvalidInputError
-from engine.interface import CancelToken, ModelSpec
+from engine.interface import CancelToken
 from engine.onnxruntime_backend import OnnxRuntimeBackend, _from_ort_output, _to_ort_input
 
 

@@ -9,9 +9,9 @@ import threading
 
 import numpy as np
 
+from engine.config.repository import ModelRepository
 from engine.interface import CancelToken
 from engine.onnxruntime_backend import OnnxRuntimeBackend
-from engine.repository import ModelRepository
 from tests.shutdown.harness import slow_rows, write_slow_onnx_model
 
 WAIT = 20.0

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from engine.interface import ModelSpec
-from engine.repository import ModelRepository
+from engine.config.repository import ModelRepository
+from engine.config.specs import ModelSpec
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.errors import AdmissionTimeout
 from service.core.lifecycle import SharedRuntime

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.config.specs import ModelSpec
 from engine.errors import ModelConfigError, ModelLoadError
-from engine.interface import ModelSpec
 from engine.python.environments import (
     PARAMETER,
     DeclaredEnvironment,

@@ -14,9 +14,10 @@ import textwrap
 
 import pytest
 
+from engine.config.fields import FIELDS, Treatment, classify_fields, rule_for
+from engine.config.repository import ModelRepository, parse_config_text
+from engine.config.specs import VersionPolicy, WarmupInput, WarmupSample
 from engine.errors import ModelConfigError
-from engine.interface import VersionPolicy, WarmupInput, WarmupSample
-from engine.repository import FIELDS, ModelRepository, Treatment, classify_fields, parse_config_text, rule_for
 from generated import model_config_pb2
 
 HEAD = 'name: "m"\nbackend: "fixture"\nmax_batch_size: 8\n'

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import repository as reader
+from engine.config import repository as reader
+from engine.config.repository import ModelRepository, check_model_name
 from engine.errors import ModelConfigError
-from engine.repository import ModelRepository, check_model_name
 from service.model_control import folder_fingerprint
 
 CONFIG = 'name: "{name}"\nbackend: "{backend}"\nmax_batch_size: 0\n'

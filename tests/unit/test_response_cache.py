@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.interface import ModelMetadata, TensorSpec
+from engine.config.specs import TensorSpec
+from engine.interface import ModelMetadata
 from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
 from service.core.lifecycle import ModelState

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.config.repository import ModelRepository
 from engine.errors import ModelConfigError
-from engine.repository import ModelRepository
 
 TENSORS = (
     'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'

@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
+from engine.config.specs import SequenceControl, SequenceSpec, SequenceState
+from engine.errors import RequestRescheduled
 from engine.interface import CancelToken
-from engine.sequence_config import RequestRescheduled, SequenceControl, SequenceSpec, SequenceState
 from service.core.errors import AdmissionTimeout, RequestCancelled
 from service.core.sequences import (
     AssignedId,

@@ -10,7 +10,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from engine.interface import ModelMetadata, TensorSpec
+from engine.config.specs import TensorSpec
+from engine.interface import ModelMetadata
 from generated import grpc_service_pb2 as pb
 from service import shared_memory
 from service.cli import build_parser, option_fields

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.repository import ModelRepository
+from engine.config.repository import ModelRepository
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.errors import ModelNotFound
 from service.core.lifecycle import ModelState, SharedRuntime

@@ -9,10 +9,11 @@ import threading
 import numpy as np
 import pytest
 
+from engine.config.specs import ModelSpec, TensorSpec, WarmupInput, WarmupSample
+from engine.config.warmup import RANDOM_BYTES_LENGTH, sample_inputs
 from engine.errors import ExecutionError, ModelConfigError
-from engine.interface import CancelToken, Context, ModelMetadata, ModelSpec, TensorSpec, WarmupInput, WarmupSample
+from engine.interface import CancelToken, Context, ModelMetadata
 from engine.testing.fixture import Defect, FixtureBackend, FixtureControls
-from engine.warmup import RANDOM_BYTES_LENGTH, sample_inputs
 from service.core.errors import SHUTDOWN_CANCEL_REASON, ShuttingDown
 from service.core.warmup import WarmupFailed, warm_up
 
