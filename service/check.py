@@ -568,7 +568,7 @@ def load_steps(registry: ModelRegistry, name: str, seen: set[str], depth: int = 
     config = entries[-1].spec.config if entries else None
     if config is None or entries[-1].spec.backend != "ensemble":
         return []
-    assert isinstance(config, ModelConfig)  # engine.repository parses it into one
+    assert isinstance(config, ModelConfig)  # engine.config.repository parses it into one
     tried: list[str] = []
     for step in dict.fromkeys(block.model_name for block in config.ensemble_scheduling.step):
         if step in seen:

@@ -1,7 +1,7 @@
 """Ensembles (config.pbtxt `platform: "ensemble"`): a model whose engine runs other models as a data flow.
 
 The ensemble is an ordinary registered model (its entry, state, statistics, admission) whose backend is
-`EnsembleBackend`. Its graph is read and checked when its configuration is read (engine/ensemble_graph.py
+`EnsembleBackend`. Its graph is read and checked when its configuration is read (engine/config/ensemble_graph.py
 `read_steps`) and checked again when it loads, by every path (startup, RepositoryModelLoad, RegisterModel, poll
 mode, a load with files): first the ensembles' call graph (`call_graph_refusal`: no cycle through ensembles, no
 chain of ensembles deeper than MAX_NESTING), then against its step models (`check_against_models`: every step
@@ -93,7 +93,7 @@ class EnsembleBackend(Backend):
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         """Check the ensembles' call graph from this one (no cycle through ensembles, no chain deeper than
-        MAX_NESTING: engine/ensemble_graph.py call_graph_refusal), then its graph against its step models as
+        MAX_NESTING: engine/config/ensemble_graph.py call_graph_refusal), then its graph against its step models as
         registered now. Raises ModelConfigError naming the cycle, or the step and the problem (ModelLoadError for
         a step model that failed). Does not load the step models (each loads on its first call, as usual)."""
         if self._dataplane is None:

@@ -108,7 +108,7 @@ def model_enables_cache(config: Any) -> bool:  # a ModelConfig message (or None)
 def served_name(model: str, version: str) -> str:
     """The cache's name for one served version of a model: versions are entries of their own (their own
     generation, dropped apart), so two versions of a model never drop each other's answers."""
-    return f"{model}\x00{version}"  # NUL: never part of a model name (engine/repository.py check_model_name)
+    return f"{model}\x00{version}"  # NUL: never part of a model name (engine/config/repository.py check_model_name)
 
 
 def request_key(request: Any, decoded: DecodedTensors, version: str) -> bytes:  # a ModelInferRequest

@@ -66,7 +66,7 @@ def model_config(name: str, view: ModelView) -> model_config_pb2.ModelConfig:
     spec, metadata = view.spec, view.metadata
     config = model_config_pb2.ModelConfig()
     if spec.config is not None:
-        assert isinstance(spec.config, model_config_pb2.ModelConfig)  # engine.repository parses it into one
+        assert isinstance(spec.config, model_config_pb2.ModelConfig)  # engine.config.repository parses it into one
         config.CopyFrom(spec.config)
     config.name = name
     if metadata is not None:

@@ -1,4 +1,4 @@
-"""docs/model-repository.md's table of config.pbtxt fields is engine/repository.py's FIELDS table, row for row."""
+"""docs/model-repository.md's table of config.pbtxt fields is engine/config/fields.py's FIELDS table, row for row."""
 
 from __future__ import annotations
 

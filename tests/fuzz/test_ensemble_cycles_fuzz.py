@@ -1,5 +1,5 @@
 """Generated call graphs of ensembles (which ensemble's steps name which model): self, mutual, long and nested
-cycles, shared steps, cycles further down. The decision (engine/ensemble_graph.py call_graph_refusal, which the
+cycles, shared steps, cycles further down. The decision (engine/config/ensemble_graph.py call_graph_refusal, which the
 server's load and `check` both use) is compared with an independent oracle (a transitive closure, no depth-first
 search), and every cycle a refusal names is checked edge by edge against the graph. Then whole repositories of
 such ensembles are served: each ensemble is READY and answers, or is listed UNAVAILABLE naming a real cycle, and

@@ -3,7 +3,7 @@ naming each other, longer ones, one further down, through a version number) is r
 cycle in Triton's words and ours, by every path: startup, RepositoryModelLoad, RegisterModel, poll mode and a load
 with files that changes a step. Nothing else is disturbed: the server stays live, other models serve, and an
 ensemble that was serving keeps serving its old steps. Also the chain limit (MAX_NESTING), and the guard that
-stops a cycle two racing reloads could still make. engine/ensemble_graph.py `call_graph_refusal` decides;
+stops a cycle two racing reloads could still make. engine/config/ensemble_graph.py `call_graph_refusal` decides;
 tests/unit/test_ensemble_graph.py checks it alone and tests/fuzz/test_ensemble_cycles_fuzz.py on generated
 graphs; the last test asks `check` (which goes through the same load path) for the same verdicts."""
 

@@ -1,5 +1,5 @@
 """A reload sees changed files (issue 33, item 3; issue 34, item 7): the decision to keep a model's engine and
-resize its pool in place compares the files the engine reads (engine.repository.files_stamp), not only their path.
+resize its pool in place compares the files the engine reads (engine.config.files.files_stamp), not only their path.
 Each backend's model file is edited, then the model is loaded again (RepositoryModelLoad in explicit mode, or a
 scan in poll mode): the next answer is the new file's, and the reconfiguration was not in place (every slot is new).
 A reload with nothing changed still keeps the engine (in place).

@@ -66,7 +66,7 @@ def test_the_refused_fields_are_those_the_error_names(repository):
 
 
 def test_the_ignored_fields_are_those_the_servers_warning_names(repository, caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.repository"):
+    with caplog.at_level(logging.WARNING, logger="engine.config.repository"):
         repository.read("ignored")
     (warning,) = [r.getMessage() for r in caplog.records if "settings ignored" in r.getMessage()]
     reading = repository.judge("ignored")

@@ -1,4 +1,4 @@
-"""The demo model repository: built by demo.build_repository, read by engine.repository, served by the ONNX
+"""The demo model repository: built by demo.build_repository, read by engine.config.repository, served by the ONNX
 Runtime backend (the python model by the python backend, in a worker process). Every model's metadata is checked
 and one real inference per model is compared with an independent computation (numpy, or a direct onnxruntime
 session for the Silero checkpoint).

@@ -1,6 +1,6 @@
-"""An ensemble's graph is checked when its configuration is read (engine/ensemble_graph.py read_steps, through the
-repository) and against its step models when it loads (check_against_models): each refusal names the step, the
-tensor or the model."""
+"""An ensemble's graph is checked when its configuration is read (engine/config/ensemble_graph.py read_steps,
+through the repository) and against its step models when it loads (check_against_models): each refusal names the
+step, the tensor or the model."""
 
 from __future__ import annotations
 
@@ -397,7 +397,7 @@ def test_a_reload_that_changes_only_the_steps_is_a_new_engine(tmp_path):
     assert after.session_key() == ModelRepository(tmp_path).read("e").session_key()  # the same steps: the same
 
 
-# ---- load order (engine/repository.py load_order) ----------------------------------------------------------------
+# ---- load order (engine/config/repository.py load_order) ------------------------------------------------------------
 
 
 def recursive_order(names: list[str], steps: dict[str, list[str]]) -> list[str]:

@@ -1,4 +1,4 @@
-"""engine.repository.ModelRoots: the one rule for where a model's files may be, and how paths are shown to
+"""engine.config.files.ModelRoots: the one rule for where a model's files may be, and how paths are shown to
 clients (issue 19, item 11). Real folders and symbolic links in tmp_path; the server-level tests are in
 tests/integration/test_model_paths.py."""
 

@@ -1,5 +1,5 @@
 """config.pbtxt as Triton writes it: every field of ModelConfig parses (list syntax included), and each set field is
-applied, refused by name with its path, or ignored with one warning naming them all (engine/repository.py FIELDS).
+applied, refused by name with its path, or ignored with one warning naming them all (engine/config/fields.py FIELDS).
 Warmup samples and the version policy are read into the ModelSpec and checked there."""
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def test_one_warning_names_every_ignored_field_and_the_model_loads(tmp_path, cap
         response_cache { enable: true }
         """
     )
-    with caplog.at_level(logging.WARNING, logger="engine.repository"):
+    with caplog.at_level(logging.WARNING, logger="engine.config.repository"):
         spec = read(tmp_path, text)
     warnings = [r.getMessage() for r in caplog.records if "settings ignored" in r.getMessage()]
     assert len(warnings) == 1, warnings
@@ -259,7 +259,7 @@ def test_one_warning_names_every_ignored_field_and_the_model_loads(tmp_path, cap
 
 def test_applied_fields_raise_no_warning(tmp_path, caplog):
     text = HEAD + TENSORS + "dynamic_batching { preferred_batch_size: [ 4 ] }\ninstance_group [ { count: 2 } ]\n"
-    with caplog.at_level(logging.WARNING, logger="engine.repository"):
+    with caplog.at_level(logging.WARNING, logger="engine.config.repository"):
         spec = read(tmp_path, text)
     assert "settings ignored" not in caplog.text
     assert spec.batching is not None and spec.instance_count == 2

@@ -1,4 +1,4 @@
-"""engine/sequence_config.py through the repository reader: `iterative_sequence`, and `oldest` without a batch
+"""engine/config/sequence_batching.py through the repository reader: `iterative_sequence`, and `oldest` without a batch
 dimension or without max_candidate_sequences, read as Triton 2.51 takes them (issue 34 items 5 and 6); the
 settings that cannot work refused naming the field."""
 
