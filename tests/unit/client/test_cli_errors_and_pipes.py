@@ -20,7 +20,7 @@ from engine.errors import InvalidInputError
 from engine.interface import ModelMetadata, TensorSpec
 from tests.integration._support import demo_subset
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUN_LIMIT = 120.0
 
 

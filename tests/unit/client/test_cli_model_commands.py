@@ -20,7 +20,7 @@ import pytest
 from client import ClientError
 from demo.build_repository import MODEL_NAMES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUN_LIMIT = 120.0  # seconds a CLI process may take before the test fails (interpreter start included)
 
 

@@ -25,7 +25,7 @@ from engine.onnxruntime_backend import OnnxRuntimeBackend, session_options
 from engine.python.backend import PythonBackend
 from engine.repository import ModelRepository
 
-PROJECT = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parents[3]
 CACHE = PROJECT / "demo" / ".cache"
 
 

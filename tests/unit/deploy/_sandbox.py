@@ -1,7 +1,7 @@
 """A pod's filesystem for one slotserve container, on this machine: run as `unshare --mount --net
---propagation private -- python -m tests.unit._deploy_sandbox SPEC.json` (root), it builds the container's view
+--propagation private -- python -m tests.unit.deploy._sandbox SPEC.json` (root), it builds the container's view
 in a private mount namespace, starts the server in it as the manifest's user, asks it ServerReady, and prints one
-JSON object (the result) on stdout. tests/unit/test_deploy_manifests_start.py writes the spec from a manifest.
+JSON object (the result) on stdout. tests/unit/deploy/test_manifests_start.py writes the spec from a manifest.
 
 The view:
 
@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 READY_SECONDS = 120.0  # the server loads its models first; a loaded machine gets a wide margin
 STOP_SECONDS = 60.0
 SETUP_FAILED = 77

@@ -25,7 +25,7 @@ from service.cli import build_parser
 from service.options import ServerOptions
 from service.server import SHUTDOWN_MARGIN
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DEPLOY_README = DEPLOY / "README.md"

@@ -3,7 +3,7 @@
 deploy/kubernetes/*.yaml set `readOnlyRootFilesystem: true` and mounted nothing on /tmp, and the server died at
 startup (`FileNotFoundError: No usable temporary directory found`: `tempfile.gettempdir()` for the folder of loads
 with files). Parsing the manifests (test_deploy_manifests.py) could not see it. Here each container is run as its
-manifest says: a private mount namespace (tests/unit/_deploy_sandbox.py) where the root is read-only when the
+manifest says: a private mount namespace (tests/unit/deploy/_sandbox.py) where the root is read-only when the
 manifest says so, only the manifest's volumes are mounted (and writable unless `readOnly`), the server runs as the
 manifest's uid, gid and fsGroup with the container's `args`; it must answer ServerReady with every model READY,
 write nothing at startup outside /dev/shm (python models' tensors), stop on SIGTERM with status 0, and, where the
@@ -27,8 +27,8 @@ from google.protobuf import json_format, text_format
 
 from generated import model_config_pb2
 from tests.integration._support import require_demo
-from tests.unit._deploy_sandbox import SETUP_FAILED
-from tests.unit.test_deploy_manifests import ROOT, manifest_documents, pod_specs, value_of
+from tests.unit.deploy._sandbox import SETUP_FAILED
+from tests.unit.deploy.test_manifests import ROOT, manifest_documents, pod_specs, value_of
 
 IMAGE_GID = 10001  # deploy/Dockerfile: USER 10001:10001
 TOKEN = "0123456789abcdef0123456789abcdef"
@@ -149,7 +149,7 @@ def run_sandbox(tmp_path: Path, spec: dict) -> dict:
     spec_file.write_text(json.dumps(spec))
     done = subprocess.run(
         ["unshare", "--mount", "--net", "--propagation", "private", "--", sys.executable]
-        + ["-m", "tests.unit._deploy_sandbox", str(spec_file)],
+        + ["-m", "tests.unit.deploy._sandbox", str(spec_file)],
         cwd=ROOT,
         capture_output=True,
         text=True,

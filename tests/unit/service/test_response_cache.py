@@ -264,7 +264,7 @@ def test_concurrent_puts_and_gets_keep_the_byte_count_exact():
 
 
 def test_a_negative_response_cache_size_is_refused_naming_the_flag():
-    from tests.unit.test_flag_ranges import options_from
+    from tests.unit.service.test_flag_ranges import options_from
 
     with pytest.raises(ValueError, match=r"--response-cache-bytes must be >= 0, got -1"):
         options_from("--response-cache-bytes", "-1")
@@ -274,7 +274,7 @@ def test_a_negative_response_cache_size_is_refused_naming_the_flag():
 
 @pytest.mark.parametrize("value", ["nan", "1.5", "lots"])
 def test_a_response_cache_size_that_is_not_an_integer_is_refused_naming_the_flag(value, capsys):
-    from tests.unit.test_flag_ranges import options_from
+    from tests.unit.service.test_flag_ranges import options_from
 
     with pytest.raises(SystemExit):
         options_from("--response-cache-bytes", value)
@@ -283,7 +283,7 @@ def test_a_response_cache_size_that_is_not_an_integer_is_refused_naming_the_flag
 
 
 def test_the_response_cache_is_off_unless_given_bytes():
-    from tests.unit.test_flag_ranges import options_from
+    from tests.unit.service.test_flag_ranges import options_from
 
     assert options_from().response_cache_bytes == 0
     assert options_from("--response-cache-bytes", "1048576").response_cache_bytes == 1048576

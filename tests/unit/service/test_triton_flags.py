@@ -25,7 +25,7 @@ from service.options import ServerOptions
 from service.triton_flags import BY_NAME, TRITON_FLAGS, Kind, log_level
 from tests.differential.reference import find_installation
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MIGRATING = ROOT / "docs" / "migrating-from-triton.md"
 
 

@@ -269,7 +269,7 @@ def test_an_environment_of_numpy_1_on_the_servers_python_is_prepared(tmp_path):
         pytest.skip(MISSING_ENVIRONMENT)
     launch = Environments(tmp_path).prepare(_folder(environment.resolve()))
     assert launch.executable == str(environment.resolve() / "bin" / "python3")
-    assert launch.variables["PYTHONPATH"] == str(Path(__file__).resolve().parents[2])
+    assert launch.variables["PYTHONPATH"] == str(Path(__file__).resolve().parents[4])
     assert launch.variables["PATH"].startswith(f"{environment.resolve()}/bin:")
     assert launch.variables["PYTHONNOUSERSITE"] == "1" and "PYTHONHOME" not in launch.variables
 

@@ -14,7 +14,7 @@ import service.core.admission as admission_module
 from service.core.admission import AdmissionController, AdmissionCore, BatchRule, Refusal, TicketKind, TicketState
 from service.core.errors import AdmissionTimeout, RequestCancelled
 from tests.contract.harness import FakeClock
-from tests.unit._callers import WAIT, Caller, wait_queued, wait_until
+from tests.unit.service.core._callers import WAIT, Caller, wait_queued, wait_until
 
 REQUEST, MANAGER = TicketKind.REQUEST, TicketKind.MANAGER
 

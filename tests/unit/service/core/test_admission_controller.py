@@ -10,7 +10,7 @@ milliseconds, which is what lets a moved clock expire it). The two races are for
 clock can park a waiter inside the call it makes to re-check its deadline, outside the lock, while the rule grants
 its ticket and lets the deadline pass or cancels it; the examples after the machine force each race once.
 
-After every step, the invariants of the core (tests/unit/test_admission.py) hold for the controller too: one
+After every step, the invariants of the core (test_admission.py) hold for the controller too: one
 manager at most and never beside requests, statistics that match the leases held and the tickets queued, grants in
 arrival order, no waiter that could be granted left waiting; plus the controller's own: no slot leaked (every
 grant reaches its caller or is passed on) and no waiter left blocked (every thread whose ticket changed returns,

@@ -11,7 +11,7 @@ import pytest
 
 import service.core.admission as admission_module
 from service.core.admission import AdmissionController, TicketKind, TicketState
-from tests.unit._callers import Caller, wait_queued
+from tests.unit.service.core._callers import Caller, wait_queued
 
 REQUEST, MANAGER = TicketKind.REQUEST, TicketKind.MANAGER
 

@@ -21,7 +21,7 @@ from engine.interface import BatchingSpec
 from service.core.admission import AdmissionController, AdmissionCore, BatchRule, TicketKind, TicketState
 from service.core.batching import batch_rule
 from tests.contract.harness import FakeClock
-from tests.unit._callers import Caller, wait_queued
+from tests.unit.service.core._callers import Caller, wait_queued
 
 REQUEST = TicketKind.REQUEST
 

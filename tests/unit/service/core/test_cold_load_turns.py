@@ -10,7 +10,7 @@ import pytest
 from engine.interface import CancelToken
 from service.core.errors import RequestCancelled
 from service.core.residency import ColdLoadGuard, ColdLoadStatistics
-from tests.unit._callers import WAIT, wait_until
+from tests.unit.service.core._callers import WAIT, wait_until
 
 
 class _Acquirer:

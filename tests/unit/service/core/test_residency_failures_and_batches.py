@@ -16,7 +16,7 @@ from service.core.lifecycle import ModelState
 from service.core.residency import ColdLoadGuard, ColdLoadStatistics
 from tests.contract.harness import WAIT, FakeClock, Lab
 from tests.contract.test_batching import Batching, rows_of
-from tests.unit._callers import wait_until
+from tests.unit.service.core._callers import wait_until
 
 # ---- the cold-load guard ----------------------------------------------------------------------------------
 
