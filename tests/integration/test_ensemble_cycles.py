@@ -4,7 +4,7 @@ cycle in Triton's words and ours, by every path: startup, RepositoryModelLoad, R
 with files that changes a step. Nothing else is disturbed: the server stays live, other models serve, and an
 ensemble that was serving keeps serving its old steps. Also the chain limit (MAX_NESTING), and the guard that
 stops a cycle two racing reloads could still make. engine/ensemble_graph.py `call_graph_refusal` decides;
-tests/unit/test_ensemble_graph.py checks it alone and tests/fuzz/test_ensemble_cycles_fuzz.py on generated
+tests/unit/engine/config/test_ensemble_graph.py checks it alone and tests/fuzz/test_ensemble_cycles_fuzz.py on generated
 graphs; the last test asks `check` (which goes through the same load path) for the same verdicts."""
 
 from __future__ import annotations

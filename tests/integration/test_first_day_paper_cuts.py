@@ -20,7 +20,7 @@ from tests.integration._certs import make_pki
 from tests.integration._support import demo_subset
 from tests.python_models import REPOSITORY as PYTHON_MODELS
 from tests.shutdown.harness import ServerProcess, write_fixture_model
-from tests.unit.test_client_paper_cuts import run_client
+from tests.unit.client.test_cli_errors_and_pipes import run_client
 
 
 @pytest.fixture(scope="module")

@@ -225,7 +225,7 @@ def test_unusable_files_dir_is_refused_at_startup(tmp_path):
 
 
 def test_a_missing_files_dir_is_made_by_the_first_load_with_files_not_at_startup(tmp_path):
-    """Nothing is written at startup (a read-only root filesystem starts: tests/unit/test_deploy_manifests_start.py);
+    """Nothing is written at startup (a read-only root filesystem starts: tests/unit/deploy/test_manifests_start.py);
     the folder is made when a load with files needs it."""
     repository = demo_subset(tmp_path / "repository")
     files_dir = tmp_path / "volume" / "model-files"

@@ -392,7 +392,7 @@ def small_limit(monkeypatch):
 
 def test_a_stream_past_its_limit_of_requests_in_flight_reads_on_as_they_finish(tmp_path, controls, small_limit):
     """With the per-stream limit at two and a model of eight slots held at its gate, five requests sent on one
-    stream: two run (the others wait unread: tests/unit/test_stream_requests.py shows the pause); released, all
+    stream: two run (the others wait unread: tests/unit/service/test_stream_requests.py shows the pause); released, all
     five are answered, in order."""
     _plain_model(tmp_path, "m", slots=8)
     with serve(
