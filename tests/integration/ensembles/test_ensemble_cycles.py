@@ -18,7 +18,7 @@ import pytest
 
 from generated import grpc_service_pb2 as pb
 
-from ._support import CALL_TIMEOUT, client_error, rpc_error, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, client_error, rpc_error, stub, write_fixture_model
 from .test_ensembles import F, ensemble_config, start_fixture_server, write_ensemble
 
 X = np.ones(2, "f")

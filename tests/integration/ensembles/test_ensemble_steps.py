@@ -18,8 +18,8 @@ from engine.errors import DeviceFailedError, ModelLoadError
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 
-from ._shm import ShmObject, in_region, register
-from ._support import CALL_TIMEOUT, write_fixture_model
+from .._shm import ShmObject, in_region, register
+from .._support import CALL_TIMEOUT, write_fixture_model
 from .test_ensembles import F, fixture_repository, start_fixture_server, wait_until, write_diamond, write_ensemble
 
 JOIN_R = "step 3 (model 'join_r')"

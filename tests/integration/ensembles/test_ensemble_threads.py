@@ -19,7 +19,7 @@ import pytest
 from engine.errors import ExecutionError
 from generated import grpc_service_pb2 as pb
 
-from ._support import CALL_TIMEOUT, client_error, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, client_error, stub, write_fixture_model
 from .test_ensembles import F, start_fixture_server, wait_until, write_ensemble
 
 # docs/ensembles.md states the bound: each request's own thread plus at most 8 helpers per loaded ensemble
@@ -106,7 +106,7 @@ def test_the_bound_is_the_documented_one():
     import service.ensemble
 
     assert service.ensemble.STEP_HELPERS == HELPERS
-    page = (Path(__file__).resolve().parents[2] / "docs" / "ensembles.md").read_text()
+    page = (Path(__file__).resolve().parents[3] / "docs" / "ensembles.md").read_text()
     assert f"at most {HELPERS} helper threads" in page
 
 

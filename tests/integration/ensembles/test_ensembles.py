@@ -21,7 +21,7 @@ from engine.errors import ExecutionError
 from engine.testing.fixture import FixtureBackend
 from service.testing import serve
 
-from ._support import write_fixture_model
+from .._support import write_fixture_model
 
 
 def ensemble_config(name: str, inputs, outputs, steps, max_batch_size: int = 0) -> str:

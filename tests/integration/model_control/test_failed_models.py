@@ -11,7 +11,7 @@ import pytest
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, client_error, rpc_error, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, client_error, rpc_error, stub, write_fixture_model
 
 TENSORS = {"inputs": [("X", "FP32", [4])], "outputs": [("Y", "FP32", [4])]}
 LIST_SYNTAX_GOOD = """

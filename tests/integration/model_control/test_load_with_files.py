@@ -15,7 +15,7 @@ from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, client_error, demo_subset, require_demo, rpc_error, stub
+from .._support import CALL_TIMEOUT, client_error, demo_subset, require_demo, rpc_error, stub
 
 IDENTITY = "identity_fp32"
 VALUES = np.arange(6, dtype=np.float32).reshape(1, 6)

@@ -23,8 +23,8 @@ from generated import grpc_service_pb2 as pb
 from service.testing import RunningServer, serve
 from tests.contract.harness import write_fixture_model
 
-from ._support import CALL_TIMEOUT, client_error, stub
-from ._support import write_fixture_model as write_declared_model
+from .._support import CALL_TIMEOUT, client_error, stub
+from .._support import write_fixture_model as write_declared_model
 
 WAIT = 10.0
 INPUT = {"INPUT0": np.arange(4, dtype=np.float32)}

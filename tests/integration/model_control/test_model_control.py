@@ -18,8 +18,8 @@ import pytest
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, client_error, demo_subset, rpc_error, stub
-from ._support import write_fixture_model as write_declared_model
+from .._support import CALL_TIMEOUT, client_error, demo_subset, rpc_error, stub
+from .._support import write_fixture_model as write_declared_model
 
 INPUT = {"INPUT0": np.arange(4, dtype=np.float32)}
 HOUR = 3600.0

@@ -30,7 +30,7 @@ from service.cli import build_parser, option_fields, security_lines
 from service.options import ServerOptions
 from service.testing import serve
 
-from ._support import ROOT, client_error
+from .._support import ROOT, client_error
 
 WIDTH = 4
 # An absolute path's folder part ("/x/y/"), not preceded by a character that would make it part of a relative one.

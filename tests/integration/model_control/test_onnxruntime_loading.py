@@ -21,7 +21,7 @@ from client import ClientError
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from service.testing import serve
 
-from ._support import client_error
+from .._support import client_error
 
 WAIT = 30.0  # seconds: bounds every wait, so a broken server fails the test instead of hanging it
 WIDTH = 4

@@ -12,7 +12,7 @@ from google.protobuf import json_format
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, demo_subset, rpc_error, stub
+from .._support import CALL_TIMEOUT, demo_subset, rpc_error, stub
 
 PYTHON_CONFIG = """name: "py"
 backend: "python"

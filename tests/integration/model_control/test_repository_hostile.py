@@ -26,7 +26,7 @@ from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, client_error, rpc_error, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, client_error, rpc_error, stub, write_fixture_model
 
 INPUT = {"INPUT0": np.arange(4, dtype=np.float32)}
 HOUR = 3600.0

@@ -20,8 +20,8 @@ from engine.testing.fixture import FixtureBackend
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ..tensorrt.support import write_scaled_onnx_with_external_weights
-from ._support import CALL_TIMEOUT, stub, write_fixture_model
+from ...tensorrt.support import write_scaled_onnx_with_external_weights
+from .._support import CALL_TIMEOUT, stub, write_fixture_model
 
 HOUR = 3600.0
 VALUES = np.arange(1, 5, dtype=np.float32)

@@ -15,7 +15,7 @@ from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, client_error, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, client_error, stub, write_fixture_model
 
 TENSORS = {"inputs": [("X", "FP32", [4])], "outputs": [("Y", "FP32", [4])]}
 BROKEN_CONFIG = 'name: "broken"\nbackend: "fixture"\ninput [ { name: "X" '

@@ -15,7 +15,7 @@ from engine.testing.fixture import FixtureBackend
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, rpc_error, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, rpc_error, stub, write_fixture_model
 
 cell = pytest.mark.cell
 

@@ -18,7 +18,7 @@ from generated import management_pb2 as mpb
 from generated import management_pb2_grpc as mpb_grpc
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, client_error, demo_subset, write_fixture_model
+from .._support import CALL_TIMEOUT, client_error, demo_subset, write_fixture_model
 
 TENSORS = {"inputs": [("X", "FP32", [4])], "outputs": [("Y", "FP32", [4])]}
 

@@ -23,7 +23,7 @@ from service.testing import serve
 from tests.shutdown.harness import ServerProcess
 from tests.shutdown.harness import write_fixture_model as write_gated_fixture_model
 
-from ._support import client_error, write_fixture_model
+from .._support import client_error, write_fixture_model
 
 TENSOR = [("INPUT0", "FP32", [-1])]
 OUT = [("OUTPUT0", "FP32", [-1])]

@@ -21,7 +21,7 @@ from engine.testing.fixture import FixtureBackend
 from service.options import ServerOptions
 from service.testing import serve
 
-from ._support import client_error, write_fixture_model
+from .._support import client_error, write_fixture_model
 
 TENSOR = [("INPUT0", "FP32", [-1])]
 OUT = [("OUTPUT0", "FP32", [-1])]
@@ -68,7 +68,7 @@ def key(name: str, **labels: str):
 
 def counter_moves(before: Samples, after: Samples) -> dict:
     """slotserve's counters (and histogram counts) whose value changed, with by how much. Triton's `nv_*` names,
-    read from the same statistics, are checked by tests/integration/test_triton_metrics.py."""
+    read from the same statistics, are checked by tests/integration/observability/test_triton_metrics.py."""
     moved = {}
     for sample_key, now in after.items():
         name = sample_key[0]

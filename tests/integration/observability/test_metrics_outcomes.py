@@ -20,7 +20,7 @@ from client import ClientError
 from engine.testing.fixture import FixtureBackend
 from generated import grpc_service_pb2 as pb
 
-from ._support import CALL_TIMEOUT, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, stub, write_fixture_model
 from .test_metrics import WAIT, counter_moves, key, poll, scrape, successes, value
 
 TENSOR = [("INPUT0", "FP32", [-1])]

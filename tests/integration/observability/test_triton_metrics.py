@@ -13,7 +13,7 @@ from engine.testing.fixture import FixtureBackend
 from service.metrics import TRITON_CACHE_COUNTERS, TRITON_COUNTERS
 from service.testing import serve
 
-from ._support import client_error, write_fixture_model
+from .._support import client_error, write_fixture_model
 
 TENSOR = [("INPUT0", "FP32", [-1])]
 OUT = [("OUTPUT0", "FP32", [-1])]

@@ -16,7 +16,7 @@ import pytest
 
 from client import ClientError
 from tests.integration._support import demo_subset
-from tests.integration.test_python_models import shared_memory_files, write_model
+from tests.integration.python_models.test_python_models import shared_memory_files, write_model
 from tests.python_models import REPOSITORY
 
 BOUND = 30.0  # seconds within which a bounded failure must arrive, however loaded the machine

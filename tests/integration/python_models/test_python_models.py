@@ -304,8 +304,8 @@ class TritonPythonModel:
 
 
 def test_a_decoupled_model_with_dynamic_batching_streams_and_refuses_model_infer_as_triton(slotserve, tmp_path):
-    """Accepted as Triton accepts it (tests/integration/test_python_decoupled_batching.py: its batches); ModelInfer is
-    refused with Triton's code and words for a decoupled model, the model intact."""
+    """Accepted as Triton accepts it (tests/integration/python_models/test_decoupled_batching.py: its batches);
+    ModelInfer is refused with Triton's code and words for a decoupled model, the model intact."""
     config = FLOAT_IO.replace("[ -1 ]", "[ 1 ]") + "max_batch_size: 4\ndynamic_batching { }\n"
     write_model(tmp_path, "batching", DECOUPLED_DOUBLER, config + "model_transaction_policy { decoupled: true }\n")
     running = slotserve(tmp_path)

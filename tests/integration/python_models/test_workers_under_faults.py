@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from client import ClientError, InferenceClient, ManagementClient
-from tests.integration.test_python_models import write_model
+from tests.integration.python_models.test_python_models import write_model
 from tests.python_models import REPOSITORY
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WAIT = 60.0
 
 FLOAT_IO = """

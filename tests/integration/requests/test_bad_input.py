@@ -13,7 +13,7 @@ import pytest
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, check_simple_response, demo_subset, rpc_error, simple_request, stub
+from .._support import CALL_TIMEOUT, check_simple_response, demo_subset, rpc_error, simple_request, stub
 
 INVALID = "INVALID_ARGUMENT"
 

@@ -23,7 +23,7 @@ from generated import grpc_service_pb2 as pb
 from service import wire
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, stub, write_fixture_model
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # Element counts: 64 KiB of BF16 exactly (the first size kept out of the message), and well past it.

@@ -23,12 +23,12 @@ from onnx import TensorProto, helper
 
 from client import InferenceClient
 
-from .test_python_models import write_model
+from ..python_models.test_python_models import write_model
 
 ELEMENTS = 2_000_000
 ELEMENT_COST = 56  # what the server counts per decoded BYTES element beyond its contents (written out here)
 COPIES = 4  # the decoded element and three copies an engine makes of it
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STRING_IO = """
 input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]

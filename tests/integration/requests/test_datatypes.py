@@ -17,7 +17,7 @@ from generated import grpc_service_pb2 as pb
 from service.tensors import decode_request
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, from_raw, numpy_dtype, raw_bytes, rpc_error, same_values, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, from_raw, numpy_dtype, raw_bytes, rpc_error, same_values, stub, write_fixture_model
 
 DATATYPES = (
     "BOOL",

@@ -16,8 +16,8 @@ from engine.testing.fixture import FixtureBackend
 from generated import grpc_service_pb2 as pb
 from service.testing import serve
 
-from ._shm import ShmObject, in_region, register
-from ._support import CALL_TIMEOUT, client_error, stub, write_fixture_model
+from .._shm import ShmObject, in_region, register
+from .._support import CALL_TIMEOUT, client_error, stub, write_fixture_model
 
 TENSOR = [("INPUT0", "FP32", [-1])]
 OUT = [("OUTPUT0", "FP32", [-1])]

@@ -24,7 +24,7 @@ from generated import model_config_pb2
 from service.options import ServerOptions
 from service.testing import serve
 
-from ._support import (
+from .._support import (
     CALL_TIMEOUT,
     ROOT,
     check_simple_response,

@@ -4,7 +4,7 @@ before the memory is taken; every request gives its share back when it ends, how
 
 BYTES elements of 2 bytes take 6 on the wire and about 56 decoded (a Python bytes object behind a pointer), which
 is how one 11 MiB request used to raise the server's peak RSS by 740 MiB; an engine copies them while it runs,
-so each is reserved four times (tests/integration/test_bytes_memory_peak.py measures the peak against it). The
+so each is reserved four times (tests/integration/requests/test_bytes_memory_peak.py measures the peak against it). The
 real server runs in this process, so the account (`Dataplane.tensor_memory.statistics()`) and tracemalloc can be
 read directly.
 """
@@ -24,7 +24,7 @@ from generated import grpc_service_pb2 as pb
 from service import wire
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, demo_subset, rpc_error, stub, write_fixture_model
+from .._support import CALL_TIMEOUT, demo_subset, rpc_error, stub, write_fixture_model
 
 REQUEST_LIMIT = 8 << 20
 IN_FLIGHT_LIMIT = 12 << 20

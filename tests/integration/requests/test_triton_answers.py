@@ -11,7 +11,7 @@ from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, check_simple_response, demo_subset, rpc_error, simple_request, stub
+from .._support import CALL_TIMEOUT, check_simple_response, demo_subset, rpc_error, simple_request, stub
 
 MIXED = "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'"
 

@@ -16,8 +16,8 @@ import numpy as np
 from engine.testing.fixture import FixtureBackend
 from service.testing import serve
 
-from ._support import write_fixture_model
-from .test_python_models import write_model
+from .._support import write_fixture_model
+from ..python_models.test_python_models import write_model
 
 WAIT = 20.0
 

@@ -27,7 +27,7 @@ from service.auth import Secret, bearer_tokens, read_token_file
 from service.options import ServerOptions
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, ROOT, demo_subset
+from .._support import CALL_TIMEOUT, ROOT, demo_subset
 
 MANAGEMENT_TOKEN = "mgmt-Tk3n.9f2c"
 INFERENCE_TOKEN = "inf-Tk3n.41ab"

@@ -20,8 +20,8 @@ from client import cli as client_cli
 from service.testing import serve
 from service.tls import TLSConfigError
 
-from ._certs import OTHER_NAME, make_pki
-from ._support import ROOT, demo_subset
+from .._certs import OTHER_NAME, make_pki
+from .._support import ROOT, demo_subset
 
 PROBE_TIMEOUT = 10.0  # a refused handshake fails at once; this only bounds a broken test
 CALL_TIMEOUT = 60.0

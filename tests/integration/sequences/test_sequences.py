@@ -13,7 +13,7 @@ from generated import grpc_service_pb2 as pb
 from service.testing import serve
 from tests.sequence_builders import expected_sums, write_accumulate, write_controls
 
-from ._support import CALL_TIMEOUT, demo_subset, rpc_error, stub
+from .._support import CALL_TIMEOUT, demo_subset, rpc_error, stub
 
 
 def sequence_request(model: str, value: int, sequence_id, *, start=False, end=False, batched=False):

@@ -27,7 +27,7 @@ from tests.sequence_models import (
     IterativeOptions,
 )
 
-from ._support import CALL_TIMEOUT, stub
+from .._support import CALL_TIMEOUT, stub
 
 NOT_CONFIGURED = (
     "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to handle "

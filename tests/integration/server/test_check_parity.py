@@ -32,7 +32,7 @@ from tests.differential.repositories import write_add_sub_repositories
 from tests.docs import migration
 from tests.python_models import REPOSITORY as PYTHON_MODELS
 
-from ._support import require_demo
+from .._support import require_demo
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper
 from service.testing import serve
 from tests.check_repositories import write_broken_ensembles, write_triton_examples
 
-from ._support import ROOT
+from .._support import ROOT
 
 CHECK_TIMEOUT = 180.0  # seconds: a loaded machine imports onnx, grpc and numpy slowly
 

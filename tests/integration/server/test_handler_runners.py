@@ -16,7 +16,7 @@ from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, write_fixture_model
+from .._support import CALL_TIMEOUT, write_fixture_model
 
 WAIT = 60.0  # "eventually" on a loaded machine
 

@@ -21,7 +21,7 @@ from service.server import Server
 from service.testing import RunningServer, serve
 from tests.shutdown.harness import refuses_new_connections
 
-from ._support import demo_subset, write_fixture_model
+from .._support import demo_subset, write_fixture_model
 
 MODEL = "echo"
 

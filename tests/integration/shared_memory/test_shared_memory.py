@@ -22,8 +22,8 @@ from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.testing import serve
 
-from ._shm import ShmObject, descriptors, in_region, mappings, register, wait_until
-from ._support import CALL_TIMEOUT, demo_subset, rpc_error, write_fixture_model
+from .._shm import ShmObject, descriptors, in_region, mappings, register, wait_until
+from .._support import CALL_TIMEOUT, demo_subset, rpc_error, write_fixture_model
 
 PREFIX = "/slotserve_test_"
 MAX_BYTES = 8 << 20  # --shared-memory-max-bytes of the module's server

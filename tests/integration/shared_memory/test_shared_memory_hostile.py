@@ -24,8 +24,8 @@ from client import ClientError
 from generated import grpc_service_pb2 as pb
 from tests.shutdown.harness import FileGates, ServerProcess, assert_ok, outcome, write_fixture_model
 
-from ._shm import ShmObject, descriptors, in_region, mappings, register, wait_until
-from ._support import CALL_TIMEOUT, rpc_error
+from .._shm import ShmObject, descriptors, in_region, mappings, register, wait_until
+from .._support import CALL_TIMEOUT, rpc_error
 
 PREFIX = "/slotserve_test_"
 REGION_OFFSET = 4096  # every region starts one page into its object ...

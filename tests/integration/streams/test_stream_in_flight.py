@@ -22,7 +22,7 @@ from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.testing import serve
 
-from ._support import CALL_TIMEOUT, demo_subset, write_fixture_model
+from .._support import CALL_TIMEOUT, demo_subset, write_fixture_model
 
 WAIT = 60.0  # "eventually" on a loaded machine
 
@@ -417,8 +417,8 @@ def test_a_sequence_start_waiting_for_a_slot_does_not_hold_up_the_streams_open_s
     end. A's requests run while B's start waits (the old stream held everything behind B's start, A never ended,
     and the stream ran out of time); B runs once A ended. Answers in the order of the requests, each sequence with
     its own running sum."""
-    from tests.integration.test_sequences import output as sequence_output
-    from tests.integration.test_sequences import sequence_request
+    from tests.integration.sequences.test_sequences import output as sequence_output
+    from tests.integration.sequences.test_sequences import sequence_request
     from tests.sequence_builders import write_accumulate
 
     write_accumulate(tmp_path, "acc", slots=1)
@@ -437,8 +437,8 @@ def test_many_requests_of_interleaved_sequences_sent_together_keep_each_sequence
     slots (a sequence slot each: see docs/sequences.md for more sequences than slots on one stream): requests of
     one sequence run one after another in the order sent (each answer is its running sum), requests of different
     sequences at once."""
-    from tests.integration.test_sequences import output as sequence_output
-    from tests.integration.test_sequences import sequence_request
+    from tests.integration.sequences.test_sequences import output as sequence_output
+    from tests.integration.sequences.test_sequences import sequence_request
     from tests.sequence_builders import expected_sums, write_accumulate
 
     write_accumulate(tmp_path, "acc", slots=3)

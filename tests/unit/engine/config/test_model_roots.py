@@ -1,6 +1,6 @@
 """engine.repository.ModelRoots: the one rule for where a model's files may be, and how paths are shown to
 clients (issue 19, item 11). Real folders and symbolic links in tmp_path; the server-level tests are in
-tests/integration/test_model_paths.py."""
+tests/integration/model_control/test_model_paths.py."""
 
 from __future__ import annotations
 
