@@ -99,7 +99,7 @@ SUBSETS: dict[str, list[str]] = {
         "tests/unit/service/core/test_idle_reaper.py",
         "tests/unit/service/core/test_cold_load_failure.py",
         "tests/contract/test_residency.py",
-        "tests/contract/test_residency_more.py",
+        "tests/contract/test_residency_refusals_and_budget.py",
         "tests/contract/test_two_a_loading_b_ready.py",
         "tests/contract/test_ops_loading.py",
     ],
