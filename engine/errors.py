@@ -2,7 +2,7 @@
 
 Engines raise these; they carry no transport data. Each class a client may see names its reason (`error_reason`,
 as the server core's errors do: service/core/errors.py); the server maps each reason to a status code in one table
-(`service/status_codes.py`). One without a reason (EngineError, ExecutionError) reaches the client as INTERNAL
+(`service/transport/status_codes.py`). One without a reason (EngineError, ExecutionError) reaches the client as INTERNAL
 with a generic message. Messages name the problem for the client: they must not contain stack traces or
 internal paths beyond the model's own files.
 """

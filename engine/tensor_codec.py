@@ -24,7 +24,8 @@ MAX_RANK = 64
 
 # What a decoded BYTES element costs beyond its contents: its pointer in the object array (8 bytes) and a Python
 # bytes object's header (33 bytes), rounded up by the allocator (to 16 bytes) -- 56 bytes for an element of up to
-# 14 bytes, which took 4 + its length on the wire. Used to bound memory before decoding (service/tensor_memory.py).
+# 14 bytes, which took 4 + its length on the wire. Used to bound memory before decoding
+# (service/transport/tensor_memory.py).
 BYTES_ELEMENT_COST = 8 + 33 + 15
 
 

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from engine.interface import Backend
 
-from .options import ServerOptions
-from .server import Server
+from .process.options import ServerOptions
+from .process.server import Server
 
 if TYPE_CHECKING:  # the client package is imported when a server starts, not with this module
     from client import InferenceClient, ManagementClient

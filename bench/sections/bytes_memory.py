@@ -27,8 +27,8 @@ MODEL = "simple_identity"
 ELEMENT = b"ab"
 # Element counts: about 11 MiB and 23 MiB on the wire, then one past the default per-request limit. The estimate
 # reserves each element BYTES_COPIES (4) times its decoded cost (56 bytes plus its 2 bytes of contents: the decoded
-# element and the engine's copies, service/tensors.py), 232 bytes an element: 1 GiB admits about 4.6 million, so
-# 5.9 million (the second request, 34 MiB on the wire) is refused before it is decoded.
+# element and the engine's copies, service/transport/tensors.py), 232 bytes an element: 1 GiB admits about 4.6 million,
+# so 5.9 million (the second request, 34 MiB on the wire) is refused before it is decoded.
 POINTS = (1_900_000, 4_000_000, 5_900_000)
 MIB = 1024 * 1024
 

@@ -4,7 +4,7 @@ shared memory (perf_analyzer `--shared-memory system`) against the gRPC path, on
 
 MB/s = request payload bytes per second (the output carries as many back). With shared memory the tensor is copied
 three times: the server reads the input out of the client's object (`os.preadv` through its descriptor; it never
-maps a region, see service/shared_memory.py), ONNX Runtime's Identity writes its output, and the server writes
+maps a region, see service/transport/shared_memory.py), ONNX Runtime's Identity writes its output, and the server writes
 that into the output region (`os.pwrite`). So the rate is bound by how fast the machine copies memory; beside
 memcpy the section measures those two kernel copies on a /dev/shm object of the same size, and names the page size
 of /dev/shm (its `huge=` mount option): on 4 KiB pages the kernel looks up and copies every page on its own, at

@@ -240,9 +240,9 @@ def _profiles(args, servers: dict, pa: PerfAnalyzer) -> dict:
 
 # Leaf frames by kind, first match wins: where a GIL-holding thread's time goes. wake-ups: sem_post, futex and
 # condition calls (waking or waiting for another thread); sockets: sendmsg, recvmsg, read, write, epoll, eventfd;
-# grpcio: its Python and Cython code; handler pool: service/handler_threads.py or bench/transport/watchdog_pool.py;
-# slotserve: service/, engine/, the prototypes' adapter (and the bare server's handler); threading: threading.py,
-# queue.py, concurrent.futures.
+# grpcio: its Python and Cython code; handler pool: service/process/handler_threads.py or
+# bench/transport/watchdog_pool.py; slotserve: service/, engine/, the prototypes' adapter (and the bare server's
+# handler); threading: threading.py, queue.py, concurrent.futures.
 _BUCKETS = (
     ("wake-ups", ("sem_post", "sem_wait", "sem_trywait", "syscall (", "pthread_cond")),
     ("sockets", ("sendmsg", "recvmsg", "write (libc", "read (libc", "epoll", "eventfd")),

@@ -143,7 +143,7 @@ class TritonServer:
 
 def probe_behind_stalled_calls(address: str, stalled: int = 4, timeout: float = 3.0) -> float | None:
     """Seconds a ServerReady call takes while `stalled` ModelInfer calls have sent their headers and never their
-    message (what service/handler_threads.py guards against); None when it did not answer within `timeout`."""
+    message (what service/process/handler_threads.py guards against); None when it did not answer within `timeout`."""
     import threading
 
     release = threading.Event()

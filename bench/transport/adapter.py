@@ -1,11 +1,11 @@
-"""The one place the transport prototypes touch slotserve's API (keep it small: service/dataplane.py and
-service/wire.py are being reworked, and this module is what would follow them).
+"""The one place the transport prototypes touch slotserve's API (keep it small: service/request_path/dataplane.py and
+service/transport/wire.py are being reworked, and this module is what would follow them).
 
 It builds slotserve's real core from a slotserve command line (the registry, the dataplane with its tensor
-memory account, admission, statistics: `service.server.Server` without its gRPC server) and its real
+memory account, admission, statistics: `service.process.server.Server` without its gRPC server) and its real
 `InferenceServicer`, and lets a front end call any unary method of it with bytes in and bytes out, through
 `ShimContext`, a synchronous stand-in for grpc's ServicerContext: the servicer's own checks, CallTracker (its
-cancel token), status mapping and ModelInfer's wire (de)serializers (service/wire.py) all run unchanged.
+cancel token), status mapping and ModelInfer's wire (de)serializers (service/transport/wire.py) all run unchanged.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import grpc
 from google.protobuf import message_factory
 
 from generated import grpc_service_pb2 as pb
-from service.auth import Authenticator
-from service.cli import build_parser, option_fields
-from service.options import ServerOptions
-from service.server import VERSION, Server
-from service.servicers.common import AccessGate
-from service.servicers.inference import InferenceServicer
-from service.wire import parse_infer_request, serialize_infer_response
+from service.process.cli import build_parser, option_fields
+from service.process.options import ServerOptions
+from service.process.server import VERSION, Server
+from service.transport.auth import Authenticator
+from service.transport.servicers.common import AccessGate
+from service.transport.servicers.inference import InferenceServicer
+from service.transport.wire import parse_infer_request, serialize_infer_response
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 SERVICE_NAME = SERVICE.full_name

@@ -42,8 +42,8 @@ def parse_args(argv):
 
 
 def handlers(dispatcher: Dispatcher) -> grpc.GenericRpcHandler:
-    """A grpc.aio handler per unary method: deserialized by grpc (ModelInfer through service/wire.py), answered
-    with the bytes the dispatcher returns."""
+    """A grpc.aio handler per unary method: deserialized by grpc (ModelInfer through service/transport/wire.py),
+    answered with the bytes the dispatcher returns."""
 
     def make(name: str):
         async def handle(request, context):

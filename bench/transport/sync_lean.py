@@ -4,7 +4,7 @@ threads (default: the CPUs this process may run on) in place of slotserve's thre
     python -m bench.transport.sync_lean [--workers N] [--watchdog-ms MS] -- SLOTSERVE FLAGS...
 
 Everything else is `python -m service` unchanged (prints `slotserve listening on ...`). What it gives up is why
-service/handler_threads.py exists: with a fixed pool, calls that never send their message hold the threads and
+service/process/handler_threads.py exists: with a fixed pool, calls that never send their message hold the threads and
 every later call (health probes included) waits behind them.
 """
 
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
         "finished call a thread for each waiting call (design 3c)",
     )
     from bench.transport.adapter import split_argv
-    from service import cli, server
+    from service.process import cli, server
 
     own, flags = split_argv(argv)
     args = parser.parse_args(own)

@@ -3,7 +3,7 @@ silence the server: `runners` threads take calls in arrival order; when calls wa
 `stall_s` seconds (every runner is stuck: a client that sent its headers and not its message, a call waiting for
 a slot), a watchdog starts one more thread for each call waiting then, which ends after that call.
 
-Design 3c of the transport section. What it keeps of service/handler_threads.py: a call is never left waiting
+Design 3c of the transport section. What it keeps of service/process/handler_threads.py: a call is never left waiting
 behind stalled calls for much longer than `stall_s` (two ticks at most). What it changes: under load
 calls wait in this queue instead of each holding a thread, so at most `runners` threads compete for the GIL.
 """

@@ -177,8 +177,8 @@ def _find_cycle(
 # ---- the ensembles' call graph ---------------------------------------------------------------------------------
 
 # The longest chain of ensembles calling ensembles that loads. Each level runs its first ready step on the calling
-# thread (service/ensemble.py), about 10 Python frames deeper per level (measured: 24 frames at the step model of
-# one ensemble, 174 at the end of a chain of 16); 16 levels stay far below Python's recursion limit (1000).
+# thread (service/request_path/ensemble.py), about 10 Python frames deeper per level (measured: 24 frames at the step
+# model of one ensemble, 174 at the end of a chain of 16); 16 levels stay far below Python's recursion limit (1000).
 MAX_NESTING = 16
 
 CYCLE_REFUSAL = "circular dependency between ensembles"  # Triton's words, which every cycle refusal starts with

@@ -315,7 +315,8 @@ def _decoupled_sequence_refusals(config: model_config_pb2.ModelConfig) -> list[t
 
 def _decoupled_refusals(config: model_config_pb2.ModelConfig, backend: str | None) -> list[tuple[str, str]]:
     """Only python models answer through response senders; another backend's decoupled model is refused. An
-    ensemble's flag is Triton's to set: decoupled exactly when a step is (service/ensemble.py), whatever it says."""
+    ensemble's flag is Triton's to set: decoupled exactly when a step is (service/request_path/ensemble.py), whatever it
+    says."""
     if not config.model_transaction_policy.decoupled or (backend or config.backend) == "python":
         return []
     if config.platform == "ensemble":

@@ -142,7 +142,7 @@ class ModelSpec:
     batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
     version_policy: VersionPolicy = VersionPolicy()  # every version it selects is served (its own spec)
     warmup: tuple[WarmupSample, ...] = ()  # run on every slot before the pool is published
-    response_cache: bool = False  # `response_cache { enable: true }` (service/response_cache.py)
+    response_cache: bool = False  # `response_cache { enable: true }` (service/request_path/response_cache.py)
     sequence: SequenceSpec | None = None  # sequence_batching (engine/config/sequence_batching.py); None: no sequences
     config: object = field(default=None, compare=False, repr=False)
     roots: ModelRoots | None = field(default=None, compare=False, repr=False)

@@ -1,6 +1,6 @@
 """Where a request's thread blocks on work done elsewhere, so that the pool that lent the thread may lend another.
 
-The gRPC server runs calls on a few runner threads (service/handler_threads.py): fewer threads taking turns on
+The gRPC server runs calls on a few runner threads (service/process/handler_threads.py): fewer threads taking turns on
 the GIL make small requests cheaper. A call whose thread waits for an engine (ONNX Runtime or TensorRT computing
 with the GIL released, a python model's worker process, an ensemble's steps) or for a stream's next message is
 not using its runner's turn, and a model with many slots needs as many calls in its engine at once. Such waits
@@ -23,7 +23,8 @@ from typing import Protocol
 
 
 class Lender(Protocol):
-    """What lent the current thread (service/handler_threads.py): told when the thread begins and ends a wait."""
+    """What lent the current thread (service/process/handler_threads.py): told when the thread begins and ends a
+    wait."""
 
     def step_aside(self) -> None: ...
 

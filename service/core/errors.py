@@ -1,6 +1,6 @@
 """Domain errors of the server core. They carry no transport data. Each class a client may see names its reason
 (`error_reason`, the word of the google.rpc.ErrorInfo the client gets and of the request's outcome in statistics,
-metrics and log lines; a subclass without one has its base's); `service/status_codes.py` maps each reason to a
+metrics and log lines; a subclass without one has its base's); `service/transport/status_codes.py` maps each reason to a
 gRPC status code in one table.
 
 Messages are written for the client: they name the model and the problem, never internal details.
@@ -120,7 +120,8 @@ class ModelConfigFailed(ModelNotLoadedYet):
 
 class ModelNotLoadedByControl(ServiceError):
     """A request for an unloaded model in a model-control mode where requests do not load models (none,
-    explicit, poll: service/model_control.py). UNAVAILABLE; `why` names the mode and what loads the model."""
+    explicit, poll: service/request_path/model_control.py). UNAVAILABLE; `why` names the mode and what loads the
+    model."""
 
     error_reason = "model_not_loaded"
 

@@ -2,9 +2,9 @@
 (`server_busy`, `residency_limit`, `invalid_request_error`, ...), or `failed` for an internal error.
 
 The vocabulary of reasons is the errors' own: every error class a client may see names its reason in the class
-attribute `error_reason` (service/core/errors.py, engine/errors.py, service/shared_memory.py); a subclass that
-sets none has its base's. `reason_of` reads it here, and the edge's one table (service/status_codes.py) maps each
-reason to a gRPC status code. Adding a reason is: set it on the class, give it a row there.
+attribute `error_reason` (service/core/errors.py, engine/errors.py, service/transport/shared_memory.py); a subclass that
+sets none has its base's. `reason_of` reads it here, and the edge's one table (service/transport/status_codes.py) maps
+each reason to a gRPC status code. Adding a reason is: set it on the class, give it a row there.
 
 The core records an outcome per request (statistics, metrics, log lines) and imports nothing of the transport.
 """

@@ -3,7 +3,7 @@
 
 Every path has one door, `run(request, deadline, cancel)`: it takes a `ModelRequest` (service/core/requests.py)
 and yields `RunResult`s, one per answer, and for a streaming run its `StreamEnd` while the slot is still held. The
-dataplane (service/dataplane.py) encodes and counts them the same way whatever the path:
+dataplane (service/request_path/dataplane.py) encodes and counts them the same way whatever the path:
 
 * `DirectPath`: a slot of the model's own (`ModelEntry.acquire_lease`), the run alone on it; a streaming
   (decoupled) model's answers on a stream, the slot held until the last is taken.

@@ -49,8 +49,8 @@ from .lifecycle import Barrier, ExclusiveLease, ModelEntry, ModelSettings, Model
 _LOG = logging.getLogger(__name__)
 
 MAX_SLOTS = 16
-# An ensemble's slots hold nothing (service/ensemble.py): enough that its own admission never binds before the
-# inference handler budget does; its steps' admissions throttle.
+# An ensemble's slots hold nothing (service/request_path/ensemble.py): enough that its own admission never binds before
+# the inference handler budget does; its steps' admissions throttle.
 ENSEMBLE_SLOTS = 1024
 
 
@@ -474,7 +474,8 @@ class ModelRegistry:
     ) -> None:
         """Triton's rule: an ensemble whose step model was unloaded is unloaded too (after its running requests),
         and remembered, so that loading the step model loads it again. `reason_for(ensemble)`: what it is listed
-        with then (service/ensemble.py names a failed step); None: "unloaded". A failure is logged, never raised."""
+        with then (service/request_path/ensemble.py names a failed step); None: "unloaded". A failure is logged, never
+        raised."""
         for ensemble in self._ensembles_of(step):
             if not ensemble.status().loaded:
                 continue

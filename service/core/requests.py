@@ -1,9 +1,9 @@
 """The request path's two neutral records: what a model's path runs (`ModelRequest`) and what a run gives back
 (`RunResult`, and a streaming run's `StreamEnd`).
 
-The dataplane (service/dataplane.py) makes a `ModelRequest` from a decoded request and hands it to the model's path
-(service/core/paths.py: direct, batched or sequenced, chosen when the model's configuration is committed); every
-path yields the same records, which the dataplane encodes and counts. Nothing here blocks or takes a lock.
+The dataplane (service/request_path/dataplane.py) makes a `ModelRequest` from a decoded request and hands it to the
+model's path (service/core/paths.py: direct, batched or sequenced, chosen when the model's configuration is committed);
+every path yields the same records, which the dataplane encodes and counts. Nothing here blocks or takes a lock.
 """
 
 from __future__ import annotations

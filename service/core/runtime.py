@@ -35,8 +35,8 @@ class SharedRuntime:
     cold_loads: ColdLoadGuard | None = None  # None: loads are not limited
     residency: Residency | None = None  # None: no resident-model limit or budget
     events: Events = field(default_factory=Events)  # lifecycle events: logged, and counted for the metrics
-    # --model-control-mode (service/model_control.py): "" lets a request load an unloaded model; otherwise requests
-    # never load one and are refused with this text (it names the mode and what loads the model).
+    # --model-control-mode (service/request_path/model_control.py): "" lets a request load an unloaded model; otherwise
+    # requests never load one and are refused with this text (it names the mode and what loads the model).
     lazy_load_refusal: str = ""
 
     def backend(self, spec: ModelSpec) -> Backend:

@@ -12,8 +12,8 @@ For the metrics the same record also keeps, at no extra lock, how each failed re
 service/core/outcomes.py) and histogram buckets of the queue and engine-run times of successful requests. Both
 ModelStatistics and /metrics therefore read one set of counters and always agree.
 
-Response cache (service/response_cache.py), as Triton counts it: a hit is a success (success and queue include
-it, with no queue time: it waited for no slot) and is counted under cache_hit with the time its lookup and
+Response cache (service/request_path/response_cache.py), as Triton counts it: a hit is a success (success and queue
+include it, with no queue time: it waited for no slot) and is counted under cache_hit with the time its lookup and
 answer took; it is not an inference, an execution or a compute time (compute counts exclude hits). A cacheable
 request that missed is counted as usual plus under cache_miss with the time the lookup and the insertion took.
 """

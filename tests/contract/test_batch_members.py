@@ -21,7 +21,7 @@ from engine.interface import CancelToken
 from generated import grpc_service_pb2 as pb
 from service.core.batching import BatchItem, EveryoneGaveUp, batch_key
 from service.core.errors import InvalidRequest, RequestCancelled
-from service.status_codes import describe
+from service.transport.status_codes import describe
 
 from .harness import WAIT
 from .test_batching import Batching, rows_of, run_a_held_batch, start_busy
@@ -230,8 +230,8 @@ def test_the_batch_key_ignores_the_order_of_the_requested_outputs():
 def test_the_same_outputs_asked_in_another_order_batch_together_and_other_outputs_do_not(tmp_path):
     root = tmp_path / "repository"
     _write_two_output_model(root)
-    from service.dataplane import Dataplane
-    from service.tensors import as_message, inference_request
+    from service.request_path.dataplane import Dataplane
+    from service.transport.tensors import as_message, inference_request
 
     from .harness import Lab
 

@@ -14,9 +14,9 @@ from engine.interface import CancelToken
 from generated import grpc_service_pb2 as pb
 from service.core.errors import AdmissionTimeout, RequestCancelled, ResidencyLimit
 from service.core.lifecycle import ModelState
-from service.dataplane import Dataplane
-from service.status_codes import describe
-from service.tensors import as_message, inference_request
+from service.request_path.dataplane import Dataplane
+from service.transport.status_codes import describe
+from service.transport.tensors import as_message, inference_request
 
 from .harness import FakeClock, Lab
 

@@ -52,7 +52,7 @@ def test_unsupported_capacity_on_existing_registration_keeps_everything(lab_fact
     contexts = lab.controls.live_contexts("a")
     with pytest.raises(UnsupportedSlotCount, match="at most 4") as refused:
         lab.register("a", slots=5).result()
-    from service.status_codes import describe
+    from service.transport.status_codes import describe
 
     code, _message, reason = describe(refused.value)
     assert code.name == "INVALID_ARGUMENT" and reason == "invalid_request_error"

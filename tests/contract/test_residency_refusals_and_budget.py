@@ -8,7 +8,7 @@ import pytest
 from service.core.errors import MemoryLimit, ResidencyLimit
 from service.core.lifecycle import ModelState
 from service.core.residency import ColdLoadStatistics
-from service.status_codes import describe
+from service.transport.status_codes import describe
 
 from .harness import FakeClock
 

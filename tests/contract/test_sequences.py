@@ -18,9 +18,9 @@ from generated import grpc_service_pb2 as pb
 from service.core.errors import AdmissionTimeout, RequestCancelled, ResidencyLimit, ShuttingDown
 from service.core.lifecycle import Lease, ModelState
 from service.core.sequences import SequenceNotStarted
-from service.dataplane import Dataplane
-from service.status_codes import describe
-from service.tensors import as_message, inference_request
+from service.request_path.dataplane import Dataplane
+from service.transport.status_codes import describe
+from service.transport.tensors import as_message, inference_request
 from tests.sequence_builders import expected_sums, write_accumulate, write_fixture_sequence
 
 from .harness import WAIT, Lab

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 
-from service.server import SHUTDOWN_MARGIN
+from service.process.server import SHUTDOWN_MARGIN
 from tests.shutdown.harness import ServerProcess, outcome, write_fixture_model
 
 

@@ -23,8 +23,8 @@ import pytest
 
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.core.lifecycle import ModelState
-from service.options import ServerOptions
-from service.server import Server
+from service.process.options import ServerOptions
+from service.process.server import Server
 from tests.shutdown.harness import (
     VALUES,
     WAIT,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from generated import grpc_service_pb2 as pb
-from service.dataplane import Dataplane
-from service.tensors import as_message, inference_request
+from service.request_path.dataplane import Dataplane
+from service.transport.tensors import as_message, inference_request
 
 
 def _request(model: str):

@@ -8,7 +8,7 @@ import pytest
 
 from service.core.errors import AdmissionTimeout, OverdueBlockers
 from service.core.lifecycle import ModelState
-from service.dataplane import Dataplane
+from service.request_path.dataplane import Dataplane
 
 from .harness import FakeClock
 

@@ -34,7 +34,7 @@ from google.protobuf import json_format, text_format
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
 from generated import model_config_pb2
-from service.model_control import TRITON_CONTROL_DISABLED
+from service.request_path.model_control import TRITON_CONTROL_DISABLED
 from service.testing import serve
 
 pytestmark = pytest.mark.interop

@@ -4,7 +4,8 @@ tests/docs/test_generated_pages.py fails when one is stale.
 A generated part sits between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->` in its page; the rest
 of the page is written by hand.
 
-* docs/command-line.md, `flags`: every flag of `service.cli.build_parser()`, group by group, with its default and
+* docs/command-line.md, `flags`: every flag of `service.process.cli.build_parser()`, group by group, with its default
+and
   its help as `--help` prints it.
 * docs/behaviour.md, `cells`: every cell of tests/contract/cells.tsv, with the contract's situation, what slotserve
   does (tests/contract/behaviour.tsv, our words) and the tests marked with the cell (`@pytest.mark.cell`, as
@@ -120,7 +121,7 @@ def default(action: argparse.Action) -> str:
 
 
 def command_line_page(text: str) -> str:
-    from service.cli import build_parser
+    from service.process.cli import build_parser
 
     return with_part(text, "flags", flag_tables(build_parser()), COMMAND_LINE_PAGE)
 

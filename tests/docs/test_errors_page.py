@@ -1,11 +1,11 @@
-"""docs/errors.md says what service/status_codes.py does: one row per (status, reason), naming every exception
+"""docs/errors.md says what service/transport/status_codes.py does: one row per (status, reason), naming every exception
 class that names that reason, and the internal errors apart."""
 
 from __future__ import annotations
 
 import re
 
-from service import status_codes
+from service.transport import status_codes
 from tests.docs.markdown import DOCS, table_rows
 
 PAGE = DOCS / "errors.md"
@@ -36,7 +36,7 @@ def test_every_documented_class_is_in_the_table_or_an_internal_error():
         if reason == "internal":
             assert status == "INTERNAL" and classes <= generic | {ANY_OTHER}, (status, reason, classes)
         else:
-            assert classes <= mapped, f"{classes - mapped} are not in service/status_codes.py"
+            assert classes <= mapped, f"{classes - mapped} are not in service/transport/status_codes.py"
     assert {ANY_OTHER} | generic <= set().union(*(classes for *_, classes in documented()))
 
 

@@ -45,7 +45,7 @@ def test_the_behaviour_page_is_current():
 
 
 def test_the_command_line_page_lists_every_flag_with_its_default():
-    from service.cli import build_parser
+    from service.process.cli import build_parser
 
     part = generated_part(COMMAND_LINE_PAGE.read_text(), "flags", COMMAND_LINE_PAGE)
     shown = {row[0].strip("`").split()[0]: row[1] for row in all_rows(part, "| flag |")}

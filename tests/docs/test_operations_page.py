@@ -1,5 +1,5 @@
 """docs/operations.md lists every log event with its fields and level (service/core/events.py) and every metric the
-collector serves (service/metrics.py)."""
+collector serves (service/process/metrics.py)."""
 
 from __future__ import annotations
 
@@ -37,5 +37,5 @@ def test_every_metric_is_documented():
         for row in table
         for name in re.findall(r"`(slotserve_[^`]+)`", row[0])
     }
-    served = set(re.findall(r'"(slotserve_\w+)"', (ROOT / "service" / "metrics.py").read_text()))
+    served = set(re.findall(r'"(slotserve_\w+)"', (ROOT / "service" / "process" / "metrics.py").read_text()))
     assert documented == served

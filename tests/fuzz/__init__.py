@@ -26,9 +26,10 @@ What every test asserts:
   its statistics count every OK response as exactly one success (and each refusal of a known model at most once).
 
 The fuzzer's findings are kept as explicit tests: status messages that echo long request strings
-(test_long_strings.py, fixed in service/status_codes.py), large messages with a group field
+(test_long_strings.py, fixed in service/transport/status_codes.py), large messages with a group field
 (test_undecodable_bytes.py, test_a_large_message_with_a_group_field_is_read_as_protobuf_reads_it, fixed in
-service/wire.py) and zero-element shapes too large for numpy (test_absurd_shapes.py, fixed in service/tensors.py).
+service/transport/wire.py) and zero-element shapes too large for numpy (test_absurd_shapes.py, fixed in
+service/transport/tensors.py).
 
 Undecodable bytes (random bytes, corrupted serialized requests, unknown fields of every wire type) are sent
 through a generic method with identity serializers: bytes that protobuf decodes must be treated like any request

@@ -16,7 +16,7 @@ SCALE = float(os.environ.get("SLOTSERVE_FUZZ_SCALE", "1"))
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 # gRPC's own status when a request deserializer raises (before any handler of slotserve runs).
 GRPC_DESERIALIZE_FAILURE = "Exception deserializing request!"
-# Messages slotserve gives for INTERNAL errors (service/status_codes.py); never acceptable on a stream either.
+# Messages slotserve gives for INTERNAL errors (service/transport/status_codes.py); never acceptable on a stream either.
 INTERNAL_MESSAGES = ("internal error (reference", "the model failed to execute this request")
 
 
@@ -52,7 +52,7 @@ MODELS = {
 }
 DEMO_MODELS = ("simple", "simple_identity", "identity_fp32")
 MAX_BATCH = 8
-# Widths that make a request larger than 64 KiB, so service/wire.py's own parser (not protobuf's) reads it.
+# Widths that make a request larger than 64 KiB, so service/transport/wire.py's own parser (not protobuf's) reads it.
 LARGE_WIDTH = {"simple_identity": 6_000, "identity_fp32": 20_000, "gated": 20_000}
 
 

@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import management_pb2 as mpb
 from generated import management_pb2_grpc as mpb_grpc
-from service.cli import build_parser, option_fields
-from service.options import ServerOptions
+from service.process.cli import build_parser, option_fields
+from service.process.options import ServerOptions
 from service.testing import serve
 from tests.integration._support import demo_subset, write_fixture_model
 

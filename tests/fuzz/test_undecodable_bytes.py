@@ -19,7 +19,7 @@ from .valid_requests import Case, valid_requests
 
 
 def _varint(value: int) -> bytes:
-    # Written again on purpose rather than imported from service/wire.py: the fuzzer must not share the code
+    # Written again on purpose rather than imported from service/transport/wire.py: the fuzzer must not share the code
     # it tests.
     out = bytearray()
     while value >= 0x80:
@@ -79,7 +79,7 @@ def _hostile_bytes(draw) -> bytes:
     how = draw(st.sampled_from(("random", "truncated", "flipped", "inserted", "appended", "large_appended")))
     if how == "random":
         return draw(st.binary(max_size=400))
-    if how == "large_appended":  # > 64 KiB: parsed by service/wire.py, not protobuf
+    if how == "large_appended":  # > 64 KiB: parsed by service/transport/wire.py, not protobuf
         base = draw(st.builds(_large_request, st.integers(0, 2**31)))
     else:
         base = draw(valid_requests())
@@ -110,7 +110,7 @@ def test_undecodable_bytes(running, stub):
     """Arbitrary bytes as a ModelInfer message, through a generic method with identity serializers.
 
     What is asserted, and why: if protobuf can decode the bytes, they are a ModelInferRequest like any other and
-    the answer must be an allowed status (so slotserve's own large-message parser, service/wire.py, may never
+    the answer must be an allowed status (so slotserve's own large-message parser, service/transport/wire.py, may never
     refuse what protobuf accepts, nor crash on it). If protobuf cannot decode them, the request deserializer
     raises inside grpc before any slotserve code runs, and grpc answers INTERNAL "Exception deserializing
     request!" by itself (grpc's Python server gives a handler no way to change that status); slotserve's own
@@ -154,8 +154,9 @@ def test_undecodable_bytes(running, stub):
 
 def test_a_large_message_with_a_group_field_is_read_as_protobuf_reads_it(running, stub):
     """Found by test_undecodable_bytes: a valid 80,048-byte request (identity_fp32, [1, 20000] raw FP32) with an
-    empty group of field 1 appended (b"\\x0b\\x0c") decodes with protobuf (an unknown field), but service/wire.py's
-    large-message scanner refused wire type 3 and grpc answered INTERNAL. Groups now get protobuf's verdict."""
+    empty group of field 1 appended (b"\\x0b\\x0c") decodes with protobuf (an unknown field), but
+    service/transport/wire.py's large-message scanner refused wire type 3 and grpc answered INTERNAL. Groups now get
+    protobuf's verdict."""
     method = running.client.channel.unary_unary(INFER_METHOD)
     case = _large_request(7)
     data = case.request.SerializeToString()

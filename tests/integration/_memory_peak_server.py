@@ -6,7 +6,7 @@ Serves REPOSITORY on a free port (service.testing.serve) and prints `{"port": N}
 from stdin with one JSON line: "reset" first resets the peak resident size (VmHWM) of this process and of its
 children (python models' workers) to their current size (/proc/PID/clear_refs), "read" just reads. The answer:
 `rss` and `hwm` (this process), `workers_rss` and `workers_hwm` (its children together), and the tensor memory
-account's `peak` and `in_flight` (service/tensor_memory.py). End of input stops the server.
+account's `peak` and `in_flight` (service/transport/tensor_memory.py). End of input stops the server.
 """
 
 from __future__ import annotations

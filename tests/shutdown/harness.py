@@ -38,7 +38,7 @@ from generated import grpc_service_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 20.0  # seconds any wait may take before the test fails (process start included)
-MARGIN = 2.0  # service.server.SHUTDOWN_MARGIN: handlers get this long past the grace, twice over at most
+MARGIN = 2.0  # service.process.server.SHUTDOWN_MARGIN: handlers get this long past the grace, twice over at most
 # Process slack on top of drain + grace + 2 x MARGIN: the signal handler waking the main thread, closing engines,
 # interpreter teardown. Measured exits stay well inside it (see the report printed by the tests).
 EXIT_SLACK = 3.0

@@ -2,7 +2,7 @@
 
 Each test shows what the clients receive and that the process exits with code 0 within the bound
 
-    drain + grace + 2 x 2 s (the handlers' margin, service.server.SHUTDOWN_MARGIN, twice at most) + 3 s slack
+    drain + grace + 2 x 2 s (the handlers' margin, service.process.server.SHUTDOWN_MARGIN, twice at most) + 3 s slack
     (process start/stop: the signal reaching the main thread, closing engines, interpreter teardown)
 
 measured from the signal to the exit (tests/shutdown/harness.py: exit_bound). Where the work ends within the

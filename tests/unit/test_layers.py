@@ -81,10 +81,15 @@ def test_engines_import_nothing_of_the_server_or_grpc(path):
 @pytest.mark.parametrize("module", ["dataplane.py", "stream_requests.py"])
 def test_the_dataplane_knows_no_wire_format(module):
     """One admit-and-run path over a neutral request (docs/architecture.md): the dataplane (and a stream's requests in
-    flight) import neither gRPC nor protobuf messages nor the modules that speak them (service/wire.py,
-    service/tensors.py, the servicers)."""
-    names = imported_modules(ROOT / "service" / module, "service")
-    assert _forbidden(names, NOT_IN_CORE + ("service.wire", "service.tensors", "service.servicers")) == []
+    flight) import neither gRPC nor protobuf messages nor the modules that speak them (service/transport/wire.py,
+    service/transport/tensors.py, the servicers)."""
+    names = imported_modules(ROOT / "service" / "request_path" / module, "service.request_path")
+    assert (
+        _forbidden(
+            names, NOT_IN_CORE + ("service.transport.wire", "service.transport.tensors", "service.transport.servicers")
+        )
+        == []
+    )
 
 
 SERVICE = sorted((ROOT / "service").rglob("*.py"))
@@ -108,20 +113,7 @@ def test_no_module_reaches_into_another_objects_lock_pool_or_admission_core(path
 
 # The request path's modules (docs/architecture.md "The request path"): the core, and the dataplane with the
 # features it serves through (the response cache, a stream's requests, ensembles, the server's calls to its models).
-REQUEST_PATH = [
-    *CORE,
-    *(
-        ROOT / "service" / name
-        for name in (
-            "dataplane.py",
-            "response_cache.py",
-            "stream_requests.py",
-            "ensemble.py",
-            "internal_calls.py",
-            "model_calls.py",
-        )
-    ),
-]
+REQUEST_PATH = [*CORE, *sorted((ROOT / "service" / "request_path").glob("*.py"))]
 
 
 def _module_name(path: Path) -> str:

@@ -2,7 +2,7 @@
 of Triton directly and kept as differential questions. slotserve's message starts with (or, where several inputs
 are malformed, holds) Triton's text, and says more after it where it knows more.
 
-* Malformed inputs (service/tensors.py): a raw input whose byte size does not match its shape, typed contents of
+* Malformed inputs (service/transport/tensors.py): a raw input whose byte size does not match its shape, typed contents of
   the wrong count or field, an input without data, a duplicate input, BYTES inputs with too few or too many
   elements or a cut length prefix. Where several inputs are malformed Triton names one, in an order of its own (a
   hash map's: the second of two); slotserve names each.

@@ -254,9 +254,9 @@ def test_a_cycle_that_got_past_the_load_check_is_stopped_at_its_first_turn(tmp_p
     # Two reloads racing each other could each be checked against the other's old steps. Stand in for that race
     # by switching the load check off: the running ensemble still refuses to call itself, with no thread storm
     # and no RecursionError.
-    import service.ensemble
+    import service.request_path.ensemble
 
-    monkeypatch.setattr(service.ensemble, "call_graph_refusal", lambda name, steps_of: None)
+    monkeypatch.setattr(service.request_path.ensemble, "call_graph_refusal", lambda name, steps_of: None)
     fixture_model(tmp_path, "w")
     ensemble(tmp_path, "fine", through("w"))
     ensemble(tmp_path, "twice", fan("twice", 2))
@@ -277,7 +277,7 @@ def test_check_refuses_the_same_cycles_in_the_same_words(tmp_path, capsys):
     # so call_graph_refusal): the same decision and the same words as the server's index above.
     import json
 
-    from service.check import main
+    from service.process.check import main
 
     cyclic_repository(tmp_path)
     assert main([str(tmp_path), "--enable-test-backends", "--format", "json"]) == 1

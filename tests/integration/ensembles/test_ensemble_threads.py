@@ -1,7 +1,7 @@
 """An ensemble request's threads and its end, on a real server (in-process, so `threading` sees the server's
 threads): a wide ensemble under concurrent requests runs its steps on each request's own thread plus the
-ensemble's shared helpers (service/ensemble.py STEP_HELPERS, docs/ensembles.md), never a thread per step, and the
-server stays live meanwhile; the helpers end with the ensemble; a request that ends (its deadline, the client's
+ensemble's shared helpers (service/request_path/ensemble.py STEP_HELPERS, docs/ensembles.md), never a thread per step,
+and the server stays live meanwhile; the helpers end with the ensemble; a request that ends (its deadline, the client's
 cancel) starts none of the steps it had not started, and cancels the running one; a failing step inside nested
 ensembles is named once per ensemble and logged once. The fixture backend's gates hold the steps in place."""
 
@@ -23,7 +23,7 @@ from .._support import CALL_TIMEOUT, client_error, stub, write_fixture_model
 from .test_ensembles import F, start_fixture_server, wait_until, write_ensemble
 
 # docs/ensembles.md states the bound: each request's own thread plus at most 8 helpers per loaded ensemble
-# (service/ensemble.py STEP_HELPERS; test_the_bound_is_the_documented_one checks the constant).
+# (service/request_path/ensemble.py STEP_HELPERS; test_the_bound_is_the_documented_one checks the constant).
 HELPERS = 8
 X = np.ones(2, "f")
 
@@ -91,9 +91,9 @@ def test_a_wide_ensemble_under_concurrent_requests_keeps_its_threads_bounded_and
 
 
 def test_idle_helpers_end_by_themselves(tmp_path, controls, monkeypatch):
-    import service.ensemble
+    import service.request_path.ensemble
 
-    monkeypatch.setattr(service.ensemble, "HELPER_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(service.request_path.ensemble, "HELPER_IDLE_SECONDS", 0.2)
     fan_repository(tmp_path, 20)
     with start_fixture_server(tmp_path, controls) as running:
         np.testing.assert_array_equal(running.client.infer("fan", {"X": X})["Y"], X)
@@ -103,9 +103,9 @@ def test_idle_helpers_end_by_themselves(tmp_path, controls, monkeypatch):
 
 
 def test_the_bound_is_the_documented_one():
-    import service.ensemble
+    import service.request_path.ensemble
 
-    assert service.ensemble.STEP_HELPERS == HELPERS
+    assert service.request_path.ensemble.STEP_HELPERS == HELPERS
     page = (Path(__file__).resolve().parents[3] / "docs" / "ensembles.md").read_text()
     assert f"at most {HELPERS} helper threads" in page
 
@@ -188,13 +188,13 @@ def test_a_failure_inside_nested_ensembles_is_named_once_per_ensemble_and_logged
     )
     with start_fixture_server(tmp_path, controls) as running:
         controls.gate("w", "execute").fail_next(ExecutionError("w broke"))
-        with caplog.at_level(logging.ERROR, logger="service.ensemble"):
+        with caplog.at_level(logging.ERROR, logger="service.request_path.ensemble"):
             failed = client_error(running.client.infer, "outer", {"X": X}, timeout=30)
         assert failed.code == "INTERNAL"
         assert failed.message == (
             "ensemble 'outer': step 0 (model 'inner'): ensemble 'inner': step 0 (model 'w') failed to execute this "
             "request; see the server log"
         )
-        logged = [r for r in caplog.records if r.name == "service.ensemble" and r.levelno >= logging.ERROR]
+        logged = [r for r in caplog.records if r.name == "service.request_path.ensemble" and r.levelno >= logging.ERROR]
         assert len(logged) == 1 and logged[0].exc_info is not None and "w broke" in logged[0].getMessage()
         np.testing.assert_array_equal(running.client.infer("outer", {"X": X})["Y"], X)

@@ -1,8 +1,8 @@
 """Ensembles on a real server (in-process, slotserve's own client): ONNX and python steps checked against
 numpy, independent steps running at the same time (the fixture's gates show it), a failing step named in the
 error, cancellation reaching the steps, a step model unloaded and loaded again, statistics of the ensemble and
-of its steps. service/ensemble.py is the implementation; tests/unit/engine/config/test_ensemble_graph.py checks
-the graph."""
+of its steps. service/request_path/ensemble.py is the implementation; tests/unit/engine/config/test_ensemble_graph.py
+checks the graph."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from client import ClientError
-from service.ensemble import BACKLOG
-from service.internal_calls import call_model_stream
+from service.request_path.ensemble import BACKLOG
+from service.request_path.internal_calls import call_model_stream
 
 # The decoupled step: N responses OUT = [0], [1], ... on a thread of the model, then the final flag. MODE 1: the
 # response at index 1 is an error (then the rest and the final flag, which the ensemble no longer reads). MODE 2:

@@ -217,7 +217,7 @@ def test_poll_and_none_modes_refuse_loads_with_files(tmp_path):
 
 
 def test_unusable_files_dir_is_refused_at_startup(tmp_path):
-    from service.options import ServerOptions
+    from service.process.options import ServerOptions
 
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ValueError, match="--model-files-dir .* is not a folder"):

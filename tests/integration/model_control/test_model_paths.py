@@ -26,8 +26,8 @@ from onnx import TensorProto, helper
 from client import ClientError
 from engine.tensorrt import TensorRTBackend
 from engine.testing.tensorrt_double import FakeDevice
-from service.cli import build_parser, option_fields, security_lines
-from service.options import ServerOptions
+from service.process.cli import build_parser, option_fields, security_lines
+from service.process.options import ServerOptions
 from service.testing import serve
 
 from .._support import ROOT, client_error

@@ -271,8 +271,8 @@ def test_an_in_place_resize_warms_only_the_added_slots_and_a_failure_keeps_the_o
 def test_a_model_warmed_up_at_startup_keeps_the_server_not_serving_until_it_is_done(repository, controls):
     from grpc_health.v1 import health_pb2
 
-    from service.options import ServerOptions
-    from service.server import Server
+    from service.process.options import ServerOptions
+    from service.process.server import Server
 
     settings = ServerOptions(
         model_repository=repository,

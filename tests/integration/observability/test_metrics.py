@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.errors import ModelLoadError
 from engine.testing.fixture import FixtureBackend
-from service.options import ServerOptions
+from service.process.options import ServerOptions
 from service.testing import serve
 
 from .._support import client_error, write_fixture_model

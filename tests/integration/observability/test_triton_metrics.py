@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.testing.fixture import FixtureBackend
-from service.metrics import TRITON_CACHE_COUNTERS, TRITON_COUNTERS
+from service.process.metrics import TRITON_CACHE_COUNTERS, TRITON_COUNTERS
 from service.testing import serve
 
 from .._support import client_error, write_fixture_model

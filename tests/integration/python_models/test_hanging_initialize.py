@@ -15,8 +15,8 @@ import pytest
 
 from client import ClientError, InferenceClient
 from service.core import residency
-from service.options import ServerOptions
-from service.server import Server
+from service.process.options import ServerOptions
+from service.process.server import Server
 from tests.lifecycle_models import WAIT, Gates, is_alive, wait_until, write_gated_model
 
 X = {"X": np.arange(3, dtype=np.float32)}

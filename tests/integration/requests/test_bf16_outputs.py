@@ -20,8 +20,8 @@ import pytest
 
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2 as pb
-from service import wire
 from service.testing import serve
+from service.transport import wire
 
 from .._support import CALL_TIMEOUT, stub, write_fixture_model
 

@@ -14,8 +14,8 @@ import pytest
 
 from engine.tensor_codec import decode_raw
 from generated import grpc_service_pb2 as pb
-from service.tensors import decode_request
 from service.testing import serve
+from service.transport.tensors import decode_request
 
 from .._support import CALL_TIMEOUT, from_raw, numpy_dtype, raw_bytes, rpc_error, same_values, stub, write_fixture_model
 

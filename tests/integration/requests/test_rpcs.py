@@ -21,7 +21,7 @@ from client import ClientError, InferenceClient
 from demo.build_repository import MODEL_NAMES
 from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
-from service.options import ServerOptions
+from service.process.options import ServerOptions
 from service.testing import serve
 
 from .._support import (

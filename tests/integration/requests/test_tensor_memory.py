@@ -21,8 +21,8 @@ import pytest
 from client import ClientError
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2 as pb
-from service import wire
 from service.testing import serve
+from service.transport import wire
 
 from .._support import CALL_TIMEOUT, demo_subset, rpc_error, stub, write_fixture_model
 

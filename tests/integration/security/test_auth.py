@@ -23,9 +23,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client import ClientError, InferenceClient, ManagementClient
 from client import cli as client_cli
 from generated import grpc_service_pb2, management_pb2
-from service.auth import Secret, bearer_tokens, read_token_file
-from service.options import ServerOptions
+from service.process.options import ServerOptions
 from service.testing import serve
+from service.transport.auth import Secret, bearer_tokens, read_token_file
 
 from .._support import CALL_TIMEOUT, ROOT, demo_subset
 

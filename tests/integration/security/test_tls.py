@@ -18,7 +18,7 @@ import pytest
 from client import ClientError, InferenceClient, ManagementClient
 from client import cli as client_cli
 from service.testing import serve
-from service.tls import TLSConfigError
+from service.transport.tls import TLSConfigError
 
 from .._certs import OTHER_NAME, make_pki
 from .._support import ROOT, demo_subset

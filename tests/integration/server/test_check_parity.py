@@ -10,8 +10,8 @@ the differential repositories (both sides) and the migration walkthrough's repos
 python model's code runs only with `--load`, so a repository whose model.py fails at load is checked with
 `--load`; every other one without it.
 
-The check runs in this process (service.check.main, its JSON on stdout); the server is service.testing.serve (gRPC
-on a free port), started as `python -m service` starts by default (test backends off unless the case needs them).
+The check runs in this process (service.process.check.main, its JSON on stdout); the server is service.testing.serve
+(gRPC on a free port), started as `python -m service` starts by default (test backends off unless the case needs them).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from demo import build_repository as demo
-from service.check import main as check_main
+from service.process.check import main as check_main
 from service.testing import serve
 from tests import check_repositories, ensemble_models, sequence_builders, sequence_models
 from tests.differential.repositories import write_add_sub_repositories
@@ -191,7 +191,7 @@ def _agree_on(repository: Path, refused: str, serving: set[str], capsys) -> None
 
 def test_a_refusal_added_to_the_ensemble_load_reaches_the_check(tmp_path, monkeypatch, capsys):
     from engine.errors import ModelConfigError
-    from service.ensemble import EnsembleBackend
+    from service.request_path.ensemble import EnsembleBackend
 
     root = check_repositories.write_broken_ensembles(tmp_path)
     shutil.rmtree(root / "missing_step")

@@ -244,8 +244,8 @@ def test_the_servers_flags_are_checked_as_the_server_checks_them(tmp_path):
 
 
 def test_the_slotserve_command_has_the_check_too(tmp_path, capsys):
-    """`slotserve check PATH` (the console script, service.cli.main) is `python -m service check PATH`."""
-    from service.cli import main
+    """`slotserve check PATH` (the console script, service.process.cli.main) is `python -m service check PATH`."""
+    from service.process.cli import main
 
     model(tmp_path / "repo", "good", GOOD_CONFIG)
     assert main(["check", str(tmp_path / "repo"), "--format", "json"]) == 0

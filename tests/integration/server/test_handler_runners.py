@@ -1,5 +1,5 @@
-"""The server's runner threads (service/handler_threads.py) on a real server and a real channel: calls waiting on
-their engine or on a stream's next message do not hold the runners, so every slot of a model gets a call at once
+"""The server's runner threads (service/process/handler_threads.py) on a real server and a real channel: calls waiting
+on their engine or on a stream's next message do not hold the runners, so every slot of a model gets a call at once
 and an open stream leaves the runners to other calls; calls waiting in a full model's queue step aside after a
 millisecond, so a probe behind them does not wait for the handler pool's watchdog."""
 

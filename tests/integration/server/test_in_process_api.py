@@ -17,7 +17,7 @@ import pytest
 
 from client import ClientError
 from engine.testing.fixture import FixtureBackend, FixtureControls
-from service.server import Server
+from service.process.server import Server
 from service.testing import RunningServer, serve
 from tests.shutdown.harness import refuses_new_connections
 

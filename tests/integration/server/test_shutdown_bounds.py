@@ -26,7 +26,7 @@ def test_a_reaper_stuck_in_a_teardown_does_not_hold_the_shutdown_past_its_bound(
             teardown.wait_blocked(1)  # the reaper retires the idle model; its teardown does not return
             entry = running.server.registry.get("idle")
             assert entry.state is ModelState.UNLOADING
-            with caplog.at_level(logging.INFO, logger="service.server"):
+            with caplog.at_level(logging.INFO, logger="service.process.server"):
                 shutdown = Background(running.server.shutdown, drain_seconds=0.0, grace=grace, margin=margin)
                 report = shutdown.result(timeout=grace + 2 * margin + 5.0)
             assert report.seconds < grace + 2 * margin + 0.5, report
@@ -59,7 +59,7 @@ def test_two_callers_at_once_get_one_shutdown_and_the_same_report(tmp_path, capl
     with serve(tmp_path, backends={"fixture": FixtureBackend(FixtureControls())}) as running:
         server = running.server
         server._shutdown_started = _MeetingEvent()  # what a check-then-act decision would read
-        with caplog.at_level(logging.INFO, logger="service.server"):
+        with caplog.at_level(logging.INFO, logger="service.process.server"):
             calls = [Background(server.shutdown, drain_seconds=0.0, grace=1.0) for _ in range(2)]
             reports = [call.result(timeout=WAIT) for call in calls]
         assert reports[0] is reports[1]

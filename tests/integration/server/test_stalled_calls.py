@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
-from service.handler_threads import LINGER_SECONDS
+from service.process.handler_threads import LINGER_SECONDS
 from service.testing import serve
 from tests.integration._support import ROOT, from_raw, write_fixture_model
 

@@ -35,7 +35,7 @@ def test_with_the_flag_the_same_model_serves(tmp_path):
 
 def test_building_a_production_server_imports_no_test_double():
     code = (
-        "import sys; from service.server import default_backends; backends = default_backends(); "
+        "import sys; from service.process.server import default_backends; backends = default_backends(); "
         "assert 'fixture' not in backends, backends; "
         "leaked = sorted(m for m in sys.modules if m.startswith('engine.testing')); "
         "assert not leaked, leaked; print('clean')"

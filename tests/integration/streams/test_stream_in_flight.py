@@ -384,7 +384,7 @@ def test_a_streams_threads_end_with_it(tmp_path, controls):
 
 @pytest.fixture
 def small_limit(monkeypatch):
-    from service import stream_requests
+    from service.request_path import stream_requests
 
     monkeypatch.setattr(stream_requests, "MAX_IN_FLIGHT", 2)
     return 2
@@ -495,7 +495,7 @@ def test_a_streaming_models_error_is_on_its_way_before_the_next_request_takes_it
     write_fixture_model(
         tmp_path, "s", inputs=[("INPUT0", "FP32", [4])], outputs=[("OUTPUT0", "FP32", [4])], extra=extra
     )
-    from service.servicers import inference
+    from service.transport.servicers import inference
 
     seen_when_failing = []
     describe = inference.status_codes.describe
@@ -529,7 +529,7 @@ def test_a_streaming_models_error_is_on_its_way_before_the_next_request_takes_it
 def test_the_two_spellings_of_one_sequence_id_take_one_lane_on_a_stream(tmp_path):
     """int64 -1 and uint64 2**64-1 name one sequence (core/sequences.py reads an id as its 64-bit value): on a
     stream their requests must share the sequence's lane, so they run one after another in arrival order."""
-    from service.dataplane import InferenceRequest
+    from service.request_path.dataplane import InferenceRequest
     from tests.sequence_models import write_python_echo
 
     write_python_echo(tmp_path)

@@ -18,9 +18,9 @@ The view:
   machine's.
 
 The server runs as `python -m service <the container's args>` (the image's ENTRYPOINT is the `slotserve` console
-script, which calls the same `service.cli.main`), chrooted into the view, as the manifest's uid, gid and fsGroup,
-with the image's environment. Exit status 77 (and `setup_error` in the result) when the sandbox itself cannot be
-built here (no overlayfs, no permission): the test skips, naming it.
+script, which calls the same `service.process.cli.main`), chrooted into the view, as the manifest's uid, gid and
+fsGroup, with the image's environment. Exit status 77 (and `setup_error` in the result) when the sandbox itself cannot
+be built here (no overlayfs, no permission): the test skips, naming it.
 """
 
 from __future__ import annotations

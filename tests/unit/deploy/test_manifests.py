@@ -2,8 +2,8 @@
 
 Every YAML document (the manifests and the yaml blocks of deploy/README.md) parses and is a well-formed
 Kubernetes object; each slotserve command line in them and the Dockerfile's CMD is parsed by
-`service.cli.build_parser()` and validated by `ServerOptions`, so a renamed or removed flag fails here rather than
-in a cluster; the probes ask grpc.health.v1 on 8001; the grace period covers the shutdown sequence; the Services,
+`service.process.cli.build_parser()` and validated by `ServerOptions`, so a renamed or removed flag fails here rather
+than in a cluster; the probes ask grpc.health.v1 on 8001; the grace period covers the shutdown sequence; the Services,
 Prometheus annotations, secret mounts and the KServe runtime agree with the arguments.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.cli import build_parser
-from service.options import ServerOptions
-from service.server import SHUTDOWN_MARGIN
+from service.process.cli import build_parser
+from service.process.options import ServerOptions
+from service.process.server import SHUTDOWN_MARGIN
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -128,11 +128,13 @@ def parse_slotserve(args: list[str], where: str) -> argparse.Namespace:
         assert not (arg.startswith("--") and " " in arg.split("=", 1)[0]), f"{where}: malformed flag {arg!r}"
     known = known_flags()
     unknown = sorted({name for name in flag_names(args) if name not in known})
-    assert not unknown, f"{where}: slotserve has no flag {', '.join(unknown)} (renamed or removed in service/cli.py?)"
+    assert not unknown, (
+        f"{where}: slotserve has no flag {', '.join(unknown)} (renamed or removed in service/process/cli.py?)"
+    )
     try:
         parsed = build_parser().parse_args(args)
     except SystemExit:
-        pytest.fail(f"{where}: `slotserve {shlex.join(args)}` is refused by service.cli.build_parser()")
+        pytest.fail(f"{where}: `slotserve {shlex.join(args)}` is refused by service.process.cli.build_parser()")
     fields = {field.name for field in dataclasses.fields(ServerOptions) if field.init}
     try:
         ServerOptions(**{name: value for name, value in vars(parsed).items() if name in fields})
@@ -333,7 +335,7 @@ def test_management_token_comes_from_a_secret_volume():
 
 def test_no_usable_token_is_published():
     """A Secret written out in deploy/ must hold a placeholder that slotserve refuses, never a working token."""
-    auth = pytest.importorskip("service.auth")
+    auth = pytest.importorskip("service.transport.auth")
     secrets = [(where, d) for where, d in all_documents() if isinstance(d, dict) and d.get("kind") == "Secret"]
     for where, secret in secrets:
         assert not secret.get("data"), f"{where}: no encoded token values in deploy/"
@@ -479,7 +481,7 @@ def test_dockerfile_builds_a_non_root_slotserve_image():
     assert len(keywords) - 1 - keywords[::-1].index("RUN") < keywords.index("USER"), "nothing runs as root after USER"
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert exec_form("ENTRYPOINT") == ["slotserve"] and scripts["slotserve"] == "service.cli:main"
+    assert exec_form("ENTRYPOINT") == ["slotserve"] and scripts["slotserve"] == "service.process.cli:main"
 
     exposed = {int(port.split("/")[0]) for value in dockerfile_values("EXPOSE") for port in value.split()}
     args = dockerfile_args()

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from service import options as server_options
-from service.cli import build_parser, option_fields
-from service.options import ServerOptions
+from service.process import options as server_options
+from service.process.cli import build_parser, option_fields
+from service.process.options import ServerOptions
 from tests.integration._support import ROOT
 
 
@@ -34,7 +34,7 @@ def options_from(*argv: str) -> ServerOptions:
 
 
 def test_every_numeric_flag_has_a_range():
-    """A new int or float flag must say its range in service/options.py RANGES (the fuzz test uses them)."""
+    """A new int or float flag must say its range in service/process/options.py RANGES (the fuzz test uses them)."""
     flags = {flag for flag, _low, _high, _kind in getattr(server_options, "RANGES", {}).values()}
     assert set(numeric_flags()) <= flags, set(numeric_flags()) - flags
 

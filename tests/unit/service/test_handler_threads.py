@@ -1,4 +1,4 @@
-"""service.handler_threads: every call runs at once on a thread of its own; threads beyond `keep` end when idle;
+"""service.process.handler_threads: every call runs at once on a thread of its own; threads beyond `keep` end when idle;
 nothing is left behind; a thread the OS refuses never loses a call."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from service.handler_threads import HandlerThreads
+from service.process.handler_threads import HandlerThreads
 
 WAIT = 30.0  # generous: "eventually" on a loaded machine
 
@@ -172,7 +172,8 @@ def test_keep_and_linger_must_not_be_negative():
         HandlerThreads(keep=1, linger=-0.5)
 
 
-# ---- runners: a few threads run calls, a call that waited `stall` gets its own (service/handler_threads.py) ----
+# ---- runners: a few threads run calls, a call that waited `stall` gets its own (service/process/handler_threads.py)
+# ----
 
 from service.core.blocking import blocking_wait  # noqa: E402
 

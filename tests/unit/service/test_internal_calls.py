@@ -1,6 +1,6 @@
-"""service/internal_calls.py: a request whose tensors are numpy arrays already (ArrayTensors) decodes to the same
-arrays (no copy), names its datatypes, counts its bytes like a client's, keys the response cache by content, and
-refuses what is not a tensor by name."""
+"""service/request_path/internal_calls.py: a request whose tensors are numpy arrays already (ArrayTensors) decodes to
+the same arrays (no copy), names its datatypes, counts its bytes like a client's, keys the response cache by content,
+and refuses what is not a tensor by name."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from service.core.errors import InvalidRequest
-from service.dataplane import output_bytes
-from service.internal_calls import ArrayTensors
+from service.request_path.dataplane import output_bytes
+from service.request_path.internal_calls import ArrayTensors
 
 
 def test_decode_keeps_the_arrays_and_gives_their_signature():

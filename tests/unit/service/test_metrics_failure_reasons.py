@@ -1,5 +1,5 @@
-"""Every outcome has Triton's failure reason (service/metrics.py TRITON_REASON_OF): a new error reason must say which
-of BACKEND, REJECTED, CANCELED or OTHER Triton's dashboards show it as (issue 35, item 3: python models' failures
+"""Every outcome has Triton's failure reason (service/process/metrics.py TRITON_REASON_OF): a new error reason must say
+which of BACKEND, REJECTED, CANCELED or OTHER Triton's dashboards show it as (issue 35, item 3: python models' failures
 fell through to OTHER)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from service.core.outcomes import FAILED
 from service.core.statistics import StatisticsSnapshot
-from service.metrics import TRITON_FAILURE_REASONS, TRITON_REASON_OF, triton_failures
-from service.status_codes import TABLE
+from service.process.metrics import TRITON_FAILURE_REASONS, TRITON_REASON_OF, triton_failures
+from service.transport.status_codes import TABLE
 
 
 def test_every_reason_a_request_can_end_with_has_a_triton_reason():

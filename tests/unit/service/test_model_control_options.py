@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from service.cli import build_parser, option_fields
-from service.model_control import folder_fingerprint
-from service.model_files import ModelFiles, file_name_problem
-from service.options import ServerOptions
+from service.process.cli import build_parser, option_fields
+from service.process.options import ServerOptions
+from service.request_path.model_control import folder_fingerprint
+from service.request_path.model_files import ModelFiles, file_name_problem
 
 
 def options(tmp_path, *argv: str) -> ServerOptions:
@@ -73,7 +73,7 @@ def test_good_file_names(name):
 
 
 def test_the_byte_limit_is_inclusive_and_checked_before_writing(tmp_path):
-    from service.model_files import LoadFilesTooLarge
+    from service.request_path.model_files import LoadFilesTooLarge
 
     files = ModelFiles(tmp_path, max_bytes=10)
     with pytest.raises(LoadFilesTooLarge, match=r"11 bytes, more than --max-load-file-bytes \(10\)"):

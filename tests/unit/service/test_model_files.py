@@ -1,5 +1,5 @@
-"""service.model_files.ModelFiles, the private folders of loads with files, against names and endings that went
-wrong (issue 33, item 5): the model's name is checked before anything is made, every folder lies inside the root,
+"""service.request_path.model_files.ModelFiles, the private folders of loads with files, against names and endings that
+went wrong (issue 33, item 5): the model's name is checked before anything is made, every folder lies inside the root,
 and whatever ends a stage (an error of any kind, a shutdown while it writes) leaves nothing behind."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ModelConfigError
-from service import model_files
 from service.core.errors import ShuttingDown
-from service.model_files import ModelFiles
+from service.request_path import model_files
+from service.request_path.model_files import ModelFiles
 
 CONFIG = '{"backend": "fixture"}'
 

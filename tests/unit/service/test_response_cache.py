@@ -1,4 +1,5 @@
-"""service/response_cache.py on its own: what the key covers, eviction by bytes, generations, the store's rules."""
+"""service/request_path/response_cache.py on its own: what the key covers, eviction by bytes, generations, the store's
+rules."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from engine.interface import ModelMetadata
 from generated import grpc_service_pb2 as pb
 from generated import model_config_pb2
 from service.core.lifecycle import ModelState
-from service.options import ServerOptions
-from service.response_cache import (
+from service.process.options import ServerOptions
+from service.request_path.response_cache import (
     ENTRY_OVERHEAD,
     NOT_CACHEABLE,
     CachedAnswer,
@@ -24,7 +25,7 @@ from service.response_cache import (
     model_enables_cache,
     request_key,
 )
-from service.tensors import decode_request
+from service.transport.tensors import decode_request
 
 METADATA = ModelMetadata(inputs=(TensorSpec("IN", "FP32", (-1,)),), outputs=(TensorSpec("OUT", "FP32", (-1,)),))
 
@@ -291,6 +292,7 @@ def test_the_response_cache_is_off_unless_given_bytes():
 
 
 def test_the_placement_parameters_left_out_of_keys_are_the_shared_memory_ones():
-    from service import response_cache, tensors
+    from service.request_path import response_cache
+    from service.transport import tensors
 
     assert response_cache._PLACEMENT == {tensors.REGION, tensors.BYTE_SIZE, tensors.OFFSET}

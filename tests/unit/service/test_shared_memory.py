@@ -1,6 +1,6 @@
-"""The shared-memory registry and the tensor codec's use of it, without a server (service/shared_memory.py,
-service/tensors.py): key and name rules, the options, holder counts, inputs copied out when decoded (never a view
-of the client's memory), outputs written whole or not at all, and what the registry keeps after unregistering."""
+"""The shared-memory registry and the tensor codec's use of it, without a server (service/transport/shared_memory.py,
+service/transport/tensors.py): key and name rules, the options, holder counts, inputs copied out when decoded (never a
+view of the client's memory), outputs written whole or not at all, and what the registry keeps after unregistering."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 from engine.config.specs import TensorSpec
 from engine.interface import ModelMetadata
 from generated import grpc_service_pb2 as pb
-from service import shared_memory
-from service.cli import build_parser, option_fields
 from service.core.errors import InvalidRequest
-from service.options import ServerOptions
-from service.shared_memory import (
+from service.process.cli import build_parser, option_fields
+from service.process.options import ServerOptions
+from service.transport import shared_memory
+from service.transport.shared_memory import (
     DEFAULT_MAX_BYTES,
     MAX_REGIONS,
     NAME_MAX,
@@ -29,7 +29,7 @@ from service.shared_memory import (
     name_problem,
     prefix_problem,
 )
-from service.tensors import decode_request, encode_response
+from service.transport.tensors import decode_request, encode_response
 from tests.integration._shm import ShmObject, descriptors, in_region, mappings
 
 
@@ -99,8 +99,8 @@ def test_the_region_bound_leaves_most_descriptors_to_the_rest_of_the_server(monk
 
 def test_the_registry_keeps_nothing_of_a_region_after_it_is_unregistered(shm):
     """Names, keys and regions are freed at unregister (what 300 regions of 1 MiB names once kept: 250 MiB).
-    Counted with tracemalloc, by where the memory was allocated: this file and service/shared_memory.py only, so
-    other threads of the test process cannot disturb the figures."""
+    Counted with tracemalloc, by where the memory was allocated: this file and service/transport/shared_memory.py only,
+    so other threads of the test process cannot disturb the figures."""
     source = shm(4096)
     registry = SharedMemoryRegistry()
     sites = [tracemalloc.Filter(True, __file__), tracemalloc.Filter(True, shared_memory.__file__)]

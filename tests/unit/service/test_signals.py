@@ -1,4 +1,4 @@
-"""The stop-signal rules (service/signals.py), decided without a process. The real signals are sent to real
+"""The stop-signal rules (service/process/signals.py), decided without a process. The real signals are sent to real
 server processes in tests/shutdown/test_signals.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from service.signals import Decision, decide
+from service.process.signals import Decision, decide
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])

@@ -1,13 +1,13 @@
-"""The status table's client messages (service/status_codes.py): request strings quoted back are bounded, so the
-trailers stay under gRPC's metadata limit and the client sees the real status (found by tests/fuzz)."""
+"""The status table's client messages (service/transport/status_codes.py): request strings quoted back are bounded, so
+the trailers stay under gRPC's metadata limit and the client sees the real status (found by tests/fuzz)."""
 
 from __future__ import annotations
 
 import grpc
 
-from service import status_codes
 from service.core import errors
-from service.status_codes import MAX_MESSAGE_BYTES, MAX_QUOTED_CHARS, bounded_message
+from service.transport import status_codes
+from service.transport.status_codes import MAX_MESSAGE_BYTES, MAX_QUOTED_CHARS, bounded_message
 
 
 def test_a_short_message_is_unchanged():

@@ -1,5 +1,5 @@
-"""service/stream_requests.py without gRPC: a stream's requests run at once up to the limit (then the reading
-pauses), answers in Triton's order (in-order ones in the order read, the others as they come), requests of one
+"""service/request_path/stream_requests.py without gRPC: a stream's requests run at once up to the limit (then the
+reading pauses), answers in Triton's order (in-order ones in the order read, the others as they come), requests of one
 lane one after another, cancellation of every request in flight, the stop and its threads, and what a
 defect or a failed reading does. Events and statistics order everything; nothing sleeps to order them."""
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from engine.interface import CancelToken
-from service.stream_requests import StreamPlacement, StreamRequests
+from service.request_path.stream_requests import StreamPlacement, StreamRequests
 
 WAIT = 30.0
 IN_ORDER = StreamPlacement()

@@ -1,4 +1,5 @@
-"""The tensor memory account (service/tensor_memory.py) and the estimate it is given (tensors.decoded_bytes)."""
+"""The tensor memory account (service/transport/tensor_memory.py) and the estimate it is given
+(tensors.decoded_bytes)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 
 from generated import grpc_service_pb2 as pb
 from service.core.errors import InvalidRequest
-from service.dataplane import output_bytes
-from service.shared_memory import RegionInfo, RegionNotFound
-from service.tensor_memory import TensorMemory, TensorMemoryLimit
-from service.tensors import decode_request, decoded_bytes
+from service.request_path.dataplane import output_bytes
+from service.transport.shared_memory import RegionInfo, RegionNotFound
+from service.transport.tensor_memory import TensorMemory, TensorMemoryLimit
+from service.transport.tensors import decode_request, decoded_bytes
 
 COST = 56  # per decoded BYTES element beyond its contents, written out here
 COPIES = 4  # a BYTES element is reserved for itself and three copies an engine makes of it (written out here)

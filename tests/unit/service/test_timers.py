@@ -11,8 +11,8 @@ import numpy as np
 
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from generated import grpc_service_pb2_grpc as pb_grpc
+from service.process.timers import TimerQueue
 from service.testing import serve
-from service.timers import TimerQueue
 from tests.contract.harness import write_fixture_model
 from tests.shutdown.harness import infer_request, wait_until
 

@@ -3,7 +3,7 @@
 `--grpc-port`, `--repository-poll-secs`, `--exit-on-error`, `--log-verbose`, ... used to be unknown flags, and
 argparse's abbreviations let `--repository DIR` bind silently to `--repository-poll-seconds` ("invalid float
 value"). Now every flag of `tritonserver --help` (2.51) is accepted under Triton's name, accepted as another name
-of ours, or refused naming the flag and the reason (service/triton_flags.py, docs/migrating-from-triton.md), and
+of ours, or refused naming the flag and the reason (service/process/triton_flags.py, docs/migrating-from-triton.md), and
 no parser of ours (server, `check`, the client) takes an abbreviation.
 """
 
@@ -19,10 +19,10 @@ import pytest
 
 from client import cli as client_cli
 from client._cli_inputs import UsageError
-from service import check
-from service.cli import build_parser, option_fields
-from service.options import ServerOptions
-from service.triton_flags import BY_NAME, TRITON_FLAGS, Kind, log_level
+from service.process import check
+from service.process.cli import build_parser, option_fields
+from service.process.options import ServerOptions
+from service.process.triton_flags import BY_NAME, TRITON_FLAGS, Kind, log_level
 from tests.differential.reference import find_installation
 
 ROOT = Path(__file__).resolve().parents[3]

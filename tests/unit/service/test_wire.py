@@ -1,4 +1,4 @@
-"""service.wire: ModelInfer messages parsed and serialized without copying tensor bytes."""
+"""service.transport.wire: ModelInfer messages parsed and serialized without copying tensor bytes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from generated import grpc_service_pb2 as pb
-from service.wire import LARGE_MESSAGE_BYTES, InferResponse, WireError, parse_infer_request, serialize_infer_response
+from service.transport.wire import (
+    LARGE_MESSAGE_BYTES,
+    InferResponse,
+    WireError,
+    parse_infer_request,
+    serialize_infer_response,
+)
 
 
 def _request(arrays: dict[str, np.ndarray], **fields) -> pb.ModelInferRequest:

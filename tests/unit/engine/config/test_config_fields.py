@@ -253,7 +253,7 @@ def test_one_warning_names_every_ignored_field_and_the_model_loads(tmp_path, cap
         "metric_tags",
     ):
         assert f"{path} ignored" in warnings[0], path
-    assert "response_cache" not in warnings[0]  # applied: the response cache (service/response_cache.py)
+    assert "response_cache" not in warnings[0]  # applied: the response cache (service/request_path/response_cache.py)
     assert spec.instance_count == 2 and spec.response_cache is True
 
 

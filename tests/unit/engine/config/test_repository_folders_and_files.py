@@ -21,7 +21,7 @@ import pytest
 from engine.config import repository as reader
 from engine.config.repository import ModelRepository, check_model_name
 from engine.errors import ModelConfigError
-from service.model_control import folder_fingerprint
+from service.request_path.model_control import folder_fingerprint
 
 CONFIG = 'name: "{name}"\nbackend: "{backend}"\nmax_batch_size: 0\n'
 DEADLINE = 20.0  # a call that returns at all returns in milliseconds; this only bounds a hang

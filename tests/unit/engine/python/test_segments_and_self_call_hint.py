@@ -13,7 +13,7 @@ import numpy as np
 from engine.interface import CancelToken
 from engine.python import backend, transport
 from service.core.errors import AdmissionTimeout, ShuttingDown
-from service.model_calls import DataplaneModelCalls
+from service.request_path.model_calls import DataplaneModelCalls
 
 
 class _Calls:

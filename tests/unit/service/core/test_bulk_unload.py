@@ -1,5 +1,5 @@
 """Bulk unload never hangs (issue 12, item 5; the call tokens of that item are in
-tests/unit/service/servicers/test_call_tokens.py)."""
+tests/unit/service/transport/servicers/test_call_tokens.py)."""
 
 from __future__ import annotations
 

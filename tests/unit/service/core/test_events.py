@@ -9,10 +9,10 @@ import logging
 import pytest
 
 from engine.interface import CancelToken
-from service import status_codes
 from service.core import errors, outcomes
 from service.core.events import EVENTS, FIXED_KEYS, JsonFormatter, RejectionLog, log_event
-from service.servicers.common import SHUTDOWN
+from service.transport import status_codes
+from service.transport.servicers.common import SHUTDOWN
 
 SAMPLE_VALUES = {
     "seconds": 0.0451,

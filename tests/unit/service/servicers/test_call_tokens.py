@@ -1,9 +1,9 @@
-"""No handler holds a token nobody will cancel (issue 12, item 5): service/servicers/common.py's CallTracker
+"""No handler holds a token nobody will cancel (issue 12, item 5): service/transport/servicers/common.py's CallTracker
 cancels a call that ended before its handler began, and one that begins after cancel_all."""
 
 from __future__ import annotations
 
-from service.servicers.common import SHUTDOWN, CallKind, CallTracker
+from service.transport.servicers.common import SHUTDOWN, CallKind, CallTracker
 
 
 class _Context:

@@ -1,2 +1,0 @@
-"""gRPC servicers: thin adapters from protocol messages to the core (dataplane, registry). Each RPC decodes,
-calls one core operation and encodes; errors go through service.status_codes."""
