@@ -3,9 +3,9 @@
 Written from Triton's documented python_backend API (its README). A worker process puts this module into
 `sys.modules` under the name `triton_python_backend_utils` before it imports a model.py, so
 `import triton_python_backend_utils as pb_utils` works without installing anything. It imports only numpy (and
-its sibling dlpack.py, over numpy's DLPack), so unit tests (and model code) can use it outside a worker. Arguments
-are checked as Triton's binding checks them, and misuse is refused in Triton's words where its clients and tests
-read them.
+its siblings dlpack.py, over numpy's DLPack, and error_codes.py, Triton's error codes), so unit tests (and model
+code) can use it outside a worker. Arguments are checked as Triton's binding checks them, and misuse is refused in
+Triton's words where its clients and tests read them.
 
 What Triton has and slotserve does not is refused by name, never missing silently: custom metrics
 (`MetricFamily`, `Metric`) and GPU tensors (see docs/python-models.md). A decoupled model's response
@@ -28,6 +28,8 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
+
+from .error_codes import TritonCode
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -70,17 +72,18 @@ class TritonModelException(Exception):
 class TritonError:
     """An error a model returns in an InferenceResponse (or raises): its code reaches the client."""
 
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
+    # engine/python/error_codes.py's table, under the names Triton's TritonError gives them.
+    UNKNOWN = TritonCode.UNKNOWN
+    INTERNAL = TritonCode.INTERNAL
+    NOT_FOUND = TritonCode.NOT_FOUND
+    INVALID_ARG = TritonCode.INVALID_ARG
+    UNAVAILABLE = TritonCode.UNAVAILABLE
+    UNSUPPORTED = TritonCode.UNSUPPORTED
+    ALREADY_EXISTS = TritonCode.ALREADY_EXISTS
+    CANCELLED = TritonCode.CANCELLED
 
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        if code not in range(8):
+    def __init__(self, message: str, code: int = TritonCode.INTERNAL) -> None:
+        if code not in range(len(TritonCode)):
             raise TritonModelException(f"TritonError code must be one of TritonError's codes 0..7, got {code!r}")
         self._message = str(message)
         self._code = int(code)

@@ -9,7 +9,7 @@ unless its model overlaps its calls (below).
 
 A decoupled model (`model_transaction_policy { decoupled: true }`) answers through its requests' response senders,
 from `execute` or from threads of its own: each `send` lays its tensors into its lane's response segment, tells the
-server ("response", run, index, result, final) and waits for its "ack" (the server has copied them out), all under
+server (a Response message) and waits for its Reply (the server has copied them out), all under
 the lane's lock, so sends of one lane go one after another (sends of other lanes only share the pipe). A run ends at
 its last final flag (a decoupled model's) or when its answer is sent (another model's): its BLS calls are allowed
 until then, and its single-use segments are dropped then.
@@ -24,11 +24,12 @@ BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any t
 go to the server as BlsCall(tag, run, CallRequest) with their inputs in a segment of their own
 (engine/python/transport.py): the run is the calling request's (a context variable set for `execute` and the
 coroutine it returns; a thread of the model's own, which has none, is taken for the latest run in flight). The
-server runs each through the callee's admission on a thread of its own and answers ("part", tag, CallReply, final)
-messages (a decoupled callee's responses one by one, as they come), so several calls may be in flight at once;
+server runs each through the callee's admission on a thread of its own and answers BlsPart messages (a decoupled
+callee's responses one by one, as they come), so several calls may be in flight at once;
 `exec(decoupled=True)` returns once the first of them came, as Triton's does. No thread of its own reads the pipe:
 the thread waiting for a message reads it (engine/python/pipe.py), filing replies and parts for the thread waiting
-for their tag (`ask`, `bls`), Execute and "stop" for the main thread. `async_exec` runs `exec` on the event loop's
+for their tag (`ask`, `bls`), Execute and Stop for the main thread. Every message is a record of
+engine/python/messages.py. `async_exec` runs `exec` on the event loop's
 thread pool, so calls awaited together overlap.
 
 An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
@@ -53,16 +54,36 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from . import rescheduling, transport
 from . import triton_python_backend_utils as pb_utils
-from .messages import EXECUTE, BlsCall, Execute, Ready
+from .error_codes import TritonCode
+from .messages import (
+    BlsCall,
+    CallReply,
+    CallRequest,
+    Descriptor,
+    Done,
+    ErrorResult,
+    Execute,
+    Failed,
+    Grow,
+    Init,
+    LoadFailed,
+    Message,
+    Ready,
+    ReplyPayload,
+    Request,
+    Response,
+    Result,
+    Tensors,
+)
 from .output import RecordFormatter
-from .pipe import GONE, WorkerPipe, unlink_reply
+from .pipe import WorkerPipe, unlink_reply
 
 _LOG = logging.getLogger("slotserve.python_model")
 WATCHDOG_SECONDS = 0.5
@@ -93,7 +114,8 @@ class Worker:
 
     def start(self, settings: dict) -> None:
         """Import model.py, auto-complete the configuration, initialize. Replies Ready (the completed configuration,
-        whether execute is a coroutine function) or ("error", message)."""
+        whether execute is a coroutine function) or LoadFailed (the exception, which is logged). Raises OSError when
+        the server is gone."""
         self.name = settings["model_name"]
         self.instance_name = settings["model_instance_name"]
         try:
@@ -120,35 +142,37 @@ class Worker:
                 initialize(args)
         except BaseException as error:  # the model's own code: any exception is its load failure
             _LOG.error("model '%s': loading model.py failed:\n%s", self.name, traceback.format_exc())
-            self.connection.send(("error", _describe(error)))
+            self.send(LoadFailed(_describe(error)))
             return
-        self.connection.send(
-            Ready(json.dumps(config), inspect.iscoroutinefunction(getattr(self.model, "execute", None)))
-        )
+        self.send(Ready(json.dumps(config), inspect.iscoroutinefunction(getattr(self.model, "execute", None))))
 
     # ---- serve -----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        """Read the server's orders until "stop" (then `finalize`) or until the server is gone."""
+        """Read the server's orders until Stop (then `finalize`) or until the server is gone. Blocks while it
+        serves."""
         while True:
-            message = self.pipe.next_order()
-            if message is GONE:
+            order = self.pipe.next_order()
+            if order is None:
                 return  # the server is gone
-            if message[0] == EXECUTE:
-                self.execute(Execute.from_wire(message))
-            elif message[0] == "stop":
+            if isinstance(order, Execute):
+                self.execute(order)
+            else:  # Stop
                 if self.loop is not None:
                     self.loop.stop(LOOP_STOP_SECONDS)  # as Triton: the loop stops, then finalize runs
                 self.finalize()
                 return
 
-    def send(self, message) -> None:
+    def send(self, message: Message) -> None:
+        """Write `message` to the server (blocks while the pipe is full). Raises OSError when the server is gone."""
         self.pipe.send(message)
 
-    def ask(self, kind: str, *fields):
-        """Send (kind, tag, *fields) and wait for the server's reply to it. Raises EOFError when the server is gone."""
+    def ask(self, question: Callable[[int], Grow | Response]) -> ReplyPayload:
+        """Send the question `question(tag)` makes with a new tag and wait for the payload of the server's Reply to it
+        (blocks, without a timeout: the server answers each at once). Raises EOFError or OSError when the server is
+        gone."""
         tag = next(self.tags)
-        self.send((kind, tag, *fields))
+        self.send(question(tag))
         return self.pipe.answer(tag)
 
     def event_loop(self) -> EventLoop:
@@ -183,18 +207,20 @@ class Worker:
         except ValueError as error:
             raise pb_utils.TritonModelException(f"BLS call to model '{request.model_name()}': {error}") from None
         version = request.model_version()
-        call = transport.CallRequest(
+        call = CallRequest(
             model=request.model_name(),
             version="" if version is None or int(version) < 0 else str(int(version)),
-            inputs=descriptors,
-            outputs=tuple(request.requested_output_names()),
+            request=Request(
+                inputs=descriptors,
+                outputs=tuple(request.requested_output_names()),
+                request_id=request.request_id(),
+                correlation_id=request.correlation_id(),
+                flags=request.flags(),
+                parameters=json.loads(request.parameters()),
+            ),
             segment=None if segment is None else (segment.path, segment.size),
             decoupled=decoupled,
             timeout_us=int(request.timeout() or 0),
-            request_id=request.request_id(),
-            correlation_id=request.correlation_id(),
-            flags=request.flags(),
-            parameters=json.loads(request.parameters()),
         )
         tag = next(self.tags)
         self.pipe.open_call(tag)
@@ -220,7 +246,7 @@ class Worker:
                 part = self.pipe.next_part(tag)
                 if part is None:
                     raise pb_utils.TritonModelException("the server is gone: the BLS call was not answered")
-                reply, final = part
+                reply, final = part.reply, part.final
                 try:
                     results = transport.read_reply(reply, bf16=_bf16_type(reply))
                 except OSError as error:
@@ -235,15 +261,16 @@ class Worker:
             self._end_call(tag, segment)
 
     def _end_call(self, tag: int, segment) -> None:
-        for reply, _final in self.pipe.close_call(tag):
-            unlink_reply(reply)
+        for part in self.pipe.close_call(tag):
+            unlink_reply(part.reply)
         if segment is not None:
             segment.unlink()
             segment.close()
 
     def execute(self, message: Execute) -> None:
         """Run one call (its requests read from its lane's request segment). A decoupled model's answers go as
-        its requests' senders send them; another model's as ("done", run, results) (`execute_returning`)."""
+        its requests' senders send them; another model's as a Done (`execute_returning`). Blocks for the model's
+        execute (a decoupled `async def` one is left running). Raises OSError when the server is gone."""
         lane = self._lane(message.lane)
         self._remap(lane, message.segments)
         run = _Run(message.run, lane)
@@ -259,12 +286,12 @@ class Worker:
         finally:
             _CURRENT_RUN.reset(current)
 
-    def execute_returning(self, run: _Run, built: list, requests: list[dict]) -> None:
+    def execute_returning(self, run: _Run, built: list, requests: list[Request]) -> None:
         """A model that is not decoupled: `execute` (an `async def` one run to its end on the event loop, as
-        Triton does: no overlap), its responses laid into the lane's response segment, ("done", run, results),
-        results per request ("ok", descriptors) or ("error", code, message); ("failed", run, message) when there is
-        nothing to answer (execute raised before any response was sent, or returned what does not fit the
-        requests).
+        Triton does: no overlap), its responses laid into the lane's response segment, a Done with a Result per
+        request (its Tensors, an ErrorResult, or Released); Failed when there is nothing to answer (execute raised
+        before any response was sent, or returned what does not fit the requests). Blocks for the model's execute
+        and the responses of the senders it took. Raises OSError when the server is gone.
 
         A request's response may come back from execute or through its response sender, from execute or from a
         thread after execute returned None: the call is answered once every request whose sender was taken has
@@ -288,30 +315,32 @@ class Worker:
             except BaseException as error:  # nothing fits the requests: every request fails
                 if error is not failure:
                     _LOG.error("model '%s': %s", self.name, _describe(error))
-                self.send(("failed", run.number, _describe(error)))
+                self.send(Failed(run.number, _describe(error)))
                 return
             finally:
                 del built
             try:
                 if layout.size > lane.response_segment.size:  # type: ignore[union-attr]
-                    self._remap(lane, {"response": transport.granted(self.ask("grow", run.number, layout.size))})
+                    self._grow(run, layout.size)
             except transport.NoRoom as refused:  # /dev/shm is full: the server fails the call (RESOURCE_EXHAUSTED)
-                self.send(("failed", run.number, str(refused)))
+                self.send(Failed(run.number, str(refused)))
                 return
             layout.write(lane.response_segment)  # type: ignore[arg-type]
-            self.send(("done", run.number, results))
+            self.send(Done(run.number, results))
         finally:
             with lane.lock:
                 self._end_run(run)
 
-    def execute_decoupled(self, run: _Run, built: list, requests: list[dict]) -> None:
+    def execute_decoupled(self, run: _Run, built: list, requests: list[Request]) -> None:
         """A decoupled model: its responses go to the server as they are sent (`send_response`); the run ends at
         its last final flag. An `async def execute` is left running in the background on the event loop (the main
         thread reads the next order at once); otherwise execute runs here. An exception (or a return value other
-        than None, refused in Triton's words) closes the senders still open and is reported as ("failed", run,
-        message). Requests the model rescheduled are handed back once execute (or its coroutine) has ended."""
+        than None, refused in Triton's words) closes the senders still open and is reported as Failed. Requests the
+        model rescheduled are handed back once execute (or its coroutine) has ended. Blocks for a plain execute;
+        never raises (the model's exceptions fail its run)."""
         senders = [
-            _StreamSender(self, run, index, request["outputs"], built[index]) for index, request in enumerate(requests)
+            _StreamSender(self, run, index, list(request.outputs), built[index])
+            for index, request in enumerate(requests)
         ]
         run.open_senders = len(senders)
         run.senders = senders
@@ -353,7 +382,7 @@ class Worker:
             )
 
     def fail_run(self, run: _Run, error: BaseException) -> None:
-        """Close the run's senders still open and tell the server ("failed", run, message): the requests of the run
+        """Close the run's senders still open and tell the server (Failed): the requests of the run
         whose final flag was not sent fail; nothing happens when every one of them was sent already."""
         with run.lane.lock:
             if all(sender.closed for sender in run.senders):
@@ -361,7 +390,7 @@ class Worker:
             for sender in run.senders:
                 sender.close()
             try:
-                self.send(("failed", run.number, _describe(error)))
+                self.send(Failed(run.number, _describe(error)))
             except OSError:
                 pass  # the server is gone
 
@@ -385,9 +414,16 @@ class Worker:
         layout = transport.Layout()
         result = None if response is None else self._result(response, requested, layout)
         if layout.size > lane.response_segment.size:  # type: ignore[union-attr]
-            self._remap(lane, {"response": transport.granted(self.ask("grow", run.number, layout.size))})  # or NoRoom
+            self._grow(run, layout.size)  # or NoRoom
         layout.write(lane.response_segment)  # type: ignore[arg-type]
-        self.ask("response", run.number, index, result, final)  # answered once the server copied the tensors out
+        # Answered once the server copied the tensors out.
+        self.ask(lambda tag: Response(tag, run.number, index, result, final))
+
+    def _grow(self, run: _Run, size: int) -> None:
+        """Have the server replace the run's lane's response segment by one of `size` bytes at least, and map it.
+        Raises transport.NoRoom when the server has no room for it."""
+        segment = transport.granted(self.ask(lambda tag: Grow(tag, run.number, size)))
+        self._remap(run.lane, {"response": segment})
 
     def sender_closed(self, run: _Run) -> None:
         """One request of the run got its final flag (the lane's lock is held): the last one ends the run."""
@@ -416,11 +452,11 @@ class Worker:
             lane = self.lanes[number] = _Lane(number)
         return lane
 
-    def _request(self, run: _Run, index: int, request: dict, board) -> pb_utils.InferenceRequest:
+    def _request(self, run: _Run, index: int, request: Request, board) -> pb_utils.InferenceRequest:
         segment = run.lane.request_segment
         inputs = [
             pb_utils.Tensor(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
-            for d in transport.from_wire(request["inputs"])
+            for d in request.inputs
         ]
         offset = 8 * (run.lane.number * self.board_words + index)
         number = run.number
@@ -431,11 +467,11 @@ class Worker:
         return pb_utils.InferenceRequest(
             model_name=self.name,
             inputs=inputs,
-            requested_output_names=request["outputs"],
-            request_id=request.get("id", ""),
-            correlation_id=request.get("correlation_id", 0),
-            flags=request.get("flags", 0),
-            parameters=_parameters_json(request.get("parameters")),
+            requested_output_names=request.outputs,
+            request_id=request.request_id,
+            correlation_id=request.correlation_id,
+            flags=request.flags,
+            parameters=_parameters_json(request.parameters),
             _cancelled=cancelled,
         )
 
@@ -481,7 +517,7 @@ class Worker:
                 for index in pending:
                     responses[index] = built[index]._sender.response
         layout = transport.Layout()
-        results: list = []  # per request: ("ok", ...), ("error", ...) or a rescheduling.Released
+        results: list[Result] = []
         for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
             if failure is None:
                 released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
@@ -489,10 +525,9 @@ class Worker:
                     results.append(released)
                     continue
             if response is None and failure is not None:
-                results.append(("error", pb_utils.TritonError.INTERNAL, _describe(failure)))
+                results.append(ErrorResult(TritonCode.INTERNAL, _describe(failure)))
             else:
-                results.append(self._result(response, request["outputs"], layout))
-        return results, layout
+                results.append(self._result(response, request.outputs, layout))
         return results, layout
 
     def _result(self, response, requested: list[str], layout: transport.Layout):
@@ -502,23 +537,23 @@ class Worker:
             )
         if response.has_error():
             error = response.error()
-            return ("error", error.code(), error.message())  # type: ignore[union-attr]
+            return ErrorResult(error.code(), error.message())  # type: ignore[union-attr]
         descriptors = []
         names = [tensor.name() for tensor in response.output_tensors()]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:  # Triton 2.51 answers a malformed response then (one output's shape twice, the other's none)
-            return ("error", pb_utils.TritonError.INTERNAL, f"the response has more than one output named {twice}: "
-                    "each output may appear once")  # fmt: skip
+            return ErrorResult(TritonCode.INTERNAL, f"the response has more than one output named {twice}: each "
+                               "output may appear once")  # fmt: skip
         for tensor in response.output_tensors():
             if requested and tensor.name() not in requested:
                 continue
             array = tensor.as_numpy()
             datatype = transport.datatype_of(array)
             if datatype is None:
-                return ("error", pb_utils.TritonError.INTERNAL, f"output '{tensor.name()}' has numpy dtype "
-                        f"{array.dtype}, which has no Triton datatype")  # fmt: skip
+                return ErrorResult(TritonCode.INTERNAL, f"output '{tensor.name()}' has numpy dtype {array.dtype}, "
+                                   "which has no Triton datatype")  # fmt: skip
             descriptors.append(layout.plan(tensor.name(), array, datatype))
-        return ("ok", transport.to_wire(descriptors))
+        return Tensors(tuple(descriptors))
 
     def _remap(self, lane: _Lane, segments: dict) -> None:
         """Map the segments the server made for `lane` ({"request"|"response": (path, size)}), in place of the old."""
@@ -653,25 +688,28 @@ _ARG_KEYS = (
 )
 
 
-def _parameters_json(parameters: dict | None) -> str:
+def _parameters_json(parameters: Mapping[str, object] | None) -> str:
     # Most requests carry none: "{}" without the encoder saves a few microseconds of every small request.
     return json.dumps(parameters, separators=(",", ":")) if parameters else "{}"
 
 
-def _response_of(result: tuple) -> pb_utils.InferenceResponse:
-    if result[0] == "ok":
-        return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in result[1].items()])
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(result[2], result[1]))
+def _response_of(result: dict[str, Any] | ErrorResult) -> pb_utils.InferenceResponse:
+    if isinstance(result, ErrorResult):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, result.code))
+    return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in result.items()])
 
 
-def _bf16_type(reply: transport.CallReply):
-    wanted = any(r[0] == "ok" and any(d.datatype == "BF16" for d in r[1]) for r in reply.responses)
-    return _bf16(transport.Descriptor("", "BF16", (), 0, 0)) if wanted else None
+def _bf16_type(reply: CallReply):
+    wanted = any(isinstance(r, Tensors) and any(d.datatype == "BF16" for d in r.descriptors) for r in reply.responses)
+    return _bfloat16() if wanted else None
 
 
-def _bf16(descriptor):
-    if descriptor.datatype != "BF16":
-        return None
+def _bf16(descriptor: Descriptor) -> Any:
+    """The numpy type of a BF16 tensor (ml_dtypes' bfloat16, imported on first use); None for another datatype."""
+    return _bfloat16() if descriptor.datatype == "BF16" else None
+
+
+def _bfloat16() -> Any:
     from engine.datatypes import bfloat16
 
     return bfloat16()
@@ -731,12 +769,12 @@ def main(argv: list[str]) -> int:
     connection = Connection(int(argv[1]))
     parent = int(argv[2])
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
-    kind, settings = connection.recv()
-    if kind != "init":
+    init = transport.receive(connection)
+    if not isinstance(init, Init):
         return 2
     worker = Worker(connection)
     pb_utils._bls_caller = worker.bls
-    worker.start(settings)
+    worker.start(init.settings)
     if worker.model is None:
         return 1
     worker.serve()
