@@ -74,6 +74,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any, Protocol, overload
 
 import numpy as np
 
@@ -167,6 +168,21 @@ _BY_TRITON_CODE: dict[int, type[EngineError]] = {
     TritonCode.ALREADY_EXISTS: ModelErrorAlreadyExists,
     TritonCode.CANCELLED: ExecutionCancelled,
 }
+
+
+class Member(Protocol):
+    """One request of a call: a lone request (`_Single`) or a batch's member (service/core/batching.py hands its
+    own records, `batches_as_requests`)."""
+
+    @property
+    def inputs(self) -> Mapping[str, np.ndarray]: ...
+
+    @property
+    def outputs(self) -> Sequence[str]: ...
+
+    @property
+    def cancel(self) -> CancelToken: ...
+
 
 # What a member of a call comes back as: its outputs (copied out of the response segment), the error its response
 # carried, or Released (the model rescheduled it).
@@ -291,7 +307,7 @@ class WorkerProcess:
         board, requests, responses = made
         return board, requests, responses
 
-    def start(self, settings: dict, timeout: float | None, cancel: CancelToken | None = None) -> Ready:
+    def start(self, settings: dict[str, Any], timeout: float | None, cancel: CancelToken | None = None) -> Ready:
         """Send the init message and wait for initialize. Returns the worker's Ready (the completed configuration,
         whether execute is a coroutine function). Raises ModelLoadError with the model's message, after `timeout`
         seconds (None: no limit), or as soon as `cancel` fires (an unload or the shutdown gave up on the load); the
@@ -365,7 +381,7 @@ class WorkerProcess:
 
     # ---- calls -----------------------------------------------------------------------------------------------
 
-    def call(self, lane: int, members: Sequence, kill_cancel: CancelToken) -> list[CallResult]:
+    def call(self, lane: int, members: Sequence[Member], kill_cancel: CancelToken) -> list[CallResult]:
         """Run `members` (objects with .inputs, .outputs, .cancel) as one execute call on lane `lane`. Blocks until
         the worker answers, it dies, or the kill grace after `kill_cancel` fired ends. Returns per member its
         outputs, its ErrorResult or Released. Raises ModelError (execute raised; the worker
@@ -388,7 +404,7 @@ class WorkerProcess:
             self._end_call(call, sent)
 
     def streams(
-        self, lane: int, members: Sequence, failed: Callable[[BaseException], None], ended: Callable[[], None]
+        self, lane: int, members: Sequence[Member], failed: Callable[[BaseException], None], ended: Callable[[], None]
     ) -> list[ResponseStream]:
         """Start one execute call of a decoupled model with `members` on lane `lane` and return each member's
         responses as a ResponseStream, to be read on the member's own thread (its cancel token is its kill clock's).
@@ -756,7 +772,7 @@ class WorkerProcess:
             closing = ErrorResult(TritonCode.UNAVAILABLE, f"model '{self.model.name}' is closing: no BLS call runs")
             deliver(CallReply((closing,), None), True)
 
-    def _lay_out(self, lane: _Lane, members: Sequence) -> list[Request]:
+    def _lay_out(self, lane: _Lane, members: Sequence[Member]) -> list[Request]:
         """Copy the members' inputs into the lane's request segment (grown first when they do not fit); returns each
         member's Request for the Execute message. Raises OutOfSharedMemoryError when the segment cannot grow."""
         layout = transport.Layout()
@@ -787,7 +803,9 @@ class WorkerProcess:
     def _board_offset(self, call: _Call, index: int) -> int:
         return 8 * (call.lane_number * self.board_words + index)
 
-    def _cancel_watcher(self, call: _Call, index: int, cancel: CancelToken):
+    def _cancel_watcher(self, call: _Call, index: int, cancel: CancelToken) -> Callable[[], None]:
+        """Have `cancel` firing mark the `index`-th request of `call` cancelled on the board (the model's
+        `is_cancelled()` reads it); returns the callback, for the caller to remove when the call ends."""
         board, offset, run = self.board.view, self._board_offset(call, index), call.run
 
         def cancelled() -> None:  # writes only this run's number: a late callback of an older run is harmless
@@ -939,7 +957,7 @@ class _Waiter:
     def __init__(self, cancel: CancelToken) -> None:
         self.cancel = cancel
         self.cancel_seen: float | None = None
-        self.inbox: deque = deque()
+        self.inbox: deque[Inbound] = deque()
         self.watcher: Callable[[], None] | None = None  # its cancel board callback, removed when the call ends
 
 
@@ -1075,9 +1093,22 @@ class PythonContext(Context):
         self._worker: WorkerProcess | None = worker
         self._free_lanes = list(range(model.requests_per_context - 1, -1, -1))  # lane 0 is taken first
 
-    def execute(self, inputs, outputs: Sequence[str], cancel: CancelToken):
+    @overload
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs: ...
+
+    @overload
+    def execute(
+        self, inputs: list[Member], outputs: Sequence[str], cancel: CancelToken
+    ) -> list[Outputs | EngineError]: ...
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray] | list[Member], outputs: Sequence[str], cancel: CancelToken
+    ) -> Outputs | list[Outputs | EngineError]:
         """One request, or (from a batch leader, `batches_as_requests`) a list of member requests: then a list
-        of outcomes, each its Outputs or its EngineError. Blocks for the run."""
+        of outcomes, each its Outputs or its EngineError. Blocks for the run: until the worker answers, or dies, or
+        the kill grace after `cancel` fired ends (the worker is killed). Raises ExecutionCancelled (cancelled
+        before the run, or killed after it), ModelError (execute raised, the worker died), WorkersFailing (the
+        workers die too often), OutOfSharedMemoryError, or the EngineError of a lone request's response."""
         if isinstance(inputs, list):
             return self._call(inputs, cancel)
         if cancel.cancelled:
@@ -1087,7 +1118,7 @@ class PythonContext(Context):
             raise outcome
         return outcome
 
-    def _call(self, members: Sequence, cancel: CancelToken) -> list:
+    def _call(self, members: Sequence[Member], cancel: CancelToken) -> list[Outputs | EngineError]:
         lane, worker = self._enter()
         try:
             results = worker.call(lane, members, cancel)
@@ -1098,9 +1129,12 @@ class PythonContext(Context):
             self._leave(lane, worker)
         return [self._model.outcome(result, member.outputs) for result, member in zip(results, members, strict=True)]
 
-    def execute_stream(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> Iterator[Outputs]:
-        """A decoupled model's responses to one request, as the model sends them (a ResponseStream). A model that
-        is not decoupled yields its one response."""
+    def execute_stream(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
+    ) -> Iterator[Outputs]:
+        """A decoupled model's responses to one request, as the model sends them (a ResponseStream, each `next`
+        blocking for the next response). A model that is not decoupled yields its one response (blocks for it).
+        Raises as `execute` when the call cannot start; the stream raises as `execute` too."""
         if not self._model.decoupled:
             return iter((self.execute(inputs, outputs, cancel),))
         if cancel.cancelled:
@@ -1108,7 +1142,7 @@ class PythonContext(Context):
         (stream,) = self.execute_streams([_Single(inputs, outputs, cancel)])
         return stream
 
-    def execute_streams(self, members: Sequence) -> list[Iterator[Outputs]]:
+    def execute_streams(self, members: Sequence[Member]) -> list[Iterator[Outputs]]:  # type: ignore[override]  # the interface types the core's records as object
         """A decoupled model's batch: one execute call of `members` (each with .inputs, .outputs, .cancel), each
         member's responses as a ResponseStream read on the member's own thread. The lane is held until every stream
         has ended. Raises as `execute` when the call cannot start."""
@@ -1289,7 +1323,7 @@ class CallThreads:
                 self._threads.discard(threading.current_thread())
 
 
-def _request(descriptors: list[Descriptor], member) -> Request:
+def _request(descriptors: list[Descriptor], member: Member) -> Request:
     """What the worker needs of one request: its tensors, requested outputs and what it says about itself."""
     info = member.cancel.request or _NO_INFO
     return Request(
@@ -1300,7 +1334,7 @@ def _request(descriptors: list[Descriptor], member) -> Request:
 _NO_INFO = RequestInfo()
 
 
-def _caller_deadline(members: Sequence) -> float | None:
+def _caller_deadline(members: Sequence[Member]) -> float | None:
     """The deadline a call's BLS calls carry: the latest of its requests' (None when one of them has none)."""
     deadlines = [(member.cancel.request or _NO_INFO).deadline for member in members]
     if any(deadline is None for deadline in deadlines):
@@ -1344,7 +1378,7 @@ def run_bls(
 
     cancel.add_callback(forward)
     segment = None
-    outcomes: list = []
+    outcomes: list[Outputs | ErrorResult] = []
     ended = False  # the callee sent its last response with the final flag: no empty final part after it
     try:
         bf16 = datatypes.bfloat16() if any(d.datatype == "BF16" for d in request.inputs) else None
@@ -1615,11 +1649,11 @@ class PythonModel(LoadedModel):
         self.bls_threads.stop()
 
 
-def triton_config(spec: ModelSpec) -> dict:
+def triton_config(spec: ModelSpec) -> dict[str, Any]:
     """The model's configuration as Triton hands it to a python model (JSON-shaped; dims as integers)."""
     from google.protobuf import json_format
 
-    config: dict = {}
+    config: dict[str, Any] = {}
     if spec.config is not None:
         config = json_format.MessageToDict(spec.config, preserving_proto_field_name=True)  # type: ignore[arg-type]  # the ModelConfig message (typed `object` in the interface)
     config.setdefault("name", spec.name)
@@ -1633,11 +1667,12 @@ def triton_config(spec: ModelSpec) -> dict:
     return config
 
 
-def is_decoupled(config: dict) -> bool:
+def is_decoupled(config: dict[str, Any]) -> bool:
+    """Whether a (completed) configuration says `model_transaction_policy { decoupled: true }`."""
     return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
-def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
+def metadata_from_config(config: dict[str, Any], spec: ModelSpec) -> ModelMetadata:
     """The served metadata of a (completed) configuration. Raises ModelConfigError for a tensor it cannot
     serve, or for settings slotserve refuses."""
     origin = f"model '{spec.name}'"

@@ -233,7 +233,9 @@ class Environments:
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = Path(folder) if folder is not None else default_folder()
         self._lock = threading.Lock()  # guards: _digests
-        self._digests: dict[tuple, str] = {}  # an archive's identity (path, inode, size, mtime) -> its SHA-256
+        self._digests: dict[
+            tuple[object, ...], str
+        ] = {}  # an archive's identity (path, inode, size, mtime) -> its SHA-256
 
     def launcher(self, declared: DeclaredEnvironment) -> EnvironmentLauncher:
         return EnvironmentLauncher(self, declared)
@@ -345,7 +347,7 @@ class Environments:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-def _identity(path: Path, info: os.stat_result) -> tuple:
+def _identity(path: Path, info: os.stat_result) -> tuple[object, ...]:
     return (str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 

@@ -44,9 +44,9 @@ Worker logs do not travel here: a worker's stdout and stderr are pipes of their 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
 
 
 class Kind(enum.IntEnum):
@@ -88,6 +88,18 @@ _ERROR = int(Kind.ERROR)
 
 Wire: TypeAlias = tuple[Any, ...]  # a record as the pipe carries it: its kind's number, then its fields
 
+_R = TypeVar("_R")
+
+if TYPE_CHECKING:
+
+    def _new(cls: type[_R], fields: Iterable[Any]) -> _R:
+        """A record made from its fields, in order."""
+
+else:
+    # NamedTuple's own __new__ is a Python function; tuple's is C: from_wire, on every message of a request's path,
+    # makes its records with it.
+    _new = tuple.__new__
+
 
 # ---- tensors and requests -------------------------------------------------------------------------------------
 
@@ -102,14 +114,14 @@ class Descriptor(NamedTuple):
     nbytes: int
 
 
-def descriptors_to_wire(descriptors: tuple[Descriptor, ...]) -> list[tuple[Any, ...]]:
+def descriptors_to_wire(descriptors: Sequence[Descriptor]) -> list[tuple[Any, ...]]:
     """Descriptors as plain tuples (four times cheaper to pickle both ways than the named ones)."""
-    return [tuple(descriptor) for descriptor in descriptors]
+    return list(map(tuple, descriptors))
 
 
-def descriptors_from_wire(items: list[tuple[Any, ...]]) -> tuple[Descriptor, ...]:
+def descriptors_from_wire(items: list[tuple[Any, ...]]) -> list[Descriptor]:
     """The Descriptors `descriptors_to_wire` wrote."""
-    return tuple(Descriptor._make(item) for item in items)
+    return [_new(Descriptor, item) for item in items]
 
 
 class Request(NamedTuple):
@@ -117,8 +129,8 @@ class Request(NamedTuple):
     the request of a BLS call (worker -> server, in its CallRequest). `inputs` lie in a segment the message names
     (the lane's request segment; the BLS call's own); `outputs` are the requested outputs (empty: all of them)."""
 
-    inputs: tuple[Descriptor, ...]
-    outputs: tuple[str, ...]
+    inputs: Sequence[Descriptor]
+    outputs: Sequence[str]
     request_id: str
     correlation_id: int | str
     flags: int
@@ -126,12 +138,14 @@ class Request(NamedTuple):
 
     def to_wire(self) -> Wire:
         """The request as a plain tuple (inside an Execute)."""
-        return (descriptors_to_wire(self.inputs), *self[1:])
+        return (list(map(tuple, self.inputs)), self.outputs, self.request_id, self.correlation_id, self.flags,
+                self.parameters)  # fmt: skip
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Request:
         """The request `to_wire` wrote."""
-        return cls(descriptors_from_wire(wire[0]), *wire[1:])
+        inputs = [_new(Descriptor, item) for item in wire[0]]
+        return _new(cls, (inputs, wire[1], wire[2], wire[3], wire[4], wire[5]))
 
 
 # ---- results: one per request ----------------------------------------------------------------------------------
@@ -140,14 +154,14 @@ class Request(NamedTuple):
 class Tensors(NamedTuple):
     """A response's tensors, laid out in a segment (the lane's response segment; a BLS reply's own)."""
 
-    descriptors: tuple[Descriptor, ...]
+    descriptors: Sequence[Descriptor]
 
     def to_wire(self) -> Wire:
         return (_TENSORS, descriptors_to_wire(self.descriptors))
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Tensors:
-        return cls(descriptors_from_wire(wire[1]))
+        return _new(cls, (descriptors_from_wire(wire[1]),))
 
 
 class ErrorResult(NamedTuple):
@@ -162,7 +176,7 @@ class ErrorResult(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> ErrorResult:
-        return cls(wire[1], wire[2])
+        return _new(cls, wire[1:])
 
 
 class Released(NamedTuple):
@@ -180,7 +194,7 @@ class Released(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Released:
-        return cls._make(wire[1:])
+        return _new(cls, wire[1:])
 
 
 Result: TypeAlias = Tensors | ErrorResult | Released  # what the worker sends for one request
@@ -215,7 +229,7 @@ class Ready(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Ready:
-        return cls._make(wire[1:])
+        return _new(cls, wire[1:])
 
 
 class LoadFailed(NamedTuple):
@@ -249,7 +263,7 @@ class Execute(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Execute:
-        return cls(wire[1], wire[2], [Request.from_wire(request) for request in wire[3]], wire[4])
+        return _new(cls, (wire[1], wire[2], [Request.from_wire(request) for request in wire[3]], wire[4]))
 
 
 class Done(NamedTuple):
@@ -264,7 +278,7 @@ class Done(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Done:
-        return cls(wire[1], [_result_from_wire(result) for result in wire[2]])
+        return _new(cls, (wire[1], [_result_from_wire(result) for result in wire[2]]))
 
 
 class Failed(NamedTuple):
@@ -279,7 +293,7 @@ class Failed(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Failed:
-        return cls._make(wire[1:])
+        return _new(cls, wire[1:])
 
 
 class Response(NamedTuple):
@@ -300,7 +314,7 @@ class Response(NamedTuple):
     @classmethod
     def from_wire(cls, wire: Wire) -> Response:
         result = None if wire[4] is None else _result_from_wire(wire[4])
-        return cls(wire[1], wire[2], wire[3], result, wire[5])  # type: ignore[arg-type]  # never a Released
+        return _new(cls, (wire[1], wire[2], wire[3], result, wire[5]))
 
 
 class Grow(NamedTuple):
@@ -316,7 +330,7 @@ class Grow(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Grow:
-        return cls._make(wire[1:])
+        return _new(cls, wire[1:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +356,7 @@ class Reply(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Reply:
-        return cls._make(wire[1:])
+        return _new(cls, wire[1:])
 
 
 class Stop(NamedTuple):
@@ -393,7 +407,7 @@ class BlsCall(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> BlsCall:
-        return cls._make(wire[1:])
+        return _new(cls, wire[1:])
 
 
 class BlsPart(NamedTuple):
@@ -409,7 +423,7 @@ class BlsPart(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> BlsPart:
-        return cls._make(wire[1:])
+        return _new(cls, wire[1:])
 
 
 # ---- the wire --------------------------------------------------------------------------------------------------

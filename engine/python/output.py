@@ -26,6 +26,7 @@ import logging
 import os
 import selectors
 import threading
+from collections.abc import Iterable
 
 RECORD_MARK = "\x1eslotserve-record "
 MAX_LINE = 64 << 10
@@ -162,7 +163,7 @@ class WorkerOutput:
             )
 
     @staticmethod
-    def _close(descriptors) -> None:
+    def _close(descriptors: Iterable[int]) -> None:
         for descriptor in descriptors:
             try:
                 os.close(descriptor)

@@ -335,16 +335,17 @@ class Layout:
 
     def __init__(self) -> None:
         self.size = 0
-        self._pending: list[tuple[Descriptor, object]] = []
+        self._pending: list[tuple[Descriptor, bytes | np.ndarray]] = []
 
     def plan(self, name: str, array: np.ndarray, datatype: str) -> Descriptor:
+        payload: bytes | np.ndarray
         if datatype == "BYTES":
-            payload: object = _encode_bytes(array)
-            nbytes = len(payload)  # type: ignore[arg-type]
+            payload = _encode_bytes(array)
+            nbytes = len(payload)
         else:
             # Bytes, not the array: numpy's own dtypes and ml_dtypes' bfloat16 alike (a buffer cannot carry that one).
             payload = np.ascontiguousarray(array).view(np.uint8)
-            nbytes = payload.nbytes  # type: ignore[union-attr]
+            nbytes = payload.nbytes
         offset = -(-self.size // ALIGNMENT) * ALIGNMENT
         descriptor = Descriptor(name, datatype, array.shape, offset, nbytes)  # numpy's shape: a tuple of ints
         self.size = offset + nbytes
@@ -359,11 +360,11 @@ class Layout:
             if isinstance(payload, bytes):
                 view[descriptor.offset : end] = payload
             elif descriptor.nbytes:  # a C-contiguous array: its bytes, without numpy's indexing machinery
-                view[descriptor.offset : end] = memoryview(payload).cast("B")  # type: ignore[arg-type]
+                view[descriptor.offset : end] = payload.data.cast("B")
         self._pending = []
 
 
-def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16=None) -> np.ndarray:
+def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16: Any = None) -> np.ndarray:
     """The tensor `descriptor` names: a view of the segment (read-only) or, with `copy`, an array of its own.
     BYTES tensors are always rebuilt (new objects)."""
     raw = segment.view[descriptor.offset : descriptor.offset + descriptor.nbytes]
@@ -378,7 +379,7 @@ def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16=None) -> 
     return array
 
 
-def read_writable(segment: Segment | None, descriptor: Descriptor, bf16=None) -> np.ndarray:
+def read_writable(segment: Segment | None, descriptor: Descriptor, bf16: Any = None) -> np.ndarray:
     """The tensor as a writable view of the segment (a BLS call's output: the segment is the model's alone)."""
     if segment is None:  # every tensor of the reply is empty: there is no segment
         dtype = object if descriptor.datatype == "BYTES" else bf16 if descriptor.datatype == "BF16" else None

@@ -24,7 +24,8 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -58,7 +59,7 @@ _ENUM_TO_NUMPY = {value: dtype for (value, _, dtype) in _TRITON_TYPES}
 
 
 # The worker's BLS call (engine/python/worker.py Worker.bls): (request, decoupled) -> list of InferenceResponse.
-_bls_caller: Callable | None = None
+_bls_caller: Callable[[InferenceRequest, bool], list[InferenceResponse] | Iterator[InferenceResponse]] | None = None
 
 
 def _refuse(what: str) -> TritonModelException:
@@ -102,7 +103,7 @@ class Tensor:
     """A named numpy array. BYTES tensors are numpy object arrays of `bytes` (str elements are accepted in
     outputs and sent UTF-8 encoded)."""
 
-    def __init__(self, name: str, array) -> None:
+    def __init__(self, name: str, array: np.ndarray) -> None:
         if not isinstance(name, str):
             raise TypeError(f"a Tensor's name must be a str, got {type(name).__name__}")  # pybind's TypeError
         if not isinstance(array, np.ndarray):
@@ -132,13 +133,13 @@ class Tensor:
     def is_cpu(self) -> bool:
         return True
 
-    def to_dlpack(self):
+    def to_dlpack(self) -> object:
         """A DLPack capsule of the tensor's data (a read-only or strided array is copied first). BF16 tensors too."""
         from . import dlpack
 
         return dlpack.export(self._array)
 
-    def __dlpack__(self, stream=None):
+    def __dlpack__(self, stream: object = None) -> object:
         if stream is not None:
             raise TritonModelException("a CPU tensor takes no stream in __dlpack__ (stream must be None)")
         return self.to_dlpack()
@@ -149,7 +150,7 @@ class Tensor:
         return (dlpack.CPU, 0)
 
     @staticmethod
-    def from_dlpack(name, capsule) -> Tensor:
+    def from_dlpack(name: str, capsule: object) -> Tensor:
         """A Tensor over a DLPack capsule's memory, or an object with `__dlpack__` (numpy, torch, a Tensor); CPU
         and C-contiguous only, as in Triton. Raises TritonModelException in Triton's words."""
         from . import dlpack
@@ -170,7 +171,9 @@ class Tensor:
 class InferenceResponse:
     """One request's answer: output tensors, or an error."""
 
-    def __init__(self, output_tensors=(), error: TritonError | None = None, parameters=None) -> None:
+    def __init__(
+        self, output_tensors: Iterable[Tensor] | None = (), error: TritonError | None = None, parameters: object = None
+    ) -> None:
         if output_tensors is None:
             raise TypeError("InferenceResponse output_tensors must be a list of pb_utils.Tensor, got None")
         tensors = list(output_tensors)
@@ -234,7 +237,7 @@ class InferenceResponseSender:
 SENDER_CLOSED = "Unable to send response. Response sender has been closed."  # Triton's words
 
 
-def _check_send(response, flags: int) -> bool:
+def _check_send(response: object, flags: int) -> bool:
     """Triton's checks of `send`'s arguments. Returns whether the final flag is set. Raises TritonModelException."""
     if response is not None and not isinstance(response, InferenceResponse):
         raise TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
@@ -258,16 +261,16 @@ class InferenceRequest:
     def __init__(
         self,
         model_name: str | bytes = "",
-        inputs=(),
-        requested_output_names=(),
-        request_id: str = "",
-        correlation_id=0,
+        inputs: Iterable[Tensor] | None = (),
+        requested_output_names: Iterable[str | bytes] | None = (),
+        request_id: str | bytes = "",
+        correlation_id: int | str = 0,
         flags: int = 0,
-        parameters=None,
+        parameters: dict[str, Any] | str | None = None,
         timeout: int = 0,
         model_version: int = -1,
-        preferred_memory=None,
-        trace=None,
+        preferred_memory: object = None,
+        trace: object = None,
         *,
         _cancelled: Callable[[], bool] | None = None,
     ) -> None:
@@ -320,7 +323,7 @@ class InferenceRequest:
     def request_id(self) -> str:
         return self._request_id
 
-    def correlation_id(self):
+    def correlation_id(self) -> int | str:
         return self._correlation_id
 
     def flags(self) -> int:
@@ -351,21 +354,26 @@ class InferenceRequest:
         self._sender_taken = True  # the worker waits only for the senders a model took
         return self._sender
 
-    def exec(self, decoupled: bool = False):
+    def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """Run this request on model `model_name` of the server (BLS). Returns its InferenceResponse (an error is
         `has_error()`, not raised), or with `decoupled` an iterator of its responses, ending with an empty one when
         the callee's final flag came alone (as Triton's). Blocks until the callee answered (or the caller's
-        deadline, or the callee's admission timeout)."""
+        deadline, its cancellation, or the callee's admission timeout). Raises TritonModelException for a call that
+        cannot be made (outside execute or a worker, an input no datatype fits, the server gone)."""
         if _bls_caller is None:
             raise _refuse("BLS outside a worker (InferenceRequest.exec)")
         responses = _bls_caller(self, bool(decoupled))
-        return responses if decoupled else responses[0]
+        if isinstance(responses, list):  # an ordinary call (not decoupled): its one response
+            return responses[0]
+        return responses
 
-    def async_exec(self, decoupled: bool = False):
+    def async_exec(
+        self, decoupled: bool = False
+    ) -> Coroutine[Any, Any, InferenceResponse | Iterator[InferenceResponse]]:
         """`exec` as an awaitable, for `async def execute`: it runs on the event loop's thread pool, so calls
         awaited together (asyncio.gather) are in flight at once."""
 
-        async def call():
+        async def call() -> InferenceResponse | Iterator[InferenceResponse]:
             # In the caller's context: the worker reads there which request the call belongs to.
             exec_here = functools.partial(contextvars.copy_context().run, self.exec, decoupled)
             return await asyncio.get_running_loop().run_in_executor(None, exec_here)
@@ -373,7 +381,7 @@ class InferenceRequest:
         return call()
 
 
-def _text(value, what: str) -> str:
+def _text(value: object, what: str) -> str:
     """A str argument of Triton's binding: str, or bytes taken as UTF-8 text; TypeError otherwise."""
     if isinstance(value, bytes):
         try:
@@ -399,29 +407,31 @@ def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor 
     return None
 
 
-def _config_entry(model_config, kind: str, name: str) -> dict | None:
-    if isinstance(model_config, str):
-        model_config = json.loads(model_config)
-    for entry in model_config.get(kind, []):
+def _config_entry(model_config: dict[str, Any] | str, kind: str, name: str) -> dict[str, Any] | None:
+    config: dict[str, Any] = json.loads(model_config) if isinstance(model_config, str) else model_config
+    entries: list[dict[str, Any]] = config.get(kind, [])
+    for entry in entries:
         if entry.get("name") == name:
             return entry
     return None
 
 
-def get_input_config_by_name(model_config, name: str) -> dict | None:
+def get_input_config_by_name(model_config: dict[str, Any] | str, name: str) -> dict[str, Any] | None:
+    """The configuration of input `name` (the configuration as a dict or its JSON); None when it has none."""
     return _config_entry(model_config, "input", name)
 
 
-def get_output_config_by_name(model_config, name: str) -> dict | None:
+def get_output_config_by_name(model_config: dict[str, Any] | str, name: str) -> dict[str, Any] | None:
+    """The configuration of output `name` (the configuration as a dict or its JSON); None when it has none."""
     return _config_entry(model_config, "output", name)
 
 
-def triton_string_to_numpy(triton_type_string: str):
+def triton_string_to_numpy(triton_type_string: str) -> object:
     """numpy type of a config data_type ("TYPE_FP32" -> np.float32). Raises KeyError for an unknown one."""
     return _STRING_TO_NUMPY[triton_type_string]
 
 
-def triton_to_numpy_type(data_type: int):
+def triton_to_numpy_type(data_type: int) -> object:
     """numpy type of a TRITONSERVER_DataType value (11 -> np.float32); None for an unknown value."""
     return _ENUM_TO_NUMPY.get(data_type)
 
@@ -437,20 +447,20 @@ def numpy_to_triton_type(data_type: npt.DTypeLike) -> int | None:
     return None
 
 
-def using_decoupled_model_transaction_policy(model_config) -> bool:
-    if isinstance(model_config, str):
-        model_config = json.loads(model_config)
-    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any] | str) -> bool:
+    """Whether the configuration (a dict or its JSON) says `model_transaction_policy { decoupled: true }`."""
+    config: dict[str, Any] = json.loads(model_config) if isinstance(model_config, str) else model_config
+    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
 class ModelConfig:
     """The configuration handed to `auto_complete_config`: read it with `as_dict`, complete it with the
     setters; the server uses what comes back. Setters refuse what contradicts the configuration."""
 
-    def __init__(self, model_config: dict) -> None:
+    def __init__(self, model_config: dict[str, Any]) -> None:
         self._config = model_config
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return self._config
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
@@ -466,7 +476,7 @@ class ModelConfig:
     def set_dynamic_batching(self) -> None:
         self._config.setdefault("dynamic_batching", {})
 
-    def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
         for key in transaction_policy_dict:
             if key != "decoupled":
                 raise TritonModelException(f"model_transaction_policy has no field '{key}'")
@@ -475,13 +485,13 @@ class ModelConfig:
             raise TritonModelException("the configuration already sets model_transaction_policy differently")
         self._config["model_transaction_policy"] = dict(transaction_policy_dict)
 
-    def add_input(self, input: dict) -> None:
+    def add_input(self, input: dict[str, Any]) -> None:
         self._add("input", input)
 
-    def add_output(self, output: dict) -> None:
+    def add_output(self, output: dict[str, Any]) -> None:
         self._add("output", output)
 
-    def _add(self, kind: str, tensor: dict) -> None:
+    def _add(self, kind: str, tensor: dict[str, Any]) -> None:
         allowed = {"name", "data_type", "dims", "optional", "is_shape_tensor"}
         unknown = set(tensor) - allowed
         if "name" not in tensor:
@@ -504,7 +514,7 @@ class ModelConfig:
         entries.append(dict(tensor))
 
 
-def _normalized(value):
+def _normalized(value: object) -> object:
     return [int(v) for v in value] if isinstance(value, list | tuple) else value
 
 
@@ -515,12 +525,12 @@ class MetricFamily:
     GAUGE = 1
     HISTOGRAM = 2
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise _refuse("custom metrics (MetricFamily)")
 
 
 class Metric:
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise _refuse("custom metrics (Metric)")
 
 

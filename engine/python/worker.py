@@ -54,10 +54,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from . import rescheduling, transport
 from . import triton_python_backend_utils as pb_utils
@@ -98,7 +99,6 @@ class Worker:
         self.cancel_board: transport.Segment | None = None
         self.board_words = 1  # words of the cancel board per lane: one per request of a call (settings)
         self.lanes: dict[int, _Lane] = {}  # by number; made as the server first names one
-        self.requested_cache: dict = {}
         self.decoupled = False
         self.pipe = WorkerPipe(connection)  # read by the thread waiting for a message (engine/python/pipe.py)
         self.tags = itertools.count(1)
@@ -112,7 +112,7 @@ class Worker:
 
     # ---- start -----------------------------------------------------------------------------------------------
 
-    def start(self, settings: dict) -> None:
+    def start(self, settings: dict[str, Any]) -> None:
         """Import model.py, auto-complete the configuration, initialize. Replies Ready (the completed configuration,
         whether execute is a coroutine function) or LoadFailed (the exception, which is logged). Raises OSError when
         the server is gone."""
@@ -190,7 +190,9 @@ class Worker:
         with self._runs_lock:
             return self._runs[max(self._runs)] if self._runs else None
 
-    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool):
+    def bls(
+        self, request: pb_utils.InferenceRequest, decoupled: bool
+    ) -> list[pb_utils.InferenceResponse] | Iterator[pb_utils.InferenceResponse]:
         """Send a BLS call to the server. Returns the list of the callee's responses (one), or with `decoupled` an
         iterator of them, once the first has arrived (as Triton's exec), each of the others as it arrives. Raises
         TritonModelException outside execute, for an input no datatype fits, or when the server is gone (the
@@ -237,7 +239,7 @@ class Worker:
         first = next(responses, None)
         return itertools.chain(() if first is None else (first,), responses)
 
-    def _responses(self, tag: int, segment):
+    def _responses(self, tag: int, segment: transport.Segment | None) -> Iterator[pb_utils.InferenceResponse]:
         """A BLS call's responses as its parts arrive (a decoupled callee's one by one), up to the final part (a final
         part without a response, the callee's final flag alone, is an empty response, as Triton's iterator ends).
         Closed early (the model let go of it), the parts still to come are dropped, their files unlinked."""
@@ -260,7 +262,8 @@ class Worker:
         finally:
             self._end_call(tag, segment)
 
-    def _end_call(self, tag: int, segment) -> None:
+    def _end_call(self, tag: int, segment: transport.Segment | None) -> None:
+        """BLS call `tag` is over: its unread parts' files and its inputs' segment go. Never blocks."""
         for part in self.pipe.close_call(tag):
             unlink_reply(part.reply)
         if segment is not None:
@@ -286,7 +289,7 @@ class Worker:
         finally:
             _CURRENT_RUN.reset(current)
 
-    def execute_returning(self, run: _Run, built: list, requests: list[Request]) -> None:
+    def execute_returning(self, run: _Run, built: list[pb_utils.InferenceRequest], requests: list[Request]) -> None:
         """A model that is not decoupled: `execute` (an `async def` one run to its end on the event loop, as
         Triton does: no overlap), its responses laid into the lane's response segment, a Done with a Result per
         request (its Tensors, an ErrorResult, or Released); Failed when there is nothing to answer (execute raised
@@ -331,7 +334,7 @@ class Worker:
             with lane.lock:
                 self._end_run(run)
 
-    def execute_decoupled(self, run: _Run, built: list, requests: list[Request]) -> None:
+    def execute_decoupled(self, run: _Run, built: list[pb_utils.InferenceRequest], requests: list[Request]) -> None:
         """A decoupled model: its responses go to the server as they are sent (`send_response`); the run ends at
         its last final flag. An `async def execute` is left running in the background on the event loop (the main
         thread reads the next order at once); otherwise execute runs here. An exception (or a return value other
@@ -360,7 +363,7 @@ class Worker:
         finally:
             del built
 
-    def _background_ended(self, run: _Run, outcome: concurrent.futures.Future) -> None:
+    def _background_ended(self, run: _Run, outcome: concurrent.futures.Future[Any]) -> None:
         """A decoupled model's coroutine ended (on the event loop's thread): an exception fails its own run; its
         rescheduled requests are handed back."""
         try:
@@ -374,7 +377,8 @@ class Worker:
             )
             self.fail_run(run, error)
 
-    def _returned_nothing(self, returned) -> None:
+    def _returned_nothing(self, returned: object) -> None:
+        """Raises TritonModelException (Triton's words) when a decoupled execute returned something."""
         if returned is not None:
             raise pb_utils.TritonModelException(
                 f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
@@ -407,9 +411,13 @@ class Worker:
         with self.finals:
             self.finals.wait_for(done)
 
-    def send_response(self, run: _Run, index: int, requested: list[str], response, final: bool) -> None:
-        """Hand one response of a decoupled call to the server and wait until it has taken the tensors. Called
-        with the lane's lock held, on the model's thread."""
+    def send_response(
+        self, run: _Run, index: int, requested: Sequence[str], response: pb_utils.InferenceResponse | None, final: bool
+    ) -> None:
+        """Hand one response of a decoupled call to the server and wait until it has taken the tensors (blocks,
+        without a timeout: the server answers at once). Called with the lane's lock held, on the model's thread.
+        Raises transport.NoRoom when the response segment could not grow, EOFError or OSError when the server is
+        gone, TritonModelException for a response that is not an InferenceResponse."""
         lane = run.lane
         layout = transport.Layout()
         result = None if response is None else self._result(response, requested, layout)
@@ -452,7 +460,12 @@ class Worker:
             lane = self.lanes[number] = _Lane(number)
         return lane
 
-    def _request(self, run: _Run, index: int, request: Request, board) -> pb_utils.InferenceRequest:
+    def _request(
+        self, run: _Run, index: int, request: Request, board: transport.Segment | None
+    ) -> pb_utils.InferenceRequest:
+        """The model's view of the `index`-th request of `run`: its inputs are read-only views of the lane's request
+        segment, and `is_cancelled()` reads its word of the cancel board."""
+        assert board is not None  # mapped by `start`, before any Execute
         segment = run.lane.request_segment
         inputs = [
             pb_utils.Tensor(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
@@ -462,7 +475,7 @@ class Worker:
         number = run.number
 
         def cancelled() -> bool:
-            return struct.unpack_from("<q", board.view, offset)[0] == number
+            return bool(struct.unpack_from("<q", board.view, offset)[0] == number)
 
         return pb_utils.InferenceRequest(
             model_name=self.name,
@@ -475,32 +488,38 @@ class Worker:
             _cancelled=cancelled,
         )
 
-    def _collect(self, built, requests, returned, failure: BaseException | None):
+    def _collect(
+        self,
+        built: list[pb_utils.InferenceRequest],
+        requests: list[Request],
+        returned: object,
+        failure: BaseException | None,
+    ) -> tuple[list[Result], transport.Layout]:
         """The per-request results of a call, with the outputs laid out for the response segment: each request's
         response sent through its sender, else the one `execute` returned, else (execute raised) the exception; a
         request the model rescheduled is a `Released` record (engine/python/rescheduling.py). After execute
         returned None, waits for the responses of the senders the model took. Raises `failure` when no request
         has a response to give, TritonModelException when the return value does not fit the requests."""
         if failure is not None:
-            if all(request._sender.response is None for request in built):
+            if all(_sent(request) is None for request in built):
                 raise failure
-            responses = [request._sender.response for request in built]  # None: the exception's error below
+            responses: list[object] = [_sent(request) for request in built]  # None: the exception's error below
         elif returned is None:
             answering = [request for request in built if not rescheduling.rescheduled(request)]
             if any(not request._sender_taken for request in answering):
                 raise pb_utils.TritonModelException(
                     "execute returned None but did not send a response for every request through its response sender"
                 )
-            self._wait(lambda: all(request._sender.response is not None for request in answering))
-            responses = [request._sender.response for request in built]
+            self._wait(lambda: all(_sent(request) is not None for request in answering))
+            responses = [_sent(request) for request in built]
         else:
-            responses = list(returned)
+            responses = list(cast(Iterable[object], returned))  # not iterable: TypeError, in Python's words
             if len(responses) != len(built):
                 raise pb_utils.TritonModelException(
                     f"execute returned {len(responses)} responses for {len(built)} requests (one each is required)"
                 )
             for index, request in enumerate(built):
-                sender = request._sender
+                sender = _sender(request)
                 if sender.response is not None:  # sent already: what execute returned for it goes nowhere
                     responses[index] = sender.response
                 elif responses[index] is not None:
@@ -513,12 +532,12 @@ class Worker:
                 if responses[index] is None and request._sender_taken and not rescheduling.rescheduled(request)
             ]
             if pending:
-                self._wait(lambda: all(built[index]._sender.response is not None for index in pending))
+                self._wait(lambda: all(_sent(built[index]) is not None for index in pending))
                 for index in pending:
-                    responses[index] = built[index]._sender.response
+                    responses[index] = _sent(built[index])
         layout = transport.Layout()
         results: list[Result] = []
-        for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
+        for index, (response, asked) in enumerate(zip(responses, requests, strict=True)):
             if failure is None:
                 released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
                 if released is not None:
@@ -527,10 +546,12 @@ class Worker:
             if response is None and failure is not None:
                 results.append(ErrorResult(TritonCode.INTERNAL, _describe(failure)))
             else:
-                results.append(self._result(response, request.outputs, layout))
+                results.append(self._result(response, asked.outputs, layout))
         return results, layout
 
-    def _result(self, response, requested: list[str], layout: transport.Layout):
+    def _result(self, response: object, requested: Sequence[str], layout: transport.Layout) -> Tensors | ErrorResult:
+        """A response laid out for the response segment (its requested outputs), or the error it carries or earns.
+        Raises TritonModelException when it is not an InferenceResponse."""
         if not isinstance(response, pb_utils.InferenceResponse):
             raise pb_utils.TritonModelException(
                 f"execute must return pb_utils.InferenceResponse objects, got {type(response).__name__}"
@@ -555,7 +576,7 @@ class Worker:
             descriptors.append(layout.plan(tensor.name(), array, datatype))
         return Tensors(tuple(descriptors))
 
-    def _remap(self, lane: _Lane, segments: dict) -> None:
+    def _remap(self, lane: _Lane, segments: Mapping[str, tuple[str, int]]) -> None:
         """Map the segments the server made for `lane` ({"request"|"response": (path, size)}), in place of the old."""
         if not segments:
             return
@@ -581,7 +602,9 @@ class _StreamSender(pb_utils.InferenceResponseSender):
     Raises TritonModelException after the final flag, for a response that is not an InferenceResponse, and when
     the server is gone."""
 
-    def __init__(self, worker: Worker, run: _Run, index: int, requested: list[str], request) -> None:
+    def __init__(
+        self, worker: Worker, run: _Run, index: int, requested: Sequence[str], request: pb_utils.InferenceRequest
+    ) -> None:
         super().__init__()
         self._worker, self._run, self._index, self._requested = worker, run, index, requested
         self._request_cancelled = request.is_cancelled
@@ -632,7 +655,9 @@ class _Run:
         self.live = True  # until its answer (or last final flag) was sent: BLS calls are allowed while it is
         self.open_senders = 0
         self.senders: list[_StreamSender] = []
-        self.requests: list = []  # a decoupled run's (its rescheduled ones are handed back when it ends)
+        self.requests: list[
+            pb_utils.InferenceRequest
+        ] = []  # a decoupled run's (its rescheduled ones are handed back when it ends)
 
 
 # The run the code running now belongs to: set for `execute` and copied into the coroutine it returns (and into
@@ -649,7 +674,7 @@ class EventLoop:
         self.loop = asyncio.new_event_loop()
         self._executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="python-model-async-exec")
         self.loop.set_default_executor(self._executor)
-        self._background: set[concurrent.futures.Future] = set()  # coroutines running in the background
+        self._background: set[concurrent.futures.Future[Any]] = set()  # coroutines running in the background
         self._thread = threading.Thread(target=self._run, name="python-model-event-loop", daemon=True)
         self._thread.start()
 
@@ -657,12 +682,14 @@ class EventLoop:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coroutine) -> Any:
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """Run `coroutine` on the loop and return its result (or raise its exception). Blocks until it ends: the
         server bounds a call that never does (its kill clock ends the worker)."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
-    def start(self, coroutine, ended: Callable[[concurrent.futures.Future], None]) -> None:
+    def start(
+        self, coroutine: Coroutine[Any, Any, Any], ended: Callable[[concurrent.futures.Future[Any]], None]
+    ) -> None:
         """Run `coroutine` on the loop in the background; `ended(future)` is called (on the loop's thread) when it
         ends. Returns at once."""
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
@@ -688,6 +715,18 @@ _ARG_KEYS = (
 )
 
 
+def _sender(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponseSender:
+    """The response sender the worker gave `request` before execute."""
+    sender = request._sender
+    assert sender is not None  # every request of a call gets one before the model sees it
+    return sender
+
+
+def _sent(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse | None:
+    """The response the model sent through `request`'s sender so far (None: none yet)."""
+    return _sender(request).response
+
+
 def _parameters_json(parameters: Mapping[str, object] | None) -> str:
     # Most requests carry none: "{}" without the encoder saves a few microseconds of every small request.
     return json.dumps(parameters, separators=(",", ":")) if parameters else "{}"
@@ -699,7 +738,8 @@ def _response_of(result: dict[str, Any] | ErrorResult) -> pb_utils.InferenceResp
     return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in result.items()])
 
 
-def _bf16_type(reply: CallReply):
+def _bf16_type(reply: CallReply) -> Any:
+    """The numpy type of bfloat16 when a tensor of `reply` is BF16, else None (ml_dtypes is imported only then)."""
     wanted = any(isinstance(r, Tensors) and any(d.datatype == "BF16" for d in r.descriptors) for r in reply.responses)
     return _bfloat16() if wanted else None
 
@@ -725,7 +765,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _import_model(path: str):
+def _import_model(path: str) -> types.ModuleType:
     """Import the model's file as Triton's stub does (pb_stub.cc, ModelContext::StubSetup): its version folder and
     the model's folder are appended to sys.path, and the file is the module `<version>.<stem>` ("1.model"), a
     module of the version folder's package. So `import helper` finds helper.py beside model.py, `from . import
