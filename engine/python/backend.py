@@ -132,6 +132,7 @@ from .messages import (
     ReplyPayload,
     Request,
     Response,
+    SegmentName,
     Stop,
     Tensors,
 )
@@ -175,13 +176,17 @@ class Member(Protocol):
     own records, `batches_as_requests`)."""
 
     @property
-    def inputs(self) -> Mapping[str, np.ndarray]: ...
+    def inputs(self) -> Mapping[str, np.ndarray]:
+        """Its input tensors by name."""
 
     @property
-    def outputs(self) -> Sequence[str]: ...
+    def outputs(self) -> Sequence[str]:
+        """The outputs it asks for (empty: all of them)."""
 
     @property
-    def cancel(self) -> CancelToken: ...
+    def cancel(self) -> CancelToken:
+        """Its cancel token (its client gave up, its deadline passed), which carries its
+        RequestInfo."""
 
 
 # What a member of a call comes back as: its outputs (copied out of the response segment), the error its response
@@ -315,11 +320,11 @@ class WorkerProcess:
         lane = self.lanes[0]
         settings = dict(
             settings,
-            cancel_board=(self.board.path, self.board.size),
+            cancel_board=self.board.name,
             board_words=self.board_words,
             segments={
-                "request": (lane.requests.path, lane.requests.size),
-                "response": (lane.responses.path, lane.responses.size),
+                "request": lane.requests.name,
+                "response": lane.responses.name,
             },
         )
         if cancel is not None:
@@ -366,6 +371,8 @@ class WorkerProcess:
             )
 
     def resident_bytes(self) -> int:
+        """The worker's resident memory now (bytes, shared segments included), read from /proc; 0 once it is gone.
+        Never blocks."""
         try:
             with open(f"/proc/{self.process.pid}/statm") as handle:
                 return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -472,14 +479,14 @@ class WorkerProcess:
         if not self.ended:
             call.lane.release_single_use(sent)
 
-    def _hand_over(self, call: _Call) -> dict[str, tuple[str, int]]:
+    def _hand_over(self, call: _Call) -> dict[str, SegmentName]:
         """The lane's replaced segments, for the call's execute message: from now on the call unlinks them."""
         if not call.lane.new:
             return {}
         new, call.lane.new = call.lane.new, {}
         with self._mail:
             call.handed_over.extend(new.values())
-        return {key: (segment.path, segment.size) for key, segment in new.items()}
+        return {key: segment.name for key, segment in new.items()}
 
     def _unlink_handed_over(self, call: _Call) -> None:
         """The worker has mapped the segments handed over to `call` (it sent a message of the call after reading
@@ -704,6 +711,7 @@ class WorkerProcess:
         )
 
     def mark_ended(self) -> None:
+        """The worker is gone (dead or killed): its calls' waiters are woken to fail. Never blocks."""
         with self._mail:
             self.ended = True
             self._changed.notify_all()
@@ -722,7 +730,7 @@ class WorkerProcess:
         )
 
     def _grown(self, run: int, size: int) -> ReplyPayload:
-        """The reply to a Grow of call `run`: its lane's new response segment (path, size), or GrowRefused (noted
+        """The reply to a Grow of call `run`: its lane's new response segment's name, or GrowRefused (noted
         in the call's `refused`, which fails it)."""
         with self._mail:
             call = self._calls.get(run)
@@ -735,7 +743,7 @@ class WorkerProcess:
             return GrowRefused(str(call.refused))
         with self._mail:
             call.handed_over.append(segment)  # the worker maps it before it sends the call's next message
-        return (segment.path, segment.size)
+        return segment.name
 
     def _start_bls(self, message: BlsCall) -> None:
         """Run a BLS call of a request in flight on a thread of its own (the model may make several at once), with
@@ -751,8 +759,8 @@ class WorkerProcess:
             nonlocal ended
             with self._mail:
                 live = call is not None and call.live
-                if live and reply.segment is not None:
-                    call.reply_files.add(reply.segment[0])  # type: ignore[union-attr]  # live: not None
+                if call is not None and live and reply.segment is not None:
+                    call.reply_files.add(reply.segment.path)
             if not live:
                 _unlink_reply(reply)
                 if ended:
@@ -839,6 +847,8 @@ class WorkerProcess:
         ).start()
 
     def wait_or_kill(self, deadline: float) -> None:
+        """Wait for the worker to exit until `deadline` (monotonic), kill it then, and free its resources. Blocks until
+        then; never raises."""
         try:
             self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -849,6 +859,7 @@ class WorkerProcess:
         self.close_resources()
 
     def kill(self) -> None:
+        """Kill the worker (SIGKILL) if it still runs and reap it. Blocks only for the reaping; never raises."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
@@ -1046,6 +1057,8 @@ class ResponseStream(Iterator[Outputs]):
         return outputs
 
     def close(self) -> None:
+        """End the request's part of the call now: what the model still sends for it is taken and dropped until its
+        final flag (bounded by the kill grace). Idempotent; never raises a model's error."""
         self._end()
 
     def _end(self) -> None:
@@ -1240,6 +1253,7 @@ class PythonContext(Context):
             )
 
     def close(self) -> None:
+        """Ask the slot's worker to finalize and exit; returns at once (a thread kills it after the finalize grace)."""
         with self._lock:
             worker, self._worker = self._worker, None
         if worker is not None:
@@ -1441,7 +1455,7 @@ def _unlink_reply(reply: CallReply) -> None:
     """Remove a BLS reply's segment file (nobody will map it)."""
     if reply.segment is not None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(reply.segment[0])
+            os.unlink(reply.segment.path)
 
 
 def _private_resident(pid: int) -> int:
@@ -1555,6 +1569,7 @@ class PythonModel(LoadedModel):
     # ---- slots -------------------------------------------------------------------------------------------------
 
     def create_context(self) -> Context:
+        """A slot (see `create_context_cancellable`); blocks for a new worker's initialize. Raises ModelLoadError."""
         return self.create_context_cancellable(None)
 
     def create_context_cancellable(self, cancel: CancelToken | None) -> Context:
@@ -1580,10 +1595,12 @@ class PythonModel(LoadedModel):
         return sum(worker.memory_bytes() for worker in workers) + max(0, slots - len(workers)) * started
 
     def worker_started(self, worker: WorkerProcess) -> None:
+        """Count `worker` in the model's memory (`memory_bytes`). Never blocks."""
         with self._lock:
             self._live.add(worker)
 
     def worker_closed(self, worker: WorkerProcess) -> None:
+        """Stop counting `worker` in the model's memory. Never blocks."""
         with self._lock:
             self._live.discard(worker)
 
@@ -1631,6 +1648,8 @@ class PythonModel(LoadedModel):
             )
 
     def kill_grace(self, reason: str) -> float | None:
+        """Seconds a worker may run on after a request of its was cancelled for `reason` before it is killed; None:
+        never killed (cancel_kill_seconds 0)."""
         if reason == SHUTDOWN_REASON:
             return SHUTDOWN_KILL_SECONDS
         return self._cancel_kill or None
@@ -1738,9 +1757,12 @@ class PythonBackend(Backend):
         transport.remove_own_at_exit()
 
     def bind_model_calls(self, calls: ModelCalls) -> None:
+        """The server's calls to its own models, which every python model loaded after this uses for BLS."""
         self._calls = calls
 
     def load(self, spec: ModelSpec) -> LoadedModel:
+        """`load_cancellable` without a token: blocks for the first worker's initialize; raises ModelLoadError or
+        ModelConfigError."""
         return self.load_cancellable(spec, None)
 
     def load_cancellable(self, spec: ModelSpec, cancel: CancelToken | None) -> LoadedModel:

@@ -65,6 +65,7 @@ def _bfloat16() -> np.dtype[Any]:
 
 
 def is_capsule(value: object) -> bool:
+    """Whether `value` is a PyCapsule (a DLPack tensor, used or not)."""
     return type(value).__name__ == "PyCapsule"
 
 

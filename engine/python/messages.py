@@ -124,6 +124,13 @@ def descriptors_from_wire(items: list[tuple[Any, ...]]) -> list[Descriptor]:
     return [_new(Descriptor, item) for item in items]
 
 
+class SegmentName(NamedTuple):
+    """A shared-memory segment as a message names it: its file (which the receiver maps, then unlinks) and size."""
+
+    path: str
+    size: int
+
+
 class Request(NamedTuple):
     """One inference request as it crosses the pipe, either way: each request of an Execute (server -> worker) and
     the request of a BLS call (worker -> server, in its CallRequest). `inputs` lie in a segment the message names
@@ -157,10 +164,12 @@ class Tensors(NamedTuple):
     descriptors: Sequence[Descriptor]
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_TENSORS, descriptors_to_wire(self.descriptors))
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Tensors:
+        """The record its `to_wire` wrote."""
         return _new(cls, (descriptors_from_wire(wire[1]),))
 
 
@@ -172,10 +181,12 @@ class ErrorResult(NamedTuple):
     message: str
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_ERROR, int(self.code), self.message)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> ErrorResult:
+        """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
 
@@ -190,10 +201,12 @@ class Released(NamedTuple):
     run: int = 0
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_RELEASED, *self)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Released:
+        """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
 
@@ -210,10 +223,12 @@ class Init(NamedTuple):
     settings: dict[str, Any]
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_INIT, self.settings)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Init:
+        """The record its `to_wire` wrote."""
         return cls(wire[1])
 
 
@@ -225,10 +240,12 @@ class Ready(NamedTuple):
     async_execute: bool
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_READY, *self)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Ready:
+        """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
 
@@ -238,10 +255,12 @@ class LoadFailed(NamedTuple):
     message: str
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_LOAD_FAILED, self.message)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> LoadFailed:
+        """The record its `to_wire` wrote."""
         return cls(wire[1])
 
 
@@ -251,18 +270,20 @@ class LoadFailed(NamedTuple):
 class Execute(NamedTuple):
     """Run `requests` (their tensors in the lane's request segment) as one execute call numbered `run`, on lane
     `lane`. `segments` names the lane's segments that were replaced since the lane's last call
-    ({"request"|"response": (path, size)}), which the worker maps before it reads the requests."""
+    ({"request"|"response": its name}), which the worker maps before it reads the requests."""
 
     run: int
     lane: int
     requests: list[Request]
-    segments: dict[str, tuple[str, int]]
+    segments: dict[str, SegmentName]
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_EXECUTE, self.run, self.lane, [request.to_wire() for request in self.requests], self.segments)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Execute:
+        """The record its `to_wire` wrote."""
         return _new(cls, (wire[1], wire[2], [Request.from_wire(request) for request in wire[3]], wire[4]))
 
 
@@ -274,10 +295,12 @@ class Done(NamedTuple):
     results: list[Result]
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_DONE, self.run, [result.to_wire() for result in self.results])
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Done:
+        """The record its `to_wire` wrote."""
         return _new(cls, (wire[1], [_result_from_wire(result) for result in wire[2]]))
 
 
@@ -289,10 +312,12 @@ class Failed(NamedTuple):
     message: str
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_FAILED, *self)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Failed:
+        """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
 
@@ -308,28 +333,32 @@ class Response(NamedTuple):
     final: bool
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         result = None if self.result is None else self.result.to_wire()
         return (_RESPONSE, self.tag, self.run, self.position, result, self.final)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Response:
+        """The record its `to_wire` wrote."""
         result = None if wire[4] is None else _result_from_wire(wire[4])
         return _new(cls, (wire[1], wire[2], wire[3], result, wire[5]))
 
 
 class Grow(NamedTuple):
     """Call `run`'s response needs `size` bytes, more than its lane's response segment has: the Reply to `tag` is
-    the new segment's (path, size), or GrowRefused."""
+    the new segment's name, or GrowRefused."""
 
     tag: int
     run: int
     size: int
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_GROW, *self)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Grow:
+        """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
 
@@ -341,21 +370,23 @@ class GrowRefused:
     message: str
 
 
-ReplyPayload: TypeAlias = tuple[str, int] | GrowRefused | None
+ReplyPayload: TypeAlias = SegmentName | GrowRefused | None
 
 
 class Reply(NamedTuple):
-    """The server's answer to the worker's question `tag`: for a Grow, the new segment's (path, size) or
+    """The server's answer to the worker's question `tag`: for a Grow, the new segment's name or
     GrowRefused; for a Response, None."""
 
     tag: int
     payload: ReplyPayload
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_REPLY, *self)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Reply:
+        """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
 
@@ -363,10 +394,12 @@ class Stop(NamedTuple):
     """Run `finalize` and exit (server -> worker)."""
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_STOP,)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Stop:
+        """The record its `to_wire` wrote."""
         return cls()
 
 
@@ -380,7 +413,7 @@ class CallRequest:
     model: str
     version: str  # "" for the highest ready version (Triton's model_version -1)
     request: Request
-    segment: tuple[str, int] | None  # the inputs' segment (path, size); None when there is no input
+    segment: SegmentName | None  # the inputs' segment; None when there is no input
     decoupled: bool = False  # exec(decoupled=True): every response of the callee
     timeout_us: int = 0  # the request's own timeout (Triton's `timeout`, microseconds); 0: none
 
@@ -391,7 +424,7 @@ class CallReply:
     callee's), and the segment their tensors lie in (None when none has a byte)."""
 
     responses: tuple[Tensors | ErrorResult, ...]
-    segment: tuple[str, int] | None = field(default=None)
+    segment: SegmentName | None = field(default=None)
 
 
 class BlsCall(NamedTuple):
@@ -403,10 +436,12 @@ class BlsCall(NamedTuple):
     call: CallRequest
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_BLS_CALL, *self)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> BlsCall:
+        """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
 
@@ -419,10 +454,12 @@ class BlsPart(NamedTuple):
     final: bool
 
     def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
         return (_BLS_PART, *self)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> BlsPart:
+        """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
 

@@ -59,6 +59,7 @@ class WorkerOutput:
         self._thread = threading.Thread(target=self._run, name=f"python-output-{model}-{instance}", daemon=True)
 
     def start(self) -> None:
+        """Start reading the worker's pipes on the thread of its own. Never blocks."""
         self._thread.start()
 
     def stop(self, timeout: float) -> bool:

@@ -140,6 +140,6 @@ def unlink_reply(reply: CallReply) -> None:
     """Remove a BLS reply's segment file (nobody will map it). Never raises for a file already gone."""
     if reply.segment is not None:
         try:
-            os.unlink(reply.segment[0])
+            os.unlink(reply.segment.path)
         except FileNotFoundError:
             pass

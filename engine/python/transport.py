@@ -54,7 +54,17 @@ import numpy as np
 from .. import tensor_codec
 from ..datatypes import NAMES, numpy_dtype
 from ..errors import OutOfSharedMemoryError
-from .messages import CallReply, CallRequest, Descriptor, ErrorResult, GrowRefused, Message, Tensors, decode
+from .messages import (
+    CallReply,
+    CallRequest,
+    Descriptor,
+    ErrorResult,
+    GrowRefused,
+    Message,
+    SegmentName,
+    Tensors,
+    decode,
+)
 
 ALIGNMENT = 64
 MIN_SEGMENT = 1 << 16
@@ -86,7 +96,13 @@ class Segment:
         return cls("", 0, None)
 
     @property
+    def name(self) -> SegmentName:
+        """How a message names this segment (for the other process to `attach`)."""
+        return SegmentName(self.path, self.size)
+
+    @property
     def is_released(self) -> bool:
+        """Whether this is the place of a segment dropped after a single use (no memory)."""
         return self.mapping is None
 
     @classmethod
@@ -268,6 +284,7 @@ def started_worker(pid: int) -> None:
 
 
 def ended_worker(pid: int) -> None:
+    """Forget a worker this process started (it ended and its files were removed)."""
     with _WORKERS_LOCK:
         _WORKER_PIDS.discard(pid)
 
@@ -338,6 +355,8 @@ class Layout:
         self._pending: list[tuple[Descriptor, bytes | np.ndarray]] = []
 
     def plan(self, name: str, array: np.ndarray, datatype: str) -> Descriptor:
+        """Reserve room for `array` (sent as `datatype`) after the tensors planned so far and return its Descriptor;
+        BYTES are encoded now. Never raises for an array `datatype_of` fits."""
         payload: bytes | np.ndarray
         if datatype == "BYTES":
             payload = _encode_bytes(array)
@@ -415,13 +434,12 @@ class NoRoom(Exception):
     """Raised in the worker where the server refused to grow the response segment (GrowRefused)."""
 
 
-def granted(reply: object) -> tuple[str, int]:
-    """The (path, size) of the segment a Grow got (the payload of its Reply). Raises NoRoom when the server
-    refused it."""
+def granted(reply: object) -> SegmentName:
+    """The name of the segment a Grow got (the payload of its Reply). Raises NoRoom when the server refused it."""
     if isinstance(reply, GrowRefused):
         raise NoRoom(reply.message)
-    if not isinstance(reply, tuple):
-        raise TypeError(f"a Grow's reply is a (path, size) or GrowRefused, got {reply!r:.100}")
+    if not isinstance(reply, SegmentName):
+        raise TypeError(f"a Grow's reply is a SegmentName or GrowRefused, got {reply!r:.100}")
     return reply
 
 
@@ -445,7 +463,7 @@ def read_call(call: CallRequest, bf16: Any = None) -> tuple[Segment | None, dict
     the segment once the call is done. Raises OSError when the segment is gone (its worker died)."""
     if call.segment is None:
         return None, {}
-    segment = Segment.attach(*call.segment)
+    segment = Segment.attach(call.segment.path, call.segment.size)
     return segment, {d.name: read(segment, d, copy=False, bf16=bf16) for d in call.request.inputs}
 
 
@@ -465,9 +483,9 @@ def write_reply(outcomes: Sequence[Mapping[str, np.ndarray] | ErrorResult]) -> C
         return CallReply(tuple(responses), None)
     segment = Segment.create(layout.size)
     layout.write(segment)
-    path, size = segment.path, segment.size
+    name = segment.name
     segment.close()  # the file holds the data until the worker maps it
-    return CallReply(tuple(responses), (path, size))
+    return CallReply(tuple(responses), name)
 
 
 def read_reply(reply: CallReply, bf16: Any = None) -> list[dict[str, np.ndarray] | ErrorResult]:
@@ -476,7 +494,7 @@ def read_reply(reply: CallReply, bf16: Any = None) -> list[dict[str, np.ndarray]
     be mapped."""
     segment = None
     if reply.segment is not None:
-        segment = Segment.attach(*reply.segment)
+        segment = Segment.attach(reply.segment.path, reply.segment.size)
     results: list[dict[str, np.ndarray] | ErrorResult] = []
     for response in reply.responses:
         if isinstance(response, Tensors):

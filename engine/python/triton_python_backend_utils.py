@@ -90,9 +90,11 @@ class TritonError:
         self._code = int(code)
 
     def message(self) -> str:
+        """The error's message."""
         return self._message
 
     def code(self) -> int:
+        """The error's code (a TritonCode value; compare it with TritonError.NOT_FOUND and the like)."""
         return self._code
 
     def __repr__(self) -> str:
@@ -117,20 +119,25 @@ class Tensor:
         self._array = array
 
     def name(self) -> str:
+        """The tensor's name."""
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        """The tensor's numpy array (an input's is a read-only view, valid during execute)."""
         return self._array
 
     def shape(self) -> list[int]:
+        """The tensor's shape, as a list."""
         return list(self._array.shape)
 
     def triton_dtype(self) -> int:
+        """The tensor's TRITONSERVER_DataType value (TYPE_FP32: 11)."""
         value = numpy_to_triton_type(self._array.dtype)
         assert value is not None  # a Tensor holds only arrays of the protocol's datatypes
         return value
 
     def is_cpu(self) -> bool:
+        """Always True: slotserve's python models have CPU tensors only."""
         return True
 
     def to_dlpack(self) -> object:
@@ -189,12 +196,15 @@ class InferenceResponse:
         self._parameters = parameters
 
     def output_tensors(self) -> list[Tensor]:
+        """The response's output tensors (a copy of the list)."""
         return list(self._tensors)
 
     def has_error(self) -> bool:
+        """Whether the response carries an error."""
         return self._error is not None
 
     def error(self) -> TritonError | None:
+        """The response's TritonError, or None."""
         return self._error
 
 
@@ -211,6 +221,9 @@ class InferenceResponseSender:
         self._lock = threading.Lock()  # guards: response, closed (sends may come from several threads)
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Keep `response` (at most one) and, with TRITONSERVER_RESPONSE_COMPLETE_FINAL, close the sender; the worker
+        sends it when execute is done. Never blocks. Raises TritonModelException in Triton's words on misuse (a
+        second response, the final flag first, a closed sender, a bad flag)."""
         final = _check_send(response, flags)
         with self._lock:
             if response is not None and self.response is not None:
@@ -231,6 +244,7 @@ class InferenceResponseSender:
             self._notify()
 
     def is_cancelled(self) -> bool:
+        """Always False for a model that is not decoupled (its request's `is_cancelled` tells)."""
         return False
 
 
@@ -311,9 +325,11 @@ class InferenceRequest:
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL  # set_release_flags (engine/python/rescheduling.py)
 
     def inputs(self) -> list[Tensor]:
+        """The request's input tensors (a copy of the list)."""
         return list(self._inputs)
 
     def requested_output_names(self) -> list[str]:
+        """The outputs the client asked for (empty: all of them)."""
         return list(self._requested)
 
     def parameters(self) -> str:
@@ -321,21 +337,27 @@ class InferenceRequest:
         return self._parameters
 
     def request_id(self) -> str:
+        """The request's id ('' when the client set none)."""
         return self._request_id
 
     def correlation_id(self) -> int | str:
+        """The request's sequence correlation id (0 when it belongs to none), an int or a str."""
         return self._correlation_id
 
     def flags(self) -> int:
+        """The request's flags (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, _END)."""
         return self._flags
 
     def timeout(self) -> int:
+        """The request's own timeout in microseconds (0: none); a BLS call's bounds its wait."""
         return self._timeout
 
     def model_name(self) -> str:
+        """The model the request is for."""
         return self._model_name
 
     def model_version(self) -> int:
+        """The version a BLS call asks for (-1: the highest ready one)."""
         return self._model_version
 
     def is_cancelled(self) -> bool:
@@ -349,6 +371,7 @@ class InferenceRequest:
         self._release_flags = int(flags)
 
     def get_response_sender(self) -> InferenceResponseSender:
+        """The request's response sender (the same one each time). Never blocks."""
         if self._sender is None:
             self._sender = InferenceResponseSender()
         self._sender_taken = True  # the worker waits only for the senders a model took
@@ -394,6 +417,7 @@ def _text(value: object, what: str) -> str:
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    """The request's input named `name`; None when it has none."""
     for tensor in request.inputs():
         if tensor.name() == name:
             return tensor
@@ -401,6 +425,7 @@ def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | N
 
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    """The response's output named `name`; None when it has none."""
     for tensor in response.output_tensors():
         if tensor.name() == name:
             return tensor
@@ -461,9 +486,11 @@ class ModelConfig:
         self._config = model_config
 
     def as_dict(self) -> dict[str, Any]:
+        """The configuration as a dict (the one the setters change)."""
         return self._config
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Set max_batch_size. Raises TritonModelException for a negative value or one the configuration contradicts."""
         if not isinstance(max_batch_size, int) or max_batch_size < 0:
             raise TritonModelException(f"max_batch_size must be an integer >= 0, got {max_batch_size!r}")
         current = int(self._config.get("max_batch_size", 0) or 0)
@@ -474,9 +501,12 @@ class ModelConfig:
         self._config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self) -> None:
+        """Turn dynamic batching on (an empty dynamic_batching section, unless there is one)."""
         self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        """Set model_transaction_policy ({'decoupled': bool}). Raises TritonModelException for another key or a
+        policy the configuration contradicts."""
         for key in transaction_policy_dict:
             if key != "decoupled":
                 raise TritonModelException(f"model_transaction_policy has no field '{key}'")
@@ -486,9 +516,12 @@ class ModelConfig:
         self._config["model_transaction_policy"] = dict(transaction_policy_dict)
 
     def add_input(self, input: dict[str, Any]) -> None:
+        """Add an input (name, data_type, dims, optional), or complete the one of that name. Raises
+        TritonModelException for an unknown field or a datatype or shape the configuration contradicts."""
         self._add("input", input)
 
     def add_output(self, output: dict[str, Any]) -> None:
+        """Add an output, as `add_input`."""
         self._add("output", output)
 
     def _add(self, kind: str, tensor: dict[str, Any]) -> None:
@@ -554,6 +587,9 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: Logger.LogLevel = LogLevel.INFO) -> None:
+        """Log `message` at `level`: one record on the worker's stderr, which the server reads into its log
+        (engine/python/output.py). Raises TypeError for a message that is not a str or a level that is not a
+        LogLevel."""
         if not isinstance(message, str):
             raise TypeError(f"Logger.log takes a str message, got {type(message).__name__}")
         if not isinstance(level, Logger.LogLevel):
@@ -562,18 +598,22 @@ class Logger:
 
     @staticmethod
     def log_info(message: str) -> None:
+        """`log` at INFO."""
         Logger.log(message, Logger.LogLevel.INFO)
 
     @staticmethod
     def log_warn(message: str) -> None:
+        """`log` at WARNING."""
         Logger.log(message, Logger.LogLevel.WARNING)
 
     @staticmethod
     def log_error(message: str) -> None:
+        """`log` at ERROR."""
         Logger.log(message, Logger.LogLevel.ERROR)
 
     @staticmethod
     def log_verbose(message: str) -> None:
+        """`log` at VERBOSE (the server's DEBUG)."""
         Logger.log(message, Logger.LogLevel.VERBOSE)
 
 

@@ -81,6 +81,7 @@ from .messages import (
     Request,
     Response,
     Result,
+    SegmentName,
     Tensors,
 )
 from .output import RecordFormatter
@@ -119,7 +120,8 @@ class Worker:
         self.name = settings["model_name"]
         self.instance_name = settings["model_instance_name"]
         try:
-            self.cancel_board = transport.Segment.attach(*settings["cancel_board"])
+            board: SegmentName = settings["cancel_board"]
+            self.cancel_board = transport.Segment.attach(board.path, board.size)
             self.board_words = int(settings.get("board_words", 1))
             # Mapped first: the server unlinks the files once this call replies.
             self._remap(self._lane(0), settings["segments"])
@@ -220,7 +222,7 @@ class Worker:
                 flags=request.flags(),
                 parameters=json.loads(request.parameters()),
             ),
-            segment=None if segment is None else (segment.path, segment.size),
+            segment=None if segment is None else segment.name,
             decoupled=decoupled,
             timeout_us=int(request.timeout() or 0),
         )
@@ -576,18 +578,19 @@ class Worker:
             descriptors.append(layout.plan(tensor.name(), array, datatype))
         return Tensors(tuple(descriptors))
 
-    def _remap(self, lane: _Lane, segments: Mapping[str, tuple[str, int]]) -> None:
-        """Map the segments the server made for `lane` ({"request"|"response": (path, size)}), in place of the old."""
+    def _remap(self, lane: _Lane, segments: Mapping[str, SegmentName]) -> None:
+        """Map the segments the server made for `lane` ({"request"|"response": its name}), in place of the old."""
         if not segments:
             return
         with lane.lock:  # reentrant: a send that grows the response segment holds it already
-            for key, (path, size) in segments.items():
+            for key, name in segments.items():
                 old = getattr(lane, f"{key}_segment")
-                setattr(lane, f"{key}_segment", transport.Segment.attach(path, size))
+                setattr(lane, f"{key}_segment", transport.Segment.attach(name.path, name.size))
                 if old is not None:
                     old.close()
 
     def finalize(self) -> None:
+        """Run the model's `finalize` (blocks for it); an exception is logged, never raised."""
         finalize = getattr(self.model, "finalize", None)
         if finalize is None:
             return
@@ -803,6 +806,8 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """The worker process: read Init, load the model, serve until Stop or the server is gone. Returns 2 for a first
+    message that is not Init, 1 when the model did not load; otherwise the process exits from here."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     logging.root.handlers[0].setFormatter(RecordFormatter())  # the server reads each record back (output.py)
     pb_utils._install()

@@ -25,7 +25,7 @@ def test_a_call_moves_its_inputs_through_a_segment_the_server_views_without_copy
     ]
     segment, descriptors = transport.write_call(tensors)
     assert segment is not None and [d.name for d in descriptors] == ["F", "S", "EMPTY"]
-    request = CallRequest("m", "", Request(descriptors, ("OUT",), "", 0, 0, {"k": 1}), (segment.path, segment.size))
+    request = CallRequest("m", "", Request(descriptors, ("OUT",), "", 0, 0, {"k": 1}), segment.name)
     mapped, inputs = transport.read_call(request)
     assert not named(segment.path)  # the server unlinks the file as soon as it has it mapped
     np.testing.assert_array_equal(inputs["F"], tensors[0][1])
@@ -56,9 +56,9 @@ def test_a_reply_carries_responses_and_errors_in_order_as_writable_arrays():
     first = {"OUT": np.array([[1, 2], [3, 4]], dtype=np.int32), "TEXT": np.array([b"x"], dtype=object)}
     second = {"OUT": np.array([5], dtype=np.int32)}
     reply = transport.write_reply([first, second, ErrorResult(TritonCode.INVALID_ARG, "n must be >= 0")])
-    assert reply.segment is not None and named(reply.segment[0])  # kept until the worker maps it
+    assert reply.segment is not None and named(reply.segment.path)  # kept until the worker maps it
     results = transport.read_reply(reply)
-    assert not named(reply.segment[0])  # the worker unlinks it once mapped
+    assert not named(reply.segment.path)  # the worker unlinks it once mapped
     ok, other, error = results
     assert isinstance(ok, dict) and isinstance(other, dict)
     np.testing.assert_array_equal(ok["OUT"], first["OUT"])

@@ -67,10 +67,10 @@ def test_calls_from_two_threads_answered_out_of_order_each_get_their_own_reply(p
         thread.start()
     first, second = receive_call(server), receive_call(server)
     assert first[1].model == "double" and first[1].request.outputs == ("Y",) and first[1].version == ""
-    files = [first[1].segment[0], second[1].segment[0]]  # type: ignore[index]
+    files = [first[1].segment.path, second[1].segment.path]  # type: ignore[union-attr]
     for tag, _request, inputs in (second, first):  # the later call is answered first
         reply = transport.write_reply([{"Y": inputs["X"] * 2}])
-        files.append(reply.segment[0])  # type: ignore[index]
+        files.append(reply.segment.path)  # type: ignore[union-attr]
         transport.send(server, BlsPart(tag, reply, True))
     for thread in threads:
         thread.join(WAIT)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.python import transport
-from engine.python.messages import BlsPart, Execute, Reply, Stop
+from engine.python.messages import BlsPart, Execute, Reply, SegmentName, Stop
 from engine.python.pipe import WorkerPipe
 
 WAIT = 30.0
@@ -33,8 +33,8 @@ def test_orders_read_by_a_thread_waiting_for_its_reply_reach_the_main_thread_in_
     pipe, server = ends
     transport.send(server, Execute(1, 0, [], {}))
     transport.send(server, Stop())
-    transport.send(server, Reply(7, ("/dev/shm/grown", 1)))
-    assert pipe.answer(7) == ("/dev/shm/grown", 1)  # read past both orders to get here, and filed them
+    transport.send(server, Reply(7, SegmentName("/dev/shm/grown", 1)))
+    assert pipe.answer(7) == SegmentName("/dev/shm/grown", 1)  # read past both orders to get here, and filed them
     assert pipe.next_order() == Execute(1, 0, [], {})
     assert pipe.next_order() == Stop()
 
@@ -45,13 +45,13 @@ def test_the_reading_role_passes_to_the_thread_still_waiting(ends):
     threads = [threading.Thread(target=lambda tag=tag: answers.update({tag: pipe.answer(tag)})) for tag in (1, 2)]
     for thread in threads:
         thread.start()
-    transport.send(server, Reply(2, ("second", 2)))  # whichever thread reads it, thread 2 gets it
+    transport.send(server, Reply(2, SegmentName("second", 2)))  # whichever thread reads it, thread 2 gets it
     threads[1].join(WAIT)
-    assert answers == {2: ("second", 2)}
+    assert answers == {2: SegmentName("second", 2)}
     assert threads[0].is_alive()  # still waiting: it holds the role now, or takes it over
-    transport.send(server, Reply(1, ("first", 1)))
+    transport.send(server, Reply(1, SegmentName("first", 1)))
     threads[0].join(WAIT)
-    assert answers == {1: ("first", 1), 2: ("second", 2)}
+    assert answers == {1: SegmentName("first", 1), 2: SegmentName("second", 2)}
 
 
 def test_a_part_for_a_call_nobody_keeps_is_dropped_with_its_file(ends):
@@ -65,8 +65,8 @@ def test_a_part_for_a_call_nobody_keeps_is_dropped_with_its_file(ends):
     transport.send(server, BlsPart(5, dropped, True))  # the model let go of call 5 before its final part
     transport.send(server, Reply(1, None))
     assert pipe.answer(1) is None  # read past the dropped part
-    assert not os.path.exists(dropped.segment[0])  # type: ignore[index]
-    os.unlink(kept.segment[0])  # type: ignore[index]  # the worker would map it and unlink it
+    assert not os.path.exists(dropped.segment.path)  # type: ignore[union-attr]
+    os.unlink(kept.segment.path)  # type: ignore[union-attr]  # the worker would map it and unlink it
 
 
 def test_a_server_that_goes_away_ends_every_wait(ends):
