@@ -38,7 +38,9 @@ flight at once, each with its own request and response segments and its own word
 serves one lane unless its model overlaps its calls (`async def execute` of a decoupled model: docs/python-models.md).
 A *tag* numbers a worker's question (a Response, a Grow, a BlsCall) so that its answer finds the thread waiting.
 
-Worker logs do not travel here: a worker's stdout and stderr are pipes of their own (engine/python/output.py).
+Two things do not travel here: a request's cancellation is a word of the cancel board, a segment both processes map
+(the server writes the run's number there; the model's `is_cancelled()` reads it), and a worker's logs go through
+its stdout and stderr, pipes of their own (engine/python/output.py).
 """
 
 from __future__ import annotations
