@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from engine.errors import OutOfSharedMemoryError
 from engine.interface import CancelToken
 from engine.python import backend, transport
 from engine.python.error_codes import TritonCode
@@ -103,7 +104,7 @@ def test_large_segments_are_sized_to_fit_small_ones_to_a_power_of_two():
 
 def test_a_reply_segment_too_big_for_the_shared_memory_is_an_error_response_not_a_crash(monkeypatch):
     def full(size: int):
-        raise transport.OutOfSharedMemoryError("/dev/shm has no room (1 MiB free of 64 MiB)")
+        raise OutOfSharedMemoryError("/dev/shm has no room (1 MiB free of 64 MiB)")
 
     monkeypatch.setattr(transport.Segment, "create", staticmethod(full))
     reply = backend._reply([{"OUT": np.ones(4, np.float32)}], "callee")
