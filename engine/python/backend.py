@@ -11,9 +11,13 @@
     PythonContext.execute_stream  a decoupled model (`streaming`): its responses as the model sends them; the
                                 request's place is held until the final flag (the dataplane's streaming path)
     PythonContext.execute_streams  a decoupled model's batch: one call, each member's responses a stream of its own
-    run_bls                     a BLS call of the model (`InferenceRequest(...).exec()`), on a thread of its own:
-                                through the server's ModelCalls (`bind_model_calls`), so through the callee's
-                                admission, with the calling request's deadline and a token its cancellation fires
+    run_bls                     a BLS call of the model (`InferenceRequest(...).exec()`), on a thread of the model's
+                                (`CallThreads`: made with the model, stopped by its close): through the server's
+                                ModelCalls (`bind_model_calls`), so through the callee's admission, with the calling
+                                request's deadline and a token its cancellation fires
+
+Messages to and from a worker are engine/python/messages.py's records; Triton's error codes are
+engine/python/error_codes.py's table.
 
 Each request reaches the model with its id, parameters, correlation id and flags (the dataplane's RequestInfo on
 its CancelToken).
