@@ -904,7 +904,7 @@ class WorkerProcess:
 class _Lane:
     """The server's side of one lane of a worker: its request and response segments (replaced by larger ones as
     calls need them) and the replacements the worker has yet to be told of (`new`, handed over with the lane's next
-    execute message to its call). Used by the call on the lane, and by the reading thread for the call's "grow"
+    execute message to its call). Used by the call on the lane, and by the reading thread for the call's Grow
     asks, which the protocol puts between the call's own steps."""
 
     def __init__(self, requests: transport.Segment, responses: transport.Segment) -> None:
