@@ -172,7 +172,7 @@ class Tensors(NamedTuple):
     @classmethod
     def from_wire(cls, wire: Wire) -> Tensors:
         """The record its `to_wire` wrote."""
-        return _new(cls, (descriptors_from_wire(wire[1]),))
+        return _new(cls, ([_new(Descriptor, item) for item in wire[1]],))
 
 
 class ErrorResult(NamedTuple):
@@ -303,7 +303,7 @@ class Done(NamedTuple):
     @classmethod
     def from_wire(cls, wire: Wire) -> Done:
         """The record its `to_wire` wrote."""
-        return _new(cls, (wire[1], [_result_from_wire(result) for result in wire[2]]))
+        return _new(cls, (wire[1], [_RESULTS[result[0]].from_wire(result) for result in wire[2]]))
 
 
 class Failed(NamedTuple):
