@@ -1,6 +1,7 @@
 # slotserve: every target sets up what it needs on a fresh machine (Python 3.11, make, git; node for interop).
 #   make run    serve the demo model repository on 127.0.0.1:8001 (ARGS="--parallel-jobs 2 ..." adds flags)
 #   make test   lint (make lint), then run the whole test suite
+#   make test-fast  the inner loop: the unit, contract and docs suites (a few minutes on two cores)
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
@@ -17,11 +18,12 @@ REPOSITORY ?= $(DEMO_REPOSITORY)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-runtime setup-dev lint proto models run test contract stress docs node-deps bench soak gpu-check lock clean mutate
+.PHONY: help setup setup-runtime setup-dev lint proto models run test test-fast contract stress docs node-deps bench soak gpu-check lock clean mutate
 
 help:
 	@echo "make run      serve the demo models on $(HOST):$(PORT) (HOST=, PORT=, REPOSITORY=, ARGS= change it)"
 	@echo "make test     set everything up, run make lint, then the whole test suite"
+	@echo "make test-fast  the unit, contract and docs suites only (a few minutes on 2 cores; tests/README.md)"
 	@echo "make lint     ruff (lint and format check) and mypy (pyproject.toml configures them)"
 	@echo "make contract list every contract cell's state, then 'contract: covered N, improved N, not applicable N, ...'"
 	@echo "make stress   contract, shutdown, integration and admission tests STRESS_RUNS times (default 5) beside"
@@ -108,6 +110,8 @@ tests/interop/node/node_modules/.stamp: tests/interop/node/package.json tests/in
 
 # The hygiene gate, also run first by `make test` (and so by CI): ruff's lint rules, ruff's formatting (a check: it
 # changes nothing) and mypy, each configured in pyproject.toml.
+# mypy with no arguments reads pyproject.toml: every folder of its `files`, with --strict's flags on service/,
+# client/ and engine/interface.py (its [[tool.mypy.overrides]]), so a loosened annotation there fails the lint.
 lint: setup-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -116,6 +120,13 @@ lint: setup-dev
 # -rs: the summary says why each skipped test was skipped (a missing tool, no GPU, ...).
 test: lint setup models node-deps
 	$(PY) -m pytest -rs $(PYTEST_ARGS)
+
+# The inner loop (tests/README.md): the in-process suites that need nothing beyond the venv and the demo models
+# (no Triton venv, no node, no server processes of their own), about 1500 tests in 2-4 minutes on two cores.
+# No lint: run `make lint` beside it. `make test` stays the whole suite and CI's command.
+FAST_SUITES := tests/unit tests/contract tests/docs
+test-fast: setup models
+	$(PY) -m pytest -q -rs $(FAST_SUITES) $(PYTEST_ARGS)
 
 contract: setup models
 	$(PY) -m pytest -q -m cell --contract-report $(PYTEST_ARGS)

@@ -16,8 +16,9 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from engine import datatypes
+from generated import grpc_service_pb2 as pb
 
-from .management import ModelStatus
+from .management import Batching, ModelStatus
 
 _MISSING = "-"
 
@@ -99,7 +100,7 @@ def status_block(status: ModelStatus) -> str:
     )
 
 
-def batching_words(batching) -> str | None:
+def batching_words(batching: Batching | None) -> str | None:
     """A model's dynamic batching settings in a few words (None without batching)."""
     if batching is None:
         return None
@@ -190,7 +191,7 @@ def saveable(array: np.ndarray) -> np.ndarray:
 STATS_HEADERS = ("MODEL", "VERSION", "INFERENCES", "EXECUTIONS", "SUCCESS", "FAIL", "QUEUE AVG", "INFER AVG")
 
 
-def stats_row(stats) -> list[Any]:
+def stats_row(stats: pb.ModelStatistics) -> list[Any]:
     """One table row of an inference.ModelStatistics message."""
     inference = stats.inference_stats
     return [
@@ -205,7 +206,7 @@ def stats_row(stats) -> list[Any]:
     ]
 
 
-def _average_ms(duration) -> str:
+def _average_ms(duration: pb.StatisticDuration) -> str:
     if duration.count == 0:
         return _MISSING
     return f"{duration.ns / duration.count / 1e6:.3f} ms"

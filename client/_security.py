@@ -22,7 +22,7 @@ import grpc
 MANAGEMENT_TOKEN_ENV = "SLOTSERVE_MANAGEMENT_TOKEN"
 INFERENCE_TOKEN_ENV = "SLOTSERVE_INFERENCE_TOKEN"
 
-PEM = str | os.PathLike | bytes  # a file path, or the PEM data itself
+PEM = str | os.PathLike[str] | bytes  # a file path, or the PEM data itself
 
 
 def token_from(value: str | None, env: str) -> str:

@@ -9,7 +9,7 @@ does not decode.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ def datatype_of(name: str, array: np.ndarray) -> str:
         ) from None
 
 
-def set_parameters(target, parameters: Mapping[str, Any]) -> None:
+def set_parameters(target: MutableMapping[str, pb.InferParameter], parameters: Mapping[str, Any]) -> None:
     """Fill a map<string, InferParameter> from Python values (bool, int, float, str and numpy scalars)."""
     for key, value in parameters.items():
         _set_parameter(target[key], key, value)
@@ -134,7 +134,7 @@ def _decode_typed(tensor: pb.ModelInferResponse.InferOutputTensor) -> np.ndarray
         raise ClientError("INTERNAL", f"malformed response: output '{tensor.name}': {error}") from None
 
 
-def _typed_array(values: list, datatype: str) -> np.ndarray:
+def _typed_array(values: list[Any], datatype: str) -> np.ndarray:
     if datatype == "BYTES":
         array = np.empty(len(values), dtype=object)
         array[:] = values

@@ -29,7 +29,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 from google.protobuf import text_format
@@ -38,8 +38,8 @@ from . import _render as render
 from ._cli_inputs import UsageError, load_inputs, parse_datatypes, parse_options, parse_parameters
 from ._security import INFERENCE_TOKEN_ENV
 from .errors import ClientError
-from .inference import InferenceClient
-from .management import TOKEN_ENV, ManagementClient
+from .inference import InferenceClient, ModelMetadata, RepositoryModel
+from .management import TOKEN_ENV, ManagementClient, ModelStatus
 
 ADDRESS_ENV = "SLOTSERVE_ADDRESS"
 DEFAULT_ADDRESS = "127.0.0.1:8001"
@@ -50,12 +50,21 @@ class _Parser(argparse.ArgumentParser):
     main() reports it as one line like every other failure, and a flag is known only by its full name (no
     abbreviations: `--addr` is not `--address`)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+Handler = Callable[["_Session"], int]  # a command: its exit status
+
+
+class Commands(Protocol):
+    """What the commands are added to (the parser's subparsers)."""
+
+    def add_parser(self, name: str, **settings: Any) -> argparse.ArgumentParser: ...
 
 
 class _Session:
@@ -108,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a TLS file that cannot be read
         return _fail(_os_error(error), 2)
     try:
-        status = args.handler(session)
+        status: int = args.handler(session)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
         return status
     except BrokenPipeError:
@@ -281,46 +290,48 @@ def _slot_count(text: str) -> int:
     return value
 
 
-def _command(commands, name: str, json_flag, handler: Callable[[_Session], int], help_text: str):
+def _command(
+    commands: Commands, name: str, json_flag: argparse.ArgumentParser, handler: Handler, help_text: str
+) -> argparse.ArgumentParser:
     command = commands.add_parser(name, parents=[json_flag], help=help_text, description=help_text)
     command.set_defaults(handler=handler)
     return command
 
 
-def _add_health(commands, json_flag) -> None:
+def _add_health(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     _command(commands, "health", json_flag, _health, "server liveness, readiness and gRPC health")
 
 
-def _add_models(commands, json_flag) -> None:
+def _add_models(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(commands, "models", json_flag, _models, "models in the repository and their status")
     command.add_argument("--ready", action="store_true", help="list only ready models")
 
 
-def _add_metadata(commands, json_flag) -> None:
+def _add_metadata(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(commands, "metadata", json_flag, _metadata, "a model's inputs and outputs")
     command.add_argument("model")
     command.add_argument("--version", default="")
 
 
-def _add_config(commands, json_flag) -> None:
+def _add_config(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(commands, "config", json_flag, _config, "a model's configuration")
     command.add_argument("model")
     command.add_argument("--version", default="")
 
 
-def _add_stats(commands, json_flag) -> None:
+def _add_stats(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(commands, "stats", json_flag, _stats, "inference statistics (every model by default)")
     command.add_argument("model", nargs="?", default="")
     command.add_argument("--version", default="")
 
 
-def _add_infer(commands, json_flag) -> None:
+def _add_infer(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(commands, "infer", json_flag, _infer, "run one inference")
     _add_request_arguments(command)
     command.add_argument("--id", default="", help="request id")
 
 
-def _add_stream(commands, json_flag) -> None:
+def _add_stream(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(
         commands,
         "stream",
@@ -333,7 +344,9 @@ def _add_stream(commands, json_flag) -> None:
     _add_request_arguments(command, output_dir="write each response's outputs to DIR/N/NAME.npy (N from 1)")
 
 
-def _add_request_arguments(command, output_dir: str = "write each output to DIR/NAME.npy") -> None:
+def _add_request_arguments(
+    command: argparse.ArgumentParser, output_dir: str = "write each output to DIR/NAME.npy"
+) -> None:
     """A request's model, inputs, outputs and parameters (infer and stream)."""
     command.add_argument("model")
     command.add_argument(
@@ -369,7 +382,7 @@ def _add_request_arguments(command, output_dir: str = "write each output to DIR/
     command.add_argument("--version", default="")
 
 
-def _add_load(commands, json_flag) -> None:
+def _add_load(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(
         commands, "load", json_flag, _load, "load a model (RepositoryModelLoad; with --slots, management RegisterModel)"
     )
@@ -378,13 +391,13 @@ def _add_load(commands, json_flag) -> None:
     command.add_argument("--slots", type=_slot_count, metavar="N", help="slot count (needs management)")
 
 
-def _add_unload(commands, json_flag) -> None:
+def _add_unload(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(commands, "unload", json_flag, _unload, "unload models (management)")
     command.add_argument("models", nargs="*", metavar="MODEL")
     command.add_argument("--all", action="store_true", help="unload every registered model")
 
 
-def _add_register(commands, json_flag) -> None:
+def _add_register(commands: Commands, json_flag: argparse.ArgumentParser) -> None:
     command = _command(
         commands, "register", json_flag, _register, "register or reconfigure a model, then load it (management)"
     )
@@ -443,7 +456,7 @@ def _human_bytes(value: float | None) -> str | None:
     return None
 
 
-def _management_statuses(session: _Session) -> dict[str, Any] | None:
+def _management_statuses(session: _Session) -> dict[str, ModelStatus] | None:
     """Management status by model id, or None when the server has no management service."""
     try:
         return {status.model_id: status for status in session.management.list()}
@@ -453,7 +466,9 @@ def _management_statuses(session: _Session) -> dict[str, Any] | None:
         raise
 
 
-def _model_rows(index, statuses, *, ready_only: bool) -> list[dict[str, Any]]:
+def _model_rows(
+    index: list[RepositoryModel], statuses: dict[str, ModelStatus] | None, *, ready_only: bool
+) -> list[dict[str, Any]]:
     """One row per model: the index entry, overlaid with the management status when there is one (its state
     is the finer one, e.g. RECONFIGURING). Registered models outside the index are added."""
     rows: dict[str, dict[str, Any]] = {}
@@ -491,7 +506,7 @@ def _metadata(session: _Session) -> int:
     return 0
 
 
-def _metadata_data(metadata) -> dict[str, Any]:
+def _metadata_data(metadata: ModelMetadata) -> dict[str, Any]:
     data = asdict(metadata)
     for key in ("inputs", "outputs"):
         data[key] = [{**tensor, "shape": list(tensor["shape"])} for tensor in data[key]]
@@ -665,5 +680,5 @@ def _register(session: _Session) -> int:
     return 0
 
 
-def _print_status(session: _Session, status) -> None:
+def _print_status(session: _Session, status: ModelStatus) -> None:
     _out(render.to_json(render.status_data(status)) if session.args.json else render.status_block(status))

@@ -9,6 +9,9 @@ detail's reason and domain. `str(error)` is one line meant for a terminal or a l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -105,7 +108,8 @@ def _rich_status(error: grpc.RpcError) -> status_pb2.Status | None:
         return None
 
 
-def _parse_status(metadata) -> status_pb2.Status | None:
+def _parse_status(metadata: Iterable[Any] | None) -> status_pb2.Status | None:
+    """The rich status in a call's trailing metadata: its (key, value) pairs (grpc's stubs type them otherwise)."""
     for key, value in metadata or ():
         if key == _STATUS_DETAILS_KEY:
             try:

@@ -132,7 +132,7 @@ class InferenceClient:
             tokens=tokens,
             tls=tls_settings(tls, tls_ca, tls_cert, tls_key, tls_server_name),
         )
-        self._stub = pb_grpc.GRPCInferenceServiceStub(self._connection.channel)
+        self._stub = pb_grpc.GRPCInferenceServiceStub(self._connection.channel)  # type: ignore[no-untyped-call]  # generated/ has no stubs for its _grpc modules: the stub's calls are typed at each use below
         self._health = health_pb2_grpc.HealthStub(self._connection.channel)
 
     @property
@@ -212,16 +212,21 @@ class InferenceClient:
 
     def live(self, *, timeout: float | None = None) -> bool:
         """ServerLive. Raises ClientError (UNAVAILABLE when nothing listens)."""
-        return self._connection.unary(self._stub.ServerLive, pb.ServerLiveRequest(), timeout).live
+        response: pb.ServerLiveResponse = self._connection.unary(self._stub.ServerLive, pb.ServerLiveRequest(), timeout)
+        return response.live
 
     def ready(self, *, timeout: float | None = None) -> bool:
         """ServerReady. Raises ClientError."""
-        return self._connection.unary(self._stub.ServerReady, pb.ServerReadyRequest(), timeout).ready
+        response: pb.ServerReadyResponse = self._connection.unary(
+            self._stub.ServerReady, pb.ServerReadyRequest(), timeout
+        )
+        return response.ready
 
     def model_ready(self, model: str, version: str = "", *, timeout: float | None = None) -> bool:
         """ModelReady. Raises ClientError (a server may answer NOT_FOUND for an unknown model)."""
         request = pb.ModelReadyRequest(name=model, version=version)
-        return self._connection.unary(self._stub.ModelReady, request, timeout).ready
+        response: pb.ModelReadyResponse = self._connection.unary(self._stub.ModelReady, request, timeout)
+        return response.ready
 
     def health(self, service: str = "", *, timeout: float | None = None) -> str:
         """grpc.health.v1 Health/Check: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN".
@@ -231,7 +236,7 @@ class InferenceClient:
         """
         request = health_pb2.HealthCheckRequest(service=service)
         response = self._connection.unary(self._health.Check, request, timeout)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))  # grpc_health: untyped
 
     # ---- metadata, configuration, statistics -----------------------------------------------------------------
 
@@ -257,7 +262,8 @@ class InferenceClient:
     ) -> model_config_pb2.ModelConfig:
         """ModelConfig, as the `inference.ModelConfig` message. Raises ClientError."""
         request = pb.ModelConfigRequest(name=model, version=version)
-        return self._connection.unary(self._stub.ModelConfig, request, timeout).config
+        response: pb.ModelConfigResponse = self._connection.unary(self._stub.ModelConfig, request, timeout)
+        return response.config
 
     def statistics(
         self, model: str = "", version: str = "", *, timeout: float | None = None
@@ -295,7 +301,7 @@ class InferenceClient:
         self._connection.unary(self._stub.RepositoryModelUnload, request, timeout, management=True)
 
 
-def _tensor_metadata(tensors) -> tuple[TensorMetadata, ...]:
+def _tensor_metadata(tensors: Iterable[pb.ModelMetadataResponse.TensorMetadata]) -> tuple[TensorMetadata, ...]:
     return tuple(TensorMetadata(t.name, t.datatype, tuple(t.shape)) for t in tensors)
 
 

@@ -144,7 +144,7 @@ class ManagementClient:
             tokens=tokens,
             tls=tls_settings(tls, tls_ca, tls_cert, tls_key, tls_server_name),
         )
-        self._stub = pb_grpc.ModelManagementStub(self._connection.channel)
+        self._stub = pb_grpc.ModelManagementStub(self._connection.channel)  # type: ignore[no-untyped-call]  # generated/ has no stubs for its _grpc modules
 
     def close(self) -> None:
         """Close the channel if this client opened it. Idempotent."""

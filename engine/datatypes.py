@@ -65,7 +65,8 @@ def bfloat16() -> np.dtype:
     """The numpy dtype for BF16 (from ml_dtypes)."""
     import ml_dtypes
 
-    return np.dtype(ml_dtypes.bfloat16)
+    dtype: np.dtype = np.dtype(ml_dtypes.bfloat16)  # ml_dtypes has no type hints: say what numpy returns
+    return dtype
 
 
 def numpy_dtype(name: str) -> np.dtype:

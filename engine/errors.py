@@ -112,3 +112,11 @@ class ExecutionCancelled(EngineError):
     """The caller gave up and the backend stopped (or skipped) the run."""
 
     error_reason: str | None = "cancelled"
+
+
+class RequestRescheduled(EngineError):
+    """An engine's answer for a request of an iterative sequence that its model released with Triton's
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: the request is not finished (no answer, or a streaming model's answers
+    so far), and the sequence runs it again, with the same inputs, after the requests queued before it. Never
+    reaches a client: service/core/sequences.py takes it (a model without iterative_sequence gets a ModelError
+    from its backend instead)."""

@@ -1,4 +1,5 @@
-"""The engine interface: what the server needs from a backend. Nothing here knows about gRPC.
+"""The engine interface: what the server needs from a backend. Nothing here knows about gRPC. What a backend loads
+is a ModelSpec (engine/config/specs.py, read by the config reader); what it reports back is ModelMetadata (here).
 
     Backend.load(spec) -> LoadedModel          the primary: weights or engine loaded once, I/O validated
     LoadedModel.metadata                        inputs/outputs (name, datatype, shape with -1 = variable)
@@ -21,32 +22,16 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .config.specs import ModelSpec, TensorSpec
 from .errors import InvalidInputError
-
-if TYPE_CHECKING:
-    from .repository import ModelRoots
-    from .sequence_config import SequenceSpec
 
 # Largest dimension and element count a request may ask for; anything above is refused as absurd before any
 # memory is allocated for it.
 MAX_DIMENSION = 1 << 40
 MAX_ELEMENTS = 1 << 34
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One input or output of a model. `shape` excludes the batch dimension of a batching model."""
-
-    name: str
-    datatype: str  # KServe name, e.g. "FP32"
-    shape: tuple[int, ...]  # -1 marks a variable dimension
-    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,143 +156,6 @@ def missing_inputs_message(model: str, given: Iterable[str], required: Sequence[
 def _listed(names: Iterable[str]) -> str:
     """Names as Triton lists them: ['INPUT0','INPUT1']."""
     return "[" + ",".join(f"'{name}'" for name in names) + "]"
-
-
-@dataclass(frozen=True)
-class BatchingSpec:
-    """A model's dynamic batching settings (config.pbtxt `dynamic_batching`), as slotserve applies them.
-
-    Present only on a model with `max_batch_size > 0` and the block; None on every other model. Queued requests
-    whose tensors stack are handed to one slot as one engine call (service/core/admission.py says the rule).
-    Changing only these settings keeps the engine loaded (they are not part of `ModelSpec.session_key`).
-    """
-
-    max_queue_delay_us: int = 0  # 0: opportunistic, batches form only from requests that had to queue
-    preferred_batch_sizes: tuple[int, ...] = ()  # a delayed batch is dispatched once it reaches one of these
-    preserve_ordering: bool = False  # accepted; each request gets its own response whatever the batch order
-    max_queue_size: int = 0  # queued requests of this model; 0: the server's --max-queue
-    default_timeout_us: int = 0  # admission timeout of this model's requests; 0: the model's admission timeout
-    allow_timeout_override: bool = False  # whether a request's `timeout` parameter may shorten it
-
-    @property
-    def largest_preferred(self) -> int:
-        """The largest preferred batch size, or 0 when none is set."""
-        return max(self.preferred_batch_sizes, default=0)
-
-
-@dataclass(frozen=True)
-class WarmupInput:
-    """One input of a warmup sample (config.pbtxt `model_warmup[].inputs`), checked when the model is read.
-
-    `data` says what the tensor holds: "zero" (every element zero, empty strings for BYTES), "random" (random
-    values), or "file" (`file`: the raw row-major bytes, BYTES elements each a 4-byte little-endian length and its
-    bytes, read from the model's `warmup/` folder; its size was checked against `shape`)."""
-
-    name: str
-    datatype: str  # KServe name, e.g. "FP32"
-    shape: tuple[int, ...]  # without the batch dimension of a batching model; every dimension fixed (>= 0)
-    data: str  # "zero", "random" or "file"
-    file: Path | None = None  # the resolved path when data == "file"
-
-
-@dataclass(frozen=True)
-class WarmupSample:
-    """One warmup request (config.pbtxt `model_warmup`), run `count` times (at least once).
-
-    `batch_size` is the leading dimension added to every input's shape on a batching model (1..max_batch_size);
-    on a model with max_batch_size 0 it is 1 and no dimension is added. Every required declared input of the
-    model has an entry; each entry names a declared input with its datatype and a shape its dims accept."""
-
-    name: str
-    batch_size: int
-    count: int
-    inputs: tuple[WarmupInput, ...]
-
-
-@dataclass(frozen=True)
-class VersionPolicy:
-    """Which numbered version folders a model serves (config.pbtxt `version_policy`; default: the latest one).
-
-    kind "latest": the `num_versions` highest; "all": every one; "specific": those in `versions` that exist."""
-
-    kind: str = "latest"
-    num_versions: int = 1
-    versions: tuple[int, ...] = ()
-
-    def select(self, available: Iterable[int]) -> tuple[int, ...]:
-        """The versions this policy serves out of `available`, highest first (possibly none)."""
-        present = sorted(set(available), reverse=True)
-        if self.kind == "all":
-            return tuple(present)
-        if self.kind == "specific":
-            return tuple(v for v in present if v in self.versions)
-        return tuple(present[: self.num_versions])
-
-
-def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
-    return MappingProxyType(dict(value or {}))
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything needed to load one model, as read from its repository directory (or a management request).
-
-    `instance_count` is the slot count the configuration asks for (None: not set). `config` is the parsed
-    inference.ModelConfig message, kept for the ModelConfig RPC; it does not take part in equality. `roots`
-    (engine.repository.ModelRoots) says where the model's files may be: a backend resolves a file parameter
-    through it and shows paths relative to the repository in messages; None for a spec read from no repository.
-    """
-
-    name: str
-    backend: str  # "onnxruntime", "tensorrt", "python" or "fixture"
-    version: str = "1"
-    directory: Path | None = None
-    model_file: Path | None = None
-    # What the engine reads, as it was when the spec was read (engine.repository.files_stamp: every file of the
-    # version folder by size, times, inode and, for small files, content); "" for a spec read from no repository.
-    files: str = ""
-    platform: str = ""
-    max_batch_size: int = 0
-    inputs: tuple[TensorSpec, ...] = ()
-    outputs: tuple[TensorSpec, ...] = ()
-    instance_count: int | None = None
-    parameters: Mapping[str, str] = field(default_factory=dict)
-    batching: BatchingSpec | None = None  # dynamic batching; None: one request per engine call
-    version_policy: VersionPolicy = VersionPolicy()  # every version it selects is served (its own spec)
-    warmup: tuple[WarmupSample, ...] = ()  # run on every slot before the pool is published
-    response_cache: bool = False  # `response_cache { enable: true }` (service/response_cache.py)
-    sequence: SequenceSpec | None = None  # sequence_batching (engine/sequence_config.py); None: no sequences
-    config: object = field(default=None, compare=False, repr=False)
-    roots: ModelRoots | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "parameters", _frozen_mapping(self.parameters))
-
-    def session_key(self) -> tuple[object, ...]:
-        """What determines the engine built from this spec (everything except slot count and admission
-        settings). Two specs with the same key can reuse each other's advertised capacity, and a reconfiguration
-        keeps the engine only between them: `files` makes any change to the files the engine reads (model.py or a
-        neighbour, the ONNX file or its external data, the plan) a new engine, as Triton reloads changed files."""
-        params = tuple(sorted((k, v) for k, v in self.parameters.items() if not k.startswith("slotserve.")))
-        # The inputs a sequence model's server fills are checked against the engine at load, so they are part of it.
-        filled = tuple(sorted(self.sequence.provided_inputs().items())) if self.sequence is not None else ()
-        # An ensemble's engine is its steps: a reload that changes them builds (and checks) a new one.
-        scheduling = getattr(self.config, "ensemble_scheduling", None)
-        steps = scheduling.SerializeToString(deterministic=True) if scheduling is not None else b""
-        return (
-            self.backend,
-            self.model_file,
-            self.files,
-            self.max_batch_size,
-            self.inputs,
-            self.outputs,
-            params,
-            filled,
-            steps,
-        )
-
-    def parameter(self, key: str, default: str | None = None) -> str | None:
-        return self.parameters.get(key, default)
 
 
 class CancelToken:

@@ -29,14 +29,17 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import datatypes
+from .config.files import hide_paths, shown_path
+from .config.specs import ModelSpec, TensorSpec
 from .errors import ExecutionCancelled, ExecutionError, InvalidInputError, ModelConfigError
-from .interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
-from .repository import hide_paths, shown_path
+from .interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, Outputs
 
 _LOG = logging.getLogger(__name__)
 
@@ -44,10 +47,11 @@ MAX_SLOTS = 16
 _OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
 
-def _ort():
+def _ort() -> types.ModuleType:
     import onnxruntime
 
-    return onnxruntime
+    module: types.ModuleType = onnxruntime  # the library has no type hints: it is a module, used as one
+    return module
 
 
 # The most threads a session's pools may have: more is a typo, and ONNX Runtime does not refuse it (beyond an
@@ -56,7 +60,7 @@ def _ort():
 MAX_THREADS = 256
 
 
-def session_options(spec: ModelSpec):
+def session_options(spec: ModelSpec) -> Any:  # onnxruntime.SessionOptions (the library has no type hints)
     """The SessionOptions slotserve uses for `spec` (public so tests can build an identical session)."""
     ort = _ort()
     options = ort.SessionOptions()
@@ -88,7 +92,7 @@ class _MallInfo2(ctypes.Structure):
 
 
 @functools.cache
-def _mallinfo2():
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     """glibc's mallinfo2 (2.33 and later), None elsewhere."""
     try:
         function = ctypes.CDLL(None).mallinfo2
@@ -109,6 +113,17 @@ def _heap_bytes() -> int | None:
     return int(info.uordblks + info.hblkhd)
 
 
+class _SessionKey(NamedTuple):
+    """Which file (as it is on disk now), and which session options, a session is built from."""
+
+    path: str
+    device: int
+    inode: int
+    size: int
+    modified_ns: int
+    options: tuple[str | None, ...]
+
+
 class _SessionSizes:
     """What a session of each model file took when first built in this process (see the module docstring).
     Bounded: the oldest figures go first. Thread-safe; its lock is a leaf held for dictionary work only."""
@@ -117,13 +132,13 @@ class _SessionSizes:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # guards: _sizes
-        self._sizes: collections.OrderedDict[tuple, int] = collections.OrderedDict()
+        self._sizes: collections.OrderedDict[_SessionKey, int] = collections.OrderedDict()
 
-    def get(self, key: tuple) -> int | None:
+    def get(self, key: _SessionKey) -> int | None:
         with self._lock:
             return self._sizes.get(key)
 
-    def remember(self, key: tuple, size: int) -> int:
+    def remember(self, key: _SessionKey, size: int) -> int:
         """Keep `size` for `key` unless a figure is already there (a load that ran at the same time); returns the
         figure kept."""
         with self._lock:
@@ -137,7 +152,7 @@ class _SessionSizes:
 _SESSION_SIZES = _SessionSizes()
 
 
-def _session_key(spec: ModelSpec) -> tuple | None:
+def _session_key(spec: ModelSpec) -> _SessionKey | None:
     """Which file, and which session options, a session is built from; None when the file cannot be read."""
     assert spec.model_file is not None
     try:
@@ -148,7 +163,7 @@ def _session_key(spec: ModelSpec) -> tuple | None:
         spec.parameter(name, "")
         for name in ("graph_optimization_level", "intra_op_num_threads", "inter_op_num_threads")
     )
-    return (str(spec.model_file), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, options)
+    return _SessionKey(str(spec.model_file), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, options)
 
 
 def session_memory_bytes(spec: ModelSpec) -> int | None:
@@ -172,7 +187,7 @@ def _int_parameter(spec: ModelSpec, key: str, default: int, minimum: int, maximu
     return value
 
 
-def _model_tensor(node, origin: str) -> TensorSpec:
+def _model_tensor(node: Any, origin: str) -> TensorSpec:  # node: an onnxruntime NodeArg
     datatype = datatypes.ORT_TYPE_STRING.get(node.type)
     if datatype is None:
         raise ModelConfigError(f"{origin}: tensor '{node.name}' has unsupported type {node.type}")
@@ -225,8 +240,9 @@ def _reconcile(
 def _without_sequence_tensors(
     spec: ModelSpec, inputs: list[TensorSpec], outputs: list[TensorSpec], origin: str
 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The model's inputs and outputs less a sequence model's control and state tensors (engine/sequence_config.py),
-    each checked to be in the model with its datatype. Raises ModelConfigError naming the tensor."""
+    """The model's inputs and outputs less a sequence model's control and state tensors
+    (engine/config/sequence_batching.py), each checked to be in the model with its datatype. Raises
+    ModelConfigError naming the tensor."""
     assert spec.sequence is not None
     filled = spec.sequence.provided_inputs()
     by_name = {t.name: t for t in inputs}
@@ -416,7 +432,7 @@ class OnnxRuntimeModel(LoadedModel):
 
     interruptible = True
 
-    def __init__(self, spec: ModelSpec, session, metadata: ModelMetadata, memory_bytes: int) -> None:
+    def __init__(self, spec: ModelSpec, session: Any, metadata: ModelMetadata, memory_bytes: int) -> None:
         self.name = spec.name
         self.session = session
         # The binding's run, without the Python wrapper's re-validation (inputs were checked against the model's
@@ -451,7 +467,7 @@ def _memory_figure(spec: ModelSpec, grown: int) -> int:
     remembered = _SESSION_SIZES.get(key)
     if remembered is not None:
         return remembered
-    return _SESSION_SIZES.remember(key, max(grown, key[3]))
+    return _SESSION_SIZES.remember(key, max(grown, key.size))
 
 
 class OnnxRuntimeBackend(Backend):

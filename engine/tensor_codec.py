@@ -10,6 +10,7 @@ one copy (protobuf's bytes fields take `bytes` only).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class TensorDecodeError(ValueError):
     error_reason: str | None = "invalid_request_error"
 
 
-def element_count(shape) -> int:
+def element_count(shape: Iterable[int]) -> int:
     count = 1
     for dim in shape:
         count *= dim
@@ -102,7 +103,7 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     return bytes(out)
 
 
-def _element_bytes(element) -> bytes:
+def _element_bytes(element: object) -> bytes:
     if isinstance(element, bytes):
         return element
     if isinstance(element, str):
@@ -120,7 +121,7 @@ def _records_dtype(size: int) -> np.dtype:
     return np.dtype([("length", "<u4"), ("data", f"V{size}")])
 
 
-def deserialize_bytes(buffer, count: int, name: str) -> np.ndarray:
+def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int, name: str) -> np.ndarray:
     """Split length-prefixed BYTES contents into `count` elements (a 1-D object array of bytes).
 
     Raises TensorDecodeError on a truncated length prefix or element, or when the element count differs.

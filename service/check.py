@@ -47,20 +47,36 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engine.config.files import shown_path
+from engine.config.repository import ModelReading, ModelRepository
+from engine.config.specs import ModelSpec, TensorSpec
 from engine.errors import ModelConfigError
-from engine.interface import Backend, Context, LoadedModel, ModelMetadata, ModelSpec, TensorSpec
-from engine.repository import ModelReading, ModelRepository, shown_path
+from engine.interface import Backend, Context, LoadedModel, ModelMetadata
 
 from .core.events import Events
+from .flags import CommandLineParser, add_server_flags
+
+if TYPE_CHECKING:  # the server's modules load when the check reaches them (a bad command line needs none)
+    import numpy as np
+
+    from client.inference import ModelMetadata as ServedMetadata
+    from engine.interface import CancelToken, Outputs
+
+    from .core.lifecycle import ModelEntry
+    from .core.registry import ModelRegistry
+    from .options import ServerOptions
+    from .testing import RunningServer
+
+Json = dict[str, Any]  # a block of the JSON verdict
 
 FORMAT_VERSION = 1
 WARMUP_RUNS = "runs on every slot at load, before the model is ready"  # service/core/warmup.py
-# The server's flags the verdict depends on: copied from service/cli.py's parser, help and defaults included.
+# The server's flags the verdict depends on: service/flags.py's, help and defaults included.
 SHARED_FLAGS = (
     "allowed_model_roots",
     "parallel_jobs",
@@ -84,16 +100,16 @@ class ModelVerdict:
     versions: list[int] = field(default_factory=list)
     slots: int | None = None
     max_batch_size: int | None = None
-    batching: dict | None = None
-    sequence: dict | None = None  # sequence_batching: the strategy and the inputs the server fills
-    warmup: list[dict] = field(default_factory=list)
+    batching: Json | None = None
+    sequence: Json | None = None  # sequence_batching: the strategy and the inputs the server fills
+    warmup: list[Json] = field(default_factory=list)
     warmup_runs: str = WARMUP_RUNS
     startup: str = ""
     not_run: str = ""  # a python model's model.py without --load: its code is not imported
-    refused: list[dict] = field(default_factory=list)
-    ignored: list[dict] = field(default_factory=list)
-    files: list[dict] = field(default_factory=list)
-    load: dict | None = None
+    refused: list[Json] = field(default_factory=list)
+    ignored: list[Json] = field(default_factory=list)
+    files: list[Json] = field(default_factory=list)
+    load: Json | None = None
 
     def fail(self, message: str) -> None:
         self.serves = False
@@ -110,10 +126,7 @@ def server_reason(name: str, message: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli import _Parser
-    from .cli import build_parser as server_parser
-
-    parser = _Parser(
+    parser = CommandLineParser(
         prog="slotserve check",
         description="Tell what a model repository will do on slotserve, without serving it: per model, what is "
         "served, every refused and ignored field, every missing or mismatched file.",
@@ -126,9 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also load each model in a throwaway in-process server, send one request of zeros, report load time "
         "and memory (a model's own code runs only with this)",
     )
-    for action in server_parser()._actions:
-        if action.dest in SHARED_FLAGS:
-            parser._add_action(action)
+    add_server_flags(parser, only=SHARED_FLAGS)
     return parser
 
 
@@ -139,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _quiet_logs():
+def _quiet_logs() -> Iterator[None]:
     """Logging off (below CRITICAL) while the check runs, as it was afterwards (main may run inside a test)."""
     root = logging.getLogger()
     level = root.level
@@ -168,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if all(v.serves for v in verdicts) else 1
 
 
-def server_options(args: argparse.Namespace, **more):
+def server_options(args: argparse.Namespace, **more: Any) -> ServerOptions:
     """The ServerOptions a server started with these flags would have. Raises ValueError as the server does for a
     value out of range or flags that do not go together (--load-model without explicit mode)."""
     from .options import ServerOptions
@@ -204,7 +215,7 @@ def check_repository(args: argparse.Namespace) -> list[ModelVerdict]:
     registration, slot rule, load path and ensemble checks; the failures it lists), on backends that read the model
     files instead of running them (`--load` then loads each model in a throwaway server)."""
     options = server_options(args)
-    files: dict[str, list[dict]] = {}
+    files: dict[str, list[Json]] = {}
     registry = reading_registry(options, files)
     registry.register_repository(load=True)  # as the server's startup: every model, an ensemble after its steps
     repository = registry.repository
@@ -214,7 +225,7 @@ def check_repository(args: argparse.Namespace) -> list[ModelVerdict]:
     return verdicts
 
 
-def reading_registry(options, files: dict[str, list[dict]]):
+def reading_registry(options: ServerOptions, files: dict[str, list[Json]]) -> ModelRegistry:
     """A ModelRegistry as the server builds one for `options` (ServerOptions), whose backends read instead of run:
     `reading_backends`, and the server's own EnsembleBackend, which checks each ensemble against its step models as
     registered here. Loads nothing yet. `files` collects what the ONNX reader read, by model name."""
@@ -245,7 +256,7 @@ class OnePass(Events):
         return
 
 
-def reading_backends(test_backends: bool, files: dict[str, list[dict]]) -> dict[str, Backend]:
+def reading_backends(test_backends: bool, files: dict[str, list[Json]]) -> dict[str, Backend]:
     """The server's backends (service.server.default_backends), each replaced by its reader where running it would
     run the model's code or build its engine: ONNX Runtime, python, TensorRT. Any other (the test backends) is the
     server's own."""
@@ -263,7 +274,7 @@ class NotRun(Context):
     """A slot of a model read, not loaded: it runs nothing. A warmup sample is checked against the inputs (by the
     server's warmup code, as at load) and not run."""
 
-    def execute(self, inputs, outputs, cancel) -> dict:
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
         return {}
 
 
@@ -285,7 +296,7 @@ class OnnxReader(Backend):
 
     name = "onnxruntime"
 
-    def __init__(self, files: dict[str, list[dict]]) -> None:
+    def __init__(self, files: dict[str, list[Json]]) -> None:
         self.files = files
 
     def load(self, spec: ModelSpec) -> LoadedModel:
@@ -357,7 +368,7 @@ NOT_RUN = {
 }
 
 
-def registry_verdict(registry, name: str) -> tuple[bool, str | None]:
+def registry_verdict(registry: ModelRegistry, name: str) -> tuple[bool, str | None]:
     """(serves, reason) of model `name` as the registry lists it (what RepositoryIndex and ModelReady answer): it
     serves when every version the policy serves is READY; otherwise the reason is the first other version's error,
     or why the name has no entry, the model's name cut off as `server_reason` does."""
@@ -373,7 +384,7 @@ def registry_verdict(registry, name: str) -> tuple[bool, str | None]:
     return True, None
 
 
-def registered_entries(registry, name: str) -> list:
+def registered_entries(registry: ModelRegistry, name: str) -> list[ModelEntry]:
     """The entries of model `name`'s versions, lowest first ([] when the registry has none)."""
     from .core.errors import ServiceError
 
@@ -384,7 +395,11 @@ def registered_entries(registry, name: str) -> list:
 
 
 def check_model(
-    repository: ModelRepository, registry, files: dict[str, list[dict]], name: str, args: argparse.Namespace
+    repository: ModelRepository,
+    registry: ModelRegistry,
+    files: dict[str, list[Json]],
+    name: str,
+    args: argparse.Namespace,
 ) -> ModelVerdict:
     """One model's block: the registry's verdict, the reading's refused and ignored fields and versions, the
     registered spec (the highest version's), the slots it was given, the files read."""
@@ -456,7 +471,7 @@ def onnx_tensors(path: Path, origin: str, shown: str) -> tuple[list[TensorSpec],
     graph = model.graph
     initializers = {i.name for i in graph.initializer}
 
-    def tensor(value) -> TensorSpec:
+    def tensor(value: onnx.ValueInfoProto) -> TensorSpec:
         kind = value.type.tensor_type
         ort_type = f"tensor({onnx.TensorProto.DataType.Name(kind.elem_type).lower()})"
         datatype = datatypes.ORT_TYPE_STRING.get(ort_type)
@@ -473,7 +488,7 @@ def shown_tensor(tensor: TensorSpec) -> str:
     return f"{tensor.name} {tensor.datatype} {list(tensor.shape)}"
 
 
-def startup_line(name: str, args) -> str:
+def startup_line(name: str, args: argparse.Namespace) -> str:
     mode = args.model_control_mode
     if mode != "explicit":
         return f"loaded at startup (--model-control-mode {mode})"
@@ -485,7 +500,7 @@ def startup_line(name: str, args) -> str:
 # ---- --load -----------------------------------------------------------------------------------------------------
 
 
-def load_models(args, verdicts: list[ModelVerdict]) -> None:
+def load_models(args: argparse.Namespace, verdicts: list[ModelVerdict]) -> None:
     """Load each model in one throwaway in-process server (explicit control: one at a time, timed), an ensemble's
     step models first, send one request of zeros, unload what was loaded. The load decides the verdict, read from
     that server's registry as without --load (its words replace the reader's, e.g. ONNX Runtime's for a file onnx
@@ -507,7 +522,7 @@ def load_models(args, verdicts: list[ModelVerdict]) -> None:
             load_one(running, verdict)
 
 
-def load_one(running, verdict: ModelVerdict) -> None:
+def load_one(running: RunningServer, verdict: ModelVerdict) -> None:
     """Load one model (its steps first when it is an ensemble, untimed), measure it, send zeros, unload it and
     the steps loaded for it."""
     registry = running.server.registry
@@ -539,12 +554,13 @@ def load_one(running, verdict: ModelVerdict) -> None:
                 registry.unload(name)
 
 
-def load_steps(registry, name: str, seen: set[str], depth: int = 1) -> list[str]:
+def load_steps(registry: ModelRegistry, name: str, seen: set[str], depth: int = 1) -> list[str]:
     """Load the models ensemble `name`'s steps run (an inner ensemble's own steps before it), as the server's
     startup loads them before the ensemble (ModelRepository.load_order). Returns the names loaded or tried here, in
     order; a step that fails to load is left to the ensemble's load, which names it as the server's does. Past
     MAX_NESTING (`depth` is `name`'s place in the chain) it descends no further: the chain is refused by name."""
-    from engine.ensemble_graph import MAX_NESTING
+    from engine.config.ensemble_graph import MAX_NESTING
+    from generated.model_config_pb2 import ModelConfig
 
     if depth > MAX_NESTING:
         return []
@@ -552,6 +568,7 @@ def load_steps(registry, name: str, seen: set[str], depth: int = 1) -> list[str]
     config = entries[-1].spec.config if entries else None
     if config is None or entries[-1].spec.backend != "ensemble":
         return []
+    assert isinstance(config, ModelConfig)  # engine.config.repository parses it into one
     tried: list[str] = []
     for step in dict.fromkeys(block.model_name for block in config.ensemble_scheduling.step):
         if step in seen:
@@ -564,7 +581,7 @@ def load_steps(registry, name: str, seen: set[str], depth: int = 1) -> list[str]
     return tried
 
 
-def zeros_request(metadata) -> dict:
+def zeros_request(metadata: ServedMetadata) -> dict[str, np.ndarray]:
     """Zeros of each input's shape as the server's metadata gives it (a batching model's leading batch dimension
     included, as -1), every variable dimension as 1: batch 1."""
     import numpy as np
@@ -592,7 +609,7 @@ def _resident_bytes() -> int:
 # ---- output -----------------------------------------------------------------------------------------------------
 
 
-def as_json(repository: Path, verdicts: list[ModelVerdict]) -> dict:
+def as_json(repository: Path, verdicts: list[ModelVerdict]) -> Json:
     return {
         "format": FORMAT_VERSION,
         "repository": str(repository),
@@ -660,7 +677,7 @@ def batching_line(v: ModelVerdict) -> str:
     )
 
 
-def sequence_line(sequence: dict) -> str:
+def sequence_line(sequence: Json) -> str:
     filled = ", ".join(sequence["filled_inputs"]) or "nothing"
     kept = f"; it keeps {', '.join(sequence['state_outputs'])} between requests" if sequence["state_outputs"] else ""
     return f"{sequence['strategy']}; the server fills the inputs {filled}{kept}"

@@ -5,8 +5,10 @@ The wire layer (service/servicers/inference.py with service/tensors.py) hands `D
 `Dataplane.infer_stream` an `InferenceRequest`: model name, version, id, the client's deadline, the request's
 tensors (decoded here, after their memory is reserved) and `respond`, its encoder, which turns each neutral
 `InferenceResponse` (the outputs of a run) into what the transport sends. Both calls go through one path
-(`_answers`): unary and stream requests are admitted, run (alone on a slot, or in a batch) and counted the same
-way; only a streaming model's several answers differ. A stream's requests are in flight together, each through
+(`_answers`): decode, look the answer up in the response cache, run the request on its model's path (chosen when the
+model's configuration was committed: `entry.path.run(request, deadline, cancel)`, service/core/paths.py: alone on a
+slot, in a batch, or in its sequence), respond; unary and stream requests are counted the same way, only a
+streaming model's several answers differ. A stream's requests are in flight together, each through
 this path on a thread of the stream (service/stream_requests.py keeps them; `stream_placement` says where each goes
 among the others). Everything else (the tensor memory account, FIFO admission, lazy loading, statistics) happens
 here and below. A request's tensor memory is reserved before decoding (service/tensor_memory.py) and given back
@@ -19,26 +21,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from engine.errors import ModelErrorUnsupported
-from engine.interface import CancelToken, FinalOutputs, ModelMetadata, ModelSpec, Outputs
+from engine.config.specs import ModelSpec
+from engine.interface import CancelToken, ModelMetadata, Outputs
 from engine.tensor_codec import BYTES_ELEMENT_COST
 
-from .core.batching import BatchItem
 from .core.errors import ModelNotFound
 from .core.events import RejectionLog
-from .core.lifecycle import Lease, ModelEntry
+from .core.lifecycle import ModelEntry
 from .core.outcomes import REJECTIONS, outcome_of
 from .core.registry import ModelRegistry, ModelVersions
-from .core.sequences import ID_MODULUS, sequence_answers
+from .core.requests import ModelRequest, RunResult, StreamEnd
+from .core.sequences import ID_MODULUS
 from .request_info import request_info
-from .response_cache import NOT_CACHEABLE, CacheLookup, ResponseCache
+from .response_cache import NOT_CACHEABLE, CachedAnswer, CacheLookup, ResponseCache
 from .shared_memory import Region, RegionSlice
 from .stream_requests import StreamPlacement
 from .tensor_memory import Reservation, TensorMemory
@@ -279,9 +281,11 @@ class Dataplane:
     def _answers(
         self, request: InferenceRequest[R], cancel: CancelToken | None, *, stream: bool
     ) -> Generator[R, None, None]:
-        """The one admit-and-run path of `infer` and `infer_stream`: a request that answers once is counted
-        before its answer is yielded (a stream cancelled right after it never resumes the generator, and the
-        answer was complete); a streaming model's answers are counted after the last."""
+        """The one path of `infer` and `infer_stream`: decode, look the answer up in the response cache, run the
+        request on its model's path (`entry.path`: direct, batched or sequenced, service/core/paths.py), respond. A
+        request that answers once is counted before its answer is yielded (a stream cancelled right after it never
+        resumes the generator, and the answer was complete); a streaming model's answers are counted after the
+        last."""
         started = time.perf_counter_ns()
         versions = self._request_versions(request.model)
         entry = versions.default()  # where a request for a version that is not served is counted
@@ -295,38 +299,64 @@ class Dataplane:
             cached = self._cached(entry, request, decoded, stream)
             deadline = self.admission_deadline(entry, decoded.timeout_us, request.client_deadline)
             if cached.answer is not None:  # a hit takes no slot
-                ran = _Ran.of(cached)
-            elif entry.spec.sequence is not None:  # one answer, or a streaming model's answers (core/sequences.py)
-                for answer, counted in self._in_sequence(
-                    entry, request, decoded, reservation, deadline, cancel, stream, started
-                ):
-                    recorded = counted
-                    yield answer
-                recorded = True  # a streaming model's request is counted after its last answer
+                answer = self._respond(request, _hit(cached.answer), decoded, reservation)
+                entry.statistics.record_cache_hit(total_ns=time.perf_counter_ns() - started, hit_ns=cached.lookup_ns)
+                recorded = True
+                yield answer
                 return
-            elif entry.batches:
-                ran = self._run_batched(entry, decoded, deadline, cancel, started, stream)
-                if ran.stream is not None:  # a decoupled model's member of a batch: its own answers
-                    yield from self._stream_batched(entry, request, decoded, reservation, ran, cancel, started)
-                    recorded = True
-                    return
-            else:
-                lease = entry.acquire_lease(deadline, cancel)
-                if stream and lease.streaming:
-                    yield from self._stream_from(entry, request, decoded, reservation, lease, cancel, started)
-                    recorded = True
-                    return
-                ran = self._run_on(lease, decoded, cancel)
-            answer = self._respond(request, ran, decoded, reservation)
-            self._record_cached_or_success(entry, cached, ran, started)
+            results = entry.path.run(self._model_request(entry, request, decoded, stream, started), deadline, cancel)
+            counted_last: RunResult | None = None  # a streaming run: counted once it ended
+            with closing(results):
+                for result in results:
+                    if isinstance(result, StreamEnd):
+                        if result.error is not None:  # (only with respond_end: the path raises it otherwise)
+                            self._record_failure(entry, result.error, cancel, started)
+                            recorded = True
+                            assert request.respond_end is not None
+                            failed = request.respond_end(result.error, result.final)
+                            if failed is not None:
+                                yield failed
+                            return
+                        counted_last = result.totals
+                        if (
+                            request.respond_end is not None
+                            and (end := request.respond_end(None, result.final)) is not None
+                        ):
+                            yield end
+                        continue
+                    answer = self._respond(request, result, decoded, reservation)
+                    if result.streamed:
+                        counted_last = result
+                    else:
+                        self._record_answer(entry, cached, result, started)
+                        recorded = True
+                    yield answer
+            if counted_last is not None:
+                self._record_success(entry, counted_last, started, counted_output=False)
             recorded = True
-            yield answer
         except BaseException as error:
             if not recorded:
                 self._record_failure(entry, error, cancel, started)
             raise
         finally:  # also when the caller goes away (the generator is closed at a yield)
             _finish(reservation, decoded)
+
+    def _model_request(
+        self, entry: ModelEntry, request: InferenceRequest[R], decoded: DecodedRequest, stream: bool, started: int
+    ) -> ModelRequest:
+        """The request as its model's path takes it (a rescheduled one's next admission deadline: the model's
+        timeout and the request's `timeout` from then, and the client's)."""
+        return ModelRequest(
+            decoded.inputs,
+            decoded.signature,
+            decoded.outputs,
+            decoded.sequence_parameters,
+            before_run=decoded.check_regions,
+            stream=stream,
+            ends_in_band=request.respond_end is not None,
+            next_deadline=lambda: self.admission_deadline(entry, decoded.timeout_us, request.client_deadline),
+            arrived_ns=started,
+        )
 
     def _cached(
         self, entry: ModelEntry, request: InferenceRequest[R], decoded: DecodedRequest, stream: bool
@@ -338,268 +368,51 @@ class Dataplane:
             entry, request.version, lambda version: request.tensors.answer_key(decoded, version)
         )
 
-    def _record_cached_or_success(self, entry: ModelEntry, cached: CacheLookup, ran: _Ran, started: int) -> None:
-        """Count an answer: a cache hit as such; otherwise store it (when cacheable) and count it."""
-        if cached.answer is not None:
-            entry.statistics.record_cache_hit(total_ns=time.perf_counter_ns() - started, hit_ns=cached.lookup_ns)
-            return
+    def _record_answer(self, entry: ModelEntry, cached: CacheLookup, result: RunResult, started: int) -> None:
+        """Count a run's one answer, and store it in the response cache when the request was cacheable."""
         if cached.key is not None:
             entry.statistics.record_cache_miss(
-                self.response_cache.store_answer(cached, ran.metadata, ran.version, ran.outputs or {})
+                self.response_cache.store_answer(cached, result.metadata, result.version, result.outputs)
             )
-        self._record_success(entry, ran, started)
-
-    def _stream_from(
-        self,
-        entry: ModelEntry,
-        request: InferenceRequest[R],
-        decoded: DecodedRequest,
-        reservation: Reservation,
-        lease: Lease,
-        cancel: CancelToken,
-        started: int,
-    ) -> Iterator[R]:
-        """A streaming model's answers, holding its slot until the last one is taken (or the generator is
-        closed), then counted. With `request.respond_end`, what ends the request (its error, or what follows its
-        last answer) is taken while the slot is still held, and the error is counted here instead of raised."""
-        final = False
-        with lease:
-            try:
-                decoded.check_regions()
-                lease.metadata.check_request(decoded.signature, decoded.outputs)
-                ran = _Ran(lease.metadata, lease.version, lease.queue_ns, rows=decoded.batch_size(lease.metadata))
-                began = time.perf_counter_ns()
-                for outputs in lease.execute_stream(decoded.inputs, decoded.outputs, cancel):
-                    ran.outputs = outputs
-                    final = isinstance(outputs, FinalOutputs)
-                    yield self._respond(request, ran, decoded, reservation, final=final)
-                ran.infer_ns = time.perf_counter_ns() - began
-            except Exception as error:
-                if request.respond_end is None:
-                    raise
-                self._record_failure(entry, error, cancel, started)
-                failed = request.respond_end(error, final)
-                if failed is not None:
-                    yield failed
-                return
-            if request.respond_end is not None and (end := request.respond_end(None, final)) is not None:
-                yield end
-        self._record_success(entry, ran, started, counted_output=False)
-
-    def _stream_batched(
-        self,
-        entry: ModelEntry,
-        request: InferenceRequest[R],
-        decoded: DecodedRequest,
-        reservation: Reservation,
-        ran: _Ran,
-        cancel: CancelToken,
-        started: int,
-    ) -> Iterator[R]:
-        """A decoupled model's answers to one member of a batch (its stream: the batch's slot is held until every
-        member's stream ended), then counted as a request that ran in a batch. With `request.respond_end`, what
-        ends the request is taken before its stream ends, as `_stream_from` does."""
-        answers = ran.stream
-        assert answers is not None
-        final = False
-        try:
-            try:
-                began = time.perf_counter_ns()
-                for outputs in answers:
-                    ran.outputs = outputs
-                    final = isinstance(outputs, FinalOutputs)
-                    yield self._respond(request, ran, decoded, reservation, final=final)
-                ran.infer_ns = time.perf_counter_ns() - began
-            except Exception as error:
-                if request.respond_end is None:
-                    raise
-                self._record_failure(entry, error, cancel, started)
-                failed = request.respond_end(error, final)
-                if failed is not None:
-                    yield failed
-                return
-            if request.respond_end is not None and (end := request.respond_end(None, final)) is not None:
-                yield end
-        finally:  # closed early (the client went away): the rest of its answers are dropped
-            close = getattr(answers, "close", None)
-            if close is not None:
-                close()
-        self._record_success(entry, ran, started, counted_output=False)
-
-    def _in_sequence(
-        self,
-        entry: ModelEntry,
-        request: InferenceRequest[R],
-        decoded: DecodedRequest,
-        reservation: Reservation,
-        deadline: float | None,
-        cancel: CancelToken,
-        stream: bool,
-        started: int,
-    ) -> Iterator[tuple[R, bool]]:
-        """A sequence model's request (core/sequences.py): its answers, each encoded and paired with whether the
-        request is counted by then (a one-answer request before its answer goes out; a streaming model's after its
-        last, once this generator ends). A request its model reschedules waits again for its turn, until a new
-        admission deadline each time (the model's timeout and the request's `timeout` from then; the client's)."""
-        runs = sequence_answers(
-            entry,
-            decoded.sequence_parameters,
-            decoded.inputs,
-            decoded.signature,
-            decoded.outputs,
-            deadline,
-            cancel,
-            before_run=decoded.check_regions,
-            stream=stream,
-            next_deadline=lambda: self.admission_deadline(entry, decoded.timeout_us, request.client_deadline),
-        )
-        streamed: _Ran | None = None
-        with closing(runs):
-            for run in runs:
-                ran = _Ran(
-                    run.metadata, run.version, run.queue_ns, run.input_ns, run.infer_ns, 1, run.batched, run.outputs
-                )
-                answer = self._respond(request, ran, decoded, reservation, final=run.final)
-                if not run.streamed:
-                    self._record_success(entry, ran, started)
-                streamed = ran if run.streamed else None
-                yield answer, not run.streamed
-        if streamed is not None:
-            self._record_success(entry, streamed, started, counted_output=False)
+        self._record_success(entry, result, started)
 
     @staticmethod
-    def _run_batched(
-        entry: ModelEntry,
-        decoded: DecodedRequest,
-        deadline: float | None,
-        cancel: CancelToken,
-        started: int,
-        stream: bool = False,
-    ) -> _Ran:
-        """Admit a request of a batching model and see it run, alone or in a batch (on a `stream`, a decoupled
-        model's batch gives it a stream of answers: `_Ran.stream`)."""
-        metadata = entry.known_metadata()
-        if metadata is not None:  # bad input is refused before it can join a batch
-            metadata.check_request(decoded.signature, decoded.outputs)
-        rows = decoded.rows()
-        item = BatchItem(
-            decoded.inputs,
-            decoded.signature,
-            decoded.outputs,
-            rows,
-            cancel,
-            before_run=decoded.check_regions,
-            streams=stream,
-        )
-        try:
-            entry.run_batched(item, deadline, cancel)
-            if item.stream is not None and item.error is not None:  # it gave up as its batch started
-                raise item.error
-        except BaseException:
-            answers = item.abandon()  # a decoupled model's answers nobody will read: its batch's slot must not wait
-            if answers is not None:
-                answers.close()  # type: ignore[attr-defined]  # a batch member's stream (core/batching.py)
-            raise
-        if item.stream is not None:
-            return _Ran(
-                item.metadata,  # type: ignore[arg-type]  # posted by the batch's leader with the stream
-                item.version,
-                item.started_ns - started,
-                rows=rows,
-                batched=True,
-                stream=item.stream,
-            )
-        outputs = item.outcome()
-        return _Ran(
-            item.metadata,  # type: ignore[arg-type]  # posted by the batch's leader with the outcome
-            item.version,
-            item.started_ns - started,
-            item.input_ns,
-            item.infer_ns,
-            rows,
-            batched=True,
-            outputs=outputs,
-        )
-
-    @staticmethod
-    def _run_on(lease: Lease, decoded: DecodedRequest, cancel: CancelToken) -> _Ran:
-        """Run a request alone on its leased slot, and free the slot."""
-        try:
-            decoded.check_regions()  # a region unregistered while the request waited is refused, not used
-            if lease.streaming:  # Triton's code and words for a decoupled model (ours answer on a stream too)
-                raise ModelErrorUnsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
-            checked = time.perf_counter_ns()
-            lease.metadata.check_request(decoded.signature, decoded.outputs)
-            ran = time.perf_counter_ns()
-            outputs = lease.execute(decoded.inputs, decoded.outputs, cancel)
-            executed = time.perf_counter_ns()
-        finally:
-            lease.release()
-        return _Ran(
-            lease.metadata,
-            lease.version,
-            lease.queue_ns,
-            ran - checked,
-            executed - ran,
-            decoded.batch_size(lease.metadata),
-            outputs=outputs,
-        )
-
-    @staticmethod
-    def _record_success(entry: ModelEntry, ran: _Ran, started: int, counted_output: bool = True) -> None:
+    def _record_success(entry: ModelEntry, result: RunResult, started: int, counted_output: bool = True) -> None:
         finished = time.perf_counter_ns()
-        output_ns = finished - ran.finished_ns if counted_output else 0
+        output_ns = finished - result.finished_ns if counted_output else 0
         entry.statistics.record_success(
-            queue_ns=ran.queue_ns,
-            input_ns=ran.input_ns,
-            infer_ns=ran.infer_ns,
+            queue_ns=result.queue_ns,
+            input_ns=result.input_ns,
+            infer_ns=result.infer_ns,
             output_ns=output_ns,
             total_ns=finished - started,
-            batch_size=ran.rows,
-            executed=not ran.batched,
+            batch_size=result.rows,
+            executed=not result.batched,
         )
 
     @staticmethod
     def _respond(
-        request: InferenceRequest[R],
-        ran: _Ran,
-        decoded: DecodedRequest,
-        reservation: Reservation,
-        *,
-        final: bool = True,
+        request: InferenceRequest[R], result: RunResult, decoded: DecodedRequest, reservation: Reservation
     ) -> R:
         """The encoded answer of a run; its outputs are counted in the request's reservation first (they are held
         until the answer is sent)."""
-        outputs = ran.outputs if ran.outputs is not None else {}
-        reservation.count_outputs(output_bytes(outputs))
+        reservation.count_outputs(output_bytes(result.outputs))
         return request.respond(
             InferenceResponse(
-                request.model, ran.version, request.id, outputs, ran.metadata, decoded.output_regions, final
+                request.model,
+                result.version,
+                request.id,
+                result.outputs,
+                result.metadata,
+                decoded.output_regions,
+                result.final,
             )
         )
 
 
-@dataclass
-class _Ran:
-    """What running one request gave, for its response and its statistics."""
-
-    metadata: ModelMetadata
-    version: str
-    queue_ns: int
-    input_ns: int = 0
-    infer_ns: int = 0
-    rows: int = 1  # the request's batch size
-    batched: bool = False  # it ran in a batch, whose run is counted once by the batch
-    outputs: Outputs | None = None
-    finished_ns: int = field(default_factory=time.perf_counter_ns)  # when the run ended: the output time's start
-    stream: Iterator[Outputs] | None = None  # a decoupled model's answers to a member of a batch, still to read
-
-    @classmethod
-    def of(cls, cached: CacheLookup) -> _Ran:
-        """A response cache hit, answered like a run that took no slot and no time."""
-        answer = cached.answer
-        assert answer is not None
-        return cls(answer.metadata, answer.version, 0, outputs=answer.outputs)
+def _hit(answer: CachedAnswer) -> RunResult:
+    """A response cache hit, answered like a run that took no slot and no time."""
+    return RunResult(answer.metadata, answer.version, answer.outputs)
 
 
 def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:

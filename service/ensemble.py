@@ -1,7 +1,7 @@
 """Ensembles (config.pbtxt `platform: "ensemble"`): a model whose engine runs other models as a data flow.
 
 The ensemble is an ordinary registered model (its entry, state, statistics, admission) whose backend is
-`EnsembleBackend`. Its graph is read and checked when its configuration is read (engine/ensemble_graph.py
+`EnsembleBackend`. Its graph is read and checked when its configuration is read (engine/config/ensemble_graph.py
 `read_steps`) and checked again when it loads, by every path (startup, RepositoryModelLoad, RegisterModel, poll
 mode, a load with files): first the ensembles' call graph (`call_graph_refusal`: no cycle through ensembles, no
 chain of ensembles deeper than MAX_NESTING), then against its step models (`check_against_models`: every step
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.ensemble_graph import (
+from engine.config.ensemble_graph import (
     CYCLE_REFUSAL,
     MAX_NESTING,
     Step,
@@ -54,6 +54,8 @@ from engine.ensemble_graph import (
     read_steps,
     step_models,
 )
+from engine.config.files import hide_paths
+from engine.config.specs import ModelSpec
 from engine.errors import (
     DeviceFailedError,
     ExecutionError,
@@ -62,17 +64,7 @@ from engine.errors import (
     ModelErrorUnsupported,
     ModelLoadError,
 )
-from engine.interface import (
-    Backend,
-    CancelToken,
-    Context,
-    FinalOutputs,
-    LoadedModel,
-    ModelMetadata,
-    ModelSpec,
-    Outputs,
-)
-from engine.repository import hide_paths
+from engine.interface import Backend, CancelToken, Context, FinalOutputs, LoadedModel, ModelMetadata, Outputs
 
 from .core.errors import ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, RequestCancelled, own_copy
 from .core.lifecycle import ModelEntry, ModelState
@@ -101,7 +93,7 @@ class EnsembleBackend(Backend):
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         """Check the ensembles' call graph from this one (no cycle through ensembles, no chain deeper than
-        MAX_NESTING: engine/ensemble_graph.py call_graph_refusal), then its graph against its step models as
+        MAX_NESTING: engine/config/ensemble_graph.py call_graph_refusal), then its graph against its step models as
         registered now. Raises ModelConfigError naming the cycle, or the step and the problem (ModelLoadError for
         a step model that failed). Does not load the step models (each loads on its first call, as usual)."""
         if self._dataplane is None:
@@ -538,6 +530,10 @@ class _Run:
     the ensemble's answer for a key once every output asked for exists. A value is dropped once every step reading
     it, and the answer, took it.
 
+    Longer than the house's ~300 lines for a reason: the coordinator, the helpers and the relay of decoupled answers
+    all move one data flow under one lock (values, calls ready and running, the backlog bound); each method is one
+    move of it.
+
     Threads. The request's own (the coordinator, in `answers`) yields the answers as they are made and runs ordinary
     calls. A streaming call holds its callee's slot until its last response is read, so it is read without pause by
     one owner until it ends: a helper (`help`: streams first, then ordinary calls), or the coordinator when no
@@ -568,6 +564,7 @@ class _Run:
         self._own: _Call | None = None  # the coordinator's open stream
         self._awaiting_helper = False  # a helper was woken for this run's streams and has not come yet
         self._held_back = 0  # helpers waiting for room before reading their stream on (_wait_for_room)
+        self._coordinator_busy = False  # the request's thread is in a turn of its own (takes no answers meanwhile)
         self._answers: collections.deque[Outputs] = collections.deque()  # made, not yielded yet
         self._running = 0  # turns being taken, and streams a helper owns
         self._started: set[int] = set()  # steps with a call taken
@@ -596,10 +593,23 @@ class _Run:
                 else:
                     if more:
                         self.model.helpers.want(self)  # outside this run's lock: it may start a thread
-                    self._take_turn(call, own=kind is _Next.PUMP)  # type: ignore[arg-type]  # CALL and PUMP carry one
+                    self._set_coordinator_busy(True)
+                    try:
+                        self._take_turn(call, own=kind is _Next.PUMP)  # type: ignore[arg-type]  # CALL and PUMP carry one
+                    finally:
+                        self._set_coordinator_busy(False)
         finally:
             self._parent.remove_callback(relay)
             self._end()
+
+    def _set_coordinator_busy(self, busy: bool) -> None:
+        """The request's thread starts (or ended) a turn of its own. While it is in one it takes no answers, and the
+        turn may wait for a slot a helper's stream holds (a step after a decoupled one on a model with one slot):
+        helpers held back for room must read on then, or neither would ever move (_wait_for_room)."""
+        with self._changed:
+            self._coordinator_busy = busy
+            if busy and self._held_back:
+                self._changed.notify_all()
 
     def _relay(self) -> None:
         self.cancel.cancel(self._parent.reason or "cancelled")
@@ -721,12 +731,13 @@ class _Run:
         """Before a helper reads its stream's next response: wait while BACKLOG answers and calls made from earlier
         ones wait for the coordinator (its client reads slowly, or the next step is slow), so that the stream is
         read no faster than its results are taken, as a decoupled model's own stream is (the model's send waits for
-        the server's read). Ends when there is room, a step failed or the request ended (each notifies); rechecks
-        every RECHECK_SECONDS."""
+        the server's read). Ends when there is room, a step failed, the request ended, or the request's thread is
+        in a turn of its own (each notifies): that turn may wait for the very slot this helper's stream holds, so the
+        backlog may pass BACKLOG by what the streams read meanwhile. Rechecks every RECHECK_SECONDS."""
         with self._changed:
             self._held_back += 1
             try:
-                while len(self._answers) + len(self._calls) >= BACKLOG:
+                while len(self._answers) + len(self._calls) >= BACKLOG and not self._coordinator_busy:
                     if self._failure is not None or self._ended_locked():
                         return
                     self._changed.wait(RECHECK_SECONDS)

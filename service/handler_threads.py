@@ -49,8 +49,10 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from .core.blocking import lend_current_thread
 
@@ -75,11 +77,15 @@ class HandlerThreadStatistics:
     overdue: int = 0  # calls that waited `stall` seconds and were given a thread past the runners, so far
 
 
-class _Work:
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class _Work(Generic[T]):
     __slots__ = ("future", "fn", "args", "kwargs", "queued_at")
 
-    def __init__(self, fn, args, kwargs, queued_at: float) -> None:
-        self.future: futures.Future = futures.Future()
+    def __init__(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], queued_at: float) -> None:
+        self.future: futures.Future[T] = futures.Future()
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.queued_at = queued_at
 
@@ -114,7 +120,7 @@ class HandlerThreads(futures.Executor):
         linger: float = LINGER_SECONDS,
         stall: float = STALL_SECONDS,
         name: str = "grpc-handler",
-        clock=time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if keep < 0 or linger < 0 or runners < 0 or stall <= 0:
             raise ValueError(
@@ -130,7 +136,7 @@ class HandlerThreads(futures.Executor):
         self._lock = threading.Lock()  # guards: every field below (see the module docstring)
         self._work = threading.Condition(self._lock)  # idle threads wait here for a call to take
         self._watch = threading.Condition(self._lock)  # the watchdog waits here for a call to come due
-        self._queue: collections.deque[_Work] = collections.deque()  # calls without a thread, oldest first
+        self._queue: collections.deque[_Work[Any]] = collections.deque()  # calls without a thread, oldest first
         self._threads: set[threading.Thread] = set()
         self._idle = 0  # threads waiting on `_work`
         self._wakeups = 0  # queued calls handed to idle threads that have not woken yet (the first ones queued)
@@ -151,7 +157,7 @@ class HandlerThreads(futures.Executor):
 
     # ---- submitting and handing on -----------------------------------------------------------------------
 
-    def submit(self, fn, /, *args, **kwargs) -> futures.Future:
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> futures.Future[T]:
         work = _Work(fn, args, kwargs, self._clock())
         with self._lock:
             if self._closed:
@@ -174,7 +180,7 @@ class HandlerThreads(futures.Executor):
             self._passes -= 1
         self._running += 1
 
-    def _dispatch_locked(self) -> list[tuple[threading.Thread, _Work]]:
+    def _dispatch_locked(self) -> list[tuple[threading.Thread, _Work[Any]]]:
         """Hand queued calls on while the rules allow: to idle threads first, else to new threads (returned, to
         be started once the lock is released)."""
         starts = []
@@ -196,7 +202,7 @@ class HandlerThreads(futures.Executor):
             self._passes = 0  # nothing left waiting: a pass must not outlive the calls it was for
         return starts
 
-    def _start_all(self, starts: list[tuple[threading.Thread, _Work]]) -> None:
+    def _start_all(self, starts: list[tuple[threading.Thread, _Work[Any]]]) -> None:
         for thread, work in starts:
             try:
                 self._start(thread)
@@ -206,7 +212,7 @@ class HandlerThreads(futures.Executor):
     def _start(self, thread: threading.Thread) -> None:
         thread.start()
 
-    def _start_failed(self, thread: threading.Thread, work: _Work, error: RuntimeError) -> None:
+    def _start_failed(self, thread: threading.Thread, work: _Work[Any], error: RuntimeError) -> None:
         """Put the call back at the head of the queue, for the next thread that finishes its own, and say so."""
         with self._lock:
             self._threads.discard(thread)
@@ -223,7 +229,7 @@ class HandlerThreads(futures.Executor):
 
     # ---- the threads ---------------------------------------------------------------------------------------
 
-    def _run(self, work: _Work | None) -> None:
+    def _run(self, work: _Work[Any] | None) -> None:
         me = threading.current_thread()
         lend_current_thread(self if self._runners else None)  # without runners there is nothing to step aside from
         while work is not None:
@@ -231,7 +237,7 @@ class HandlerThreads(futures.Executor):
             work = None  # let go of the call's objects before waiting for the next call
             work = self._next_work(me)
 
-    def _next_work(self, me: threading.Thread) -> _Work | None:
+    def _next_work(self, me: threading.Thread) -> _Work[Any] | None:
         """The next call for this thread, which has just finished one; None when it is to end (shut down and
         nothing it may take, or idle `linger` seconds while more than `keep` threads are alive). A thread that
         ends has left `_threads` already."""
@@ -285,7 +291,7 @@ class HandlerThreads(futures.Executor):
                 return
             self._start_all(starts)
 
-    def _next_overdue_locked(self) -> list[tuple[threading.Thread, _Work]] | None:
+    def _next_overdue_locked(self) -> list[tuple[threading.Thread, _Work[Any]]] | None:
         """Wait until the oldest waiting call has waited `stall` (or the pool closes: None), then pass every call
         that has, and hand them on."""
         while not self._closed:

@@ -15,7 +15,7 @@ request's. Errors are the dataplane's (the core's errors, as for a client call).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,8 +130,16 @@ def _stream_outputs_of(response: InferenceResponse) -> Outputs:
 
 
 def _request(
-    model, inputs, version, outputs, datatypes_of, deadline, request_id, parameters, respond=None
-) -> InferenceRequest:
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    version: str,
+    outputs: Sequence[str],
+    datatypes_of: Mapping[str, str] | None,
+    deadline: float | None,
+    request_id: str,
+    parameters: Mapping[str, object] | None,
+    respond: Callable[[InferenceResponse], Outputs] | None = None,
+) -> InferenceRequest[Outputs]:
     return InferenceRequest(
         model=model,
         version=version,

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -38,10 +39,23 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .core.lifecycle import ModelEntry
+from .core.lifecycle import ModelEntry, ModelStatus
 from .core.outcomes import FAILED, STANDARD, SUCCESS
 from .core.statistics import BUCKETS_SECONDS, StatisticsSnapshot
 from .response_cache import model_enables_cache
+
+if TYPE_CHECKING:  # what the collector reads at each scrape, given by service/server.py
+    from .core.events import Events
+    from .core.registry import ModelRegistry
+    from .core.residency import ColdLoadGuard, Residency
+    from .dataplane import Dataplane
+
+# Each registered version's name, status and statistics, read once per scrape.
+Observed = list[tuple[str, ModelStatus, StatisticsSnapshot]]
+# A sample of a Triton family: the model version (None: server-wide), labels besides model and version, the value.
+Sample = tuple[ModelEntry | None, Mapping[str, str], float]
+# A per-model counter read from a statistics snapshot: name, help text, value.
+SnapshotCounter = tuple[str, str, Callable[[StatisticsSnapshot], int]]
 
 POLL_SECONDS = 0.1  # how often the HTTP loop checks for shutdown: stop() waits up to this long
 REQUEST_TIMEOUT = 10.0  # seconds a scrape connection may stall before its thread gives up on it
@@ -75,7 +89,7 @@ LIFECYCLE_COUNTERS = (
 
 
 # Triton's per-model counters (docs/operations.md lists them): name, help text, value from the statistics snapshot.
-TRITON_COUNTERS = (
+TRITON_COUNTERS: tuple[SnapshotCounter, ...] = (
     (
         "nv_inference_request_success",
         "Number of successful inference requests, all batch sizes (includes cached requests)",
@@ -184,10 +198,10 @@ class _TritonText:
     def __init__(self) -> None:
         self._lines: list[str] = []
 
-    def counter(self, name: str, documentation: str, samples) -> None:
+    def counter(self, name: str, documentation: str, samples: Iterable[Sample]) -> None:
         self.family(name, documentation, "counter", samples)
 
-    def family(self, name: str, documentation: str, kind: str, samples) -> None:
+    def family(self, name: str, documentation: str, kind: str, samples: Iterable[Sample]) -> None:
         """`samples`: (entry or None for a server-wide sample, extra labels, value)."""
         self._lines.append(f"# HELP {name} {documentation}")
         self._lines.append(f"# TYPE {name} {kind}")
@@ -204,7 +218,7 @@ class _TritonText:
 
 
 # Served for models whose config enables the response cache, when the server has one (--response-cache-bytes).
-TRITON_CACHE_COUNTERS = (
+TRITON_CACHE_COUNTERS: tuple[SnapshotCounter, ...] = (
     ("nv_cache_num_hits_per_model", "Number of response cache hits per model", lambda s: s.cache_hit.count),
     ("nv_cache_num_misses_per_model", "Number of response cache misses per model", lambda s: s.cache_miss.count),
     (
@@ -223,16 +237,23 @@ TRITON_CACHE_COUNTERS = (
 class SlotserveCollector(Collector):
     """Every slotserve metric, computed from the live objects at each scrape."""
 
-    def __init__(self, registry, residency, events, cold_loads=None, dataplane=None) -> None:
-        self._registry = registry  # service.core.registry.ModelRegistry
-        self._residency = residency  # service.core.residency.Residency
-        self._events = events  # service.core.events.Events
-        self._cold_loads = cold_loads  # service.core.residency.ColdLoadGuard or None
-        self._dataplane = dataplane  # service.dataplane.Dataplane or None
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        residency: Residency,
+        events: Events,
+        cold_loads: ColdLoadGuard | None = None,
+        dataplane: Dataplane | None = None,
+    ) -> None:
+        self._registry = registry
+        self._residency = residency
+        self._events = events
+        self._cold_loads = cold_loads
+        self._dataplane = dataplane
 
     def collect(self) -> Iterator[Metric]:
         entries = self._registry.entries()
-        observed = [(entry.name, entry.status(), entry.statistics.snapshot()) for entry in entries]
+        observed: Observed = [(entry.name, entry.status(), entry.statistics.snapshot()) for entry in entries]
         yield from _model_gauges(observed)
         yield _requests(observed)
         yield _histogram(
@@ -287,12 +308,12 @@ class SlotserveCollector(Collector):
             )
         if cache is not None:
             stats = cache.statistics()
-            for name, documentation, value in (
+            for name, documentation, figure in (
                 ("nv_cache_num_entries", "Number of responses stored in the response cache", stats.entries),
                 ("nv_cache_num_evictions", "Number of response cache evictions", stats.evictions),
                 ("nv_cache_util", "Response cache utilization [0.0 - 1.0]", stats.bytes / stats.capacity_bytes),
             ):
-                lines.family(name, documentation, "gauge", [(None, {}, value)])
+                lines.family(name, documentation, "gauge", [(None, {}, figure)])
         return lines.text()
 
     def _server_metrics(self) -> Iterator[Metric]:
@@ -333,9 +354,9 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _model_gauges(observed) -> Iterator[Metric]:
+def _model_gauges(observed: Observed) -> Iterator[Metric]:
     """Per-model state read from ModelStatus."""
-    gauges = (
+    gauges: tuple[tuple[str, str, Callable[[ModelStatus], int]], ...] = (
         (
             "slotserve_model_loaded",
             "1 while the model holds a loaded pool, else 0.",
@@ -372,7 +393,7 @@ def _by_model(rows: Iterable[tuple[str, Any]]) -> dict[str, list[Any]]:
     return grouped
 
 
-def _requests(observed) -> Metric:
+def _requests(observed: Observed) -> Metric:
     """Finished inference requests (ModelInfer and each stream request) by outcome."""
     family = CounterMetricFamily(
         "slotserve_model_requests",
@@ -398,15 +419,21 @@ def _outcomes(snapshot: StatisticsSnapshot) -> dict[str, int]:
     return counts
 
 
-def _histogram(name: str, documentation: str, observed, read) -> Metric:
+def _histogram(
+    name: str,
+    documentation: str,
+    observed: Observed,
+    read: Callable[[StatisticsSnapshot], tuple[tuple[int, ...], int]],
+) -> Metric:
     """A per-model histogram from non-cumulative bucket counts (BUCKETS_SECONDS, then +Inf) and a sum in ns."""
     family = HistogramMetricFamily(name, documentation, labels=["model"])
-    bounds = [floatToGoString(bound) for bound in BUCKETS_SECONDS] + ["+Inf"]
+    bounds = [_go_float(bound) for bound in BUCKETS_SECONDS] + ["+Inf"]
     for model, snapshots in _by_model((model, snapshot) for model, _, snapshot in observed).items():
         reads = [read(snapshot) for snapshot in snapshots]
         counts = [sum(column) for column in zip(*(c for c, _ in reads), strict=True)]
         total_ns = sum(ns for _, ns in reads)
-        cumulative, buckets = 0, []
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
         for bound, count in zip(bounds, counts, strict=True):
             cumulative += count
             buckets.append((bound, cumulative))
@@ -414,11 +441,16 @@ def _histogram(name: str, documentation: str, observed, read) -> Metric:
     return family
 
 
+def _go_float(bound: float) -> str:
+    """A bucket bound as Prometheus writes it (prometheus_client's floatToGoString, which is not annotated)."""
+    return str(floatToGoString(bound))  # type: ignore[no-untyped-call]
+
+
 # Upper bounds of the batch-size histogram (rows per engine run); sizes above the last land in +Inf.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def _executions(observed) -> Iterator[Metric]:
+def _executions(observed: Observed) -> Iterator[Metric]:
     """Engine runs per model, and the rows each took (one request per run on a model without batching; a
     batching model runs each batch of requests once)."""
     executions = CounterMetricFamily(
@@ -492,7 +524,7 @@ class ServerMetrics:
         httpd.server_close()
         thread.join()
 
-    def _app(self, environ, start_response):
+    def _app(self, environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
         """Every path answers the text exposition (Prometheus format 0.0.4, as Triton serves it)."""
         body = self.render().encode()
         start_response("200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))])
@@ -507,11 +539,11 @@ class _QuietHandler(WSGIRequestHandler):
 
     timeout = REQUEST_TIMEOUT  # a socket timeout: a stalled client cannot hold its thread forever
 
-    def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
 
 
-def _http_server(host: str, port: int, app) -> ThreadingWSGIServer:
+def _http_server(host: str, port: int, app: WSGIApplication) -> ThreadingWSGIServer:
     """A bound threading WSGI server for `app` on host:port, IPv4 or IPv6 as the host resolves (as
     prometheus_client's start_http_server chooses)."""
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from engine.ensemble_graph import MAX_NESTING
+from engine.config.ensemble_graph import MAX_NESTING
+from engine.config.files import SKIPPED_FOLDERS, read_regular_file
+from engine.config.repository import check_model_name
 from engine.errors import ModelConfigError
 from engine.interface import CancelToken
-from engine.repository import SKIPPED_FOLDERS, check_model_name, read_regular_file
 
 from .core.errors import InvalidRequest, ModelConfigFailed, ModelNotFound, ServiceError, own_copy
 from .core.events import Events
@@ -77,7 +78,11 @@ def lazy_load_refusal(mode: str) -> str:
 HASHED_BYTES = 64 << 10  # files up to this size (config.pbtxt, small models) are compared by content too
 
 
-def folder_fingerprint(directory: Path) -> tuple:
+# A model folder as the poller compares it: (path, size, mtime in ns, digest, kind) per file, sorted.
+Fingerprint = tuple[tuple[str, int, int, str, str], ...]
+
+
+def folder_fingerprint(directory: Path) -> Fingerprint:
     """What the poller compares between scans: every file under `directory` with its size and modification time
     (nanoseconds), and the content's digest for regular files up to HASHED_BYTES: a rewrite of config.pbtxt within
     the file system's timestamp granularity (milliseconds on some) that keeps its size is still seen. A file added
@@ -130,7 +135,7 @@ class ModelControl:
         self.registry = registry
         self.files = files
         self._poll_lock = threading.Lock()  # guards: _seen (one scan at a time)
-        self._seen: dict[str, tuple] = {}  # model folder -> the fingerprint last acted on
+        self._seen: dict[str, Fingerprint] = {}  # model folder -> the fingerprint last acted on
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

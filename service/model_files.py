@@ -11,7 +11,7 @@ that did not commit it (an error, a client that gave up), after RepositoryModelU
 staged while the server shuts down removes what it wrote itself: `remove_all` marks the files closed, and a stage
 that finds them closed (when it starts or once its writes are done) removes the whole root again and is refused.
 
-The model's name is checked (engine.repository.check_model_name) before anything is created, and every folder
+The model's name is checked (engine.config.repository.check_model_name) before anything is created, and every folder
 made is checked to be a direct child of the root: nothing is ever written outside --model-files-dir.
 
 Locking: `_lock` guards `_folders`, `_pending` and `_closed`, held for set work only, never across file writes or
@@ -29,7 +29,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.repository import check_model_name
+from engine.config.repository import check_model_name
 
 from .core.errors import InvalidRequest, ServiceError, ShuttingDown
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.interface import Backend
+
 from .auth import Secret, secret_of
 from .model_control import DEFAULT_POLL_SECONDS, MODES
 from .model_files import DEFAULT_MAX_LOAD_FILE_BYTES
@@ -66,7 +68,9 @@ class ServerOptions:
     grpc_arguments: tuple[tuple[str, int], ...] = ()
     reuse_port: bool = False  # SO_REUSEPORT on the gRPC port (Triton's --reuse-grpc-port)
     log_format: str = "text"
-    extra_backends: dict = field(default_factory=dict, compare=False)  # name -> Backend, for tests and plugins
+    extra_backends: dict[str, Backend] = field(
+        default_factory=dict, compare=False
+    )  # name -> Backend, for tests and plugins
     enable_test_backends: bool = False  # register engine/testing/'s doubles (backend "fixture"): tests only
     # Security (service/auth.py, service/tls.py). Tokens may be given as str; they are kept as Secret, which
     # never prints itself, so logging these options shows no token.
@@ -237,7 +241,7 @@ class ServerOptions:
 # Every numeric option: field -> (flag, lowest, highest, kind). kind "int" takes integers only (highest None: no
 # upper bound, for counts and byte budgets that Python compares exactly); "seconds" a finite number of seconds;
 # "positive seconds" the same above 0. tests/unit/test_flag_ranges.py checks that every int or float flag of
-# service/cli.py is here.
+# service/flags.py is here.
 RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "port": ("--port", 0, MAX_PORT, "int"),
     "parallel_jobs": ("--parallel-jobs", 1, MAX_SLOTS, "int"),

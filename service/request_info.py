@@ -13,15 +13,29 @@ are the flags (1 and 2). Checked against real Triton by tests/differential/test_
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, Protocol
 
 from engine.interface import RequestInfo
 
 PROTOCOL_KEYS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"})
+
+
+class Described(Protocol):
+    """What request_info reads of a request (the dataplane's InferenceRequest)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def parameters(self) -> Mapping[str, object]: ...
+    @property
+    def client_deadline(self) -> float | None: ...
+
+
 SEQUENCE_START = 1
 SEQUENCE_END = 2
 
 
-def plain_parameters(parameters) -> dict[str, object]:
+def plain_parameters(parameters: Mapping[str, Any]) -> dict[str, object]:
     """{key: bool | int | float | str} of a protobuf map of InferParameter (bytes_param values are left out: Triton
     has no JSON for them). Cheap for the usual empty map."""
     if not parameters:
@@ -34,7 +48,7 @@ def plain_parameters(parameters) -> dict[str, object]:
     return plain
 
 
-def request_info(request) -> RequestInfo:
+def request_info(request: Described) -> RequestInfo:
     """The RequestInfo of a dataplane InferenceRequest (its `id`, `parameters` and `client_deadline`)."""
     parameters: Mapping[str, object] = request.parameters
     if not parameters:

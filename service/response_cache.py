@@ -35,9 +35,9 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -47,7 +47,19 @@ from engine.tensor_codec import encode_raw
 from .core.lifecycle import ModelState
 
 if TYPE_CHECKING:
-    from .dataplane import DecodedRequest
+    from .core.lifecycle import ModelEntry
+
+
+class DecodedTensors(Protocol):
+    """What a key reads of a decoded request (service/dataplane.py DecodedRequest), named here so that this module
+    does not import the dataplane, which imports it."""
+
+    @property
+    def inputs(self) -> Mapping[str, np.ndarray]: ...
+
+    @property
+    def signature(self) -> Mapping[str, tuple[str, tuple[int, ...]]]: ...
+
 
 ENTRY_OVERHEAD = 256  # bytes counted per entry for its bookkeeping (key tuple, dict slots, metadata reference)
 NEUTRAL_PARAMETERS = frozenset({"timeout", "priority", "binary_data_output"})  # request parameters left out of keys
@@ -72,7 +84,7 @@ class CacheLookup:
 
     model: str = ""
     key: bytes | None = None
-    generation: tuple = ()
+    generation: tuple[object, ...] = ()
     answer: CachedAnswer | None = None
     lookup_ns: int = 0
 
@@ -88,7 +100,7 @@ class CacheStatistics:
     evictions: int
 
 
-def model_enables_cache(config) -> bool:
+def model_enables_cache(config: Any) -> bool:  # a ModelConfig message (or None)
     """True when a model's ModelConfig message says `response_cache { enable: true }`."""
     return config is not None and config.HasField("response_cache") and config.response_cache.enable
 
@@ -96,10 +108,10 @@ def model_enables_cache(config) -> bool:
 def served_name(model: str, version: str) -> str:
     """The cache's name for one served version of a model: versions are entries of their own (their own
     generation, dropped apart), so two versions of a model never drop each other's answers."""
-    return f"{model}\x00{version}"  # NUL: never part of a model name (engine/repository.py check_model_name)
+    return f"{model}\x00{version}"  # NUL: never part of a model name (engine/config/repository.py check_model_name)
 
 
-def request_key(request, decoded: DecodedRequest, version: str) -> bytes:
+def request_key(request: Any, decoded: DecodedTensors, version: str) -> bytes:  # a ModelInferRequest
     """The digest that identifies a request's answer (see the module docstring for what it covers). Reads every
     input's bytes once; no lock."""
     digest = hashlib.sha256()
@@ -109,7 +121,9 @@ def request_key(request, decoded: DecodedRequest, version: str) -> bytes:
         digest.update(len(data).to_bytes(8, "little"))
         digest.update(data)
 
-    def parameters(message, left_out: frozenset) -> None:  # counted first, so groups cannot run into each other
+    def parameters(
+        message: Any, left_out: frozenset[str]
+    ) -> None:  # counted first, so groups cannot run into each other
         kept = sorted(key for key in message.parameters if key not in left_out)
         part(str(len(kept)))
         for key in kept:
@@ -146,7 +160,7 @@ def answer_bytes(outputs: dict[str, np.ndarray]) -> int:
     )
 
 
-def _frozen_copy(outputs: dict) -> dict[str, np.ndarray]:
+def _frozen_copy(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Copies the cache owns: an engine may reuse its output buffers for the next run."""
     copies = {}
     for name, array in outputs.items():
@@ -170,7 +184,9 @@ class ResponseCache:
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()  # guards: _entries, _generations, _bytes, _evictions
         self._entries: OrderedDict[tuple[str, bytes], _Entry] = OrderedDict()  # least recently used first
-        self._generations: dict[str, tuple] = {}  # model -> the (spec, metadata) objects its entries came from
+        self._generations: dict[
+            str, tuple[object, ...]
+        ] = {}  # model -> the (spec, metadata) objects its entries came from
         self._keys: dict[str, set[bytes]] = {}  # model -> its keys, to drop them without a scan
         self._bytes = 0
         self._evictions = 0
@@ -181,7 +197,7 @@ class ResponseCache:
 
     # ---- the request path (service/dataplane.py) ------------------------------------------------------------
 
-    def lookup(self, entry, version_asked: str, key_of: Callable[[str], bytes]) -> CacheLookup:
+    def lookup(self, entry: ModelEntry, version_asked: str, key_of: Callable[[str], bytes]) -> CacheLookup:
         """The cached answer on model `entry` for the request that asked for `version_asked` ("" for the model's)
         and whose key `key_of(version)` makes (the transport's request_key; called only when the request is
         cacheable, as it hashes every input), if any. NOT_CACHEABLE when the cache is off, the
@@ -205,7 +221,9 @@ class ResponseCache:
         answer = self.get(served, generation, key)
         return CacheLookup(served, key, generation, answer, time.perf_counter_ns() - began)
 
-    def store_answer(self, lookup: CacheLookup, metadata: ModelMetadata, version: str, outputs: dict) -> int:
+    def store_answer(
+        self, lookup: CacheLookup, metadata: ModelMetadata, version: str, outputs: Mapping[str, np.ndarray]
+    ) -> int:
         """After a successful run that missed: keep its answer. Returns the nanoseconds the lookup and the
         insertion took (Triton's cache_miss duration); 0 for a request that was not cacheable."""
         if lookup.key is None or lookup.answer is not None:
@@ -217,7 +235,7 @@ class ResponseCache:
 
     # ---- the store --------------------------------------------------------------------------------------------
 
-    def get(self, model: str, generation: tuple, key: bytes) -> CachedAnswer | None:
+    def get(self, model: str, generation: tuple[object, ...], key: bytes) -> CachedAnswer | None:
         """The answer kept under `key`, made by `generation` of `model`; a different generation drops every
         entry of the model first (it was reloaded or reconfigured)."""
         with self._lock:
@@ -231,7 +249,7 @@ class ResponseCache:
             self._entries.move_to_end((model, key))
             return found.answer
 
-    def put(self, model: str, generation: tuple, key: bytes, answer: CachedAnswer) -> bool:
+    def put(self, model: str, generation: tuple[object, ...], key: bytes, answer: CachedAnswer) -> bool:
         """Keep `answer`, evicting least recently used entries to fit. False (nothing kept) when `generation`
         is no longer the model's current one or the answer alone exceeds the capacity."""
         nbytes = answer_bytes(answer.outputs) + len(key) + ENTRY_OVERHEAD
@@ -275,7 +293,7 @@ class ResponseCache:
             return CacheStatistics(len(self._entries), self._bytes, self.capacity_bytes, self._evictions)
 
 
-def _same(a: tuple | None, b: tuple) -> bool:
+def _same(a: tuple[object, ...] | None, b: tuple[object, ...]) -> bool:
     """The same generation: the very same objects (identity: the cache holds them, so no id is reused)."""
     return a is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 

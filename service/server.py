@@ -19,16 +19,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from engine.config.repository import ModelRepository
 from engine.interface import Backend
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from engine.python.backend import PythonBackend
-from engine.repository import ModelRepository
 from engine.tensorrt.backend import TensorRTBackend
-from generated import grpc_service_pb2, management_pb2, management_pb2_grpc
+from generated import grpc_service_pb2, management_pb2
 
 from . import tls
 from .auth import Authenticator
-from .core.events import log_event
+from .core.events import Events, log_event
 from .core.lifecycle import SharedRuntime
 from .core.registry import ModelRegistry, RegistryPolicy
 from .core.residency import ColdLoadGuard, Residency
@@ -43,7 +43,7 @@ from .options import ServerOptions
 from .response_cache import ResponseCache
 from .servicers.common import SHUTDOWN, AccessGate, CallTracker
 from .servicers.inference import InferenceServicer, add_inference_servicer
-from .servicers.management import ManagementServicer
+from .servicers.management import ManagementServicer, add_management_servicer
 from .shared_memory import SharedMemoryRegistry
 from .tensor_memory import TensorMemory
 from .timers import TimerQueue
@@ -247,9 +247,7 @@ class Server:
             ),
             server,
         )
-        management_pb2_grpc.add_ModelManagementServicer_to_server(
-            ManagementServicer(self.registry, access, self.calls), server
-        )
+        add_management_servicer(ManagementServicer(self.registry, access, self.calls), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.options.reflection:
             reflection.enable_server_reflection(
@@ -337,7 +335,7 @@ class Server:
         host = self.options.host
         return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
-    def _set_health(self, status) -> None:
+    def _set_health(self, status: int) -> None:  # a HealthCheckResponse.ServingStatus
         for service in ("", INFERENCE_SERVICE, MANAGEMENT_SERVICE):
             self.health.set(service, status)
 
@@ -431,12 +429,12 @@ class StartupFailures:
     """The models whose startup load failed (their `not_loaded_at_startup` events), noted from construction until
     `close`, for --exit-on-error. The listener only appends to a list (Events.subscribe's rule: never block)."""
 
-    def __init__(self, events) -> None:
+    def __init__(self, events: Events) -> None:
         self._names: list[str] = []
         self._open = True
         events.subscribe(self._note)
 
-    def _note(self, event: str, model: str, fields) -> None:
+    def _note(self, event: str, model: str, fields: Mapping[str, object]) -> None:
         if self._open and event == "not_loaded_at_startup":
             self._names.append(model)
 

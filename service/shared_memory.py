@@ -313,10 +313,10 @@ class RegionSlice:
         skip = (within - raw.ctypes.data) % _PAGE
         return raw[skip : skip + self.byte_size]
 
-    def _read_into(self, target) -> None:
+    def _read_into(self, target: np.ndarray) -> None:
         """Fill `target` (a writable buffer of `byte_size` bytes) from the slice. A read at or past the object's
         end returns fewer bytes than asked for (never a signal): the object was shrunk."""
-        view = memoryview(target)
+        view = target.data  # the array's own memoryview (numpy types __buffer__ only from Python 3.12)
         descriptor = self.region.descriptor()
         done = 0
         try:
@@ -517,7 +517,7 @@ def _open(name: str, key: str, offset: int, byte_size: int) -> int:
         # it, open blocks for /proc/sys/fs/lease-break-time, 45 s by default, pinning a handler thread) nor on a
         # FIFO or a device; O_NOCTTY: nor make one the server's terminal (shm_open adds O_NOFOLLOW). Neither flag
         # changes reads and writes of a regular file.
-        descriptor = _posixshmem.shm_open(key, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY, 0)
+        descriptor: int = _posixshmem.shm_open(key, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY, 0)
     except FileNotFoundError:
         raise InvalidRequest(
             f"Unable to open shared memory region: {key!r} ({where} does not exist; create it with shm_open first)"

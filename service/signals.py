@@ -27,6 +27,7 @@ import enum
 import logging
 import os
 import signal
+from types import FrameType
 
 from .core.events import log_event
 
@@ -72,7 +73,7 @@ class SignalPipe:
             signal.signal(signum, self._on_signal)
         signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
 
-    def _on_signal(self, signum: int, _frame) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         """The Python-level handler (main thread). Once serving, the number already went into the pipe and the
         main thread acts on it there. During startup the main thread is loading models, not reading the pipe:
         exit at once (this runs as soon as it executes Python code again)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from typing import NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -51,7 +52,8 @@ TABLE: dict[str, grpc.StatusCode] = {
     "tensor_memory_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,  # --max-request-tensor-bytes / --max-inflight-...
     "unimplemented": grpc.StatusCode.UNIMPLEMENTED,
     "management_disabled": grpc.StatusCode.PERMISSION_DENIED,
-    # A missing token and a wrong one get the same status (DESIGN §5); the message says which, never a token.
+    # A missing token and a wrong one get the same status (docs/security.md): a caller probing for a token learns
+    # nothing from the code; the message says which of the two it was, never a token.
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "server_busy": grpc.StatusCode.UNAVAILABLE,
     "residency_limit": grpc.StatusCode.UNAVAILABLE,
@@ -140,7 +142,7 @@ def rich_status(code: grpc.StatusCode, message: str, reason: str | None) -> grpc
     return rpc_status.to_status(status)
 
 
-def abort(context: grpc.ServicerContext, error: BaseException) -> None:
+def abort(context: grpc.ServicerContext, error: BaseException) -> NoReturn:
     """End the RPC with `error`'s status. Raises (as grpc's abort does)."""
     code, message, reason = describe(error)
     context.abort_with_status(rich_status(code, message, reason))

@@ -132,7 +132,11 @@ class _Flight(Generic[Q, M]):
 
 class StreamRequests(Generic[Q, M]):
     """The requests of one stream in flight (see the module docstring). Iterate `messages()` once, from the thread
-    that writes the stream; it starts and stops everything else."""
+    that writes the stream; it starts and stops everything else.
+
+    Longer than the house's ~300 lines for a reason: reading, running, ordering and ending share one lock and one
+    state (the requests in flight, their order, the reading turn, the worker threads), and each method is one move
+    of that state; split apart, the moves of one race would sit in different classes."""
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
@@ -40,7 +40,7 @@ from generated import grpc_service_pb2 as pb
 from . import wire
 from .core.errors import InvalidRequest
 from .core.sequences import check_parameter_types
-from .dataplane import DecodedRequest, InferenceRequest, InferenceResponse, output_bytes  # noqa: F401
+from .dataplane import DecodedRequest, InferenceRequest, InferenceResponse
 from .request_info import plain_parameters
 from .shared_memory import RegionNotFound, RegionSlice, SharedMemoryRegistry, disabled_message
 from .tensor_memory import BYTES_COPIES
@@ -62,6 +62,13 @@ OFFSET = "shared_memory_offset"
 
 
 R = TypeVar("R")
+# raw_input_contents, or the wire layer's views of the received bytes in their place (service/wire.py).
+RawContents = Sequence[bytes | memoryview]
+Buffer = bytes | memoryview
+Tensor = pb.ModelInferRequest.InferInputTensor
+Parameters = Mapping[str, pb.InferParameter]  # a tensor's or a request's protobuf parameter map
+# An output to write into shared memory: its name, the slice, its contents (raw BYTES or the array), the dtype.
+RegionWrite = tuple[str, RegionSlice, bytes | np.ndarray, np.dtype | None]
 
 
 @dataclass
@@ -71,7 +78,7 @@ class MessageTensors:
     layer kept them out of it (service/wire.py: views of the received bytes, no copy)."""
 
     message: pb.ModelInferRequest
-    raw_contents: Sequence | None = None
+    raw_contents: RawContents | None = None
     shared_memory: SharedMemoryRegistry | None = None
 
     def decoded_bytes(self) -> int:
@@ -89,7 +96,7 @@ class MessageTensors:
 def inference_request(
     message: pb.ModelInferRequest,
     respond: Callable[[InferenceResponse], R],
-    raw_contents: Sequence | None = None,
+    raw_contents: RawContents | None = None,
     shared_memory: SharedMemoryRegistry | None = None,
     client_deadline: float | None = None,
 ) -> InferenceRequest[R]:
@@ -155,7 +162,9 @@ def _check_final_response_ask(request: pb.ModelInferRequest) -> None:
 
 
 def decode_request(
-    request: pb.ModelInferRequest, raw_contents=None, shared_memory: SharedMemoryRegistry | None = None
+    request: pb.ModelInferRequest,
+    raw_contents: RawContents | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> DecodedRequest:
     """Decode every input and the request parameters. `raw_contents` (buffers, one per input not in shared
     memory) replaces the message's own raw_input_contents when the wire layer kept them out of it;
@@ -179,7 +188,9 @@ def decode_request(
 
 
 def decoded_bytes(
-    request: pb.ModelInferRequest, raw_contents=None, shared_memory: SharedMemoryRegistry | None = None
+    request: pb.ModelInferRequest,
+    raw_contents: RawContents | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> int:
     """About how many bytes decoding `request`'s inputs takes and holds, told from the message alone (no tensor
     bytes are read), for service/tensor_memory.py to refuse a request before that memory is taken.
@@ -194,7 +205,7 @@ def decoded_bytes(
     for what its contents can hold (BYTES elements no more than its contents hold; a region slice no more than
     the registered region holds, nothing for a region that is not registered). Raises InvalidRequest for a
     shape decode_request refuses; every other problem is left to decode_request."""
-    raw = request.raw_input_contents if raw_contents is None else raw_contents
+    raw: RawContents = request.raw_input_contents if raw_contents is None else raw_contents
     tensors = request.inputs
     count = len(tensors)
     total = 0
@@ -229,11 +240,11 @@ def decoded_bytes(
 
 
 def _input_bytes(
-    tensor,
+    tensor: Tensor,
     datatype: datatypes.DataType,
     elements: int,
     placed: bool,
-    buffer,
+    buffer: Buffer | None,
     shared_memory: SharedMemoryRegistry | None,
 ) -> int:
     """decoded_bytes of one input."""
@@ -246,14 +257,14 @@ def _input_bytes(
             return 0
         return min(elements, len(getattr(tensor.contents, datatype.contents_field))) * datatype.itemsize
     if placed or buffer is not None:
-        size = _slice_size(tensor.parameters, shared_memory) if placed else len(buffer)
+        size = _slice_size(tensor.parameters, shared_memory) if placed or buffer is None else len(buffer)
         decodable = min(elements, size // 4)
         return BYTES_COPIES * (decodable * BYTES_ELEMENT_COST + max(0, size - 4 * decodable))
     typed = min(elements, len(tensor.contents.bytes_contents))
     return BYTES_COPIES * (typed * BYTES_ELEMENT_COST + tensor.contents.ByteSize())
 
 
-def _slice_size(parameters, shared_memory: SharedMemoryRegistry | None) -> int:
+def _slice_size(parameters: Parameters, shared_memory: SharedMemoryRegistry | None) -> int:
     """The bytes a region slice can give: shared_memory_byte_size, within what the named region holds past the
     offset; 0 when decode_request would refuse the placement (no registry, an unknown region, a parameter
     missing or not an integer). Looks the region up without holding it."""
@@ -270,7 +281,7 @@ def _slice_size(parameters, shared_memory: SharedMemoryRegistry | None) -> int:
     return max(0, min(byte_size, region.byte_size - offset))
 
 
-def _placement_or_none(parameters) -> tuple[str, int, int] | None:
+def _placement_or_none(parameters: Parameters) -> tuple[str, int, int] | None:
     try:
         return _placement("", parameters)
     except InvalidRequest:
@@ -278,7 +289,7 @@ def _placement_or_none(parameters) -> tuple[str, int, int] | None:
 
 
 def _decode_inputs(
-    decoded: DecodedRequest, request: pb.ModelInferRequest, raw, shared_memory: SharedMemoryRegistry | None
+    decoded: DecodedRequest, request: pb.ModelInferRequest, raw: RawContents, shared_memory: SharedMemoryRegistry | None
 ) -> None:
     """Decode every input into `decoded`. A malformed input does not stop the others from being looked at: the
     InvalidRequest raised names each malformed input, in request order, each in Triton's words (Triton names one,
@@ -340,7 +351,7 @@ def _no_data(name: str, model: str) -> str:
     return f"unable to find data for input tensor '{name}' for model '{model}' in request."
 
 
-def _known_datatype(tensor, shape: tuple[int, ...]) -> tuple[datatypes.DataType, int]:
+def _known_datatype(tensor: Tensor, shape: tuple[int, ...]) -> tuple[datatypes.DataType, int]:
     """The input's datatype and element count; InvalidRequest for an unknown datatype or a shape no request may
     have. (Triton names an unknown datatype only against the model's: "data-type is '<invalid>'"; the model is
     not known here, so the message is slotserve's.)"""
@@ -357,7 +368,7 @@ def _byte_size_mismatch(name: str, model: str, expected: int, got: int) -> str:
     return f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {got}"
 
 
-def _raw_input(tensor, model: str, shape: tuple[int, ...], buffer) -> np.ndarray:
+def _raw_input(tensor: Tensor, model: str, shape: tuple[int, ...], buffer: Buffer) -> np.ndarray:
     """An input from its raw_input_contents entry: a zero-copy view (BYTES elements are copied out)."""
     name = tensor.name
     if tensor.HasField("contents"):
@@ -374,7 +385,7 @@ def _raw_input(tensor, model: str, shape: tuple[int, ...], buffer) -> np.ndarray
     datatype, elements = _known_datatype(tensor, shape)
     if datatype.name == "BYTES":
         try:
-            return decode_raw(buffer, "BYTES", shape, name)
+            return decode_raw(buffer, "BYTES", shape, name)  # type: ignore[arg-type]  # it reads any buffer
         except TensorDecodeError as error:
             raise InvalidRequest(_string_elements_problem(buffer, elements, name, model) or str(error)) from None
     if len(buffer) != elements * datatype.itemsize:  # BF16
@@ -382,10 +393,10 @@ def _raw_input(tensor, model: str, shape: tuple[int, ...], buffer) -> np.ndarray
             f"{_byte_size_mismatch(name, model, elements * datatype.itemsize, len(buffer))} "
             f"(shape {list(shape)} of {datatype.name})"
         )
-    return decode_raw(buffer, datatype.name, shape, name)
+    return decode_raw(buffer, datatype.name, shape, name)  # type: ignore[arg-type]  # it reads any buffer
 
 
-def _string_elements_problem(buffer, count: int, name: str, model: str) -> str | None:
+def _string_elements_problem(buffer: Buffer, count: int, name: str, model: str) -> str | None:
     """What Triton says of serialized BYTES contents that do not hold `count` elements (its clients and QA tests
     read it), found as Triton finds it: length prefixes counted from the front, an element's bytes skipped (one
     that runs past the end ends the walk, and Triton lets that pass: None then, when the count is right). Read only
@@ -473,7 +484,7 @@ def _checked_elements(name: str, shape: tuple[int, ...]) -> int:
     return elements
 
 
-def _placement(what: str, parameters) -> tuple[str, int, int] | None:
+def _placement(what: str, parameters: Parameters) -> tuple[str, int, int] | None:
     """(region name, offset, byte size) from a tensor's shared-memory parameters, or None when it names no
     region. Raises InvalidRequest, as Triton does, for a region name that is not a string, an offset or byte
     size that is not an integer or is given without a region, or a region without a byte size."""
@@ -494,12 +505,12 @@ def _placement(what: str, parameters) -> tuple[str, int, int] | None:
     )
 
 
-def _integer(what: str, parameters, key: str) -> int:
+def _integer(what: str, parameters: Parameters, key: str) -> int:
     parameter = parameters[key]
     kind = parameter.WhichOneof("parameter_choice")
     if kind not in ("int64_param", "uint64_param"):
         raise InvalidRequest(f"{what}: '{key}' must be an int64_param")
-    value = getattr(parameter, kind)
+    value: int = getattr(parameter, kind)
     if value < 0:
         raise InvalidRequest(f"{what}: '{key}' must be >= 0, got {value}")
     return value
@@ -519,7 +530,7 @@ def _hold_slice(
 
 def _region_input(
     decoded: DecodedRequest,
-    tensor,
+    tensor: Tensor,
     model: str,
     shape: tuple[int, ...],
     place: tuple[str, int, int],
@@ -561,7 +572,7 @@ _FIELD_TYPES = {
 }
 
 
-def _typed_input(tensor, model: str, shape: tuple[int, ...]) -> np.ndarray:
+def _typed_input(tensor: Tensor, model: str, shape: tuple[int, ...]) -> np.ndarray:
     """An input from its typed `contents`. Refused in Triton's words: values in a field of another type, values in
     two fields, a count that does not match the shape (as a byte size, or BYTES elements)."""
     name = tensor.name
@@ -653,7 +664,7 @@ def _timeout_us(request: pb.ModelInferRequest) -> int:
     kind = parameter.WhichOneof("parameter_choice")
     if kind not in ("int64_param", "uint64_param"):
         raise InvalidRequest("parameter 'timeout' must be an integer number of microseconds")
-    value = getattr(parameter, kind)
+    value: int = getattr(parameter, kind)
     if value < 0:
         raise InvalidRequest(f"parameter 'timeout' must be >= 0 microseconds, got {value}")
     return value
@@ -664,7 +675,7 @@ def encode_response(
     outputs: dict[str, np.ndarray],
     metadata: ModelMetadata,
     regions: dict[str, RegionSlice] | None = None,
-):
+) -> pb.ModelInferResponse | InferResponse:
     """Add `outputs` to `response` as raw contents, in the model's output order, typed as the model declares
     them. Small outputs go into the message (returned); when they add up to LARGE_MESSAGE_BYTES or more, the
     arrays are kept out of it and an InferResponse is returned, which the wire layer serializes with one copy.
@@ -675,7 +686,7 @@ def encode_response(
     tensors = response.outputs
     raw: list[bytes | np.ndarray] = []
     size = 0
-    to_write = []
+    to_write: list[RegionWrite] = []
     for name, datatype, dtype in _output_plan(metadata):
         array = outputs.get(name)
         if array is None:
@@ -708,11 +719,11 @@ def encode_response(
     return response
 
 
-def _write_regions(to_write: list) -> None:
+def _write_regions(to_write: list[RegionWrite]) -> None:
     """Write outputs into their regions (one copy each, cast to the declared datatype on the way), after
     checking that every one fits: a request whose outputs do not all fit changes no region."""
     for name, target, item, dtype in to_write:
-        needed = len(item) if dtype is None else item.size * dtype.itemsize
+        needed = item.size * dtype.itemsize if isinstance(item, np.ndarray) and dtype is not None else len(item)
         if needed > target.byte_size:
             raise InvalidRequest(
                 f"output '{name}' needs {needed} bytes and shared memory region '{target.region.name}' gives it "

@@ -38,7 +38,7 @@ be imported into the same process as slotserve's generated code. Drive a server 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,7 +72,7 @@ def serve(
     tls_client_cert: str | Path | bytes | None = None,
     tls_client_key: str | Path | bytes | None = None,
     tls_server_name: str | None = None,
-    **options,
+    **options: Any,
 ) -> Iterator[RunningServer]:
     """Start a server on 127.0.0.1:<free port> with `options` (the fields of ServerOptions, e.g.
     parallel_jobs=2, allow_management=True, load_at_startup=False, management_token="t", tls_cert=path).
@@ -103,12 +103,14 @@ def serve(
     server = Server(settings)
     server.start()
     address = f"127.0.0.1:{server.port}"
-    clients: list = []
+    clients: list[InferenceClient | ManagementClient] = []
     try:  # a client that cannot be built (an unreadable TLS file) still stops the server
-        clients.append(InferenceClient(address, **client_options))
-        clients.append(ManagementClient(address, **_management_options(client_options)))
+        inference = InferenceClient(address, **client_options)
+        clients.append(inference)
+        management = ManagementClient(address, **_management_options(client_options))
+        clients.append(management)
         assert server.port is not None  # set by start()
-        yield RunningServer(address, server.port, server, clients[0], clients[1], client_options)
+        yield RunningServer(address, server.port, server, inference, management, client_options)
     finally:
         for client in clients:
             client.close()
@@ -116,7 +118,13 @@ def serve(
 
 
 def _client_options(
-    settings: ServerOptions, inference_token, management_token, tls_ca, tls_cert, tls_key, server_name
+    settings: ServerOptions,
+    inference_token: object,
+    management_token: object,
+    tls_ca: str | Path | bytes | None,
+    tls_cert: str | Path | bytes | None,
+    tls_key: str | Path | bytes | None,
+    server_name: str | None,
 ) -> dict[str, Any]:
     """InferenceClient keywords that match the server: its tokens (as strings; "" sends none, so the
     environment's tokens never leak into a test) and TLS."""
@@ -152,11 +160,11 @@ except ImportError:  # pytest is only needed for the fixture
 if pytest is not None:
 
     @pytest.fixture
-    def slotserve():
+    def slotserve() -> Iterator[Callable[..., RunningServer]]:
         """A factory: `slotserve(repository, **options) -> RunningServer`; every server stops after the test."""
         with contextlib.ExitStack() as stack:
 
-            def start(model_repository, **options) -> RunningServer:
+            def start(model_repository: str | Path, **options: Any) -> RunningServer:
                 return stack.enter_context(serve(model_repository, **options))
 
             yield start

@@ -28,8 +28,8 @@ class Timer:
 
     __slots__ = ("callback", "cancelled", "fired", "_queue")
 
-    def __init__(self, callback: Callable[[], None], queue: TimerQueue) -> None:
-        self.callback: Callable[[], None] | None = callback
+    def __init__(self, callback: Callable[[], object], queue: TimerQueue) -> None:
+        self.callback: Callable[[], object] | None = callback
         self.cancelled = False
         self.fired = False
         self._queue = queue
@@ -55,7 +55,7 @@ class TimerQueue:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def arm(self, delay: float, callback: Callable[[], None]) -> Timer:
+    def arm(self, delay: float, callback: Callable[[], object]) -> Timer:
         """Run `callback` on the timer thread in `delay` seconds, unless the returned timer is cancelled."""
         timer = Timer(callback, self)
         with self._cond:
@@ -86,7 +86,7 @@ class TimerQueue:
             self._cond.notify()
         self._thread.join()
 
-    def _next_due(self) -> Callable[[], None] | None:
+    def _next_due(self) -> Callable[[], object] | None:
         """Block until a live timer is due; returns its callback, or None once closed."""
         with self._cond:
             while not self._closed:

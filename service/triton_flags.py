@@ -3,7 +3,7 @@ Triton's names where it means something here, refused by name with the reason wh
 
 Every flag of `tritonserver --help` (2.51) is in `TRITON_FLAGS`, as one of:
 
-* `ALIAS`: another name of one of our flags (`--grpc-port` is `--port`); service/cli.py adds the Triton name as a
+* `ALIAS`: another name of one of our flags (`--grpc-port` is `--port`); service/flags.py adds the Triton name as a
   second option string of that flag, so `--help` shows both;
 * `ACCEPTED`: a flag of Triton's own name with Triton's meaning here (`--exit-on-error`, `--log-verbose`,
   `--grpc-use-ssl`, ...), some of them only with the value that matches slotserve (`--allow-http=false`: any other
@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -252,7 +252,7 @@ def triton_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"must be true or false (or on/off, 1/0), got {text!r}")
 
 
-def only(expected: bool, why: str):
+def only(expected: bool, why: str) -> Callable[[str], bool]:
     """A type for a Triton boolean flag whose one accepted value is `expected`; the other is refused with `why`."""
 
     def parse(text: str) -> bool:
@@ -327,7 +327,7 @@ def _cache_config(text: str) -> int:
 
 def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     """The ACCEPTED flags that are not our own flags already (the aliases are second names of ours, added in
-    service/cli.py; --exit-on-error, --log-file, --log-format, --model-control-mode, --load-model,
+    service/flags.py; --exit-on-error, --log-file, --log-format, --model-control-mode, --load-model,
     --metrics-port and --model-repository are ours too)."""
     group = parser.add_argument_group(
         "Triton's flags", "tritonserver's flags with a meaning here (docs/migrating-from-triton.md lists them all)"
@@ -395,15 +395,16 @@ def log_level(args: argparse.Namespace) -> str:
     changes nothing)."""
     if (args.log_verbose or 0) >= 1:
         return "DEBUG"
+    chosen = str(args.log_level)  # --log-level, upper case
     if False not in (args.log_info, args.log_warning, args.log_error):
-        return args.log_level  # no level turned off (--log-info true is Triton's default: it lowers nothing)
+        return chosen  # no level turned off (--log-info true is Triton's default: it lowers nothing)
     lowest_on = "CRITICAL"  # every switch false: only CRITICAL lines are left
     for level, switch in (("ERROR", args.log_error), ("WARNING", args.log_warning), ("INFO", args.log_info)):
         if switch is not False:
             lowest_on = level
-    if logging.getLevelName(lowest_on) > logging.getLevelName(args.log_level):
+    if logging.getLevelName(lowest_on) > logging.getLevelName(chosen):
         return lowest_on
-    return args.log_level
+    return chosen
 
 
 def triton_fields(args: argparse.Namespace, fields: Mapping[str, object]) -> dict[str, object]:

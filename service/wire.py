@@ -18,6 +18,7 @@ and it is kept. Nothing here imports gRPC.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,10 @@ _RAW_INPUT_FIELD = 7
 _RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # raw_output_contents, length-delimited
 
 
+# A raw output as the wire layer appends it: a C-contiguous little-endian array, or its bytes.
+RawOutput = np.ndarray[Any, Any] | bytes
+
+
 class WireError(ValueError):
     """The bytes are not a well-formed message."""
 
@@ -39,7 +44,7 @@ class InferRequest:
     """A ModelInferRequest whose raw input contents may live outside the message (as buffer views)."""
 
     message: pb.ModelInferRequest
-    raw_contents: list = field(default_factory=list)  # memoryviews or bytes, one per input
+    raw_contents: list[bytes | memoryview] = field(default_factory=list)  # one per input
 
 
 @dataclass
@@ -47,7 +52,7 @@ class InferResponse:
     """A ModelInferResponse without raw contents, plus the output arrays serialized after it."""
 
     message: pb.ModelInferResponse
-    raw_outputs: list = field(default_factory=list)  # C-contiguous little-endian arrays or bytes
+    raw_outputs: list[RawOutput] = field(default_factory=list)  # C-contiguous little-endian arrays or bytes
 
     def to_message(self) -> pb.ModelInferResponse:
         """The whole response as one protobuf message (for paths that need one, e.g. streams)."""
@@ -57,7 +62,7 @@ class InferResponse:
         return message
 
 
-def byte_view(item) -> memoryview:
+def byte_view(item: RawOutput | memoryview) -> memoryview:
     """A raw output's bytes as a flat memoryview, without copying. An array is viewed as uint8 first: the buffer
     protocol cannot describe every dtype (ml_dtypes' bfloat16 has no buffer format, so `memoryview()` of a BF16
     array raises). `item` is a C-contiguous array or a bytes-like object."""
@@ -66,7 +71,7 @@ def byte_view(item) -> memoryview:
     return memoryview(item)
 
 
-def _varint(data, position: int) -> tuple[int, int]:
+def _varint(data: bytes, position: int) -> tuple[int, int]:
     result = 0
     shift = 0
     while True:
@@ -89,8 +94,8 @@ def parse_infer_request(data: bytes) -> InferRequest:
         message = pb.ModelInferRequest.FromString(data)
         return InferRequest(message, list(message.raw_input_contents))
     view = memoryview(data)
-    raw_contents = []
-    rest = []
+    raw_contents: list[bytes | memoryview] = []
+    rest: list[memoryview] = []
     position = 0
     end = len(data)
     while position < end:
@@ -128,14 +133,14 @@ def parse_infer_request(data: bytes) -> InferRequest:
     return InferRequest(pb.ModelInferRequest.FromString(b"".join(rest)), raw_contents)
 
 
-def serialize_infer_response(response) -> bytes:
+def serialize_infer_response(response: bytes | pb.ModelInferResponse | InferResponse) -> bytes:
     """Bytes of a ModelInferResponse, or of an InferResponse with its raw outputs appended (one copy each).
     Bytes (a response the dataplane serialized already, so that a failure is counted as one) pass unchanged."""
     if isinstance(response, bytes):
         return response
     if isinstance(response, pb.ModelInferResponse):
         return response.SerializeToString()
-    parts = [response.message.SerializeToString()]
+    parts: list[bytes | memoryview] = [response.message.SerializeToString()]
     for item in response.raw_outputs:
         buffer = byte_view(item)
         parts.append(_RAW_OUTPUT_TAG)

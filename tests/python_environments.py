@@ -1,6 +1,6 @@
 """Python models that run in execution environments of their own (EXECUTION_ENV_PATH), and the environments and
-archives the tests give them: tests/unit/test_python_environments.py, tests/integration/test_python_environments.py,
-tests/differential/test_python_environments.py.
+archives the tests give them: tests/unit/engine/python/test_environments.py,
+tests/integration/python_models/test_environments.py, tests/differential/test_python_environments.py.
 
 The "model's environment" is bench/.venv-pytriton (bench/setup.sh builds it: Python 3.11 with numpy 1.26, for
 real Triton): a test that needs it skips, naming the reason, where it is absent (a clean clone). `LEGACY` is a

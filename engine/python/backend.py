@@ -83,6 +83,8 @@ from typing import Any, Protocol, overload
 import numpy as np
 
 from .. import datatypes
+from ..config.files import shown_path
+from ..config.specs import ModelSpec, TensorSpec
 from ..errors import (
     DeviceFailedError,
     EngineError,
@@ -106,12 +108,9 @@ from ..interface import (
     LoadedModel,
     ModelCalls,
     ModelMetadata,
-    ModelSpec,
     Outputs,
     RequestInfo,
-    TensorSpec,
 )
-from ..repository import shown_path
 from . import transport
 from .environments import SERVER, Environments, Launcher, declared_environment
 from .error_codes import TritonCode, for_status

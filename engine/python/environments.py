@@ -12,8 +12,8 @@ Triton's `EXECUTION_ENV_PATH` parameter, so a model pinned to numpy 1 serves bes
                                 named by the archive's SHA-256; the environment's interpreter is asked its Python and
                                 numpy versions. Raises ModelLoadError naming the parameter and what is wrong.
     Launch                      what a worker starts with: the environment's bin/python3, and its variables
-    archive_stamp               what a reload compares of the archive (engine/repository.py adds it to the model's
-                                files' stamp): a load after the archive changed starts the workers again
+    (what a reload compares of the archive, its stamp, is the config reader's: engine/config/files.py archive_stamp;
+    a load after the archive changed starts the workers again)
 
 A worker of an environment runs `python -m engine.python.worker` on the environment's interpreter with the
 project's root as PYTHONPATH: slotserve's worker modules (worker.py, transport.py, pipe.py, output.py,
@@ -59,8 +59,8 @@ from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import IO, Protocol
 
+from ..config.specs import ModelSpec
 from ..errors import ModelConfigError, ModelLoadError
-from ..interface import ModelSpec
 
 _LOG = logging.getLogger(__name__)
 
@@ -209,23 +209,6 @@ def declared_environment(spec: ModelSpec) -> DeclaredEnvironment | None:
     if stat.S_ISREG(info.st_mode):
         return DeclaredEnvironment(spec.name, written, resolved, EnvironmentKind.PACKED)
     raise ModelConfigError(f"{origin} is neither a folder (an environment) nor a file (a packed environment)")
-
-
-def archive_stamp(written: str, directory: Path | None) -> str:
-    """What a reload compares of the packed environment `written` (EXECUTION_ENV_PATH as config.pbtxt gives it)
-    names for the model in `directory`: the archive's size, times, inode and device now; "" when it names none, a
-    folder or nothing there. A model whose archive changed is a changed model (engine/repository.py adds this to
-    its files' stamp), so its next load starts workers on the new content, as Triton extracts again an archive whose
-    time changed. Never raises; stats one path."""
-    if not written or (MODEL_DIRECTORY in written and directory is None):
-        return ""
-    try:
-        info = os.stat(written.replace(MODEL_DIRECTORY, str(directory), 1))
-    except (OSError, ValueError):
-        return ""
-    if not stat.S_ISREG(info.st_mode):
-        return ""
-    return f" {PARAMETER} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino} {info.st_dev}"
 
 
 class Environments:

@@ -27,12 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EngineError, ModelError
-from ..sequence_config import RequestRescheduled
+from ..errors import EngineError, ModelError, RequestRescheduled
 from .messages import Released
 
 if TYPE_CHECKING:
-    from ..interface import ModelSpec
+    from ..config.specs import ModelSpec
 
 RELEASE_ALL = 1  # TRITONSERVER_REQUEST_RELEASE_ALL: the request is done (the default)
 RELEASE_RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: run it again

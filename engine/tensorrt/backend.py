@@ -51,9 +51,10 @@ import threading
 from pathlib import Path
 from typing import Any, cast
 
+from ..config.files import shown_path
+from ..config.specs import ModelSpec
 from ..errors import BackendUnavailableError, ModelConfigError, ModelLoadError
-from ..interface import Backend, ModelSpec
-from ..repository import shown_path
+from ..interface import Backend
 from .builder import (
     DEFAULT_WORKSPACE,
     PARAM_CACHE_DIR,

@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..config.files import hide_paths
 from ..errors import ModelConfigError, ModelLoadError
-from ..repository import hide_paths
 from .profiles import ProfileSpec
 from .protocols import TensorRTBuilderModule
 

@@ -1,8 +1,9 @@
 """The CUDA runtime calls of the TensorRT backend, over cuda-python's `cuda.bindings.runtime`.
 
-Why cuda-python and not pycuda: cuda-python ships binary wheels and talks to the device's *primary* context,
-the one TensorRT uses; pycuda is source-only on PyPI, needs the CUDA toolkit to build, and `pycuda.autoinit`
-makes a context that is current on the importing thread only (DESIGN.md §8).
+Why cuda-python and not pycuda (docs/tensorrt.md says it too): cuda-python ships binary wheels and talks to the
+device's *primary* context, the one TensorRT uses; pycuda is source-only on PyPI, needs the CUDA toolkit to build,
+and `pycuda.autoinit` makes a context that is current on the importing thread only, while slotserve runs its slots
+on many threads.
 
 Every function of `cuda.bindings.runtime` returns `(cudaError_t, *values)` and never raises on a CUDA error;
 `CudaRuntime` turns a non-success code into `CudaError`. All calls block the calling thread for as long as CUDA

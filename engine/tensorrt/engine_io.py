@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import datatypes
+from ..config.specs import ModelSpec, TensorSpec
 from ..errors import ModelConfigError
-from ..interface import ModelMetadata, ModelSpec, TensorSpec
+from ..interface import ModelMetadata
 from .protocols import CudaEngine, TensorRTRuntimeModule
 
 # TensorRT DataType member name -> KServe datatype. Types without a KServe name (FP8, INT4, FP4, E8M0) are

@@ -36,13 +36,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..config.repository import ModelRepository
+from ..config.specs import BatchingSpec, ModelSpec
 from ..errors import BackendUnavailableError, EngineError
-from ..interface import BatchingSpec, CancelToken, Context, LoadedModel, ModelSpec
+from ..interface import CancelToken, Context, LoadedModel
 from ..onnxruntime_backend import OnnxRuntimeBackend
-from ..repository import ModelRepository
 from .backend import TensorRTBackend, TensorRTModel, _import_cudart, _import_tensorrt, tensorrt_cuda_major
 from .cuda import CudaRuntime, cuda_version_text
 from .driver import nvidia_smi
+from .protocols import CudaRuntimeModule, TensorRTRuntimeModule
 
 DEFAULT_MODELS = ("simple", "identity_fp32", "matmul_chain", "silero_vad")
 CHECKS = ("data_dependent", "batching")
@@ -395,6 +397,8 @@ def _checks(backend: TensorRTBackend, repository: ModelRepository, args: argpars
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     repository = ModelRepository(args.repository)
+    cudart: CudaRuntimeModule | None
+    trt: TensorRTRuntimeModule | None
     if args.double:
         from engine.testing.tensorrt_double import double_backend
 

@@ -10,8 +10,9 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 
+from ..config.specs import ModelSpec
 from ..errors import ModelLoadError, OutOfDeviceMemoryError
-from ..interface import LoadedModel, ModelMetadata, ModelSpec
+from ..interface import LoadedModel, ModelMetadata
 from . import engine_io
 from .cuda import CudaError, CudaRuntime
 from .engine_io import IoTensor, ProfileRange, origin

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import onnx
 
+from ..config.files import hide_paths
+from ..config.specs import ModelSpec
 from ..errors import ModelConfigError
-from ..interface import ModelSpec
-from ..repository import hide_paths
 
 MAX_PROFILES = 16
 

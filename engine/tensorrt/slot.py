@@ -24,7 +24,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,11 +40,9 @@ from ..errors import (
 )
 from ..interface import CancelToken, Context, Outputs, missing_inputs_message
 from .cuda import CudaError, CudaRuntime, host_view
-from .engine_io import LINEAR_ONLY, IoTensor, dims, origin, row_major_strides, volume
-from .protocols import ExecutionContext, TensorRTRuntimeModule
-
-if TYPE_CHECKING:
-    from .model import TensorRTModel
+from .engine_io import LINEAR_ONLY, IoTensor, ProfileRange, dims, origin, row_major_strides, volume
+from .health import DeviceHealth
+from .protocols import CudaEngine, ExecutionContext, TensorRTRuntimeModule
 
 _LOG = logging.getLogger(__name__)
 
@@ -123,12 +121,34 @@ class _Buffer:
     view: np.ndarray | None = None
 
 
+class SlotOwner(Protocol):
+    """What a slot reads of the model that made it (model.py's TensorRTModel). A protocol, so that this module does
+    not import model.py, which imports it to make its slots."""
+
+    name: str
+    trt: TensorRTRuntimeModule
+    cuda: CudaRuntime
+    device: int
+    health: DeviceHealth
+    engine: CudaEngine | None
+    io: list[IoTensor]
+    profile_per_slot: bool
+
+    def profile_shapes(self, name: str, profile: int = 0) -> ProfileRange:
+        """(min, opt, max) shapes of input `name` in `profile`, batch dimension included."""
+        ...
+
+    def context_closed(self, slot: TensorRTContext) -> None:
+        """Called by the slot's close(): a registered slot gives its profile back."""
+        ...
+
+
 class TensorRTContext(Context):
     """One slot. Nothing is shared with other slots except the engine's weights, so slots run concurrently
     without locks. Used by one thread at a time (the server's guarantee; TensorRT's rule); `close` is never
     concurrent with `execute`."""
 
-    def __init__(self, model: TensorRTModel, profile: int) -> None:
+    def __init__(self, model: SlotOwner, profile: int) -> None:
         self._model = model
         self.profile = profile
         self._context: ExecutionContext | None = None

@@ -33,15 +33,16 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from engine import datatypes
+from engine.config.specs import ModelSpec, TensorSpec
 from engine.errors import ExecutionCancelled, ExecutionError, ModelConfigError, ModelLoadError
-from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs, TensorSpec
+from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelMetadata, Outputs
 
 POINTS = ("load", "clone", "prepare", "execute", "stream", "teardown", "measure")
 
@@ -109,7 +110,7 @@ class Gate:
         """Block until `count` callers are blocked at the gate now."""
         self._wait(lambda: self._blocked >= count, timeout, f"{count} blocked caller(s)")
 
-    def _wait(self, predicate, timeout: float, what: str) -> None:
+    def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
         with self._cond:
             if not self._cond.wait_for(predicate, timeout):
                 raise GateTimeout(
@@ -172,7 +173,7 @@ class Gate:
 _CANCELLABLE = ("prepare", "execute", "stream")
 
 
-def _file_gate(spec_parameters, model: str, point: str, cancel: CancelToken | None) -> None:
+def _file_gate(spec_parameters: Mapping[str, str], model: str, point: str, cancel: CancelToken | None) -> None:
     """The cross-process gate (see `gate_dir` in the module docstring). Polls the folder every few
     milliseconds: this is test machinery inside the server, never on a request path of a real backend."""
     if spec_parameters.get("hang") == point:
@@ -306,7 +307,7 @@ class FixtureContext(Context):
         if not self._busy.acquire(blocking=False):
             raise ExecutionError("fixture context used by two threads at once")
 
-    def execute(self, inputs, outputs, cancel: CancelToken) -> Outputs:
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
         controls, name = self._model.controls, self._model.name
         self._enter()
         try:
@@ -321,7 +322,9 @@ class FixtureContext(Context):
         finally:
             self._busy.release()
 
-    def execute_stream(self, inputs, outputs, cancel: CancelToken) -> Iterator[Outputs]:
+    def execute_stream(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
+    ) -> Iterator[Outputs]:
         controls, name = self._model.controls, self._model.name
         self._enter()
         try:

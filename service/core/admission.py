@@ -52,11 +52,14 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from engine.interface import CancelToken
 
 from .blocking import StepAsideLater
 from .errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
+
+P = TypeVar("P")  # what a request's ticket carries for its batch's runner (service/core/batching.py BatchItem)
 
 
 class TicketKind(enum.Enum):
@@ -82,7 +85,7 @@ class Refusal(enum.Enum):
 _FINAL = frozenset({TicketState.RELEASED, TicketState.EXPIRED, TicketState.CANCELLED, TicketState.REFUSED})
 
 
-class Ticket:
+class Ticket(Generic[P]):
     """One caller's place: first a waiter in the queue, then (if granted) a lease until released.
 
     `waker` is a locked binary lock the waiting thread blocks on; whoever changes a QUEUED ticket releases it.
@@ -115,9 +118,9 @@ class Ticket:
         arrived_at: float,
         deadline: float | None,
         seq: int,
-        rows: int = 1,
-        key: Hashable | None = None,
-        payload: object = None,
+        rows: int,
+        key: Hashable | None,
+        payload: P,  # a batching request's (its BatchItem); None for every other ticket
     ) -> None:
         self.kind = kind
         self.state = TicketState.QUEUED
@@ -126,15 +129,15 @@ class Ticket:
         self.granted_at: float | None = None
         self.refusal: Refusal | None = None
         self.waker: threading.Lock | None = None
-        self.on_change: Callable[[Ticket], None] | None = None
+        self.on_change: Callable[[Ticket[P]], None] | None = None
         self.seq = seq
         # Batching: the request's rows, what it can be stacked with (None: never batched with others), and what
         # the caller attached for the batch's runner (service/core/batching.py).
         self.rows = rows
         self.key = key
         self.payload = payload
-        self.leader: Ticket | None = None  # once granted in a batch: its first ticket (itself for the leader)
-        self.members: list[Ticket] | None = None  # on a leader: the batch, in arrival order, leader first
+        self.leader: Ticket[P] | None = None  # once granted in a batch: its first ticket (itself for the leader)
+        self.members: list[Ticket[P]] | None = None  # on a leader: the batch, in arrival order, leader first
         self.left = False  # a member whose caller gave up after the grant
         self.posted = False  # a member whose leader posted its outcome before the batch ended (a stream to read)
 
@@ -205,9 +208,9 @@ class AdmissionCore:
         self.capacity = capacity
         self.batching = batching
         # A dict is an insertion-ordered set with O(1) removal: the head is the oldest waiter.
-        self._queue: dict[Ticket, None] = {}
-        self._slots: dict[Ticket, None] = {}  # granted request tickets, in grant order
-        self._manager: Ticket | None = None
+        self._queue: dict[Ticket[Any], None] = {}
+        self._slots: dict[Ticket[Any], None] = {}  # granted request tickets, in grant order
+        self._manager: Ticket[Any] | None = None
         self._queued_requests = 0
         self._closed = False
         self._seq = 0
@@ -228,8 +231,8 @@ class AdmissionCore:
         max_queue: int = 0,
         rows: int = 1,
         key: Hashable | None = None,
-        payload: object = None,
-    ) -> Ticket:
+        payload: Any = None,
+    ) -> Ticket[Any]:
         """Admit, queue or refuse a new caller. Returns its ticket (GRANTED, QUEUED or REFUSED).
 
         `overdue_after` > 0 enables the overdue-blocker rule; `max_queue` > 0 bounds queued requests. `rows`,
@@ -238,7 +241,7 @@ class AdmissionCore:
         after it then (`delays_batches`).
         """
         self._seq += 1
-        ticket = Ticket(kind, now, deadline, self._seq, rows, key, payload)
+        ticket: Ticket[Any] = Ticket(kind, now, deadline, self._seq, rows, key, payload)
         if self._closed:
             return self._refuse(ticket, Refusal.CLOSED)
         if not self._queue and self._can_grant(ticket):
@@ -257,7 +260,7 @@ class AdmissionCore:
         self._enqueue(ticket)
         return ticket
 
-    def _enqueue(self, ticket: Ticket) -> None:
+    def _enqueue(self, ticket: Ticket[Any]) -> None:
         self._queue[ticket] = None
         if ticket.kind is TicketKind.REQUEST:
             self._queued_requests += 1
@@ -267,7 +270,7 @@ class AdmissionCore:
         """Whether a batch may wait for more members (a batching delay is set)."""
         return self.batching is not None and self.batching.delay > 0
 
-    def _can_grant(self, ticket: Ticket) -> bool:
+    def _can_grant(self, ticket: Ticket[Any]) -> bool:
         if self._manager is not None:
             return False
         if ticket.kind is TicketKind.MANAGER:
@@ -279,7 +282,7 @@ class AdmissionCore:
             return False
         return all(now - held.granted_at > overdue_after for held in self._slots)  # type: ignore[operator]
 
-    def _grant(self, ticket: Ticket, now: float) -> None:
+    def _grant(self, ticket: Ticket[Any], now: float) -> None:
         ticket.state = TicketState.GRANTED
         ticket.granted_at = now
         self._granted_total += 1
@@ -288,7 +291,7 @@ class AdmissionCore:
         else:
             self._slots[ticket] = None
 
-    def _grant_batch(self, members: list[Ticket], now: float) -> None:
+    def _grant_batch(self, members: list[Ticket[Any]], now: float) -> None:
         """One slot for `members` (already out of the queue); the first leads."""
         leader = members[0]
         self._grant(leader, now)
@@ -299,7 +302,7 @@ class AdmissionCore:
             member.leader = leader
         self._granted_total += len(members) - 1
 
-    def _candidate_batch(self, head: Ticket) -> tuple[list[Ticket], bool]:
+    def _candidate_batch(self, head: Ticket[Any]) -> tuple[list[Ticket[Any]], bool]:
         """The batch the queue's head request would lead now, and whether it can still grow (nothing behind it
         in the queue stops it, and it is below max_rows)."""
         rule = self.batching
@@ -314,7 +317,7 @@ class AdmissionCore:
             rows += ticket.rows
         return members, rows < rule.max_rows
 
-    def _batch_due(self, members: list[Ticket]) -> float:
+    def _batch_due(self, members: list[Ticket[Any]]) -> float:
         """When a forming batch must go: its oldest member's delay, or its earliest deadline if sooner."""
         due = members[0].arrived_at + self.batching.delay  # type: ignore[union-attr]
         for member in members:
@@ -322,13 +325,13 @@ class AdmissionCore:
                 due = member.deadline
         return due
 
-    def _batch_ready(self, members: list[Ticket], can_grow: bool, now: float) -> bool:
+    def _batch_ready(self, members: list[Ticket[Any]], can_grow: bool, now: float) -> bool:
         if not self.delays_batches or not can_grow:
             return True
         rows = sum(member.rows for member in members)
         return self.batching.complete(rows) or now >= self._batch_due(members)  # type: ignore[union-attr]
 
-    def wake_at(self, ticket: Ticket) -> float | None:
+    def wake_at(self, ticket: Ticket[Any]) -> float | None:
         """When `ticket`'s waiter must look again although nobody changed it: the due time of the batch it heads,
         when a batch waits for more members on a free slot. None: only its own deadline matters."""
         if not self.delays_batches or not self._queue or next(iter(self._queue)) is not ticket:
@@ -338,25 +341,25 @@ class AdmissionCore:
         members, _ = self._candidate_batch(ticket)
         return self._batch_due(members)
 
-    def _refuse(self, ticket: Ticket, refusal: Refusal) -> Ticket:
+    def _refuse(self, ticket: Ticket[Any], refusal: Refusal) -> Ticket[Any]:
         ticket.state = TicketState.REFUSED
         ticket.refusal = refusal
         self._refused_total += 1
         return ticket
 
-    def try_exclusive(self, now: float) -> Ticket | None:
+    def try_exclusive(self, now: float) -> Ticket[Any] | None:
         """An exclusive lease granted at once if nothing is held or queued, else None; never queues. Used by
         eviction, idle retirement and the shutdown's engine teardown (it works on a closed controller)."""
         if not self.idle:
             return None
         self._seq += 1
-        ticket = Ticket(TicketKind.MANAGER, now, None, self._seq)
+        ticket: Ticket[Any] = Ticket(TicketKind.MANAGER, now, None, self._seq, 1, None, None)
         self._grant(ticket, now)
         return ticket
 
     # ---- departures -----------------------------------------------------------------------------------------
 
-    def release(self, ticket: Ticket, now: float) -> list[Ticket]:
+    def release(self, ticket: Ticket[Any], now: float) -> list[Ticket[Any]]:
         """End a granted lease. Returns the tickets granted in consequence (to be notified).
 
         Raises RuntimeError for a ticket that holds nothing (double or foreign release).
@@ -376,7 +379,7 @@ class AdmissionCore:
         ticket.state = TicketState.RELEASED
         return self.dispatch(now)
 
-    def withdraw(self, ticket: Ticket, outcome: TicketState, now: float) -> list[Ticket]:
+    def withdraw(self, ticket: Ticket[Any], outcome: TicketState, now: float) -> list[Ticket[Any]]:
         """A queued caller leaves (EXPIRED or CANCELLED): remove it and let the queue move up.
 
         A ticket that was granted in the meantime is released instead (a granted-but-abandoned slot is passed
@@ -400,12 +403,12 @@ class AdmissionCore:
         # The departed ticket may have been the head that blocked others (a manager waiting to drain).
         return self.dispatch(now)
 
-    def _remove_queued(self, ticket: Ticket) -> None:
+    def _remove_queued(self, ticket: Ticket[Any]) -> None:
         del self._queue[ticket]
         if ticket.kind is TicketKind.REQUEST:
             self._queued_requests -= 1
 
-    def dispatch(self, now: float) -> list[Ticket]:
+    def dispatch(self, now: float) -> list[Ticket[Any]]:
         """Grant from the head of the queue while the head can be granted: a manager, a request, or (batching)
         the batch the head request leads, once it is ready to go. Returns the granted tickets to wake: batch
         members are not among them (their leader wakes them with their results)."""
@@ -429,19 +432,19 @@ class AdmissionCore:
 
     # ---- capacity and shutdown ------------------------------------------------------------------------------
 
-    def set_capacity(self, capacity: int, now: float) -> list[Ticket]:
+    def set_capacity(self, capacity: int, now: float) -> list[Ticket[Any]]:
         """Change the slot count. Growing grants waiters at once; shrinking lets current holders finish."""
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         return self.dispatch(now)
 
-    def set_batching(self, batching: BatchRule | None, now: float) -> list[Ticket]:
+    def set_batching(self, batching: BatchRule | None, now: float) -> list[Ticket[Any]]:
         """Change the batching rule (a reconfiguration in place). Returns the tickets granted in consequence."""
         self.batching = batching
         return self.dispatch(now)
 
-    def close(self) -> list[Ticket]:
+    def close(self) -> list[Ticket[Any]]:
         """Refuse every queued ticket and every later arrival (shutdown). Leases already granted stay valid."""
         self._closed = True
         refused = list(self._queue)
@@ -453,15 +456,15 @@ class AdmissionCore:
 
     # ---- observation ----------------------------------------------------------------------------------------
 
-    def queued_tickets(self) -> list[Ticket]:
+    def queued_tickets(self) -> list[Ticket[Any]]:
         return list(self._queue)
 
-    def held_request_tickets(self) -> list[Ticket]:
+    def held_request_tickets(self) -> list[Ticket[Any]]:
         """The tickets holding slots (a batch's leader stands for its batch)."""
         return list(self._slots)
 
     @property
-    def manager(self) -> Ticket | None:
+    def manager(self) -> Ticket[Any] | None:
         return self._manager
 
     @property
@@ -486,7 +489,7 @@ class AdmissionCore:
         )
 
 
-def refusal_error(ticket: Ticket, model: str) -> Exception:
+def refusal_error(ticket: Ticket[Any], model: str) -> Exception:
     """The exception a refused ticket's caller raises."""
     if ticket.refusal is Refusal.QUEUE_FULL:
         return QueueFull(f"server_busy: the queue of model '{model}' is full")
@@ -530,8 +533,8 @@ class AdmissionController:
         cancel: CancelToken | None = None,
         rows: int = 1,
         key: Hashable | None = None,
-        payload: object = None,
-    ) -> Ticket:
+        payload: Any = None,
+    ) -> Ticket[Any]:
         """Wait for a lease of `kind`, in FIFO order, until `deadline` (None: no limit).
 
         Blocks without holding the model lock. Returns the GRANTED ticket; the caller must `release` it. On a
@@ -571,8 +574,8 @@ class AdmissionController:
         return self._wait(ticket, cancel, first_wait)
 
     def arrive_locked(
-        self, kind: TicketKind, deadline: float | None, on_change: Callable[[Ticket], None] | None = None
-    ) -> Ticket:
+        self, kind: TicketKind, deadline: float | None, on_change: Callable[[Ticket[Any]], None] | None = None
+    ) -> Ticket[Any]:
         """Enqueue without waiting (for callers that wait on several tickets, such as bulk unload).
 
         Caller holds the model lock. `on_change` is called under the lock when the ticket is granted, expired,
@@ -582,7 +585,7 @@ class AdmissionController:
         ticket.on_change = on_change
         return ticket
 
-    def _wait(self, ticket: Ticket, cancel: CancelToken | None, first_wait: float | None) -> Ticket:
+    def _wait(self, ticket: Ticket[Any], cancel: CancelToken | None, first_wait: float | None) -> Ticket[Any]:
         on_cancel = None
         if cancel is not None:
 
@@ -634,7 +637,7 @@ class AdmissionController:
                 assert cancel is not None  # on_cancel is set only with a token
                 cancel.remove_callback(on_cancel)
 
-    def _time_left(self, ticket: Ticket) -> float | None:
+    def _time_left(self, ticket: Ticket[Any]) -> float | None:
         """Seconds until the waiter must look again by itself (its deadline, or the due time of the batch it
         heads); None: only a notification wakes it (no deadline, or granted as a batch member). The clock is read
         outside the model lock."""
@@ -645,7 +648,7 @@ class AdmissionController:
             due = self._due_locked(ticket)  # the ticket's own fields only: no lock
         return None if due is None else due - self._clock()
 
-    def _due_locked(self, ticket: Ticket) -> float | None:
+    def _due_locked(self, ticket: Ticket[Any]) -> float | None:
         """When the waiter must look again by itself (see `_time_left`). Caller holds the model lock when batches
         are delayed."""
         if ticket.state is TicketState.GRANTED:
@@ -657,7 +660,7 @@ class AdmissionController:
                 due = wake
         return due
 
-    def _on_time(self, ticket: Ticket) -> None:
+    def _on_time(self, ticket: Ticket[Any]) -> None:
         """The waiter's time came: a batch it heads goes now, or it expires at its deadline."""
         with self._lock:
             if ticket.state is not TicketState.QUEUED:
@@ -668,14 +671,14 @@ class AdmissionController:
             if ticket.state is TicketState.QUEUED and ticket.deadline is not None and ticket.deadline <= now:
                 self._withdraw_locked(ticket, TicketState.EXPIRED)
 
-    def _departure_error(self, ticket: Ticket) -> Exception:
+    def _departure_error(self, ticket: Ticket[Any]) -> Exception:
         if ticket.state is TicketState.EXPIRED:
             return AdmissionTimeout(f"server_busy: model '{self.model}' had no free slot before the admission deadline")
         if ticket.state is TicketState.CANCELLED:
             return RequestCancelled(f"the caller gave up while queued for model '{self.model}'")
         return refusal_error(ticket, self.model)
 
-    def _changed_locked(self, granted: list[Ticket]) -> None:
+    def _changed_locked(self, granted: list[Ticket[Any]]) -> None:
         """After a change of the core: wake the tickets it granted, and the head of the queue when a batch may
         be waiting there (a freed slot or a new head changes when it must go)."""
         for waiter in granted:
@@ -685,7 +688,7 @@ class AdmissionController:
             if queued and queued[0].kind is TicketKind.REQUEST:
                 queued[0].nudge()
 
-    def release(self, ticket: Ticket) -> None:
+    def release(self, ticket: Ticket[Any]) -> None:
         """End a granted lease and hand the freed capacity to the oldest waiters. For a batch's leader this
         ends every member's lease; their waiters wake (their results must be posted first). Never blocks.
         Raises RuntimeError if the ticket holds no lease, or is a batch member."""
@@ -698,14 +701,14 @@ class AdmissionController:
         for member in (ticket.members or ())[1:]:
             member.nudge()
 
-    def _withdraw_locked(self, ticket: Ticket, outcome: TicketState) -> None:
+    def _withdraw_locked(self, ticket: Ticket[Any], outcome: TicketState) -> None:
         was_queued = ticket.state is TicketState.QUEUED
         granted = self._core.withdraw(ticket, outcome, self._clock())
         if was_queued:
             ticket.notify()
         self._changed_locked(granted)
 
-    def cancel_queued(self, ticket: Ticket) -> None:
+    def cancel_queued(self, ticket: Ticket[Any]) -> None:
         """Take `ticket` out of the queue if it is still queued (safe from any thread, e.g. a cancellation
         callback); a batch member waiting for its leader is woken, to leave. A ticket holding a slot is left to
         its owner, who checks its cancel token."""
@@ -715,7 +718,7 @@ class AdmissionController:
             elif ticket.state is TicketState.GRANTED and ticket.is_member:
                 ticket.nudge()
 
-    def post_to_members(self, leader: Ticket) -> None:
+    def post_to_members(self, leader: Ticket[Any]) -> None:
         """The leader of a batch posted every member its outcome while the batch still holds its slot (a streaming
         model's: each member reads its own answers): wake the members, which return from `acquire` at once."""
         with self._lock:
@@ -723,7 +726,7 @@ class AdmissionController:
                 member.posted = True
                 member.nudge()
 
-    def abandon(self, ticket: Ticket) -> None:
+    def abandon(self, ticket: Ticket[Any]) -> None:
         """The owner gives up its ticket whatever its state: queued leaves, granted is released (a batch member
         is marked as gone; its batch keeps the slot). Idempotent. Only the owning thread may call this (another
         thread could release a slot that is in use)."""
@@ -765,7 +768,7 @@ class AdmissionController:
         """As statistics; caller holds the model lock."""
         return self._core.statistics()
 
-    def try_exclusive_locked(self) -> Ticket | None:
+    def try_exclusive_locked(self) -> Ticket[Any] | None:
         """A manager's lease granted at once if the model is idle and nothing is queued, else None; never
         queues. Caller holds the model lock."""
         return self._core.try_exclusive(self._clock())

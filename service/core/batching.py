@@ -23,20 +23,21 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
+from engine.config.specs import BatchingSpec, ModelSpec
 from engine.errors import DeviceFailedError, EngineError, ExecutionCancelled, ModelErrorUnsupported
-from engine.interface import BatchingSpec, CancelToken, ModelMetadata, ModelSpec, Outputs
+from engine.interface import CancelToken, Context, ModelMetadata, Outputs
 
-from .admission import BatchRule
+from .admission import BatchRule, Ticket
 from .blocking import blocking_wait
-from .errors import InvalidRequest, ServiceError, own_copy
+from .errors import InvalidRequest, RequestCancelled, ServiceError, own_copy
+from .lease import Lease, LeaseOwner
+from .pool import SlotPool
+from .request_errors import as_request_error
 from .statistics import InferenceStatistics
-
-if TYPE_CHECKING:  # lifecycle imports this module
-    from .lifecycle import Lease
 
 
 def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | None:
@@ -87,7 +88,7 @@ class BatchItem:
     kept_outputs: Sequence[str] = ()
     streams: bool = False  # the request takes a stream of answers (ModelStreamInfer): a decoupled model may batch it
     result: Outputs | None = None
-    stream: Iterator[Outputs] | None = None  # a decoupled model's answers to it, posted instead of `result`
+    stream: MemberStream | None = None  # a decoupled model's answers to it, posted instead of `result`
     error: BaseException | None = None
     metadata: ModelMetadata | None = None
     version: str = ""
@@ -118,7 +119,7 @@ class BatchItem:
         if not self.done:
             self.error = own_copy(error)
 
-    def post_stream(self, stream: Iterator[Outputs]) -> bool:
+    def post_stream(self, stream: MemberStream) -> bool:
         """The leader hands the request its stream of answers; False (the caller closes it) when the request's
         thread has left already."""
         with self._stream_lock:
@@ -127,7 +128,7 @@ class BatchItem:
             self.stream = stream
             return True
 
-    def abandon(self) -> Iterator[Outputs] | None:
+    def abandon(self) -> MemberStream | None:
         """The request's thread leaves without reading its answers (it gave up): returns the stream posted to it,
         if any, for the caller to close; one posted later is closed by the leader."""
         with self._stream_lock:
@@ -162,6 +163,60 @@ class EveryoneGaveUp(CancelToken):
         """Stop watching the members' tokens (the run is over)."""
         for token, watcher in zip(self._tokens, self._watchers, strict=True):
             token.remove_callback(watcher)
+
+
+class BatchingModel(LeaseOwner, Protocol):
+    """What `run_batched` needs of its model (service/core/lifecycle.py ModelEntry)."""
+
+    @property
+    def statistics(self) -> InferenceStatistics: ...
+
+    def admit_batch_item(self, item: BatchItem, deadline: float | None, cancel: CancelToken) -> Ticket[BatchItem]: ...
+
+    def lend_context(self, cancel: CancelToken | None) -> tuple[SlotPool, Context]: ...
+
+
+def run_batched(model: BatchingModel, item: BatchItem, deadline: float | None, cancel: CancelToken) -> BatchItem:
+    """Admit a request of a batching model and see it run, alone or in a batch. Returns `item` with its outcome
+    posted (`item.outcome()` gives the outputs or raises the error).
+
+    Blocks while queued (bounded by `deadline`), then: the leader of a batch (its first request) makes sure the pool
+    exists, runs the batch and releases its slot; any other member waits, without a time limit, for the leader.
+    Raises the admission errors (ServerBusy subclasses, RequestCancelled when the caller gives up while queued or
+    while its batch runs); on every error the caller holds nothing.
+    """
+    ticket = model.admit_batch_item(item, deadline, cancel)
+    if ticket.is_member:
+        return item  # released by its leader: the outcome is posted
+    # (No members: the model's batching was reconfigured away while this request arrived; it runs alone.)
+    # Every ticket of a batch was acquired here, with its BatchItem as the payload.
+    items = [member.payload for member in ticket.members or [ticket]]
+    # A batch of one is cancelled with its request (the common case when idle: no extra token).
+    run_cancel = cancel if len(items) == 1 else EveryoneGaveUp([member.cancel for member in items])
+    try:
+        try:
+            pool, context = model.lend_context(run_cancel)
+        except BaseException as error:
+            for member in items:  # failed before the ticket ends: a woken member finds its outcome posted
+                member.fail(as_request_error(model.name, error))
+            model.end_lease(ticket)
+            raise
+        lease = Lease(model, ticket, pool, context, 0)  # its release ends every member's lease
+        handed_over = False
+        try:
+            handed_over = run_batch(lease, items, run_cancel, model.statistics)
+            if handed_over:  # each member reads its own stream now; the last one to end releases the lease
+                model.admission.post_to_members(ticket)
+        finally:
+            if not handed_over:  # (a streaming batch's members' streams release it when the last one ends)
+                lease.release()
+    finally:
+        if run_cancel is not cancel:
+            assert isinstance(run_cancel, EveryoneGaveUp)  # made above for a batch of several
+            run_cancel.detach()
+    if cancel.cancelled and item.error is None:
+        item.error = RequestCancelled("the caller gave up while its batch ran")
+    return item
 
 
 def run_batch(
@@ -279,7 +334,7 @@ def _run_as_streams(lease: Lease, live: Sequence[BatchItem], statistics: Inferen
     held = _HeldByStreams(lease, len(streams), statistics, started, rows)
     for item, stream in zip(live, streams, strict=True):
         item.batch_rows = rows
-        member = _MemberStream(stream, held)
+        member = MemberStream(stream, held)
         if not item.post_stream(member):
             member.close()
     return True
@@ -312,7 +367,7 @@ class _HeldByStreams:
             self._lease.entry.retire_failed_pool(self._lease.pool, failure)
 
 
-class _MemberStream(Iterator[Outputs]):
+class MemberStream(Iterator[Outputs]):
     """One member's answers in a streaming batch: the engine's, each waited for in `blocking_wait` (a handler pool
     may start another call meanwhile); ended (its last answer read, closed or raised), it ends its part of the
     batch once."""

@@ -1,19 +1,24 @@
-"""A registered model: its lifecycle state, its published pool and its admission, under one lock.
+"""A registered model (`ModelEntry`): its lifecycle, its leases, its requests' door, its unloads.
 
-States (contract "States and ownership") and their transitions:
+States (contract "States and ownership"; service/core/model_state.py lists them with their transitions): UNLOADED,
+LOADING, READY, RECONFIGURING, UNLOADING, each change checked against the list.
 
-    UNLOADED      -> LOADING        first request (the one initializer) or an explicit load
-    LOADING       -> READY          the complete pool is published
-    LOADING       -> UNLOADED       the load failed; a later request or load may retry
-    READY         -> RECONFIGURING  a manager's exclusive lease, after every earlier lease drained
-    READY         -> UNLOADING      likewise, for an unload, eviction, idle retirement or a failed device
-    RECONFIGURING -> READY          replacement published, or a pre-commit failure kept the old pool
-    RECONFIGURING -> UNLOADED       the replacement failed after the old pool was retired
-    UNLOADING     -> UNLOADED       teardown finished
+Its parts, each in a file of its own:
 
-Locking: `ModelEntry._lock` guards the state, the committed spec and settings, the published pool, the pending
-initialization and the admission core. Order: the registry lock before a model lock, never the reverse. No
-lock is held across loading, inference, teardown or any wait; those run with only a lease held.
+    model_record.py     ModelRecord: the state, committed configuration, published pool and admission under one
+                        lock, and the locked steps that change them (transition, commit, publish, fail, retire)
+    reconfiguration.py  Reconfigurable: load and reconfigure under a manager's lease; an instance-count change
+                        while serving
+    loading.py          ModelLoader: building pools (cold-load guard, residency, warmup, stops)
+    model_state.py      the states, their transitions, the status a reading gives
+    lease.py            Lease, ExclusiveLease, Barrier
+    paths.py            the request path chosen with the committed configuration (`ModelEntry.path`)
+    batching.py         a batching request's admission and its batch's run (`run_batched`)
+
+Locking: `ModelEntry._lock` (ModelRecord's) guards the state, the committed spec and settings, the published pool,
+the pending initialization (ModelEntry's `_init`) and the admission core. Order: the registry lock before a model
+lock, never the reverse. No lock is held across loading, inference, teardown or any wait; those run with only a
+lease held.
 
 Ownership: a request holds one slot (a REQUEST ticket) from admission until its `Lease` is released; a manager
 holds the whole model (a MANAGER ticket) for the body of `with entry.exclusive(...)` (an `ExclusiveLease`). Only a
@@ -21,47 +26,39 @@ holder of a lease changes the pool, so the pool a request runs on can never be t
 
 `ModelEntry` is the only way into a model: no other module takes its lock, reads its pool or calls its admission
 controller's `*_locked` methods. The registry publishes new entries with `claim_new` and posts bulk-unload
-barriers with `post_barrier`; residency sees entries through its `ResidentModel` protocol.
+barriers with `post_barrier`; residency sees entries through its `ResidentModel` protocol, leases through
+`LeaseOwner`, paths through `ServedModel`, the batching entry through `BatchingModel`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
+from engine.config.specs import ModelSpec
+from engine.errors import DeviceFailedError
+from engine.interface import CancelToken, Context
 
-from engine.errors import DeviceFailedError, EngineError, ModelLoadError
-from engine.interface import Backend, BatchingSpec, CancelToken, Context, LoadedModel, ModelMetadata, ModelSpec, Outputs
-from engine.repository import hide_paths
-
-from .admission import AdmissionController, Ticket, TicketKind, TicketState, refusal_error
-from .batching import BatchItem, EveryoneGaveUp, batch_rule, describe_batching, run_batch
-from .blocking import blocking_wait
-from .errors import (
-    BackendNotAvailable,
-    ModelLoadFailed,
-    ModelNotFound,
-    ModelNotLoadedByControl,
-    RequestCancelled,
-    ServiceError,
-    UnsupportedSlotCount,
-    own_copy,
-)
-from .events import Events
-from .load_stops import LoadStops, either
-from .outcomes import outcome_of
-from .pool import SlotPool, build_contexts, build_pool, check_slot_count, close_contexts, close_primary
-from .residency import ColdLoadGuard, ColdLoadTurn, Residency
-from .sequences import SequenceTable
-from .statistics import InferenceStatistics
-from .warmup import LoadTimes, warm_up, warm_up_pool
+from .admission import Ticket, TicketKind, TicketState
+from .batching import BatchItem, run_batched
+from .errors import ModelNotFound, ModelNotLoadedByControl, RequestCancelled, ServiceError, own_copy
+from .lease import Barrier as Barrier
+from .lease import ExclusiveLease as ExclusiveLease
+from .lease import Lease as Lease
+from .loading import ModelLoader
+from .model_record import Committed
+from .model_state import ModelState as ModelState
+from .model_state import ModelStatus as ModelStatus
+from .model_state import ModelView as ModelView
+from .paths import RequestPath, path_for
+from .pool import SlotPool
+from .reconfiguration import Reconfigurable
+from .request_errors import as_request_error
+from .runtime import ModelSettings as ModelSettings
+from .runtime import SharedRuntime as SharedRuntime
 
 _LOG = logging.getLogger(__name__)
 
@@ -73,106 +70,6 @@ _ENDED_BY = {
     "closed_at_shutdown": "closed at shutdown",
     "device_failed": "unloaded after its device failed",
 }
-
-
-class ModelState(enum.Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    READY = "ready"
-    RECONFIGURING = "reconfiguring"
-    UNLOADING = "unloading"
-
-
-_TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
-    ModelState.UNLOADED: frozenset({ModelState.LOADING}),
-    ModelState.LOADING: frozenset({ModelState.READY, ModelState.UNLOADED}),
-    ModelState.READY: frozenset({ModelState.RECONFIGURING, ModelState.UNLOADING}),
-    ModelState.RECONFIGURING: frozenset({ModelState.READY, ModelState.UNLOADED}),
-    ModelState.UNLOADING: frozenset({ModelState.UNLOADED}),
-}
-
-
-class InvalidTransition(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """What a registration fixes besides the spec."""
-
-    slots: int  # configured slot count
-    explicit_slots: bool  # asked for by the operator (must be honoured) rather than the server default
-    admission_timeout: float  # effective seconds, capped by the server ceiling; 0 = unbounded
-    source: str = ""
-    max_queue: int | None = None  # queued requests of this model (dynamic_batching's max_queue_size); None: server's
-
-
-@dataclass
-class SharedRuntime:
-    """What every model entry shares: backends, the cold-load guard, residency policy, limits and clock."""
-
-    backends: Mapping[str, Backend]
-    max_queue: int = 0
-    clock: Callable[[], float] = time.monotonic
-    cold_loads: ColdLoadGuard | None = None  # None: loads are not limited
-    residency: Residency | None = None  # None: no resident-model limit or budget
-    events: Events = field(default_factory=Events)  # lifecycle events: logged, and counted for the metrics
-    # --model-control-mode (service/model_control.py): "" lets a request load an unloaded model; otherwise requests
-    # never load one and are refused with this text (it names the mode and what loads the model).
-    lazy_load_refusal: str = ""
-
-    def backend(self, spec: ModelSpec) -> Backend:
-        try:
-            return self.backends[spec.backend]
-        except KeyError:
-            raise BackendNotAvailable(backend_missing_message(spec.name, spec.backend)) from None
-
-
-# Backends that exist only to make tests deterministic (engine/testing/): named so that a production server refuses
-# them with the flag that enables them, instead of calling them unknown.
-TEST_BACKENDS = ("fixture",)
-
-
-def backend_missing_message(model: str, backend: str) -> str:
-    if backend in TEST_BACKENDS:
-        return (
-            f"model '{model}': backend '{backend}' is a test backend; this server runs it only when started "
-            "with --enable-test-backends"
-        )
-    return f"model '{model}': backend '{backend}' is not available on this server"
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    """An observation of one model (GET /v1/models). Reserves nothing; never mixes old and new settings."""
-
-    name: str
-    state: ModelState
-    loaded: bool
-    slots: int
-    active_slots: int
-    queued_requests: int
-    max_parallel_slots: int | None
-    backend: str
-    last_error: str
-    source: str
-    admission_timeout: float
-    version: str
-    memory_bytes: int | None
-    manager_active: bool = False
-    queued_managers: int = 0
-    batching: BatchingSpec | None = None  # dynamic batching settings; None: one request per engine call
-    max_batch_size: int = 0
-    load_times: LoadTimes | None = None  # the published pool's load and warmup seconds; None when not loaded
-
-
-@dataclass(frozen=True)
-class ModelView:
-    """One consistent reading of a model for a reply (see ModelEntry.view)."""
-
-    spec: ModelSpec
-    metadata: ModelMetadata | None  # the published metadata, else the last published one, else None
-    status: ModelStatus
 
 
 class _InitializerLeft(Exception):
@@ -218,268 +115,22 @@ class _InitAttempt:
                 raise RequestCancelled("the caller gave up while the model was loading")
         if self.error is not None:
             raise own_copy(self.error)
-        return self.pool  # type: ignore[return-value]
+        if self.pool is None:
+            raise RuntimeError("the model's initialization ended with neither a pool nor an error")
+        return self.pool
 
 
-class Lease:
-    """A granted request slot, bound to the published pool and one context of it.
-
-    Release it exactly once (`release` is idempotent); until then the pool cannot be torn down.
-    """
-
-    __slots__ = ("entry", "ticket", "pool", "context", "queue_ns", "_released", "_device_failure")
-
-    def __init__(self, entry: ModelEntry, ticket: Ticket, pool: SlotPool, context: Context, queue_ns: int) -> None:
-        self.entry = entry
-        self.ticket = ticket
-        self.pool = pool
-        self.context = context
-        self.queue_ns = queue_ns
-        self._released = False
-        self._device_failure: DeviceFailedError | None = None  # set when the backend's device failed under it
-
-    @property
-    def metadata(self) -> ModelMetadata:
-        return self.pool.metadata
-
-    @property
-    def version(self) -> str:
-        return self.pool.spec.version
-
-    @property
-    def streaming(self) -> bool:
-        """Whether the model answers a request with a stream of responses (execute_stream)."""
-        return self.pool.primary.streaming
-
-    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs:
-        """Run the engine on this lease's context. On a model of several slots the thread waits on the engine
-        meanwhile (blocking_wait: its handler pool may start another call, which may take another slot). A wait
-        in a one-slot model's engine frees nothing another call of the model could use: stepping aside there
-        would only wake another runner to queue behind it (a wake-up a request, measured as a loss on `simple`)."""
-        try:
-            if self.pool.request_slots > 1:
-                with blocking_wait:
-                    return self.context.execute(inputs, outputs, cancel)
-            return self.context.execute(inputs, outputs, cancel)
-        except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
-            self._device_failure = error
-            raise
-
-    def execute_stream(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
-    ) -> Iterator[Outputs]:
-        """The engine's answers, one by one; the thread waits on the engine for each (blocking_wait, taken for
-        each answer and never across a yield: a generator may be closed on another thread)."""
-        answers: Iterator[Outputs] = iter(())
-        try:
-            answers = self.context.execute_stream(inputs, outputs, cancel)  # a device failure here is caught too
-            while True:
-                with blocking_wait:
-                    answer = next(answers, None)  # an answer is a dict of outputs, never None
-                if answer is None:
-                    return
-                yield answer
-        except DeviceFailedError as error:  # the device failed: the pool is retired when this lease ends
-            self._device_failure = error
-            raise
-        finally:  # closed early (the client went away): the engine's stream is closed with it, as `yield from` did
-            close = getattr(answers, "close", None)  # a generator's; a plain iterator has nothing to close
-            if close is not None:
-                close()
-
-    def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        self.pool.give_back(self.context)
-        self.entry._end_request(self.ticket)
-        if self._device_failure is not None:
-            self.entry.retire_failed_pool(self.pool, self._device_failure)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class ExclusiveLease:
-    """A manager's hold on a whole model (a granted MANAGER ticket): every earlier lease has ended and no later
-    one is granted until it is released. Use it as a context manager (`with entry.exclusive(...):`); `release`
-    is idempotent."""
-
-    __slots__ = ("entry", "_ticket", "_released")
-
-    def __init__(self, entry: ModelEntry, ticket: Ticket) -> None:
-        self.entry = entry
-        self._ticket = ticket
-        self._released = False
-
-    def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        self.entry._release_exclusive(self._ticket)
-
-    def __enter__(self) -> ExclusiveLease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class Barrier:
-    """A bulk unload's exclusive barrier on one model, queued without waiting (ModelEntry.post_barrier). Its
-    `on_change` callback reports it when it is granted or refused; the bulk unload then unloads under it, or
-    gives up. `withdraw` ends it in any state (idempotent)."""
-
-    __slots__ = ("entry", "_ticket", "_ended")
-
-    def __init__(self, entry: ModelEntry) -> None:
-        self.entry = entry
-        self._ticket: Ticket | None = None
-        self._ended = False
-
-    @property
-    def decided(self) -> bool:
-        """Granted or refused already (a queued barrier is reported by its callback later)."""
-        return self._ticket is not None and self._ticket.state is not TicketState.QUEUED
-
-    @property
-    def granted(self) -> bool:
-        return self._ticket is not None and self._ticket.state is TicketState.GRANTED
-
-    @property
-    def refused(self) -> bool:
-        return self._ticket is not None and self._ticket.state is TicketState.REFUSED
-
-    def refusal(self) -> Exception:
-        """The error a refused barrier's bulk unload raises (ShuttingDown: the queue closed under it)."""
-        assert self._ticket is not None
-        return refusal_error(self._ticket, self.entry.name)
-
-    def withdraw(self) -> None:
-        """Leave the queue if still queued; release if granted. Never blocks."""
-        if self._ended or self._ticket is None:
-            return
-        self._ended = True
-        self.entry.admission.cancel_queued(self._ticket)
-        if self._ticket.state is TicketState.GRANTED:
-            self.entry._release_exclusive(self._ticket)
-
-    def __enter__(self) -> Barrier:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.withdraw()
-
-
-@dataclass
-class _Committed:
-    """The committed configuration: replaced as a whole, so readers never see a mix."""
-
-    spec: ModelSpec
-    settings: ModelSettings
-    metadata: ModelMetadata | None = None  # last published metadata (kept after unload for ModelMetadata RPCs)
-
-
-class ModelEntry:
+class ModelEntry(Reconfigurable):
     """One registered model. Entries are never removed from the registry: workers may hold them."""
 
     def __init__(self, spec: ModelSpec, settings: ModelSettings, runtime: SharedRuntime) -> None:
-        self.name = spec.name
-        self._runtime = runtime
-        self._clock = runtime.clock
-        self._lock = threading.Lock()  # guards: _state, _committed, _pool, _init, _last_error, _retired, admission core
-        self._state = ModelState.UNLOADED
-        self._retired = False  # a version its policy no longer serves: never loaded again (retire_leased)
-        self._committed = _Committed(spec, settings)
-        self._pool: SlotPool | None = None
-        self._init: _InitAttempt | None = None
-        self._last_error = ""
-        self.last_used = self._clock()  # for LRU eviction; written without the lock (a float store)
-        self.admission = AdmissionController(
-            spec.name, settings.slots, self._lock, self._clock, batch_rule(spec.batching, spec.max_batch_size)
-        )
-        self.statistics = InferenceStatistics()
-        self.sequences = SequenceTable(spec.name, self._clock)  # open sequences (service/core/sequences.py)
-        self._loads = LoadStops()  # its loads in progress, which an unload or the shutdown stops
+        super().__init__(spec, settings, runtime)
+        self._init: _InitAttempt | None = None  # lazy loading's attempt under way (guarded by _lock)
+        self._loader = ModelLoader(spec.name, runtime, self, self._shutting_down)
+        self.path = path_for(self, spec)
 
-    # ---- observation ----------------------------------------------------------------------------------------
-
-    @property
-    def state(self) -> ModelState:
-        return self._state
-
-    @property
-    def spec(self) -> ModelSpec:
-        return self._committed.spec
-
-    @property
-    def settings(self) -> ModelSettings:
-        return self._committed.settings
-
-    def known_metadata(self) -> ModelMetadata | None:
-        """The published metadata, else the last published one, else None."""
-        with self._lock:
-            if self._pool is not None:
-                return self._pool.metadata
-            return self._committed.metadata
-
-    def status(self) -> ModelStatus:
-        with self._lock:
-            status, pool = self._status_locked(), self._pool
-        return _with_memory(status, pool)
-
-    def view(self) -> ModelView:
-        """The committed spec, the known metadata and the status, read in one step: a reply built from it never
-        mixes the configurations before and after a reconfiguration (a new config with the old slot count, a
-        new version with the old inputs)."""
-        with self._lock:
-            pool = self._pool
-            metadata = pool.metadata if pool is not None else self._committed.metadata
-            view = ModelView(self._committed.spec, metadata, self._status_locked())
-        return dataclasses.replace(view, status=_with_memory(view.status, pool))
-
-    def _status_locked(self) -> ModelStatus:
-        """The status; its memory_bytes is filled in by `_with_memory` after the lock is let go (a python model
-        measures its workers in /proc: no reading of files under the model lock)."""
-        committed, pool = self._committed, self._pool
-        admission = self.admission.statistics_locked()
-        return ModelStatus(
-            name=self.name,
-            state=self._state,
-            loaded=pool is not None,
-            # The built pool's count: a default count above the engine's capacity was lowered to it.
-            slots=pool.capacity if pool is not None else committed.settings.slots,
-            active_slots=admission.active_slots,
-            queued_requests=admission.queued,
-            max_parallel_slots=pool.max_parallel_slots if pool is not None else None,
-            backend=committed.spec.backend,
-            last_error=self._last_error,
-            source=committed.settings.source,
-            admission_timeout=committed.settings.admission_timeout,
-            version=committed.spec.version,
-            memory_bytes=None,
-            manager_active=admission.manager_active,
-            queued_managers=admission.queued_managers,
-            batching=committed.spec.batching,
-            max_batch_size=committed.spec.max_batch_size,
-            load_times=pool.times if pool is not None else None,
-        )
-
-    def is_ready(self) -> bool:
-        return self._state is ModelState.READY
-
-    def readiness(self) -> tuple[ModelState, str]:
-        """The state and the last load error, read together (no memory measured: ServerReady asks often)."""
-        with self._lock:
-            return self._state, self._last_error
-
-    def _transition_locked(self, new: ModelState) -> None:
-        if new not in _TRANSITIONS[self._state]:
-            raise InvalidTransition(f"model '{self.name}': {self._state.value} -> {new.value} is not allowed")
-        self._state = new
+    def _path_for(self, spec: ModelSpec) -> RequestPath:
+        return path_for(self, spec)
 
     # ---- requests -------------------------------------------------------------------------------------------
 
@@ -506,7 +157,7 @@ class ModelEntry:
             pool = self._ensure_pool(cancel)
             context = pool.take(context_index)
         except BaseException:
-            self._end_request(ticket)
+            self.end_lease(ticket)
             raise
         return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
 
@@ -536,16 +187,15 @@ class ModelEntry:
         return self._committed.spec.batching is not None
 
     def run_batched(self, item: BatchItem, deadline: float | None, cancel: CancelToken) -> BatchItem:
-        """Admit a request of a batching model and see it run, alone or in a batch. Returns `item` with its
-        outcome posted (`item.outcome()` gives the outputs or raises the error).
+        """Admit a request of a batching model and see it run, alone or in a batch (service/core/batching.py
+        `run_batched` says how, and what it raises). Returns `item` with its outcome posted."""
+        return run_batched(self, item, deadline, cancel)
 
-        Blocks while queued (bounded by `deadline`), then: the leader of a batch (its first request) makes sure
-        the pool exists, runs the batch and releases its slot; any other member waits, without a time limit,
-        for the leader. Raises the admission errors (ServerBusy subclasses, RequestCancelled when the caller
-        gives up while queued or while its batch runs); on every error the caller holds nothing.
-        """
+    def admit_batch_item(self, item: BatchItem, deadline: float | None, cancel: CancelToken) -> Ticket[BatchItem]:
+        """A batching request's ticket: a granted leader's, or a member's its leader released. Blocks and raises as
+        AdmissionController.acquire."""
         settings = self._committed.settings
-        ticket = self.admission.acquire(
+        return self.admission.acquire(
             TicketKind.REQUEST,
             deadline,
             overdue_after=settings.admission_timeout,
@@ -555,51 +205,17 @@ class ModelEntry:
             key=item.key,
             payload=item,
         )
-        if ticket.is_member:
-            return item  # released by its leader: the outcome is posted
-        # (No members: the model's batching was reconfigured away while this request arrived; it runs alone.)
-        # Every ticket of a batch was acquired here, with its BatchItem as the payload.
-        items = [cast(BatchItem, member.payload) for member in ticket.members or [ticket]]
-        # A batch of one is cancelled with its request (the common case when idle: no extra token).
-        run_cancel = cancel if len(items) == 1 else EveryoneGaveUp([member.cancel for member in items])
-        try:
-            try:
-                pool = self._ensure_pool(run_cancel)
-                context = pool.take()
-            except BaseException as error:
-                for member in items:
-                    member.fail(_as_request_error(self.name, error))
-                self._end_request(ticket)
-                raise
-            lease = Lease(self, ticket, pool, context, 0)  # its release ends every member's lease
-            handed_over = False
-            try:
-                handed_over = run_batch(lease, items, run_cancel, self.statistics)
-                if handed_over:  # each member reads its own stream now; the last one to end releases the lease
-                    self.admission.post_to_members(ticket)
-            finally:
-                if not handed_over:  # (a streaming batch's members' streams release it when the last one ends)
-                    lease.release()
-        finally:
-            if run_cancel is not cancel:
-                assert isinstance(run_cancel, EveryoneGaveUp)  # made above for a batch of several
-                run_cancel.detach()
-        if cancel.cancelled and item.error is None:
-            item.error = RequestCancelled("the caller gave up while its batch ran")
-        return item
 
-    def _end_request(self, ticket: Ticket) -> None:
+    def lend_context(self, cancel: CancelToken | None) -> tuple[SlotPool, Context]:
+        """For a granted batch's leader: the published pool (loaded first if need be, as `acquire_lease` does) and a
+        context of it. Raises the load's errors; the caller still holds its ticket then."""
+        pool = self._ensure_pool(cancel)
+        return pool, pool.take()
+
+    def end_lease(self, ticket: Ticket[Any]) -> None:
         self.last_used = self._clock()
         self.admission.release(ticket)
         self._lease_ended()
-
-    def _lease_ended(self) -> None:
-        """Any lease ended: the model may be idle now, so the idle reaper must look at it again. This is what
-        keeps idle retirement from being lost: the reaper drops a model it finds not READY (loading,
-        reconfiguring, unloading), and whichever lease made it so ends here."""
-        residency = self._runtime.residency
-        if residency is not None and (residency.reaper is not None or residency.watch is not None):
-            residency.on_lease_end(self)  # and the memory watch re-reads what the run kept
 
     def _ensure_pool(self, cancel: CancelToken | None) -> SlotPool:
         """The published pool; the first admitted request of an unloaded model builds it (the one
@@ -633,10 +249,10 @@ class ModelEntry:
             except _InitializerLeft:
                 continue  # the initializer's caller left before its load began: the next waiter loads
 
-    def _initialize(self, attempt: _InitAttempt, committed: _Committed, cancel: CancelToken | None) -> SlotPool:
+    def _initialize(self, attempt: _InitAttempt, committed: Committed, cancel: CancelToken | None) -> SlotPool:
         """The one initializer's load; admitted requests waiting on `attempt` share its outcome."""
         try:
-            pool = self._load(committed.spec, committed.settings, cause="first_request", cancel=cancel)
+            pool = self._loader.load(committed.spec, committed.settings, cause="first_request", cancel=cancel)
         except RequestCancelled:
             # Cancelled while waiting for the cold-load guard: nothing was loaded, nothing failed.
             with self._lock:
@@ -645,7 +261,7 @@ class ModelEntry:
             attempt.finish(None, _InitializerLeft())
             raise
         except BaseException as error:
-            failure = _as_request_error(self.name, error)
+            failure = as_request_error(self.name, error)
             with self._lock:
                 self._init = None
                 self._fail_load_locked(error)
@@ -659,167 +275,6 @@ class ModelEntry:
         attempt.finish(pool, None)
         return pool
 
-    # ---- loading and publication (callers hold a lease; no lock held while building) ------------------------
-
-    def _load(
-        self,
-        spec: ModelSpec,
-        settings: ModelSettings,
-        primary: LoadedModel | None = None,
-        *,
-        cause: str,
-        cancel: CancelToken | None = None,
-    ) -> SlotPool:
-        """Build a complete pool under the cold-load guard, with residency reserved (evicting if needed) and the
-        memory budget checked. `cause` says why, for the log. `cancel` (a first request's) lets a caller leave
-        while it waits for the guard (RequestCancelled); a load under way is not interrupted by it, only stopped
-        by an unload or the shutdown (`stop_loads`: ModelLoadError). Raises the backend's errors,
-        ResidencyLimit or MemoryLimit; on failure nothing stays reserved or built. Emits load_started, then loaded
-        or load_failed (timed from load_started: eviction and building, not the wait for the guard)."""
-        with self._loads.running(refused_while_stopped=cause == "first_request") as stop:
-            try:
-                turn = self._cold_load_turn(spec, cancel, stop)
-            except BaseException:
-                if primary is not None:
-                    close_primary(primary, self.name)
-                raise
-            try:
-                return self._build_logged(spec, settings, primary, cause, cancel, stop)
-            finally:
-                if turn is not None:
-                    self._runtime.cold_loads.release(turn)  # type: ignore[union-attr]  # a turn comes from it
-
-    def _cold_load_turn(self, spec: ModelSpec, cancel: CancelToken | None, stop: CancelToken) -> ColdLoadTurn | None:
-        """A place in the cold-load guard (None without a guard), waited for until `cancel` fires
-        (RequestCancelled). Raises ModelLoadError when `stop` was refused from the start (a request's load while an
-        unload waits, or any load after the shutdown began), or fires during the wait of a load its backend could
-        stop anyway (a python model's: `_stops_its_loads`); a backend that cannot stop waits on and loads."""
-        _raise_if_stopped(self.name, stop)
-        guard = self._runtime.cold_loads
-        if guard is None:
-            return None
-        backend = self._runtime.backends.get(spec.backend)  # a missing one fails in the build, logged there
-        if backend is None or not _stops_its_loads(backend):
-            return guard.acquire(cancel)
-        try:
-            with either(cancel, stop) as leave:
-                return guard.acquire(leave)
-        except RequestCancelled:
-            _raise_if_stopped(self.name, stop)
-            raise
-
-    def _build_logged(
-        self,
-        spec: ModelSpec,
-        settings: ModelSettings,
-        primary: LoadedModel | None,
-        cause: str,
-        cancel: CancelToken | None,
-        stop: CancelToken,
-    ) -> SlotPool:
-        """_load's work once it holds its turn: build (see _build_reserved) and log it."""
-        events = self._runtime.events
-        events.emit(_LOG, "load_started", self.name, backend=spec.backend, slots=settings.slots, cause=cause)
-        started = time.perf_counter()
-        try:
-            pool = self._build_reserved(spec, settings, primary, cancel, stop)
-            pool.times = dataclasses.replace(  # the load's own time, warmup apart
-                pool.times, load_seconds=time.perf_counter() - started - pool.times.warmup_seconds
-            )
-        except BaseException as error:
-            reason = outcome_of(error)  # the reason a request for this model would be told
-            # An error outside the table (a backend bug) is logged with its traceback; known ones need none.
-            events.emit(
-                _LOG,
-                "load_failed",
-                self.name,
-                backend=spec.backend,
-                reason=reason,
-                seconds=time.perf_counter() - started,
-                error=str(error) or type(error).__name__,
-                exc_info=error if reason == "failed" else None,
-            )
-            raise
-        events.emit(
-            _LOG,
-            "loaded",
-            self.name,
-            backend=spec.backend,
-            slots=pool.capacity,
-            seconds=pool.times.load_seconds,
-            warmup_seconds=pool.times.warmup_seconds,
-            memory_bytes=pool.memory_bytes(),
-            batching=describe_batching(spec),
-        )
-        return pool
-
-    def _build_reserved(
-        self,
-        spec: ModelSpec,
-        settings: ModelSettings,
-        primary: LoadedModel | None,
-        cancel: CancelToken | None,
-        stop: CancelToken,
-    ) -> SlotPool:
-        """_load's work under the guard: reserve residency, build (given up when `stop` fires), check the budget,
-        warm up (stopped by a shutdown: service/core/warmup.py); undo all on failure."""
-        residency = self._runtime.residency
-        if residency is not None:
-            try:
-                residency.make_room(self)
-            except BaseException:
-                if primary is not None:
-                    close_primary(primary, self.name)
-                raise
-        try:
-            backend = self._runtime.backend(spec)
-            pool = build_pool(backend, spec, settings.slots, settings.explicit_slots, primary, stop)
-            try:
-                if residency is not None:
-                    residency.check_budget(self, pool)
-                pool.times = warm_up_pool(pool, spec.warmup, cancel=cancel, stopping=self._shutting_down)
-            except BaseException:
-                pool.close()
-                raise
-        except BaseException:
-            if residency is not None:
-                residency.cancel(self)
-            raise
-        return pool
-
-    def _shutting_down(self) -> bool:
-        """Whether shutdown closed this model's admission (a warmup stops before its next run then)."""
-        return self.admission.statistics().closed
-
-    def _publish_locked(self, pool: SlotPool) -> None:
-        self._pool = pool
-        self.last_used = self._clock()  # a fresh pool is not idle since long ago
-        self._committed = _Committed(self._committed.spec, self._committed.settings, pool.metadata)
-        self._last_error = ""
-        self._transition_locked(ModelState.READY)
-        self.admission.set_capacity_locked(pool.request_slots)
-        if self._runtime.residency is not None:
-            self._runtime.residency.on_published(self)
-
-    def _fail_load_locked(self, error: BaseException) -> None:
-        # Clients read it (GetModel, RepositoryIndex): whatever raised it, no absolute path of the server's.
-        self._last_error = hide_paths(str(error) or type(error).__name__, self._committed.spec.roots)
-        self._transition_locked(ModelState.UNLOADED)
-        self.admission.set_capacity_locked(self._committed.settings.slots)
-        # Logged by _load (load_failed), outside this lock.
-
-    def _retire_locked(self, next_state: ModelState, why: str = "its model was reconfigured") -> SlotPool | None:
-        """Clear logical residency first (status shows unloaded at once); the caller tears the pool down
-        outside the lock. Open sequences end (`why` tells their next request)."""
-        self.sequences.end_all(why)
-        pool = self._pool
-        self._pool = None
-        if next_state is not self._state:
-            self._transition_locked(next_state)
-        if pool is not None and self._runtime.residency is not None:
-            self._runtime.residency.on_retired(self)
-        return pool
-
     # ---- management (exclusive leases) ----------------------------------------------------------------------
 
     def exclusive(self, deadline: float | None, cancel: CancelToken | None = None) -> ExclusiveLease:
@@ -828,7 +283,7 @@ class ModelEntry:
         (ServerBusy subclasses, RequestCancelled, ShuttingDown), holding nothing then."""
         return ExclusiveLease(self, self._acquire_exclusive(deadline, cancel))
 
-    def _acquire_exclusive(self, deadline: float | None, cancel: CancelToken | None) -> Ticket:
+    def _acquire_exclusive(self, deadline: float | None, cancel: CancelToken | None) -> Ticket[Any]:
         settings = self._committed.settings
         return self.admission.acquire(
             TicketKind.MANAGER,
@@ -837,7 +292,11 @@ class ModelEntry:
             cancel=cancel,
         )
 
-    def _release_exclusive(self, ticket: Ticket) -> None:
+    def release_exclusive(self, ticket: Ticket[Any]) -> None:
+        """A manager's lease (or a granted barrier) ended (ExclusiveLease.release, Barrier.withdraw)."""
+        self._release_exclusive(ticket)
+
+    def _release_exclusive(self, ticket: Ticket[Any]) -> None:  # (tests wrap it to steer an interleaving)
         self.admission.release(ticket)
         self._lease_ended()
 
@@ -851,15 +310,15 @@ class ModelEntry:
             raise RuntimeError(f"model '{self.name}': a new entry's first lease was not granted ({ticket.state})")
         return ExclusiveLease(self, ticket)
 
-    def post_barrier(self, on_change: Callable[[Barrier], None]) -> Barrier:
+    def post_barrier(self, on_change: Callable[[Barrier[ModelEntry]], None]) -> Barrier[ModelEntry]:
         """Queue a bulk unload's exclusive barrier without waiting. `on_change(barrier)` is called, under this
         model's lock (it must not block), when the barrier is granted, refused or withdrawn later; a barrier
         decided at once (`decided`) is not reported by it. The caller must `withdraw` the barrier, or unload
         under it and `withdraw` it, in every case."""
-        barrier = Barrier(self)
+        barrier: Barrier[ModelEntry] = Barrier(self)
         with self._lock:
-            barrier._ticket = self.admission.arrive_locked(
-                TicketKind.MANAGER, None, on_change=lambda _ticket: on_change(barrier)
+            barrier.attach(
+                self.admission.arrive_locked(TicketKind.MANAGER, None, on_change=lambda _ticket: on_change(barrier))
             )
         return barrier
 
@@ -871,239 +330,11 @@ class ModelEntry:
         lease and resumes once granted, so that a load (a python model's hung initialize) cannot hold it back for
         the load's whole bound, nor a request admitted before it start the load again. A backend that cannot stop
         finishes its load (published as usual). Never blocks (the loads end on their own threads)."""
-        return self._loads.stop(reason)
+        return self._loader.stop(reason)
 
     def stop_loads_for_good(self, reason: str) -> None:
         """As `stop_loads`, with no end (the shutdown: no engine may open after it closed the models)."""
-        self._loads.stop_for_good(reason)
-
-    # ---- an instance-count change while the model serves ------------------------------------------------------
-
-    def resize_in_service(
-        self, spec: ModelSpec, settings: ModelSettings, deadline: float | None, cancel: CancelToken | None
-    ) -> bool:
-        """Apply a change of the slot count alone (the same files, options and settings otherwise) while the model
-        serves, as Triton updates a model's instances: no exclusive lease, so neither the requests admitted
-        before it nor those after it wait for it. Added slots are built and warmed beside the running ones, then
-        published; removed ones leave the pool at once and each closes when its request ends (this waits for that
-        until `deadline` or `cancel`, then returns anyway). Returns False, changing nothing, when it is no such
-        change or the model is not READY with no manager holding or awaiting it: the caller reconfigures under
-        the exclusive lease then. Raises UnsupportedSlotCount, the backend's errors building a slot, MemoryLimit,
-        or ModelLoadError when an unload stopped it; the model serves on unchanged then."""
-        with self._lock:
-            pool = self._pool_for_count_change_locked(spec, settings)
-        if pool is None:
-            return False
-        capacity = pool.capacity
-        try:
-            target = check_slot_count(spec, settings.slots, settings.explicit_slots, pool.max_parallel_slots)
-            added, times = self._added_slots(pool, spec, target - capacity)
-        except BaseException as error:
-            self._runtime.events.emit(_LOG, "reconfigure_refused", self.name, error=str(error) or type(error).__name__)
-            raise
-        with self._lock:
-            current = self._pool_for_count_change_locked(spec, settings) is pool and pool.capacity == capacity
-            leaving = self._commit_count_locked(spec, settings, pool, added, target, times) if current else []
-        if not current:  # a manager or another change came first: start again behind it, under the lease
-            self._drop_added_slots(added)
-            return False
-        close_contexts(leaving, self.name)
-        pool.wait_removed(deadline, cancel)
-        self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=target, in_place=True)
-        return True
-
-    def _pool_for_count_change_locked(self, spec: ModelSpec, settings: ModelSettings) -> SlotPool | None:
-        """The served pool when `spec` and `settings` change its slot count alone and nothing else stands in the
-        way (READY, no manager active or queued, no sequences pinned to slots); None otherwise."""
-        pool, committed = self._pool, self._committed
-        if pool is None or self._state is not ModelState.READY or spec.sequence is not None:
-            return None
-        admission = self.admission.statistics_locked()
-        if admission.manager_active or admission.queued_managers:
-            return None
-        if not _only_the_count_differs(committed, spec, settings) or spec.session_key() != pool.spec.session_key():
-            return None
-        return pool
-
-    def _added_slots(self, pool: SlotPool, spec: ModelSpec, count: int) -> tuple[list[Context], LoadTimes]:
-        """`count` new contexts of `pool`'s engine, built (an unload stops it) and warmed outside every lock, the
-        grown pool's memory held to the budget (reserved until `_commit_count_locked` or `_drop_added_slots`).
-        Nothing for 0 or less. Raises as resize_in_service, having closed what it built."""
-        if count <= 0:
-            return [], LoadTimes()
-        with self._loads.running(refused_while_stopped=False) as stop:
-            added = build_contexts(pool.primary, count, spec, stop)
-        residency = self._runtime.residency
-        try:
-            if residency is not None:
-                residency.check_budget(self, _Sized(pool.primary.memory_bytes(pool.capacity + count)))
-            numbers = list(range(pool.capacity, pool.capacity + count))  # the slot numbers they will have
-            times = warm_up(
-                self.name,
-                pool.metadata,
-                spec.warmup,
-                added,
-                numbers=numbers,
-                streaming=pool.primary.streaming,
-                stopping=self._shutting_down,
-            )
-        except BaseException:
-            self._drop_added_slots(added)
-            raise
-        return added, times
-
-    def _drop_added_slots(self, added: list[Context]) -> None:
-        close_contexts(added, self.name)
-        if added and self._runtime.residency is not None:
-            self._runtime.residency.cancel(self)  # the grown pool's reservation
-
-    def _commit_count_locked(
-        self,
-        spec: ModelSpec,
-        settings: ModelSettings,
-        pool: SlotPool,
-        added: list[Context],
-        target: int,
-        times: LoadTimes,
-    ) -> list[Context]:
-        """Publish the new count: the committed configuration, the pool's contexts (added ones first, so that a
-        lease the raised capacity grants finds one), admission's capacity and residency's bytes. Returns the
-        removed contexts that are free now (the caller closes them outside the lock)."""
-        self._commit_locked(_Committed(spec, settings, self._committed.metadata))
-        if added:
-            pool.add(added)
-        leaving = pool.remove(pool.capacity - target) if pool.capacity > target else []
-        if times.warmup_runs:
-            pool.times = dataclasses.replace(times, load_seconds=pool.times.load_seconds)
-        self.admission.set_capacity_locked(pool.request_slots)
-        if self._runtime.residency is not None:
-            self._runtime.residency.on_published(self)  # the pool's bytes now; the reservation became them
-        return leaving
-
-    def load_leased(self) -> None:
-        """Load the committed configuration if unloaded (caller holds the exclusive lease).
-        Raises the load's error; the model then stays unloaded."""
-        with self._lock:
-            if self._pool is not None:
-                return
-            self._transition_locked(ModelState.LOADING)
-            committed = self._committed
-        try:
-            pool = self._load(committed.spec, committed.settings, cause="register")
-        except BaseException as error:
-            with self._lock:
-                self._fail_load_locked(error)
-            raise
-        with self._lock:
-            self._publish_locked(pool)
-
-    def reconfigure_leased(self, spec: ModelSpec, settings: ModelSettings) -> None:
-        """Replace the configuration and (re)load (caller holds the exclusive lease).
-
-        Validates before anything is torn down. When the engine is unchanged (same files and options) the slot
-        count is checked against the live capacity and the pool is resized in place (weights stay loaded).
-        Otherwise the replacement's primary is loaded privately first, so bad files, a configuration that does
-        not fit the model, or a slot count above its capacity are all found while the old pool still serves
-        (this may briefly hold two copies of the weights; nothing is evicted for it). A failure before the
-        commit keeps the old pool, settings, metadata and residency and raises. After the commit the old pool
-        is retired first and the new one is built on the validated primary; a failure then (a context that
-        cannot be created, residency or memory refusal) leaves the new configuration registered and unloaded.
-        """
-        with self._lock:
-            old_pool, old_state = self._pool, self._state
-            self._transition_locked(ModelState.RECONFIGURING if old_pool is not None else ModelState.LOADING)
-        same_engine = old_pool is not None and old_pool.spec.session_key() == spec.session_key()
-        try:
-            replacement, probe = self._validate_replacement(spec, settings, old_pool, same_engine)
-        except BaseException as error:
-            with self._lock:
-                self._transition_locked(old_state)  # pre-commit failure: back to where it was
-                if old_pool is None:  # nothing serves: the model failed to load, and is listed with the reason
-                    self._last_error = hide_paths(str(error) or type(error).__name__, self._committed.spec.roots)
-            self._runtime.events.emit(_LOG, "reconfigure_refused", self.name, error=str(error) or type(error).__name__)
-            raise
-        if replacement is not None:
-            assert old_pool is not None  # a resized pool is made only over the live one (same_engine)
-            self._commit_resized(spec, settings, old_pool, replacement)
-            return
-        self._commit_replacement(spec, settings, old_pool, probe)
-
-    def _validate_replacement(
-        self, spec: ModelSpec, settings: ModelSettings, old_pool: SlotPool | None, same_engine: bool
-    ) -> tuple[SlotPool | None, LoadedModel | None]:
-        """Returns (resized pool over the live engine, None) or (None, the replacement's validated primary)."""
-        if same_engine:
-            assert old_pool is not None  # same_engine compares with the live pool's spec
-            check_slot_count(spec, settings.slots, settings.explicit_slots, old_pool.max_parallel_slots)
-            with self._loads.running(refused_while_stopped=False) as stop:
-                resized = old_pool.grown(min(settings.slots, old_pool.max_parallel_slots), stop)
-            residency = self._runtime.residency
-            try:
-                if residency is not None:
-                    residency.check_budget(self, resized)
-                # New slots are warmed; every slot when the samples changed.
-                unwarmed = resized.added_to(old_pool) if spec.warmup == old_pool.spec.warmup else None
-                warmed = warm_up_pool(resized, spec.warmup, unwarmed, stopping=self._shutting_down)
-            except BaseException:
-                resized.close_added(old_pool)
-                raise
-            resized.times = (
-                old_pool.times
-                if not warmed.warmup_runs
-                else dataclasses.replace(warmed, load_seconds=old_pool.times.load_seconds)
-            )
-            return resized, None
-        primary = self._load_primary(spec)
-        try:
-            check_slot_count(spec, settings.slots, settings.explicit_slots, primary.max_parallel_slots)
-        except BaseException:
-            close_primary(primary, self.name)
-            raise
-        return None, primary
-
-    def _load_primary(self, spec: ModelSpec) -> LoadedModel:
-        """Load a primary privately, under the cold-load guard (a probe is a cold load too); an unload or the
-        shutdown stops it (ModelLoadError)."""
-        with self._loads.running(refused_while_stopped=False) as stop:
-            turn = self._cold_load_turn(spec, None, stop)
-            try:
-                return self._runtime.backend(spec).load_cancellable(spec, stop)
-            finally:
-                if turn is not None:
-                    self._runtime.cold_loads.release(turn)  # type: ignore[union-attr]  # a turn comes from it
-
-    def _commit_locked(self, committed: _Committed) -> None:
-        """Replace the committed configuration, and the batching rule admission applies with it."""
-        self._committed = committed
-        self.admission.set_batching_locked(batch_rule(committed.spec.batching, committed.spec.max_batch_size))
-
-    def _commit_resized(self, spec: ModelSpec, settings: ModelSettings, old_pool: SlotPool, resized: SlotPool) -> None:
-        with self._lock:
-            self._commit_locked(_Committed(spec, settings, self._committed.metadata))
-            self.sequences.end_all("its model was reconfigured")
-            self._pool = None
-            self._publish_locked(resized)
-        old_pool.close_surplus(resized)
-        self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=resized.capacity, in_place=True)
-
-    def _commit_replacement(
-        self, spec: ModelSpec, settings: ModelSettings, old_pool: SlotPool | None, probe: LoadedModel | None
-    ) -> None:
-        with self._lock:
-            retired = self._retire_locked(ModelState.RECONFIGURING) if old_pool is not None else None
-            self._commit_locked(_Committed(spec, settings, None))
-            self.admission.set_capacity_locked(settings.slots)
-        if retired is not None:
-            retired.close()
-        try:
-            pool = self._load(spec, settings, primary=probe, cause="reconfigure")
-        except BaseException as error:
-            with self._lock:
-                self._fail_load_locked(error)
-            raise
-        with self._lock:
-            self._publish_locked(pool)
-        self._runtime.events.emit(_LOG, "reconfigured", self.name, slots=pool.capacity, in_place=False)
+        self._loader.stop_for_good(reason)
 
     def unload_leased(self, event: str = "unloaded", *, last_error: str = "", **fields: Any) -> bool:
         """Retire and tear down the pool (caller holds the exclusive lease). Idempotent: returns False when
@@ -1174,65 +405,10 @@ class ModelEntry:
         with ExclusiveLease(self, ticket):
             return self.unload_leased(event, **fields)
 
-    def _try_acquire_idle_exclusive(self) -> Ticket | None:
+    def _try_acquire_idle_exclusive(self) -> Ticket[Any] | None:
         """An exclusive lease only if the model is ready, idle and queue-free right now; never queues.
         Returns None otherwise."""
         with self._lock:
             if self._state is not ModelState.READY:
                 return None
             return self.admission.try_exclusive_locked()
-
-    def resident_bytes(self) -> int:
-        """Bytes the published pool reports (0 when none). Reads the pool reference without the lock (one
-        atomic read), so residency may call it while this model's lock is held (on_published)."""
-        pool = self._pool
-        return pool.memory_bytes() if pool is not None else 0
-
-
-def _with_memory(status: ModelStatus, pool: SlotPool | None) -> ModelStatus:
-    """`status` with the memory its pool reports now (measured without the model lock; a pool retired meanwhile
-    still answers for itself). Unchanged when the status says nothing is loaded."""
-    if pool is None or not status.loaded:
-        return status
-    return dataclasses.replace(status, memory_bytes=pool.memory_bytes())
-
-
-@dataclass(frozen=True)
-class _Sized:
-    """What residency's budget check reads of a pool that is not built yet (a pool grown while it serves)."""
-
-    bytes: int
-
-    def memory_bytes(self) -> int:
-        return self.bytes
-
-
-def _only_the_count_differs(committed: _Committed, spec: ModelSpec, settings: ModelSettings) -> bool:
-    """Whether `spec` and `settings` differ from the committed ones in the slot count alone (ModelSpec equality
-    leaves out the ModelConfig message, whose instance_group says the count too)."""
-    same_spec = dataclasses.replace(spec, instance_count=committed.spec.instance_count) == committed.spec
-    current = committed.settings
-    same_settings = dataclasses.replace(settings, slots=current.slots, explicit_slots=current.explicit_slots) == current
-    return same_spec and same_settings
-
-
-def _stops_its_loads(backend: Backend) -> bool:
-    """Whether `backend` gives a load up when its token fires (it overrides Backend.load_cancellable)."""
-    return type(backend).load_cancellable is not Backend.load_cancellable
-
-
-def _raise_if_stopped(name: str, stop: CancelToken) -> None:
-    """ModelLoadError when an unload or the shutdown stopped this load (LoadStops)."""
-    if stop.cancelled:
-        raise ModelLoadError(f"model '{name}': its load was stopped: {stop.reason or 'given up'}")
-
-
-def _as_request_error(name: str, error: BaseException) -> BaseException:
-    """How a load failure reaches a request that needed the model: engine problems and unsupported slot
-    counts and backends this server does not run become ModelLoadFailed; residency and memory refusals keep
-    their own reason."""
-    if isinstance(error, (EngineError, UnsupportedSlotCount, BackendNotAvailable)):
-        return ModelLoadFailed(name, error)
-    if isinstance(error, ServiceError):
-        return error
-    return error

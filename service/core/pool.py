@@ -11,13 +11,24 @@ import logging
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 
-from engine.interface import Backend, CancelToken, Context, LoadedModel, ModelSpec
+from engine.config.specs import ModelSpec
+from engine.interface import Backend, CancelToken, Context, LoadedModel
 
 from .errors import InvalidRequest, UnsupportedSlotCount
-from .warmup import LoadTimes
 
 _LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadTimes:
+    """How long a published pool took: building it (eviction, engine, slots) and warming it up, apart
+    (service/core/warmup.py times the warmup)."""
+
+    load_seconds: float = 0.0
+    warmup_seconds: float = 0.0  # 0 for a model without warmup
+    warmup_runs: int = 0  # runs done: samples x count x slots warmed
 
 
 class SlotGone(InvalidRequest):
@@ -46,7 +57,7 @@ class SlotPool:
         # Contexts `remove` took out while lent (by id): how many of their lendings are still out; each is closed when
         # its last one is given back.
         self._leaving: dict[int, int] = {}
-        self.times = LoadTimes()  # set by the load that built it (service/core/warmup.py)
+        self.times = LoadTimes()  # set by the load that built it (service/core/lifecycle.py)
 
     @property
     def capacity(self) -> int:

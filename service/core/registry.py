@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config.repository import ModelRepository, check_model_name, is_version_number
+from engine.config.specs import ModelSpec
 from engine.errors import EngineError, ExecutionCancelled, ModelConfigError
-from engine.interface import CancelToken, ModelSpec
-from engine.repository import ModelRepository, check_model_name, is_version_number
+from engine.interface import CancelToken
 
 from .detached import DetachedWork
 from .errors import (
@@ -119,6 +120,12 @@ class ModelVersions:
 
 
 class ModelRegistry:
+    """Model ids to their served versions, and the management operations over them (see the module docstring).
+
+    Longer than the house's ~300 lines for a reason: every operation here (register, reconfigure, unload, bulk
+    unload, repository load/unload, reloads adding and retiring versions) takes the registry lock and then model
+    leases in one stated order; kept in one class, that order is read in one place rather than across files."""
+
     def __init__(
         self, repository: ModelRepository, runtime: SharedRuntime, policy: RegistryPolicy | None = None
     ) -> None:
@@ -533,8 +540,8 @@ class ModelRegistry:
         resumes: Mapping[ModelEntry, Callable[[], None]],
     ) -> tuple[list[str], list[str]]:
         """unload_many's work once the selection is made (its docstring says how)."""
-        reports: queue.SimpleQueue[Barrier | None] = queue.SimpleQueue()
-        pending: dict[Barrier, None] = {}  # insertion-ordered
+        reports: queue.SimpleQueue[Barrier[ModelEntry] | None] = queue.SimpleQueue()
+        pending: dict[Barrier[ModelEntry], None] = {}  # insertion-ordered
         with self._bulk_lock:
             for entry in selected:
                 barrier = entry.post_barrier(on_change=reports.put)

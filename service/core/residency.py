@@ -40,7 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.interface import CancelToken, ModelSpec
+from engine.config.specs import ModelSpec
+from engine.interface import CancelToken
 
 from .errors import MemoryLimit, RequestCancelled, ResidencyLimit
 

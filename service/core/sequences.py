@@ -51,24 +51,21 @@ import itertools
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator, Mapping
-from collections.abc import Sequence as Listing
-from contextlib import closing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import datatypes
-from engine.errors import ModelError, ModelErrorUnsupported
-from engine.interface import CancelToken, FinalOutputs, ModelMetadata, Outputs, RequestInfo
-from engine.sequence_config import CORRID, END, OLDEST, READY, START, RequestRescheduled, SequenceSpec
+from engine.config.specs import CORRID, END, READY, START, SequenceSpec
+from engine.errors import ModelError
+from engine.interface import CancelToken, RequestInfo
 
-from .batching import BatchItem
 from .errors import AdmissionTimeout, InvalidRequest, RequestCancelled
 
 if TYPE_CHECKING:
-    from .lifecycle import ModelEntry
+    pass
 
 ENDED_MEMORY = 4096  # ended sequence ids remembered for a clear refusal of their next request
 ID_MODULUS = 2**64  # a numeric sequence id is its 64-bit value: int64 -1 is 2**64 - 1, as Triton reads it
@@ -242,7 +239,11 @@ class SequenceStatistics:
 
 
 class SequenceTable:
-    """A model's sequences and sequence slots. Thread-safe; see the module docstring for the rule."""
+    """A model's sequences and sequence slots. Thread-safe; see the module docstring for the rule.
+
+    Longer than the house's ~300 lines for a reason: one lock guards the table and every sequence's fields, and each
+    method is one step of the rule under it (a turn taken, waited for, rescheduled, finished; slots handed; idle
+    sequences swept); split over classes, the fields a step changes would be guarded by a lock held elsewhere."""
 
     def __init__(self, model: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
@@ -442,7 +443,7 @@ class SequenceTable:
         filled: dict[str, np.ndarray] = {}
         for control in spec.controls:
             if control.kind == CORRID:
-                filled[control.input_name] = _corrid(control.datatype, turn.flags.id, shape)
+                filled[control.input_name] = corrid_input(control.datatype, turn.flags.id, shape)
                 continue
             on = {START: turn.restart, END: turn.ends, READY: True}[control.kind]
             value = control.true_value if on else control.false_value
@@ -635,191 +636,14 @@ def _why_closed(turn: Turn) -> str:
     return "the request that started it finished (an iterative sequence ends with it)"
 
 
-@dataclass
-class SequenceRun:
-    """One answer of a request of a sequence, for its response and statistics."""
-
-    metadata: ModelMetadata
-    version: str
-    queue_ns: int  # from arrival until its (last) lease: its turns and admissions, its earlier executions left out
-    input_ns: int
-    infer_ns: int
-    outputs: Outputs
-    batched: bool = False  # ran in a batch (oldest), whose run the batch counts once
-    final: bool = True  # the request's last answer (a streaming model's: sent with its final flag)
-    streamed: bool = False  # a streaming model's answer: the request holds its slot until its last one is taken
-
-
-@dataclass
-class _Spent:
-    """The time a request of a sequence spent, over its executions (several when its model rescheduled it)."""
-
-    arrived: int  # perf_counter_ns
-    input_ns: int = 0
-    infer_ns: int = 0
-
-    def queue_ns(self, started: int) -> int:
-        """The time it waited up to an execution that starts at `started`: not the earlier executions."""
-        return max(0, started - self.arrived - self.input_ns - self.infer_ns)
-
-
-def sequence_answers(
-    entry: ModelEntry,
-    parameters: Mapping[str, tuple[str, object]],
-    inputs: Mapping[str, np.ndarray],
-    signature: Mapping[str, tuple[str, tuple[int, ...]]],
-    outputs: Listing[str],
-    deadline: float | None,
-    cancel: CancelToken,
-    before_run: Callable[[], None] = lambda: None,
-    *,
-    stream: bool = False,
-    next_deadline: Callable[[], float | None] | None = None,
-) -> Generator[SequenceRun, None, None]:
-    """Run one request of a sequence model and yield its answers: one, or on a `stream` a streaming model's, one per
-    response (the request then holds its turn and its slot until the last is taken). Its flags are read, its turn
-    taken (`SequenceTable.enter`), its lease acquired on its sequence's slot (`oldest` with a batch dimension: its
-    batch run), the control and state inputs added, the state outputs kept. A request its model reschedules
-    (RequestRescheduled: an iterative sequence) goes back into its sequence's queue and runs again, each new wait
-    bounded by `next_deadline()` (default: `deadline`). Blocks for the turns, the admissions and the runs. Raises
-    the sequence errors above, the admission's and the run's, and ModelErrorUnsupported for a streaming model
-    outside a stream (Triton's words). Its turn is finished and every lease released in every case, also when the
-    generator is closed early; a one-answer request's turn is finished before its answer is yielded."""
-    arrived = time.perf_counter_ns()
-    spec = entry.spec.sequence
-    assert spec is not None  # the dataplane calls it for sequence models only
-    flags = read_flags(entry.name, parameters, spec.iterative)
-    batched = entry.spec.max_batch_size > 0
-    _check_batch_of_one(entry.name, signature, batched)
-    metadata = entry.known_metadata()
-    if metadata is not None:  # bad input is refused before it takes a turn
-        metadata.check_request(signature, outputs)
-    table = entry.sequences
-    if flags.id in (0, ""):  # an iterative sequence's request without an id starts a sequence of its own
-        flags = table.assign(flags)
-    for control in spec.controls:  # an id the CORRID cannot hold, too (it would hold a slot it never uses)
-        if control.kind == CORRID:
-            _corrid(control.datatype, flags.id, (1,))
-    capacity = entry.sequence_capacity()
-    pinned = spec.strategy != OLDEST  # oldest: a sequence runs on whichever slot is free
-    instances = capacity // max(1, entry.spec.max_batch_size) if pinned else None
-    turn = table.enter(flags, spec, capacity, deadline, cancel, instances)
-    spent = _Spent(arrived)
-    run = _Execution(entry, table, turn, spec, inputs, signature, outputs, cancel, before_run, spent)
-    finished = False
-    try:
-        while True:
-            answers = run.in_batch(deadline) if spec.strategy == OLDEST and batched else run.alone(deadline, stream)
-            try:
-                with closing(answers):
-                    for answer in answers:
-                        if not answer.streamed:  # the sequence's next request may run while this answer goes out
-                            table.finish(turn)
-                            finished = True
-                        yield answer
-                return
-            except RequestRescheduled:
-                deadline = deadline if next_deadline is None else next_deadline()
-                table.again(turn, spec, deadline, cancel)
-    finally:
-        if not finished:
-            table.finish(turn)
-
-
-@dataclass
-class _Execution:
-    """What one request of a sequence needs to run, once per execution (again for each its model reschedules)."""
-
-    entry: ModelEntry
-    table: SequenceTable
-    turn: Turn
-    spec: SequenceSpec
-    inputs: Mapping[str, np.ndarray]
-    signature: Mapping[str, tuple[str, tuple[int, ...]]]
-    outputs: Listing[str]
-    cancel: CancelToken
-    before_run: Callable[[], None]
-    spent: _Spent
-
-    def alone(self, deadline: float | None, stream: bool) -> Generator[SequenceRun, None, None]:
-        """One execution on its own (direct: on its sequence's slot; oldest without a batch dimension: on any free
-        one): yields its answer once the lease is released, or a streaming model's answers as they come, holding
-        the lease. Raises RequestRescheduled when the model handed the request back (after the answers it sent)."""
-        entry, table, turn, spec, cancel = self.entry, self.table, self.turn, self.spec, self.cancel
-        context = turn.context if spec.strategy != OLDEST else None
-        with entry.acquire_lease(deadline, cancel, context_index=context) as lease:
-            table.bind(turn, lease.pool)
-            if lease.streaming and not stream:  # Triton's code and words for a decoupled model
-                raise ModelErrorUnsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
-            self.before_run()
-            checked = time.perf_counter_ns()
-            lease.metadata.check_request(self.signature, self.outputs)
-            feed = dict(self.inputs)
-            feed.update(table.inputs(turn, spec, entry.spec.max_batch_size > 0))
-            cancel.request = table.shown_to_model(turn, cancel.request)
-            wanted = list(self.outputs) or [tensor.name for tensor in lease.metadata.outputs]
-            queue_ns = self.spent.queue_ns(checked)
-            ran = time.perf_counter_ns()
-            self.spent.input_ns += ran - checked
-            if lease.streaming:
-                for produced in lease.execute_stream(feed, list(self.outputs), cancel):
-                    infer_ns = time.perf_counter_ns() - ran
-                    final = isinstance(produced, FinalOutputs)
-                    yield SequenceRun(
-                        lease.metadata, lease.version, queue_ns, ran - checked, infer_ns, produced, False, final, True
-                    )
-                self.spent.infer_ns += time.perf_counter_ns() - ran
-                return
-            try:
-                produced = lease.execute(feed, [*wanted, *spec.state_outputs()], cancel)
-            finally:
-                self.spent.infer_ns += time.perf_counter_ns() - ran
-            answer = table.keep_states(turn, spec, dict(produced))
-            spent = self.spent
-            run = SequenceRun(lease.metadata, lease.version, queue_ns, spent.input_ns, spent.infer_ns, answer)
-        yield run
-
-    def in_batch(self, deadline: float | None) -> Generator[SequenceRun, None, None]:
-        """`oldest`: the turn's request, its control and state inputs added, goes through dynamic batching
-        (`ModelEntry.run_batched`): it runs with the next requests of other sequences that wait with it, its own
-        rows of the outputs (state included) posted back. Its sequence is checked open just before the batch runs.
-        Yields its answer; raises RequestRescheduled when the model handed the request back."""
-        entry, table, turn, spec = self.entry, self.table, self.turn, self.spec
-        table.begin(turn)
-        feed = dict(self.inputs)
-        feed.update(table.inputs(turn, spec, batched=True))
-        self.cancel.request = table.shown_to_model(turn, self.cancel.request)
-
-        def still_open() -> None:
-            table.begin(turn, restart=False)
-            self.before_run()
-
-        item = entry.run_batched(
-            BatchItem(
-                feed, self.signature, self.outputs, 1, self.cancel, before_run=still_open,
-                kept_outputs=spec.state_outputs(),
-            ),
-            deadline,
-            self.cancel,
-        )  # fmt: skip
-        queue_ns = self.spent.queue_ns(item.started_ns) if item.started_ns else 0
-        self.spent.input_ns += item.input_ns
-        self.spent.infer_ns += item.infer_ns
-        produced = item.outcome()
-        answer = table.keep_states(turn, spec, dict(produced))
-        assert item.metadata is not None  # posted by the batch's leader with the outcome
-        spent = self.spent
-        yield SequenceRun(item.metadata, item.version, queue_ns, spent.input_ns, spent.infer_ns, answer, batched=True)
-
-
-def _check_batch_of_one(model: str, signature: Mapping[str, tuple[str, tuple[int, ...]]], batched: bool) -> None:
+def check_batch_of_one(model: str, signature: Mapping[str, tuple[str, tuple[int, ...]]], batched: bool) -> None:
     if batched and any(shape and shape[0] != 1 for _, shape in signature.values()):
         raise InvalidRequest(
             f"inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
         )
 
 
-def _corrid(datatype: str, sequence_id: SequenceId, shape: tuple[int, ...]) -> np.ndarray:
+def corrid_input(datatype: str, sequence_id: SequenceId, shape: tuple[int, ...]) -> np.ndarray:
     """The CORRID control input of a sequence: its id in the configured type. Raises SequenceParameterError for a
     string id on a numeric CORRID, and for a number the type cannot hold."""
     if isinstance(sequence_id, AssignedId):
@@ -836,6 +660,9 @@ def _corrid(datatype: str, sequence_id: SequenceId, shape: tuple[int, ...]) -> n
     if value is None:
         raise SequenceParameterError(f"sequence id {sequence_id} does not fit the model's CORRID input ({datatype})")
     return np.full(shape, value, datatypes.numpy_dtype(datatype))
+
+
+_corrid = corrid_input  # the name the unit tests know it by
 
 
 def _corrid_value(datatype: str, key: int) -> int | None:
@@ -867,6 +694,6 @@ __all__ = [
     "SequenceTable",
     "Turn",
     "check_parameter_types",
+    "corrid_input",
     "read_flags",
-    "sequence_answers",
 ]

@@ -16,28 +16,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.config.specs import WarmupSample
+from engine.config.warmup import sample_inputs
 from engine.errors import EngineError, ExecutionCancelled, InvalidInputError, ModelConfigError, ModelLoadError
-from engine.interface import CancelToken, Context, ModelMetadata, WarmupSample
-from engine.warmup import sample_inputs
+from engine.interface import CancelToken, Context, ModelMetadata
 
 from .errors import SHUTDOWN_CANCEL_REASON, ShuttingDown
-
-if TYPE_CHECKING:
-    from .pool import SlotPool
-
-
-@dataclass(frozen=True)
-class LoadTimes:
-    """How long a published pool took: building it (eviction, engine, slots) and warming it up, apart."""
-
-    load_seconds: float = 0.0
-    warmup_seconds: float = 0.0  # 0 for a model without warmup
-    warmup_runs: int = 0  # runs done: samples x count x slots warmed
+from .pool import LoadTimes, SlotPool
 
 
 class WarmupFailed(ModelLoadError):

@@ -7,6 +7,8 @@ import enum
 import functools
 import threading
 import time
+from collections.abc import Callable
+from typing import Protocol, TypeVar, overload
 
 import grpc
 
@@ -14,9 +16,11 @@ from engine.interface import CancelToken
 
 from .. import status_codes
 from ..auth import Access, Authenticator
-from ..core.errors import SHUTDOWN_CANCEL_REASON as SHUTDOWN  # noqa: F401 (re-exported for the servicers and server.py)
-from ..core.errors import ManagementDisabled, ServerBusy, ServiceError
-from ..core.outcomes import seen_by_client as as_client_error
+from ..core.errors import SHUTDOWN_CANCEL_REASON, ManagementDisabled, ServerBusy, ServiceError
+from ..core.outcomes import seen_by_client
+
+# The reason the server's shutdown cancels every call's token with (CallTracker.cancel_all).
+SHUTDOWN = SHUTDOWN_CANCEL_REASON
 
 
 class CallKind(enum.Enum):
@@ -27,7 +31,34 @@ class CallKind(enum.Enum):
     CONTROL = "control"  # health, readiness, status, metadata: never wait, not bounded
 
 
-def rpc(method=None, *, inference: bool = False, access: Access = Access.READ):
+class Servicer(Protocol):
+    """What `rpc` reads of the servicer whose method it wraps: its access gate and its call tracker."""
+
+    access: AccessGate
+    calls: CallTracker
+
+
+S = TypeVar("S", bound=Servicer)
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+# An RPC's body, as written: it gets the call's CancelToken as `token`; and the handler gRPC calls.
+Body = Callable[[S, Request, grpc.ServicerContext, CancelToken], Response]
+Handler = Callable[[S, Request, grpc.ServicerContext], Response]
+
+
+@overload
+def rpc(method: Body[S, Request, Response], /) -> Handler[S, Request, Response]: ...
+
+
+@overload
+def rpc(
+    *, inference: bool = False, access: Access = Access.READ
+) -> Callable[[Body[S, Request, Response]], Handler[S, Request, Response]]: ...
+
+
+def rpc(
+    method: Body[S, Request, Response] | None = None, /, *, inference: bool = False, access: Access = Access.READ
+) -> Handler[S, Request, Response] | Callable[[Body[S, Request, Response]], Handler[S, Request, Response]]:
     """Run a unary handler as a tracked call (see CallTracker): it gets `token`, its CancelToken, and any
     exception becomes the status the table gives it. `inference=True` counts it against the inference
     handler limit; an `Access.MANAGE` call counts against the management limit.
@@ -35,24 +66,24 @@ def rpc(method=None, *, inference: bool = False, access: Access = Access.READ):
     `access` says who may call it (service.auth): READ by default, so a new RPC is guarded unless it is
     declared OPEN; MANAGE also needs management enabled (permission, then the management token). The check comes
     before the call is tracked, so refused callers never occupy an inference handler slot. The servicer
-    holds the gate (AccessGate) as `self._access`.
+    holds the gate (AccessGate) as `access` and the tracker as `calls` (the `Servicer` protocol).
     """
     kind = CallKind.INFERENCE if inference else CallKind.MANAGEMENT if access is Access.MANAGE else CallKind.CONTROL
 
-    def wrap(method):
+    def wrap(method: Body[S, Request, Response]) -> Handler[S, Request, Response]:
         @functools.wraps(method)
-        def handler(self, request, context):
+        def handler(self: S, request: Request, context: grpc.ServicerContext) -> Response:
             try:
-                self._access.require(access, method.__name__, context)
-                token = self._calls.begin(context, kind)
+                self.access.require(access, method.__name__, context)
+                token = self.calls.begin(context, kind)
             except ServiceError as error:  # refused (unauthenticated, disabled) or busy
                 status_codes.abort(context, error)
             try:
                 return method(self, request, context, token)
             except Exception as error:  # every error reaches the client through the one table
-                status_codes.abort(context, as_client_error(error, token))
+                status_codes.abort(context, seen_by_client(error, token))
             finally:
-                self._calls.end(token, kind)
+                self.calls.end(token, kind)
 
         return handler
 

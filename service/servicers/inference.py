@@ -1,4 +1,7 @@
-"""`inference.GRPCInferenceService`: the KServe v2 / Open Inference Protocol with Triton's extensions."""
+"""`inference.GRPCInferenceService`: the KServe v2 / Open Inference Protocol with Triton's extensions.
+
+Each RPC decodes its request, calls one core operation and encodes the answer with `converters.py`; ModelInfer
+and ModelStreamInfer go through the dataplane with `tensors.py`'s encoders."""
 
 from __future__ import annotations
 
@@ -6,38 +9,32 @@ import dataclasses
 import functools
 import logging
 import threading
-from typing import NamedTuple
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 from google.protobuf import message_factory
 
 from engine.errors import ExecutionError, OutOfSharedMemoryError
-from engine.interface import CancelToken, ModelSpec
+from engine.interface import CancelToken
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
-from generated import model_config_pb2
 
 from .. import status_codes, stream_requests
 from ..auth import Access
 from ..core.blocking import blocking_wait
-from ..core.errors import ModelConfigFailed, ModelNotFound, ModelNotLoadedYet, ServiceError
-from ..core.lifecycle import ModelEntry, ModelState
+from ..core.errors import ModelConfigFailed, ModelNotFound, ServiceError
+from ..core.outcomes import seen_by_client
 from ..core.registry import ModelRegistry
 from ..dataplane import Dataplane, InferenceRequest
 from ..model_control import ModelControl
 from ..shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry, SharedMemoryUnsupported, disabled_message
-from ..stream_requests import StreamRequests
-from ..tensors import (
-    FINAL_RESPONSE,
-    as_bytes,
-    as_message,
-    empty_final_response,
-    inference_request,
-    wants_empty_final_response,
-)
-from ..timers import TimerQueue
+from ..stream_requests import StreamPlacement, StreamRequests
+from ..tensors import as_bytes, inference_request, wants_empty_final_response
+from ..timers import Timer, TimerQueue
 from ..wire import InferRequest, parse_infer_request, serialize_infer_response
-from .common import SHUTDOWN, AccessGate, CallKind, CallTracker, as_client_error, client_deadline, rpc
+from . import converters
+from .common import SHUTDOWN, AccessGate, CallKind, CallTracker, client_deadline, rpc
 
 _LOG = logging.getLogger(__name__)
 
@@ -48,14 +45,14 @@ SHUTDOWN_STREAM_SECONDS = 1.0
 EXTENSIONS = ("model_repository", "model_configuration", "statistics", "parameters", "slotserve_management")
 SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only when --shared-memory system is on
 
-# RepositoryIndex speaks the protocol users' state names.
-_INDEX_STATE = {
-    ModelState.READY: "READY",
-    ModelState.LOADING: "LOADING",
-    ModelState.RECONFIGURING: "LOADING",
-    ModelState.UNLOADING: "UNLOADING",
-    ModelState.UNLOADED: "UNAVAILABLE",
-}
+Context = grpc.ServicerContext
+StreamAnswer = pb.ModelStreamInferResponse
+
+
+class ServerState(Protocol):
+    """What the inference service reads of the server (service.server.ServerState)."""
+
+    def server_ready(self) -> bool: ...
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -65,7 +62,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         dataplane: Dataplane,
         calls: CallTracker,
         access: AccessGate,
-        server_state,
+        server_state: ServerState,
         version: str,
         timers: TimerQueue,
         write_timeout: float,
@@ -79,10 +76,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._shared_memory = shared_memory
         self._extensions = EXTENSIONS + ((SYSTEM_SHARED_MEMORY,) if shared_memory is not None else ())
         self._dataplane = dataplane
-        self._calls = calls
+        self.calls = calls  # read by `rpc`, as `access`
         self._timers = timers
         self._write_timeout = write_timeout
-        self._access = access
+        self.access = access
         self._server_state = server_state
         self._version = version
 
@@ -92,15 +89,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # needs the inference token when one is set (rpc's default access, READ).
 
     @rpc(access=Access.OPEN)
-    def ServerLive(self, request, context, token):
+    def ServerLive(self, request: pb.ServerLiveRequest, context: Context, token: CancelToken) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
     @rpc(access=Access.OPEN)
-    def ServerReady(self, request, context, token):
+    def ServerReady(
+        self, request: pb.ServerReadyRequest, context: Context, token: CancelToken
+    ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self._server_state.server_ready())
 
     @rpc(access=Access.OPEN)
-    def ModelReady(self, request, context, token):
+    def ModelReady(self, request: pb.ModelReadyRequest, context: Context, token: CancelToken) -> pb.ModelReadyResponse:
         try:
             entry = self._registry.get(request.name, request.version)  # no version: the highest ready one
         except (ModelNotFound, ModelConfigFailed):
@@ -108,56 +107,43 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=entry.is_ready())
 
     @rpc
-    def ServerMetadata(self, request, context, token):
+    def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Context, token: CancelToken
+    ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=self._version, extensions=self._extensions)
 
     @rpc
-    def ModelMetadata(self, request, context, token):
+    def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Context, token: CancelToken
+    ) -> pb.ModelMetadataResponse:
         group = self._registry.versions(request.name)
         entry = group.find(request.version)
-        ready = group.ready_versions() if not request.version else []  # read before the view: see below
-        view = entry.view()  # one reading: never a new version with the old inputs
-        metadata, spec = view.metadata, view.spec
-        if metadata is None and not spec.inputs:
-            raise ModelNotLoadedYet(
-                f"model '{entry.name}' has not been loaded yet and its configuration declares no inputs"
-            )
-        # As Triton: the version asked for, or (none asked) every ready version. The one described is always among
-        # them: a reload that replaced it since the group was read lists it alone.
-        versions = ready if spec.version in ready else [spec.version]
-        response = pb.ModelMetadataResponse(name=entry.name, versions=versions, platform=spec.platform)
-        if metadata is not None:
-            inputs, outputs, batch = metadata.inputs, metadata.outputs, metadata.max_batch_size
-        else:
-            inputs, outputs, batch = spec.inputs, spec.outputs, spec.max_batch_size
-        for tensors, target in ((inputs, response.inputs), (outputs, response.outputs)):
-            for tensor in tensors:
-                shape = ((-1,) + tensor.shape) if batch > 0 else tensor.shape
-                target.add(name=tensor.name, datatype=tensor.datatype, shape=shape)
-        return response
+        ready = group.ready_versions() if not request.version else []  # read before the view (converters.py)
+        return converters.model_metadata(entry.name, entry.view(), ready)
 
     @rpc
-    def ModelConfig(self, request, context, token):
+    def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Context, token: CancelToken
+    ) -> pb.ModelConfigResponse:
         entry = self._dataplane.resolve(request.name, request.version)
-        return pb.ModelConfigResponse(config=_model_config(entry))
+        return pb.ModelConfigResponse(config=converters.model_config(entry.name, entry.view()))
 
     @rpc
-    def ModelStatistics(self, request, context, token):
+    def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Context, token: CancelToken
+    ) -> pb.ModelStatisticsResponse:
         if request.name and request.version:
             entries = [self._dataplane.resolve(request.name, request.version)]
         elif request.name:
             entries = self._registry.versions(request.name).entries()  # every version, as Triton
         else:
             entries = self._registry.entries()
-        response = pb.ModelStatisticsResponse()
-        for entry in entries:
-            _add_statistics(response.model_stats.add(), entry)
-        return response
+        return converters.model_statistics(entries)
 
     # ---- inference ------------------------------------------------------------------------------------------
 
     @rpc(inference=True)
-    def ModelInfer(self, request: InferRequest, context, token):
+    def ModelInfer(self, request: InferRequest, context: Context, token: CancelToken) -> bytes:
         # Serialized inside the dataplane's accounting (as_bytes; the handler's serializer passes the bytes on):
         # a response that cannot be serialized is counted as a failure.
         call = inference_request(
@@ -165,7 +151,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
         return self._dataplane.infer(call, cancel=token)
 
-    def ModelStreamInfer(self, request_iterator, context):
+    def ModelStreamInfer(
+        self, request_iterator: Iterator[pb.ModelInferRequest], context: Context
+    ) -> Iterator[StreamAnswer]:
         """Each request is answered on the stream; a failed one gets `error_message` and the stream goes on.
 
         The requests are read as they arrive and run at once, several at a time (up to
@@ -192,12 +180,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         requests still in flight are cancelled; nothing more is written (Triton's stream handler does the same). A
         request refused before it runs is answered with `error_message` as without the header.
         """
-        self._access.abort_unless(Access.READ, "ModelStreamInfer", context)
+        self.access.abort_unless(Access.READ, "ModelStreamInfer", context)
         try:
-            token = self._calls.begin(context, CallKind.INFERENCE)
+            token = self.calls.begin(context, CallKind.INFERENCE)
         except ServiceError as error:
             status_codes.abort(context, error)
-        stop_timer = []
+        stop_timer: list[Timer] = []
 
         def on_cancel() -> None:  # idempotent: a token may run a callback twice
             if token.reason == SHUTDOWN and not stop_timer:
@@ -205,7 +193,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         token.add_callback(on_cancel)
         failure = _StreamFailure(token) if _wants_grpc_errors(context) else None
-        messages = None
+        messages: Generator[StreamAnswer, None, None] | None = None
         try:
             requests = StreamRequests(
                 self._stream_requests(request_iterator, client_deadline(context)),
@@ -213,7 +201,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 token,
                 limit=stream_requests.MAX_IN_FLIGHT,
             )
-            messages = requests.messages()
+            stream = requests.messages()
+            assert isinstance(stream, Generator)  # closing it cancels and joins the requests in flight
+            messages = stream
             for message in messages:
                 if failure is not None and (ended := failure.error()) is not None:
                     messages.close()  # what is still in flight was cancelled; nothing more is written
@@ -229,18 +219,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             token.remove_callback(on_cancel)
             for timer in stop_timer:
                 timer.cancel()
-            self._calls.end(token, CallKind.INFERENCE)
+            self.calls.end(token, CallKind.INFERENCE)
 
-    def _stream_requests(self, request_iterator, deadline):
+    def _stream_requests(
+        self, request_iterator: Iterator[pb.ModelInferRequest], deadline: float | None
+    ) -> Iterator[tuple[_StreamRequest, StreamPlacement]]:
         """The stream's requests as they are read (on a thread of the stream), each with its dataplane request and
         its place among the others."""
         for message in _each_message(request_iterator):
             call = inference_request(
-                message, _stream_answer, shared_memory=self._shared_memory, client_deadline=deadline
+                message, converters.stream_answer, shared_memory=self._shared_memory, client_deadline=deadline
             )
             yield _StreamRequest(message, call), self._dataplane.stream_placement(call)
 
-    def _stream_one(self, request: _StreamRequest, cancel, *, failure: _StreamFailure | None = None):
+    def _stream_one(
+        self, request: _StreamRequest, cancel: CancelToken, *, failure: _StreamFailure | None = None
+    ) -> Iterator[tuple[StreamAnswer, bool]]:
         """One request's messages on the stream, each with whether it is the request's last (run on a thread of
         the stream, with the request's own token). Each answer says whether it is the request's last
         (`triton_final_response`: the dataplane gives nothing after a final answer); a streaming model whose final
@@ -249,52 +243,45 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         (a streaming model's is made while its slot is held: see InferenceRequest.respond_end); with `failure` (the
         stream's `triton_grpc_error` header) a failed run's error is recorded there too, which ends the stream."""
         message = request.message
-        ending = functools.partial(_stream_end, message, cancel, failure)
+        ending: Callable[[BaseException | None, bool], StreamAnswer | None] = functools.partial(
+            _stream_end, message, cancel, failure
+        )
         responses = self._dataplane.infer_stream(dataclasses.replace(request.call, respond_end=ending), cancel=cancel)
         try:
             for response in responses:
-                yield response, response.infer_response.parameters[FINAL_RESPONSE].bool_param
+                yield response, converters.is_final(response)
         except Exception as error:  # a failed request must not end the stream
-            yield ending(error, True), True
+            yield _stream_error(message, error, cancel, failure), True
         finally:
             responses.close()
 
     # ---- repository control ---------------------------------------------------------------------------------
 
     @rpc(access=Access.STATUS)
-    def RepositoryIndex(self, request, context, token):
-        response = pb.RepositoryIndexResponse()
-        registered = set()
-        for entry in self._registry.entries():
-            registered.add(entry.name)
-            status = entry.status()
-            if request.ready and status.state is not ModelState.READY:
-                continue
-            reason = ""
-            if status.state is ModelState.UNLOADED:
-                reason = status.last_error or "unloaded"
-            response.models.add(
-                name=entry.name, version=status.version, state=_INDEX_STATE[status.state], reason=reason
-            )
-        if not request.ready:
-            for name in self._registry.repository.names():
-                if name not in registered:
-                    response.models.add(name=name, state="UNAVAILABLE", reason=self._registry.unregistered_reason(name))
-        return response
+    def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Context, token: CancelToken
+    ) -> pb.RepositoryIndexResponse:
+        models = [(entry.name, entry.status()) for entry in self._registry.entries()]
+        registered = {name for name, _ in models}
+        unregistered = [
+            (name, self._registry.unregistered_reason(name))
+            for name in ([] if request.ready else self._registry.repository.names())
+            if name not in registered
+        ]
+        return converters.repository_index(models, unregistered, ready_only=request.ready)
 
     @rpc(access=Access.MANAGE)
-    def RepositoryModelLoad(self, request, context, token):
-        parameters: dict[str, object] = {}
-        for key, value in request.parameters.items():
-            if key == "config":
-                parameters[key] = value.string_param
-            elif key.startswith("file:"):
-                parameters[key] = value.bytes_param if value.WhichOneof("parameter_choice") == "bytes_param" else None
+    def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Context, token: CancelToken
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters = converters.load_parameters(request)
         self._control.load(request.model_name, parameters, cancel=token)  # its errors are in Triton's words
         return pb.RepositoryModelLoadResponse()
 
     @rpc(access=Access.MANAGE)
-    def RepositoryModelUnload(self, request, context, token):
+    def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context, token: CancelToken
+    ) -> pb.RepositoryModelUnloadResponse:
         try:
             self._control.unload(request.model_name, cancel=token)
         except ModelNotFound:
@@ -306,25 +293,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # host memory, so it is never open.
 
     @rpc
-    def SystemSharedMemoryRegister(self, request, context, token):
+    def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Context, token: CancelToken
+    ) -> pb.SystemSharedMemoryRegisterResponse:
         self._system_shared_memory("SystemSharedMemoryRegister").register(
             request.name, request.key, request.offset, request.byte_size
         )
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc
-    def SystemSharedMemoryStatus(self, request, context, token):
-        response = pb.SystemSharedMemoryStatusResponse()
-        for region in self._system_shared_memory("SystemSharedMemoryStatus").status(request.name):
-            response.regions[region.name].CopyFrom(
-                pb.SystemSharedMemoryStatusResponse.RegionStatus(
-                    name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size
-                )
-            )
-        return response
+    def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Context, token: CancelToken
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        regions = self._system_shared_memory("SystemSharedMemoryStatus").status(request.name)
+        return converters.shared_memory_status(regions)
 
     @rpc
-    def SystemSharedMemoryUnregister(self, request, context, token):
+    def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context, token: CancelToken
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
         # OK for an unknown name, and with shared memory off (nothing is registered): clients unregister
         # everything first to start clean, as Triton's examples do.
         if self._shared_memory is not None:
@@ -335,15 +322,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc
-    def CudaSharedMemoryUnregister(self, request, context, token):
+    def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context, token: CancelToken
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
         return pb.CudaSharedMemoryUnregisterResponse()  # nothing can be registered
 
     @rpc
-    def CudaSharedMemoryRegister(self, request, context, token):
+    def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Context, token: CancelToken
+    ) -> pb.CudaSharedMemoryRegisterResponse:
         raise SharedMemoryUnsupported(CUDA_UNSUPPORTED)
 
     @rpc
-    def CudaSharedMemoryStatus(self, request, context, token):
+    def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Context, token: CancelToken
+    ) -> pb.CudaSharedMemoryStatusResponse:
         raise SharedMemoryUnsupported(CUDA_UNSUPPORTED)
 
     def _system_shared_memory(self, operation: str) -> SharedMemoryRegistry:
@@ -353,108 +346,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # ---- not supported: trace and log settings -------------------------------------------------------------
 
-    def TraceSetting(self, request, context):
-        self._access.abort_unless(Access.READ, "TraceSetting", context)
+    def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
+        self.access.abort_unless(Access.READ, "TraceSetting", context)
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support trace settings")
 
-    def LogSettings(self, request, context):
-        self._access.abort_unless(Access.READ, "LogSettings", context)
+    def LogSettings(self, request: pb.LogSettingsRequest, context: Context) -> pb.LogSettingsResponse:
+        self.access.abort_unless(Access.READ, "LogSettings", context)
         context.abort(
             grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; use --log-format"
         )
 
 
-def _model_config(entry: ModelEntry) -> model_config_pb2.ModelConfig:
-    """The committed configuration, completed with what the engine reported and the slot count, all from one
-    reading of the model (never a new configuration with the old slot count)."""
-    view = entry.view()
-    spec, metadata = view.spec, view.metadata
-    config = model_config_pb2.ModelConfig()
-    if spec.config is not None:
-        assert isinstance(spec.config, model_config_pb2.ModelConfig)  # engine.repository parses it into one
-        config.CopyFrom(spec.config)
-    config.name = entry.name
-    if metadata is not None:
-        config.max_batch_size = config.max_batch_size or metadata.max_batch_size  # a python model's auto_complete
-        if not config.input:
-            for tensor in metadata.inputs:
-                config.input.add(name=tensor.name, data_type=_config_type(tensor.datatype), dims=tensor.shape)
-        if not config.output:
-            for tensor in metadata.outputs:
-                config.output.add(name=tensor.name, data_type=_config_type(tensor.datatype), dims=tensor.shape)
-    # Triton's names: the model's for the group it adds itself, <model>_<index> for a declared one without a name.
-    group_name = (config.instance_group[0].name or f"{entry.name}_0") if config.instance_group else entry.name
-    del config.instance_group[:]
-    kind = (
-        model_config_pb2.ModelInstanceGroup.KIND_GPU
-        if spec.backend == "tensorrt"
-        else model_config_pb2.ModelInstanceGroup.KIND_CPU
-    )
-    config.instance_group.add(name=group_name, count=view.status.slots, kind=kind)
-    _fill_tritons_defaults(config, spec)
-    return config
-
-
-def _fill_tritons_defaults(config: model_config_pb2.ModelConfig, spec: ModelSpec) -> None:
-    """The defaults Triton writes into its ModelConfig answer where config.pbtxt leaves them out, where they are
-    what slotserve does too: the version policy (the latest version) and the model file's name. Triton's
-    `optimization` (pinned input and output memory) is not filled: slotserve does not apply it."""
-    if not config.HasField("version_policy"):
-        config.version_policy.latest.num_versions = 1
-    if not config.default_model_filename and spec.model_file is not None:
-        # The file a model is read from when config.pbtxt names none; TensorRT falls back to model.onnx.
-        onnx = spec.backend == "onnxruntime" or spec.model_file.suffix == ".onnx"
-        config.default_model_filename = "model.onnx" if onnx else "model.plan"
-
-
-def _config_type(datatype: str) -> int:
-    from engine import datatypes
-
-    return model_config_pb2.DataType.Value(datatypes.BY_NAME[datatype].config_name)
-
-
-def _add_statistics(target, entry: ModelEntry) -> None:
-    snapshot = entry.statistics.snapshot()
-    target.name = entry.name
-    target.version = entry.spec.version
-    target.last_inference = snapshot.last_inference_ms
-    target.inference_count = snapshot.inference_count
-    target.execution_count = snapshot.execution_count
-    stats = target.inference_stats
-    for field in (
-        "success",
-        "fail",
-        "queue",
-        "compute_input",
-        "compute_infer",
-        "compute_output",
-        "cache_hit",
-        "cache_miss",
-    ):
-        duration = getattr(snapshot, field)
-        getattr(stats, field).count = duration.count
-        getattr(stats, field).ns = duration.ns
-    _add_memory_usage(target, entry)
-    for batch in snapshot.batch_stats:
-        added = target.batch_stats.add(batch_size=batch.batch_size)
-        for duration, ns in (
-            (added.compute_input, batch.compute_input_ns),
-            (added.compute_infer, batch.compute_infer_ns),
-            (added.compute_output, batch.compute_output_ns),
-        ):
-            duration.count, duration.ns = batch.count, ns
-
-
-def _add_memory_usage(target, entry: ModelEntry) -> None:
-    """What the loaded pool reports (the figure GetModel's memory_bytes shows), as Triton's MemoryUsage: on the
-    GPU (device 0) for TensorRT, in host memory for the other backends. Nothing while not loaded, as Triton."""
-    status = entry.status()
-    if status.memory_bytes:
-        kind = "GPU" if status.backend == "tensorrt" else "CPU"
-        target.memory_usage.add(type=kind, id=0, byte_size=status.memory_bytes)
-
-
-_HANDLER_FACTORY = {
+_HANDLER_FACTORY: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any, Any]]] = {
     (False, False): grpc.unary_unary_rpc_method_handler,
     (False, True): grpc.unary_stream_rpc_method_handler,
     (True, False): grpc.stream_unary_rpc_method_handler,
@@ -466,7 +369,7 @@ def add_inference_servicer(servicer: InferenceServicer, server: grpc.Server) -> 
     """Register the inference service like the generated `add_GRPCInferenceServiceServicer_to_server`, except
     that ModelInfer (de)serializes through service.wire, which keeps large tensors out of protobuf's copies."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    handlers = {}
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in service.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
@@ -478,47 +381,44 @@ def add_inference_servicer(servicer: InferenceServicer, server: grpc.Server) -> 
         )
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer,
-        # grpcio passes the deserializer's result to the handler as it is; its stubs ask for a protobuf Message.
-        request_deserializer=parse_infer_request,  # type: ignore[arg-type]
+        request_deserializer=parse_infer_request,  # an InferRequest: raw inputs stay views of the received bytes
         response_serializer=serialize_infer_response,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
 
 
-def _stream_answer(response) -> pb.ModelStreamInferResponse:
-    """An answer as the stream carries it."""
-    return pb.ModelStreamInferResponse(infer_response=as_message(response))
-
-
 def _stream_end(
     message: pb.ModelInferRequest,
-    cancel,
+    cancel: CancelToken,
     failure: _StreamFailure | None,
     error: BaseException | None,
     final_sent: bool,
-):
-    """What ends a stream request after its answers: its error (with the request's id, final; a failed run's is
-    also recorded in `failure`, the `triton_grpc_error` stream's end), or an empty final answer if its last answer
-    was not final and the client asked for one; else None."""
-    if error is not None and failure is not None and _ends_the_stream(error):
-        failure.record(as_client_error(error, cancel))
+) -> StreamAnswer | None:
+    """What ends a stream request after its answers: its error (see _stream_error), or an empty final answer if its
+    last answer was not final and the client asked for one; else None."""
     if error is not None:
-        _code, text, _reason = status_codes.describe(as_client_error(error, cancel))
-        failed = pb.ModelInferResponse(
-            model_name=message.model_name, model_version=message.model_version, id=message.id
-        )
-        failed.parameters[FINAL_RESPONSE].bool_param = True  # a failed request ends there, as on Triton
-        return pb.ModelStreamInferResponse(error_message=text, infer_response=failed)
+        return _stream_error(message, error, cancel, failure)
     if not final_sent and wants_empty_final_response(message):
-        return pb.ModelStreamInferResponse(infer_response=empty_final_response(message))
+        return converters.stream_empty_final(message)
     return None
+
+
+def _stream_error(
+    message: pb.ModelInferRequest, error: BaseException, cancel: CancelToken, failure: _StreamFailure | None
+) -> StreamAnswer:
+    """A failed stream request's one answer (with the request's id, final); a failed run's error is also recorded
+    in `failure`, the `triton_grpc_error` stream's end."""
+    if failure is not None and _ends_the_stream(error):
+        failure.record(seen_by_client(error, cancel))
+    _code, text, _reason = status_codes.describe(seen_by_client(error, cancel))
+    return converters.stream_error(message, text)
 
 
 GRPC_ERROR_HEADER = "triton_grpc_error"  # Triton's stream header: end the stream at a request's failed run
 
 
-def _wants_grpc_errors(context) -> bool:
+def _wants_grpc_errors(context: Context) -> bool:
     """Whether the stream was opened with Triton's `triton_grpc_error: true` (that value exactly, as Triton
     compares it)."""
     return any(key == GRPC_ERROR_HEADER and value == "true" for key, value in context.invocation_metadata() or ())
@@ -563,10 +463,10 @@ class _StreamRequest(NamedTuple):
     """One request read from a stream: its message (for what the stream writes back) and the dataplane's request."""
 
     message: pb.ModelInferRequest
-    call: InferenceRequest
+    call: InferenceRequest[StreamAnswer]
 
 
-def _each_message(request_iterator):
+def _each_message(request_iterator: Iterator[pb.ModelInferRequest]) -> Iterator[pb.ModelInferRequest]:
     """A stream's requests, as they come. The wait for the client's next message is a wait elsewhere
     (blocking_wait: on a gRPC runner thread it steps aside; the stream's own threads read it, which no runner
     counts); it is taken for each read and never across a yield."""

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.config.repository import ModelRepository
 from engine.interface import CancelToken
-from engine.repository import ModelRepository
 from engine.testing.fixture import FixtureBackend, FixtureControls, Gate
 from service.core.lifecycle import ModelState, ModelStatus, SharedRuntime
 from service.core.registry import ModelRegistry, Registration, RegistryPolicy

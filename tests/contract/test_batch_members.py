@@ -46,7 +46,7 @@ def batching(tmp_path):
 def test_describe_batching_names_the_rows_the_delay_and_the_preferred_sizes():
     from types import SimpleNamespace
 
-    from engine.interface import BatchingSpec
+    from engine.config.specs import BatchingSpec
     from service.core.batching import describe_batching
 
     spec = SimpleNamespace(

@@ -404,7 +404,7 @@ def test_without_the_block_or_without_a_batch_dimension_each_request_runs_alone(
     ],
 )
 def test_settings_slotserve_does_not_implement_are_refused_at_load_naming_the_field(tmp_path, block, field):
-    from engine.repository import ModelRepository
+    from engine.config.repository import ModelRepository
 
     directory = tmp_path / "m"
     directory.mkdir()

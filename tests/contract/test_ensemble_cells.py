@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.integration.test_ensembles import F, write_ensemble
+from tests.integration.ensembles.test_ensembles import F, write_ensemble
 from tests.shutdown.harness import VALUES, InProcess, outcome, output_of, wait_until
 
 cell = pytest.mark.cell

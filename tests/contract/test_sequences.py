@@ -11,9 +11,9 @@ import threading
 import numpy as np
 import pytest
 
+from engine.errors import RequestRescheduled
 from engine.interface import CancelToken
 from engine.onnxruntime_backend import OnnxRuntimeBackend
-from engine.sequence_config import RequestRescheduled
 from generated import grpc_service_pb2 as pb
 from service.core.errors import AdmissionTimeout, RequestCancelled, ResidencyLimit, ShuttingDown
 from service.core.lifecycle import Lease, ModelState
@@ -355,7 +355,7 @@ def test_implicit_state_is_kept_per_sequence_on_the_server(sequences):
     ],
 )
 def test_sequence_settings_that_cannot_work_are_refused_at_load_naming_the_field(tmp_path, head, block, field):
-    from engine.repository import ModelRepository
+    from engine.config.repository import ModelRepository
 
     directory = tmp_path / "m"
     directory.mkdir()

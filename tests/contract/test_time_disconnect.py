@@ -24,8 +24,9 @@ import grpc
 import numpy as np
 import pytest
 
+from engine.config.specs import TensorSpec
 from engine.errors import ExecutionCancelled
-from engine.interface import Backend, Context, LoadedModel, ModelMetadata, TensorSpec
+from engine.interface import Backend, Context, LoadedModel, ModelMetadata
 from engine.onnxruntime_backend import OnnxRuntimeBackend
 from generated import grpc_service_pb2_grpc as pb_grpc
 from tests.shutdown.harness import (

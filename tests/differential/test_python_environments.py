@@ -7,7 +7,7 @@ first two and answer the same, on numpy 1; both refuse the third at load (INVALI
 What is not asked of Triton here, and why:
 * another Python minor version: Triton's stub would need a libpython of that version to link, which this machine
   lacks (Triton sources the environment's bin/activate and runs its own stub; slotserve runs the environment's
-  bin/python3 and refuses another minor version by name: tests/integration/test_python_environments.py);
+  bin/python3 and refuses another minor version by name: tests/integration/python_models/test_environments.py);
 * an archive that writes outside its folder: Triton 2.51 extracts it (its libarchive call sets no
   ARCHIVE_EXTRACT_SECURE_* flag; NVIDIA's zip-slip regression test came with a later release, which refuses with
   "Path contains '..'" and "Path is absolute", the words slotserve's refusals carry), so the test would write

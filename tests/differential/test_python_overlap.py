@@ -11,7 +11,8 @@
   stream gets exactly its own responses and final flag (an error response ends its own request only), with the same
   counts in ModelStatistics.
 
-tests/integration/test_python_async_overlap.py and test_python_decoupled_batching.py hold slotserve's side alone.
+tests/integration/python_models/test_async_execute_overlap.py and test_decoupled_batching.py hold slotserve's side
+alone.
 Skips, naming the reason, where the reference is not set up (bench/setup.sh builds it).
 """
 

@@ -1,6 +1,6 @@
 """The same ModelStreamInfer requests on slotserve and on real Triton 2.51 (tests/python_models' repository on both):
 every answer's model, version, id, `triton_final_response` parameter and outputs agree, with and without
-`triton_enable_empty_final_response`, and for an error response. tests/integration/test_stream_final_response.py
+`triton_enable_empty_final_response`, and for an error response. tests/integration/streams/test_stream_final_response.py
 holds slotserve's side alone.
 
 Skips, naming the reason, where the reference is not set up (bench/setup.sh builds it).
@@ -13,7 +13,7 @@ import pytest
 
 from generated import grpc_service_pb2_grpc as pb_grpc
 from tests.differential.test_python_models import triton
-from tests.integration.test_stream_final_response import ENABLE, FINAL, _add_sub, _repeat
+from tests.integration.streams.test_stream_final_response import ENABLE, FINAL, _add_sub, _repeat
 from tests.python_models import REPOSITORY
 
 pytestmark = pytest.mark.interop

@@ -10,7 +10,7 @@ python models, each server its own gate folder):
   the model's error for some members comes back for those members alone (NVIDIA's L0_backend_python lifecycle
   case `test_batch_error`, rewritten: errors for the first and third request of the batch).
 
-tests/integration/test_stream_in_flight.py holds slotserve's side alone (gated at the fixture and with the
+tests/integration/streams/test_stream_in_flight.py holds slotserve's side alone (gated at the fixture and with the
 admission queue observed). Skips, naming the reason, where the reference is not set up (bench/setup.sh).
 """
 
@@ -26,7 +26,7 @@ import pytest
 
 from generated import grpc_service_pb2_grpc as pb_grpc
 from service.testing import serve
-from tests.integration.test_stream_in_flight import (
+from tests.integration.streams.test_stream_in_flight import (
     DECOUPLED_GATED,
     Stream,
     decoupled_gated_config,

@@ -9,7 +9,7 @@ of the page is written by hand.
 * docs/behaviour.md, `cells`: every cell of tests/contract/cells.tsv, with the contract's situation, what slotserve
   does (tests/contract/behaviour.tsv, our words) and the tests marked with the cell (`@pytest.mark.cell`, as
   pytest collects them: tests/docs/cell_marks.py), cells marked improved or not applicable shown as such.
-* docs/model-repository.md, `config-fields`: every entry of engine/repository.py's FIELDS table (each config.pbtxt
+* docs/model-repository.md, `config-fields`: every entry of engine/config/fields.py's FIELDS table (each config.pbtxt
   field applied, refused or ignored, and why).
 * docs/migrating-from-triton.md, `walkthrough-*`: the walkthrough's configurations and the real output of
   `python -m service check` at each stage (tests/docs/migration.py).
@@ -271,12 +271,12 @@ def behaviour_page(text: str, marks: dict[str, list[str]] | None = None) -> str:
 
 # ---- make docs --------------------------------------------------------------------------------------------------
 
-# ---- docs/model-repository.md: every config.pbtxt field (engine/repository.py FIELDS) ------------------------
+# ---- docs/model-repository.md: every config.pbtxt field (engine/config/fields.py FIELDS) ------------------------
 
 
 def config_fields_table() -> str:
-    """One row per entry of engine.repository.FIELDS, in its order: the field, applied/refused/ignored, why."""
-    from engine.repository import FIELDS
+    """One row per entry of engine.config.fields.FIELDS, in its order: the field, applied/refused/ignored, why."""
+    from engine.config.fields import FIELDS
 
     rows = ["| field | slotserve | what happens |", "|---|---|---|"]
     rows += [f"| `{path}` | {rule.treatment.value} | {cell(rule.reason)} |" for path, rule in FIELDS.items()]

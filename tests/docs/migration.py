@@ -1,7 +1,8 @@
 """The generated parts of docs/migrating-from-triton.md.
 
-The features of config.pbtxt: each Triton feature with what slotserve does, in the words of engine/repository.py's
-FIELDS table (so the page says what the server does, and `make docs` updates it when a rule changes).
+The features of config.pbtxt: each Triton feature with what slotserve does, in the words of
+engine/config/fields.py's FIELDS table (so the page says what the server does, and `make docs` updates it when a
+rule changes).
 
 The walkthrough: a Triton-style repository (an ONNX model with settings slotserve
 refuses or ignores, a python model, an ensemble, a sequence model), the edits `python -m service check` leads to,
@@ -185,7 +186,7 @@ TREATMENT_WORDS = {"applied": "supported", "refused": "refused", "ignored": "ign
 
 
 def config_features_table() -> str:
-    from engine.repository import FIELDS
+    from engine.config.fields import FIELDS
 
     rows = ["| Triton | field | slotserve | what happens |", "|---|---|---|---|"]
     for feature, path in CONFIG_FEATURES:

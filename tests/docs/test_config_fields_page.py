@@ -1,8 +1,8 @@
-"""docs/model-repository.md's table of config.pbtxt fields is engine/repository.py's FIELDS table, row for row."""
+"""docs/model-repository.md's table of config.pbtxt fields is engine/config/fields.py's FIELDS table, row for row."""
 
 from __future__ import annotations
 
-from engine.repository import FIELDS
+from engine.config.fields import FIELDS
 from tests.docs.generate import MODEL_REPOSITORY_PAGE, generated_part, model_repository_page
 from tests.docs.markdown import table_rows
 

@@ -1,10 +1,10 @@
 """Generated call graphs of ensembles (which ensemble's steps name which model): self, mutual, long and nested
-cycles, shared steps, cycles further down. The decision (engine/ensemble_graph.py call_graph_refusal, which the
+cycles, shared steps, cycles further down. The decision (engine/config/ensemble_graph.py call_graph_refusal, which the
 server's load and `check` both use) is compared with an independent oracle (a transitive closure, no depth-first
 search), and every cycle a refusal names is checked edge by edge against the graph. Then whole repositories of
 such ensembles are served: each ensemble is READY and answers, or is listed UNAVAILABLE naming a real cycle, and
-the server stays live with a bounded number of threads (tests/integration/test_ensemble_cycles.py has the named
-cases)."""
+the server stays live with a bounded number of threads (tests/integration/ensembles/test_ensemble_cycles.py has the
+named cases)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import numpy as np
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from engine.ensemble_graph import CYCLE_REFUSAL, call_graph_refusal
+from engine.config.ensemble_graph import CYCLE_REFUSAL, call_graph_refusal
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.testing import serve
 from tests.integration._support import write_fixture_model
-from tests.integration.test_ensembles import F, write_ensemble
+from tests.integration.ensembles.test_ensembles import F, write_ensemble
 
 from .lab import FUZZ, examples
 

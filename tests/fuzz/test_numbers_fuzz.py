@@ -3,7 +3,7 @@
 `admission_timeout_seconds = NaN` used to escape the server's --admission-timeout ceiling (`min(nan, ceiling)` is
 NaN) and the model then waited without limit. Every number a caller gives is now checked: management fields are
 refused with INVALID_ARGUMENT naming the field and the value, flags with one line naming the flag and its range
-(tests/unit/test_flag_ranges.py has the explicit cases of the flags).
+(tests/unit/service/test_flag_ranges.py has the explicit cases of the flags).
 
 The management fields a RegisterModel carries, fuzzed here: `admission_timeout_seconds` (a double: every float,
 NaN and infinities included), `slots` (a uint32), the backend `options` map (numbers as text, for ONNX Runtime's

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from client import ClientError
 from engine.python import output, transport
 from service.testing import serve
-from tests.integration.test_python_models import write_model
+from tests.integration.python_models.test_python_models import write_model
 from tests.python_models import REPOSITORY
 
 from .lab import FUZZ, examples

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from demo.build_repository import PYTHON_MODEL_NAMES
-from engine.repository import ModelRepository
+from engine.config.repository import ModelRepository
 
 from .support import run_process
 

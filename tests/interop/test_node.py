@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.repository import ModelRepository
+from engine.config.repository import ModelRepository
 
 from .support import last_json_line, run_process
 

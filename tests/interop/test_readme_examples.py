@@ -34,7 +34,7 @@ import pytest
 
 from client.cli import ADDRESS_ENV
 from client.cli import DEFAULT_ADDRESS as CLI_DEFAULT_ADDRESS
-from engine.repository import parse_config_text
+from engine.config.repository import parse_config_text
 from service.cli import build_parser, option_fields
 from service.options import ServerOptions
 from service.testing import serve
@@ -353,7 +353,7 @@ def test_configuration_blocks_parse_as_config_pbtxt(caplog):
         for language, code in section_blocks(page(relative), title):
             if language != "pbtxt":
                 continue
-            with caplog.at_level(logging.WARNING, logger="engine.repository"):
+            with caplog.at_level(logging.WARNING, logger="engine.config.repository"):
                 caplog.clear()
                 parse_config_text(code, f"{relative} '{title}'")
             assert not caplog.records, f"{relative} '{title}': {caplog.text}"

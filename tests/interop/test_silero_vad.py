@@ -9,8 +9,8 @@ import numpy as np
 import onnxruntime
 import pytest
 
+from engine.config.repository import ModelRepository
 from engine.onnxruntime_backend import session_options
-from engine.repository import ModelRepository
 
 pytestmark = pytest.mark.interop
 

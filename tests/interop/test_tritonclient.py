@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from engine.repository import ModelRepository
+from engine.config.repository import ModelRepository
 
 pytestmark = pytest.mark.interop
 

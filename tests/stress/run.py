@@ -40,9 +40,9 @@ SUITES = [
     "tests/contract",
     "tests/shutdown",
     "tests/integration",
-    "tests/unit/test_admission.py",
-    "tests/unit/test_admission_controller.py",
-    "tests/unit/test_admission_batching.py",
+    "tests/unit/service/core/test_admission.py",
+    "tests/unit/service/core/test_admission_controller.py",
+    "tests/unit/service/core/test_admission_batching.py",
 ]
 _PR_SET_PDEATHSIG = 1
 

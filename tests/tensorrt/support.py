@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from engine.interface import BatchingSpec, ModelSpec, TensorSpec
+from engine.config.specs import BatchingSpec, ModelSpec, TensorSpec
 from engine.testing.tensorrt_double import FakeDevice
 
 BATCH = 8

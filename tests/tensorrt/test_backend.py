@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from engine import errors
-from engine.interface import CancelToken, TensorSpec
+from engine.config.specs import TensorSpec
+from engine.interface import CancelToken
 from engine.tensorrt import backend as backend_module
 from engine.tensorrt import create_backend
 from engine.tensorrt.backend import FALLBACK_HINT, TensorRTBackend

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from engine import errors
-from engine.interface import BatchingSpec, CancelToken
+from engine.config.specs import BatchingSpec
+from engine.interface import CancelToken
 
 from . import support
 from .test_backend import check_add_sub, make_backend, run

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from engine import errors
-from engine.interface import BatchingSpec, CancelToken, ModelSpec
+from engine.config.specs import BatchingSpec, ModelSpec
+from engine.interface import CancelToken
 from engine.tensorrt import driver
 from engine.tensorrt.backend import TensorRTBackend, tensorrt_cuda_major
 from engine.tensorrt.cuda import CudaRuntime, cuda_version_text, host_view

@@ -104,3 +104,85 @@ def test_no_module_reaches_into_another_objects_lock_pool_or_admission_core(path
         and not (isinstance(node.value, ast.Name) and node.value.id == "self")
     ]
     assert reached == []
+
+
+# The request path's modules (docs/architecture.md "The request path"): the core, and the dataplane with the
+# features it serves through (the response cache, a stream's requests, ensembles, the server's calls to its models).
+REQUEST_PATH = [
+    *CORE,
+    *(
+        ROOT / "service" / name
+        for name in (
+            "dataplane.py",
+            "response_cache.py",
+            "stream_requests.py",
+            "ensemble.py",
+            "internal_calls.py",
+            "model_calls.py",
+        )
+    ),
+]
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """module -> the modules of `paths` it imports (every import, type-checking ones too: a circle of types is a
+    circle a reader walks all the same)."""
+    names = {_module_name(path): path for path in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name.rsplit(".", 1)[0]
+        graph[name] = {module for module in imported_modules(path, package) if module in names and module != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for following in sorted(graph[node]):
+            if following not in index:
+                visit(following)
+                low[node] = min(low[node], low[following])
+            elif following in on_stack:
+                low[node] = min(low[node], index[following])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_the_circle_finder_finds_a_circle():
+    """The check below can fail: a made-up graph with a circle of three and a line is reported with the three."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_circles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_among_the_core_and_the_request_path():
+    """Imports inside service/core/, and between the dataplane and the features around it, point one way only (a
+    module's readers can read it without the modules that import it): no circle, not even through a
+    type-checking import."""
+    assert import_circles(import_graph(CORE)) == []
+    assert import_circles(import_graph(REQUEST_PATH)) == []

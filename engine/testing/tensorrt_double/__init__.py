@@ -7,12 +7,13 @@ error: every broken rule raises DoubleRuleViolation at once and is recorded in `
 fails even when the backend swallows the exception. Where the real stack returns an error, so does the double.
 
 Where things are:
-    device.py            FakeDevice: the simulated GPU (memory, streams and deferred work, faults, rule log)
+    device.py            SimulatedDevice: the simulated GPU (memory, streams and deferred work, faults, rule log)
     cuda_runtime.py      the fake cuda.bindings.runtime (FakeCudaRuntime) and cuda.bindings.utils
     tensorrt_runtime.py  the fake TensorRT runtime: Runtime, ICudaEngine, IExecutionContext, IOutputAllocator, Dims
     tensorrt_builder.py  the fake builder side: Builder, OnnxParser, network, builder config, profiles, timing cache
     plans.py             the plan format, I/O formats (layouts) and the functions a fake engine computes
-    modules.py           the module objects standing for `tensorrt` / `tensorrt_lean`, and double_backend
+    modules.py           FakeDevice (a SimulatedDevice with the fake modules bound to it), the module objects
+                         standing for `tensorrt` / `tensorrt_lean`, and double_backend
 
 Usage:
     device = FakeDevice(total_memory=64 << 20)
@@ -64,7 +65,7 @@ cudaStreamSynchronize before the queued work, `in_context_call(name)` runs insid
 guard is held, `after_enqueue()` runs after a successful execute_async_v3.
 """
 
-from .device import POISON, Counters, DoubleRuleViolation, FakeDevice, Hooks
-from .modules import double_backend
+from .device import POISON, Counters, DoubleRuleViolation, Hooks
+from .modules import FakeDevice, double_backend
 
 __all__ = ["POISON", "Counters", "DoubleRuleViolation", "FakeDevice", "Hooks", "double_backend"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .device import Op
 
 if TYPE_CHECKING:
-    from .device import Allocation, FakeDevice
+    from .device import Allocation, SimulatedDevice
 
 
 class cudaError_t(enum.IntEnum):  # noqa: N801 - the real names
@@ -115,7 +115,7 @@ class FakeCudaRuntime:
     cudaStreamNonBlocking = 1
     cudaHostAllocDefault = 0
 
-    def __init__(self, device: FakeDevice) -> None:
+    def __init__(self, device: SimulatedDevice) -> None:
         self._device = device
 
     def _unavailable(self) -> int | None:
@@ -136,13 +136,13 @@ class FakeCudaRuntime:
 
     # -- versions and devices
 
-    def cudaDriverGetVersion(self) -> tuple:  # noqa: N802
+    def cudaDriverGetVersion(self) -> tuple[Any, ...]:  # noqa: N802
         return (cudaError_t.cudaSuccess, self._device.driver_cuda_version)
 
-    def cudaRuntimeGetVersion(self) -> tuple:  # noqa: N802
+    def cudaRuntimeGetVersion(self) -> tuple[Any, ...]:  # noqa: N802
         return (cudaError_t.cudaSuccess, self._device.runtime_cuda_version)
 
-    def cudaGetDeviceCount(self) -> tuple:  # noqa: N802
+    def cudaGetDeviceCount(self) -> tuple[Any, ...]:  # noqa: N802
         unavailable = self._unavailable()
         if unavailable == cudaError_t.cudaErrorInsufficientDriver:
             return (unavailable, None)
@@ -150,7 +150,7 @@ class FakeCudaRuntime:
             return (unavailable, 0)
         return (cudaError_t.cudaSuccess, self._device.device_count)
 
-    def cudaSetDevice(self, device: int) -> tuple:  # noqa: N802
+    def cudaSetDevice(self, device: int) -> tuple[Any, ...]:  # noqa: N802
         error = self._unavailable()
         if error is not None:
             return (error,)
@@ -161,10 +161,10 @@ class FakeCudaRuntime:
             self._device.stats.set_device_calls += 1
         return (cudaError_t.cudaSuccess,)
 
-    def cudaGetDevice(self) -> tuple:  # noqa: N802
+    def cudaGetDevice(self) -> tuple[Any, ...]:  # noqa: N802
         return (cudaError_t.cudaSuccess, self._device.current())
 
-    def cudaGetDeviceProperties(self, device: int) -> tuple:  # noqa: N802
+    def cudaGetDeviceProperties(self, device: int) -> tuple[Any, ...]:  # noqa: N802
         error = self._unavailable()
         if error is not None:
             return (error, None)
@@ -172,20 +172,20 @@ class FakeCudaRuntime:
         major, minor = fake.compute_capability
         return (cudaError_t.cudaSuccess, cudaDeviceProp(fake.name.encode(), fake.total_memory, major, minor))
 
-    def cudaGetErrorName(self, error: Any) -> tuple:  # noqa: N802
+    def cudaGetErrorName(self, error: Any) -> tuple[Any, ...]:  # noqa: N802
         try:
             return (cudaError_t.cudaSuccess, cudaError_t(int(error)).name.encode())
         except ValueError:
             return (cudaError_t.cudaErrorInvalidValue, b"")
 
-    def cudaMemGetInfo(self) -> tuple:  # noqa: N802
+    def cudaMemGetInfo(self) -> tuple[Any, ...]:  # noqa: N802
         error = self._failure()
         if error is not None:
             return (error, None, None)
         self._device.require_device("cudaMemGetInfo")
         return (cudaError_t.cudaSuccess, self._device.free_memory, self._device.total_memory)
 
-    def cudaDeviceSynchronize(self) -> tuple:  # noqa: N802
+    def cudaDeviceSynchronize(self) -> tuple[Any, ...]:  # noqa: N802
         error = self._failure()
         if error is not None:
             return (error,)
@@ -193,7 +193,7 @@ class FakeCudaRuntime:
         code = self._device.drain_all()
         return (cudaError_t(code) if code is not None else cudaError_t.cudaSuccess,)
 
-    def cudaDeviceReset(self) -> tuple:  # noqa: N802
+    def cudaDeviceReset(self) -> tuple[Any, ...]:  # noqa: N802
         error = self._unavailable()
         if error is not None:
             return (error,)
@@ -203,7 +203,7 @@ class FakeCudaRuntime:
 
     # -- memory
 
-    def cudaMalloc(self, size: int) -> tuple:  # noqa: N802
+    def cudaMalloc(self, size: int) -> tuple[Any, ...]:  # noqa: N802
         error = self._failure()
         if error is not None:
             return (error, None)
@@ -213,7 +213,7 @@ class FakeCudaRuntime:
             return (cudaError_t.cudaErrorMemoryAllocation, None)
         return (cudaError_t.cudaSuccess, allocation.base)
 
-    def cudaFree(self, devPtr: int) -> tuple:  # noqa: N802, N803
+    def cudaFree(self, devPtr: int) -> tuple[Any, ...]:  # noqa: N802, N803
         error = self._failure()
         if error is not None:
             return (error,)
@@ -228,7 +228,7 @@ class FakeCudaRuntime:
             device.release(allocation)
         return (cudaError_t.cudaSuccess,)
 
-    def cudaHostAlloc(self, size: int, flags: int) -> tuple:  # noqa: N802
+    def cudaHostAlloc(self, size: int, flags: int) -> tuple[Any, ...]:  # noqa: N802
         error = self._failure()
         if error is not None:
             return (error, None)
@@ -238,10 +238,10 @@ class FakeCudaRuntime:
             return (cudaError_t.cudaErrorMemoryAllocation, None)
         return (cudaError_t.cudaSuccess, allocation.base)
 
-    def cudaMallocHost(self, size: int) -> tuple:  # noqa: N802
+    def cudaMallocHost(self, size: int) -> tuple[Any, ...]:  # noqa: N802
         return self.cudaHostAlloc(size, self.cudaHostAllocDefault)
 
-    def cudaFreeHost(self, ptr: int) -> tuple:  # noqa: N802
+    def cudaFreeHost(self, ptr: int) -> tuple[Any, ...]:  # noqa: N802
         error = self._failure()
         if error is not None:
             return (error,)
@@ -256,7 +256,7 @@ class FakeCudaRuntime:
             device.release_host(allocation)
         return (cudaError_t.cudaSuccess,)
 
-    def cudaMemcpyAsync(self, dst: int, src: int, count: int, kind: Any, stream: Any) -> tuple:  # noqa: N802
+    def cudaMemcpyAsync(self, dst: int, src: int, count: int, kind: Any, stream: Any) -> tuple[Any, ...]:  # noqa: N802
         device = self._device
         device.require_device("cudaMemcpyAsync")
         queue = device.stream(stream, "cudaMemcpyAsync")
@@ -325,17 +325,17 @@ class FakeCudaRuntime:
 
     # -- streams
 
-    def cudaStreamCreateWithFlags(self, flags: int) -> tuple:  # noqa: N802
+    def cudaStreamCreateWithFlags(self, flags: int) -> tuple[Any, ...]:  # noqa: N802
         error = self._failure()
         if error is not None:
             return (error, None)
         self._device.require_device("cudaStreamCreateWithFlags")
         return (cudaError_t.cudaSuccess, cudaStream_t(self._device.new_stream(int(flags))))
 
-    def cudaStreamCreate(self) -> tuple:  # noqa: N802
+    def cudaStreamCreate(self) -> tuple[Any, ...]:  # noqa: N802
         return self.cudaStreamCreateWithFlags(self.cudaStreamDefault)
 
-    def cudaStreamSynchronize(self, stream: Any) -> tuple:  # noqa: N802
+    def cudaStreamSynchronize(self, stream: Any) -> tuple[Any, ...]:  # noqa: N802
         device = self._device
         device.require_device("cudaStreamSynchronize")
         queue = device.stream(stream, "cudaStreamSynchronize")
@@ -347,7 +347,7 @@ class FakeCudaRuntime:
         code = device.drain(queue)
         return (cudaError_t(code) if code is not None else cudaError_t.cudaSuccess,)
 
-    def cudaStreamDestroy(self, stream: Any) -> tuple:  # noqa: N802
+    def cudaStreamDestroy(self, stream: Any) -> tuple[Any, ...]:  # noqa: N802
         device = self._device
         device.require_device("cudaStreamDestroy")
         error = self._failure()

@@ -1,7 +1,9 @@
 """The simulated GPU: device and pinned memory, streams and their deferred work, faults, and the broken-rule log.
 
-`FakeDevice` is what a test creates; its `cudart`, `cuda_utils`, `trt` and `trt_lean` attributes are the fake
-modules bound to it (cuda_runtime.py, tensorrt_runtime.py, tensorrt_builder.py, modules.py).
+`FakeDevice` (modules.py) is what a test creates: this module's SimulatedDevice with the fake modules bound to it,
+its `cudart`, `cuda_utils`, `trt` and `trt_lean` attributes (cuda_runtime.py, tensorrt_runtime.py,
+tensorrt_builder.py, modules.py). The fake modules use the device through SimulatedDevice, so none of them imports
+the module that makes them.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import threading
+import types
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,11 +98,11 @@ class Op:
 class Stream:
     handle: int
     flags: int
-    queue: deque = field(default_factory=deque)
+    queue: deque[Op] = field(default_factory=deque)
 
 
-class FakeDevice:
-    """One simulated GPU (and its driver) plus the TensorRT and CUDA modules bound to it.
+class SimulatedDevice:
+    """One simulated GPU (and its driver); FakeDevice (modules.py) binds the TensorRT and CUDA modules to it.
 
     `driver_cuda_version` is the CUDA version the driver supports, `runtime_cuda_version` the one cuda-python was
     built for (1000 * major + 10 * minor, as cudaDriverGetVersion reports them): a runtime of a newer major than
@@ -110,6 +113,12 @@ class FakeDevice:
     Thread-safe: the device's tables are guarded by one re-entrant lock (re-entrant because object finalizers,
     which release memory, may run while the same thread holds it). Queued work runs outside the lock.
     """
+
+    # The fake modules bound to this device: FakeDevice (modules.py) sets them in _bind_modules.
+    cudart: Any
+    cuda_utils: Any
+    trt: types.ModuleType
+    trt_lean: types.ModuleType
 
     def __init__(
         self,
@@ -129,9 +138,6 @@ class FakeDevice:
         reset_recovers: bool = True,
         pinned_memory: int | None = None,
     ) -> None:
-        from .cuda_runtime import FakeCudaRuntime, FakeCudaUtils
-        from .modules import trt_module
-
         self.total_memory = total_memory
         self.name = name
         self.device_count = device_count
@@ -166,10 +172,10 @@ class FakeDevice:
         self._next_stream = 0x5000
         self._next_id = 0
         self._thread = threading.local()
-        self.cudart = FakeCudaRuntime(self)
-        self.cuda_utils = FakeCudaUtils()
-        self.trt = trt_module(self, builder=True)
-        self.trt_lean = trt_module(self, builder=False)
+        self._bind_modules()
+
+    def _bind_modules(self) -> None:
+        """Bind the fake CUDA and TensorRT modules to this device, at the end of __init__ (FakeDevice does)."""
 
     # -- rules
 

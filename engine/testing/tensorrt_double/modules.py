@@ -1,4 +1,5 @@
-"""The fake `tensorrt` / `tensorrt_lean` module objects, bound to one FakeDevice, and `double_backend`."""
+"""FakeDevice: the simulated GPU with the fake `cuda.bindings` and `tensorrt` / `tensorrt_lean` modules bound to it,
+and `double_backend`."""
 
 from __future__ import annotations
 
@@ -7,12 +8,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import tensorrt_builder, tensorrt_runtime
+from .cuda_runtime import FakeCudaRuntime, FakeCudaUtils
+from .device import SimulatedDevice
 
 if TYPE_CHECKING:
-    from .device import FakeDevice
+    from engine.tensorrt.backend import TensorRTBackend
 
 
-def trt_module(device: FakeDevice, builder: bool) -> types.ModuleType:
+class FakeDevice(SimulatedDevice):
+    """One simulated GPU (and its driver) plus the TensorRT and CUDA modules bound to it: `cudart` and
+    `cuda_utils` stand for `cuda.bindings.runtime` and `.utils`, `trt` for `tensorrt` (with the builder), `trt_lean`
+    for `tensorrt_lean`. Takes SimulatedDevice's options (device.py says what each one does)."""
+
+    cudart: FakeCudaRuntime
+    cuda_utils: FakeCudaUtils
+
+    def _bind_modules(self) -> None:
+        self.cudart = FakeCudaRuntime(self)
+        self.cuda_utils = FakeCudaUtils()
+        self.trt = trt_module(self, builder=True)
+        self.trt_lean = trt_module(self, builder=False)
+
+
+def trt_module(device: SimulatedDevice, builder: bool) -> types.ModuleType:
     """A module object standing for `tensorrt` (builder=True) or `tensorrt_lean` (builder=False), whose
     device-bound classes are subclasses that know `device`."""
     module = types.ModuleType("tensorrt" if builder else "tensorrt_lean", "TensorRT test double")
@@ -49,12 +67,10 @@ def trt_module(device: FakeDevice, builder: bool) -> types.ModuleType:
     return module
 
 
-def double_backend(cache_dir: Path | str | None = None, **device_options: Any):
+def double_backend(cache_dir: Path | str | None = None, **device_options: Any) -> tuple[TensorRTBackend, FakeDevice]:
     """A TensorRTBackend over a fresh FakeDevice: (backend, device). For tests and the gRPC-level test server
     only (see engine.tensorrt.create_backend)."""
     from engine.tensorrt.backend import TensorRTBackend
-
-    from .device import FakeDevice
 
     device = FakeDevice(**device_options)
     backend = TensorRTBackend(

@@ -80,7 +80,7 @@ def _tensor_entry(
     formats: Mapping[str, str],
     host_tensors: Sequence[str],
     data_dependent: Mapping[str, Sequence[int]],
-) -> dict:
+) -> dict[str, Any]:
     tensor_format = formats.get(name, "LINEAR")
     if tensor_format not in FORMATS:
         raise ValueError(f"format {tensor_format!r} is not one of {FORMATS}")
@@ -145,7 +145,7 @@ def make_plan(
 class Plan:
     """A parsed plan."""
 
-    def __init__(self, raw: dict) -> None:
+    def __init__(self, raw: dict[str, Any]) -> None:
         self.raw = raw
         self.trt_version: str = raw["trt_version"]
         self.device_name: str = raw["device_name"]
@@ -156,7 +156,7 @@ class Plan:
             )
             for t in raw["tensors"]
         }
-        self.order = [t["name"] for t in raw["tensors"]]
+        self.order: list[str] = [t["name"] for t in raw["tensors"]]
         self.inputs = [self.tensors[n] for n in self.order if self.tensors[n].is_input]
         self.outputs = [self.tensors[n] for n in self.order if not self.tensors[n].is_input]
         self.profiles = [{name: tuple(tuple(s) for s in shapes) for name, shapes in p.items()} for p in raw["profiles"]]

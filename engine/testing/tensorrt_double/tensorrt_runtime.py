@@ -32,7 +32,7 @@ from . import plans
 from .device import Op
 
 if TYPE_CHECKING:
-    from .device import Allocation, FakeDevice
+    from .device import Allocation, SimulatedDevice
 
 _LOG = logging.getLogger(__name__)
 
@@ -153,10 +153,10 @@ class IOutputAllocator:
 class _Bound:
     """Base of the double's classes that belong to one FakeDevice (set on per-device subclasses)."""
 
-    _fake: FakeDevice
+    _fake: SimulatedDevice
 
 
-def log_error(logger: Any, device: FakeDevice, message: str, severity: _Severity = _Severity.ERROR) -> None:
+def log_error(logger: Any, device: SimulatedDevice, message: str, severity: _Severity = _Severity.ERROR) -> None:
     device.log.append(message)
     if logger is not None:
         logger.log(severity, message)
@@ -221,7 +221,8 @@ class Runtime(_Bound):
             return None
         with device._lock:
             device.stats.deserializations += 1
-        return device.trt.ICudaEngine(self, plan, weights)
+        engine: ICudaEngine = device.trt.ICudaEngine(self, plan, weights)  # the device's subclass of ICudaEngine
+        return engine
 
 
 class ICudaEngine(_Bound):
@@ -236,7 +237,7 @@ class ICudaEngine(_Bound):
         self._contexts: weakref.WeakSet[IExecutionContext] = weakref.WeakSet()
         self._session: Any = None
         self._session_lock = threading.Lock()  # guards: _session, _shape_cache
-        self._shape_cache: dict[tuple, dict[str, tuple[int, ...]]] = {}
+        self._shape_cache: dict[tuple[object, ...], dict[str, tuple[int, ...]]] = {}
         with device._lock:
             device.stats.engines_live += 1
             device.stats.events.append(f"engine {self._id} created")
@@ -699,7 +700,7 @@ class IExecutionContext(_Bound):
             device.stats.enqueues += 1
 
 
-def _call_allocator(device: FakeDevice, allocator: Any, name: str, current: int, size: int, stream: int) -> int:
+def _call_allocator(device: SimulatedDevice, allocator: Any, name: str, current: int, size: int, stream: int) -> int:
     """What TensorRT's PyOutputAllocator does: reallocate_output_async if the subclass has it, else the deprecated
     reallocate_output; an exception or a non-int result counts as nullptr."""
     method = getattr(allocator, "reallocate_output_async", None)

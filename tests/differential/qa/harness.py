@@ -36,7 +36,9 @@ from generated import grpc_service_pb2_grpc as pb_grpc
 
 KINDS = ("triton", "slotserve")
 CALL_TIMEOUT = 120.0  # a loaded machine; these calls answer in well under a second otherwise
-STREAM_TIMEOUT = 30.0  # a whole stream's deadline: a model that never sends its final flag fails the case then
+STREAM_TIMEOUT = (
+    120.0  # a whole stream's deadline (a loaded machine): a model that never sends its final flag fails the case then
+)
 
 
 def slotserve_fails(cause: str) -> pytest.MarkDecorator:
@@ -396,11 +398,15 @@ class Server:
     def stream_all(
         self, requests: Iterable[pb.ModelInferRequest], metadata=(), timeout=STREAM_TIMEOUT
     ) -> list[StreamItem]:
-        """Send `requests` on one stream, end it, and return every reply."""
+        """Send `requests` on one stream, end it, and return every reply. Raises AssertionError when the stream's
+        deadline (`timeout`) ended it: the replies are then cut short, which no case may read as its answer."""
         with self.stream(metadata, timeout) as stream:
             for request in requests:
                 stream.send(request)
-            return stream.rest()
+            items = stream.rest()
+        if stream.status is not None and stream.status[0] == "DEADLINE_EXCEEDED":
+            raise AssertionError(f"the stream's {timeout} s deadline passed after {len(items)} replies")
+        return items
 
     # -- control --
 

@@ -188,7 +188,7 @@ TWO_BY_SIXTEEN = """
     output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
     instance_group [ { kind: KIND_CPU } ]
 """
-BATCH_DELAY_US = 3_000_000  # the QA's 12 s, shortened: both requests of the stream arrive well inside it
+BATCH_DELAY_US = 8_000_000  # the QA's 12 s, shortened: both requests of the stream arrive inside it on a loaded machine (3 s was not, once)
 
 
 def MODELS() -> dict[str, Model]:
