@@ -11,9 +11,13 @@
     PythonContext.execute_stream  a decoupled model (`streaming`): its responses as the model sends them; the
                                 request's place is held until the final flag (the dataplane's streaming path)
     PythonContext.execute_streams  a decoupled model's batch: one call, each member's responses a stream of its own
-    run_bls                     a BLS call of the model (`InferenceRequest(...).exec()`), on a thread of its own:
-                                through the server's ModelCalls (`bind_model_calls`), so through the callee's
-                                admission, with the calling request's deadline and a token its cancellation fires
+    run_bls                     a BLS call of the model (`InferenceRequest(...).exec()`), on a thread of the model's
+                                (`CallThreads`: made with the model, stopped by its close): through the server's
+                                ModelCalls (`bind_model_calls`), so through the callee's admission, with the calling
+                                request's deadline and a token its cancellation fires
+
+Messages to and from a worker are engine/python/messages.py's records; Triton's error codes are
+engine/python/error_codes.py's table.
 
 Each request reaches the model with its id, parameters, correlation id and flags (the dataplane's RequestInfo on
 its CancelToken).
@@ -74,6 +78,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any, Protocol, overload
 
 import numpy as np
 
@@ -108,9 +113,34 @@ from ..interface import (
 )
 from . import transport
 from .environments import SERVER, Environments, Launcher, declared_environment
-from .messages import BlsCall, Execute, Ready
+from .error_codes import TritonCode, for_status
+from .messages import (
+    BlsCall,
+    BlsPart,
+    CallReply,
+    CallRequest,
+    Descriptor,
+    Done,
+    ErrorResult,
+    Execute,
+    Failed,
+    Grow,
+    GrowRefused,
+    Init,
+    LoadFailed,
+    Message,
+    Ready,
+    Released,
+    Reply,
+    ReplyPayload,
+    Request,
+    Response,
+    SegmentName,
+    Stop,
+    Tensors,
+)
 from .output import WorkerOutput
-from .rescheduling import Released, released_outcome
+from .rescheduling import released_outcome
 
 _LOG = logging.getLogger(__name__)
 
@@ -131,17 +161,42 @@ SHUTDOWN_REASON = "shutdown"  # service/core/errors.py SHUTDOWN_CANCEL_REASON: t
 POLL_SECONDS = 0.1  # how often a waiting call looks at its cancellation (the reply itself wakes it at once)
 OUTPUT_STOP_SECONDS = 2.0  # how long closing a worker waits for its output reader to log the last lines
 
-# TritonError codes (triton_python_backend_utils.TritonError) -> the error each becomes here.
+# The error a model's TritonError code becomes here (engine/python/error_codes.py names the codes).
 _BY_TRITON_CODE: dict[int, type[EngineError]] = {
-    0: ModelErrorUnknown,
-    1: ModelError,
-    2: ModelErrorNotFound,
-    3: ModelErrorInvalidArgument,
-    4: ModelErrorUnavailable,
-    5: ModelErrorUnsupported,
-    6: ModelErrorAlreadyExists,
-    7: ExecutionCancelled,
+    TritonCode.UNKNOWN: ModelErrorUnknown,
+    TritonCode.INTERNAL: ModelError,
+    TritonCode.NOT_FOUND: ModelErrorNotFound,
+    TritonCode.INVALID_ARG: ModelErrorInvalidArgument,
+    TritonCode.UNAVAILABLE: ModelErrorUnavailable,
+    TritonCode.UNSUPPORTED: ModelErrorUnsupported,
+    TritonCode.ALREADY_EXISTS: ModelErrorAlreadyExists,
+    TritonCode.CANCELLED: ExecutionCancelled,
 }
+
+
+class Member(Protocol):
+    """One request of a call: a lone request (`_Single`) or a batch's member (service/core/batching.py hands its
+    own records, `batches_as_requests`)."""
+
+    @property
+    def inputs(self) -> Mapping[str, np.ndarray]:
+        """Its input tensors by name."""
+
+    @property
+    def outputs(self) -> Sequence[str]:
+        """The outputs it asks for (empty: all of them)."""
+
+    @property
+    def cancel(self) -> CancelToken:
+        """Its cancel token (its client gave up, its deadline passed), which carries its
+        RequestInfo."""
+
+
+# What a member of a call comes back as: its outputs (copied out of the response segment), the error its response
+# carried, or Released (the model rescheduled it).
+CallResult = Outputs | ErrorResult | Released
+Inbound = Done | Failed | Response | Released  # what a call's waiter gets from the worker
+_INBOUND = (Done, Failed, Response, Released)  # the same, for isinstance (a tuple: its fastest form)
 
 
 class WorkersFailing(DeviceFailedError):
@@ -182,9 +237,10 @@ class WorkerProcess:
     way, so no thread of its own reads the pipe and a lone call reads its own answer. The cancel callbacks it
     registers run on any thread and write only their word of the board."""
 
-    def __init__(self, model: PythonModel, instance: int) -> None:
+    def __init__(self, model: PythonModel, instance: int, bls_threads: CallThreads) -> None:
         self.model = model
         self.instance = instance
+        self._bls_threads = bls_threads  # the model's: its BLS calls run there
         launch = model.launcher.launch()  # the interpreter: the model's environment's, or the server's
         self.board_words = max(1, model.metadata_batch) + 1  # board words per lane: one per request of a call
         self.board, requests, responses = self._first_segments(model, self.board_words)
@@ -260,7 +316,7 @@ class WorkerProcess:
         board, requests, responses = made
         return board, requests, responses
 
-    def start(self, settings: dict, timeout: float | None, cancel: CancelToken | None = None) -> Ready:
+    def start(self, settings: dict[str, Any], timeout: float | None, cancel: CancelToken | None = None) -> Ready:
         """Send the init message and wait for initialize. Returns the worker's Ready (the completed configuration,
         whether execute is a coroutine function). Raises ModelLoadError with the model's message, after `timeout`
         seconds (None: no limit), or as soon as `cancel` fires (an unload or the shutdown gave up on the load); the
@@ -268,24 +324,24 @@ class WorkerProcess:
         lane = self.lanes[0]
         settings = dict(
             settings,
-            cancel_board=(self.board.path, self.board.size),
+            cancel_board=self.board.name,
             board_words=self.board_words,
             segments={
-                "request": (lane.requests.path, lane.requests.size),
-                "response": (lane.responses.path, lane.responses.size),
+                "request": lane.requests.name,
+                "response": lane.responses.name,
             },
         )
         if cancel is not None:
             cancel.add_callback(self._kill_now)  # ends the wait below: the pipe reports the end of the worker
         try:
-            self.connection.send(("init", settings))
+            transport.send(self.connection, Init(settings))
             if not self.connection.poll(timeout):
                 self.kill()
                 raise ModelLoadError(
                     f"model '{self.model.name}': initialize did not finish within {timeout:g} s "
                     "(its initialize_timeout_seconds)"
                 )
-            answer = self.connection.recv()
+            answer = transport.receive(self.connection)
         except (EOFError, OSError):
             self.kill()
             self._raise_if_cancelled(cancel)
@@ -300,7 +356,8 @@ class WorkerProcess:
         self._raise_if_cancelled(cancel)  # cancelled as initialize ended: the callback may have killed it
         if not isinstance(answer, Ready):
             self.kill()
-            raise ModelLoadError(f"model '{self.model.name}': loading {self.model.shown_file} failed: {answer[1]}")
+            why = answer.message if isinstance(answer, LoadFailed) else f"it answered {type(answer).__name__}"
+            raise ModelLoadError(f"model '{self.model.name}': loading {self.model.shown_file} failed: {why}")
         return answer
 
     def _kill_now(self) -> None:
@@ -318,6 +375,8 @@ class WorkerProcess:
             )
 
     def resident_bytes(self) -> int:
+        """The worker's resident memory now (bytes, shared segments included), read from /proc; 0 once it is gone.
+        Never blocks."""
         try:
             with open(f"/proc/{self.process.pid}/statm") as handle:
                 return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -333,9 +392,10 @@ class WorkerProcess:
 
     # ---- calls -----------------------------------------------------------------------------------------------
 
-    def call(self, lane: int, members: Sequence, kill_cancel: CancelToken) -> list:
-        """Run `members` (objects with .inputs, .outputs, .cancel) as one execute call on lane `lane`. Returns per
-        member ("ok", {name: array}) or ("error", code, message). Raises ModelError (execute raised; the worker
+    def call(self, lane: int, members: Sequence[Member], kill_cancel: CancelToken) -> list[CallResult]:
+        """Run `members` (objects with .inputs, .outputs, .cancel) as one execute call on lane `lane`. Blocks until
+        the worker answers, it dies, or the kill grace after `kill_cancel` fired ends. Returns per member its
+        outputs, its ErrorResult or Released. Raises ModelError (execute raised; the worker
         died: `self.ended` is then set), ExecutionCancelled (`kill_cancel` fired and the worker outlived the kill
         grace: it was killed), OutOfSharedMemoryError (the shared memory has no room for the call's tensors:
         nothing else is lost)."""
@@ -345,7 +405,7 @@ class WorkerProcess:
             requests = self._lay_out(call.lane, members)
             watchers = [self._cancel_watcher(call, index, member.cancel) for index, member in enumerate(members)]
             try:
-                self._send(Execute(call.run, lane, requests, self._hand_over(call)).to_wire())
+                self._send(Execute(call.run, lane, requests, self._hand_over(call)))
                 sent = True
                 return self._results(call)
             finally:
@@ -355,7 +415,7 @@ class WorkerProcess:
             self._end_call(call, sent)
 
     def streams(
-        self, lane: int, members: Sequence, failed: Callable[[BaseException], None], ended: Callable[[], None]
+        self, lane: int, members: Sequence[Member], failed: Callable[[BaseException], None], ended: Callable[[], None]
     ) -> list[ResponseStream]:
         """Start one execute call of a decoupled model with `members` on lane `lane` and return each member's
         responses as a ResponseStream, to be read on the member's own thread (its cancel token is its kill clock's).
@@ -369,7 +429,7 @@ class WorkerProcess:
             requests = self._lay_out(call.lane, members)
             for index, member in enumerate(members):
                 call.waiters[index].watcher = self._cancel_watcher(call, index, member.cancel)
-            self._send(Execute(call.run, lane, requests, self._hand_over(call)).to_wire())
+            self._send(Execute(call.run, lane, requests, self._hand_over(call)))
         except BaseException:
             self._end_call(call, sent=False)
             raise
@@ -423,14 +483,14 @@ class WorkerProcess:
         if not self.ended:
             call.lane.release_single_use(sent)
 
-    def _hand_over(self, call: _Call) -> dict[str, tuple[str, int]]:
+    def _hand_over(self, call: _Call) -> dict[str, SegmentName]:
         """The lane's replaced segments, for the call's execute message: from now on the call unlinks them."""
         if not call.lane.new:
             return {}
         new, call.lane.new = call.lane.new, {}
         with self._mail:
             call.handed_over.extend(new.values())
-        return {key: (segment.path, segment.size) for key, segment in new.items()}
+        return {key: segment.name for key, segment in new.items()}
 
     def _unlink_handed_over(self, call: _Call) -> None:
         """The worker has mapped the segments handed over to `call` (it sent a message of the call after reading
@@ -440,19 +500,24 @@ class WorkerProcess:
         for segment in segments:
             segment.unlink()
 
-    def _results(self, call: _Call) -> list:
+    def _results(self, call: _Call) -> list[CallResult]:
+        """The call's Done, its tensors copied out of the lane's response segment (blocks as `_next_message`). Raises
+        the call's refusal (a response segment that could not grow) or ModelError when the call failed."""
         message = self._next_message(call, call.waiters[0])
-        if message[0] == "failed" and call.refused is not None:  # the worker failed the call for want of room
-            raise call.refused
-        if message[0] == "failed":
-            raise self._execute_failed(message[2])
-        results = []
-        for result in message[2]:
-            if result[0] == "ok":
-                results.append(("ok", {d.name: call.lane.read(d) for d in transport.from_wire(result[1])}))
-            else:
-                results.append(result)
-        return results
+        if isinstance(message, Failed):
+            if call.refused is not None:  # the worker failed the call for want of room
+                raise call.refused
+            raise self._execute_failed(message.message)
+        if not isinstance(message, Done):
+            raise self._confused(message)
+        return [call.lane.read_result(result) for result in message.results]
+
+    def _confused(self, message: Message) -> ModelError:
+        """The error of a message the protocol does not allow where it came (a worker that broke the protocol is
+        killed: its state is unknown)."""
+        self.kill_reason = f"it sent {type(message).__name__} out of turn"
+        self.kill()
+        return self._died()
 
     def _execute_failed(self, why: str) -> ModelError:
         """The error of an execute that raised, in the python backend's words (its clients and NVIDIA's QA tests
@@ -470,19 +535,20 @@ class WorkerProcess:
             if isinstance(message, Released):  # rescheduled: no final flag this time (rescheduling.py)
                 stream.finished = True
                 raise call.refused or released_outcome(self.model.name, self.model.spec)
-            if call.refused is not None:  # a response did not fit in the shared memory: the request ends
-                stream.finished = message[0] == "failed" or bool(message[5])
-                if message[0] != "failed":
-                    self._send(("reply", message[1], None))
-                raise call.refused
-            if message[0] == "failed":
+            if isinstance(message, Failed):
                 stream.finished = True
-                raise self._execute_failed(message[2])
-            _, tag, _run, _index, result, final = message
-            outputs = call.lane.read_result(result)
-            self._send(("reply", tag, None))  # the tensors are copied out: the worker may reuse the segment
-            stream.finished = bool(final)
-            if result is not None:
+                raise call.refused or self._execute_failed(message.message)
+            if not isinstance(message, Response):
+                raise self._confused(message)
+            if call.refused is not None:  # a response did not fit in the shared memory: the request ends
+                stream.finished = message.final
+                self._send(Reply(message.tag, None))
+                raise call.refused
+            result = message.result
+            outputs = None if result is None else call.lane.read_result(result)
+            self._send(Reply(message.tag, None))  # the tensors are copied out: the worker may reuse the segment
+            stream.finished = bool(message.final)
+            if outputs is not None:
                 outcome = self.model.outcome(outputs, stream.requested)
                 if isinstance(outcome, BaseException):
                     raise outcome
@@ -501,17 +567,17 @@ class WorkerProcess:
         try:
             while not stream.finished:
                 message = self._next_message(call, waiter)
-                if isinstance(message, Released) or message[0] == "failed":
+                if not isinstance(message, Response):  # Released or Failed: nothing more comes for it
                     return
-                self._send(("reply", message[1], None))
-                stream.finished = bool(message[5])
+                self._send(Reply(message.tag, None))
+                stream.finished = bool(message.final)
         except (ModelError, ExecutionCancelled) as error:
             _LOG.warning("%s", error)
 
     # ---- the pipe: messages filed by run ---------------------------------------------------------------------
 
-    def _next_message(self, call: _Call, waiter: _Waiter):
-        """`waiter`'s next message: a "response" for its request, or the call's "done" or "failed". Waits for it,
+    def _next_message(self, call: _Call, waiter: _Waiter) -> Inbound:
+        """`waiter`'s next message: a Response or Released for its request, or the call's Done or Failed. Waits for it,
         reading the pipe meanwhile when no other thread does. Raises ModelError when the worker died (or was killed
         for another request), ExecutionCancelled when its own kill clock ran out (the worker is killed then)."""
         if self.model.requests_per_context == 1 and len(call.waiters) == 1:
@@ -547,7 +613,7 @@ class WorkerProcess:
             if mine is not None:
                 return mine
 
-    def _next_message_alone(self, call: _Call, waiter: _Waiter):
+    def _next_message_alone(self, call: _Call, waiter: _Waiter) -> Inbound:
         """`_next_message` for the only call a worker can have in flight, and its only request (a model that does
         not overlap its calls, one request on a stream or a call of requests that answer together): its thread is
         the pipe's only reader, every message of the pipe is its own, so it reads without taking the reader's role."""
@@ -561,24 +627,20 @@ class WorkerProcess:
                 if mine is not None:
                     return mine
 
-    def _route(self, message, reader_call: _Call, reader: _Waiter):
-        """Deal with a message the reading thread (`reader`'s, of `reader_call`) took off the pipe: answer a "grow",
-        start a BlsCall, file the rest in the inbox of their call's waiter (a "response" for a call that has ended
-        is answered and dropped). Returns the message when it is `reader`'s own (not filed), else None."""
-        if isinstance(message, BlsCall):
-            self._start_bls(message)
+    def _route(self, message: Message, reader_call: _Call, reader: _Waiter) -> Inbound | None:
+        """Deal with a message the reading thread (`reader`'s, of `reader_call`) took off the pipe: answer a Grow,
+        start a BlsCall, file the rest in the inbox of their call's waiter (a Response for a call that has ended
+        is answered and dropped). Returns the message when it is `reader`'s own (not filed), else None. Raises
+        ModelError (the worker is killed) for a message a worker never sends."""
+        if not isinstance(message, _INBOUND):  # a question of the worker's, not an answer to a call
+            if isinstance(message, BlsCall):
+                self._start_bls(message)
+            elif isinstance(message, Grow):
+                self._send(Reply(message.tag, self._grown(message.run, message.size)))
+            else:
+                raise self._confused(message)
             return None
-        if isinstance(message, Released):  # a decoupled request the model rescheduled: its stream ends
-            kind = "response"
-            run, index = message.run, message.position
-        else:
-            kind = message[0]
-            run = message[2] if kind == "response" else message[1]
-            index = message[3] if kind == "response" else 0
-        if kind == "grow":
-            _, tag, run, size = message
-            self._send(("reply", tag, self._grown(run, size)))
-            return None
+        run = message.run
         if run == reader_call.run:  # the reader's own call: in flight, since it waits for this
             call: _Call | None = reader_call
             live = True
@@ -587,18 +649,20 @@ class WorkerProcess:
                 call = self._calls.get(run)
                 live = call is not None and call.live
         if call is None or not live:
-            if kind == "response" and not isinstance(message, Released):  # its call has ended: dropped
-                self._send(("reply", message[1], None))
+            if isinstance(message, Response):  # its call has ended: dropped
+                self._send(Reply(message.tag, None))
             return None
         if call.handed_over:
             self._unlink_handed_over(call)  # the worker has mapped them: it sent this after reading the call's message
-        if kind == "done" and call.waiters[0] is reader:  # a lone call's answer: its own thread read it
+        if isinstance(message, Done) and call.waiters[0] is reader:  # a lone call's answer: its own thread read it
             return message
-        if kind == "response":
-            addressees = [call.waiters[index]]
-        elif kind == "done":
+        if isinstance(message, Response):
+            addressees = [call.waiters[message.position]]
+        elif isinstance(message, Released):  # a decoupled request the model rescheduled: its stream ends
+            addressees = [call.waiters[message.position]]
+        elif isinstance(message, Done):
             addressees = [call.waiters[0]]
-        else:  # "failed": the call's every request
+        else:  # Failed: the call's every request
             addressees = call.waiters
         mine = message if reader in addressees else None
         others = [waiter for waiter in addressees if waiter is not reader]
@@ -610,7 +674,7 @@ class WorkerProcess:
                     self._changed.notify_all()
         return mine
 
-    def _receive(self, seconds: float):
+    def _receive(self, seconds: float) -> Message | None:
         """The worker's next message, or None when none came within `seconds`. Raises ModelError when the worker
         died."""
         try:
@@ -651,6 +715,7 @@ class WorkerProcess:
         )
 
     def mark_ended(self) -> None:
+        """The worker is gone (dead or killed): its calls' waiters are woken to fail. Never blocks."""
         with self._mail:
             self.ended = True
             self._changed.notify_all()
@@ -668,21 +733,21 @@ class WorkerProcess:
             "running this request; the slot starts a new worker for the next one"
         )
 
-    def _grown(self, run: int, size: int):
-        """The reply to a "grow" of call `run`: its lane's new response segment (path, size), or GrowRefused (noted
+    def _grown(self, run: int, size: int) -> ReplyPayload:
+        """The reply to a Grow of call `run`: its lane's new response segment's name, or GrowRefused (noted
         in the call's `refused`, which fails it)."""
         with self._mail:
             call = self._calls.get(run)
         if call is None:
-            return transport.GrowRefused(f"model '{self.model.name}': the call had ended")
+            return GrowRefused(f"model '{self.model.name}': the call had ended")
         try:
             segment = call.lane.replace("response", size)
         except OutOfSharedMemoryError as error:
             call.refused = OutOfSharedMemoryError(f"model '{self.model.name}': the response: {error}")
-            return transport.GrowRefused(str(call.refused))
+            return GrowRefused(str(call.refused))
         with self._mail:
             call.handed_over.append(segment)  # the worker maps it before it sends the call's next message
-        return (segment.path, segment.size)
+        return segment.name
 
     def _start_bls(self, message: BlsCall) -> None:
         """Run a BLS call of a request in flight on a thread of its own (the model may make several at once), with
@@ -694,39 +759,41 @@ class WorkerProcess:
         tag = message.tag
         ended = False  # the error part for a call outlived by its request was sent
 
-        def deliver(reply: transport.CallReply, final: bool) -> None:
+        def deliver(reply: CallReply, final: bool) -> None:
             nonlocal ended
             with self._mail:
                 live = call is not None and call.live
-                if live and reply.segment is not None:
-                    call.reply_files.add(reply.segment[0])  # type: ignore[union-attr]  # live: not None
+                if call is not None and live and reply.segment is not None:
+                    call.reply_files.add(reply.segment.path)
             if not live:
                 _unlink_reply(reply)
                 if ended:
                     return
                 ended, final = True, True
-                reply = transport.CallReply((("error", transport.triton_code("CANCELLED"), _OUTLIVED),), None)
+                reply = CallReply((ErrorResult(TritonCode.CANCELLED, _OUTLIVED),), None)
             try:
-                self._send(("part", tag, reply, final))
+                self._send(BlsPart(tag, reply, final))
             except ModelError:  # the worker is gone (its calls report that): nobody will map the reply
                 _unlink_reply(reply)
 
         if call is None:  # its request has ended: the model gets the error part at once
-            deliver(transport.CallReply((), None), True)
+            deliver(CallReply((), None), True)
             return
         cancel, deadline = call.bls_cancel, call.deadline
-        CALL_THREADS.submit(lambda: run_bls(self.model, message.call, cancel, deadline, deliver))
+        if not self._bls_threads.submit(lambda: run_bls(self.model, message.call, cancel, deadline, deliver)):
+            closing = ErrorResult(TritonCode.UNAVAILABLE, f"model '{self.model.name}' is closing: no BLS call runs")
+            deliver(CallReply((closing,), None), True)
 
-    def _lay_out(self, lane: _Lane, members: Sequence) -> list:
+    def _lay_out(self, lane: _Lane, members: Sequence[Member]) -> list[Request]:
         """Copy the members' inputs into the lane's request segment (grown first when they do not fit); returns each
-        member's request fields for the execute message."""
+        member's Request for the Execute message. Raises OutOfSharedMemoryError when the segment cannot grow."""
         layout = transport.Layout()
         requests = []
         for member in members:
             descriptors = [
                 layout.plan(name, array, datatypes.from_numpy(array.dtype)) for name, array in member.inputs.items()
             ]
-            requests.append(_request_fields(descriptors, member))
+            requests.append(_request(descriptors, member))
         try:
             if layout.size > lane.requests.size or lane.requests.is_released:
                 lane.new["request"] = lane.replace("request", layout.size)
@@ -737,7 +804,7 @@ class WorkerProcess:
         layout.write(lane.requests)
         return requests
 
-    def _send(self, message) -> None:
+    def _send(self, message: Message) -> None:
         """Send a control message; a worker that is gone raises ModelError (its end named)."""
         try:
             with self._send_lock:
@@ -748,7 +815,9 @@ class WorkerProcess:
     def _board_offset(self, call: _Call, index: int) -> int:
         return 8 * (call.lane_number * self.board_words + index)
 
-    def _cancel_watcher(self, call: _Call, index: int, cancel: CancelToken):
+    def _cancel_watcher(self, call: _Call, index: int, cancel: CancelToken) -> Callable[[], None]:
+        """Have `cancel` firing mark the `index`-th request of `call` cancelled on the board (the model's
+        `is_cancelled()` reads it); returns the callback, for the caller to remove when the call ends."""
         board, offset, run = self.board.view, self._board_offset(call, index), call.run
 
         def cancelled() -> None:  # writes only this run's number: a late callback of an older run is harmless
@@ -762,7 +831,7 @@ class WorkerProcess:
     def ask_to_stop(self) -> None:
         """Ask the worker to run finalize and exit (never blocks on a busy worker)."""
         try:
-            self.connection.send(("stop",))
+            transport.send(self.connection, Stop())
         except OSError:
             pass
 
@@ -782,6 +851,8 @@ class WorkerProcess:
         ).start()
 
     def wait_or_kill(self, deadline: float) -> None:
+        """Wait for the worker to exit until `deadline` (monotonic), kill it then, and free its resources. Blocks until
+        then; never raises."""
         try:
             self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -792,6 +863,7 @@ class WorkerProcess:
         self.close_resources()
 
     def kill(self) -> None:
+        """Kill the worker (SIGKILL) if it still runs and reap it. Blocks only for the reaping; never raises."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
@@ -832,7 +904,7 @@ class WorkerProcess:
 class _Lane:
     """The server's side of one lane of a worker: its request and response segments (replaced by larger ones as
     calls need them) and the replacements the worker has yet to be told of (`new`, handed over with the lane's next
-    execute message to its call). Used by the call on the lane, and by the reading thread for the call's "grow"
+    execute message to its call). Used by the call on the lane, and by the reading thread for the call's Grow
     asks, which the protocol puts between the call's own steps."""
 
     def __init__(self, requests: transport.Segment, responses: transport.Segment) -> None:
@@ -874,15 +946,15 @@ class _Lane:
                 segment.unlink()
                 segment.close()
 
-    def read(self, descriptor: transport.Descriptor) -> np.ndarray:
+    def read(self, descriptor: Descriptor) -> np.ndarray:
         bf16 = datatypes.bfloat16() if descriptor.datatype == "BF16" else None
         return transport.read(self.responses, descriptor, copy=True, bf16=bf16)
 
-    def read_result(self, result):
-        """A response's result with its tensors copied out of the response segment (None: a final flag alone)."""
-        if result is None or result[0] != "ok":
-            return result
-        return ("ok", {d.name: self.read(d) for d in transport.from_wire(result[1])})
+    def read_result(self, result: Tensors | ErrorResult | Released) -> CallResult:
+        """A response's result with its tensors copied out of the response segment."""
+        if isinstance(result, Tensors):
+            return {d.name: self.read(d) for d in result.descriptors}
+        return result
 
     def free(self) -> None:
         for segment in (self.requests, self.responses, *self.new.values()):
@@ -900,7 +972,7 @@ class _Waiter:
     def __init__(self, cancel: CancelToken) -> None:
         self.cancel = cancel
         self.cancel_seen: float | None = None
-        self.inbox: deque = deque()
+        self.inbox: deque[Inbound] = deque()
         self.watcher: Callable[[], None] | None = None  # its cancel board callback, removed when the call ends
 
 
@@ -989,6 +1061,8 @@ class ResponseStream(Iterator[Outputs]):
         return outputs
 
     def close(self) -> None:
+        """End the request's part of the call now: what the model still sends for it is taken and dropped until its
+        final flag (bounded by the kill grace). Idempotent; never raises a model's error."""
         self._end()
 
     def _end(self) -> None:
@@ -1036,9 +1110,22 @@ class PythonContext(Context):
         self._worker: WorkerProcess | None = worker
         self._free_lanes = list(range(model.requests_per_context - 1, -1, -1))  # lane 0 is taken first
 
-    def execute(self, inputs, outputs: Sequence[str], cancel: CancelToken):
+    @overload
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken) -> Outputs: ...
+
+    @overload
+    def execute(
+        self, inputs: list[Member], outputs: Sequence[str], cancel: CancelToken
+    ) -> list[Outputs | EngineError]: ...
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray] | list[Member], outputs: Sequence[str], cancel: CancelToken
+    ) -> Outputs | list[Outputs | EngineError]:
         """One request, or (from a batch leader, `batches_as_requests`) a list of member requests: then a list
-        of outcomes, each its Outputs or its EngineError. Blocks for the run."""
+        of outcomes, each its Outputs or its EngineError. Blocks for the run: until the worker answers, or dies, or
+        the kill grace after `cancel` fired ends (the worker is killed). Raises ExecutionCancelled (cancelled
+        before the run, or killed after it), ModelError (execute raised, the worker died), WorkersFailing (the
+        workers die too often), OutOfSharedMemoryError, or the EngineError of a lone request's response."""
         if isinstance(inputs, list):
             return self._call(inputs, cancel)
         if cancel.cancelled:
@@ -1048,7 +1135,7 @@ class PythonContext(Context):
             raise outcome
         return outcome
 
-    def _call(self, members: Sequence, cancel: CancelToken) -> list:
+    def _call(self, members: Sequence[Member], cancel: CancelToken) -> list[Outputs | EngineError]:
         lane, worker = self._enter()
         try:
             results = worker.call(lane, members, cancel)
@@ -1059,9 +1146,12 @@ class PythonContext(Context):
             self._leave(lane, worker)
         return [self._model.outcome(result, member.outputs) for result, member in zip(results, members, strict=True)]
 
-    def execute_stream(self, inputs, outputs: Sequence[str], cancel: CancelToken) -> Iterator[Outputs]:
-        """A decoupled model's responses to one request, as the model sends them (a ResponseStream). A model that
-        is not decoupled yields its one response."""
+    def execute_stream(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], cancel: CancelToken
+    ) -> Iterator[Outputs]:
+        """A decoupled model's responses to one request, as the model sends them (a ResponseStream, each `next`
+        blocking for the next response). A model that is not decoupled yields its one response (blocks for it).
+        Raises as `execute` when the call cannot start; the stream raises as `execute` too."""
         if not self._model.decoupled:
             return iter((self.execute(inputs, outputs, cancel),))
         if cancel.cancelled:
@@ -1069,7 +1159,7 @@ class PythonContext(Context):
         (stream,) = self.execute_streams([_Single(inputs, outputs, cancel)])
         return stream
 
-    def execute_streams(self, members: Sequence) -> list[Iterator[Outputs]]:
+    def execute_streams(self, members: Sequence[Member]) -> list[Iterator[Outputs]]:  # type: ignore[override]  # the interface types the core's records as object
         """A decoupled model's batch: one execute call of `members` (each with .inputs, .outputs, .cancel), each
         member's responses as a ResponseStream read on the member's own thread. The lane is held until every stream
         has ended. Raises as `execute` when the call cannot start."""
@@ -1167,6 +1257,7 @@ class PythonContext(Context):
             )
 
     def close(self) -> None:
+        """Ask the slot's worker to finalize and exit; returns at once (a thread kills it after the finalize grace)."""
         with self._lock:
             worker, self._worker = self._worker, None
         if worker is not None:
@@ -1174,60 +1265,94 @@ class PythonContext(Context):
 
 
 class CallThreads:
-    """The threads BLS calls run on: an idle one takes the next call, else a new one starts, so calls are never
-    queued behind each other (a call may wait long for the callee's slot). A thread idle IDLE_SECONDS ends.
-    Starting a thread costs more than a call's own overhead on a loaded machine; reusing one does not."""
+    """The threads a python model's BLS calls run on, owned by the model (PythonModel makes them with itself and
+    stops them in its `close`) and handed to each of its workers. An idle thread takes the next call, else a new one
+    starts, so calls are never queued behind each other (a call may wait long for the callee's slot). A thread
+    idle IDLE_SECONDS ends; `stop` ends the idle ones at once and the busy ones when their call ends. Starting a
+    thread costs more than a call's own overhead on a loaded machine; reusing one does not.
+
+    Lock: `_lock` guards `_idle`, `_threads` and `_stopped`; it is held for list and set work only, never across a
+    call, a put or a thread's start."""
 
     IDLE_SECONDS = 10.0
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards: _idle
-        self._idle: list[queue.SimpleQueue] = []  # each idle thread's own inbox, the latest idle last
+    def __init__(self, name: str) -> None:
+        self.name = name  # every thread's name: a test (and a thread dump) finds the model's threads by it
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None] | None]] = []  # idle threads' inboxes, latest last
+        self._threads: set[threading.Thread] = set()  # started and not ended
+        self._stopped = False
 
-    def submit(self, work: Callable[[], None]) -> None:
+    def submit(self, work: Callable[[], None]) -> bool:
+        """Run `work` on an idle thread, or a new one. Never blocks. Returns False, running nothing, once `stop` was
+        called (the model is closing). Raises RuntimeError when no thread can be started."""
         with self._lock:
+            if self._stopped:
+                return False
             inbox = self._idle.pop() if self._idle else None
+            if inbox is None:
+                thread = threading.Thread(target=self._serve, args=(work,), name=self.name, daemon=True)
+                self._threads.add(thread)
         if inbox is not None:
             inbox.put(work)
-            return
-        threading.Thread(target=self._serve, args=(work,), name="python-bls-call", daemon=True).start()
-
-    def _serve(self, work: Callable[[], None]) -> None:
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
-        while True:
-            work()
+            return True
+        try:
+            thread.start()
+        except BaseException:
             with self._lock:
-                self._idle.append(inbox)
-            try:
-                work = inbox.get(timeout=self.IDLE_SECONDS)
-            except queue.Empty:
+                self._threads.discard(thread)
+            raise
+        return True
+
+    def stop(self) -> None:
+        """Take no more calls: idle threads end now, busy ones as soon as their call returns (a BLS call is bounded
+        by its calling request's deadline and cancellation, which the model's unload fires). Never blocks;
+        idempotent."""
+        with self._lock:
+            self._stopped = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)  # wakes its thread, which ends
+
+    def alive(self) -> list[threading.Thread]:
+        """The threads started and not ended yet (busy or idle). Never blocks."""
+        with self._lock:
+            return list(self._threads)
+
+    def _serve(self, work: Callable[[], None] | None) -> None:
+        inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        try:
+            while work is not None:
+                work()
                 with self._lock:
-                    if inbox in self._idle:  # nobody took it: end
-                        self._idle.remove(inbox)
+                    if self._stopped:
                         return
-                work = inbox.get()  # taken just now: its work is on the way
+                    self._idle.append(inbox)
+                try:
+                    work = inbox.get(timeout=self.IDLE_SECONDS)
+                except queue.Empty:
+                    with self._lock:
+                        if inbox in self._idle:  # nobody took it: end
+                            self._idle.remove(inbox)
+                            return
+                    work = inbox.get()  # taken just now: its work (or stop's None) is on its way
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
 
 
-CALL_THREADS = CallThreads()
-
-
-def _request_fields(descriptors: list, member) -> dict:
+def _request(descriptors: list[Descriptor], member: Member) -> Request:
     """What the worker needs of one request: its tensors, requested outputs and what it says about itself."""
     info = member.cancel.request or _NO_INFO
-    return {
-        "inputs": transport.to_wire(descriptors),
-        "outputs": list(member.outputs),
-        "id": info.id,
-        "parameters": dict(info.parameters),
-        "correlation_id": info.correlation_id,
-        "flags": info.flags,
-    }
+    return Request(
+        tuple(descriptors), tuple(member.outputs), info.id, info.correlation_id, info.flags, dict(info.parameters)
+    )
 
 
 _NO_INFO = RequestInfo()
 
 
-def _caller_deadline(members: Sequence) -> float | None:
+def _caller_deadline(members: Sequence[Member]) -> float | None:
     """The deadline a call's BLS calls carry: the latest of its requests' (None when one of them has none)."""
     deadlines = [(member.cancel.request or _NO_INFO).deadline for member in members]
     if any(deadline is None for deadline in deadlines):
@@ -1243,10 +1368,10 @@ SELF_CALL_HINT = (
 
 def run_bls(
     model: PythonModel,
-    call: transport.CallRequest,
+    call: CallRequest,
     cancel: CancelToken,
     deadline: float | None,
-    deliver: Callable[[transport.CallReply, bool], None],
+    deliver: Callable[[CallReply, bool], None],
 ) -> None:
     """Run one BLS call of `model` through the server, handing its reply to `deliver(reply, final)`: once (final)
     for an ordinary call; for `decoupled` each response of the callee as it comes, then a final part (empty, or
@@ -1256,12 +1381,14 @@ def run_bls(
     Never raises: a failure is an error response, with the TritonError code of the status a client would get."""
     calls = model.calls
     if calls is None:
-        deliver(transport.CallReply((("error", 4, "BLS calls need a server (no ModelCalls was bound)"),), None), True)
+        no_server = ErrorResult(TritonCode.UNAVAILABLE, "BLS calls need a server (no ModelCalls was bound)")
+        deliver(CallReply((no_server,), None), True)
         return
     if call.timeout_us > 0:
         own = time.monotonic() + call.timeout_us / 1e6
         deadline = own if deadline is None else min(deadline, own)
-    info = RequestInfo(call.request_id, call.parameters, deadline, call.correlation_id, call.flags)
+    request = call.request
+    info = RequestInfo(request.request_id, request.parameters, deadline, request.correlation_id, request.flags)
     token = CancelToken()  # the call's own: the dataplane sets its RequestInfo on it
 
     def forward() -> None:
@@ -1269,14 +1396,14 @@ def run_bls(
 
     cancel.add_callback(forward)
     segment = None
-    outcomes: list = []
+    outcomes: list[Outputs | ErrorResult] = []
     ended = False  # the callee sent its last response with the final flag: no empty final part after it
     try:
-        bf16 = datatypes.bfloat16() if any(d.datatype == "BF16" for d in call.inputs) else None
+        bf16 = datatypes.bfloat16() if any(d.datatype == "BF16" for d in request.inputs) else None
         segment, inputs = transport.read_call(call, bf16=bf16)
         if call.decoupled:
             responses = calls.infer_stream(
-                call.model, inputs, version=call.version, outputs=call.outputs, cancel=token, request=info
+                call.model, inputs, version=call.version, outputs=request.outputs, cancel=token, request=info
             )
             try:
                 for outputs in responses:
@@ -1288,13 +1415,15 @@ def run_bls(
                     close()  # an error or a cancellation ends the callee's stream: its slot is released now
         else:
             outcomes.append(
-                calls.infer(call.model, inputs, version=call.version, outputs=call.outputs, cancel=token, request=info)
+                calls.infer(
+                    call.model, inputs, version=call.version, outputs=request.outputs, cancel=token, request=info
+                )
             )
     except BaseException as error:  # noqa: BLE001 (every failure is the caller's error response)
         status, message = calls.describe(error)
         if call.model == model.name and _waited_for_a_slot(error):
             message += SELF_CALL_HINT
-        outcomes.append((transport.triton_code(status), message))
+        outcomes.append(ErrorResult(for_status(status), message))
     finally:
         cancel.remove_callback(forward)
     try:
@@ -1312,24 +1441,25 @@ def _waited_for_a_slot(error: BaseException) -> bool:
     return getattr(type(error), "error_reason", None) == "server_busy"
 
 
-def _reply(outcomes: list, callee: str) -> transport.CallReply:
+def _reply(outcomes: Sequence[Outputs | ErrorResult], callee: str) -> CallReply:
+    """The reply carrying `outcomes`; one error response when they cannot be laid out. Never raises."""
     try:
         return transport.write_reply(outcomes)
     except OutOfSharedMemoryError as error:
-        code = transport.triton_code("RESOURCE_EXHAUSTED")
-        return transport.CallReply((("error", code, f"BLS call to model '{callee}': {error}"),), None)
+        failed = ErrorResult(for_status("RESOURCE_EXHAUSTED"), f"BLS call to model '{callee}': {error}")
     except (ValueError, OSError) as error:
-        return transport.CallReply((("error", 1, f"BLS call to model '{callee}': {error}"),), None)
+        failed = ErrorResult(TritonCode.INTERNAL, f"BLS call to model '{callee}': {error}")
+    return CallReply((failed,), None)
 
 
 _OUTLIVED = "the calling request ended before this BLS response was read; it was dropped"
 
 
-def _unlink_reply(reply: transport.CallReply) -> None:
+def _unlink_reply(reply: CallReply) -> None:
     """Remove a BLS reply's segment file (nobody will map it)."""
     if reply.segment is not None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(reply.segment[0])
+            os.unlink(reply.segment.path)
 
 
 def _private_resident(pid: int) -> int:
@@ -1385,6 +1515,8 @@ class PythonModel(LoadedModel):
         self._async_execute = False  # its execute is `async def` (the first worker says)
         self.decoupled = False  # set from the completed configuration at load
         self.calls: ModelCalls | None = None  # the server's, for BLS calls (PythonBackend.bind_model_calls)
+        # The threads its workers' BLS calls run on: none until the first call, stopped by `close`.
+        self.bls_threads = CallThreads(f"python-bls-{spec.name}")
 
     # ---- load --------------------------------------------------------------------------------------------------
 
@@ -1413,7 +1545,7 @@ class PythonModel(LoadedModel):
         initialize_timeout_seconds (0: no limit); `cancel` firing kills the worker at once. Raises `error_type`
         naming what went wrong (the worker is ended and its resources freed)."""
         spec = self.spec
-        worker = WorkerProcess(self, instance)
+        worker = WorkerProcess(self, instance, self.bls_threads)
         settings = {
             "model_name": spec.name,
             "model_file": str(spec.model_file),
@@ -1441,6 +1573,7 @@ class PythonModel(LoadedModel):
     # ---- slots -------------------------------------------------------------------------------------------------
 
     def create_context(self) -> Context:
+        """A slot (see `create_context_cancellable`); blocks for a new worker's initialize. Raises ModelLoadError."""
         return self.create_context_cancellable(None)
 
     def create_context_cancellable(self, cancel: CancelToken | None) -> Context:
@@ -1466,21 +1599,22 @@ class PythonModel(LoadedModel):
         return sum(worker.memory_bytes() for worker in workers) + max(0, slots - len(workers)) * started
 
     def worker_started(self, worker: WorkerProcess) -> None:
+        """Count `worker` in the model's memory (`memory_bytes`). Never blocks."""
         with self._lock:
             self._live.add(worker)
 
     def worker_closed(self, worker: WorkerProcess) -> None:
+        """Stop counting `worker` in the model's memory. Never blocks."""
         with self._lock:
             self._live.discard(worker)
 
-    def outcome(self, result: tuple, requested: Sequence[str]):
-        """A member's Outputs, or the EngineError its response carried or its outputs earn."""
+    def outcome(self, result: CallResult, requested: Sequence[str]) -> Outputs | EngineError:
+        """A member's Outputs, or the EngineError its response carried or its outputs earn. Never raises."""
         if isinstance(result, Released):  # the model rescheduled the request (rescheduling.py)
             return released_outcome(self.name, self.spec)
-        if result[0] == "error":
-            code, message = result[1], result[2]
-            return _BY_TRITON_CODE.get(code, ModelError)(message[:2000])  # the model's words, as Triton passes them
-        outputs: Outputs = result[1]
+        if isinstance(result, ErrorResult):  # the model's words, as Triton passes them
+            return _BY_TRITON_CODE.get(result.code, ModelError)(result.message[:2000])
+        outputs = result
         kept = self.spec.sequence.state_outputs() if self.spec.sequence is not None else ()
         for name, array in outputs.items():
             declared = self.metadata.output(name)
@@ -1518,6 +1652,8 @@ class PythonModel(LoadedModel):
             )
 
     def kill_grace(self, reason: str) -> float | None:
+        """Seconds a worker may run on after a request of its was cancelled for `reason` before it is killed; None:
+        never killed (cancel_kill_seconds 0)."""
         if reason == SHUTDOWN_REASON:
             return SHUTDOWN_KILL_SECONDS
         return self._cancel_kill or None
@@ -1527,17 +1663,20 @@ class PythonModel(LoadedModel):
         return time.monotonic() + self._finalize_grace
 
     def close(self) -> None:
+        """The model is unloaded (its contexts were closed first): stop its spare worker, if any, and its BLS
+        threads. Never blocks: a worker's finalize and a BLS call still running end on their own threads."""
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None:
             spare.stop(self.close_deadline())
+        self.bls_threads.stop()
 
 
-def triton_config(spec: ModelSpec) -> dict:
+def triton_config(spec: ModelSpec) -> dict[str, Any]:
     """The model's configuration as Triton hands it to a python model (JSON-shaped; dims as integers)."""
     from google.protobuf import json_format
 
-    config: dict = {}
+    config: dict[str, Any] = {}
     if spec.config is not None:
         config = json_format.MessageToDict(spec.config, preserving_proto_field_name=True)  # type: ignore[arg-type]  # the ModelConfig message (typed `object` in the interface)
     config.setdefault("name", spec.name)
@@ -1551,11 +1690,12 @@ def triton_config(spec: ModelSpec) -> dict:
     return config
 
 
-def is_decoupled(config: dict) -> bool:
+def is_decoupled(config: dict[str, Any]) -> bool:
+    """Whether a (completed) configuration says `model_transaction_policy { decoupled: true }`."""
     return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
-def metadata_from_config(config: dict, spec: ModelSpec) -> ModelMetadata:
+def metadata_from_config(config: dict[str, Any], spec: ModelSpec) -> ModelMetadata:
     """The served metadata of a (completed) configuration. Raises ModelConfigError for a tensor it cannot
     serve, or for settings slotserve refuses."""
     origin = f"model '{spec.name}'"
@@ -1621,9 +1761,12 @@ class PythonBackend(Backend):
         transport.remove_own_at_exit()
 
     def bind_model_calls(self, calls: ModelCalls) -> None:
+        """The server's calls to its own models, which every python model loaded after this uses for BLS."""
         self._calls = calls
 
     def load(self, spec: ModelSpec) -> LoadedModel:
+        """`load_cancellable` without a token: blocks for the first worker's initialize; raises ModelLoadError or
+        ModelConfigError."""
         return self.load_cancellable(spec, None)
 
     def load_cancellable(self, spec: ModelSpec, cancel: CancelToken | None) -> LoadedModel:

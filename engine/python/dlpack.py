@@ -15,6 +15,7 @@ ml_dtypes for BF16, which the worker has).
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import numpy as np
 
@@ -56,24 +57,26 @@ _is_valid.restype = ctypes.c_int
 _is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-def _bfloat16() -> np.dtype:
+def _bfloat16() -> np.dtype[Any]:
     import ml_dtypes
 
-    return np.dtype(ml_dtypes.bfloat16)
+    bfloat16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    return bfloat16
 
 
 def is_capsule(value: object) -> bool:
+    """Whether `value` is a PyCapsule (a DLPack tensor, used or not)."""
     return type(value).__name__ == "PyCapsule"
 
 
-def _managed(capsule) -> _ManagedTensor:
+def _managed(capsule: object) -> _ManagedTensor:
     """The capsule's DLManagedTensor (it stays the capsule's). Raises ValueError for a used or foreign capsule."""
     if not _is_valid(capsule, _NAME):
         raise ValueError("the capsule is not an unused DLPack tensor (its name is not 'dltensor')")
     return _ManagedTensor.from_address(_get_pointer(capsule, _NAME))
 
 
-def export(array: np.ndarray):
+def export(array: np.ndarray) -> object:
     """A DLPack capsule of `array`'s data (C-contiguous; a read-only or strided array is copied first, as DLPack
     has no read-only flag before its versioned form)."""
     if not array.flags.c_contiguous or not array.flags.writeable:
@@ -88,17 +91,17 @@ def export(array: np.ndarray):
 class _Capsule:
     """What np.from_dlpack reads: a capsule behind the protocol's two methods."""
 
-    def __init__(self, capsule, device: tuple[int, int]) -> None:
+    def __init__(self, capsule: object, device: tuple[int, int]) -> None:
         self._capsule, self._device = capsule, device
 
-    def __dlpack__(self, *args, **kwargs):
+    def __dlpack__(self, *args: object, **kwargs: object) -> Any:  # a capsule
         return self._capsule
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self._device
 
 
-def import_(value) -> np.ndarray:
+def import_(value: Any) -> np.ndarray:
     """A numpy array over the memory of a DLPack capsule, or of an object with `__dlpack__` (no copy; the array
     keeps the producer's memory alive). Raises TypeError or ValueError (see the module's docstring)."""
     if not is_capsule(value):

@@ -102,6 +102,7 @@ class DeclaredEnvironment:
     kind: EnvironmentKind
 
     def problem(self, text: str) -> str:
+        """A message naming the model, the parameter and `text` (what is wrong with it)."""
         return f"model '{self.model}': {PARAMETER} '{self.written}' {text}"
 
 
@@ -115,13 +116,16 @@ class Launch:
 
 
 class Launcher(Protocol):
-    def launch(self) -> Launch: ...
+    def launch(self) -> Launch:
+        """How to start a worker (its interpreter and environment). Blocks while an environment
+        is prepared; raises ModelLoadError."""
 
 
 class ServerLauncher:
     """Workers on the server's own interpreter and packages (a model without EXECUTION_ENV_PATH)."""
 
     def launch(self) -> Launch:
+        """The server's own interpreter, with the project on PYTHONPATH. Never blocks."""
         variables = dict(os.environ)
         variables["PYTHONPATH"] = os.pathsep.join(filter(None, [PROJECT_ROOT, variables.get("PYTHONPATH")]))
         variables["PYTHONUNBUFFERED"] = "1"  # what the model prints reaches the log as it prints it
@@ -216,9 +220,13 @@ class Environments:
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = Path(folder) if folder is not None else default_folder()
         self._lock = threading.Lock()  # guards: _digests
-        self._digests: dict[tuple, str] = {}  # an archive's identity (path, inode, size, mtime) -> its SHA-256
+        self._digests: dict[
+            tuple[object, ...], str
+        ] = {}  # an archive's identity (path, inode, size, mtime) -> its SHA-256
 
     def launcher(self, declared: DeclaredEnvironment) -> EnvironmentLauncher:
+        """A launcher for `declared` that prepares its environment at the first worker it starts (nothing is done
+        now)."""
         return EnvironmentLauncher(self, declared)
 
     def prepare(self, declared: DeclaredEnvironment) -> Launch:
@@ -328,7 +336,7 @@ class Environments:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-def _identity(path: Path, info: os.stat_result) -> tuple:
+def _identity(path: Path, info: os.stat_result) -> tuple[object, ...]:
     return (str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 

@@ -1,48 +1,237 @@
-"""Typed messages between the server and a python-model worker (engine/python/backend.py <-> worker.py).
+"""Every message between the server and a python-model worker (engine/python/backend.py <-> worker.py), as typed
+records of one vocabulary that both processes import.
 
-The messages that say which request they belong to are records here, read by field, never by position. Older
-messages still travel as tuples tagged by a string (see engine/python/transport.py's list); they move here as
-they change. Each record is a NamedTuple that both processes import. Pickle writes a NamedTuple as its class and
-its fields; Execute, sent for every request, travels as a plain tuple instead (`to_wire`, `from_wire`: its tag and
-its fields in order, 6 microseconds less a request on the 2-core test machine, where an add_sub round trip takes
-about 150), written and read only by the record itself, as transport.Descriptor does.
+Each message is a record (a NamedTuple, or a frozen dataclass inside the rare ones) of a `Kind`; code on either
+side reads its fields by name and tells messages apart by their type (`isinstance`, `match`), never by position
+or by a string tag. On the pipe (engine/python/transport.py `send`, `receive`) a message travels as a plain tuple,
+its kind's number first and its fields in order: pickle writes a NamedTuple as a reference to its class plus its
+fields, which costs about 6 microseconds a request both ways on the 2-core test machine, where an add_sub round
+trip takes about 150. That tuple is written by the record's own `to_wire` and read by its own `from_wire` (through
+`decode`), the only places where positions are known. Records nested inside a message of a request's path (the
+requests of an Execute, the results of a Done or a Response, their tensors' Descriptors) travel as plain tuples
+too; those inside BLS messages (a CallRequest, a CallReply) travel as themselves.
 
-    server -> worker  Execute    run the requests laid out in one lane's request segment, as one `execute` call
-    worker -> server  Ready      the model initialized: its completed configuration, and what its execute is
-    worker -> server  BlsCall    a BLS call made for a request in flight (its run), to run through the server
+    kind         direction         record       what
+    INIT         server -> worker  Init         the worker's settings: load model.py, auto-complete, initialize
+    READY        worker -> server  Ready        the model initialized: its completed configuration, execute's kind
+    LOAD_FAILED  worker -> server  LoadFailed   loading model.py or initialize raised (its words)
+    EXECUTE      server -> worker  Execute      run the requests laid out in one lane's request segment, one call
+    DONE         worker -> server  Done         a call that is not decoupled answered: one Result per request
+    FAILED       worker -> server  Failed       a call failed as a whole (execute raised before any response)
+    RESPONSE     worker -> server  Response     one response of a decoupled call, in the lane's response segment;
+                                                answered with a Reply once the server copied its tensors out
+    GROW         worker -> server  Grow         the lane's response segment is too small: answered with a Reply
+                                                naming the new one, or GrowRefused
+    REPLY        server -> worker  Reply        the answer to the worker's Response or Grow, matched by its tag
+    BLS_CALL     worker -> server  BlsCall      a BLS call of a request in flight, run by the server
+    BLS_PART     server -> worker  BlsPart      a part of a BLS call's answer (a decoupled callee's, one by one)
+    RELEASED     worker -> server  Released     a request the model rescheduled: as a Result of a Done, or, for a
+                                                decoupled call, a message of its own (engine/python/rescheduling.py)
+    STOP         server -> worker  Stop         run finalize and exit
+
+    results (one per request in a Done; one in a Response; a BLS reply's responses):
+    TENSORS      Tensors      the response's tensors (Descriptors into a segment)
+    ERROR        ErrorResult  a response carrying an error: a TritonCode and the model's words
 
 A *run* is one `execute` call of a worker (its number, unique per worker); a *lane* is one of a worker's requests in
 flight at once, each with its own request and response segments and its own words of the cancel board. A worker
 serves one lane unless its model overlaps its calls (`async def execute` of a decoupled model: docs/python-models.md).
+A *tag* numbers a worker's question (a Response, a Grow, a BlsCall) so that its answer finds the thread waiting.
+
+Two things do not travel here: a request's cancellation is a word of the cancel board, a segment both processes map
+(the server writes the run's number there; the model's `is_cancelled()` reads it), and a worker's logs go through
+its stdout and stderr, pipes of their own (engine/python/output.py).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
 
-from .transport import CallRequest
 
-EXECUTE = "execute"  # an Execute's tag on the wire
+class Kind(enum.IntEnum):
+    """What a record is: its number leads its tuple on the wire (`decode` finds the record by it)."""
+
+    INIT = 1
+    READY = 2
+    LOAD_FAILED = 3
+    EXECUTE = 4
+    DONE = 5
+    FAILED = 6
+    RESPONSE = 7
+    GROW = 8
+    REPLY = 9
+    BLS_CALL = 10
+    BLS_PART = 11
+    RELEASED = 12
+    STOP = 13
+    TENSORS = 14
+    ERROR = 15
 
 
-class Execute(NamedTuple):
-    """Run `requests` (each a dict of its tensors' descriptors in the lane's request segment, its requested outputs and
-    what it says about itself) as one execute call numbered `run`, on lane `lane`. `segments` names the lane's
-    segments that were replaced since the lane's last call ({"request"|"response": (path, size)}), which the worker
-    maps before it reads the requests."""
+# The kinds as plain ints: what the wire carries (pickle writes an enum member as a call to its class).
+_INIT = int(Kind.INIT)
+_READY = int(Kind.READY)
+_LOAD_FAILED = int(Kind.LOAD_FAILED)
+_EXECUTE = int(Kind.EXECUTE)
+_DONE = int(Kind.DONE)
+_FAILED = int(Kind.FAILED)
+_RESPONSE = int(Kind.RESPONSE)
+_GROW = int(Kind.GROW)
+_REPLY = int(Kind.REPLY)
+_BLS_CALL = int(Kind.BLS_CALL)
+_BLS_PART = int(Kind.BLS_PART)
+_RELEASED = int(Kind.RELEASED)
+_STOP = int(Kind.STOP)
+_TENSORS = int(Kind.TENSORS)
+_ERROR = int(Kind.ERROR)
 
-    run: int
-    lane: int
-    requests: list[dict]
-    segments: dict[str, tuple[str, int]]
+Wire: TypeAlias = tuple[Any, ...]  # a record as the pipe carries it: its kind's number, then its fields
 
-    def to_wire(self) -> tuple:
-        """The message as the pipe carries it: ("execute", run, lane, requests, segments)."""
-        return (EXECUTE, *self)
+_R = TypeVar("_R")
+
+if TYPE_CHECKING:
+
+    def _new(cls: type[_R], fields: Iterable[Any]) -> _R:
+        """A record made from its fields, in order."""
+
+else:
+    # NamedTuple's own __new__ is a Python function; tuple's is C: from_wire, on every message of a request's path,
+    # makes its records with it.
+    _new = tuple.__new__
+
+
+# ---- tensors and requests -------------------------------------------------------------------------------------
+
+
+class Descriptor(NamedTuple):
+    """Where one tensor lies in a segment (engine/python/transport.py lays tensors out and reads them back)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def descriptors_to_wire(descriptors: Sequence[Descriptor]) -> list[tuple[Any, ...]]:
+    """Descriptors as plain tuples (four times cheaper to pickle both ways than the named ones)."""
+    return list(map(tuple, descriptors))
+
+
+def descriptors_from_wire(items: list[tuple[Any, ...]]) -> list[Descriptor]:
+    """The Descriptors `descriptors_to_wire` wrote."""
+    return [_new(Descriptor, item) for item in items]
+
+
+class SegmentName(NamedTuple):
+    """A shared-memory segment as a message names it: its file (which the receiver maps, then unlinks) and size."""
+
+    path: str
+    size: int
+
+
+class Request(NamedTuple):
+    """One inference request as it crosses the pipe, either way: each request of an Execute (server -> worker) and
+    the request of a BLS call (worker -> server, in its CallRequest). `inputs` lie in a segment the message names
+    (the lane's request segment; the BLS call's own); `outputs` are the requested outputs (empty: all of them)."""
+
+    inputs: Sequence[Descriptor]
+    outputs: Sequence[str]
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    parameters: Mapping[str, object]
+
+    def to_wire(self) -> Wire:
+        """The request as a plain tuple (inside an Execute)."""
+        return (list(map(tuple, self.inputs)), self.outputs, self.request_id, self.correlation_id, self.flags,
+                self.parameters)  # fmt: skip
 
     @classmethod
-    def from_wire(cls, wire: tuple) -> Execute:
-        return cls._make(wire[1:])
+    def from_wire(cls, wire: Wire) -> Request:
+        """The request `to_wire` wrote."""
+        inputs = [_new(Descriptor, item) for item in wire[0]]
+        return _new(cls, (inputs, wire[1], wire[2], wire[3], wire[4], wire[5]))
+
+
+# ---- results: one per request ----------------------------------------------------------------------------------
+
+
+class Tensors(NamedTuple):
+    """A response's tensors, laid out in a segment (the lane's response segment; a BLS reply's own)."""
+
+    descriptors: Sequence[Descriptor]
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_TENSORS, descriptors_to_wire(self.descriptors))
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Tensors:
+        """The record its `to_wire` wrote."""
+        return _new(cls, ([_new(Descriptor, item) for item in wire[1]],))
+
+
+class ErrorResult(NamedTuple):
+    """A response carrying an error: `code` is a TritonCode (engine/python/error_codes.py), `message` the model's
+    words (or the server's, for a BLS call that failed)."""
+
+    code: int
+    message: str
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_ERROR, int(self.code), self.message)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> ErrorResult:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+class Released(NamedTuple):
+    """A request the model released with RELEASE_RESCHEDULE (worker -> server; engine/python/rescheduling.py):
+    `position` is its place in the call, `flags` the release flags the model set, `run` the call's number. A Result
+    of a Done (a call that is not decoupled), or a message of its own (a decoupled call's: the server files it by
+    run)."""
+
+    position: int
+    flags: int
+    run: int = 0
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_RELEASED, *self)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Released:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+Result: TypeAlias = Tensors | ErrorResult | Released  # what the worker sends for one request
+
+
+# ---- the load ------------------------------------------------------------------------------------------------
+
+
+class Init(NamedTuple):
+    """The first message (server -> worker): the settings the worker loads the model with (backend.py
+    start_worker: the model's file and configuration, its instance's names, its segments)."""
+
+    settings: dict[str, Any]
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_INIT, self.settings)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Init:
+        """The record its `to_wire` wrote."""
+        return cls(wire[1])
 
 
 class Ready(NamedTuple):
@@ -52,11 +241,266 @@ class Ready(NamedTuple):
     config: str
     async_execute: bool
 
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_READY, *self)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Ready:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+class LoadFailed(NamedTuple):
+    """Importing model.py, auto_complete_config or initialize raised: `message` is "Type: words" of the exception."""
+
+    message: str
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_LOAD_FAILED, self.message)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> LoadFailed:
+        """The record its `to_wire` wrote."""
+        return cls(wire[1])
+
+
+# ---- calls ---------------------------------------------------------------------------------------------------
+
+
+class Execute(NamedTuple):
+    """Run `requests` (their tensors in the lane's request segment) as one execute call numbered `run`, on lane
+    `lane`. `segments` names the lane's segments that were replaced since the lane's last call
+    ({"request"|"response": its name}), which the worker maps before it reads the requests."""
+
+    run: int
+    lane: int
+    requests: list[Request]
+    segments: dict[str, SegmentName]
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_EXECUTE, self.run, self.lane, [request.to_wire() for request in self.requests], self.segments)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Execute:
+        """The record its `to_wire` wrote."""
+        return _new(cls, (wire[1], wire[2], [Request.from_wire(request) for request in wire[3]], wire[4]))
+
+
+class Done(NamedTuple):
+    """A call that is not decoupled answered: one Result per request, in order, the tensors in the lane's response
+    segment."""
+
+    run: int
+    results: list[Result]
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_DONE, self.run, [result.to_wire() for result in self.results])
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Done:
+        """The record its `to_wire` wrote."""
+        return _new(cls, (wire[1], [_RESULTS[result[0]].from_wire(result) for result in wire[2]]))
+
+
+class Failed(NamedTuple):
+    """Call `run` failed as a whole (execute raised before any response, or returned what does not fit the
+    requests; a decoupled call: its requests whose final flag was not sent fail): `message` says why."""
+
+    run: int
+    message: str
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_FAILED, *self)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Failed:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+class Response(NamedTuple):
+    """One response of decoupled call `run` for its request at `position`: `result` (None: the final flag alone),
+    its tensors in the lane's response segment; `final` with the final flag. The worker waits for the Reply to
+    `tag` (the server copied the tensors out) before it reuses the segment."""
+
+    tag: int
+    run: int
+    position: int
+    result: Tensors | ErrorResult | None
+    final: bool
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        result = None if self.result is None else self.result.to_wire()
+        return (_RESPONSE, self.tag, self.run, self.position, result, self.final)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Response:
+        """The record its `to_wire` wrote."""
+        result = None if wire[4] is None else _result_from_wire(wire[4])
+        return _new(cls, (wire[1], wire[2], wire[3], result, wire[5]))
+
+
+class Grow(NamedTuple):
+    """Call `run`'s response needs `size` bytes, more than its lane's response segment has: the Reply to `tag` is
+    the new segment's name, or GrowRefused."""
+
+    tag: int
+    run: int
+    size: int
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_GROW, *self)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Grow:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+@dataclass(frozen=True, slots=True)
+class GrowRefused:
+    """The answer to a Grow when the server could not make the larger response segment: the call fails with
+    `message` (the server answers its client RESOURCE_EXHAUSTED), the worker and its segments are intact."""
+
+    message: str
+
+
+ReplyPayload: TypeAlias = SegmentName | GrowRefused | None
+
+
+class Reply(NamedTuple):
+    """The server's answer to the worker's question `tag`: for a Grow, the new segment's name or
+    GrowRefused; for a Response, None."""
+
+    tag: int
+    payload: ReplyPayload
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_REPLY, *self)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Reply:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+class Stop(NamedTuple):
+    """Run `finalize` and exit (server -> worker)."""
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_STOP,)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> Stop:
+        """The record its `to_wire` wrote."""
+        return cls()
+
+
+# ---- BLS calls -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """A BLS call, worker -> server: the callee, its request, and where the request's inputs lie."""
+
+    model: str
+    version: str  # "" for the highest ready version (Triton's model_version -1)
+    request: Request
+    segment: SegmentName | None  # the inputs' segment; None when there is no input
+    decoupled: bool = False  # exec(decoupled=True): every response of the callee
+    timeout_us: int = 0  # the request's own timeout (Triton's `timeout`, microseconds); 0: none
+
+
+@dataclass(frozen=True, slots=True)
+class CallReply:
+    """A part of a BLS call's answer, server -> worker: its responses in order (an error ends a decoupled
+    callee's), and the segment their tensors lie in (None when none has a byte)."""
+
+    responses: tuple[Tensors | ErrorResult, ...]
+    segment: SegmentName | None = field(default=None)
+
 
 class BlsCall(NamedTuple):
     """A BLS call (`InferenceRequest.exec`/`async_exec`) that a request of `run` made: the server runs it with that
-    request's deadline and cancellation and answers ("part", tag, CallReply, final) messages."""
+    request's deadline and cancellation and answers BlsPart messages of the same `tag`."""
 
     tag: int
     run: int
     call: CallRequest
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_BLS_CALL, *self)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> BlsCall:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+class BlsPart(NamedTuple):
+    """A part of the answer to BLS call `tag`: one for an ordinary call (final); for a decoupled one, one per
+    response of the callee as it comes, then a final one (or the callee's last response, final)."""
+
+    tag: int
+    reply: CallReply
+    final: bool
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_BLS_PART, *self)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> BlsPart:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+# ---- the wire --------------------------------------------------------------------------------------------------
+
+Message: TypeAlias = (
+    Init | Ready | LoadFailed | Execute | Done | Failed | Response | Grow | Reply | Stop | BlsCall | BlsPart | Released
+)
+ToWorker: TypeAlias = Init | Execute | Reply | BlsPart | Stop  # what the server sends
+ToServer: TypeAlias = Ready | LoadFailed | Done | Failed | Response | Grow | BlsCall | Released  # what the worker sends
+
+_MESSAGES: dict[int, Any] = {
+    _INIT: Init,
+    _READY: Ready,
+    _LOAD_FAILED: LoadFailed,
+    _EXECUTE: Execute,
+    _DONE: Done,
+    _FAILED: Failed,
+    _RESPONSE: Response,
+    _GROW: Grow,
+    _REPLY: Reply,
+    _STOP: Stop,
+    _BLS_CALL: BlsCall,
+    _BLS_PART: BlsPart,
+    _RELEASED: Released,
+}
+_RESULTS: dict[int, Any] = {_TENSORS: Tensors, _ERROR: ErrorResult, _RELEASED: Released}
+
+
+def decode(wire: Wire) -> Message:
+    """The message `wire` carries (what a record's `to_wire` wrote). Raises ValueError for a tuple that is none."""
+    try:
+        record = _MESSAGES[wire[0]]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"not a python-worker message: {wire!r:.200}") from None
+    message: Message = record.from_wire(wire)
+    return message
+
+
+def _result_from_wire(wire: Wire) -> Result:
+    result: Result = _RESULTS[wire[0]].from_wire(wire)
+    return result

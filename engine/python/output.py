@@ -26,6 +26,7 @@ import logging
 import os
 import selectors
 import threading
+from collections.abc import Iterable
 
 RECORD_MARK = "\x1eslotserve-record "
 MAX_LINE = 64 << 10
@@ -58,6 +59,7 @@ class WorkerOutput:
         self._thread = threading.Thread(target=self._run, name=f"python-output-{model}-{instance}", daemon=True)
 
     def start(self) -> None:
+        """Start reading the worker's pipes on the thread of its own. Never blocks."""
         self._thread.start()
 
     def stop(self, timeout: float) -> bool:
@@ -162,7 +164,7 @@ class WorkerOutput:
             )
 
     @staticmethod
-    def _close(descriptors) -> None:
+    def _close(descriptors: Iterable[int]) -> None:
         for descriptor in descriptors:
             try:
                 os.close(descriptor)

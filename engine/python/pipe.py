@@ -11,6 +11,9 @@ While no thread waits, nobody reads: the server only sends what a worker thread 
 parts) or an order the main thread reads once it is idle. A BLS part nobody is waiting for yet stays in the pipe;
 should the pipe fill, the server's sender blocks until a waiting thread (or the idle main thread) reads on.
 
+Messages are engine/python/messages.py's records: orders (Execute, Stop) for the main thread, Replies for the
+thread that asked (by tag), BlsParts for the thread of their BLS call (by tag).
+
 Lock: `_changed` guards every field below it; nothing else is taken while it is held, and the pipe is read
 without it (the role, `_reading`, makes the reader the pipe's only reader).
 """
@@ -24,34 +27,39 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from . import transport
+from .messages import BlsPart, CallReply, Execute, Message, Reply, ReplyPayload, Stop
 
-GONE = ("gone",)  # the order the main thread gets once the server is gone
+Order = Execute | Stop  # what the main thread is told to do
 
 
 class WorkerPipe:
+    """The worker's end of its pipe (see the module's docstring). Every method may be called from any thread."""
+
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._send_lock = threading.Lock()  # guards: writing on the pipe (a message is written whole)
         self._changed = threading.Condition(threading.Lock())  # guards: the fields below; notified on every change
         self._reading = False  # a thread holds the reader's role
         self._closed = False  # the pipe closed: the server is gone
-        self._orders: deque = deque()  # "execute" and "stop", for the main thread
-        self._answers: dict[int, object] = {}  # replies to `ask`, by tag
-        self._parts: dict[int, deque] = {}  # an open BLS call's parts (reply, final), by its tag
+        self._orders: deque[Order] = deque()  # for the main thread
+        self._answers: dict[int, ReplyPayload] = {}  # replies to `ask`, by tag
+        self._parts: dict[int, deque[BlsPart]] = {}  # an open BLS call's parts, by its tag
 
-    def send(self, message) -> None:
-        """Write one message. Raises OSError when the server is gone."""
+    def send(self, message: Message) -> None:
+        """Write one message (blocks while the pipe is full). Raises OSError when the server is gone."""
         with self._send_lock:
             transport.send(self._connection, message)
 
-    def next_order(self):
-        """The server's next "execute" or "stop" (blocks; reads the pipe meanwhile); GONE once the server is gone."""
+    def next_order(self) -> Order | None:
+        """The server's next Execute or Stop (blocks, without a timeout: the server's watchdog ends a worker whose
+        server is gone; reads the pipe meanwhile); None once the server is gone."""
         self._wait(lambda: bool(self._orders))
         with self._changed:
-            return self._orders.popleft() if self._orders else GONE
+            return self._orders.popleft() if self._orders else None
 
-    def answer(self, tag: int):
-        """The reply to the message sent with `tag` (blocks). Raises EOFError when the server is gone first."""
+    def answer(self, tag: int) -> ReplyPayload:
+        """The payload of the Reply to the question sent with `tag` (blocks, without a timeout). Raises EOFError
+        when the server is gone first."""
         self._wait(lambda: tag in self._answers)
         with self._changed:
             if tag not in self._answers:
@@ -59,20 +67,21 @@ class WorkerPipe:
             return self._answers.pop(tag)
 
     def open_call(self, tag: int) -> None:
-        """Keep the parts that arrive for BLS call `tag` (until `close_call`)."""
+        """Keep the parts that arrive for BLS call `tag` (until `close_call`). Never blocks."""
         with self._changed:
             self._parts[tag] = deque()
 
-    def next_part(self, tag: int):
-        """The next part (reply, final) of open call `tag` (blocks); None when the server is gone first."""
+    def next_part(self, tag: int) -> BlsPart | None:
+        """The next part of open call `tag` (blocks, without a timeout: the server bounds the call by the calling
+        request's deadline); None when the server is gone first."""
         self._wait(lambda: bool(self._parts[tag]))
         with self._changed:
             parts = self._parts[tag]
             return parts.popleft() if parts else None
 
-    def close_call(self, tag: int) -> list:
+    def close_call(self, tag: int) -> list[BlsPart]:
         """Stop keeping call `tag`'s parts; returns those not taken (their reply files are the caller's to unlink).
-        Parts that arrive later are dropped, their files unlinked."""
+        Parts that arrive later are dropped, their files unlinked. Never blocks."""
         with self._changed:
             return list(self._parts.pop(tag, ()))
 
@@ -111,26 +120,26 @@ class WorkerPipe:
             if done:
                 return
 
-    def _file(self, message):
+    def _file(self, message: Message) -> CallReply | None:
         """Put `message` where its thread looks (lock held). Returns the reply of a part nobody keeps any more."""
-        kind = message[0]
-        if kind == "part":
-            _, tag, reply, final = message
-            parts = self._parts.get(tag)
+        if isinstance(message, BlsPart):
+            parts = self._parts.get(message.tag)
             if parts is None:
-                return reply  # the model let go of that call's responses
-            parts.append((reply, final))
-        elif kind == "reply":
-            self._answers[message[1]] = message[2]
-        else:
+                return message.reply  # the model let go of that call's responses
+            parts.append(message)
+        elif isinstance(message, Reply):
+            self._answers[message.tag] = message.payload
+        elif isinstance(message, Execute | Stop):
             self._orders.append(message)
+        else:
+            raise ValueError(f"a worker got a message the server never sends: {type(message).__name__}")
         return None
 
 
-def unlink_reply(reply: transport.CallReply) -> None:
-    """Remove a BLS reply's segment file (nobody will map it)."""
+def unlink_reply(reply: CallReply) -> None:
+    """Remove a BLS reply's segment file (nobody will map it). Never raises for a file already gone."""
     if reply.segment is not None:
         try:
-            os.unlink(reply.segment[0])
+            os.unlink(reply.segment.path)
         except FileNotFoundError:
             pass

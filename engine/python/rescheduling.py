@@ -4,8 +4,9 @@ a request back unfinished so that it runs again later (docs/python-models.md, do
 
 How the model's release flag travels back from the worker with the request's result:
 
-* a non-decoupled call: the request's result in the ("done", run, results) message is a `Released` record instead
-  of ("ok", ...) or ("error", ...) (`released_result`, in the worker's `_collect`); the model must return None for
+* a non-decoupled call: the request's result in the call's Done message is a `Released` record
+  (engine/python/messages.py) instead of its Tensors or ErrorResult (`released_result`, in the worker's
+  `_collect`); the model must return None for
   it, as Triton requires (Triton's words otherwise, failing the call), or None for the whole list when it
   reschedules every request;
 * a decoupled call: once `execute` has returned (its coroutine ended, for an `async def execute`), the worker sends a
@@ -24,9 +25,10 @@ Importable by both sides: the worker's functions import the model-facing module 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EngineError, ModelError, RequestRescheduled
+from .messages import Released
 
 if TYPE_CHECKING:
     from ..config.specs import ModelSpec
@@ -38,16 +40,6 @@ NOT_CONFIGURED = (
     "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to handle "
     "such a flag."
 )
-
-
-class Released(NamedTuple):
-    """A request of the call that the model released with RELEASE_RESCHEDULE (worker -> server): `position` is its
-    place in the call, `flags` the release flags the model set, `run` the call's number (a decoupled call's message
-    of its own: the server files it by run)."""
-
-    position: int
-    flags: int
-    run: int = 0
 
 
 # ---- the worker's side ---------------------------------------------------------------------------------------------

@@ -25,16 +25,8 @@ copies the call's inputs into a segment it creates (`write_call`: one copy) and 
 maps it, unlinks its file and hands read-only views of it to the callee (no copy), then copies the callee's outputs
 into a segment it creates (`write_reply`: one copy) and answers a `CallReply`; the worker maps it, unlinks its file
 and gives the model views of it (no copy: the mapping lives as long as the arrays do). So one copy each way.
-Control messages while a call runs (each answered ("reply", tag, payload) by the server, matched by its tag):
-
-    ("grow", tag, run, size)                     the response segment is too small: the reply is a new (path, size),
-                                                 or a GrowRefused record when /dev/shm has no room (`granted` raises
-                                                 NoRoom for it in the worker)
-    ("response", tag, run, index, result, final) a decoupled response is in the response segment: the reply is None
-    BlsCall(tag, run, CallRequest)               a BLS call of the request of `run` (engine/python/messages.py):
-                                                 answered by ("part", tag, CallReply, final) messages, one (final)
-                                                 for an ordinary call; for a decoupled one, one per response as the
-                                                 callee sends it, then a final one
+The control messages themselves (an Execute and its answer, the worker's Grow and Response questions, BLS calls and
+their parts) are records of engine/python/messages.py; `send` and `receive` carry them.
 
 Files are named `slotserve-py-<pid>-<random>` after the process that made them. Whatever a process could not
 unlink (it was killed) is removed by the next server to start (`remove_leftovers`: files of processes that are
@@ -54,15 +46,25 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .. import tensor_codec
 from ..datatypes import NAMES, numpy_dtype
 from ..errors import OutOfSharedMemoryError
+from .messages import (
+    CallReply,
+    CallRequest,
+    Descriptor,
+    ErrorResult,
+    GrowRefused,
+    Message,
+    SegmentName,
+    Tensors,
+    decode,
+)
 
 ALIGNMENT = 64
 MIN_SEGMENT = 1 << 16
@@ -94,7 +96,13 @@ class Segment:
         return cls("", 0, None)
 
     @property
+    def name(self) -> SegmentName:
+        """How a message names this segment (for the other process to `attach`)."""
+        return SegmentName(self.path, self.size)
+
+    @property
     def is_released(self) -> bool:
+        """Whether this is the place of a segment dropped after a single use (no memory)."""
         return self.mapping is None
 
     @classmethod
@@ -276,6 +284,7 @@ def started_worker(pid: int) -> None:
 
 
 def ended_worker(pid: int) -> None:
+    """Forget a worker this process started (it ended and its files were removed)."""
     with _WORKERS_LOCK:
         _WORKER_PIDS.discard(pid)
 
@@ -300,26 +309,6 @@ def _remove_own() -> None:
                 os.unlink(path)
             except OSError:
                 pass
-
-
-class Descriptor(NamedTuple):
-    """Where one tensor lies in a segment. Control messages carry descriptors as plain tuples (`to_wire`,
-    `from_wire`): pickle writes a named tuple as a reference to its class plus arguments, which takes four times
-    as long both ways, and an execute call and its answer carry one per tensor."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-
-
-def to_wire(descriptors: Sequence[Descriptor]) -> list[tuple]:
-    return [tuple(descriptor) for descriptor in descriptors]
-
-
-def from_wire(items: Sequence[tuple]) -> list[Descriptor]:
-    return [Descriptor._make(item) for item in items]
 
 
 def _encode_bytes(array: np.ndarray) -> bytes:
@@ -363,16 +352,19 @@ class Layout:
 
     def __init__(self) -> None:
         self.size = 0
-        self._pending: list[tuple[Descriptor, object]] = []
+        self._pending: list[tuple[Descriptor, bytes | np.ndarray]] = []
 
     def plan(self, name: str, array: np.ndarray, datatype: str) -> Descriptor:
+        """Reserve room for `array` (sent as `datatype`) after the tensors planned so far and return its Descriptor;
+        BYTES are encoded now. Never raises for an array `datatype_of` fits."""
+        payload: bytes | np.ndarray
         if datatype == "BYTES":
-            payload: object = _encode_bytes(array)
-            nbytes = len(payload)  # type: ignore[arg-type]
+            payload = _encode_bytes(array)
+            nbytes = len(payload)
         else:
             # Bytes, not the array: numpy's own dtypes and ml_dtypes' bfloat16 alike (a buffer cannot carry that one).
             payload = np.ascontiguousarray(array).view(np.uint8)
-            nbytes = payload.nbytes  # type: ignore[union-attr]
+            nbytes = payload.nbytes
         offset = -(-self.size // ALIGNMENT) * ALIGNMENT
         descriptor = Descriptor(name, datatype, array.shape, offset, nbytes)  # numpy's shape: a tuple of ints
         self.size = offset + nbytes
@@ -387,11 +379,11 @@ class Layout:
             if isinstance(payload, bytes):
                 view[descriptor.offset : end] = payload
             elif descriptor.nbytes:  # a C-contiguous array: its bytes, without numpy's indexing machinery
-                view[descriptor.offset : end] = memoryview(payload).cast("B")  # type: ignore[arg-type]
+                view[descriptor.offset : end] = payload.data.cast("B")
         self._pending = []
 
 
-def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16=None) -> np.ndarray:
+def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16: Any = None) -> np.ndarray:
     """The tensor `descriptor` names: a view of the segment (read-only) or, with `copy`, an array of its own.
     BYTES tensors are always rebuilt (new objects)."""
     raw = segment.view[descriptor.offset : descriptor.offset + descriptor.nbytes]
@@ -406,7 +398,7 @@ def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16=None) -> 
     return array
 
 
-def read_writable(segment: Segment | None, descriptor: Descriptor, bf16=None) -> np.ndarray:
+def read_writable(segment: Segment | None, descriptor: Descriptor, bf16: Any = None) -> np.ndarray:
     """The tensor as a writable view of the segment (a BLS call's output: the segment is the model's alone)."""
     if segment is None:  # every tensor of the reply is empty: there is no segment
         dtype = object if descriptor.datatype == "BYTES" else bf16 if descriptor.datatype == "BF16" else None
@@ -421,83 +413,33 @@ def read_writable(segment: Segment | None, descriptor: Descriptor, bf16=None) ->
 # ---- control messages -----------------------------------------------------------------------------------------
 
 
-def send(connection: Connection, message) -> None:
-    """Write one control message. Plain pickle, not Connection.send's ForkingPickler (which builds a pickler with
-    its reducer table per message): the messages hold only tuples, lists, dicts, strings and numbers. The framing
-    is Connection's, so either side may read it with Connection.recv. Raises OSError when the peer is gone."""
-    connection.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+def send(connection: Connection, message: Message) -> None:
+    """Write one control message, as the plain tuple its record writes (`to_wire`). Plain pickle, not
+    Connection.send's ForkingPickler (which builds a pickler with its reducer table per message): the tuples hold
+    only tuples, lists, dicts, strings, numbers and the few BLS records. The framing is Connection's. Blocks while
+    the pipe is full; raises OSError when the peer is gone."""
+    connection.send_bytes(pickle.dumps(message.to_wire(), pickle.HIGHEST_PROTOCOL))
 
 
-def receive(connection: Connection):
-    """Read one control message (blocks). Raises EOFError or OSError when the peer is gone."""
-    return pickle.loads(connection.recv_bytes())
+def receive(connection: Connection) -> Message:
+    """Read one control message (blocks, without a timeout: the caller polls first where it needs one). Raises
+    EOFError or OSError when the peer is gone, ValueError for bytes that are no message."""
+    return decode(pickle.loads(connection.recv_bytes()))
 
 
 # ---- BLS calls ------------------------------------------------------------------------------------------------
-
-# Triton's TRITONSERVER_Error codes (pb_utils.TritonError) for the status a client of the server would get.
-TRITON_CODES = {
-    "UNKNOWN": 0,
-    "INTERNAL": 1,
-    "NOT_FOUND": 2,
-    "INVALID_ARGUMENT": 3,
-    "UNAVAILABLE": 4,
-    "RESOURCE_EXHAUSTED": 4,
-    "FAILED_PRECONDITION": 4,
-    "DEADLINE_EXCEEDED": 4,
-    "UNIMPLEMENTED": 5,
-    "ALREADY_EXISTS": 6,
-    "CANCELLED": 7,
-}
-
-
-def triton_code(status: str) -> int:
-    """The TritonError code for a gRPC status name ("NOT_FOUND" -> 2); INTERNAL for one Triton has no code for."""
-    return TRITON_CODES.get(status, 1)
-
-
-@dataclass(frozen=True)
-class CallRequest:
-    """A BLS call, worker -> server: the callee, where its inputs lie, and the request's own fields."""
-
-    model: str
-    version: str  # "" for the highest ready version (Triton's model_version -1)
-    inputs: tuple[Descriptor, ...]
-    outputs: tuple[str, ...]  # requested outputs; empty: all of them
-    segment: tuple[str, int] | None  # the inputs' segment (path, size); None when there is no input
-    decoupled: bool = False  # exec(decoupled=True): every response of the callee
-    timeout_us: int = 0  # the request's own timeout (Triton's `timeout`, microseconds); 0: none
-    request_id: str = ""
-    correlation_id: int | str = 0
-    flags: int = 0
-    parameters: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CallReply:
-    """A BLS call's answer, server -> worker: one entry per response, ("ok", descriptors) or ("error", code,
-    message), in order (an error ends a decoupled callee's responses), and the segment the tensors lie in."""
-
-    responses: tuple[tuple, ...]
-    segment: tuple[str, int] | None
-
-
-@dataclass(frozen=True)
-class GrowRefused:
-    """The server's reply to "grow" when it could not make the larger response segment: the call fails with
-    `message` (the server answers its client RESOURCE_EXHAUSTED), the worker and its segments are intact."""
-
-    message: str
 
 
 class NoRoom(Exception):
     """Raised in the worker where the server refused to grow the response segment (GrowRefused)."""
 
 
-def granted(reply) -> tuple[str, int]:
-    """The (path, size) of the segment a "grow" got. Raises NoRoom when the server refused it."""
+def granted(reply: object) -> SegmentName:
+    """The name of the segment a Grow got (the payload of its Reply). Raises NoRoom when the server refused it."""
     if isinstance(reply, GrowRefused):
         raise NoRoom(reply.message)
+    if not isinstance(reply, SegmentName):
+        raise TypeError(f"a Grow's reply is a SegmentName or GrowRefused, got {reply!r:.100}")
     return reply
 
 
@@ -516,46 +458,47 @@ def write_call(tensors: Sequence[tuple[str, np.ndarray]]) -> tuple[Segment | Non
     return segment, descriptors
 
 
-def read_call(request: CallRequest, bf16=None) -> tuple[Segment | None, dict[str, np.ndarray]]:
+def read_call(call: CallRequest, bf16: Any = None) -> tuple[Segment | None, dict[str, np.ndarray]]:
     """Map a BLS call's input segment (its file unlinked at once) and view its inputs, read-only. The caller closes
     the segment once the call is done. Raises OSError when the segment is gone (its worker died)."""
-    if request.segment is None:
+    if call.segment is None:
         return None, {}
-    segment = Segment.attach(*request.segment)
-    return segment, {d.name: read(segment, d, copy=False, bf16=bf16) for d in request.inputs}
+    segment = Segment.attach(call.segment.path, call.segment.size)
+    return segment, {d.name: read(segment, d, copy=False, bf16=bf16) for d in call.request.inputs}
 
 
-def write_reply(outcomes: Sequence[Mapping[str, np.ndarray] | tuple[int, str]]) -> CallReply:
-    """A BLS call's reply: each outcome is the callee's outputs ({name: array}) or an error (code, message). The
-    outputs are copied into a new segment whose file the worker unlinks once it mapped it. Raises ValueError for
-    an output no datatype fits, OutOfSharedMemoryError when the shared memory has no room for them."""
+def write_reply(outcomes: Sequence[Mapping[str, np.ndarray] | ErrorResult]) -> CallReply:
+    """A BLS call's reply: each outcome is the callee's outputs ({name: array}) or an ErrorResult. The outputs are
+    copied into a new segment whose file the worker unlinks once it mapped it. Raises ValueError for an output no
+    datatype fits, OutOfSharedMemoryError when the shared memory has no room for them."""
     layout = Layout()
-    responses: list[tuple] = []
+    responses: list[Tensors | ErrorResult] = []
     for outcome in outcomes:
-        if isinstance(outcome, tuple):
-            responses.append(("error", int(outcome[0]), str(outcome[1])))
+        if isinstance(outcome, ErrorResult):
+            responses.append(outcome)
             continue
         planned = [layout.plan(name, array, _datatype_or_raise(name, array)) for name, array in outcome.items()]
-        responses.append(("ok", tuple(planned)))
+        responses.append(Tensors(tuple(planned)))
     if layout.size == 0:
         return CallReply(tuple(responses), None)
     segment = Segment.create(layout.size)
     layout.write(segment)
-    path, size = segment.path, segment.size
+    name = segment.name
     segment.close()  # the file holds the data until the worker maps it
-    return CallReply(tuple(responses), (path, size))
+    return CallReply(tuple(responses), name)
 
 
-def read_reply(reply: CallReply, bf16=None) -> list[tuple]:
-    """The responses of a BLS reply: ("ok", {name: array}) with writable views of the reply's segment (mapped, its
-    file unlinked; the mapping lives as long as the arrays), or ("error", code, message)."""
+def read_reply(reply: CallReply, bf16: Any = None) -> list[dict[str, np.ndarray] | ErrorResult]:
+    """The responses of a BLS reply: {name: array} with writable views of the reply's segment (mapped, its file
+    unlinked; the mapping lives as long as the arrays), or its ErrorResult. Raises OSError when the segment cannot
+    be mapped."""
     segment = None
     if reply.segment is not None:
-        segment = Segment.attach(*reply.segment)
-    results: list[tuple] = []
+        segment = Segment.attach(reply.segment.path, reply.segment.size)
+    results: list[dict[str, np.ndarray] | ErrorResult] = []
     for response in reply.responses:
-        if response[0] == "ok":
-            results.append(("ok", {d.name: read_writable(segment, d, bf16) for d in response[1]}))
+        if isinstance(response, Tensors):
+            results.append({d.name: read_writable(segment, d, bf16) for d in response.descriptors})
         else:
             results.append(response)
     return results

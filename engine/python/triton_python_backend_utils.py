@@ -3,9 +3,9 @@
 Written from Triton's documented python_backend API (its README). A worker process puts this module into
 `sys.modules` under the name `triton_python_backend_utils` before it imports a model.py, so
 `import triton_python_backend_utils as pb_utils` works without installing anything. It imports only numpy (and
-its sibling dlpack.py, over numpy's DLPack), so unit tests (and model code) can use it outside a worker. Arguments
-are checked as Triton's binding checks them, and misuse is refused in Triton's words where its clients and tests
-read them.
+its siblings dlpack.py, over numpy's DLPack, and error_codes.py, Triton's error codes), so unit tests (and model
+code) can use it outside a worker. Arguments are checked as Triton's binding checks them, and misuse is refused in
+Triton's words where its clients and tests read them.
 
 What Triton has and slotserve does not is refused by name, never missing silently: custom metrics
 (`MetricFamily`, `Metric`) and GPU tensors (see docs/python-models.md). A decoupled model's response
@@ -24,10 +24,13 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .error_codes import TritonCode
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -56,7 +59,7 @@ _ENUM_TO_NUMPY = {value: dtype for (value, _, dtype) in _TRITON_TYPES}
 
 
 # The worker's BLS call (engine/python/worker.py Worker.bls): (request, decoupled) -> list of InferenceResponse.
-_bls_caller: Callable | None = None
+_bls_caller: Callable[[InferenceRequest, bool], list[InferenceResponse] | Iterator[InferenceResponse]] | None = None
 
 
 def _refuse(what: str) -> TritonModelException:
@@ -70,25 +73,28 @@ class TritonModelException(Exception):
 class TritonError:
     """An error a model returns in an InferenceResponse (or raises): its code reaches the client."""
 
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
+    # engine/python/error_codes.py's table, under the names Triton's TritonError gives them.
+    UNKNOWN = TritonCode.UNKNOWN
+    INTERNAL = TritonCode.INTERNAL
+    NOT_FOUND = TritonCode.NOT_FOUND
+    INVALID_ARG = TritonCode.INVALID_ARG
+    UNAVAILABLE = TritonCode.UNAVAILABLE
+    UNSUPPORTED = TritonCode.UNSUPPORTED
+    ALREADY_EXISTS = TritonCode.ALREADY_EXISTS
+    CANCELLED = TritonCode.CANCELLED
 
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        if code not in range(8):
+    def __init__(self, message: str, code: int = TritonCode.INTERNAL) -> None:
+        if code not in range(len(TritonCode)):
             raise TritonModelException(f"TritonError code must be one of TritonError's codes 0..7, got {code!r}")
         self._message = str(message)
         self._code = int(code)
 
     def message(self) -> str:
+        """The error's message."""
         return self._message
 
     def code(self) -> int:
+        """The error's code (a TritonCode value; compare it with TritonError.NOT_FOUND and the like)."""
         return self._code
 
     def __repr__(self) -> str:
@@ -99,7 +105,7 @@ class Tensor:
     """A named numpy array. BYTES tensors are numpy object arrays of `bytes` (str elements are accepted in
     outputs and sent UTF-8 encoded)."""
 
-    def __init__(self, name: str, array) -> None:
+    def __init__(self, name: str, array: np.ndarray) -> None:
         if not isinstance(name, str):
             raise TypeError(f"a Tensor's name must be a str, got {type(name).__name__}")  # pybind's TypeError
         if not isinstance(array, np.ndarray):
@@ -113,29 +119,34 @@ class Tensor:
         self._array = array
 
     def name(self) -> str:
+        """The tensor's name."""
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        """The tensor's numpy array (an input's is a read-only view, valid during execute)."""
         return self._array
 
     def shape(self) -> list[int]:
+        """The tensor's shape, as a list."""
         return list(self._array.shape)
 
     def triton_dtype(self) -> int:
+        """The tensor's TRITONSERVER_DataType value (TYPE_FP32: 11)."""
         value = numpy_to_triton_type(self._array.dtype)
         assert value is not None  # a Tensor holds only arrays of the protocol's datatypes
         return value
 
     def is_cpu(self) -> bool:
+        """Always True: slotserve's python models have CPU tensors only."""
         return True
 
-    def to_dlpack(self):
+    def to_dlpack(self) -> object:
         """A DLPack capsule of the tensor's data (a read-only or strided array is copied first). BF16 tensors too."""
         from . import dlpack
 
         return dlpack.export(self._array)
 
-    def __dlpack__(self, stream=None):
+    def __dlpack__(self, stream: object = None) -> object:
         if stream is not None:
             raise TritonModelException("a CPU tensor takes no stream in __dlpack__ (stream must be None)")
         return self.to_dlpack()
@@ -146,7 +157,7 @@ class Tensor:
         return (dlpack.CPU, 0)
 
     @staticmethod
-    def from_dlpack(name, capsule) -> Tensor:
+    def from_dlpack(name: str, capsule: object) -> Tensor:
         """A Tensor over a DLPack capsule's memory, or an object with `__dlpack__` (numpy, torch, a Tensor); CPU
         and C-contiguous only, as in Triton. Raises TritonModelException in Triton's words."""
         from . import dlpack
@@ -167,7 +178,9 @@ class Tensor:
 class InferenceResponse:
     """One request's answer: output tensors, or an error."""
 
-    def __init__(self, output_tensors=(), error: TritonError | None = None, parameters=None) -> None:
+    def __init__(
+        self, output_tensors: Iterable[Tensor] | None = (), error: TritonError | None = None, parameters: object = None
+    ) -> None:
         if output_tensors is None:
             raise TypeError("InferenceResponse output_tensors must be a list of pb_utils.Tensor, got None")
         tensors = list(output_tensors)
@@ -183,12 +196,15 @@ class InferenceResponse:
         self._parameters = parameters
 
     def output_tensors(self) -> list[Tensor]:
+        """The response's output tensors (a copy of the list)."""
         return list(self._tensors)
 
     def has_error(self) -> bool:
+        """Whether the response carries an error."""
         return self._error is not None
 
     def error(self) -> TritonError | None:
+        """The response's TritonError, or None."""
         return self._error
 
 
@@ -205,6 +221,9 @@ class InferenceResponseSender:
         self._lock = threading.Lock()  # guards: response, closed (sends may come from several threads)
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Keep `response` (at most one) and, with TRITONSERVER_RESPONSE_COMPLETE_FINAL, close the sender; the worker
+        sends it when execute is done. Never blocks. Raises TritonModelException in Triton's words on misuse (a
+        second response, the final flag first, a closed sender, a bad flag)."""
         final = _check_send(response, flags)
         with self._lock:
             if response is not None and self.response is not None:
@@ -225,13 +244,14 @@ class InferenceResponseSender:
             self._notify()
 
     def is_cancelled(self) -> bool:
+        """Always False for a model that is not decoupled (its request's `is_cancelled` tells)."""
         return False
 
 
 SENDER_CLOSED = "Unable to send response. Response sender has been closed."  # Triton's words
 
 
-def _check_send(response, flags: int) -> bool:
+def _check_send(response: object, flags: int) -> bool:
     """Triton's checks of `send`'s arguments. Returns whether the final flag is set. Raises TritonModelException."""
     if response is not None and not isinstance(response, InferenceResponse):
         raise TritonModelException(f"send() takes an InferenceResponse, got {type(response).__name__}")
@@ -255,16 +275,16 @@ class InferenceRequest:
     def __init__(
         self,
         model_name: str | bytes = "",
-        inputs=(),
-        requested_output_names=(),
-        request_id: str = "",
-        correlation_id=0,
+        inputs: Iterable[Tensor] | None = (),
+        requested_output_names: Iterable[str | bytes] | None = (),
+        request_id: str | bytes = "",
+        correlation_id: int | str = 0,
         flags: int = 0,
-        parameters=None,
+        parameters: dict[str, Any] | str | None = None,
         timeout: int = 0,
         model_version: int = -1,
-        preferred_memory=None,
-        trace=None,
+        preferred_memory: object = None,
+        trace: object = None,
         *,
         _cancelled: Callable[[], bool] | None = None,
     ) -> None:
@@ -305,9 +325,11 @@ class InferenceRequest:
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL  # set_release_flags (engine/python/rescheduling.py)
 
     def inputs(self) -> list[Tensor]:
+        """The request's input tensors (a copy of the list)."""
         return list(self._inputs)
 
     def requested_output_names(self) -> list[str]:
+        """The outputs the client asked for (empty: all of them)."""
         return list(self._requested)
 
     def parameters(self) -> str:
@@ -315,21 +337,27 @@ class InferenceRequest:
         return self._parameters
 
     def request_id(self) -> str:
+        """The request's id ('' when the client set none)."""
         return self._request_id
 
-    def correlation_id(self):
+    def correlation_id(self) -> int | str:
+        """The request's sequence correlation id (0 when it belongs to none), an int or a str."""
         return self._correlation_id
 
     def flags(self) -> int:
+        """The request's flags (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, _END)."""
         return self._flags
 
     def timeout(self) -> int:
+        """The request's own timeout in microseconds (0: none); a BLS call's bounds its wait."""
         return self._timeout
 
     def model_name(self) -> str:
+        """The model the request is for."""
         return self._model_name
 
     def model_version(self) -> int:
+        """The version a BLS call asks for (-1: the highest ready one)."""
         return self._model_version
 
     def is_cancelled(self) -> bool:
@@ -343,26 +371,32 @@ class InferenceRequest:
         self._release_flags = int(flags)
 
     def get_response_sender(self) -> InferenceResponseSender:
+        """The request's response sender (the same one each time). Never blocks."""
         if self._sender is None:
             self._sender = InferenceResponseSender()
         self._sender_taken = True  # the worker waits only for the senders a model took
         return self._sender
 
-    def exec(self, decoupled: bool = False):
+    def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """Run this request on model `model_name` of the server (BLS). Returns its InferenceResponse (an error is
         `has_error()`, not raised), or with `decoupled` an iterator of its responses, ending with an empty one when
         the callee's final flag came alone (as Triton's). Blocks until the callee answered (or the caller's
-        deadline, or the callee's admission timeout)."""
+        deadline, its cancellation, or the callee's admission timeout). Raises TritonModelException for a call that
+        cannot be made (outside execute or a worker, an input no datatype fits, the server gone)."""
         if _bls_caller is None:
             raise _refuse("BLS outside a worker (InferenceRequest.exec)")
         responses = _bls_caller(self, bool(decoupled))
-        return responses if decoupled else responses[0]
+        if isinstance(responses, list):  # an ordinary call (not decoupled): its one response
+            return responses[0]
+        return responses
 
-    def async_exec(self, decoupled: bool = False):
+    def async_exec(
+        self, decoupled: bool = False
+    ) -> Coroutine[Any, Any, InferenceResponse | Iterator[InferenceResponse]]:
         """`exec` as an awaitable, for `async def execute`: it runs on the event loop's thread pool, so calls
         awaited together (asyncio.gather) are in flight at once."""
 
-        async def call():
+        async def call() -> InferenceResponse | Iterator[InferenceResponse]:
             # In the caller's context: the worker reads there which request the call belongs to.
             exec_here = functools.partial(contextvars.copy_context().run, self.exec, decoupled)
             return await asyncio.get_running_loop().run_in_executor(None, exec_here)
@@ -370,7 +404,7 @@ class InferenceRequest:
         return call()
 
 
-def _text(value, what: str) -> str:
+def _text(value: object, what: str) -> str:
     """A str argument of Triton's binding: str, or bytes taken as UTF-8 text; TypeError otherwise."""
     if isinstance(value, bytes):
         try:
@@ -383,6 +417,7 @@ def _text(value, what: str) -> str:
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    """The request's input named `name`; None when it has none."""
     for tensor in request.inputs():
         if tensor.name() == name:
             return tensor
@@ -390,35 +425,38 @@ def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | N
 
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    """The response's output named `name`; None when it has none."""
     for tensor in response.output_tensors():
         if tensor.name() == name:
             return tensor
     return None
 
 
-def _config_entry(model_config, kind: str, name: str) -> dict | None:
-    if isinstance(model_config, str):
-        model_config = json.loads(model_config)
-    for entry in model_config.get(kind, []):
+def _config_entry(model_config: dict[str, Any] | str, kind: str, name: str) -> dict[str, Any] | None:
+    config: dict[str, Any] = json.loads(model_config) if isinstance(model_config, str) else model_config
+    entries: list[dict[str, Any]] = config.get(kind, [])
+    for entry in entries:
         if entry.get("name") == name:
             return entry
     return None
 
 
-def get_input_config_by_name(model_config, name: str) -> dict | None:
+def get_input_config_by_name(model_config: dict[str, Any] | str, name: str) -> dict[str, Any] | None:
+    """The configuration of input `name` (the configuration as a dict or its JSON); None when it has none."""
     return _config_entry(model_config, "input", name)
 
 
-def get_output_config_by_name(model_config, name: str) -> dict | None:
+def get_output_config_by_name(model_config: dict[str, Any] | str, name: str) -> dict[str, Any] | None:
+    """The configuration of output `name` (the configuration as a dict or its JSON); None when it has none."""
     return _config_entry(model_config, "output", name)
 
 
-def triton_string_to_numpy(triton_type_string: str):
+def triton_string_to_numpy(triton_type_string: str) -> object:
     """numpy type of a config data_type ("TYPE_FP32" -> np.float32). Raises KeyError for an unknown one."""
     return _STRING_TO_NUMPY[triton_type_string]
 
 
-def triton_to_numpy_type(data_type: int):
+def triton_to_numpy_type(data_type: int) -> object:
     """numpy type of a TRITONSERVER_DataType value (11 -> np.float32); None for an unknown value."""
     return _ENUM_TO_NUMPY.get(data_type)
 
@@ -434,23 +472,25 @@ def numpy_to_triton_type(data_type: npt.DTypeLike) -> int | None:
     return None
 
 
-def using_decoupled_model_transaction_policy(model_config) -> bool:
-    if isinstance(model_config, str):
-        model_config = json.loads(model_config)
-    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any] | str) -> bool:
+    """Whether the configuration (a dict or its JSON) says `model_transaction_policy { decoupled: true }`."""
+    config: dict[str, Any] = json.loads(model_config) if isinstance(model_config, str) else model_config
+    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
 class ModelConfig:
     """The configuration handed to `auto_complete_config`: read it with `as_dict`, complete it with the
     setters; the server uses what comes back. Setters refuse what contradicts the configuration."""
 
-    def __init__(self, model_config: dict) -> None:
+    def __init__(self, model_config: dict[str, Any]) -> None:
         self._config = model_config
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
+        """The configuration as a dict (the one the setters change)."""
         return self._config
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Set max_batch_size. Raises TritonModelException for a negative value or one the configuration contradicts."""
         if not isinstance(max_batch_size, int) or max_batch_size < 0:
             raise TritonModelException(f"max_batch_size must be an integer >= 0, got {max_batch_size!r}")
         current = int(self._config.get("max_batch_size", 0) or 0)
@@ -461,9 +501,12 @@ class ModelConfig:
         self._config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self) -> None:
+        """Turn dynamic batching on (an empty dynamic_batching section, unless there is one)."""
         self._config.setdefault("dynamic_batching", {})
 
-    def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        """Set model_transaction_policy ({'decoupled': bool}). Raises TritonModelException for another key or a
+        policy the configuration contradicts."""
         for key in transaction_policy_dict:
             if key != "decoupled":
                 raise TritonModelException(f"model_transaction_policy has no field '{key}'")
@@ -472,13 +515,16 @@ class ModelConfig:
             raise TritonModelException("the configuration already sets model_transaction_policy differently")
         self._config["model_transaction_policy"] = dict(transaction_policy_dict)
 
-    def add_input(self, input: dict) -> None:
+    def add_input(self, input: dict[str, Any]) -> None:
+        """Add an input (name, data_type, dims, optional), or complete the one of that name. Raises
+        TritonModelException for an unknown field or a datatype or shape the configuration contradicts."""
         self._add("input", input)
 
-    def add_output(self, output: dict) -> None:
+    def add_output(self, output: dict[str, Any]) -> None:
+        """Add an output, as `add_input`."""
         self._add("output", output)
 
-    def _add(self, kind: str, tensor: dict) -> None:
+    def _add(self, kind: str, tensor: dict[str, Any]) -> None:
         allowed = {"name", "data_type", "dims", "optional", "is_shape_tensor"}
         unknown = set(tensor) - allowed
         if "name" not in tensor:
@@ -501,7 +547,7 @@ class ModelConfig:
         entries.append(dict(tensor))
 
 
-def _normalized(value):
+def _normalized(value: object) -> object:
     return [int(v) for v in value] if isinstance(value, list | tuple) else value
 
 
@@ -512,12 +558,12 @@ class MetricFamily:
     GAUGE = 1
     HISTOGRAM = 2
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise _refuse("custom metrics (MetricFamily)")
 
 
 class Metric:
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise _refuse("custom metrics (Metric)")
 
 
@@ -541,6 +587,9 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: Logger.LogLevel = LogLevel.INFO) -> None:
+        """Log `message` at `level`: one record on the worker's stderr, which the server reads into its log
+        (engine/python/output.py). Raises TypeError for a message that is not a str or a level that is not a
+        LogLevel."""
         if not isinstance(message, str):
             raise TypeError(f"Logger.log takes a str message, got {type(message).__name__}")
         if not isinstance(level, Logger.LogLevel):
@@ -549,18 +598,22 @@ class Logger:
 
     @staticmethod
     def log_info(message: str) -> None:
+        """`log` at INFO."""
         Logger.log(message, Logger.LogLevel.INFO)
 
     @staticmethod
     def log_warn(message: str) -> None:
+        """`log` at WARNING."""
         Logger.log(message, Logger.LogLevel.WARNING)
 
     @staticmethod
     def log_error(message: str) -> None:
+        """`log` at ERROR."""
         Logger.log(message, Logger.LogLevel.ERROR)
 
     @staticmethod
     def log_verbose(message: str) -> None:
+        """`log` at VERBOSE (the server's DEBUG)."""
         Logger.log(message, Logger.LogLevel.VERBOSE)
 
 

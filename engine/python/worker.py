@@ -9,7 +9,7 @@ unless its model overlaps its calls (below).
 
 A decoupled model (`model_transaction_policy { decoupled: true }`) answers through its requests' response senders,
 from `execute` or from threads of its own: each `send` lays its tensors into its lane's response segment, tells the
-server ("response", run, index, result, final) and waits for its "ack" (the server has copied them out), all under
+server (a Response message) and waits for its Reply (the server has copied them out), all under
 the lane's lock, so sends of one lane go one after another (sends of other lanes only share the pipe). A run ends at
 its last final flag (a decoupled model's) or when its answer is sent (another model's): its BLS calls are allowed
 until then, and its single-use segments are dropped then.
@@ -24,11 +24,12 @@ BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any t
 go to the server as BlsCall(tag, run, CallRequest) with their inputs in a segment of their own
 (engine/python/transport.py): the run is the calling request's (a context variable set for `execute` and the
 coroutine it returns; a thread of the model's own, which has none, is taken for the latest run in flight). The
-server runs each through the callee's admission on a thread of its own and answers ("part", tag, CallReply, final)
-messages (a decoupled callee's responses one by one, as they come), so several calls may be in flight at once;
+server runs each through the callee's admission on a thread of its own and answers BlsPart messages (a decoupled
+callee's responses one by one, as they come), so several calls may be in flight at once;
 `exec(decoupled=True)` returns once the first of them came, as Triton's does. No thread of its own reads the pipe:
 the thread waiting for a message reads it (engine/python/pipe.py), filing replies and parts for the thread waiting
-for their tag (`ask`, `bls`), Execute and "stop" for the main thread. `async_exec` runs `exec` on the event loop's
+for their tag (`ask`, `bls`), Execute and Stop for the main thread. Every message is a record of
+engine/python/messages.py. `async_exec` runs `exec` on the event loop's
 thread pool, so calls awaited together overlap.
 
 An exception in the model is reported to the server with its type and message; its traceback goes to stderr,
@@ -53,16 +54,38 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from . import rescheduling, transport
 from . import triton_python_backend_utils as pb_utils
-from .messages import EXECUTE, BlsCall, Execute, Ready
+from .error_codes import TritonCode
+from .messages import (
+    BlsCall,
+    CallReply,
+    CallRequest,
+    Descriptor,
+    Done,
+    ErrorResult,
+    Execute,
+    Failed,
+    Grow,
+    Init,
+    LoadFailed,
+    Message,
+    Ready,
+    ReplyPayload,
+    Request,
+    Response,
+    Result,
+    SegmentName,
+    Tensors,
+)
 from .output import RecordFormatter
-from .pipe import GONE, WorkerPipe, unlink_reply
+from .pipe import WorkerPipe, unlink_reply
 
 _LOG = logging.getLogger("slotserve.python_model")
 WATCHDOG_SECONDS = 0.5
@@ -77,7 +100,6 @@ class Worker:
         self.cancel_board: transport.Segment | None = None
         self.board_words = 1  # words of the cancel board per lane: one per request of a call (settings)
         self.lanes: dict[int, _Lane] = {}  # by number; made as the server first names one
-        self.requested_cache: dict = {}
         self.decoupled = False
         self.pipe = WorkerPipe(connection)  # read by the thread waiting for a message (engine/python/pipe.py)
         self.tags = itertools.count(1)
@@ -91,13 +113,15 @@ class Worker:
 
     # ---- start -----------------------------------------------------------------------------------------------
 
-    def start(self, settings: dict) -> None:
+    def start(self, settings: dict[str, Any]) -> None:
         """Import model.py, auto-complete the configuration, initialize. Replies Ready (the completed configuration,
-        whether execute is a coroutine function) or ("error", message)."""
+        whether execute is a coroutine function) or LoadFailed (the exception, which is logged). Raises OSError when
+        the server is gone."""
         self.name = settings["model_name"]
         self.instance_name = settings["model_instance_name"]
         try:
-            self.cancel_board = transport.Segment.attach(*settings["cancel_board"])
+            board: SegmentName = settings["cancel_board"]
+            self.cancel_board = transport.Segment.attach(board.path, board.size)
             self.board_words = int(settings.get("board_words", 1))
             # Mapped first: the server unlinks the files once this call replies.
             self._remap(self._lane(0), settings["segments"])
@@ -120,35 +144,37 @@ class Worker:
                 initialize(args)
         except BaseException as error:  # the model's own code: any exception is its load failure
             _LOG.error("model '%s': loading model.py failed:\n%s", self.name, traceback.format_exc())
-            self.connection.send(("error", _describe(error)))
+            self.send(LoadFailed(_describe(error)))
             return
-        self.connection.send(
-            Ready(json.dumps(config), inspect.iscoroutinefunction(getattr(self.model, "execute", None)))
-        )
+        self.send(Ready(json.dumps(config), inspect.iscoroutinefunction(getattr(self.model, "execute", None))))
 
     # ---- serve -----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        """Read the server's orders until "stop" (then `finalize`) or until the server is gone."""
+        """Read the server's orders until Stop (then `finalize`) or until the server is gone. Blocks while it
+        serves."""
         while True:
-            message = self.pipe.next_order()
-            if message is GONE:
+            order = self.pipe.next_order()
+            if order is None:
                 return  # the server is gone
-            if message[0] == EXECUTE:
-                self.execute(Execute.from_wire(message))
-            elif message[0] == "stop":
+            if isinstance(order, Execute):
+                self.execute(order)
+            else:  # Stop
                 if self.loop is not None:
                     self.loop.stop(LOOP_STOP_SECONDS)  # as Triton: the loop stops, then finalize runs
                 self.finalize()
                 return
 
-    def send(self, message) -> None:
+    def send(self, message: Message) -> None:
+        """Write `message` to the server (blocks while the pipe is full). Raises OSError when the server is gone."""
         self.pipe.send(message)
 
-    def ask(self, kind: str, *fields):
-        """Send (kind, tag, *fields) and wait for the server's reply to it. Raises EOFError when the server is gone."""
+    def ask(self, question: Callable[[int], Grow | Response]) -> ReplyPayload:
+        """Send the question `question(tag)` makes with a new tag and wait for the payload of the server's Reply to it
+        (blocks, without a timeout: the server answers each at once). Raises EOFError or OSError when the server is
+        gone."""
         tag = next(self.tags)
-        self.send((kind, tag, *fields))
+        self.send(question(tag))
         return self.pipe.answer(tag)
 
     def event_loop(self) -> EventLoop:
@@ -166,7 +192,9 @@ class Worker:
         with self._runs_lock:
             return self._runs[max(self._runs)] if self._runs else None
 
-    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool):
+    def bls(
+        self, request: pb_utils.InferenceRequest, decoupled: bool
+    ) -> list[pb_utils.InferenceResponse] | Iterator[pb_utils.InferenceResponse]:
         """Send a BLS call to the server. Returns the list of the callee's responses (one), or with `decoupled` an
         iterator of them, once the first has arrived (as Triton's exec), each of the others as it arrives. Raises
         TritonModelException outside execute, for an input no datatype fits, or when the server is gone (the
@@ -183,18 +211,20 @@ class Worker:
         except ValueError as error:
             raise pb_utils.TritonModelException(f"BLS call to model '{request.model_name()}': {error}") from None
         version = request.model_version()
-        call = transport.CallRequest(
+        call = CallRequest(
             model=request.model_name(),
             version="" if version is None or int(version) < 0 else str(int(version)),
-            inputs=descriptors,
-            outputs=tuple(request.requested_output_names()),
-            segment=None if segment is None else (segment.path, segment.size),
+            request=Request(
+                inputs=descriptors,
+                outputs=tuple(request.requested_output_names()),
+                request_id=request.request_id(),
+                correlation_id=request.correlation_id(),
+                flags=request.flags(),
+                parameters=json.loads(request.parameters()),
+            ),
+            segment=None if segment is None else segment.name,
             decoupled=decoupled,
             timeout_us=int(request.timeout() or 0),
-            request_id=request.request_id(),
-            correlation_id=request.correlation_id(),
-            flags=request.flags(),
-            parameters=json.loads(request.parameters()),
         )
         tag = next(self.tags)
         self.pipe.open_call(tag)
@@ -211,7 +241,7 @@ class Worker:
         first = next(responses, None)
         return itertools.chain(() if first is None else (first,), responses)
 
-    def _responses(self, tag: int, segment):
+    def _responses(self, tag: int, segment: transport.Segment | None) -> Iterator[pb_utils.InferenceResponse]:
         """A BLS call's responses as its parts arrive (a decoupled callee's one by one), up to the final part (a final
         part without a response, the callee's final flag alone, is an empty response, as Triton's iterator ends).
         Closed early (the model let go of it), the parts still to come are dropped, their files unlinked."""
@@ -220,7 +250,7 @@ class Worker:
                 part = self.pipe.next_part(tag)
                 if part is None:
                     raise pb_utils.TritonModelException("the server is gone: the BLS call was not answered")
-                reply, final = part
+                reply, final = part.reply, part.final
                 try:
                     results = transport.read_reply(reply, bf16=_bf16_type(reply))
                 except OSError as error:
@@ -234,16 +264,18 @@ class Worker:
         finally:
             self._end_call(tag, segment)
 
-    def _end_call(self, tag: int, segment) -> None:
-        for reply, _final in self.pipe.close_call(tag):
-            unlink_reply(reply)
+    def _end_call(self, tag: int, segment: transport.Segment | None) -> None:
+        """BLS call `tag` is over: its unread parts' files and its inputs' segment go. Never blocks."""
+        for part in self.pipe.close_call(tag):
+            unlink_reply(part.reply)
         if segment is not None:
             segment.unlink()
             segment.close()
 
     def execute(self, message: Execute) -> None:
         """Run one call (its requests read from its lane's request segment). A decoupled model's answers go as
-        its requests' senders send them; another model's as ("done", run, results) (`execute_returning`)."""
+        its requests' senders send them; another model's as a Done (`execute_returning`). Blocks for the model's
+        execute (a decoupled `async def` one is left running). Raises OSError when the server is gone."""
         lane = self._lane(message.lane)
         self._remap(lane, message.segments)
         run = _Run(message.run, lane)
@@ -259,12 +291,12 @@ class Worker:
         finally:
             _CURRENT_RUN.reset(current)
 
-    def execute_returning(self, run: _Run, built: list, requests: list[dict]) -> None:
+    def execute_returning(self, run: _Run, built: list[pb_utils.InferenceRequest], requests: list[Request]) -> None:
         """A model that is not decoupled: `execute` (an `async def` one run to its end on the event loop, as
-        Triton does: no overlap), its responses laid into the lane's response segment, ("done", run, results),
-        results per request ("ok", descriptors) or ("error", code, message); ("failed", run, message) when there is
-        nothing to answer (execute raised before any response was sent, or returned what does not fit the
-        requests).
+        Triton does: no overlap), its responses laid into the lane's response segment, a Done with a Result per
+        request (its Tensors, an ErrorResult, or Released); Failed when there is nothing to answer (execute raised
+        before any response was sent, or returned what does not fit the requests). Blocks for the model's execute
+        and the responses of the senders it took. Raises OSError when the server is gone.
 
         A request's response may come back from execute or through its response sender, from execute or from a
         thread after execute returned None: the call is answered once every request whose sender was taken has
@@ -288,30 +320,32 @@ class Worker:
             except BaseException as error:  # nothing fits the requests: every request fails
                 if error is not failure:
                     _LOG.error("model '%s': %s", self.name, _describe(error))
-                self.send(("failed", run.number, _describe(error)))
+                self.send(Failed(run.number, _describe(error)))
                 return
             finally:
                 del built
             try:
                 if layout.size > lane.response_segment.size:  # type: ignore[union-attr]
-                    self._remap(lane, {"response": transport.granted(self.ask("grow", run.number, layout.size))})
+                    self._grow(run, layout.size)
             except transport.NoRoom as refused:  # /dev/shm is full: the server fails the call (RESOURCE_EXHAUSTED)
-                self.send(("failed", run.number, str(refused)))
+                self.send(Failed(run.number, str(refused)))
                 return
             layout.write(lane.response_segment)  # type: ignore[arg-type]
-            self.send(("done", run.number, results))
+            self.send(Done(run.number, results))
         finally:
             with lane.lock:
                 self._end_run(run)
 
-    def execute_decoupled(self, run: _Run, built: list, requests: list[dict]) -> None:
+    def execute_decoupled(self, run: _Run, built: list[pb_utils.InferenceRequest], requests: list[Request]) -> None:
         """A decoupled model: its responses go to the server as they are sent (`send_response`); the run ends at
         its last final flag. An `async def execute` is left running in the background on the event loop (the main
         thread reads the next order at once); otherwise execute runs here. An exception (or a return value other
-        than None, refused in Triton's words) closes the senders still open and is reported as ("failed", run,
-        message). Requests the model rescheduled are handed back once execute (or its coroutine) has ended."""
+        than None, refused in Triton's words) closes the senders still open and is reported as Failed. Requests the
+        model rescheduled are handed back once execute (or its coroutine) has ended. Blocks for a plain execute;
+        never raises (the model's exceptions fail its run)."""
         senders = [
-            _StreamSender(self, run, index, request["outputs"], built[index]) for index, request in enumerate(requests)
+            _StreamSender(self, run, index, list(request.outputs), built[index])
+            for index, request in enumerate(requests)
         ]
         run.open_senders = len(senders)
         run.senders = senders
@@ -331,7 +365,7 @@ class Worker:
         finally:
             del built
 
-    def _background_ended(self, run: _Run, outcome: concurrent.futures.Future) -> None:
+    def _background_ended(self, run: _Run, outcome: concurrent.futures.Future[Any]) -> None:
         """A decoupled model's coroutine ended (on the event loop's thread): an exception fails its own run; its
         rescheduled requests are handed back."""
         try:
@@ -345,7 +379,8 @@ class Worker:
             )
             self.fail_run(run, error)
 
-    def _returned_nothing(self, returned) -> None:
+    def _returned_nothing(self, returned: object) -> None:
+        """Raises TritonModelException (Triton's words) when a decoupled execute returned something."""
         if returned is not None:
             raise pb_utils.TritonModelException(
                 f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
@@ -353,7 +388,7 @@ class Worker:
             )
 
     def fail_run(self, run: _Run, error: BaseException) -> None:
-        """Close the run's senders still open and tell the server ("failed", run, message): the requests of the run
+        """Close the run's senders still open and tell the server (Failed): the requests of the run
         whose final flag was not sent fail; nothing happens when every one of them was sent already."""
         with run.lane.lock:
             if all(sender.closed for sender in run.senders):
@@ -361,7 +396,7 @@ class Worker:
             for sender in run.senders:
                 sender.close()
             try:
-                self.send(("failed", run.number, _describe(error)))
+                self.send(Failed(run.number, _describe(error)))
             except OSError:
                 pass  # the server is gone
 
@@ -378,16 +413,27 @@ class Worker:
         with self.finals:
             self.finals.wait_for(done)
 
-    def send_response(self, run: _Run, index: int, requested: list[str], response, final: bool) -> None:
-        """Hand one response of a decoupled call to the server and wait until it has taken the tensors. Called
-        with the lane's lock held, on the model's thread."""
+    def send_response(
+        self, run: _Run, index: int, requested: Sequence[str], response: pb_utils.InferenceResponse | None, final: bool
+    ) -> None:
+        """Hand one response of a decoupled call to the server and wait until it has taken the tensors (blocks,
+        without a timeout: the server answers at once). Called with the lane's lock held, on the model's thread.
+        Raises transport.NoRoom when the response segment could not grow, EOFError or OSError when the server is
+        gone, TritonModelException for a response that is not an InferenceResponse."""
         lane = run.lane
         layout = transport.Layout()
         result = None if response is None else self._result(response, requested, layout)
         if layout.size > lane.response_segment.size:  # type: ignore[union-attr]
-            self._remap(lane, {"response": transport.granted(self.ask("grow", run.number, layout.size))})  # or NoRoom
+            self._grow(run, layout.size)  # or NoRoom
         layout.write(lane.response_segment)  # type: ignore[arg-type]
-        self.ask("response", run.number, index, result, final)  # answered once the server copied the tensors out
+        # Answered once the server copied the tensors out.
+        self.ask(lambda tag: Response(tag, run.number, index, result, final))
+
+    def _grow(self, run: _Run, size: int) -> None:
+        """Have the server replace the run's lane's response segment by one of `size` bytes at least, and map it.
+        Raises transport.NoRoom when the server has no room for it."""
+        segment = transport.granted(self.ask(lambda tag: Grow(tag, run.number, size)))
+        self._remap(run.lane, {"response": segment})
 
     def sender_closed(self, run: _Run) -> None:
         """One request of the run got its final flag (the lane's lock is held): the last one ends the run."""
@@ -416,55 +462,66 @@ class Worker:
             lane = self.lanes[number] = _Lane(number)
         return lane
 
-    def _request(self, run: _Run, index: int, request: dict, board) -> pb_utils.InferenceRequest:
+    def _request(
+        self, run: _Run, index: int, request: Request, board: transport.Segment | None
+    ) -> pb_utils.InferenceRequest:
+        """The model's view of the `index`-th request of `run`: its inputs are read-only views of the lane's request
+        segment, and `is_cancelled()` reads its word of the cancel board."""
+        assert board is not None  # mapped by `start`, before any Execute
         segment = run.lane.request_segment
         inputs = [
             pb_utils.Tensor(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
-            for d in transport.from_wire(request["inputs"])
+            for d in request.inputs
         ]
         offset = 8 * (run.lane.number * self.board_words + index)
         number = run.number
 
         def cancelled() -> bool:
-            return struct.unpack_from("<q", board.view, offset)[0] == number
+            return bool(struct.unpack_from("<q", board.view, offset)[0] == number)
 
         return pb_utils.InferenceRequest(
             model_name=self.name,
             inputs=inputs,
-            requested_output_names=request["outputs"],
-            request_id=request.get("id", ""),
-            correlation_id=request.get("correlation_id", 0),
-            flags=request.get("flags", 0),
-            parameters=_parameters_json(request.get("parameters")),
+            requested_output_names=request.outputs,
+            request_id=request.request_id,
+            correlation_id=request.correlation_id,
+            flags=request.flags,
+            parameters=_parameters_json(request.parameters),
             _cancelled=cancelled,
         )
 
-    def _collect(self, built, requests, returned, failure: BaseException | None):
+    def _collect(
+        self,
+        built: list[pb_utils.InferenceRequest],
+        requests: list[Request],
+        returned: object,
+        failure: BaseException | None,
+    ) -> tuple[list[Result], transport.Layout]:
         """The per-request results of a call, with the outputs laid out for the response segment: each request's
         response sent through its sender, else the one `execute` returned, else (execute raised) the exception; a
         request the model rescheduled is a `Released` record (engine/python/rescheduling.py). After execute
         returned None, waits for the responses of the senders the model took. Raises `failure` when no request
         has a response to give, TritonModelException when the return value does not fit the requests."""
         if failure is not None:
-            if all(request._sender.response is None for request in built):
+            if all(_sent(request) is None for request in built):
                 raise failure
-            responses = [request._sender.response for request in built]  # None: the exception's error below
+            responses: list[object] = [_sent(request) for request in built]  # None: the exception's error below
         elif returned is None:
             answering = [request for request in built if not rescheduling.rescheduled(request)]
             if any(not request._sender_taken for request in answering):
                 raise pb_utils.TritonModelException(
                     "execute returned None but did not send a response for every request through its response sender"
                 )
-            self._wait(lambda: all(request._sender.response is not None for request in answering))
-            responses = [request._sender.response for request in built]
+            self._wait(lambda: all(_sent(request) is not None for request in answering))
+            responses = [_sent(request) for request in built]
         else:
-            responses = list(returned)
+            responses = list(cast(Iterable[object], returned))  # not iterable: TypeError, in Python's words
             if len(responses) != len(built):
                 raise pb_utils.TritonModelException(
                     f"execute returned {len(responses)} responses for {len(built)} requests (one each is required)"
                 )
             for index, request in enumerate(built):
-                sender = request._sender
+                sender = _sender(request)
                 if sender.response is not None:  # sent already: what execute returned for it goes nowhere
                     responses[index] = sender.response
                 elif responses[index] is not None:
@@ -477,61 +534,63 @@ class Worker:
                 if responses[index] is None and request._sender_taken and not rescheduling.rescheduled(request)
             ]
             if pending:
-                self._wait(lambda: all(built[index]._sender.response is not None for index in pending))
+                self._wait(lambda: all(_sent(built[index]) is not None for index in pending))
                 for index in pending:
-                    responses[index] = built[index]._sender.response
+                    responses[index] = _sent(built[index])
         layout = transport.Layout()
-        results: list = []  # per request: ("ok", ...), ("error", ...) or a rescheduling.Released
-        for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
+        results: list[Result] = []
+        for index, (response, asked) in enumerate(zip(responses, requests, strict=True)):
             if failure is None:
                 released = rescheduling.released_result(built[index], response, index)  # rescheduled: runs again
                 if released is not None:
                     results.append(released)
                     continue
             if response is None and failure is not None:
-                results.append(("error", pb_utils.TritonError.INTERNAL, _describe(failure)))
+                results.append(ErrorResult(TritonCode.INTERNAL, _describe(failure)))
             else:
-                results.append(self._result(response, request["outputs"], layout))
-        return results, layout
+                results.append(self._result(response, asked.outputs, layout))
         return results, layout
 
-    def _result(self, response, requested: list[str], layout: transport.Layout):
+    def _result(self, response: object, requested: Sequence[str], layout: transport.Layout) -> Tensors | ErrorResult:
+        """A response laid out for the response segment (its requested outputs), or the error it carries or earns.
+        Raises TritonModelException when it is not an InferenceResponse."""
         if not isinstance(response, pb_utils.InferenceResponse):
             raise pb_utils.TritonModelException(
                 f"execute must return pb_utils.InferenceResponse objects, got {type(response).__name__}"
             )
         if response.has_error():
             error = response.error()
-            return ("error", error.code(), error.message())  # type: ignore[union-attr]
+            return ErrorResult(error.code(), error.message())  # type: ignore[union-attr]
         descriptors = []
         names = [tensor.name() for tensor in response.output_tensors()]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:  # Triton 2.51 answers a malformed response then (one output's shape twice, the other's none)
-            return ("error", pb_utils.TritonError.INTERNAL, f"the response has more than one output named {twice}: "
-                    "each output may appear once")  # fmt: skip
+            return ErrorResult(TritonCode.INTERNAL, f"the response has more than one output named {twice}: each "
+                               "output may appear once")  # fmt: skip
         for tensor in response.output_tensors():
             if requested and tensor.name() not in requested:
                 continue
             array = tensor.as_numpy()
             datatype = transport.datatype_of(array)
             if datatype is None:
-                return ("error", pb_utils.TritonError.INTERNAL, f"output '{tensor.name()}' has numpy dtype "
-                        f"{array.dtype}, which has no Triton datatype")  # fmt: skip
+                return ErrorResult(TritonCode.INTERNAL, f"output '{tensor.name()}' has numpy dtype {array.dtype}, "
+                                   "which has no Triton datatype")  # fmt: skip
             descriptors.append(layout.plan(tensor.name(), array, datatype))
-        return ("ok", transport.to_wire(descriptors))
+        return Tensors(tuple(descriptors))
 
-    def _remap(self, lane: _Lane, segments: dict) -> None:
-        """Map the segments the server made for `lane` ({"request"|"response": (path, size)}), in place of the old."""
+    def _remap(self, lane: _Lane, segments: Mapping[str, SegmentName]) -> None:
+        """Map the segments the server made for `lane` ({"request"|"response": its name}), in place of the old."""
         if not segments:
             return
         with lane.lock:  # reentrant: a send that grows the response segment holds it already
-            for key, (path, size) in segments.items():
+            for key, name in segments.items():
                 old = getattr(lane, f"{key}_segment")
-                setattr(lane, f"{key}_segment", transport.Segment.attach(path, size))
+                setattr(lane, f"{key}_segment", transport.Segment.attach(name.path, name.size))
                 if old is not None:
                     old.close()
 
     def finalize(self) -> None:
+        """Run the model's `finalize` (blocks for it); an exception is logged, never raised."""
         finalize = getattr(self.model, "finalize", None)
         if finalize is None:
             return
@@ -546,7 +605,9 @@ class _StreamSender(pb_utils.InferenceResponseSender):
     Raises TritonModelException after the final flag, for a response that is not an InferenceResponse, and when
     the server is gone."""
 
-    def __init__(self, worker: Worker, run: _Run, index: int, requested: list[str], request) -> None:
+    def __init__(
+        self, worker: Worker, run: _Run, index: int, requested: Sequence[str], request: pb_utils.InferenceRequest
+    ) -> None:
         super().__init__()
         self._worker, self._run, self._index, self._requested = worker, run, index, requested
         self._request_cancelled = request.is_cancelled
@@ -597,7 +658,9 @@ class _Run:
         self.live = True  # until its answer (or last final flag) was sent: BLS calls are allowed while it is
         self.open_senders = 0
         self.senders: list[_StreamSender] = []
-        self.requests: list = []  # a decoupled run's (its rescheduled ones are handed back when it ends)
+        self.requests: list[
+            pb_utils.InferenceRequest
+        ] = []  # a decoupled run's (its rescheduled ones are handed back when it ends)
 
 
 # The run the code running now belongs to: set for `execute` and copied into the coroutine it returns (and into
@@ -614,7 +677,7 @@ class EventLoop:
         self.loop = asyncio.new_event_loop()
         self._executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="python-model-async-exec")
         self.loop.set_default_executor(self._executor)
-        self._background: set[concurrent.futures.Future] = set()  # coroutines running in the background
+        self._background: set[concurrent.futures.Future[Any]] = set()  # coroutines running in the background
         self._thread = threading.Thread(target=self._run, name="python-model-event-loop", daemon=True)
         self._thread.start()
 
@@ -622,12 +685,14 @@ class EventLoop:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coroutine) -> Any:
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """Run `coroutine` on the loop and return its result (or raise its exception). Blocks until it ends: the
         server bounds a call that never does (its kill clock ends the worker)."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
-    def start(self, coroutine, ended: Callable[[concurrent.futures.Future], None]) -> None:
+    def start(
+        self, coroutine: Coroutine[Any, Any, Any], ended: Callable[[concurrent.futures.Future[Any]], None]
+    ) -> None:
         """Run `coroutine` on the loop in the background; `ended(future)` is called (on the loop's thread) when it
         ends. Returns at once."""
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
@@ -653,25 +718,41 @@ _ARG_KEYS = (
 )
 
 
-def _parameters_json(parameters: dict | None) -> str:
+def _sender(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponseSender:
+    """The response sender the worker gave `request` before execute."""
+    sender = request._sender
+    assert sender is not None  # every request of a call gets one before the model sees it
+    return sender
+
+
+def _sent(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse | None:
+    """The response the model sent through `request`'s sender so far (None: none yet)."""
+    return _sender(request).response
+
+
+def _parameters_json(parameters: Mapping[str, object] | None) -> str:
     # Most requests carry none: "{}" without the encoder saves a few microseconds of every small request.
     return json.dumps(parameters, separators=(",", ":")) if parameters else "{}"
 
 
-def _response_of(result: tuple) -> pb_utils.InferenceResponse:
-    if result[0] == "ok":
-        return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in result[1].items()])
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(result[2], result[1]))
+def _response_of(result: dict[str, Any] | ErrorResult) -> pb_utils.InferenceResponse:
+    if isinstance(result, ErrorResult):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, result.code))
+    return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in result.items()])
 
 
-def _bf16_type(reply: transport.CallReply):
-    wanted = any(r[0] == "ok" and any(d.datatype == "BF16" for d in r[1]) for r in reply.responses)
-    return _bf16(transport.Descriptor("", "BF16", (), 0, 0)) if wanted else None
+def _bf16_type(reply: CallReply) -> Any:
+    """The numpy type of bfloat16 when a tensor of `reply` is BF16, else None (ml_dtypes is imported only then)."""
+    wanted = any(isinstance(r, Tensors) and any(d.datatype == "BF16" for d in r.descriptors) for r in reply.responses)
+    return _bfloat16() if wanted else None
 
 
-def _bf16(descriptor):
-    if descriptor.datatype != "BF16":
-        return None
+def _bf16(descriptor: Descriptor) -> Any:
+    """The numpy type of a BF16 tensor (ml_dtypes' bfloat16, imported on first use); None for another datatype."""
+    return _bfloat16() if descriptor.datatype == "BF16" else None
+
+
+def _bfloat16() -> Any:
     from engine.datatypes import bfloat16
 
     return bfloat16()
@@ -687,7 +768,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _import_model(path: str):
+def _import_model(path: str) -> types.ModuleType:
     """Import the model's file as Triton's stub does (pb_stub.cc, ModelContext::StubSetup): its version folder and
     the model's folder are appended to sys.path, and the file is the module `<version>.<stem>` ("1.model"), a
     module of the version folder's package. So `import helper` finds helper.py beside model.py, `from . import
@@ -725,18 +806,20 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """The worker process: read Init, load the model, serve until Stop or the server is gone. Returns 2 for a first
+    message that is not Init, 1 when the model did not load; otherwise the process exits from here."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     logging.root.handlers[0].setFormatter(RecordFormatter())  # the server reads each record back (output.py)
     pb_utils._install()
     connection = Connection(int(argv[1]))
     parent = int(argv[2])
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
-    kind, settings = connection.recv()
-    if kind != "init":
+    init = transport.receive(connection)
+    if not isinstance(init, Init):
         return 2
     worker = Worker(connection)
     pb_utils._bls_caller = worker.bls
-    worker.start(settings)
+    worker.start(init.settings)
     if worker.model is None:
         return 1
     worker.serve()

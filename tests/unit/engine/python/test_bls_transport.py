@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from engine.python import transport
+from engine.python.error_codes import TritonCode, for_status
+from engine.python.messages import CallRequest, ErrorResult, Request
 
 
 def named(path: str) -> bool:
@@ -23,7 +25,7 @@ def test_a_call_moves_its_inputs_through_a_segment_the_server_views_without_copy
     ]
     segment, descriptors = transport.write_call(tensors)
     assert segment is not None and [d.name for d in descriptors] == ["F", "S", "EMPTY"]
-    request = transport.CallRequest("m", "", descriptors, ("OUT",), (segment.path, segment.size), parameters={"k": 1})
+    request = CallRequest("m", "", Request(descriptors, ("OUT",), "", 0, 0, {"k": 1}), segment.name)
     mapped, inputs = transport.read_call(request)
     assert not named(segment.path)  # the server unlinks the file as soon as it has it mapped
     np.testing.assert_array_equal(inputs["F"], tensors[0][1])
@@ -40,7 +42,7 @@ def test_a_call_moves_its_inputs_through_a_segment_the_server_views_without_copy
 def test_a_call_without_inputs_needs_no_segment():
     segment, descriptors = transport.write_call([])
     assert segment is None and descriptors == ()
-    assert transport.read_call(transport.CallRequest("m", "", (), (), None)) == (None, {})
+    assert transport.read_call(CallRequest("m", "", Request((), (), "", 0, 0, {}), None)) == (None, {})
 
 
 def test_an_input_no_datatype_fits_is_refused_by_name():
@@ -53,30 +55,31 @@ def test_an_input_no_datatype_fits_is_refused_by_name():
 def test_a_reply_carries_responses_and_errors_in_order_as_writable_arrays():
     first = {"OUT": np.array([[1, 2], [3, 4]], dtype=np.int32), "TEXT": np.array([b"x"], dtype=object)}
     second = {"OUT": np.array([5], dtype=np.int32)}
-    reply = transport.write_reply([first, second, (3, "n must be >= 0")])
-    assert reply.segment is not None and named(reply.segment[0])  # kept until the worker maps it
+    reply = transport.write_reply([first, second, ErrorResult(TritonCode.INVALID_ARG, "n must be >= 0")])
+    assert reply.segment is not None and named(reply.segment.path)  # kept until the worker maps it
     results = transport.read_reply(reply)
-    assert not named(reply.segment[0])  # the worker unlinks it once mapped
-    assert [r[0] for r in results] == ["ok", "ok", "error"]
-    np.testing.assert_array_equal(results[0][1]["OUT"], first["OUT"])
-    assert results[0][1]["TEXT"].tolist() == [b"x"]
-    assert results[1][1]["OUT"].tolist() == [5]
-    assert results[2] == ("error", 3, "n must be >= 0")
-    results[0][1]["OUT"] += 1  # the model's own array
-    assert results[0][1]["OUT"].tolist() == [[2, 3], [4, 5]]
+    assert not named(reply.segment.path)  # the worker unlinks it once mapped
+    ok, other, error = results
+    assert isinstance(ok, dict) and isinstance(other, dict)
+    np.testing.assert_array_equal(ok["OUT"], first["OUT"])
+    assert ok["TEXT"].tolist() == [b"x"]
+    assert other["OUT"].tolist() == [5]
+    assert error == ErrorResult(3, "n must be >= 0")
+    ok["OUT"] += 1  # the model's own array
+    assert ok["OUT"].tolist() == [[2, 3], [4, 5]]
 
 
 def test_a_reply_of_empty_tensors_or_errors_only_needs_no_segment():
-    reply = transport.write_reply([{"OUT": np.zeros((0,), dtype=np.float32)}, (7, "cancelled")])
+    reply = transport.write_reply([{"OUT": np.zeros((0,), dtype=np.float32)}, ErrorResult(7, "cancelled")])
     assert reply.segment is None
     (ok, error) = transport.read_reply(reply)
-    assert ok[1]["OUT"].shape == (0,) and ok[1]["OUT"].dtype == np.float32
-    assert error == ("error", 7, "cancelled")
+    assert isinstance(ok, dict) and ok["OUT"].shape == (0,) and ok["OUT"].dtype == np.float32
+    assert error == ErrorResult(TritonCode.CANCELLED, "cancelled")
 
 
 def test_status_names_become_triton_error_codes():
     codes = {
-        name: transport.triton_code(name)
+        name: for_status(name)
         for name in ("NOT_FOUND", "INVALID_ARGUMENT", "UNAVAILABLE", "UNIMPLEMENTED", "CANCELLED", "INTERNAL")
     }
     assert codes == {
@@ -87,7 +90,7 @@ def test_status_names_become_triton_error_codes():
         "CANCELLED": 7,
         "INTERNAL": 1,
     }
-    assert transport.triton_code("PERMISSION_DENIED") == 1  # no Triton code for it: INTERNAL
+    assert for_status("PERMISSION_DENIED") is TritonCode.INTERNAL  # no Triton code for it
 
 
 def test_segments_of_a_process_are_found_by_its_pid():

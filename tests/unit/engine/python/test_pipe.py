@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from engine.python import transport
-from engine.python.pipe import GONE, WorkerPipe
+from engine.python.messages import BlsPart, Execute, Reply, SegmentName, Stop
+from engine.python.pipe import WorkerPipe
 
 WAIT = 30.0
 
@@ -30,12 +31,12 @@ def ends():
 
 def test_orders_read_by_a_thread_waiting_for_its_reply_reach_the_main_thread_in_order(ends):
     pipe, server = ends
-    server.send(("execute", 1))
-    server.send(("stop",))
-    server.send(("reply", 7, "grown"))
-    assert pipe.answer(7) == "grown"  # read past both orders to get here, and filed them
-    assert pipe.next_order() == ("execute", 1)
-    assert pipe.next_order() == ("stop",)
+    transport.send(server, Execute(1, 0, [], {}))
+    transport.send(server, Stop())
+    transport.send(server, Reply(7, SegmentName("/dev/shm/grown", 1)))
+    assert pipe.answer(7) == SegmentName("/dev/shm/grown", 1)  # read past both orders to get here, and filed them
+    assert pipe.next_order() == Execute(1, 0, [], {})
+    assert pipe.next_order() == Stop()
 
 
 def test_the_reading_role_passes_to_the_thread_still_waiting(ends):
@@ -44,13 +45,13 @@ def test_the_reading_role_passes_to_the_thread_still_waiting(ends):
     threads = [threading.Thread(target=lambda tag=tag: answers.update({tag: pipe.answer(tag)})) for tag in (1, 2)]
     for thread in threads:
         thread.start()
-    server.send(("reply", 2, "second"))  # whichever thread reads it, thread 2 gets it
+    transport.send(server, Reply(2, SegmentName("second", 2)))  # whichever thread reads it, thread 2 gets it
     threads[1].join(WAIT)
-    assert answers == {2: "second"}
+    assert answers == {2: SegmentName("second", 2)}
     assert threads[0].is_alive()  # still waiting: it holds the role now, or takes it over
-    server.send(("reply", 1, "first"))
+    transport.send(server, Reply(1, SegmentName("first", 1)))
     threads[0].join(WAIT)
-    assert answers == {1: "first", 2: "second"}
+    assert answers == {1: SegmentName("first", 1), 2: SegmentName("second", 2)}
 
 
 def test_a_part_for_a_call_nobody_keeps_is_dropped_with_its_file(ends):
@@ -58,14 +59,14 @@ def test_a_part_for_a_call_nobody_keeps_is_dropped_with_its_file(ends):
     pipe.open_call(5)
     kept = transport.write_reply([{"Y": np.arange(3, dtype=np.int32)}])
     dropped = transport.write_reply([{"Y": np.arange(4, dtype=np.int32)}])
-    server.send(("part", 5, kept, False))
-    assert pipe.next_part(5) == (kept, False)
+    transport.send(server, BlsPart(5, kept, False))
+    assert pipe.next_part(5) == BlsPart(5, kept, False)
     assert pipe.close_call(5) == []
-    server.send(("part", 5, dropped, True))  # the model let go of call 5 before its final part
-    server.send(("reply", 1, None))
+    transport.send(server, BlsPart(5, dropped, True))  # the model let go of call 5 before its final part
+    transport.send(server, Reply(1, None))
     assert pipe.answer(1) is None  # read past the dropped part
-    assert not os.path.exists(dropped.segment[0])  # type: ignore[index]
-    os.unlink(kept.segment[0])  # type: ignore[index]  # the worker would map it and unlink it
+    assert not os.path.exists(dropped.segment.path)  # type: ignore[union-attr]
+    os.unlink(kept.segment.path)  # type: ignore[union-attr]  # the worker would map it and unlink it
 
 
 def test_a_server_that_goes_away_ends_every_wait(ends):
@@ -89,4 +90,4 @@ def test_a_server_that_goes_away_ends_every_wait(ends):
     for thread in threads:
         thread.join(WAIT)
     assert results == {"answer": "the server is gone", "part": None}
-    assert pipe.next_order() is GONE
+    assert pipe.next_order() is None  # the main thread ends

@@ -10,8 +10,11 @@ import time
 
 import numpy as np
 
+from engine.errors import OutOfSharedMemoryError
 from engine.interface import CancelToken
 from engine.python import backend, transport
+from engine.python.error_codes import TritonCode
+from engine.python.messages import CallRequest, ErrorResult, Request
 from service.core.errors import AdmissionTimeout, ShuttingDown
 from service.request_path.model_calls import DataplaneModelCalls
 
@@ -35,26 +38,27 @@ class _Model:
         self.calls = _Calls(error)
 
 
-def bls_error(model: str, callee: str, error: BaseException) -> tuple:
+def bls_error(model: str, callee: str, error: BaseException) -> ErrorResult:
     replies: list = []
-    call = transport.CallRequest(model=callee, version="", inputs=(), outputs=(), segment=None)
+    call = CallRequest(model=callee, version="", request=Request((), (), "", 0, 0, {}), segment=None)
     backend.run_bls(_Model(model, error), call, CancelToken(), None, lambda reply, final: replies.append(reply))  # type: ignore[arg-type]
     ((reply,),) = [r.responses for r in replies]
+    assert isinstance(reply, ErrorResult)
     return reply
 
 
 def test_the_self_call_hint_is_added_only_when_a_self_call_waited_for_a_slot():
     waited = AdmissionTimeout("server_busy: model 'm' had no free slot before the admission deadline")
-    kind, code, message = bls_error("m", "m", waited)
-    assert (kind, code) == ("error", transport.triton_code("UNAVAILABLE"))
+    code, message = bls_error("m", "m", waited)
+    assert code == TritonCode.UNAVAILABLE
     assert message.endswith(backend.SELF_CALL_HINT)
 
     stopping = ShuttingDown("shutting_down: the server is shutting down")
-    _kind, code, message = bls_error("m", "m", stopping)
-    assert code == transport.triton_code("UNAVAILABLE") and "shutting down" in message
+    code, message = bls_error("m", "m", stopping)
+    assert code == TritonCode.UNAVAILABLE and "shutting down" in message
     assert backend.SELF_CALL_HINT not in message  # a shutdown is no self-call's wait
 
-    _kind, _code, message = bls_error("m", "other", waited)
+    _code, message = bls_error("m", "other", waited)
     assert backend.SELF_CALL_HINT not in message  # another model's busy slots: no self-call
 
 
@@ -100,10 +104,11 @@ def test_large_segments_are_sized_to_fit_small_ones_to_a_power_of_two():
 
 def test_a_reply_segment_too_big_for_the_shared_memory_is_an_error_response_not_a_crash(monkeypatch):
     def full(size: int):
-        raise transport.OutOfSharedMemoryError("/dev/shm has no room (1 MiB free of 64 MiB)")
+        raise OutOfSharedMemoryError("/dev/shm has no room (1 MiB free of 64 MiB)")
 
     monkeypatch.setattr(transport.Segment, "create", staticmethod(full))
     reply = backend._reply([{"OUT": np.ones(4, np.float32)}], "callee")
-    ((kind, code, message),) = reply.responses
-    assert (kind, code) == ("error", transport.triton_code("RESOURCE_EXHAUSTED")) and "/dev/shm" in message
+    (error,) = reply.responses
+    assert isinstance(error, ErrorResult) and error.code == TritonCode.UNAVAILABLE  # RESOURCE_EXHAUSTED's code
+    assert "/dev/shm" in error.message
     assert reply.segment is None

@@ -15,7 +15,8 @@ import pytest
 
 from engine.python import transport
 from engine.python import triton_python_backend_utils as pb_utils
-from engine.python.messages import BlsCall
+from engine.python.error_codes import TritonCode
+from engine.python.messages import BlsCall, BlsPart, CallRequest, ErrorResult
 from engine.python.worker import Worker, _Lane, _Run
 
 WAIT = 30.0
@@ -40,10 +41,10 @@ def call(model: str, value: int) -> pb_utils.InferenceRequest:
     )
 
 
-def receive_call(server: Connection) -> tuple[int, transport.CallRequest, dict]:
+def receive_call(server: Connection) -> tuple[int, CallRequest, dict]:
     """The next BLS call the worker sent, with its inputs as the server maps them."""
     assert server.poll(WAIT), "the worker sent no call"
-    message = server.recv()
+    message = transport.receive(server)
     assert isinstance(message, BlsCall) and message.run == RUN  # the call says which request it belongs to
     tag, request = message.tag, message.call
     segment, inputs = transport.read_call(request)
@@ -65,12 +66,12 @@ def test_calls_from_two_threads_answered_out_of_order_each_get_their_own_reply(p
     for thread in threads:
         thread.start()
     first, second = receive_call(server), receive_call(server)
-    assert first[1].model == "double" and first[1].outputs == ("Y",) and first[1].version == ""
-    files = [first[1].segment[0], second[1].segment[0]]  # type: ignore[index]
+    assert first[1].model == "double" and first[1].request.outputs == ("Y",) and first[1].version == ""
+    files = [first[1].segment.path, second[1].segment.path]  # type: ignore[union-attr]
     for tag, _request, inputs in (second, first):  # the later call is answered first
         reply = transport.write_reply([{"Y": inputs["X"] * 2}])
-        files.append(reply.segment[0])  # type: ignore[index]
-        server.send(("part", tag, reply, True))
+        files.append(reply.segment.path)  # type: ignore[union-attr]
+        transport.send(server, BlsPart(tag, reply, True))
     for thread in threads:
         thread.join(WAIT)
     assert {value: response.output_tensors()[0].as_numpy().tolist() for value, response in results.items()} == {
@@ -88,12 +89,12 @@ def test_a_decoupled_calls_parts_arrive_one_by_one_and_an_error_is_a_response(pi
     tag, request, _inputs = receive_call(server)
     assert request.decoupled
     assert not returned
-    server.send(("part", tag, transport.write_reply([{"Y": np.array([0], np.int32)}]), False))
+    transport.send(server, BlsPart(tag, transport.write_reply([{"Y": np.array([0], np.int32)}]), False))
     thread.join(WAIT)
     (responses,) = returned
     first = next(responses)  # before the callee's final part was sent
     assert first.output_tensors()[0].as_numpy().tolist() == [0]
-    server.send(("part", tag, transport.write_reply([(3, "n is bad")]), True))
+    transport.send(server, BlsPart(tag, transport.write_reply([ErrorResult(TritonCode.INVALID_ARG, "n is bad")]), True))
     (last,) = list(responses)
     assert last.has_error() and last.error().code() == 3 and last.error().message() == "n is bad"
 
@@ -116,9 +117,10 @@ def test_the_call_carries_its_version_timeout_ids_and_parameters(pipe):
     thread.start()
     tag, sent, inputs = receive_call(server)
     assert inputs == {} and sent.segment is None
-    assert (sent.version, sent.timeout_us, sent.request_id, sent.correlation_id, sent.flags) == ("3", 2500, "r", 9, 1)
-    assert sent.parameters == {"k": "v"}
-    server.send(("part", tag, transport.write_reply([{}]), True))
+    assert (sent.version, sent.timeout_us) == ("3", 2500)
+    assert (sent.request.request_id, sent.request.correlation_id, sent.request.flags) == ("r", 9, 1)
+    assert sent.request.parameters == {"k": "v"}
+    transport.send(server, BlsPart(tag, transport.write_reply([{}]), True))
     thread.join(WAIT)
     assert len(answered) == 1 and answered[0].output_tensors() == []
 
@@ -154,7 +156,7 @@ def test_a_server_that_goes_away_fails_the_waiting_call(pipe):
 def test_call_threads_run_calls_at_once_reuse_idle_threads_and_end_idle_ones():
     from engine.python.backend import CallThreads
 
-    threads = CallThreads()
+    threads = CallThreads("python-bls-test")
     threads.IDLE_SECONDS = 0.5
     release = threading.Event()
     started: list[int] = []
