@@ -16,7 +16,7 @@ import pytest
 from engine.config.repository import ModelRepository
 from engine.interface import CancelToken, ModelCalls
 from engine.python.backend import CallThreads, PythonBackend
-from service.model_calls import DataplaneModelCalls
+from service.request_path.model_calls import DataplaneModelCalls
 
 WAIT = 30.0
 MODELS = Path(__file__).resolve().parents[3] / "python_models" / "repository"
