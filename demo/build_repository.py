@@ -1,6 +1,6 @@
 """Build the demo model repository: `python -m demo.build_repository --output DIR [--cache DIR] [--measure]`.
 
-Layout (DESIGN.md §4.4): `DIR/<name>/config.pbtxt` (text format of inference.ModelConfig) and
+Layout (docs/model-repository.md): `DIR/<name>/config.pbtxt` (text format of inference.ModelConfig) and
 `DIR/<name>/1/model.onnx`. Seven models are made here with the onnx helper API; the eighth is the published Silero
 VAD checkpoint, taken from its wheel; the ninth is a python model (`DIR/byte_tokenizer/1/model.py`). No ONNX
 config sets instance_group: the server decides slot counts. The python model asks for one slot: each slot is a

@@ -1,4 +1,4 @@
-"""The layers stay what the folders say (DESIGN §2 and docs/architecture.md): the server core knows nothing of
+"""The layers stay what the folders say (docs/architecture.md): the server core knows nothing of
 gRPC, protobuf messages or the transport above it, and the engines know nothing of the server. Read from each
 module's own import statements (every import, also those inside functions)."""
 
