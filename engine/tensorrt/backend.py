@@ -89,7 +89,7 @@ INSTALL_HINT = (
 __all__ = ["FALLBACK_HINT", "PlanRejected", "TensorRTBackend", "TensorRTModel", "tensorrt_cuda_major"]
 
 
-def _import_cudart() -> CudaRuntimeModule | None:
+def import_cudart() -> CudaRuntimeModule | None:
     try:
         module: CudaRuntimeModule = importlib.import_module("cuda.bindings.runtime")
         return module
@@ -97,7 +97,7 @@ def _import_cudart() -> CudaRuntimeModule | None:
         return None
 
 
-def _import_tensorrt() -> TensorRTRuntimeModule | None:
+def import_tensorrt() -> TensorRTRuntimeModule | None:
     """The full `tensorrt` package if installed, else the runtime-only `tensorrt_lean` (no builder)."""
     for name in ("tensorrt", "tensorrt_lean"):
         try:
@@ -160,7 +160,7 @@ class TensorRTBackend(Backend):
     def _cuda(self, where: str) -> CudaRuntime:
         module = self._cudart_module
         if module is None:
-            module = _import_cudart()
+            module = import_cudart()
             if module is None:
                 raise BackendUnavailableError(
                     f"{where}: the TensorRT backend needs cuda-python (cuda.bindings), which is not installed. "
@@ -171,7 +171,7 @@ class TensorRTBackend(Backend):
         return CudaRuntime(module, self._cuda_utils_module)
 
     def _tensorrt(self, where: str) -> TensorRTRuntimeModule:
-        module = self._trt_module or _import_tensorrt()
+        module = self._trt_module or import_tensorrt()
         if module is None:
             raise BackendUnavailableError(
                 f"{where}: the TensorRT backend needs the tensorrt package, which is not installed. "

@@ -41,7 +41,7 @@ from ..config.specs import BatchingSpec, ModelSpec
 from ..errors import BackendUnavailableError, EngineError
 from ..interface import CancelToken, Context, LoadedModel
 from ..onnxruntime_backend import OnnxRuntimeBackend
-from .backend import TensorRTBackend, TensorRTModel, _import_cudart, _import_tensorrt, tensorrt_cuda_major
+from .backend import TensorRTBackend, TensorRTModel, import_cudart, import_tensorrt, tensorrt_cuda_major
 from .cuda import CudaRuntime, cuda_version_text
 from .driver import nvidia_smi
 from .protocols import CudaRuntimeModule, TensorRTRuntimeModule
@@ -408,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cudart, trt = device.cudart, device.trt
     else:
         backend = TensorRTBackend(cache_dir=args.cache_dir)
-        cudart, trt = _import_cudart(), _import_tensorrt()
+        cudart, trt = import_cudart(), import_tensorrt()
     if cudart is not None:
         print(environment(cudart, trt))
     all_matched = True

@@ -448,10 +448,10 @@ def test_the_real_modules_on_this_gpu_less_machine(tmp_path):
 
 def test_missing_cuda_python_or_tensorrt(monkeypatch, device, tmp_path):
     plan = support.write_add_sub_plan(device, tmp_path)
-    monkeypatch.setattr(backend_module, "_import_cudart", lambda: None)
+    monkeypatch.setattr(backend_module, "import_cudart", lambda: None)
     with pytest.raises(errors.BackendUnavailableError, match=r"cuda-python.*pip install \.\[tensorrt-cu12\]"):
         TensorRTBackend().load(support.spec(plan))
-    monkeypatch.setattr(backend_module, "_import_tensorrt", lambda: None)
+    monkeypatch.setattr(backend_module, "import_tensorrt", lambda: None)
     with pytest.raises(errors.BackendUnavailableError, match=r"tensorrt package.*pip install \.\[tensorrt-cu12\]"):
         TensorRTBackend(cudart_module=device.cudart).load(support.spec(plan))
 
@@ -459,7 +459,7 @@ def test_missing_cuda_python_or_tensorrt(monkeypatch, device, tmp_path):
 def test_a_stubs_only_tensorrt_namespace_package_counts_as_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))  # what tensorrt-stubs leaves
     monkeypatch.setitem(sys.modules, "tensorrt_lean", None)  # None in sys.modules: import raises ImportError
-    assert backend_module._import_tensorrt() is None
+    assert backend_module.import_tensorrt() is None
 
 
 def test_create_backend_can_select_the_double(tmp_path):
