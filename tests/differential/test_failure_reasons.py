@@ -235,6 +235,9 @@ def test_a_request_cancelled_in_the_queue_is_canceled_on_both(servers):
         waiting.cancel()
         if endpoint is triton:  # its frontend passes the cancel to its core on a thread of its own: wait for it
             wait_for(lambda: "Issuing cancellation for" in triton_log(gates), "triton to issue the cancellation")
+        else:  # gRPC tells the server of the cancel on a thread of its own too: wait until the queue let it go
+            # (released before that, the slot went to the queued request, which ran and succeeded: no cancel)
+            wait_for(lambda endpoint=endpoint: pending(endpoint, "queued") == 0, f"{endpoint.name} to drop it")
         (gates / "release").touch()  # Triton's dynamic batcher drops the cancelled request at its next turn
         running.result(timeout=CALL_TIMEOUT)
         wait_for(lambda endpoint=endpoint: failures(endpoint, "queued"), f"{endpoint.name} to count the cancel")
