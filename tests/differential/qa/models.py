@@ -141,9 +141,9 @@ REPEAT = """
             return None
 
         def answer(self, sender, values, delays, wait):
-            time.sleep(float(wait[0]) / 1000)
+            time.sleep(float(wait[0]) / 1000)  # ordering-free: the model's WAIT input, timing under test
             for index, (value, delay) in enumerate(zip(values, delays)):
-                time.sleep(float(delay) / 1000)
+                time.sleep(float(delay) / 1000)  # ordering-free: its DELAY input; one thread sends in order
                 outputs = [
                     pb_utils.Tensor("OUT", np.array([value], np.int32)),
                     pb_utils.Tensor("IDX", np.array([index], np.uint32)),

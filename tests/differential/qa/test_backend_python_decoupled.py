@@ -158,7 +158,7 @@ EXECUTE_CANCEL = """
                 if sender.is_cancelled():
                     error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
                     break
-                time.sleep(0.05)
+                time.sleep(0.05)  # ordering-free: polls the cancellation until a deadline
             with open(os.path.join(self.folder, "outcome.part"), "w") as marker:
                 marker.write(error.message())
             os.replace(os.path.join(self.folder, "outcome.part"), os.path.join(self.folder, "outcome"))  # whole, at once

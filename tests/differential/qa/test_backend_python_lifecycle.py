@@ -61,7 +61,7 @@ EXECUTE_CANCEL = """
                     if request.is_cancelled():
                         error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
                         break
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # ordering-free: polls the request's cancellation until a deadline
                 with open(os.path.join(self.folder, "outcome.part"), "w") as marker:
                     marker.write(error.message())
                 os.replace(os.path.join(self.folder, "outcome.part"), os.path.join(self.folder, "outcome"))  # whole, at once

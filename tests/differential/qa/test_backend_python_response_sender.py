@@ -58,14 +58,14 @@ MODEL_COMMON = """
 
         def later_on_thread(self, work):
             def run():
-                time.sleep(0.5)  # after execute returned
+                time.sleep(0.5)  # ordering-free: the case passes either way; makes a send after return likely (as the QA)
                 self.send(work, 2000)
 
             threading.Thread(target=run, daemon=True).start()
 
         def later_on_loop(self, work):
             async def run():
-                await asyncio.sleep(0.5)  # after execute returned
+                await asyncio.sleep(0.5)  # ordering-free: the case passes either way; a send after return likely
                 self.send(work, 2000)
 
             task = asyncio.create_task(run())

@@ -52,7 +52,7 @@ MODEL = """
             open(os.path.join(folder, kind + "_waiting"), "w").close()
             deadline = time.monotonic() + 60
             while not os.path.exists(os.path.join(folder, "release")) and time.monotonic() < deadline:
-                time.sleep(0.02)
+                time.sleep(0.02)  # ordering-free: polls the test's release file until a deadline
 
 
     class TritonPythonModel:
