@@ -171,7 +171,7 @@ class CancelToken:
     the run's number; see OnnxRuntimeContext), never on state a later request may own by then.
     """
 
-    __slots__ = ("_lock", "_cancelled", "_callbacks", "reason", "request")
+    __slots__ = ("_lock", "_cancelled", "_callbacks", "reason", "request", "trace")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # serializes cancel(): the first cancel decides `reason`
@@ -181,6 +181,9 @@ class CancelToken:
         # What the request being run says about itself (set by the dataplane as it admits the request; each
         # request of a stream has a token of its own). Backends that show it to a model read it here.
         self.request: RequestInfo | None = None
+        # The request's trace when it is traced (service/core/tracing.py RequestTrace; opaque here): a backend copies
+        # it onto the token of a call it makes for the request (a BLS call), whose trace becomes its child.
+        self.trace: object | None = None
 
     @property
     def cancelled(self) -> bool:

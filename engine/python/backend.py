@@ -1390,6 +1390,7 @@ def run_bls(
     request = call.request
     info = RequestInfo(request.request_id, request.parameters, deadline, request.correlation_id, request.flags)
     token = CancelToken()  # the call's own: the dataplane sets its RequestInfo on it
+    token.trace = cancel.trace  # a traced caller's call is traced as its child (service/core/tracing.py)
 
     def forward() -> None:
         token.cancel(cancel.reason or "the calling request was cancelled")

@@ -33,7 +33,7 @@ from engine.interface import CancelToken, FinalOutputs, ModelMetadata
 from .batching import BatchItem, MemberStream
 from .lease import Lease
 from .requests import ModelRequest, RunResult, RunResults, StreamEnd
-from .sequence_path import DECOUPLED_UNARY, ServedModel, sequence_answers
+from .sequence_path import DECOUPLED_UNARY, ServedModel, sequence_answers, traced_batch, traced_lease
 
 
 class RequestPath(Protocol):
@@ -62,7 +62,10 @@ class DirectPath:
         self._model = model
 
     def run(self, request: ModelRequest, deadline: float | None, cancel: CancelToken) -> RunResults:
-        lease = self._model.acquire_lease(deadline, cancel)
+        if request.trace is None:
+            lease = self._model.acquire_lease(deadline, cancel)
+        else:
+            lease = traced_lease(self._model, request.trace, deadline, cancel)
         if request.stream and lease.streaming:
             yield from _streamed(lease, request, cancel)
             return
@@ -82,6 +85,8 @@ def _run_alone(lease: Lease, request: ModelRequest, cancel: CancelToken) -> RunR
         executed = time.perf_counter_ns()
     finally:
         lease.release()
+    if request.trace is not None:
+        request.trace.computed(checked, ran, executed, time.perf_counter_ns(), backend=lease.pool.spec.backend)
     metadata = lease.metadata
     rows = request.batch_size(metadata)
     return RunResult(metadata, lease.version, outputs, lease.queue_ns, ran - checked, executed - ran, rows)
@@ -102,7 +107,10 @@ def _streamed(lease: Lease, request: ModelRequest, cancel: CancelToken) -> RunRe
             for outputs in lease.execute_stream(request.inputs, request.outputs, cancel):
                 final = isinstance(outputs, FinalOutputs)
                 yield RunResult(metadata, version, outputs, queue_ns, rows=rows, final=final, streamed=True)
-            totals.infer_ns = time.perf_counter_ns() - began
+            ended = time.perf_counter_ns()
+            totals.infer_ns = ended - began
+            if request.trace is not None:  # (its answers were encoded between: inside the execute span)
+                request.trace.computed(began, began, ended, ended, backend=lease.pool.spec.backend, streamed=True)
         except Exception as error:
             if not request.ends_in_band:
                 raise
@@ -134,7 +142,10 @@ class BatchedPath:
             streams=request.stream,
         )
         try:
-            self._model.run_batched(item, deadline, cancel)
+            if request.trace is None:
+                self._model.run_batched(item, deadline, cancel)
+            else:
+                traced_batch(self._model, request.trace, item, deadline, cancel)
             if item.stream is not None and item.error is not None:  # it gave up as its batch started
                 raise item.error
         except BaseException:

@@ -16,6 +16,8 @@ import numpy as np
 
 from engine.interface import ModelMetadata, Outputs
 
+from .tracing import RequestTrace
+
 
 def _nothing_to_check() -> None:
     return None
@@ -41,6 +43,7 @@ class ModelRequest:
     ends_in_band: bool = False
     next_deadline: Callable[[], float | None] | None = None
     arrived_ns: int = field(default_factory=time.perf_counter_ns)  # when the call began: its queue time's start
+    trace: RequestTrace | None = None  # sampled for tracing (service/core/tracing.py); None: every hook skips
 
     def rows(self) -> int:
         """The first input's first dimension (1 for scalars): the rows the request brings to a batch."""

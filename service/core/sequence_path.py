@@ -16,10 +16,12 @@ from engine.config.specs import CORRID, OLDEST, ModelSpec, SequenceSpec
 from engine.errors import ModelErrorUnsupported, RequestRescheduled
 from engine.interface import CancelToken, FinalOutputs, ModelMetadata
 
+from .admission import AdmissionController
 from .batching import BatchItem
 from .lease import Lease
 from .requests import ModelRequest, RunResult, RunResults
 from .sequences import SequenceTable, Turn, check_batch_of_one, corrid_input, read_flags
+from .tracing import BATCH_FORMED, SEQUENCE_SLOT, RequestTrace
 
 # Triton's code and words for a decoupled model called with ModelInfer (ours answer on a stream too).
 DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
@@ -36,6 +38,11 @@ class ServedModel(Protocol):
 
     @property
     def sequences(self) -> SequenceTable: ...
+
+    @property
+    def admission(self) -> AdmissionController: ...
+
+    def is_ready(self) -> bool: ...
 
     def known_metadata(self) -> ModelMetadata | None: ...
 
@@ -93,6 +100,8 @@ def sequence_answers(
     pinned = spec.strategy != OLDEST  # oldest: a sequence runs on whichever slot is free
     instances = capacity // max(1, model.spec.max_batch_size) if pinned else None
     turn = table.enter(flags, spec, capacity, deadline, cancel, instances)
+    if request.trace is not None:  # its turn in its sequence (the wait for the requests before it, or a free slot)
+        request.trace.span(SEQUENCE_SLOT, arrived, time.perf_counter_ns(), sequence_id=str(flags.id))
     run = _Execution(model, table, turn, spec, request, cancel, _Spent(arrived))
     finished = False
     try:
@@ -139,7 +148,12 @@ class _Execution:
             self.request,
         )
         context = turn.context if spec.strategy != OLDEST else None
-        with model.acquire_lease(deadline, cancel, context_index=context) as lease:
+        trace = request.trace
+        if trace is None:
+            lease = model.acquire_lease(deadline, cancel, context_index=context)
+        else:
+            lease = traced_lease(model, trace, deadline, cancel, context)
+        with lease:
             table.bind(turn, lease.pool)
             if lease.streaming and not request.stream:
                 raise ModelErrorUnsupported(DECOUPLED_UNARY)
@@ -167,9 +181,12 @@ class _Execution:
                 produced = lease.execute(feed, [*wanted, *spec.state_outputs()], cancel)
             finally:
                 self.spent.infer_ns += time.perf_counter_ns() - ran
+            executed = time.perf_counter_ns()
             answer = table.keep_states(turn, spec, dict(produced))
             spent = self.spent
             result = RunResult(metadata, version, answer, queue_ns, spent.input_ns, spent.infer_ns)
+        if trace is not None:
+            trace.computed(checked, ran, executed, time.perf_counter_ns(), backend=model.spec.backend)
         yield result
 
     def in_batch(self, deadline: float | None) -> Generator[RunResult, None, None]:
@@ -187,14 +204,14 @@ class _Execution:
             table.begin(turn, restart=False)
             request.before_run()
 
-        item = model.run_batched(
-            BatchItem(
-                feed, request.signature, request.outputs, 1, self.cancel, before_run=still_open,
-                kept_outputs=spec.state_outputs(),
-            ),
-            deadline,
-            self.cancel,
+        item = BatchItem(
+            feed, request.signature, request.outputs, 1, self.cancel, before_run=still_open,
+            kept_outputs=spec.state_outputs(),
         )  # fmt: skip
+        if request.trace is None:
+            model.run_batched(item, deadline, self.cancel)
+        else:
+            traced_batch(model, request.trace, item, deadline, self.cancel)
         queue_ns = self.spent.queue_ns(item.started_ns) if item.started_ns else 0
         self.spent.input_ns += item.input_ns
         self.spent.infer_ns += item.infer_ns
@@ -205,4 +222,49 @@ class _Execution:
         yield RunResult(item.metadata, item.version, answer, queue_ns, spent.input_ns, spent.infer_ns, batched=True)
 
 
-__all__ = ["DECOUPLED_UNARY", "ServedModel", "sequence_answers"]
+def traced_lease(
+    model: ServedModel,
+    trace: RequestTrace,
+    deadline: float | None,
+    cancel: CancelToken,
+    context_index: int | None = None,
+) -> Lease:
+    """`model.acquire_lease` for a traced request: QUEUE_START with the queue it found, then the admission wait (and
+    the initialization it waited for, when the model was not loaded as it arrived). Raises as acquire_lease."""
+    ready = model.is_ready()
+    queued = trace.queued(model.admission.statistics().queued, ready)
+    try:
+        lease = model.acquire_lease(deadline, cancel, context_index=context_index)
+    except BaseException as error:
+        trace.admitted(queued, error)
+        raise
+    trace.admitted(queued, loaded=not ready)
+    return lease
+
+
+def traced_batch(
+    model: ServedModel, trace: RequestTrace, item: BatchItem, deadline: float | None, cancel: CancelToken
+) -> BatchItem:
+    """`model.run_batched` for a traced request: QUEUE_START, the admission wait up to its batch's start, the batch
+    it ran in (its rows; its id, `model:start`, the same for every member, which is how a batch's members are found
+    in the traces), and the compute activities from what the batch's leader posted. Raises as run_batched."""
+    ready = model.is_ready()
+    queued = trace.queued(model.admission.statistics().queued, ready)
+    try:
+        model.run_batched(item, deadline, cancel)
+    except BaseException as error:
+        trace.admitted(queued, error)
+        raise
+    if not item.started_ns:  # its batch never ran (it failed before): the admission answered now
+        trace.admitted(queued, loaded=not ready)
+        return item
+    started = item.started_ns
+    trace.span("admission wait", queued, started, wait_ns=started - queued)
+    trace.granted_ns = started
+    trace.event(BATCH_FORMED, started, rows=item.batch_rows, batch_id=f"{model.name}:{started}")
+    input_end = started + item.input_ns
+    trace.computed(started, input_end, input_end + item.infer_ns, time.perf_counter_ns(), batched=True)
+    return item
+
+
+__all__ = ["DECOUPLED_UNARY", "ServedModel", "sequence_answers", "traced_batch", "traced_lease"]

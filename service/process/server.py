@@ -30,6 +30,8 @@ from ..core.events import Events, log_event
 from ..core.lifecycle import SharedRuntime
 from ..core.registry import ModelRegistry, RegistryPolicy
 from ..core.residency import ColdLoadGuard, Residency
+from ..core.trace_settings import TraceSettingsStore
+from ..core.tracing import Tracer
 from ..request_path.dataplane import Dataplane
 from ..request_path.ensemble import EnsembleBackend
 from ..request_path.model_calls import DataplaneModelCalls
@@ -47,6 +49,7 @@ from .handler_threads import HandlerThreads
 from .metrics import ServerMetrics, SlotserveCollector
 from .options import ServerOptions
 from .timers import TimerQueue
+from .trace_output import TraceOutput
 
 _LOG = logging.getLogger(__name__)
 
@@ -151,10 +154,14 @@ class Server:
             if options.shared_memory == "system"
             else None
         )
+        # Request tracing: the settings (--trace-config, the TraceSetting RPC) and where traces go (closed at shutdown).
+        self.trace_settings = TraceSettingsStore(options.trace_settings)
+        self.trace_output = TraceOutput(self.trace_settings)
         self.dataplane = Dataplane(
             self.registry,
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
             response_cache=ResponseCache(options.response_cache_bytes),
+            tracer=Tracer(self.trace_settings, self.trace_output),
         )
         if isinstance(ensembles, EnsembleBackend):
             ensembles.bind(self.dataplane)
@@ -410,6 +417,7 @@ class Server:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self.timers.close()
+        self.trace_output.close()  # after the calls ended: their traces are written and exported
         self.metrics.stop()  # last: a scrape could watch the whole shutdown
         self.report = ShutdownReport(abandoned_calls, abandoned_models, closed, time.monotonic() - started)
         log_event(_LOG, "shutdown_done", seconds=self.report.seconds, closed_models=len(closed))

@@ -39,6 +39,7 @@ from ..core.outcomes import REJECTIONS, outcome_of
 from ..core.registry import ModelRegistry, ModelVersions
 from ..core.requests import ModelRequest, RunResult, StreamEnd
 from ..core.sequences import ID_MODULUS
+from ..core.tracing import CACHE_LOOKUP, DECODE, ENCODE, RequestTrace, TraceContext, Tracer, tracing_off
 from ..transport.shared_memory import Region, RegionSlice
 from ..transport.tensor_memory import Reservation, TensorMemory
 from .request_info import request_info
@@ -144,6 +145,10 @@ class InferenceRequest(Generic[R]):
     # it takes its next request): `respond_end(error, final_sent)` encodes the error the run ended with, or (error
     # None) what follows its last answer (None: nothing). Without it a streaming model's error is raised.
     respond_end: Callable[[BaseException | None, bool], R | None] | None = None
+    # The transport's word on the request's trace (its frontend, the client's W3C traceparent/tracestate), given
+    # while tracing is on somewhere (Dataplane.tracing_on): only such a request is sampled. None: tracing was off, or
+    # a call from inside the server (an ensemble step, a BLS call), traced only as its traced caller's child.
+    trace_context: TraceContext | None = None
 
 
 def output_bytes(outputs: Outputs) -> int:
@@ -163,8 +168,11 @@ class Dataplane:
         clock: Callable[[], float] = time.monotonic,
         tensor_memory: TensorMemory | None = None,
         response_cache: ResponseCache | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.registry = registry
+        # Which requests are traced and where their traces go (service/core/tracing.py); off by default.
+        self.tracer = tracer if tracer is not None else tracing_off()
         # ModelInfer answers kept by content (service/request_path/response_cache.py); capacity 0 = off.
         self.response_cache = response_cache if response_cache is not None else ResponseCache(0)
         # Every request's tensors are accounted for from before decoding to its end
@@ -174,6 +182,12 @@ class Dataplane:
         self.rejections = RejectionLog(_LOG)
         self._unknown_lock = threading.Lock()  # guards: _unknown_model_requests
         self._unknown_model_requests = 0
+
+    @property
+    def tracing_on(self) -> bool:
+        """Whether some request may be traced now (one attribute read): the transport reads the trace headers only
+        then."""
+        return self.tracer.any_on
 
     @property
     def unknown_model_requests(self) -> int:
@@ -292,19 +306,31 @@ class Dataplane:
         recorded = False
         cancel = cancel or CancelToken()
         cancel.request = request_info(request)  # what a backend may show the model (python models do)
+        trace: RequestTrace | None = None
+        if cancel.trace is not None or request.trace_context is not None:  # (an inner call's token: its caller's)
+            trace = self._start_trace(request, cancel, started)
         reservation = decoded = None
         try:
             entry = versions.find(request.version)
             reservation, decoded = self._decode(request.tensors)
+            if trace is not None:
+                trace.span(DECODE, started, time.perf_counter_ns(), inputs=len(decoded.inputs))
             cached = self._cached(entry, request, decoded, stream)
+            if trace is not None and cached.key is not None:
+                looked = time.perf_counter_ns()
+                trace.span(CACHE_LOOKUP, looked - cached.lookup_ns, looked, hit=cached.answer is not None)
             deadline = self.admission_deadline(entry, decoded.timeout_us, request.client_deadline)
             if cached.answer is not None:  # a hit takes no slot
-                answer = self._respond(request, _hit(cached.answer), decoded, reservation)
+                answer = self._respond(request, _hit(cached.answer), decoded, reservation, trace)
                 entry.statistics.record_cache_hit(total_ns=time.perf_counter_ns() - started, hit_ns=cached.lookup_ns)
                 recorded = True
+                if trace is not None:
+                    _traced_end(trace, entry, None, None)
                 yield answer
                 return
-            results = entry.path.run(self._model_request(entry, request, decoded, stream, started), deadline, cancel)
+            model_request = self._model_request(entry, request, decoded, stream, started)
+            model_request.trace = trace
+            results = entry.path.run(model_request, deadline, cancel)
             counted_last: RunResult | None = None  # a streaming run: counted once it ended
             with closing(results):
                 for result in results:
@@ -324,12 +350,14 @@ class Dataplane:
                         ):
                             yield end
                         continue
-                    answer = self._respond(request, result, decoded, reservation)
+                    answer = self._respond(request, result, decoded, reservation, trace)
                     if result.streamed:
                         counted_last = result
                     else:
                         self._record_answer(entry, cached, result, started)
                         recorded = True
+                        if trace is not None:
+                            _traced_end(trace, entry, result, None)
                     yield answer
             if counted_last is not None:
                 self._record_success(entry, counted_last, started, counted_output=False)
@@ -337,9 +365,23 @@ class Dataplane:
         except BaseException as error:
             if not recorded:
                 self._record_failure(entry, error, cancel, started)
+            if trace is not None:
+                _traced_end(trace, entry, None, error, cancel)
             raise
         finally:  # also when the caller goes away (the generator is closed at a yield)
             _finish(reservation, decoded)
+            if trace is not None:  # (a streaming run's end, or a caller that went away: idempotent)
+                _traced_end(trace, entry, None, None, cancel)
+
+    def _start_trace(self, request: InferenceRequest[R], cancel: CancelToken, started: int) -> RequestTrace | None:
+        """The request's trace, or None: a child of the trace its token carries (a BLS call of a traced request), else
+        sampled (Tracer.start). A traced request's token carries its own trace from here on, for the calls its model
+        makes (python models' BLS calls copy it onto theirs)."""
+        parent = cancel.trace if isinstance(cancel.trace, RequestTrace) else None
+        kind = "ensemble step" if getattr(cancel, "ensembles", None) else "bls"  # (an ensemble's StepToken names them)
+        trace = self.tracer.start(request.model, request.id, request.trace_context, parent, started, kind=kind)
+        cancel.trace = trace
+        return trace
 
     def _model_request(
         self, entry: ModelEntry, request: InferenceRequest[R], decoded: DecodedRequest, stream: bool, started: int
@@ -392,11 +434,17 @@ class Dataplane:
 
     @staticmethod
     def _respond(
-        request: InferenceRequest[R], result: RunResult, decoded: DecodedRequest, reservation: Reservation
+        request: InferenceRequest[R],
+        result: RunResult,
+        decoded: DecodedRequest,
+        reservation: Reservation,
+        trace: RequestTrace | None = None,
     ) -> R:
         """The encoded answer of a run; its outputs are counted in the request's reservation first (they are held
         until the answer is sent)."""
         reservation.count_outputs(output_bytes(result.outputs))
+        if trace is not None:
+            return _traced_respond(request, result, decoded, trace)
         return request.respond(
             InferenceResponse(
                 request.model,
@@ -408,6 +456,42 @@ class Dataplane:
                 result.final,
             )
         )
+
+
+def _traced_respond(request: InferenceRequest[R], result: RunResult, decoded: DecodedRequest, trace: RequestTrace) -> R:
+    """`_respond`'s encoding of a traced request, recorded as its encode span."""
+    began = time.perf_counter_ns()
+    try:
+        return request.respond(
+            InferenceResponse(
+                request.model,
+                result.version,
+                request.id,
+                result.outputs,
+                result.metadata,
+                decoded.output_regions,
+                result.final,
+            )
+        )
+    finally:
+        trace.span(ENCODE, began, time.perf_counter_ns(), outputs=len(result.outputs), final=result.final)
+
+
+def _traced_end(
+    trace: RequestTrace,
+    entry: ModelEntry,
+    result: RunResult | None,
+    error: BaseException | None,
+    cancel: CancelToken | None = None,
+) -> None:
+    """A traced request ended: its version, and its outcome (the statistics' word for its error)."""
+    if trace.finished:
+        return
+    trace.set_version(result.version if result is not None else entry.spec.version)
+    if error is None:
+        trace.finish()
+    else:
+        trace.finish(outcome_of(error, cancel), error)
 
 
 def _hit(answer: CachedAnswer) -> RunResult:

@@ -555,6 +555,8 @@ class _Run:
         self.model = model
         self.cancel = StepToken(ensembles)  # the steps' token: fired by the request's, or by a failed step
         self._parent = cancel
+        # The ensemble request's trace (service/core/tracing.py), set on its token by the dataplane; None: not traced.
+        self._trace = cancel.trace
         self._wanted = tuple(dict.fromkeys(wanted))  # the ensemble outputs each answer carries
         self._changed = threading.Condition()  # guards every field below
         self._values: dict[tuple[str, Key], np.ndarray | None] = {}  # None: left out by its producer's response
@@ -791,7 +793,7 @@ class _Run:
                     call.inputs,
                     version=step.version_string,
                     outputs=list(step.outputs),
-                    cancel=self.cancel,
+                    cancel=self._call_token(),
                 )
                 produced: dict[str, np.ndarray | None] = {}
                 for model_output, tensor in step.outputs.items():
@@ -806,7 +808,7 @@ class _Run:
                     call.inputs,
                     version=step.version_string,
                     outputs=list(step.outputs),
-                    cancel=self.cancel,
+                    cancel=self._call_token(),
                 )
             outputs = next(call.answers, None)
             if outputs is None:
@@ -820,6 +822,18 @@ class _Run:
             return _Turn({tensor: outputs.get(name) for name, tensor in step.outputs.items()}, key, over)
         except BaseException as error:  # noqa: BLE001 (handed to the coordinator, which raises it)
             return _Turn(failure=error)
+
+    def _call_token(self) -> CancelToken:
+        """The token of one step's call: the steps' shared one, or, for a traced request, one of the call's own
+        carrying the request's trace (the dataplane makes the call's trace its child and sets it on the token, where
+        a shared token would hand one step's trace to its siblings), cancelled with the shared one."""
+        if self._trace is None:
+            return self.cancel
+        token = StepToken(self.cancel.ensembles)
+        token.trace = self._trace
+        shared = self.cancel
+        shared.add_callback(lambda: token.cancel(shared.reason or "cancelled"))
+        return token
 
     # ---- values ------------------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from ...core.blocking import blocking_wait
 from ...core.errors import ModelConfigFailed, ModelNotFound, ServiceError
 from ...core.outcomes import seen_by_client
 from ...core.registry import ModelRegistry
+from ...core.tracing import TraceContext
 from ...process.timers import Timer, TimerQueue
 from ...request_path import stream_requests
 from ...request_path.dataplane import Dataplane, InferenceRequest
@@ -150,6 +151,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         call = inference_request(
             request.message, as_bytes, request.raw_contents, self._shared_memory, client_deadline(context)
         )
+        if self._dataplane.tracing_on:  # the trace headers are read only while some request may be traced
+            call.trace_context = trace_context(context)
         return self._dataplane.infer(call, cancel=token)
 
     def ModelStreamInfer(
@@ -197,7 +200,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         messages: Generator[StreamAnswer, None, None] | None = None
         try:
             requests = StreamRequests(
-                self._stream_requests(request_iterator, client_deadline(context)),
+                self._stream_requests(request_iterator, client_deadline(context), context),
                 functools.partial(self._stream_one, failure=failure),
                 token,
                 limit=stream_requests.MAX_IN_FLIGHT,
@@ -223,7 +226,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self.calls.end(token, CallKind.INFERENCE)
 
     def _stream_requests(
-        self, request_iterator: Iterator[pb.ModelInferRequest], deadline: float | None
+        self, request_iterator: Iterator[pb.ModelInferRequest], deadline: float | None, context: Context
     ) -> Iterator[tuple[_StreamRequest, StreamPlacement]]:
         """The stream's requests as they are read (on a thread of the stream), each with its dataplane request and
         its place among the others."""
@@ -231,6 +234,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             call = inference_request(
                 message, converters.stream_answer, shared_memory=self._shared_memory, client_deadline=deadline
             )
+            if self._dataplane.tracing_on:  # (the stream's headers: one context for each of its requests)
+                call.trace_context = trace_context(context)
             yield _StreamRequest(message, call), self._dataplane.stream_placement(call)
 
     def _stream_one(
@@ -418,6 +423,18 @@ def _stream_error(
 
 
 GRPC_ERROR_HEADER = "triton_grpc_error"  # Triton's stream header: end the stream at a request's failed run
+
+
+def trace_context(context: Context) -> TraceContext:
+    """The call's trace context (service/core/tracing.py): the gRPC frontend and the client's W3C `traceparent` and
+    `tracestate` metadata (gRPC gives the keys in lower case), "" when not sent."""
+    traceparent = tracestate = ""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            traceparent = str(value)
+        elif key == "tracestate":
+            tracestate = str(value)
+    return TraceContext("GRPC", traceparent, tracestate)
 
 
 def _wants_grpc_errors(context: Context) -> bool:
