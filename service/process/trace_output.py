@@ -22,7 +22,8 @@ request (the model's name; an ensemble step's or a BLS call's under its caller's
 events and the phases (decode, cache lookup, admission wait, initialization, slot held, execute, sequence slot,
 encode) as child spans, the batch and the outcome as events.
 
-`close` (the server's shutdown) writes what is buffered, stops the writer and shuts the exporters down (each flushes
+Both run on a thread of their own (a bounded queue: past MAX_QUEUED waiting traces, a trace is dropped and counted),
+never on a request's. `close` (the server's shutdown) writes what is buffered, stops the writer and shuts the exporters down (each flushes
 what it holds, bounded by its own timeout).
 """
 
@@ -33,17 +34,20 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Generic, TextIO, TypeVar
 
 from ..core.trace_settings import TraceMode, TraceSettings, TraceSettingsStore
 from ..core.tracing import ENCODE, RequestTrace
 
 _LOG = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 MAX_BUFFERED = 10_000  # traces a log_frequency-0 file keeps in memory before it writes them out early
+MAX_QUEUED = 10_000  # finished traces waiting for the writer or the exporter; past it they are dropped (counted)
 WRITER_STOP_SECONDS = 10.0  # the longest close() waits for the writer to finish what is queued
 DEFAULT_OTLP_URL = "localhost:4317"
 
@@ -132,55 +136,53 @@ class _Written:
     settings: TraceSettings
 
 
-class TritonTraceFiles:
-    """Triton mode's files. `add` queues a finished tree (never blocks on the disk); the writer thread, started with
-    the first trace and stopped by `close`, serializes and writes. `flush` (a settings update) writes what every
-    file collected, as Triton does when a setting is replaced."""
+class _Worker(Generic[T]):
+    """One thread that handles queued items in order (`handle`, on that thread), started with the first item and
+    stopped by `close`. At most `limit` items wait: past it an item is dropped and counted (a sink that cannot keep
+    up loses traces, never slows requests). `submit` never blocks but on the queue's leaf lock."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Condition()  # guards: _queue, _closed, _thread
-        self._queue: deque[_Written | None] = deque()  # None: a flush
-        self._files: dict[str, _TraceFile] = {}  # (these two: the writer's thread only, then close())
-        self._frequencies: dict[str, int] = {}  # each file's last log_frequency: where its final write goes
+    def __init__(self, name: str, handle: Callable[[T], None], limit: int) -> None:
+        self._name = name
+        self._handle = handle
+        self._limit = limit
+        self._lock = threading.Condition()  # guards: _queue, _closed, _thread, dropped
+        self._queue: deque[T] = deque()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.written = 0  # traces written (for tests and the shutdown's log line)
+        self.dropped = 0
 
-    def add(self, root: RequestTrace, settings: TraceSettings) -> None:
+    def submit(self, item: T) -> None:
         with self._lock:
             if self._closed:
                 return
-            self._queue.append(_Written(root, settings))
-            self._start_locked()
-            self._lock.notify()
-
-    def flush(self) -> None:
-        with self._lock:
-            if self._closed or self._thread is None:
+            if len(self._queue) >= self._limit:
+                self.dropped += 1
                 return
-            self._queue.append(None)
+            self._queue.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                self._thread.start()
             self._lock.notify()
 
-    def close(self) -> None:
-        """Write everything queued and collected, close the files; waits for the writer at most
-        WRITER_STOP_SECONDS (a disk that hangs longer loses the rest, with a log line)."""
+    @property
+    def started(self) -> bool:
+        with self._lock:
+            return self._thread is not None
+
+    def close(self, timeout: float) -> bool:
+        """Handle what is queued, then stop; waits at most `timeout`. Returns False when the thread is still busy
+        then (its remaining items are lost, with a log line)."""
         with self._lock:
             self._closed = True
             thread = self._thread
             self._lock.notify()
-        if thread is not None:
-            thread.join(WRITER_STOP_SECONDS)
-            if thread.is_alive():
-                _LOG.warning("trace files: the writer did not finish within %s s", WRITER_STOP_SECONDS)
-                return
-        for file in self._files.values():
-            self._safely(file, self._final_write, file)
-            self._safely(file, file.close)
-
-    def _start_locked(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="trace-files", daemon=True)
-            self._thread.start()
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            _LOG.warning("%s: did not finish within %s s", self._name, timeout)
+            return False
+        return True
 
     def _work(self) -> None:
         while True:
@@ -190,11 +192,45 @@ class TritonTraceFiles:
                 if not self._queue:  # closed and drained
                     return
                 item = self._queue.popleft()
-            if item is None:
-                for file in list(self._files.values()):
-                    self._safely(file, self._final_write, file)
-            else:
-                self._write(item)
+            try:
+                self._handle(item)
+            except Exception:  # noqa: BLE001 (a trace that cannot be written or sent is lost, never the worker)
+                _LOG.exception("%s: a trace could not be handled", self._name)
+
+
+class TritonTraceFiles:
+    """Triton mode's files. `add` queues a finished tree (never blocks on the disk); the writer thread serializes
+    and writes. `flush` (a settings update) writes what every file collected, as Triton does when a setting is
+    replaced. `close` writes the rest and closes the files."""
+
+    def __init__(self) -> None:
+        self._writer: _Worker[_Written | None] = _Worker("trace-files", self._handle, MAX_QUEUED)  # None: a flush
+        self._files: dict[str, _TraceFile] = {}  # (these two: the writer's thread only, then close())
+        self._frequencies: dict[str, int] = {}  # each file's last log_frequency: where its final write goes
+        self.written = 0  # traces written (for tests)
+
+    def add(self, root: RequestTrace, settings: TraceSettings) -> None:
+        self._writer.submit(_Written(root, settings))
+
+    def flush(self) -> None:
+        if self._writer.started:
+            self._writer.submit(None)
+
+    def close(self) -> None:
+        """Write everything queued and collected, close the files; waits for the writer at most
+        WRITER_STOP_SECONDS (a disk that hangs longer loses the rest, with a log line)."""
+        if not self._writer.close(WRITER_STOP_SECONDS):
+            return
+        for file in self._files.values():
+            self._safely(file, self._final_write, file)
+            self._safely(file, file.close)
+
+    def _handle(self, item: _Written | None) -> None:
+        if item is None:
+            for file in list(self._files.values()):
+                self._safely(file, self._final_write, file)
+        else:
+            self._write(item)
 
     def _write(self, item: _Written) -> None:
         settings = item.settings
@@ -230,19 +266,27 @@ class TritonTraceFiles:
 class OtlpExport:
     """OpenTelemetry mode: trace trees as spans, through one SDK TracerProvider + BatchSpanProcessor + OTLP/gRPC
     exporter per distinct exporter configuration (url, resource, bsp_*), made with the first trace that needs it.
-    The SDK is imported then (a server that never exports never imports it)."""
+    The spans are made on a thread of its own (the SDK's span objects cost about a millisecond a request on a busy
+    2-core machine: not on the request's thread); the SDK is imported then (a server that never exports never
+    imports it)."""
 
     def __init__(self) -> None:
+        self._worker: _Worker[_Written] = _Worker("trace-export", self._send, MAX_QUEUED)
         self._lock = threading.Lock()  # guards: _providers, _closed
         self._providers: dict[tuple[tuple[str, str], ...], Any] = {}
         self._closed = False
 
     def export(self, root: RequestTrace, settings: TraceSettings) -> None:
-        tracer = self._tracer(settings.opentelemetry)
-        if tracer is not None:
-            _send_tree(tracer, root)
+        self._worker.submit(_Written(root, settings))
+
+    @property
+    def dropped(self) -> int:
+        return self._worker.dropped
 
     def close(self) -> None:
+        """Send what is queued, then shut every provider down (each flushes its batch processor, bounded by the
+        SDK's own export timeout)."""
+        self._worker.close(WRITER_STOP_SECONDS)
         with self._lock:
             self._closed = True
             providers, self._providers = list(self._providers.values()), {}
@@ -251,6 +295,11 @@ class OtlpExport:
                 provider.shutdown()  # flushes the batch processor, then shuts the exporter down
             except Exception as error:  # noqa: BLE001 (a receiver gone at shutdown loses its spans, with a line)
                 _LOG.warning("OTLP export: shutdown failed: %s", error)
+
+    def _send(self, item: _Written) -> None:
+        tracer = self._tracer(item.settings.opentelemetry)
+        if tracer is not None:
+            _send_tree(tracer, item.root)
 
     def _tracer(self, config: Mapping[str, str]) -> Any:
         key = tuple(sorted(config.items()))
@@ -383,10 +432,7 @@ class TraceOutput:
     def emit(self, trace: RequestTrace) -> None:
         settings = trace.sampled.settings
         if settings.mode is TraceMode.OPENTELEMETRY:
-            try:
-                self.otlp.export(trace, settings)
-            except Exception as error:  # noqa: BLE001 (a failed export loses a trace, never the request)
-                _LOG.warning("OTLP export of trace %s failed: %s", trace.id, error)
+            self.otlp.export(trace, settings)
         elif settings.file:
             self.files.add(trace, settings)
 
