@@ -23,8 +23,8 @@ events and the phases (decode, cache lookup, admission wait, initialization, slo
 encode) as child spans, the batch and the outcome as events.
 
 Both run on a thread of their own (a bounded queue: past MAX_QUEUED waiting traces, a trace is dropped and counted),
-never on a request's. `close` (the server's shutdown) writes what is buffered, stops the writer and shuts the exporters down (each flushes
-what it holds, bounded by its own timeout).
+never on a request's. `close` (the server's shutdown) writes what is buffered, stops the writer and shuts the
+exporters down (each flushes what it holds, bounded by its own timeout).
 """
 
 from __future__ import annotations
