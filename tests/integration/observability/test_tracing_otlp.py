@@ -207,3 +207,37 @@ def test_tracing_off_sends_nothing(receiver, tmp_path):
             client.infer("simple", {"INPUT0": X, "INPUT1": X})
         assert running.server.dataplane.tracing_on is False
     assert receiver.spans() == [] and receiver.exports == 0
+
+
+@pytest.mark.parametrize("strategy", ["direct", "oldest"])
+def test_a_sequence_request_records_its_sequence_slot_then_its_run(receiver, tmp_path, strategy):
+    from tests.sequence_models import SequenceOptions, write_onnx_echo
+
+    write_onnx_echo(tmp_path / "repo", "seq", SequenceOptions(strategy=strategy))
+    with serve(tmp_path / "repo", trace_settings=otel_settings(receiver)) as running:
+        for flags in ({"sequence_start": True}, {"sequence_end": True}):
+            running.client.infer("seq", {"INPUT": np.array([[1]], np.int32)}, parameters={"sequence_id": 42, **flags})
+    spans = receiver.spans()
+    requests = sorted(model_spans(spans, "seq"), key=lambda span: span.start_ns)
+    assert len(requests) == 2
+    for request in requests:
+        assert activities(request) == ACTIVITIES
+        phases = {span.name: span for span in children(spans, request)}
+        assert phases["sequence slot"].attributes["sequence_id"] == "42"
+        assert phases["sequence slot"].end_ns <= phases["admission wait"].start_ns  # its turn, then its slot
+        assert "execute" in phases
+        assert ("batch formed" in request.event_names()) == (strategy == "oldest")
+
+
+def test_each_request_of_a_stream_is_traced_under_the_streams_traceparent(receiver, tmp_path):
+    repo = demo_subset(tmp_path / "repo", "simple")
+    with serve(repo, trace_settings=otel_settings(receiver)) as running:
+        with InferenceClient(running.address, metadata=(("traceparent", TRACEPARENT),)) as client:
+            answers = list(client.stream_infer("simple", [{"INPUT0": X, "INPUT1": X}] * 3))
+    assert len(answers) == 3 and not any(isinstance(answer, ClientError) for answer in answers)
+    spans = receiver.spans()
+    tops = [span for span in spans if span.name == "InferRequest"]
+    assert len(tops) == 3 and {(top.trace_id, top.parent_span_id) for top in tops} == {(CLIENT_TRACE, CLIENT_SPAN)}
+    for top in tops:
+        (model,) = children(spans, top)
+        assert activities(model) == ACTIVITIES
