@@ -35,9 +35,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TextIO, TypeVar
+from typing import Any, Generic, NamedTuple, TextIO, TypeVar
 
 from ..core.trace_settings import TraceMode, TraceSettings, TraceSettingsStore
 from ..core.tracing import ENCODE, RequestTrace
@@ -48,6 +47,8 @@ T = TypeVar("T")
 
 MAX_BUFFERED = 10_000  # traces a log_frequency-0 file keeps in memory before it writes them out early
 MAX_QUEUED = 10_000  # finished traces waiting for the writer or the exporter; past it they are dropped (counted)
+GATHER_SECONDS = 0.05  # how long a woken worker lets traces gather before it handles them (bounded wait)
+GATHER_ITEMS = 256  # ... unless this many wait already
 WRITER_STOP_SECONDS = 10.0  # the longest close() waits for the writer to finish what is queued
 DEFAULT_OTLP_URL = "localhost:4317"
 
@@ -128,8 +129,7 @@ class _TraceFile:
             self.main = None
 
 
-@dataclass(frozen=True)
-class _Written:
+class _Written(NamedTuple):
     """A trace tree for the writer, with the settings it was sampled under."""
 
     root: RequestTrace
@@ -162,7 +162,8 @@ class _Worker(Generic[T]):
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
                 self._thread.start()
-            self._lock.notify()
+            if len(self._queue) == 1:  # the worker waits without a limit only on an empty queue: wake it then only
+                self._lock.notify()
 
     @property
     def started(self) -> bool:
@@ -189,13 +190,19 @@ class _Worker(Generic[T]):
             with self._lock:
                 while not self._queue and not self._closed:
                     self._lock.wait()
-                if not self._queue:  # closed and drained
-                    return
-                item = self._queue.popleft()
-            try:
-                self._handle(item)
-            except Exception:  # noqa: BLE001 (a trace that cannot be written or sent is lost, never the worker)
-                _LOG.exception("%s: a trace could not be handled", self._name)
+                if not self._closed and len(self._queue) < GATHER_ITEMS:
+                    # Gather more for a moment: a wake-up per trace (a GIL hand-over each) cost the requests more
+                    # than the writing itself (measured: ~0.1 ms a request at rate 1). close() cuts it short.
+                    self._lock.wait(GATHER_SECONDS)
+                items = list(self._queue)
+                self._queue.clear()
+            if not items:  # closed and drained
+                return
+            for item in items:
+                try:
+                    self._handle(item)
+                except Exception:  # noqa: BLE001 (a trace that cannot be written or sent is lost, never the worker)
+                    _LOG.exception("%s: a trace could not be handled", self._name)
 
 
 class TritonTraceFiles:
