@@ -32,7 +32,7 @@ from engine.config.specs import ModelSpec
 from engine.interface import CancelToken, ModelMetadata, Outputs
 from engine.tensor_codec import BYTES_ELEMENT_COST
 
-from ..core.errors import ModelNotFound
+from ..core.errors import ModelNotFound, RequestCancelled
 from ..core.events import RejectionLog
 from ..core.lifecycle import ModelEntry
 from ..core.outcomes import REJECTIONS, outcome_of
@@ -338,6 +338,8 @@ class Dataplane:
                         if result.error is not None:  # (only with respond_end: the path raises it otherwise)
                             self._record_failure(entry, result.error, cancel, started)
                             recorded = True
+                            if trace is not None:
+                                _traced_end(trace, entry, None, result.error, cancel)
                             assert request.respond_end is not None
                             failed = request.respond_end(result.error, result.final)
                             if failed is not None:
@@ -490,6 +492,8 @@ def _traced_end(
     trace.set_version(result.version if result is not None else entry.spec.version)
     if error is None:
         trace.finish()
+    elif isinstance(error, GeneratorExit):  # its caller went away (a stream's client): what its statistics call it
+        trace.finish(outcome_of(RequestCancelled("the caller went away"), cancel), error)
     else:
         trace.finish(outcome_of(error, cancel), error)
 

@@ -241,3 +241,14 @@ def test_each_request_of_a_stream_is_traced_under_the_streams_traceparent(receiv
     for top in tops:
         (model,) = children(spans, top)
         assert activities(model) == ACTIVITIES
+
+
+def test_a_streaming_models_error_on_a_stream_is_the_requests_outcome(receiver):
+    from tests.python_models import REPOSITORY
+
+    with serve(REPOSITORY, trace_settings=otel_settings(receiver), load_at_startup=False) as running:
+        (answer,) = list(running.client.stream_infer("repeat", [{"IN": np.array([-1], np.int32)}]))
+        assert isinstance(answer, ClientError) and "n must be >= 0" in str(answer)
+    (span,) = model_spans(receiver.spans(), "repeat")
+    assert span.attributes["outcome"] != "success" and span.status_code == 2
+    assert "n must be >= 0" in str(span.attributes["error_message"])
