@@ -15,6 +15,9 @@ tests/differential/test_trace_log_settings.py):
 * An update whose result traces (a level other than OFF) but cannot (rate 0, or triton mode without a trace file) is
   refused and changes nothing, with Triton's words.
 * `trace_file` cannot be updated through the network (Triton refuses it with UNSUPPORTED: `unimplemented` here).
+* Stricter than Triton, each refused by name and changing nothing: a field it does not update (trace_mode, an
+  unknown name: Triton ignores it), a level name it does not know (Triton skips it), a negative trace_rate or
+  log_frequency (Triton reads -1 as 4294967295).
 
 Thread safety: one lock (`_lock`, a leaf: nothing is taken under it) guards the holders and their counters. When
 tracing is off everywhere, `sample` reads `_any_on` and returns without it: the inference path pays one attribute
@@ -37,7 +40,7 @@ _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 MIN_TRACE_COUNT = -1
 
-# The fields a TraceSetting update may name. Others are ignored, as Triton ignores them.
+# The fields a TraceSetting update may name (trace_file is refused as Triton refuses it; others by name).
 LEVEL, RATE, COUNT, LOG_FREQUENCY, FILE = "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file"
 UPDATABLE_FIELDS = (LEVEL, RATE, COUNT, LOG_FREQUENCY)
 
@@ -101,6 +104,14 @@ class TraceSettingInvalid(InvalidRequest):
     def __init__(self, message: str, setting: str) -> None:
         super().__init__(message)
         self.setting = setting
+
+
+class UnknownTraceModel(InvalidRequest):
+    """TraceSetting for a model the server does not serve: Triton answers INVALID_ARGUMENT with these words."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"Request for unknown model : {model}")
+        self.model = model
 
 
 class TraceFileNotUpdatable(ServiceError):
@@ -204,11 +215,20 @@ class TraceSettingsStore:
 
         `changes` maps a field to its values (TraceSetting's SettingValue list); an empty list or None clears the
         field (back to the fallback: the global settings for a model, the startup value for the global ones).
-        Fields other than trace_level, trace_rate, trace_count, log_frequency and trace_file are ignored.
+        Another field is refused by name (Triton ignores it).
         Raises TraceFileNotUpdatable (trace_file named) or TraceSettingInvalid (a bad value, or a result that would
         trace but cannot), naming the field; nothing changes then. Does not check that the model exists."""
         if FILE in changes:
             raise TraceFileNotUpdatable()
+        fixed = [name for name in changes if name not in UPDATABLE_FIELDS]
+        if fixed:
+            # Triton ignores them (trace_mode and the opentelemetry options are answered, never updated): refused
+            # by name here, so an update that cannot happen is not taken for one that did.
+            raise TraceSettingInvalid(
+                f"trace setting '{fixed[0]}' cannot be updated (updatable: {', '.join(UPDATABLE_FIELDS)}); "
+                "nothing was changed",
+                fixed[0],
+            )
         parsed = _parse_changes(changes)
         with self._lock:
             if model:

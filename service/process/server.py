@@ -28,8 +28,10 @@ from generated import grpc_service_pb2, management_pb2
 
 from ..core.events import Events, log_event
 from ..core.lifecycle import SharedRuntime
+from ..core.log_settings import LogControl
 from ..core.registry import ModelRegistry, RegistryPolicy
 from ..core.residency import ColdLoadGuard, Residency
+from ..core.trace_settings import TraceSettingsStore
 from ..request_path.dataplane import Dataplane
 from ..request_path.ensemble import EnsembleBackend
 from ..request_path.model_calls import DataplaneModelCalls
@@ -168,6 +170,10 @@ class Server:
                 self.registry, self.residency, self.runtime.events, self.runtime.cold_loads, self.dataplane
             )
         )
+        # Triton's trace settings (--trace-config; the TraceSetting RPC updates them; the dataplane samples by them)
+        # and the process's log settings (the LogSettings RPC).
+        self.trace_settings = TraceSettingsStore(options.trace)
+        self.log_settings = LogControl()
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
@@ -244,6 +250,8 @@ class Server:
                 self.options.stream_write_timeout,
                 self.shared_memory,
                 control=self.control,
+                trace_settings=self.trace_settings,
+                log_control=self.log_settings,
             ),
             server,
         )

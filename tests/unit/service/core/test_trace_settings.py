@@ -175,9 +175,13 @@ def test_subscribers_are_called_after_each_successful_update_only() -> None:
     assert calls == [8]
 
 
-def test_unknown_fields_are_ignored() -> None:
+@pytest.mark.parametrize("name", ["trace_mode", "colour", "url"])
+def test_fields_that_cannot_be_updated_are_refused_by_name_and_change_nothing(name: str) -> None:
     store = _store(file="/tmp/t.json")
-    assert store.update("", {"trace_mode": ["opentelemetry"], "colour": ["red"]}) == store.settings()
+    with pytest.raises(TraceSettingInvalid, match=f"trace setting '{name}' cannot be updated") as raised:
+        store.update("", {"trace_rate": ["3"], name: ["x"]})
+    assert raised.value.setting == name
+    assert store.settings().rate == 1000
 
 
 def test_concurrent_sampling_never_exceeds_the_count() -> None:
