@@ -165,8 +165,8 @@ def test_a_refused_update_names_the_field_and_changes_nothing(slotserve, tmp_pat
         assert words in refused.message
     assert _settings(raw.TraceSetting(_update("simple"), timeout=TIMEOUT)) == before
     assert server.server.trace_settings.overridden("simple") == frozenset()
-    request, first, second = simple_request()
-    check_simple_response(raw.ModelInfer(request, timeout=TIMEOUT), first, second)
+    infer, first, second = simple_request()
+    check_simple_response(raw.ModelInfer(infer, timeout=TIMEOUT), first, second)
 
 
 def test_opentelemetry_mode_answers_its_options_and_no_file(slotserve, tmp_path) -> None:
