@@ -405,7 +405,8 @@ def _trace_setting_response(settings: TraceSettings) -> pb.TraceSettingResponse:
     answer.settings["trace_mode"].value.append(settings.mode.value)
     if settings.mode is TraceMode.OPENTELEMETRY:
         for name, value in settings.opentelemetry.items():
-            answer.settings[name].value.append(value)
+            # resource holds its KEY=VALUE pairs joined with ',' (service/process/trace_flags.py): one value each
+            answer.settings[name].value.extend(value.split(",") if name == "resource" else [value])
     return answer
 
 
