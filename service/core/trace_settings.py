@@ -65,7 +65,8 @@ class TraceSettings:
     log_frequency: int = 0
     file: str = ""
     mode: TraceMode = TraceMode.TRITON
-    opentelemetry: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Not hashed (a mapping is not hashable), so settings stay usable as dictionary keys.
+    opentelemetry: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     @property
     def on(self) -> bool:
@@ -150,23 +151,25 @@ class _Holder:
     """One settings holder's live state: its settings (count being traces left) and the requests it decided on.
     Guarded by the store's lock."""
 
-    __slots__ = ("overrides", "settings", "seen")
+    __slots__ = ("active", "overrides", "seen", "settings")
 
     def __init__(self, overrides: _Overrides, settings: TraceSettings) -> None:
         self.overrides = overrides
         self.settings = settings
+        self.active = settings.on  # kept with `settings`: decide() runs per request
         self.seen = 0
 
     def decide(self) -> TraceSettings | None:
         """One request: the settings it is traced under, or None."""
-        settings = self.settings
-        if not settings.on:
+        if not self.active:
             return None
+        settings = self.settings
         self.seen += 1
         if self.seen % settings.rate != 0:
             return None
         if settings.count > 0:
             self.settings = replace(settings, count=settings.count - 1)
+            self.active = settings.count > 1
         return settings
 
 
@@ -243,7 +246,7 @@ class TraceSettingsStore:
                 # Models that follow some global fields are rebuilt over the new global settings, as Triton does.
                 for name, holder in list(self._models.items()):
                     self._models[name] = _Holder(holder.overrides, holder.overrides.over(self._global.settings))
-            self._any_on = self._global.settings.on or any(h.settings.on for h in self._models.values())
+            self._any_on = self._global.active or any(h.active for h in self._models.values())
             answer = self._holder(model).settings
             subscribers = list(self._subscribers)
         for callback in subscribers:
@@ -259,7 +262,7 @@ class TraceSettingsStore:
             settings = self._holder(model).decide()
             if settings is not None and settings.count == 1:
                 # That was the last trace of this holder: maybe the last anywhere.
-                self._any_on = self._global.settings.on or any(h.settings.on for h in self._models.values())
+                self._any_on = self._global.active or any(h.active for h in self._models.values())
         return None if settings is None else Sampled(model, settings)
 
     def subscribe(self, callback: Callable[[], None]) -> None:

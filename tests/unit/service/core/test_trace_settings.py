@@ -38,6 +38,11 @@ def test_default_settings_are_off_and_answer_triton_defaults() -> None:
     assert settings.file == "" and settings.mode is TraceMode.TRITON
 
 
+def test_settings_are_hashable_whatever_their_opentelemetry_options() -> None:
+    options = TraceSettings(mode=TraceMode.OPENTELEMETRY, opentelemetry={"url": "localhost:4317"})
+    assert {options: 1, TraceSettings(): 2}[options] == 1
+
+
 def test_off_everywhere_samples_nothing_without_taking_the_lock() -> None:
     store = _store(rate=1)
 
