@@ -138,7 +138,7 @@ def option_fields(args: argparse.Namespace) -> dict[str, Any]:
         shared_memory_prefix=args.shared_memory_prefix,
         shared_memory_max_bytes=args.shared_memory_max_bytes,
         **security_options(args),
-        trace=trace_settings(args),
+        trace_settings=trace_settings(args),
     )
     fields.update(triton_fields(args, fields))
     return fields

@@ -101,8 +101,8 @@ class ServerOptions:
     # <the system temporary folder>/slotserve-python-environments), made at the first such load.
     python_environments_dir: Path | None = None
     response_cache_bytes: int = 0  # service/request_path/response_cache.py; 0 = no response cache
-    # Triton's trace settings at startup (--trace-config, --trace-*; service/core/trace_settings.py): off by default.
-    trace: TraceSettings = field(default_factory=TraceSettings)
+    # Request tracing at startup (--trace-config: service/core/trace_settings.py); the default traces nothing.
+    trace_settings: TraceSettings = field(default_factory=TraceSettings)
 
     def __post_init__(self) -> None:
         problems = self._normalize_security()

@@ -153,6 +153,8 @@ class Server:
             if options.shared_memory == "system"
             else None
         )
+        # Request tracing: the settings (--trace-config, the TraceSetting RPC) and where traces go (closed at shutdown).
+        self.trace_settings = TraceSettingsStore(options.trace_settings)
         self.dataplane = Dataplane(
             self.registry,
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
@@ -170,10 +172,7 @@ class Server:
                 self.registry, self.residency, self.runtime.events, self.runtime.cold_loads, self.dataplane
             )
         )
-        # Triton's trace settings (--trace-config; the TraceSetting RPC updates them; the dataplane samples by them)
-        # and the process's log settings (the LogSettings RPC).
-        self.trace_settings = TraceSettingsStore(options.trace)
-        self.log_settings = LogControl()
+        self.log_settings = LogControl()  # the process's logging, as the LogSettings RPC reads and changes it
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)

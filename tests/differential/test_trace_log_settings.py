@@ -33,7 +33,9 @@ def traced(tmp_path_factory) -> Iterator[tuple[Endpoint, Endpoint]]:
         triton = _start_triton(
             stack, root / "triton-run", repositories.triton, f"--trace-config=triton,file={root / 'triton.json'}"
         )
-        ours = _start_slotserve(stack, repositories.slotserve, trace=TraceSettings(file=str(root / "slotserve.json")))
+        ours = _start_slotserve(
+            stack, repositories.slotserve, trace_settings=TraceSettings(file=str(root / "slotserve.json"))
+        )
         yield triton, ours
 
 
@@ -287,7 +289,7 @@ def test_opentelemetry_mode_answers_the_same_settings(tmp_path):
     with ExitStack() as stack:
         triton = _start_triton(stack, tmp_path / "triton-run", repositories.triton, *flags)
         settings = trace_settings(build_parser().parse_args(flags), {})
-        ours = _start_slotserve(stack, repositories.slotserve, trace=settings)
+        ours = _start_slotserve(stack, repositories.slotserve, trace_settings=settings)
         answers = (ask_one(triton, trace_request()), ask_one(ours, trace_request()))
     assert answers[0] == answers[1]
     assert answers[0][1]["resource"] == ["a=b", "c=d"] and "trace_file" not in answers[0][1]  # type: ignore[index]

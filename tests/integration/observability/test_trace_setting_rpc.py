@@ -57,7 +57,7 @@ def test_tritonclient_reads_and_updates_trace_and_log_settings_from_another_proc
         demo_subset(tmp_path / "repository", "simple"),
         allow_management=True,
         management_token=MANAGEMENT_TOKEN,
-        trace=TraceSettings(file=trace_file),
+        trace_settings=TraceSettings(file=trace_file),
     )
     completed = run_process([sys.executable, str(CLIENT), server.address, MANAGEMENT_TOKEN], timeout=120)
     assert completed.returncode == 0, completed.stderr
@@ -115,7 +115,7 @@ def test_reading_needs_the_read_token_and_updating_the_management_token(slotserv
         allow_management=True,
         management_token=MANAGEMENT_TOKEN,
         inference_token=INFERENCE_TOKEN,
-        trace=TraceSettings(file=str(tmp_path / "trace.json")),
+        trace_settings=TraceSettings(file=str(tmp_path / "trace.json")),
     )
     raw = stub(server)
     read = _bearer(INFERENCE_TOKEN)
@@ -151,7 +151,9 @@ def test_reading_needs_the_read_token_and_updating_the_management_token(slotserv
 
 
 def test_a_refused_update_names_the_field_and_changes_nothing(slotserve, tmp_path) -> None:
-    server = slotserve(demo_subset(tmp_path / "repository", "simple"), trace=TraceSettings(file=str(tmp_path / "t")))
+    server = slotserve(
+        demo_subset(tmp_path / "repository", "simple"), trace_settings=TraceSettings(file=str(tmp_path / "t"))
+    )
     raw = stub(server)
     before = _settings(raw.TraceSetting(_update("simple"), timeout=TIMEOUT))
     for request, words in (
@@ -174,7 +176,7 @@ def test_opentelemetry_mode_answers_its_options_and_no_file(slotserve, tmp_path)
 
     server = slotserve(
         demo_subset(tmp_path / "repository", "simple"),
-        trace=TraceSettings(
+        trace_settings=TraceSettings(
             levels=frozenset({TraceLevel.TIMESTAMPS}),
             mode=TraceMode.OPENTELEMETRY,
             opentelemetry={"url": "localhost:4317", "bsp_max_queue_size": "2048"},
@@ -194,7 +196,9 @@ def test_a_model_that_is_not_served_is_refused_with_tritons_words(slotserve, tmp
 
 
 def test_grpc_status_is_the_tables(slotserve, tmp_path) -> None:
-    server = slotserve(demo_subset(tmp_path / "repository", "simple"), trace=TraceSettings(file=str(tmp_path / "t")))
+    server = slotserve(
+        demo_subset(tmp_path / "repository", "simple"), trace_settings=TraceSettings(file=str(tmp_path / "t"))
+    )
     with pytest.raises(grpc.RpcError) as raised:
         stub(server).TraceSetting(_update(trace_file=["/elsewhere"]), timeout=TIMEOUT)
     assert raised.value.code() is grpc.StatusCode.UNIMPLEMENTED

@@ -38,8 +38,8 @@ def refused(*argv: str, capsys: pytest.CaptureFixture[str] | None = None) -> str
 
 def test_tracing_is_off_by_default() -> None:
     options = ServerOptions(**option_fields(build_parser().parse_args([])))
-    assert options.trace == TraceSettings()
-    assert not options.trace.on
+    assert options.trace_settings == TraceSettings()
+    assert not options.trace_settings.on
 
 
 def test_trace_config_in_triton_mode() -> None:
