@@ -45,7 +45,15 @@ SERVER_NAME = "slotserve"
 # After the shutdown grace, how long a stream may still write (its last responses, a shutting_down error) before
 # its call is cancelled; less than service.process.server.SHUTDOWN_MARGIN, so its handler is joined, not abandoned.
 SHUTDOWN_STREAM_SECONDS = 1.0
-EXTENSIONS = ("model_repository", "model_configuration", "statistics", "parameters", "slotserve_management")
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "parameters",
+    "trace",  # TraceSetting (Triton's extension name)
+    "logging",  # LogSettings (Triton's extension name)
+    "slotserve_management",
+)
 SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only when --shared-memory system is on
 
 Context = grpc.ServicerContext

@@ -195,6 +195,12 @@ def test_a_model_that_is_not_served_is_refused_with_tritons_words(slotserve, tmp
     assert server.server.trace_settings.overridden("absent") == frozenset()
 
 
+def test_server_metadata_lists_tritons_trace_and_logging_extensions(slotserve, tmp_path) -> None:
+    server = slotserve(demo_subset(tmp_path / "repository", "simple"))
+    extensions = stub(server).ServerMetadata(pb.ServerMetadataRequest(), timeout=TIMEOUT).extensions
+    assert {"trace", "logging"} <= set(extensions)
+
+
 def test_grpc_status_is_the_tables(slotserve, tmp_path) -> None:
     server = slotserve(
         demo_subset(tmp_path / "repository", "simple"), trace_settings=TraceSettings(file=str(tmp_path / "t"))
