@@ -179,12 +179,13 @@ def test_opentelemetry_mode_answers_its_options_and_no_file(slotserve, tmp_path)
         trace_settings=TraceSettings(
             levels=frozenset({TraceLevel.TIMESTAMPS}),
             mode=TraceMode.OPENTELEMETRY,
-            opentelemetry={"url": "localhost:4317", "bsp_max_queue_size": "2048"},
+            opentelemetry={"url": "localhost:4317", "resource": "a=b,c=d", "bsp_max_queue_size": "2048"},
         ),
     )
     answer = _settings(stub(server).TraceSetting(pb.TraceSettingRequest(), timeout=TIMEOUT))
     assert answer["trace_mode"] == ["opentelemetry"] and answer["trace_level"] == ["TIMESTAMPS"]
     assert answer["url"] == ["localhost:4317"] and answer["bsp_max_queue_size"] == ["2048"]
+    assert answer["resource"] == ["a=b", "c=d"]  # one value per resource attribute, as Triton answers
     assert "trace_file" not in answer and "log_frequency" not in answer
 
 
