@@ -13,7 +13,8 @@ tests/differential/test_trace_log_settings.py):
   and is one trace fewer when `count` > 0 (-1: unlimited). An update replaces a holder: its request count starts
   again, and a model that takes its count from the global settings takes the count left at that moment.
 * An update whose result traces (a level other than OFF) but cannot (rate 0, or triton mode without a trace file) is
-  refused and changes nothing, with Triton's words.
+  refused and changes nothing, with Triton's words; a global update is refused so too when a model that follows it
+  would be left so (Triton changes the global settings first, then fails on the model).
 * `trace_file` cannot be updated through the network (Triton refuses it with UNSUPPORTED: `unimplemented` here).
 * Stricter than Triton, each refused by name and changing nothing: a field it does not update (trace_mode, an
   unknown name: Triton ignores it), a level name it does not know (Triton skips it), a negative trace_rate or
@@ -242,10 +243,14 @@ class TraceSettingsStore:
                 else:
                     self._models[model] = self._checked(overrides, self._global.settings)
             else:
-                self._global = self._checked(_merge(self._global.overrides, parsed), self._startup)
-                # Models that follow some global fields are rebuilt over the new global settings, as Triton does.
-                for name, holder in list(self._models.items()):
-                    self._models[name] = _Holder(holder.overrides, holder.overrides.over(self._global.settings))
+                new_global = self._checked(_merge(self._global.overrides, parsed), self._startup)
+                # Models that follow some global fields are rebuilt over the new global settings, as Triton does;
+                # checked before anything changes (Triton changes the global settings, then fails on the model).
+                models = {
+                    name: self._checked(holder.overrides, new_global.settings, model=name)
+                    for name, holder in self._models.items()
+                }
+                self._global, self._models = new_global, models
             self._any_on = self._global.active or any(h.active for h in self._models.values())
             answer = self._holder(model).settings
             subscribers = list(self._subscribers)
@@ -278,11 +283,14 @@ class TraceSettingsStore:
         return self._global
 
     @staticmethod
-    def _checked(overrides: _Overrides, fallback: TraceSettings) -> _Holder:
+    def _checked(overrides: _Overrides, fallback: TraceSettings, *, model: str = "") -> _Holder:
+        """A holder of `overrides` over `fallback`. Raises TraceSettingInvalid when the result would trace but
+        cannot (naming `model` when the update was global and the model's own settings are the ones that would)."""
         settings = overrides.over(fallback)
         reason = settings.invalid_reason()
         if settings.levels and reason is not None:
-            raise TraceSettingInvalid(f"Attempting to set invalid trace setting :{reason}", _field_of(reason))
+            whose = f" (for model '{model}', which sets its own trace_level)" if model else ""
+            raise TraceSettingInvalid(f"Attempting to set invalid trace setting :{reason}{whose}", _field_of(reason))
         return _Holder(overrides, settings)
 
 

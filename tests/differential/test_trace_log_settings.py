@@ -293,3 +293,14 @@ def test_opentelemetry_mode_answers_the_same_settings(tmp_path):
         answers = (ask_one(triton, trace_request()), ask_one(ours, trace_request()))
     assert answers[0] == answers[1]
     assert answers[0][1]["resource"] == ["a=b", "c=d"] and "trace_file" not in answers[0][1]  # type: ignore[index]
+
+
+def test_a_global_update_that_would_break_a_tracing_model_is_refused_and_slotserve_changes_nothing(both):
+    assert ask(both, trace_request("simple", trace_level=["TIMESTAMPS"]))[1][0] == "OK"
+    (code_t, triton), (code, ours) = ask(both, trace_request(trace_rate=["0"]))
+    assert (code_t, code) == ("INVALID_ARGUMENT", "INVALID_ARGUMENT")
+    words = "Attempting to set invalid trace setting :sample rate must be non-zero"
+    assert words in str(triton) and words in str(ours) and "for model 'simple'" in str(ours)
+    (_, triton), (_, ours) = ask(both, trace_request())
+    assert triton["trace_rate"] == ["0"]  # type: ignore[index]  # Triton changed the global settings before failing
+    assert ours["trace_rate"] == ["1000"]  # type: ignore[index]  # slotserve checks the whole update first

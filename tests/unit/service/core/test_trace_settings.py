@@ -147,6 +147,14 @@ def test_clearing_a_models_last_field_gives_it_back_to_the_global_settings() -> 
     assert store.settings("m") == store.settings()
 
 
+def test_a_global_update_that_would_break_a_tracing_model_is_refused_whole() -> None:
+    store = _store(file="/tmp/t.json", rate=4)
+    store.update("m", {"trace_level": ["TIMESTAMPS"]})
+    with pytest.raises(TraceSettingInvalid, match="sample rate must be non-zero \\(for model 'm'"):
+        store.update("", {"trace_rate": ["0"]})
+    assert store.settings().rate == 4 and store.settings("m").rate == 4 and store.settings("m").on
+
+
 def test_clearing_a_global_field_restores_its_startup_value() -> None:
     store = _store(file="/tmp/t.json", rate=50)
     store.update("", {"trace_rate": ["3"]})
