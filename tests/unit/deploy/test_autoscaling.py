@@ -208,13 +208,39 @@ def test_the_oldest_wait_targets_are_below_the_admission_timeout():
 # ---- KEDA's ScaledObject, checked without a schema from kubernetes-validate --------------------------------------
 
 
-def test_the_scaled_object_uses_keda_fields_and_string_metadata():
-    scaled = one(KEDA, "ScaledObject")
+def docs_yaml() -> list[dict]:
+    """The YAML documents of docs/observability.md's Autoscaling section."""
+    blocks = re.findall(r"^```yaml\n(.*?)^```", autoscaling_section(), flags=re.S | re.M)
+    return [document for block in blocks for document in yaml.safe_load_all(block) if document is not None]
+
+
+def docs_object(kind: str) -> dict:
+    (found,) = [document for document in docs_yaml() if document.get("kind") == kind]
+    return found
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_docs_hpa_is_valid_and_scales_as_the_file_does(version):
+    hpa = docs_object("HorizontalPodAutoscaler")
+    kubernetes_validate.validate(hpa, version, strict=True)
+    shipped = one(AUTOSCALING, "HorizontalPodAutoscaler")["spec"]
+    keys = ("scaleTargetRef", "minReplicas", "maxReplicas", "metrics")
+    assert {key: hpa["spec"][key] for key in keys} == {key: shipped[key] for key in keys}
+
+
+def test_the_docs_adapter_rules_are_the_files():
+    (rules,) = [document for document in docs_yaml() if "rules" in document]
+    assert rules == adapter_config()
+
+
+@pytest.mark.parametrize("source", ["deploy", "docs"])
+def test_the_scaled_object_uses_keda_fields_and_string_metadata(source):
+    scaled = one(KEDA, "ScaledObject") if source == "deploy" else docs_object("ScaledObject")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     spec = scaled["spec"]
     assert set(spec) <= KEDA_SPEC_FIELDS, sorted(set(spec) - KEDA_SPEC_FIELDS)
     assert {"scaleTargetRef", "triggers"} <= set(spec)
-    for field in ("minReplicaCount", "maxReplicaCount", "pollingInterval"):
+    for field in {"minReplicaCount", "maxReplicaCount", "pollingInterval"} & set(spec):
         assert isinstance(spec[field], int), field
     assert spec["triggers"]
     for trigger in spec["triggers"]:
@@ -248,9 +274,8 @@ def queries() -> list[tuple[str, str]]:
         for rule in config["rules"] + config["externalRules"]
         for key in ("seriesQuery", "metricsQuery")
     ]
-    found += [
-        (f"KEDA trigger {t['name']}", t["metadata"]["query"]) for t in one(KEDA, "ScaledObject")["spec"]["triggers"]
-    ]
+    for where, scaled in (("deploy/", one(KEDA, "ScaledObject")), ("docs/", docs_object("ScaledObject"))):
+        found += [(f"{where} KEDA trigger {t['name']}", t["metadata"]["query"]) for t in scaled["spec"]["triggers"]]
     found += [
         (f"docs/observability.md promql block {index}", block)
         for index, block in enumerate(re.findall(r"^```promql\n(.*?)^```", autoscaling_section(), flags=re.S | re.M))
