@@ -21,10 +21,10 @@ import copy
 import re
 from pathlib import Path
 
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]  # no type information shipped
 import pytest
 import yaml
-from kubernetes_validate import utils as validate_utils
+from kubernetes_validate import utils as validate_utils  # type: ignore[import-untyped]
 
 from service.testing import serve
 from tests.integration._support import write_fixture_model
