@@ -5,6 +5,9 @@ default one, so several servers in one process, as in the tests, do not collide)
 Nothing is recorded for the metrics on any code path: at scrape time the collector reads
 
 * each model's status (state, slots, active slots, queue; `ModelEntry.status()` takes the model lock briefly),
+* each model's admission statistics (the arrival of its oldest queued request, whose age at the scrape is
+  slotserve_model_oldest_wait_seconds: with busy and configured slots, the pending count and the refusals by
+  reason, what an autoscaler reads; docs/observability.md, "Autoscaling"),
 * each model's InferenceStatistics (request outcomes, admission-wait and compute histograms; kept there under the
   lock the request path already takes, so /metrics adds nothing per request),
 * the per-model lifecycle event counts of `events.Events` (loads, unloads, evictions, ...),
