@@ -13,8 +13,12 @@ tests/differential/test_trace_log_settings.py):
   and is one trace fewer when `count` > 0 (-1: unlimited). An update replaces a holder: its request count starts
   again, and a model that takes its count from the global settings takes the count left at that moment.
 * An update whose result traces (a level other than OFF) but cannot (rate 0, or triton mode without a trace file) is
-  refused and changes nothing, with Triton's words.
+  refused and changes nothing, with Triton's words; a global update is refused so too when a model that follows it
+  would be left so (Triton changes the global settings first, then fails on the model).
 * `trace_file` cannot be updated through the network (Triton refuses it with UNSUPPORTED: `unimplemented` here).
+* Stricter than Triton, each refused by name and changing nothing: a field it does not update (trace_mode, an
+  unknown name: Triton ignores it), a level name it does not know (Triton skips it), a negative trace_rate or
+  log_frequency (Triton reads -1 as 4294967295).
 
 Thread safety: one lock (`_lock`, a leaf: nothing is taken under it) guards the holders and their counters. When
 tracing is off everywhere, `sample` reads `_any_on` and returns without it: the inference path pays one attribute
@@ -37,7 +41,7 @@ _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 MIN_TRACE_COUNT = -1
 
-# The fields a TraceSetting update may name. Others are ignored, as Triton ignores them.
+# The fields a TraceSetting update may name (trace_file is refused as Triton refuses it; others by name).
 LEVEL, RATE, COUNT, LOG_FREQUENCY, FILE = "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file"
 UPDATABLE_FIELDS = (LEVEL, RATE, COUNT, LOG_FREQUENCY)
 
@@ -62,7 +66,8 @@ class TraceSettings:
     log_frequency: int = 0
     file: str = ""
     mode: TraceMode = TraceMode.TRITON
-    opentelemetry: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Not hashed (a mapping is not hashable), so settings stay usable as dictionary keys.
+    opentelemetry: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     @property
     def on(self) -> bool:
@@ -103,6 +108,14 @@ class TraceSettingInvalid(InvalidRequest):
         self.setting = setting
 
 
+class UnknownTraceModel(InvalidRequest):
+    """TraceSetting for a model the server does not serve: Triton answers INVALID_ARGUMENT with these words."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"Request for unknown model : {model}")
+        self.model = model
+
+
 class TraceFileNotUpdatable(ServiceError):
     """trace_file named in a TraceSetting update: Triton 2.51 refuses it (UNSUPPORTED, gRPC UNIMPLEMENTED)."""
 
@@ -139,23 +152,25 @@ class _Holder:
     """One settings holder's live state: its settings (count being traces left) and the requests it decided on.
     Guarded by the store's lock."""
 
-    __slots__ = ("overrides", "settings", "seen")
+    __slots__ = ("active", "overrides", "seen", "settings")
 
     def __init__(self, overrides: _Overrides, settings: TraceSettings) -> None:
         self.overrides = overrides
         self.settings = settings
+        self.active = settings.on  # kept with `settings`: decide() runs per request
         self.seen = 0
 
     def decide(self) -> TraceSettings | None:
         """One request: the settings it is traced under, or None."""
-        settings = self.settings
-        if not settings.on:
+        if not self.active:
             return None
+        settings = self.settings
         self.seen += 1
         if self.seen % settings.rate != 0:
             return None
         if settings.count > 0:
             self.settings = replace(settings, count=settings.count - 1)
+            self.active = settings.count > 1
         return settings
 
 
@@ -204,11 +219,20 @@ class TraceSettingsStore:
 
         `changes` maps a field to its values (TraceSetting's SettingValue list); an empty list or None clears the
         field (back to the fallback: the global settings for a model, the startup value for the global ones).
-        Fields other than trace_level, trace_rate, trace_count, log_frequency and trace_file are ignored.
+        Another field is refused by name (Triton ignores it).
         Raises TraceFileNotUpdatable (trace_file named) or TraceSettingInvalid (a bad value, or a result that would
         trace but cannot), naming the field; nothing changes then. Does not check that the model exists."""
         if FILE in changes:
             raise TraceFileNotUpdatable()
+        fixed = [name for name in changes if name not in UPDATABLE_FIELDS]
+        if fixed:
+            # Triton ignores them (trace_mode and the opentelemetry options are answered, never updated): refused
+            # by name here, so an update that cannot happen is not taken for one that did.
+            raise TraceSettingInvalid(
+                f"trace setting '{fixed[0]}' cannot be updated (updatable: {', '.join(UPDATABLE_FIELDS)}); "
+                "nothing was changed",
+                fixed[0],
+            )
         parsed = _parse_changes(changes)
         with self._lock:
             if model:
@@ -219,11 +243,15 @@ class TraceSettingsStore:
                 else:
                     self._models[model] = self._checked(overrides, self._global.settings)
             else:
-                self._global = self._checked(_merge(self._global.overrides, parsed), self._startup)
-                # Models that follow some global fields are rebuilt over the new global settings, as Triton does.
-                for name, holder in list(self._models.items()):
-                    self._models[name] = _Holder(holder.overrides, holder.overrides.over(self._global.settings))
-            self._any_on = self._global.settings.on or any(h.settings.on for h in self._models.values())
+                new_global = self._checked(_merge(self._global.overrides, parsed), self._startup)
+                # Models that follow some global fields are rebuilt over the new global settings, as Triton does;
+                # checked before anything changes (Triton changes the global settings, then fails on the model).
+                models = {
+                    name: self._checked(holder.overrides, new_global.settings, model=name)
+                    for name, holder in self._models.items()
+                }
+                self._global, self._models = new_global, models
+            self._any_on = self._global.active or any(h.active for h in self._models.values())
             answer = self._holder(model).settings
             subscribers = list(self._subscribers)
         for callback in subscribers:
@@ -239,7 +267,7 @@ class TraceSettingsStore:
             settings = self._holder(model).decide()
             if settings is not None and settings.count == 1:
                 # That was the last trace of this holder: maybe the last anywhere.
-                self._any_on = self._global.settings.on or any(h.settings.on for h in self._models.values())
+                self._any_on = self._global.active or any(h.active for h in self._models.values())
         return None if settings is None else Sampled(model, settings)
 
     def subscribe(self, callback: Callable[[], None]) -> None:
@@ -255,11 +283,14 @@ class TraceSettingsStore:
         return self._global
 
     @staticmethod
-    def _checked(overrides: _Overrides, fallback: TraceSettings) -> _Holder:
+    def _checked(overrides: _Overrides, fallback: TraceSettings, *, model: str = "") -> _Holder:
+        """A holder of `overrides` over `fallback`. Raises TraceSettingInvalid when the result would trace but
+        cannot (naming `model` when the update was global and the model's own settings are the ones that would)."""
         settings = overrides.over(fallback)
         reason = settings.invalid_reason()
         if settings.levels and reason is not None:
-            raise TraceSettingInvalid(f"Attempting to set invalid trace setting :{reason}", _field_of(reason))
+            whose = f" (for model '{model}', which sets its own trace_level)" if model else ""
+            raise TraceSettingInvalid(f"Attempting to set invalid trace setting :{reason}{whose}", _field_of(reason))
         return _Holder(overrides, settings)
 
 

@@ -28,6 +28,7 @@ from generated import grpc_service_pb2, management_pb2
 
 from ..core.events import Events, log_event
 from ..core.lifecycle import SharedRuntime
+from ..core.log_settings import LogControl
 from ..core.registry import ModelRegistry, RegistryPolicy
 from ..core.residency import ColdLoadGuard, Residency
 from ..core.trace_settings import TraceSettingsStore
@@ -175,6 +176,7 @@ class Server:
                 self.registry, self.residency, self.runtime.events, self.runtime.cold_loads, self.dataplane
             )
         )
+        self.log_settings = LogControl()  # the process's logging, as the LogSettings RPC reads and changes it
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
@@ -251,6 +253,8 @@ class Server:
                 self.options.stream_write_timeout,
                 self.shared_memory,
                 control=self.control,
+                trace_settings=self.trace_settings,
+                log_control=self.log_settings,
             ),
             server,
         )

@@ -38,6 +38,11 @@ def test_default_settings_are_off_and_answer_triton_defaults() -> None:
     assert settings.file == "" and settings.mode is TraceMode.TRITON
 
 
+def test_settings_are_hashable_whatever_their_opentelemetry_options() -> None:
+    options = TraceSettings(mode=TraceMode.OPENTELEMETRY, opentelemetry={"url": "localhost:4317"})
+    assert {options: 1, TraceSettings(): 2}[options] == 1
+
+
 def test_off_everywhere_samples_nothing_without_taking_the_lock() -> None:
     store = _store(rate=1)
 
@@ -142,6 +147,14 @@ def test_clearing_a_models_last_field_gives_it_back_to_the_global_settings() -> 
     assert store.settings("m") == store.settings()
 
 
+def test_a_global_update_that_would_break_a_tracing_model_is_refused_whole() -> None:
+    store = _store(file="/tmp/t.json", rate=4)
+    store.update("m", {"trace_level": ["TIMESTAMPS"]})
+    with pytest.raises(TraceSettingInvalid, match="sample rate must be non-zero \\(for model 'm'"):
+        store.update("", {"trace_rate": ["0"]})
+    assert store.settings().rate == 4 and store.settings("m").rate == 4 and store.settings("m").on
+
+
 def test_clearing_a_global_field_restores_its_startup_value() -> None:
     store = _store(file="/tmp/t.json", rate=50)
     store.update("", {"trace_rate": ["3"]})
@@ -175,9 +188,13 @@ def test_subscribers_are_called_after_each_successful_update_only() -> None:
     assert calls == [8]
 
 
-def test_unknown_fields_are_ignored() -> None:
+@pytest.mark.parametrize("name", ["trace_mode", "colour", "url"])
+def test_fields_that_cannot_be_updated_are_refused_by_name_and_change_nothing(name: str) -> None:
     store = _store(file="/tmp/t.json")
-    assert store.update("", {"trace_mode": ["opentelemetry"], "colour": ["red"]}) == store.settings()
+    with pytest.raises(TraceSettingInvalid, match=f"trace setting '{name}' cannot be updated") as raised:
+        store.update("", {"trace_rate": ["3"], name: ["x"]})
+    assert raised.value.setting == name
+    assert store.settings().rate == 1000
 
 
 def test_concurrent_sampling_never_exceeds_the_count() -> None:
