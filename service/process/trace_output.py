@@ -49,6 +49,7 @@ MAX_BUFFERED = 10_000  # traces a log_frequency-0 file keeps in memory before it
 MAX_QUEUED = 10_000  # finished traces waiting for the writer or the exporter; past it they are dropped (counted)
 GATHER_SECONDS = 0.05  # how long a woken worker lets traces gather before it handles them (bounded wait)
 GATHER_ITEMS = 256  # ... unless this many wait already
+IDLE_RECHECK_SECONDS = 5.0  # an idle worker's wait (every wait has a bound; nothing is missed between)
 WRITER_STOP_SECONDS = 10.0  # the longest close() waits for the writer to finish what is queued
 DEFAULT_OTLP_URL = "localhost:4317"
 
@@ -189,7 +190,7 @@ class _Worker(Generic[T]):
         while True:
             with self._lock:
                 while not self._queue and not self._closed:
-                    self._lock.wait()
+                    self._lock.wait(IDLE_RECHECK_SECONDS)  # woken by submit or close; the bound only rechecks
                 if not self._closed and len(self._queue) < GATHER_ITEMS:
                     # Gather more for a moment: a wake-up per trace (a GIL hand-over each) cost the requests more
                     # than the writing itself (measured: ~0.1 ms a request at rate 1). close() cuts it short.
