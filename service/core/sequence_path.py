@@ -229,8 +229,9 @@ def traced_lease(
     cancel: CancelToken,
     context_index: int | None = None,
 ) -> Lease:
-    """`model.acquire_lease` for a traced request: QUEUE_START with the queue it found, then the admission wait (and
-    the initialization it waited for, when the model was not loaded as it arrived). Raises as acquire_lease."""
+    """`model.acquire_lease` for a traced request: QUEUE_START with the queue it found, then the admission wait (as
+    its ticket measured it) and the initialization it waited for after its grant, when the model was not loaded as
+    it arrived. Raises as acquire_lease."""
     ready = model.is_ready()
     queued = trace.queued(model.admission.statistics().queued, ready)
     try:
@@ -238,7 +239,9 @@ def traced_lease(
     except BaseException as error:
         trace.admitted(queued, error)
         raise
-    trace.admitted(queued, loaded=not ready)
+    ticket = lease.ticket  # the admission's own times (its clock, seconds): the wait apart from the load after it
+    waited = None if ticket.granted_at is None else round((ticket.granted_at - ticket.arrived_at) * 1e9)
+    trace.admitted(queued, loaded=not ready, admission_ns=waited)
     return lease
 
 

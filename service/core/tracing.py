@@ -252,18 +252,27 @@ class RequestTrace:
         self.attributes["model.ready_at_arrival"] = model_ready
         return now
 
-    def admitted(self, queued_ns: int, error: BaseException | None = None, *, loaded: bool = False) -> int:
-        """Admission answered (granted, or refused with `error`): the admission wait's span, and, when the model
-        was loaded meanwhile (`loaded`: it was not ready as the request arrived), the initialization the request
-        waited for (inside the same interval: the admission and the load are not told apart from here). Returns
-        the time (the slot's grant)."""
+    def admitted(
+        self,
+        queued_ns: int,
+        error: BaseException | None = None,
+        *,
+        loaded: bool = False,
+        admission_ns: int | None = None,
+    ) -> int:
+        """Admission answered (granted, or refused with `error`): the admission wait's span, from `queued_ns` for
+        `admission_ns` (the admission's own measure of the wait, its ticket's arrival to its grant; None: up to now),
+        and, when the model was loaded meanwhile (`loaded`: it was not ready as the request arrived), the
+        initialization the request waited for: from the grant to now (the load, by this request or another, and
+        taking a context). Returns now (the slot's grant as the lease holds it)."""
         now = time.perf_counter_ns()
-        attributes: dict[str, str | int | float | bool] = {"wait_ns": now - queued_ns}
+        granted = now if admission_ns is None else min(now, queued_ns + max(0, admission_ns))
+        attributes: dict[str, str | int | float | bool] = {"wait_ns": granted - queued_ns}
         if error is not None:
             attributes["refused"] = type(error).__name__
-        self.span(ADMISSION_WAIT, queued_ns, now, **attributes)
+        self.span(ADMISSION_WAIT, queued_ns, granted, **attributes)
         if loaded and error is None:
-            self.span(INITIALIZATION, queued_ns, now, waited=True, included_in="admission wait")
+            self.span(INITIALIZATION, granted, now, waited=True)
         self.granted_ns = now
         return now
 

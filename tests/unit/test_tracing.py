@@ -119,6 +119,19 @@ def test_admission_and_compute_record_the_phases():
     assert [name for name, _ in trace.timestamps] == list(ACTIVITIES[:-1])
 
 
+def test_the_admissions_own_wait_ends_the_admission_span_and_the_load_follows_it():
+    trace = a_trace(Sink())
+    queued = trace.queued(queue_length=1, model_ready=False)
+    now = trace.admitted(queued, loaded=True, admission_ns=0)
+    wait, initialization = trace.spans
+    assert (wait.name, wait.start_ns, wait.end_ns, wait.attributes["wait_ns"]) == ("admission wait", queued, queued, 0)
+    assert (initialization.name, initialization.start_ns, initialization.end_ns) == ("initialization", queued, now)
+    later = a_trace(Sink())
+    queued = later.queued(queue_length=0, model_ready=True)
+    later.admitted(queued, admission_ns=10**15)  # a wait longer than the time that passed: bounded by now
+    assert later.spans[0].end_ns <= later.granted_ns
+
+
 def test_a_refused_admission_records_the_wait_and_no_initialization():
     trace = a_trace(Sink())
     queued = trace.queued(queue_length=0, model_ready=False)

@@ -252,3 +252,19 @@ def test_a_streaming_models_error_on_a_stream_is_the_requests_outcome(receiver):
     (span,) = model_spans(receiver.spans(), "repeat")
     assert span.attributes["outcome"] != "success" and span.status_code == 2
     assert "n must be >= 0" in str(span.attributes["error_message"])
+
+
+def test_a_request_that_waited_for_its_models_load_records_the_initialization_after_its_admission(receiver, tmp_path):
+    repo = demo_subset(tmp_path / "repo", "simple")
+    with serve(repo, trace_settings=otel_settings(receiver), load_at_startup=False) as running:
+        running.client.infer("simple", {"INPUT0": X, "INPUT1": X})  # loads the model
+        running.client.infer("simple", {"INPUT0": X, "INPUT1": X})  # loaded already
+    spans = receiver.spans()
+    first, second = sorted(model_spans(spans, "simple"), key=lambda span: span.start_ns)
+    assert first.attributes["model.ready_at_arrival"] is False and second.attributes["model.ready_at_arrival"] is True
+    phases = {span.name: span for span in children(spans, first)}
+    initialization = phases["initialization"]
+    assert initialization.attributes["waited"] is True
+    assert phases["admission wait"].end_ns == initialization.start_ns  # the load follows its grant
+    assert initialization.end_ns <= phases["execute"].start_ns
+    assert "initialization" not in {span.name for span in children(spans, second)}
