@@ -31,7 +31,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from .trace_settings import Sampled, TraceMode, TraceSettings, TraceSettingsStore
+import numpy as np
+
+from .trace_settings import Sampled, TraceLevel, TraceMode, TraceSettings, TraceSettingsStore
 
 # Triton's activities, in the order a request goes through them (its trace file's timestamp names).
 REQUEST_START = "REQUEST_START"
@@ -50,6 +52,10 @@ ACTIVITIES = (
     COMPUTE_END,
     REQUEST_END,
 )
+
+# Triton's tensor activities (the TENSORS level): a request's inputs as its model's queue took them, its outputs.
+TENSOR_QUEUE_INPUT = "TENSOR_QUEUE_INPUT"
+TENSOR_BACKEND_OUTPUT = "TENSOR_BACKEND_OUTPUT"
 
 # The phases' names (spans and events), as the OTLP export and the docs name them.
 DECODE = "decode"
@@ -125,6 +131,34 @@ class Event(NamedTuple):
     attributes: Attributes
 
 
+class TensorRecord(NamedTuple):
+    """One tensor as Triton's TENSORS level writes it: the activity, the tensor's name, datatype and shape, and its
+    values as text (Triton's: comma-separated numbers, 1/0 for BOOL, each BYTES element quoted; FP16/BF16 empty)."""
+
+    activity: str
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: str
+
+
+def tensor_text(array: np.ndarray, datatype: str) -> str:
+    """A tensor's values as Triton's trace writes them (see TensorRecord)."""
+    if datatype in ("FP16", "BF16"):
+        return ""
+    values = np.asarray(array).reshape(-1).tolist()
+    if datatype == "BYTES":
+        return ",".join(
+            '"' + (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)) + '"'
+            for value in values
+        )
+    if datatype == "BOOL":
+        return ",".join("1" if value else "0" for value in values)
+    if datatype in ("FP32", "FP64"):
+        return ",".join(format(value, "g") for value in values)
+    return ",".join(str(value) for value in values)
+
+
 class TraceSink(Protocol):
     """Where finished trace trees go (service/process/trace_output.py: Triton's trace files, OTLP export)."""
 
@@ -168,6 +202,7 @@ class RequestTrace:
         "spans",
         "events",
         "children",
+        "tensors",
         "attributes",
         "outcome",
         "error_reason",
@@ -204,6 +239,7 @@ class RequestTrace:
         self.spans: list[Span] = []
         self.events: list[Event] = []
         self.children: list[RequestTrace] = []
+        self.tensors: list[TensorRecord] = []  # only at the TENSORS level
         self.attributes: dict[str, str | int | float | bool] = {}
         self.outcome = ""
         self.error_reason = ""
@@ -216,6 +252,19 @@ class RequestTrace:
     @property
     def mode(self) -> TraceMode:
         return self.sampled.settings.mode
+
+    @property
+    def wants_tensors(self) -> bool:
+        """Whether its settings' level includes TENSORS (its inputs and outputs are recorded)."""
+        return TraceLevel.TENSORS in self.sampled.settings.levels
+
+    def record_tensors(self, activity: str, arrays: Mapping[str, object], datatypes: Mapping[str, str]) -> None:
+        """Record `arrays` (name -> numpy array; others are skipped) under `activity`, each as Triton writes it."""
+        for name, array in arrays.items():
+            if isinstance(array, np.ndarray):
+                datatype = datatypes.get(name, "")
+                shape = tuple(int(d) for d in array.shape)
+                self.tensors.append(TensorRecord(activity, name, datatype, shape, tensor_text(array, datatype)))
 
     @property
     def root(self) -> RequestTrace:

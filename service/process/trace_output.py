@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TextIO, TypeVar
 
-from ..core.trace_settings import TraceMode, TraceSettings, TraceSettingsStore
+from ..core.trace_settings import TraceLevel, TraceMode, TraceSettings, TraceSettingsStore
 from ..core.tracing import ENCODE, RequestTrace
 
 _LOG = logging.getLogger(__name__)
@@ -86,9 +86,14 @@ def triton_records(root: RequestTrace) -> list[dict[str, Any]]:
         if trace.parent is not None:
             head["parent_id"] = trace.parent.id
         records.append(head)
-        stamps = sorted(frontend_timestamps(trace) + trace.timestamps, key=lambda stamp: stamp[1])
-        for name, ns in stamps:
-            records.append({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]})
+        if TraceLevel.TIMESTAMPS in trace.sampled.settings.levels:
+            stamps = sorted(frontend_timestamps(trace) + trace.timestamps, key=lambda stamp: stamp[1])
+            for name, ns in stamps:
+                records.append({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]})
+        for tensor in trace.tensors:
+            shape = ",".join(str(d) for d in tensor.shape)
+            described = {"name": tensor.name, "data": tensor.data, "shape": shape, "dtype": tensor.datatype}
+            records.append({"id": trace.id, "activity": tensor.activity, "tensor": described})
     return records
 
 

@@ -39,7 +39,17 @@ from ..core.outcomes import REJECTIONS, outcome_of
 from ..core.registry import ModelRegistry, ModelVersions
 from ..core.requests import ModelRequest, RunResult, StreamEnd
 from ..core.sequences import ID_MODULUS
-from ..core.tracing import CACHE_LOOKUP, DECODE, ENCODE, RequestTrace, TraceContext, Tracer, tracing_off
+from ..core.tracing import (
+    CACHE_LOOKUP,
+    DECODE,
+    ENCODE,
+    TENSOR_BACKEND_OUTPUT,
+    TENSOR_QUEUE_INPUT,
+    RequestTrace,
+    TraceContext,
+    Tracer,
+    tracing_off,
+)
 from ..transport.shared_memory import Region, RegionSlice
 from ..transport.tensor_memory import Reservation, TensorMemory
 from .request_info import request_info
@@ -315,6 +325,9 @@ class Dataplane:
             reservation, decoded = self._decode(request.tensors)
             if trace is not None:
                 trace.span(DECODE, started, time.perf_counter_ns(), inputs=len(decoded.inputs))
+                if trace.wants_tensors:
+                    datatypes = {name: datatype for name, (datatype, _) in decoded.signature.items()}
+                    trace.record_tensors(TENSOR_QUEUE_INPUT, decoded.inputs, datatypes)
             cached = self._cached(entry, request, decoded, stream)
             if trace is not None and cached.key is not None:
                 looked = time.perf_counter_ns()
@@ -461,7 +474,10 @@ class Dataplane:
 
 
 def _traced_respond(request: InferenceRequest[R], result: RunResult, decoded: DecodedRequest, trace: RequestTrace) -> R:
-    """`_respond`'s encoding of a traced request, recorded as its encode span."""
+    """`_respond`'s encoding of a traced request, recorded as its encode span (and its outputs at TENSORS)."""
+    if trace.wants_tensors:
+        datatypes = {tensor.name: tensor.datatype for tensor in result.metadata.outputs}
+        trace.record_tensors(TENSOR_BACKEND_OUTPUT, result.outputs, datatypes)
     began = time.perf_counter_ns()
     try:
         return request.respond(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+import numpy as np
 import pytest
 
 from service.core.trace_settings import Sampled, TraceLevel, TraceMode, TraceSettings, TraceSettingsStore
@@ -203,3 +204,13 @@ def test_otlp_endpoint_and_resource_from_tritons_settings():
         "deployment": "eu",
     }
     assert _resource({}) == {"service.name": "slotserve"}
+
+
+def test_tensor_values_are_written_as_tritons_trace_writes_them():
+    from service.core.tracing import tensor_text
+
+    assert tensor_text(np.array([[1, -2], [3, 4]], np.int32), "INT32") == "1,-2,3,4"
+    assert tensor_text(np.array([0.5, 1.0, 1e-7], np.float32), "FP32") == "0.5,1,1e-07"
+    assert tensor_text(np.array([True, False]), "BOOL") == "1,0"
+    assert tensor_text(np.array([b"a b", "c"], dtype=object), "BYTES") == '"a b","c"'
+    assert tensor_text(np.array([1.5], np.float16), "FP16") == ""  # Triton writes no FP16/BF16 values

@@ -215,3 +215,36 @@ def test_a_request_that_is_not_traced_makes_no_trace_anywhere_on_its_path(tmp_pa
     with serve(repo, trace_settings=TraceSettings(file=str(tmp_path / "t.json"))) as running:  # level OFF
         running.client.infer("simple", {"INPUT0": x, "INPUT1": x})
         assert running.server.dataplane.tracing_on is False
+
+
+def test_the_tensors_level_writes_each_input_and_output_as_triton_does_and_its_tool_reads_them(tmp_path):
+    tool = triton_summary_tool(tmp_path)
+    repo = demo_subset(tmp_path / "repo", "simple")
+    trace_file = tmp_path / "trace.json"
+    levels = frozenset({TraceLevel.TENSORS})
+    with serve(repo, trace_settings=file_settings(trace_file, levels=levels)) as running:
+        answer = running.client.infer("simple", {"INPUT0": X, "INPUT1": 2 * X})
+    records = json.loads(trace_file.read_text())
+    assert not any("timestamps" in record for record in records)  # TIMESTAMPS was not asked for
+    tensors = {(r["activity"], r["tensor"]["name"]): r["tensor"] for r in records if "activity" in r}
+    assert set(tensors) == {
+        ("TENSOR_QUEUE_INPUT", "INPUT0"),
+        ("TENSOR_QUEUE_INPUT", "INPUT1"),
+        ("TENSOR_BACKEND_OUTPUT", "OUTPUT0"),
+        ("TENSOR_BACKEND_OUTPUT", "OUTPUT1"),
+    }
+    assert tensors[("TENSOR_QUEUE_INPUT", "INPUT1")] == {
+        "name": "INPUT1",
+        "data": ",".join(str(v) for v in (2 * X).reshape(-1)),
+        "shape": "1,16",
+        "dtype": "INT32",
+    }
+    assert tensors[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")]["data"] == ",".join(
+        str(v) for v in answer["OUTPUT0"].reshape(-1)
+    )
+    summary = subprocess.run(
+        [sys.executable, str(tool), str(trace_file)], capture_output=True, text=True, timeout=BOUND
+    )
+    assert summary.returncode == 0, summary.stderr
+    assert "Data Flow:" in summary.stdout and "QUEUE_INPUT:" in summary.stdout
+    assert "BACKEND_OUTPUT:" in summary.stdout
