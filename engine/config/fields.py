@@ -186,7 +186,10 @@ FIELDS: dict[str, FieldRule] = {
     "instance_group.gpus": _ignored(_ROUTING),
     "instance_group.host_policy": _ignored(_ROUTING),
     "instance_group.profile": _ignored("TensorRT profiles come from the trt_* parameters"),
-    "instance_group.rate_limiter": _refused("not supported: slots are not rate limited by resources"),
+    "instance_group.rate_limiter": _applied(
+        "the resources each slot needs to run and its priority among their waiters, with --rate-limit "
+        "execution_count (docs/lifecycle.md); read and ignored with --rate-limit off; a later group's is ignored"
+    ),
     "instance_group.secondary_devices": _refused("not supported: slots use no secondary devices"),
     "instance_group.passive": _refused("not supported: every slot takes requests"),
     "default_model_filename": _applied("the model file's name in the version folder"),
@@ -255,6 +258,9 @@ def classify_fields(config: model_config_pb2.ModelConfig) -> Classified:
                 continue
             if key == "instance_group.count" and not label.startswith("instance_group[0]."):
                 ignored.append((label, "only the first instance group sets the slot count"))
+                continue
+            if key == "instance_group.rate_limiter" and not label.startswith("instance_group[0]."):
+                ignored.append((label, "only the first instance group's rate limiter applies to the slots"))
                 continue
             if rule.treatment is Treatment.REFUSED:
                 refused.append((label, rule.reason))

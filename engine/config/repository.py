@@ -36,6 +36,7 @@ from .files import (
     files_stamp,
     read_regular_text,
 )
+from .rate_limiter import read_rate_limiter
 from .sequence_batching import oldest_batching, read_sequence_spec
 from .specs import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy
 from .warmup import read_warmup_samples
@@ -416,6 +417,7 @@ def spec_from_config(
         warmup=read_warmup_samples(config, inputs, directory, roots, origin),
         response_cache=config.response_cache.enable,
         sequence=sequence,
+        rate_limiter=read_rate_limiter(config, origin),
         config=final,
         roots=roots,
     )

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import datatypes
 from .files import ModelRoots
+from .rate_limiter import RateLimiterSpec
 
 # Triton's default for max_sequence_idle_microseconds (1 s).
 DEFAULT_IDLE_US = 1_000_000
@@ -144,6 +145,7 @@ class ModelSpec:
     warmup: tuple[WarmupSample, ...] = ()  # run on every slot before the pool is published
     response_cache: bool = False  # `response_cache { enable: true }` (service/request_path/response_cache.py)
     sequence: SequenceSpec | None = None  # sequence_batching (engine/config/sequence_batching.py); None: no sequences
+    rate_limiter: RateLimiterSpec | None = None  # instance_group[0].rate_limiter (engine/config/rate_limiter.py)
     config: object = field(default=None, compare=False, repr=False)
     roots: ModelRoots | None = field(default=None, compare=False, repr=False)
 

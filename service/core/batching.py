@@ -181,7 +181,8 @@ def run_batched(model: BatchingModel, item: BatchItem, deadline: float | None, c
     posted (`item.outcome()` gives the outputs or raises the error).
 
     Blocks while queued (bounded by `deadline`), then: the leader of a batch (its first request) makes sure the pool
-    exists, runs the batch and releases its slot; any other member waits, without a time limit, for the leader.
+    exists, takes the rate limiter's resources (waiting until its own `deadline`: ResourcesBusy fails every member),
+    runs the batch and releases its slot; any other member waits, without a time limit, for the leader.
     Raises the admission errors (ServerBusy subclasses, RequestCancelled when the caller gives up while queued or
     while its batch runs); on every error the caller holds nothing.
     """
@@ -202,6 +203,13 @@ def run_batched(model: BatchingModel, item: BatchItem, deadline: float | None, c
             model.end_lease(ticket)
             raise
         lease = Lease(model, ticket, pool, context, 0)  # its release ends every member's lease
+        try:  # the rate limiter's resources, until the leader's deadline; the slot stays busy meanwhile
+            lease.take_resources(deadline, run_cancel)
+        except BaseException as error:
+            for member in items:  # posted before the release wakes them
+                member.fail(as_request_error(model.name, error))
+            lease.release()
+            raise
         handed_over = False
         try:
             handed_over = run_batch(lease, items, run_cancel, model.statistics)

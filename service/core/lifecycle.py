@@ -55,6 +55,7 @@ from .model_state import ModelStatus as ModelStatus
 from .model_state import ModelView as ModelView
 from .paths import RequestPath, path_for
 from .pool import SlotPool
+from .rate_limiter import ResourcePool
 from .reconfiguration import Reconfigurable
 from .request_errors import as_request_error
 from .runtime import ModelSettings as ModelSettings
@@ -159,7 +160,19 @@ class ModelEntry(Reconfigurable):
         except BaseException:
             self.end_lease(ticket)
             raise
-        return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
+        lease = Lease(self, ticket, pool, context, 0)
+        try:  # the rate limiter's resources: the slot stays busy while it waits for them (counted as queueing)
+            lease.take_resources(deadline, cancel)
+        except BaseException:
+            lease.release()
+            raise
+        lease.queue_ns = time.perf_counter_ns() - arrived
+        return lease
+
+    @property
+    def resources(self) -> ResourcePool | None:
+        """The server's rate limiter, which a lease takes its run's resources from (None: `--rate-limit off`)."""
+        return self._runtime.rate_limiter
 
     def request_slots(self) -> int:
         """How many of its requests the model runs at once: its published pool's request slots (an instance of a

@@ -11,6 +11,7 @@ from engine.interface import Backend
 
 from .errors import BackendNotAvailable
 from .events import Events
+from .rate_limiter import ResourcePool
 from .residency import ColdLoadGuard, Residency
 
 
@@ -38,6 +39,7 @@ class SharedRuntime:
     # --model-control-mode (service/request_path/model_control.py): "" lets a request load an unloaded model; otherwise
     # requests never load one and are refused with this text (it names the mode and what loads the model).
     lazy_load_refusal: str = ""
+    rate_limiter: ResourcePool | None = None  # --rate-limit execution_count (service/core/rate_limiter.py); None: off
 
     def backend(self, spec: ModelSpec) -> Backend:
         try:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from engine.interface import Backend
 
+from ..core.rate_limiter import RateLimitMode, ResourceFlag
 from ..request_path.model_control import DEFAULT_POLL_SECONDS, MODES
 from ..request_path.model_files import DEFAULT_MAX_LOAD_FILE_BYTES
 from ..transport.auth import Secret, secret_of
@@ -67,6 +68,9 @@ class ServerOptions:
     # grpcio server arguments from Triton's --grpc-keepalive-* and --grpc-http2-* flags: (argument, value) pairs.
     grpc_arguments: tuple[tuple[str, int], ...] = ()
     reuse_port: bool = False  # SO_REUSEPORT on the gRPC port (Triton's --reuse-grpc-port)
+    # The rate limiter (service/core/rate_limiter.py): Triton's --rate-limit and --rate-limit-resource.
+    rate_limit: RateLimitMode = RateLimitMode.OFF
+    rate_limit_resources: tuple[ResourceFlag, ...] = ()
     log_format: str = "text"
     extra_backends: dict[str, Backend] = field(
         default_factory=dict, compare=False

@@ -28,6 +28,7 @@ from generated import grpc_service_pb2, management_pb2
 
 from ..core.events import Events, log_event
 from ..core.lifecycle import SharedRuntime
+from ..core.rate_limiter import RateLimitMode, ResourcePool
 from ..core.registry import ModelRegistry, RegistryPolicy
 from ..core.residency import ColdLoadGuard, Residency
 from ..request_path.dataplane import Dataplane
@@ -123,6 +124,12 @@ class Server:
             cold_loads=ColdLoadGuard(options.max_concurrent_loads),
             residency=self.residency,
             lazy_load_refusal=lazy_load_refusal(options.model_control_mode),
+            # --rate-limit execution_count: one pool of resources shared by every model's slots; off: none.
+            rate_limiter=(
+                ResourcePool(options.rate_limit_resources)
+                if options.rate_limit is RateLimitMode.EXECUTION_COUNT
+                else None
+            ),
         )
         # Named now (the repository's allowed roots are fixed here), created on the first load with files: nothing is
         # written at startup, so a read-only root filesystem starts (deploy/kubernetes/*.yaml).
