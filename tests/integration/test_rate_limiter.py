@@ -36,9 +36,7 @@ def _model(root, name: str, resources: str, *, slots: int = 1, max_batch_size: i
 
 
 def _server(root, controls, mode: RateLimitMode = RateLimitMode.EXECUTION_COUNT, **options):
-    return serve(
-        root, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=4, rate_limit=mode, **options
-    )
+    return serve(root, backends={"fixture": FixtureBackend(controls)}, parallel_jobs=4, rate_limit=mode, **options)
 
 
 def _call(

@@ -12,6 +12,7 @@ from engine.errors import ModelLoadError
 from engine.interface import CancelToken
 from service.core.errors import RequestCancelled
 from service.core.rate_limiter import (
+    RateLimitMode,
     ResourceFlag,
     ResourcePool,
     ResourcesBusy,
@@ -217,3 +218,58 @@ def test_a_blocked_acquire_is_woken_by_the_release() -> None:
     held.release()
     waiter.join(10)
     assert not waiter.is_alive() and len(got) == 1
+
+
+def test_tritons_flags_reach_the_server_options() -> None:
+    from service.process.cli import option_fields
+    from service.process.flags import server_parser
+    from service.process.options import ServerOptions
+
+    args = server_parser().parse_args(
+        ["--rate-limit=EXECUTION_COUNT", "--rate-limit-resource=R1:10", "--rate-limit-resource", "R2:5:0"]
+    )
+    fields = option_fields(args)
+    assert fields["rate_limit"] is RateLimitMode.EXECUTION_COUNT
+    assert fields["rate_limit_resources"] == (ResourceFlag("R1", 10), ResourceFlag("R2", 5, 0))
+    plain = option_fields(server_parser().parse_args([]))
+    assert "rate_limit" not in plain and ServerOptions.rate_limit is RateLimitMode.OFF  # off by default, as Triton
+
+
+def test_the_first_instance_groups_rate_limiter_is_read_and_a_later_ones_ignored() -> None:
+    from engine.config.fields import classify_fields
+    from engine.config.rate_limiter import read_rate_limiter
+    from engine.config.repository import parse_config_text
+
+    config = parse_config_text(
+        """name: "m"
+        instance_group [
+          { count: 1 rate_limiter { resources [ { name: "R1" count: 4 }, { name: "R2" global: true count: 2 } ]
+                                    priority: 2 } },
+          { count: 1 rate_limiter { resources [ { name: "R3" count: 1 } ] } } ]""",
+        "m",
+    )
+    assert read_rate_limiter(config, "m") == RateLimiterSpec(
+        (ResourceNeed("R1", 4), ResourceNeed("R2", 2, shared=True)), priority=2
+    )
+    judged = classify_fields(config)
+    assert judged.refused == ()
+    assert ("instance_group[1].rate_limiter", "only the first instance group's rate limiter applies to the slots") in (
+        judged.ignored
+    )
+
+
+@pytest.mark.parametrize(
+    "resources, says",
+    [
+        ("{ count: 1 }", "resources[0]: a resource needs a name"),
+        ('{ name: "R" count: 1 }, { name: "R" count: 2 }', "resources[1]: resource 'R' is listed twice"),
+    ],
+)
+def test_a_bad_rate_limiter_block_is_refused_naming_the_field(resources: str, says: str) -> None:
+    from engine.config.rate_limiter import read_rate_limiter
+    from engine.config.repository import parse_config_text
+    from engine.errors import ModelConfigError
+
+    config = parse_config_text(f"instance_group [ {{ rate_limiter {{ resources [ {resources} ] }} }} ]", "m")
+    with pytest.raises(ModelConfigError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        read_rate_limiter(config, "model 'm'")
