@@ -188,3 +188,22 @@ def test_bad_flags_are_refused_naming_the_value(flag, capsys):
     with pytest.raises(SystemExit):
         server_parser().parse_args([flag])
     assert flag.split("=", 1)[1] in capsys.readouterr().err
+
+
+def test_an_ensemble_whose_parallel_steps_share_a_resource_of_one_runs_them_one_at_a_time(tmp_path, controls):
+    from .ensembles.test_ensemble_cycles import ensemble, fan
+
+    _model(tmp_path, "step", '{ name: "R" count: 1 }', slots=2)  # two slots, one copy of R
+    ensemble(tmp_path, "both", [(m, i, {"OUTPUT0": o["OUTPUT0"]}) for m, i, o in fan("step", 2)])
+    with _server(tmp_path, controls) as running:
+        limiter = running.server.runtime.rate_limiter
+        assert limiter is not None
+        engine = controls.gate("step", "execute").hold()
+        errors: list[BaseException] = []
+        call = _call(running, "both", errors)
+        engine.wait_arrivals(1, timeout=WAIT)
+        assert _eventually(lambda: limiter.queued() == 1)  # the other step's slot waits for R, not for a slot
+        assert running.server.registry.get("step").admission.statistics().active_slots == 2
+        engine.release()
+        _joined(call)
+        assert errors == [] and engine.arrivals == 2
