@@ -207,3 +207,34 @@ def test_an_ensemble_whose_parallel_steps_share_a_resource_of_one_runs_them_one_
         engine.release()
         _joined(call)
         assert errors == [] and engine.arrivals == 2
+
+
+def test_check_reports_the_rate_limiter_block(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _model(tmp_path, "limited", '{ name: "GPU_MEM" count: 2 }, { name: "R2" global: true count: 1 }')
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "check", str(tmp_path), "--enable-test-backends", "--format", "json"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 2,
+    )
+    assert done.returncode == 0, done.stderr
+    (model,) = json.loads(done.stdout)["models"]
+    assert model["serves"] and model["refused"] == []
+    assert model["rate_limiter"] == {
+        "resources": [{"name": "GPU_MEM", "count": 2, "shared": False}, {"name": "R2", "count": 1, "shared": True}],
+        "priority": 0,
+    }
+    text = subprocess.run(
+        [sys.executable, "-m", "service", "check", str(tmp_path), "--enable-test-backends"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 2,
+    ).stdout
+    assert "rate limiter: each slot needs GPU_MEM x2, R2 x1 (global), priority 0" in text, text
