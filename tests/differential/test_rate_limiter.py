@@ -118,7 +118,7 @@ def _load(stub, name: str) -> tuple[str, str]:
         stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name=name), timeout=CALL)
         return "OK", ""
     except grpc.RpcError as error:
-        return error.code().name, error.details()
+        return error.code().name, error.details() or ""
 
 
 def test_a_model_needing_more_than_the_flag_gives_fails_to_load(triton, slotserve_endpoint, tmp_path):
