@@ -255,7 +255,8 @@ def test_the_slotserve_command_has_the_check_too(tmp_path, capsys):
 
 MODEL_KEYS = {  # the JSON shape docs/migrating-from-triton.md documents (format 1)
     "name", "serves", "reason", "backend", "model_file", "version_folders", "versions", "slots", "max_batch_size",
-    "batching", "sequence", "rate_limiter", "warmup", "warmup_runs", "startup", "not_run", "refused", "ignored", "files", "load",
+    "batching", "sequence", "rate_limiter", "warmup", "warmup_runs", "startup", "not_run", "refused", "ignored",
+    "files", "load",
 }  # fmt: skip
 
 
