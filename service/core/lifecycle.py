@@ -55,7 +55,7 @@ from .model_state import ModelStatus as ModelStatus
 from .model_state import ModelView as ModelView
 from .paths import RequestPath, path_for
 from .pool import SlotPool
-from .rate_limiter import ResourcePool
+from .rate_limiter import ResourcePool, model_key
 from .reconfiguration import Reconfigurable
 from .request_errors import as_request_error
 from .runtime import ModelSettings as ModelSettings
@@ -360,6 +360,8 @@ class ModelEntry(Reconfigurable):
             if self._pool is None:
                 return False
             pool = self._retire_locked(ModelState.UNLOADING, f"its model was {_ENDED_BY.get(event, 'unloaded')}")
+        if self._runtime.rate_limiter is not None:  # its needs no longer set a resource's default availability
+            self._runtime.rate_limiter.unregister(model_key(self.name, self._committed.spec.version))
         started = time.perf_counter()
         try:
             pool.close()  # type: ignore[union-attr]

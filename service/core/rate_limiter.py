@@ -17,7 +17,8 @@ with its lease (service/core/lease.py), so two models sharing a resource of coun
   the head under the lock. The head is the waiter with the least `max(priority, 1) * runs` (runs: how many times
   its model took resources so far, counted at arrival), earliest arrival among equals: Triton's
   `execution_count` weighing, where priority 2 gets half the turns of priority 1 and models take turns. With one
-  priority and one model this is plain FIFO.
+  priority and one model this is plain FIFO. A model registered later starts level with the least-run model
+  (slotserve's choice: from 0 it would take every turn until it caught up).
 * **Deadlines**: a wait ends at the request's deadline (ResourcesBusy, naming the resources that were not free)
   or when its CancelToken fires (RequestCancelled); the deadline is the request's (None: no limit, as admission).
   A BLS call or ensemble step made by a running request waits like any request: a caller that holds what its
@@ -152,8 +153,10 @@ class ResourcePool:
                         f'Resource count for "{need.name}" is limited to {explicit} which will prevent scheduling '
                         f"of one or more model instances, the minimum required count is {need.count}"
                     )
+            if model not in self._runs:  # a newcomer starts level with the least-run model, not at 0: it would
+                # otherwise take every turn until it caught up with models that ran for hours
+                self._runs[model] = min((self._runs[other] for other in self._models if other in self._runs), default=0)
             self._models[model] = spec
-            self._runs.setdefault(model, 0)
 
     def unregister(self, model: str) -> None:
         """The model's slots are gone: its needs no longer count towards a resource's default availability."""

@@ -238,3 +238,15 @@ def test_check_reports_the_rate_limiter_block(tmp_path):
         timeout=WAIT * 2,
     ).stdout
     assert "rate limiter: each slot needs GPU_MEM x2, R2 x1 (global), priority 0" in text, text
+
+
+def test_an_unloaded_model_no_longer_sets_the_default_availability(tmp_path, controls):
+    _model(tmp_path, "big", '{ name: "R" count: 3 }')
+    _model(tmp_path, "small", '{ name: "R" count: 1 }')
+    with _server(tmp_path, controls, allow_management=True) as running:
+        limiter = running.server.runtime.rate_limiter
+        assert limiter is not None and limiter.available() == {"R": 3}
+        running.management.unload("big")
+        assert limiter.available() == {"R": 1}  # as Triton recomputes it when the instances go
+        outputs = running.client.infer("small", {"INPUT0": np.ones(4, "f")}, timeout=WAIT)
+        np.testing.assert_array_equal(outputs["OUTPUT0"], np.ones(4, "f"))

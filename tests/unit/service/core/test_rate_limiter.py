@@ -273,3 +273,22 @@ def test_a_bad_rate_limiter_block_is_refused_naming_the_field(resources: str, sa
     config = parse_config_text(f"instance_group [ {{ rate_limiter {{ resources [ {resources} ] }} }} ]", "m")
     with pytest.raises(ModelConfigError, match=says.replace("[", r"\[").replace("]", r"\]")):
         read_rate_limiter(config, "model 'm'")
+
+
+def test_a_model_registered_later_starts_level_with_the_least_run_model() -> None:
+    pool = ResourcePool()
+    pool.register("old/1", needs(("R", 1)))
+    for _ in range(5):
+        pool.arrive("old/1").release()  # old ran five times before new was loaded
+    pool.register("new/1", needs(("R", 1)))
+    held = pool.arrive("old/1")
+    served = []
+    for _ in range(4):  # one waiter of each model at every hand-off, old's first
+        queued = [pool.arrive("old/1"), pool.arrive("new/1")]
+        held.release()
+        (held,) = [w for w in queued if w.state is WaiterState.GRANTED]
+        served.append(held.model.split("/")[0])
+        for waiter in queued:
+            if waiter is not held:
+                pool._withdraw(waiter, WaiterState.CANCELLED)
+    assert served == ["new", "old", "new", "old"]  # from 0, new would have taken the first five turns
