@@ -204,8 +204,8 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag(
         "--rate-limit-resource",
         Kind.ACCEPTED,
-        "name:count[:device], repeatable: a resource's availability (default: the most any loaded model needs); "
-        "every slot counts as device 0",
+        "name:count[:device], repeatable: a resource's count (without any: the most any loaded model needs; with "
+        "one, a resource no flag gives has none, as Triton's); every slot counts as device 0",
     ),
     # -- Memory and devices --
     TritonFlag("--pinned-memory-pool-byte-size", Kind.REFUSED, _NO_CUDA_POOLS),
@@ -393,7 +393,8 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
         type=_rate_limit_resource,
         action="append",
         metavar="NAME:COUNT[:DEVICE]",
-        help="a rate limiter resource's count, repeatable (default: the most any loaded model needs)",
+        help="a rate limiter resource's count, repeatable; once one is given, a resource no flag gives has none "
+        "(default: each has the most any loaded model needs)",
     )
     add("--model-load-retry-count", type=_zero_only, metavar="0", help="0 only")
     add(

@@ -170,3 +170,39 @@ def test_a_resource_global_in_one_model_and_per_device_in_another_fails_the_seco
     assert _load(ours.stub, "shared") == ("OK", "")
     code, details = _load(ours.stub, "local")
     assert code == "FAILED_PRECONDITION" and says in details, (code, details)
+
+
+@pytest.mark.parametrize("flag", ["Q:1", "Q:1:1", "r:5"])
+def test_once_a_flag_is_given_a_per_device_resource_it_does_not_give_has_none(
+    triton, slotserve_endpoint, tmp_path, flag
+):
+    """Asked of Triton (its docs say the default is the most any instance needs, and call the flag's values
+    case-insensitive): with any --rate-limit-resource, a resource the flags do not give has 0 copies, a global one
+    too (a flag for device 1 only, or naming "r" for a model's "R", gives none); the model fails to load."""
+    for side in ("triton", "slotserve"):
+        write_gated_model(tmp_path / side, "dev", tmp_path / "gates", extra=_group('{ name: "R" count: 4 }'))
+        write_gated_model(
+            tmp_path / side, "glob", tmp_path / "gates", extra=_group('{ name: "G" global: true count: 2 }')
+        )
+    says = 'Resource count for "R" is limited to 0 which will prevent scheduling'
+    reference = triton(
+        tmp_path / "triton",
+        "--model-control-mode=explicit",
+        "--rate-limit=execution_count",
+        f"--rate-limit-resource={flag}",
+    )
+    code, details = _load(reference.stub, "dev")
+    assert code == "INVALID_ARGUMENT" and says in details, (code, details)
+    code, details = _load(reference.stub, "glob")
+    assert code == "INVALID_ARGUMENT" and 'Resource count for "G" is limited to 0' in details, (code, details)
+    name, count, *device = flag.split(":")
+    ours = slotserve_endpoint(
+        tmp_path / "slotserve",
+        model_control_mode="explicit",
+        rate_limit=RateLimitMode.EXECUTION_COUNT,
+        rate_limit_resources=(ResourceFlag(name, int(count), int(device[0]) if device else None),),
+    )
+    code, details = _load(ours.stub, "dev")
+    assert code == "FAILED_PRECONDITION" and says in details, (code, details)
+    code, details = _load(ours.stub, "glob")
+    assert code == "FAILED_PRECONDITION" and 'Resource count for "G" is limited to 0' in details, (code, details)

@@ -56,6 +56,17 @@ def test_a_flag_for_another_device_leaves_none_on_the_slots_device() -> None:
     ResourcePool([ResourceFlag("g", 2, device=10)]).register("m/1", needs(("g", 2, True)))
 
 
+def test_once_a_flag_is_given_a_resource_it_does_not_give_has_none() -> None:
+    pool = ResourcePool([ResourceFlag("Q", 1)])
+    with pytest.raises(ModelLoadError, match='"R" is limited to 0 which'):
+        pool.register("dev/1", needs(("R", 4)))
+    with pytest.raises(ModelLoadError, match='"G" is limited to 0 which'):
+        pool.register("glob/1", needs(("G", 2, True)))
+    with pytest.raises(ModelLoadError, match='"R" is limited to 0 which'):
+        ResourcePool([ResourceFlag("r", 5)]).register("dev/1", needs(("R", 4)))  # names match as written
+    assert pool.available() == {}
+
+
 def test_a_resource_global_in_one_model_and_per_device_in_another_is_a_load_error() -> None:
     pool = ResourcePool()
     pool.register("a/1", needs(("resource2", 2, True)))
