@@ -75,8 +75,8 @@ class Lease:
         resources) or RequestCancelled, holding no resources then; the caller still holds the lease and
         releases it."""
         limiter = getattr(self.entry, "resources", None)
-        if limiter is None or self._grant is not None:
-            return
+        if limiter is None or self.pool.spec.rate_limiter is None or self._grant is not None:
+            return  # (a model that names no resources never touches the limiter's lock)
         self._grant = limiter.acquire(model_key(self.entry.name, self.pool.spec.version), deadline, cancel)
 
     @property
