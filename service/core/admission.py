@@ -197,6 +197,9 @@ class AdmissionStatistics:
     expired_total: int
     cancelled_total: int
     refused_total: int
+    # When the oldest queued request arrived (the controller's clock: monotonic seconds), None while no request
+    # waits; managers are not counted. An autoscaler reads its age (service/process/metrics.py).
+    oldest_request_arrival: float | None = None
 
 
 class AdmissionCore:
@@ -486,6 +489,11 @@ class AdmissionCore:
             expired_total=self._expired_total,
             cancelled_total=self._cancelled_total,
             refused_total=self._refused_total,
+            # The minimum over every queued request, not the head's: right whatever order the queue keeps.
+            oldest_request_arrival=min(
+                (ticket.arrived_at for ticket in self.queued_tickets() if ticket.kind is TicketKind.REQUEST),
+                default=None,
+            ),
         )
 
 

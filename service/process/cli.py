@@ -15,6 +15,7 @@ from ..core.events import JsonFormatter, QuietStreamHandler, TextFormatter, log_
 from . import check, flags
 from .options import ServerOptions
 from .signals import Decision, SignalPipe, decide
+from .trace_flags import trace_settings
 from .triton_flags import log_level, triton_fields
 
 if TYPE_CHECKING:  # the server's modules load only when it runs (not for --help, nor for a check)
@@ -137,6 +138,7 @@ def option_fields(args: argparse.Namespace) -> dict[str, Any]:
         shared_memory_prefix=args.shared_memory_prefix,
         shared_memory_max_bytes=args.shared_memory_max_bytes,
         **security_options(args),
+        trace_settings=trace_settings(args),
     )
     fields.update(triton_fields(args, fields))
     return fields

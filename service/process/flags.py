@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from ..request_path.model_control import DEFAULT_POLL_SECONDS, MODES
 from ..request_path.model_files import DEFAULT_MAX_LOAD_FILE_BYTES
 from .options import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ServerOptions
+from .trace_flags import add_trace_flags
 from .triton_flags import add_triton_flags, refusal, triton_bool
 
 # --log-format's values: ours, and Triton's two (both plain text lines here).
@@ -352,6 +353,7 @@ def add_server_flags(parser: argparse.ArgumentParser, only: Collection[str] | No
         help="the lowest level logged, in any case; DEBUG also logs every rejected request (default: %(default)s)",
     )
     if only is None:
+        add_trace_flags(parser)
         add_triton_flags(parser)
 
 

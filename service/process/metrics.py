@@ -5,6 +5,9 @@ default one, so several servers in one process, as in the tests, do not collide)
 Nothing is recorded for the metrics on any code path: at scrape time the collector reads
 
 * each model's status (state, slots, active slots, queue; `ModelEntry.status()` takes the model lock briefly),
+* each model's admission statistics (the arrival of its oldest queued request, whose age at the scrape is
+  slotserve_model_oldest_wait_seconds: with busy and configured slots, the pending count and the refusals by
+  reason, what an autoscaler reads; docs/observability.md, "Autoscaling"),
 * each model's InferenceStatistics (request outcomes, admission-wait and compute histograms; kept there under the
   lock the request path already takes, so /metrics adds nothing per request),
 * the per-model lifecycle event counts of `events.Events` (loads, unloads, evictions, ...),
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -39,6 +43,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from ..core.admission import AdmissionStatistics
 from ..core.lifecycle import ModelEntry, ModelStatus
 from ..core.outcomes import FAILED, STANDARD, SUCCESS
 from ..core.statistics import BUCKETS_SECONDS, StatisticsSnapshot
@@ -255,7 +260,9 @@ class SlotserveCollector(Collector):
         entries = self._registry.entries()
         observed: Observed = [(entry.name, entry.status(), entry.statistics.snapshot()) for entry in entries]
         yield from _model_gauges(observed)
+        yield _oldest_wait([(entry.name, entry.admission.statistics()) for entry in entries], time.monotonic())
         yield _requests(observed)
+        yield _refusals(observed)
         yield _histogram(
             "slotserve_model_admission_wait_seconds",
             "Seconds from a successful request's arrival at its model until it held a slot "
@@ -300,7 +307,7 @@ class SlotserveCollector(Collector):
         if rows:
             pending: list[tuple[ModelEntry, dict[str, str], int]] = [
                 # a sequence's request waiting for its slot or its turn is pending too, as on Triton
-                (entry, {}, entry.status().queued_requests + entry.sequences.pending_count())
+                (entry, {}, _waiting_requests(entry.status()) + entry.sequences.pending_count())
                 for entry, _ in rows
             ]
             lines.family(
@@ -367,7 +374,7 @@ def _model_gauges(observed: Observed) -> Iterator[Metric]:
         (
             "slotserve_model_queued_requests",
             "Requests waiting in the model's FIFO queue for a slot.",
-            lambda status: status.queued_requests,
+            _waiting_requests,
         ),
         (
             "slotserve_model_memory_bytes",
@@ -381,6 +388,13 @@ def _model_gauges(observed: Observed) -> Iterator[Metric]:
         for model, statuses in _by_model((model, status) for model, status, _ in observed).items():
             family.add_metric([model], combine(value(status) for status in statuses))
         yield family
+
+
+def _waiting_requests(status: ModelStatus) -> int:
+    """The requests in a model's queue. ModelStatus.queued_requests counts every ticket there, and an unload or a
+    reconfiguration waiting for the slots to drain is no request: counted, it would ask an autoscaler for a replica
+    that nobody needs."""
+    return status.queued_requests - status.queued_managers
 
 
 def _by_model(rows: Iterable[tuple[str, Any]]) -> dict[str, list[Any]]:
@@ -409,6 +423,41 @@ def _requests(observed: Observed) -> Metric:
                 totals[outcome] = totals.get(outcome, 0) + count
         for outcome, count in totals.items():
             family.add_metric([model, outcome], count)
+    return family
+
+
+# Refusals: the outcomes of requests turned away before they ran for want of capacity (a slot in time, residency,
+# memory) or because the server is stopping, each counted from the start at zero. They are the REJECTED rows of
+# TRITON_REASON_OF; server_busy is a full queue (--max-queue), an admission timeout, or every busy slot overdue.
+REFUSAL_REASONS = tuple(reason for reason, triton in TRITON_REASON_OF.items() if triton == "REJECTED")
+
+
+def _refusals(observed: Observed) -> Metric:
+    """Requests turned away before running, by reason (the same counts as slotserve_model_requests' outcomes)."""
+    family = CounterMetricFamily(
+        "slotserve_model_refusals",
+        "Requests turned away before running, by reason: server_busy (the queue was full, the admission timeout "
+        "passed, or every busy slot ran past it), residency_limit, memory_limit, tensor_memory_limit, "
+        "shared_memory_limit, shutting_down.",
+        labels=["model", "reason"],
+    )
+    for model, snapshots in _by_model((model, snapshot) for model, _, snapshot in observed).items():
+        for reason in REFUSAL_REASONS:
+            family.add_metric([model, reason], sum(snapshot.failures.get(reason, 0) for snapshot in snapshots))
+    return family
+
+
+def _oldest_wait(admissions: list[tuple[str, AdmissionStatistics]], now: float) -> Metric:
+    """How long the oldest request waiting in each model's queue has waited at `now` (monotonic seconds, the
+    admission controller's clock); 0 when none waits. A model's versions: the longest."""
+    family = GaugeMetricFamily(
+        "slotserve_model_oldest_wait_seconds",
+        "Seconds the oldest request waiting in the model's queue for a slot has waited so far; 0 when none waits.",
+        labels=["model"],
+    )
+    for model, readings in _by_model(admissions).items():
+        arrivals = [r.oldest_request_arrival for r in readings if r.oldest_request_arrival is not None]
+        family.add_metric([model], max(0.0, now - min(arrivals)) if arrivals else 0.0)
     return family
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from engine.interface import Backend
 
 from ..core.rate_limiter import RateLimitMode, ResourceFlag
+from ..core.trace_settings import TraceSettings
 from ..request_path.model_control import DEFAULT_POLL_SECONDS, MODES
 from ..request_path.model_files import DEFAULT_MAX_LOAD_FILE_BYTES
 from ..transport.auth import Secret, secret_of
@@ -104,6 +105,8 @@ class ServerOptions:
     # <the system temporary folder>/slotserve-python-environments), made at the first such load.
     python_environments_dir: Path | None = None
     response_cache_bytes: int = 0  # service/request_path/response_cache.py; 0 = no response cache
+    # Request tracing at startup (--trace-config: service/core/trace_settings.py); the default traces nothing.
+    trace_settings: TraceSettings = field(default_factory=TraceSettings)
 
     def __post_init__(self) -> None:
         problems = self._normalize_security()

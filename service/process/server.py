@@ -28,9 +28,11 @@ from generated import grpc_service_pb2, management_pb2
 
 from ..core.events import Events, log_event
 from ..core.lifecycle import SharedRuntime
+from ..core.log_settings import LogControl
 from ..core.rate_limiter import RateLimitMode, ResourcePool
 from ..core.registry import ModelRegistry, RegistryPolicy
 from ..core.residency import ColdLoadGuard, Residency
+from ..core.trace_settings import TraceSettingsStore
 from ..request_path.dataplane import Dataplane
 from ..request_path.ensemble import EnsembleBackend
 from ..request_path.model_calls import DataplaneModelCalls
@@ -158,6 +160,8 @@ class Server:
             if options.shared_memory == "system"
             else None
         )
+        # Request tracing: the settings (--trace-config, the TraceSetting RPC) and where traces go (closed at shutdown).
+        self.trace_settings = TraceSettingsStore(options.trace_settings)
         self.dataplane = Dataplane(
             self.registry,
             tensor_memory=TensorMemory(options.max_request_tensor_bytes, options.max_inflight_tensor_bytes),
@@ -175,6 +179,7 @@ class Server:
                 self.registry, self.residency, self.runtime.events, self.runtime.cold_loads, self.dataplane
             )
         )
+        self.log_settings = LogControl()  # the process's logging, as the LogSettings RPC reads and changes it
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
@@ -251,6 +256,8 @@ class Server:
                 self.options.stream_write_timeout,
                 self.shared_memory,
                 control=self.control,
+                trace_settings=self.trace_settings,
+                log_control=self.log_settings,
             ),
             server,
         )

@@ -47,7 +47,6 @@ class TritonFlag:
 
 
 _GRPC_ONLY = "slotserve speaks only gRPC (no HTTP/REST, SageMaker or Vertex AI endpoint)"
-_NO_TRACING = "slotserve has no request tracing (TraceSetting answers UNIMPLEMENTED)"
 _NO_CUDA_POOLS = (
     "slotserve keeps no pinned or CUDA memory pools of its own (TensorRT allocates per context; "
     "--memory-budget bounds the models' memory)"
@@ -173,12 +172,17 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     ),
     TritonFlag("--metrics-config", Kind.REFUSED, "slotserve's metric families are fixed (docs/operations.md, Metrics)"),
     # -- Tracing --
-    TritonFlag("--trace-config", Kind.REFUSED, _NO_TRACING),
-    TritonFlag("--trace-file", Kind.REFUSED, _NO_TRACING),
-    TritonFlag("--trace-level", Kind.REFUSED, _NO_TRACING),
-    TritonFlag("--trace-rate", Kind.REFUSED, _NO_TRACING),
-    TritonFlag("--trace-count", Kind.REFUSED, _NO_TRACING),
-    TritonFlag("--trace-log-frequency", Kind.REFUSED, _NO_TRACING),
+    TritonFlag(
+        "--trace-config",
+        Kind.ACCEPTED,
+        "the same settings (level, rate, count, mode; triton,file and log-frequency; opentelemetry,url, resource "
+        "and bsp_*); an unknown setting, a bad value, or a level without a trace file in triton mode is refused",
+    ),
+    TritonFlag("--trace-file", Kind.ACCEPTED, "--trace-config triton,file=PATH"),
+    TritonFlag("--trace-level", Kind.ACCEPTED, "--trace-config level=LEVEL (repeatable)"),
+    TritonFlag("--trace-rate", Kind.ACCEPTED, "--trace-config rate=N"),
+    TritonFlag("--trace-count", Kind.ACCEPTED, "--trace-config count=N"),
+    TritonFlag("--trace-log-frequency", Kind.ACCEPTED, "--trace-config triton,log-frequency=N"),
     # -- Backends, repository agents, caches --
     TritonFlag("--backend-directory", Kind.REFUSED, _BUILT_IN),
     TritonFlag(

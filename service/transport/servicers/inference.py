@@ -22,8 +22,10 @@ from generated import grpc_service_pb2_grpc as pb_grpc
 
 from ...core.blocking import blocking_wait
 from ...core.errors import ModelConfigFailed, ModelNotFound, ServiceError
+from ...core.log_settings import LogControl, LogSettings
 from ...core.outcomes import seen_by_client
 from ...core.registry import ModelRegistry
+from ...core.trace_settings import TraceMode, TraceSettings, TraceSettingsStore, UnknownTraceModel
 from ...process.timers import Timer, TimerQueue
 from ...request_path import stream_requests
 from ...request_path.dataplane import Dataplane, InferenceRequest
@@ -43,7 +45,15 @@ SERVER_NAME = "slotserve"
 # After the shutdown grace, how long a stream may still write (its last responses, a shutting_down error) before
 # its call is cancelled; less than service.process.server.SHUTDOWN_MARGIN, so its handler is joined, not abandoned.
 SHUTDOWN_STREAM_SECONDS = 1.0
-EXTENSIONS = ("model_repository", "model_configuration", "statistics", "parameters", "slotserve_management")
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "parameters",
+    "trace",  # TraceSetting (Triton's extension name)
+    "logging",  # LogSettings (Triton's extension name)
+    "slotserve_management",
+)
 SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only when --shared-memory system is on
 
 Context = grpc.ServicerContext
@@ -70,6 +80,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         shared_memory: SharedMemoryRegistry | None = None,
         *,
         control: ModelControl,
+        trace_settings: TraceSettingsStore | None = None,
+        log_control: LogControl | None = None,
     ) -> None:
         self._registry = registry
         # Repository load/unload go through the model-control policy (service/request_path/model_control.py).
@@ -83,6 +95,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.access = access
         self._server_state = server_state
         self._version = version
+        # Triton's trace and log settings (service/core/trace_settings.py, service/core/log_settings.py): off and
+        # the process's logging unless the server hands its own.
+        self._trace_settings = trace_settings if trace_settings is not None else TraceSettingsStore(TraceSettings())
+        self._log_control = log_control if log_control is not None else LogControl()
 
     # ---- health and metadata --------------------------------------------------------------------------------
     # Liveness and readiness are OPEN: Kubernetes and load balancers probe without credentials. ModelReady is
@@ -345,17 +361,78 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise SharedMemoryUnsupported(disabled_message(operation))
         return self._shared_memory
 
-    # ---- not supported: trace and log settings -------------------------------------------------------------
+    # ---- trace and log settings (Triton's extensions) ---------------------------------------------------------
+    # Reading needs what every other call needs (READ). An update changes what the server records and logs for
+    # everyone, so it needs the management token when one is set (Access.STATUS's rule), though not
+    # --allow-management: it changes no model, and Triton lets any caller update (docs/observability.md).
 
-    def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
-        self.access.abort_unless(Access.READ, "TraceSetting", context)
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support trace settings")
+    @rpc
+    def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: Context, token: CancelToken
+    ) -> pb.TraceSettingResponse:
+        if request.settings:
+            self.access.require(Access.STATUS, "TraceSetting (an update)", context)
+        if request.model_name:
+            self._known_model(request.model_name)
+        if request.settings:
+            changes = {name: list(value.value) for name, value in request.settings.items()}
+            settings = self._trace_settings.update(request.model_name, changes)
+        else:
+            settings = self._trace_settings.settings(request.model_name)
+        return _trace_setting_response(settings)
 
-    def LogSettings(self, request: pb.LogSettingsRequest, context: Context) -> pb.LogSettingsResponse:
-        self.access.abort_unless(Access.READ, "LogSettings", context)
-        context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "slotserve does not support log settings over gRPC; use --log-format"
-        )
+    @rpc
+    def LogSettings(
+        self, request: pb.LogSettingsRequest, context: Context, token: CancelToken
+    ) -> pb.LogSettingsResponse:
+        if request.settings:
+            self.access.require(Access.STATUS, "LogSettings (an update)", context)
+            settings = self._log_control.update({name: _log_value(value) for name, value in request.settings.items()})
+        else:
+            settings = self._log_control.settings()
+        return _log_settings_response(settings)
+
+    def _known_model(self, name: str) -> None:
+        """Triton's check: TraceSetting for a model it does not serve is INVALID_ARGUMENT with these words."""
+        try:
+            self._registry.versions(name)
+        except (ModelNotFound, ModelConfigFailed):
+            raise UnknownTraceModel(name) from None
+
+
+def _trace_setting_response(settings: TraceSettings) -> pb.TraceSettingResponse:
+    """Triton's answer: level, rate, count (traces left), in triton mode log_frequency and trace_file, the mode, and
+    in opentelemetry mode its options."""
+    answer = pb.TraceSettingResponse()
+    answer.settings["trace_level"].value.extend(settings.level_names())
+    answer.settings["trace_rate"].value.append(str(settings.rate))
+    answer.settings["trace_count"].value.append(str(settings.count))
+    if settings.mode is TraceMode.TRITON:
+        answer.settings["log_frequency"].value.append(str(settings.log_frequency))
+        answer.settings["trace_file"].value.append(settings.file)
+    answer.settings["trace_mode"].value.append(settings.mode.value)
+    if settings.mode is TraceMode.OPENTELEMETRY:
+        for name, value in settings.opentelemetry.items():
+            # resource holds its KEY=VALUE pairs joined with ',' (service/process/trace_flags.py): one value each
+            answer.settings[name].value.extend(value.split(",") if name == "resource" else [value])
+    return answer
+
+
+def _log_value(value: pb.LogSettingsRequest.SettingValue) -> object:
+    """The value of one LogSettings field as Python's bool, int or str (None when the message set none)."""
+    choice = value.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(value, choice)
+
+
+def _log_settings_response(settings: LogSettings) -> pb.LogSettingsResponse:
+    answer = pb.LogSettingsResponse()
+    answer.settings["log_file"].string_param = settings.file
+    answer.settings["log_info"].bool_param = settings.info
+    answer.settings["log_warning"].bool_param = settings.warning
+    answer.settings["log_error"].bool_param = settings.error
+    answer.settings["log_verbose_level"].uint32_param = settings.verbose_level
+    answer.settings["log_format"].string_param = settings.format
+    return answer
 
 
 _HANDLER_FACTORY: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any, Any]]] = {

@@ -184,6 +184,7 @@ def test_counters_move_by_exactly_what_the_server_did(repository, controls):
         assert counter_moves(refused, drained) == {
             **successes("b", 2),
             key("slotserve_model_requests_total", model="b", outcome="server_busy"): 1,
+            key("slotserve_model_refusals_total", model="b", reason="server_busy"): 1,
         }
 
         # An operator's unload.

@@ -125,7 +125,8 @@ def test_work_cut_short_by_the_shutdown_counts_as_shutting_down(repository, cont
         teardown.wait_blocked(1)  # the shutdown is closing the idle engine: every call has ended
         during = scrape(running)
         assert counter_moves(before, during) == {
-            key("slotserve_model_requests_total", model="m", outcome="shutting_down"): 2
+            key("slotserve_model_requests_total", model="m", outcome="shutting_down"): 2,
+            key("slotserve_model_refusals_total", model="m", reason="shutting_down"): 2,
         }
         assert value(during, "slotserve_model_queued_requests", model="m") == 0
     finally:

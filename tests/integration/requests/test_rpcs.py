@@ -398,16 +398,16 @@ def test_config_override_that_does_not_fit_the_model_keeps_the_old_config(overri
 
 
 @pytest.mark.parametrize(
-    "method,request_type,what",
+    "method,request_type,field",
     [
-        ("TraceSetting", pb.TraceSettingRequest, "trace settings"),
-        ("LogSettings", pb.LogSettingsRequest, "log settings"),
+        ("TraceSetting", pb.TraceSettingRequest, "trace_level"),
+        ("LogSettings", pb.LogSettingsRequest, "log_info"),
     ],
 )
-def test_unsupported_rpcs_are_unimplemented(demo, method, request_type, what):
-    error = rpc_error(getattr(stub(demo), method), request_type())
-    assert error.code == "UNIMPLEMENTED"
-    assert f"slotserve does not support {what}" in error.message
+def test_trace_and_log_settings_answer(demo, method, request_type, field):
+    # Once UNIMPLEMENTED; tests/integration/observability/test_trace_setting_rpc.py has the rest (issue 37).
+    answer = getattr(stub(demo), method)(request_type(), timeout=10)
+    assert field in answer.settings
 
 
 @pytest.mark.parametrize(
