@@ -81,9 +81,11 @@ def test_two_models_sharing_a_resource_of_one_never_run_at_once(tmp_path, contro
         engine_a.wait_arrivals(1, timeout=WAIT)
         second = _call(running, "b", errors)
         assert _eventually(lambda: limiter.queued() == 1)  # b's run waits for R
+        seen_waiting = time.perf_counter_ns()
         b_admission = running.server.registry.get("b").admission.statistics()
         assert b_admission.active_slots == 1 and b_admission.queued == 0  # its slot is held: busy, not queued
         assert controls.gate("b", "prepare").arrivals == 0 and engine_b.arrivals == 0  # it has not begun to run
+        waited_at_least = time.perf_counter_ns() - seen_waiting  # b arrived before and runs after this stretch
         engine_a.release()
         engine_b.wait_arrivals(1, timeout=WAIT)  # R was handed over once a ended
         assert controls.gate("a", "execute").arrivals == 1
@@ -91,6 +93,9 @@ def test_two_models_sharing_a_resource_of_one_never_run_at_once(tmp_path, contro
         _joined(first, second)
         assert errors == []
         assert limiter.queued() == 0
+        # The wait for resources is the request's queue time (as Triton counts an instance waiting for the rate
+        # limiter), not its compute time.
+        assert running.server.registry.get("b").statistics.snapshot().queue.ns >= waited_at_least
 
 
 def test_the_batch_leader_takes_the_resources_for_the_whole_batch(tmp_path, controls):
