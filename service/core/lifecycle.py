@@ -59,6 +59,7 @@ from .reconfiguration import Reconfigurable
 from .request_errors import as_request_error
 from .runtime import ModelSettings as ModelSettings
 from .runtime import SharedRuntime as SharedRuntime
+from .service_rate import refuse_if_wait_exceeds
 
 _LOG = logging.getLogger(__name__)
 
@@ -146,6 +147,8 @@ class ModelEntry(Reconfigurable):
         """
         arrived = time.perf_counter_ns()
         settings = self._committed.settings
+        if self._runtime.refuse_predicted_wait:  # raises WaitExceedsDeadline (service/core/service_rate.py)
+            refuse_if_wait_exceeds(self, deadline)
         ticket = self.admission.acquire(
             TicketKind.REQUEST,
             deadline,

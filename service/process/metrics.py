@@ -161,6 +161,7 @@ TRITON_REASON_OF: dict[str, str] = {
     "tensor_memory_limit": "REJECTED",
     "shared_memory_limit": "REJECTED",
     "shutting_down": "REJECTED",
+    "wait_exceeds_deadline": "REJECTED",  # --refuse-predicted-wait: turned away at arrival
     # refused before running for what the request asked, or the model could not be loaded for it
     "invalid_request_error": "OTHER",
     "region_not_found": "OTHER",

@@ -123,6 +123,7 @@ class Server:
             cold_loads=ColdLoadGuard(options.max_concurrent_loads),
             residency=self.residency,
             lazy_load_refusal=lazy_load_refusal(options.model_control_mode),
+            refuse_predicted_wait=options.refuse_predicted_wait,
         )
         # Named now (the repository's allowed roots are fixed here), created on the first load with files: nothing is
         # written at startup, so a read-only root filesystem starts (deploy/kubernetes/*.yaml).
