@@ -5,8 +5,8 @@ Triton's answers, kept here so that a change shows:
 
 | the request | Triton 2.51 | slotserve |
 |---|---|---|
-| its model's queue is full (`max_queue_size`) | UNAVAILABLE, "[request id: <id_unknown>] Exceeds maximum queue size" | UNAVAILABLE `server_busy` |
-| its queue policy's timeout passes (`default_timeout_microseconds`) | UNAVAILABLE, "... Request timeout expired" | UNAVAILABLE `server_busy` |
+| its queue is full (`max_queue_size`) | UNAVAILABLE, "[request id: ...] Exceeds maximum queue size" | UNAVAILABLE |
+| its queue policy's timeout passes | UNAVAILABLE, "[request id: ...] Request timeout expired" | UNAVAILABLE |
 | the retry hint `grpc-retry-pushback-ms` | never sent | sent with both (docs/errors.md, "Overload") |
 
 slotserve keeps Triton's codes; the hint is an addition a Triton client ignores.
