@@ -245,12 +245,14 @@ class SlotserveCollector(Collector):
         events: Events,
         cold_loads: ColdLoadGuard | None = None,
         dataplane: Dataplane | None = None,
+        busy_refusals: Callable[[], int] | None = None,  # calls refused by the handler budget (CallTracker.refused)
     ) -> None:
         self._registry = registry
         self._residency = residency
         self._events = events
         self._cold_loads = cold_loads
         self._dataplane = dataplane
+        self._busy_refusals = busy_refusals
 
     def collect(self) -> Iterator[Metric]:
         entries = self._registry.entries()
@@ -347,6 +349,13 @@ class SlotserveCollector(Collector):
                 "slotserve_unknown_model_requests",
                 "Inference requests naming a model that is not registered (NOT_FOUND).",
                 value=self._dataplane.unknown_model_requests,
+            )
+        if self._busy_refusals is not None:
+            yield CounterMetricFamily(
+                "slotserve_busy_calls",
+                "Calls refused at once because every handler thread of their kind was in use (UNAVAILABLE "
+                "server_busy, before any model is named: counted for no model).",
+                value=self._busy_refusals(),
             )
 
 

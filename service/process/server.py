@@ -166,7 +166,12 @@ class Server:
         # --metrics-port.
         self.metrics = ServerMetrics(
             SlotserveCollector(
-                self.registry, self.residency, self.runtime.events, self.runtime.cold_loads, self.dataplane
+                self.registry,
+                self.residency,
+                self.runtime.events,
+                self.runtime.cold_loads,
+                self.dataplane,
+                busy_refusals=lambda: self.calls.refused,  # (made below; read at scrape time)
             )
         )
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -71,7 +72,7 @@ def refusal(stub, model: str) -> tuple[str, str, dict[str, str]]:
     """(code name, details, trailing metadata) of a call that must fail."""
     with pytest.raises(grpc.RpcError) as caught:
         stub.ModelInfer(request(model, batched=True), timeout=CALL_TIMEOUT)
-    error = caught.value
+    error: Any = caught.value  # a grpc.Call too (its stubs type RpcError alone)
     trailers = {key: value for key, value in error.trailing_metadata() or () if isinstance(value, str)}
     return error.code().name, error.details(), trailers
 
