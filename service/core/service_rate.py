@@ -5,10 +5,10 @@ It is read from the model's own statistics (service/core/statistics.py: where ev
 counted), never fed by a hook: the requests that ran and succeeded (`success` less response-cache hits), over the
 engine time their runs took (each execution's compute input + infer + output, summed over `batch_stats`, so a
 batch of eight counts its run once and its eight requests). A rate per busy slot-second rather than per wall-clock
-second, so that a model with little traffic is not taken for a slow one. Samples are taken at most every
-`REFRESH_SECONDS`, when somebody asks; the rate is the difference between the newest sample and the last one at or
-before the window's start (the totals since the model's first request until the window has filled). With no
-completion in the window the last rate measured stays; before any, the rate is unknown (None).
+second, so that a model with little traffic is not taken for a slow one. Samples are taken when somebody asks,
+at most every `REFRESH_SECONDS` once a rate is known; the rate is the difference between the newest sample and the
+last one at or before the window's start (the totals since the model's first request until the window has
+filled). With no completion in the window the last rate measured stays; before any, the rate is unknown (None).
 
 **The predicted wait** (`predict_wait`) of a request arriving now, from the admission's state:
 
@@ -102,7 +102,8 @@ class ServiceRate:
         """Requests completed per second of a busy slot, recently; None before the first completion measured."""
         now = self._clock()
         with self._lock:
-            if self._sampled_at is not None and now - self._sampled_at < self._refresh:
+            # Until a rate is known every ask samples: a first completion must not wait out the interval.
+            if self._rate is not None and self._sampled_at is not None and now - self._sampled_at < self._refresh:
                 return self._rate
             self._sampled_at = now
         progress = self._read()  # outside the lock: it takes the statistics' lock

@@ -56,15 +56,18 @@ def test_the_rate_counts_only_the_window_and_keeps_the_last_one_when_nothing_ran
     assert rate.per_slot() == pytest.approx(10.0)
 
 
-def test_samples_are_taken_at_most_every_refresh_interval():
+def test_samples_are_taken_at_most_every_refresh_interval_once_a_rate_is_known():
     clock, totals = Clock(), Totals()
     rate = ServiceRate(totals, clock, window=10.0, refresh=0.1)
-    rate.per_slot()
-    rate.per_slot()
-    assert totals.reads == 1
-    clock.now += 0.2
-    rate.per_slot()
+    assert rate.per_slot() is None
+    totals.progress = Progress(2, 1_000_000_000)  # the first completions, within the interval: seen at once
+    assert rate.per_slot() == pytest.approx(2.0)
+    totals.progress = Progress(4, 1_500_000_000)
+    assert rate.per_slot() == pytest.approx(2.0)  # within the interval: the rate measured last
     assert totals.reads == 2
+    clock.now += 0.2
+    assert rate.per_slot() == pytest.approx(4 / 1.5)  # the window still starts at the first sample
+    assert totals.reads == 3
 
 
 @pytest.mark.parametrize(
