@@ -10,6 +10,7 @@ server's own state (blocked callers, queued tickets), never on time.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -147,8 +148,12 @@ def busy_model(running, controls, stub, model: str = "m", queue: int = 0) -> Hel
     gate.wait_blocked(1, timeout=WAIT)
     for count in range(1, queue + 1):
         held.send(request(model))
-        wait_until(lambda count=count: queued(running, model) == count, f"{count} request(s) queued on {model}")
+        wait_until(functools.partial(_queued_is, running, model, count), f"{count} request(s) queued on {model}")
     return held
+
+
+def _queued_is(running: RunningServer, model: str, count: int) -> bool:
+    return queued(running, model) == count
 
 
 def expected_hint_ms(running, model: str) -> str:
