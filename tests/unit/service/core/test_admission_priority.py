@@ -26,7 +26,7 @@ def _request(core: AdmissionCore, priority: int, now: float = 0.0, rows: int = 1
 def _serve_all(core: AdmissionCore, holder: Ticket, now: float = 1.0) -> list[Ticket]:
     """Release the running batch again and again until the queue is empty or a manager is granted (left holding
     the model); the requests' leaders granted, in order."""
-    order = []
+    order: list[Ticket] = []
     while True:
         granted = core.release(holder, now)
         if not granted or granted[0].kind is MANAGER:
