@@ -394,7 +394,8 @@ def test_without_the_block_or_without_a_batch_dimension_each_request_runs_alone(
     [
         ("dynamic_batching { priority_levels: 2 }", "default priority level must be in range [1, 2] for m"),
         (
-            "dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 3 value { } } }",
+            "dynamic_batching { priority_levels: 2 default_priority_level: 1\n"
+            "priority_queue_policy { key: 3 value { } } }",
             "priority queue policy must have priority level in range [1, 2] for m",
         ),
         (
