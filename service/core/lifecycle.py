@@ -195,8 +195,8 @@ class ModelEntry(Reconfigurable):
         return run_batched(self, item, deadline, cancel)
 
     def admit_batch_item(self, item: BatchItem, deadline: float | None, cancel: CancelToken) -> Ticket[BatchItem]:
-        """A batching request's ticket: a granted leader's, or a member's its leader released. Blocks and raises as
-        AdmissionController.acquire."""
+        """A batching request's ticket: a granted leader's, or a member's its leader released, queued on its
+        `priority`'s level on a model with priorities. Blocks and raises as AdmissionController.acquire."""
         settings = self._committed.settings
         return self.admission.acquire(
             TicketKind.REQUEST,
@@ -207,6 +207,8 @@ class ModelEntry(Reconfigurable):
             rows=item.rows,
             key=item.key,
             payload=item,
+            priority=item.priority,
+            timeout_us=item.timeout_us,
         )
 
     def lend_context(self, cancel: CancelToken | None) -> tuple[SlotPool, Context]:

@@ -357,6 +357,8 @@ class Dataplane:
             ends_in_band=request.respond_end is not None,
             next_deadline=lambda: self.admission_deadline(entry, decoded.timeout_us, request.client_deadline),
             arrived_ns=started,
+            priority=ModelRequest.priority_of(request.parameters),
+            timeout_us=decoded.timeout_us,
         )
 
     def _cached(
