@@ -6,8 +6,9 @@ The model: a python model whose every execution costs EXECUTE_MS (a batch of up 
 same as one), one instance, `dynamic_batching { priority_levels: 2 default_priority_level: 2 }`: level 1 is
 served first, level 2 (the default) after it, FIFO within a level (Triton's rule). The same files on both servers.
 
-Per server and round, three points, each a window of the trickle (one request every TRICKLE_MS, this process's
-gRPC client, latency per request):
+The servers: slotserve as `make run` starts it, slotserve with `--handler-runners 0` (see SLOTSERVE_FLAGS: why),
+and Triton. Per server and round, three points, each a window of the trickle (one request every TRICKLE_MS, this
+process's gRPC client, latency per request):
 
   unloaded   the trickle alone, at priority 1;
   priority   the trickle at priority 1 while LOW_CLIENTS threads send priority-2 requests back to back (the queue
@@ -42,7 +43,12 @@ MAX_BATCH = 4
 LOW_CLIENTS = 16
 TRICKLE_MS = 20.0  # one high-priority request this often (a trickle: a fifth of one execution's capacity)
 HIGH, LOW = 1, 2  # Triton's priority levels: 1 is the highest
-SERVERS = ("slotserve", "triton")
+# slotserve as `make run` starts it, and with every call on a thread of its own (--handler-runners 0): by default
+# a call waits for one of two runner threads in arrival order (service/process/handler_threads.py) before it
+# reaches the admission, behind the low-priority calls that arrived first (up to 20 ms, when it gets a thread of
+# its own), where the priority cannot reorder it.
+SLOTSERVE_FLAGS = {"slotserve": [], "slotserve-runners0": ["--handler-runners", "0"]}
+SERVERS = (*SLOTSERVE_FLAGS, "triton")
 POINTS = ("unloaded", "priority", "fifo")
 SKIPPED = "skipped: priorities not supported by this server"
 GOAL = 2.0  # the trickle's p99 under overload within this many times its unloaded p99
@@ -201,9 +207,10 @@ def _triton(repository: Path, scratch: Path):
 def _start(stack: contextlib.ExitStack, server: str, launcher: Launcher, repository: Path, scratch: Path):
     """The server object, or the reason it cannot be measured (it did not start, or refuses the model)."""
     try:
-        if server == "slotserve":
+        if server in SLOTSERVE_FLAGS:
+            flags = ["--parallel-jobs", "1", *SLOTSERVE_FLAGS[server]]
             running = stack.enter_context(
-                launcher.slotserve("slotserve-priorities", repository, ["--parallel-jobs", "1"], default_args=False)
+                launcher.slotserve(f"{server}-priorities", repository, flags, default_args=False)
             )
         else:
             running = stack.enter_context(_triton(repository, scratch))
@@ -266,8 +273,8 @@ def _rows(table: Table, points: dict, skipped: dict) -> None:
             "priorities",
             f"{server}: high-priority p99 under overload / unloaded",
             fmt_x(ratio),
-            f"<= {GOAL:g}x" if server == "slotserve" else "",
-            met_if(ratio, lambda v: v <= GOAL) if server == "slotserve" else None,
+            f"<= {GOAL:g}x" if server in SLOTSERVE_FLAGS else "",
+            met_if(ratio, lambda v: v <= GOAL) if server in SLOTSERVE_FLAGS else None,
             ratio=ratio,
         )
         table.add(
