@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -156,6 +158,18 @@ def _queued_is(running: RunningServer, model: str, count: int) -> bool:
     return queued(running, model) == count
 
 
+def scrape(running: RunningServer) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{running.server.metrics_port}/metrics", timeout=WAIT) as response:
+        return response.read().decode()
+
+
+def sample(text: str, name: str, labels: str = "") -> float:
+    """The value of `name{labels}` in a scrape (labels as written, in the page's order)."""
+    match = re.search(rf"^{name}{re.escape(labels)} (\S+)$", text, re.M)
+    assert match, f"{name}{labels} is not on the metrics page"
+    return float(match.group(1))
+
+
 def expected_hint_ms(running, model: str) -> str:
     """The hint the server's own estimator gives now (the model's state unchanged since the refusal: its gate held)."""
     return str(round(service_rate.retry_after(running.server.registry.get(model)) * 1000))
@@ -200,13 +214,13 @@ def test_a_queue_timeout_is_unavailable_with_the_models_predicted_wait(repositor
 
 def test_the_handler_budget_is_unavailable_with_its_default_hint_and_counted(repository, controls):
     with serve(
-        repository, backends={"fixture": FixtureBackend(controls)}, max_workers=9, control_threads=8
+        repository, backends={"fixture": FixtureBackend(controls)}, max_workers=9, control_threads=8, metrics_port=0
     ) as running:  # one inference handler thread
         with channel(running.address) as stub:
             held = busy_model(running, controls, stub)
             busy = refused(stub, request("b"))
             assert (busy.code, busy.reason, busy.pushback) == (grpc.StatusCode.UNAVAILABLE, "server_busy", "100")
-            assert running.server.calls.refused == 1  # slotserve_busy_calls_total
+            assert sample(scrape(running), "slotserve_busy_calls_total") == 1
             controls.gate("m", "execute").release()
             assert held.outcomes() == ["OK"]
 
@@ -285,7 +299,9 @@ def test_requests_cut_short_by_a_shutdown_carry_its_hint(repository, controls):
 
 
 def test_the_predicted_wait_option_refuses_a_too_short_deadline_and_admits_one_with_enough(repository, controls):
-    with serve(repository, backends={"fixture": FixtureBackend(controls)}, refuse_predicted_wait=True) as running:
+    with serve(
+        repository, backends={"fixture": FixtureBackend(controls)}, refuse_predicted_wait=True, metrics_port=0
+    ) as running:
         entry = running.server.registry.get("m")
         with channel(running.address) as stub:
             assert stub.ModelInfer(request("m", timeout_us=1000), timeout=WAIT)  # a free slot: at once, however short
@@ -309,6 +325,9 @@ def test_the_predicted_wait_option_refuses_a_too_short_deadline_and_admits_one_w
             controls.gate("m", "execute").release()
             assert held.outcomes() == ["OK", "OK", "OK"] and admitted.result(timeout=WAIT)
             assert entry.statistics.snapshot().failures == {"wait_exceeds_deadline": 1}
+            page = scrape(running)  # counted under its own reason, and as Triton's REJECTED
+            assert sample(page, "slotserve_model_requests_total", '{model="m",outcome="wait_exceeds_deadline"}') == 1
+            assert sample(page, "nv_inference_request_failure", '{model="m",reason="REJECTED",version="1"}') == 1
 
 
 def test_without_the_option_a_short_deadline_queues_and_ends_at_its_deadline(repository, controls):
