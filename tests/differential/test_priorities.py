@@ -62,7 +62,7 @@ class TritonPythonModel:
         ]
 """
 
-MODELS = {
+MODELS: dict[str, str | None] = {
     "prio_order": "priority_levels: 3 default_priority_level: 2",
     "prio_limit": (
         "priority_levels: 2 default_priority_level: 2 priority_queue_policy { key: 1 value { max_queue_size: 1 } }"
@@ -78,11 +78,13 @@ MODELS = {
         "allow_timeout_override: true }"
     ),
     "prio_none": "",
+    "prio_direct": None,  # no dynamic_batching at all
 }
 SHORT_US = 200_000  # a request's own `timeout` that passes while the test holds the first request
 
 
 def write_repository(folder: Path, gates: Path) -> Path:
+    """The MODELS, each a copy of MODEL_PY with its batching settings, holding at the files of `gates`."""
     root = folder / "repository"
     for name, batching in MODELS.items():
         (root / name / "1").mkdir(parents=True)
@@ -92,8 +94,8 @@ def write_repository(folder: Path, gates: Path) -> Path:
             'input [ { name: "KEY" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
             'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
             "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
-            f"dynamic_batching {{ {batching} }}\n"
-            f'parameters {{ key: "gates" value {{ string_value: "{gates}" }} }}\n'
+            + ("" if batching is None else f"dynamic_batching {{ {batching} }}\n")
+            + f'parameters {{ key: "gates" value {{ string_value: "{gates}" }} }}\n'
         )
     return root
 
@@ -233,9 +235,10 @@ def test_delay_moves_a_timed_out_request_behind_its_level_ahead_of_lower_levels_
     assert triton == ([("OK", "40"), ("OK", "41"), ("OK", "42")], [41, 40, 42])
 
 
-def test_a_model_without_levels_serves_every_priority_in_arrival_order_on_both(servers):
+@pytest.mark.parametrize("model", ["prio_none", "prio_direct"])
+def test_a_model_without_levels_serves_every_priority_in_arrival_order_on_both(servers, model):
     queued = [(50, {"priority": 3}), (51, {"priority": 1}), (52, {"priority": 2})]
-    triton, ours = ask_both(servers, "prio_none", queued)
+    triton, ours = ask_both(servers, model, queued)
     assert ours == triton
     assert triton[1] == [50, 51, 52]
 
