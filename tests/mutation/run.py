@@ -80,7 +80,7 @@ SUBSETS: dict[str, list[str]] = {
         "tests/contract/test_time_admission.py",
         "tests/unit/service/core/test_residency_failures_and_batches.py",
         "tests/unit/service/core/test_bulk_unload.py",
-        "tests/unit/service/transport/servicers/test_call_tokens.py",
+        "tests/unit/service/servicers/test_call_tokens.py",
         "tests/unit/service/core/test_admission.py",
         "tests/unit/service/core/test_admission_controller.py",
         "tests/unit/service/core/test_admission_batching.py",
