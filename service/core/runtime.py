@@ -31,6 +31,9 @@ class SharedRuntime:
 
     backends: Mapping[str, Backend]
     max_queue: int = 0
+    # --refuse-predicted-wait: refuse at arrival a request whose deadline comes before its predicted turn
+    # (service/core/service_rate.py refuse_if_wait_exceeds).
+    refuse_predicted_wait: bool = False
     clock: Callable[[], float] = time.monotonic
     cold_loads: ColdLoadGuard | None = None  # None: loads are not limited
     residency: Residency | None = None  # None: no resident-model limit or budget
@@ -38,9 +41,6 @@ class SharedRuntime:
     # --model-control-mode (service/request_path/model_control.py): "" lets a request load an unloaded model; otherwise
     # requests never load one and are refused with this text (it names the mode and what loads the model).
     lazy_load_refusal: str = ""
-    # --refuse-predicted-wait: refuse at arrival a request whose deadline comes before its predicted turn
-    # (service/core/service_rate.py refuse_if_wait_exceeds).
-    refuse_predicted_wait: bool = False
 
     def backend(self, spec: ModelSpec) -> Backend:
         try:

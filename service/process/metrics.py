@@ -245,14 +245,12 @@ class SlotserveCollector(Collector):
         events: Events,
         cold_loads: ColdLoadGuard | None = None,
         dataplane: Dataplane | None = None,
-        busy_refusals: Callable[[], int] | None = None,  # calls refused by the handler budget (CallTracker.refused)
     ) -> None:
         self._registry = registry
         self._residency = residency
         self._events = events
         self._cold_loads = cold_loads
         self._dataplane = dataplane
-        self._busy_refusals = busy_refusals
 
     def collect(self) -> Iterator[Metric]:
         entries = self._registry.entries()
@@ -349,13 +347,6 @@ class SlotserveCollector(Collector):
                 "slotserve_unknown_model_requests",
                 "Inference requests naming a model that is not registered (NOT_FOUND).",
                 value=self._dataplane.unknown_model_requests,
-            )
-        if self._busy_refusals is not None:
-            yield CounterMetricFamily(
-                "slotserve_busy_calls",
-                "Calls refused at once because every handler thread of their kind was in use (UNAVAILABLE "
-                "server_busy, before any model is named: counted for no model).",
-                value=self._busy_refusals(),
             )
 
 
@@ -490,6 +481,22 @@ def _lifecycle_counters(models: Iterable[str], counts: dict[tuple[str, str], int
         for model in models:
             family.add_metric([model], counts.get((event, model), 0))
         yield family
+
+
+class BusyCallsCollector(Collector):
+    """Calls the handler budget refused (service/transport/servicers/common.py CallTracker.refused), server-wide:
+    they are refused before their model is read. Registered beside SlotserveCollector by service/process/server.py."""
+
+    def __init__(self, refused: Callable[[], int]) -> None:
+        self._refused = refused
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "slotserve_busy_calls",
+            "Calls refused at once because every handler thread of their kind was in use (UNAVAILABLE server_busy, "
+            "before any model is named: counted for no model).",
+            value=self._refused(),
+        )
 
 
 class ServerMetrics:
