@@ -45,7 +45,10 @@ def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | No
     if spec is None or max_batch_size <= 0:
         return None
     return BatchRule(
-        max_rows=max_batch_size, delay=spec.max_queue_delay_us / 1e6, preferred=frozenset(spec.preferred_batch_sizes)
+        max_rows=max_batch_size,
+        delay=spec.max_queue_delay_us / 1e6,
+        preferred=frozenset(spec.preferred_batch_sizes),
+        priorities=spec.priorities,
     )
 
 
@@ -87,6 +90,8 @@ class BatchItem:
     # besides `outputs` (or all the declared ones), not checked against the metadata, split like the others.
     kept_outputs: Sequence[str] = ()
     streams: bool = False  # the request takes a stream of answers (ModelStreamInfer): a decoupled model may batch it
+    priority: int = 0  # its `priority` and `timeout` parameters, for a model with priority levels (admission.py)
+    timeout_us: int = 0
     result: Outputs | None = None
     stream: MemberStream | None = None  # a decoupled model's answers to it, posted instead of `result`
     error: BaseException | None = None

@@ -60,6 +60,7 @@ from .reconfiguration import Reconfigurable
 from .request_errors import as_request_error
 from .runtime import ModelSettings as ModelSettings
 from .runtime import SharedRuntime as SharedRuntime
+from .service_rate import refuse_if_wait_exceeds
 
 _LOG = logging.getLogger(__name__)
 
@@ -147,6 +148,8 @@ class ModelEntry(Reconfigurable):
         """
         arrived = time.perf_counter_ns()
         settings = self._committed.settings
+        if self._runtime.refuse_predicted_wait:  # raises WaitExceedsDeadline (service/core/service_rate.py)
+            refuse_if_wait_exceeds(self, deadline)
         ticket = self.admission.acquire(
             TicketKind.REQUEST,
             deadline,
@@ -205,8 +208,8 @@ class ModelEntry(Reconfigurable):
         return run_batched(self, item, deadline, cancel)
 
     def admit_batch_item(self, item: BatchItem, deadline: float | None, cancel: CancelToken) -> Ticket[BatchItem]:
-        """A batching request's ticket: a granted leader's, or a member's its leader released. Blocks and raises as
-        AdmissionController.acquire."""
+        """A batching request's ticket: a granted leader's, or a member's its leader released, queued on its
+        `priority`'s level on a model with priorities. Blocks and raises as AdmissionController.acquire."""
         settings = self._committed.settings
         return self.admission.acquire(
             TicketKind.REQUEST,
@@ -217,6 +220,8 @@ class ModelEntry(Reconfigurable):
             rows=item.rows,
             key=item.key,
             payload=item,
+            priority=item.priority,
+            timeout_us=item.timeout_us,
         )
 
     def lend_context(self, cancel: CancelToken | None) -> tuple[SlotPool, Context]:

@@ -132,6 +132,8 @@ class BatchedPath:
             cancel,
             before_run=request.before_run,
             streams=request.stream,
+            priority=request.priority,
+            timeout_us=request.timeout_us,
         )
         try:
             self._model.run_batched(item, deadline, cancel)

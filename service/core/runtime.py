@@ -32,6 +32,9 @@ class SharedRuntime:
 
     backends: Mapping[str, Backend]
     max_queue: int = 0
+    # --refuse-predicted-wait: refuse at arrival a request whose deadline comes before its predicted turn
+    # (service/core/service_rate.py refuse_if_wait_exceeds).
+    refuse_predicted_wait: bool = False
     clock: Callable[[], float] = time.monotonic
     cold_loads: ColdLoadGuard | None = None  # None: loads are not limited
     residency: Residency | None = None  # None: no resident-model limit or budget

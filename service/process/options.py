@@ -42,6 +42,7 @@ class ServerOptions:
     allow_management: bool = False  # Management mutations and repository load/unload
     admission_timeout: float = 0.0  # server ceiling and default for every model, seconds; 0 = unbounded
     max_queue: int = 0  # per-model limit of queued requests; 0 = none
+    refuse_predicted_wait: bool = False  # refuse at arrival a request whose deadline comes before its predicted turn
     load_at_startup: bool = True  # load every repository model before reporting ready
     max_concurrent_loads: int = 1  # simultaneous cold loads across models
     max_workers: int = 64  # gRPC handler threads kept; the handler budget (inference_handlers) is taken from them

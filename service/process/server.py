@@ -47,7 +47,7 @@ from ..transport.servicers.management import ManagementServicer, add_management_
 from ..transport.shared_memory import SharedMemoryRegistry
 from ..transport.tensor_memory import TensorMemory
 from .handler_threads import HandlerThreads
-from .metrics import ServerMetrics, SlotserveCollector
+from .metrics import BusyCallsCollector, ServerMetrics, SlotserveCollector
 from .options import ServerOptions
 from .timers import TimerQueue
 
@@ -123,6 +123,7 @@ class Server:
         self.runtime = SharedRuntime(
             backends=all_backends,
             max_queue=options.max_queue,
+            refuse_predicted_wait=options.refuse_predicted_wait,
             cold_loads=ColdLoadGuard(options.max_concurrent_loads),
             residency=self.residency,
             lazy_load_refusal=lazy_load_refusal(options.model_control_mode),
@@ -183,6 +184,7 @@ class Server:
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
+        self.metrics.registry.register(BusyCallsCollector(lambda: self.calls.refused))  # slotserve_busy_calls_total
         self.timers = TimerQueue("stream-write-timeouts")
         self._executor: HandlerThreads | None = None
         self._grpc: grpc.Server | None = None

@@ -138,11 +138,11 @@ def test_list_syntax_parses_with_the_whole_message(block):
 
 def test_the_refusal_names_every_refused_field_with_its_path(tmp_path):
     text = HEAD + TENSORS + "\n".join(LIST_SYNTAX[b] for b in ("batch_input", "instance_group"))
-    text += "\ndynamic_batching { priority_levels: 2 }"
+    text += '\nmodel_repository_agents { agents [ { name: "checksum" } ] }'
     message = refusal(tmp_path, text + '\nmodel_operations { op_library_filename: [ "libop.so" ] }')
     assert "instance_group[0].passive: not supported" in message
     assert "rate_limiter" not in message  # applied (the rate limiter, docs/lifecycle.md)
-    assert "dynamic_batching.priority_levels: not supported" in message
+    assert "model_repository_agents: not supported" in message
     assert "batch_input: not supported" in message
     assert "model_operations: not supported" in message
 
