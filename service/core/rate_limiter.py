@@ -6,11 +6,11 @@ engine/config/rate_limiter.py). A slot granted by its model's admission takes th
 with its lease (service/core/lease.py), so two models sharing a resource of count 1 never run at once.
 
 * **Availability**, as tritonserver 2.51's (asked in tests/differential/test_rate_limiter.py): a resource named by
-  `--rate-limit-resource name:count[:device]` (names as written) has that count (per device, or for the one device
-  given; the device is ignored for a `global` resource). Without any such flag, a resource has the most any loaded
-  model needs. Once one is given, a resource no flag gives (for the device, unless global) has none: a model
-  needing it fails to load. slotserve's slots all count as device 0 (instance_group
-  kind and gpus are ignored), as Triton's instances on device 0 see it.
+  `--rate-limit-resource name:count[:device]` (names as written) has the most the flags that apply give (per
+  device, or for the one device given; the device is ignored for a `global` resource). Without any such flag, a
+  resource has the most any loaded model needs. Once one is given, a resource no flag gives (for the device,
+  unless global) has none: a model needing it fails to load. slotserve's slots all count as device 0
+  (instance_group kind and gpus are ignored), as Triton's instances on device 0 see it.
 * **Load-time errors** (`register`, ModelLoadError with Triton's words): a model that needs more of a resource
   than the command line gives, or that names a resource `global` where a loaded model has it per device (or the
   reverse).
@@ -176,19 +176,18 @@ class ResourcePool:
                 )
 
     def _explicit(self, need: ResourceNeed) -> int | None:
-        """What the command line gives of `need`'s resource on the slots' device (None: not given)."""
-        named = [flag for flag in self._flags if flag.name == need.name]  # names as written (Triton 2.51's)
-        if need.shared and named:
-            return named[-1].count
-        for_device = [flag for flag in named if flag.device == SLOT_DEVICE]
-        every_device = [flag for flag in named if flag.device is None]
-        if for_device and not need.shared:
-            return for_device[-1].count
-        if every_device and not need.shared:
-            return every_device[-1].count
-        # Asked of Triton 2.51 (tests/differential/test_rate_limiter.py): once any --rate-limit-resource is given,
-        # a resource no flag gives (for the slots' device, unless global) has none: the default is flagless only.
-        return 0 if self._flags else None
+        """What the command line gives of `need`'s resource on the slots' device (None: no flag at all, the
+        default applies). As Triton 2.51's resource manager: the most any applicable flag gives (for a global
+        resource every flag of its name, whatever its device; otherwise those for the device and for every
+        device), names as written, and 0 for a resource no flag gives once any flag is given."""
+        if not self._flags:
+            return None
+        applicable = [
+            flag.count
+            for flag in self._flags
+            if flag.name == need.name and (need.shared or flag.device in (None, SLOT_DEVICE))
+        ]
+        return max(applicable, default=0)
 
     def _available_locked(self, key: _Key) -> int:
         name = key[0]

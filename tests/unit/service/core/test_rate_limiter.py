@@ -48,6 +48,14 @@ def test_a_flag_sets_the_availability_and_a_model_needing_more_fails_to_load_wit
     assert pool.available() == {"resource1": 3}
 
 
+def test_the_most_any_applicable_flag_gives_is_the_count() -> None:
+    pool = ResourcePool(
+        [ResourceFlag("R", 5, 0), ResourceFlag("R", 8), ResourceFlag("R", 9, 1), ResourceFlag("G", 3, 1)]
+    )
+    pool.register("m/1", needs(("R", 1), ("G", 1, True)))
+    assert pool.available() == {"G": 3, "R": 8}  # device 0: max(5 for it, 8 for all); global: any device's
+
+
 def test_a_flag_for_another_device_leaves_none_on_the_slots_device() -> None:
     pool = ResourcePool([ResourceFlag("resource1", 10, device=10)])
     with pytest.raises(ModelLoadError, match="is limited to 0 which"):
