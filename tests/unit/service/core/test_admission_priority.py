@@ -95,7 +95,7 @@ def test_each_level_has_its_own_queue_limit():
     first = _request(core, 1)
     refused = _request(core, 1)
     assert first.state is TicketState.QUEUED
-    assert refused.state is TicketState.REFUSED and refused.refusal is Refusal.QUEUE_FULL
+    assert refused.state is TicketState.REFUSED and refused.refusal is Refusal.LEVEL_FULL
     # The other level has no limit of its own (the default policy's 0).
     assert all(_request(core, 2).state is TicketState.QUEUED for _ in range(5))
     assert core.queued_per_level() == {1: 1, 2: 5}
@@ -183,7 +183,7 @@ def test_delayed_requests_count_against_their_level_queue_limit():
     _request(core, 1)
     _request(core, 1, now=0.0)
     core.dispatch(5.0)  # moved to the delayed part
-    assert _request(core, 1, now=5.0).refusal is Refusal.QUEUE_FULL
+    assert _request(core, 1, now=5.0).refusal is Refusal.LEVEL_FULL
 
 
 def test_a_queued_manager_waits_for_older_requests_of_every_level_and_stops_newer_ones_of_any_level():
@@ -325,3 +325,11 @@ def test_a_delay_comes_at_its_time_exactly_and_each_one_in_turn():
     assert core.queued_tickets() == [second, patient, first]
     assert core.release(busy, 4.0) == [patient]  # `second` moved too, behind `first`
     assert core.queued_tickets() == [first, second]
+
+
+def test_the_servers_queue_limit_still_bounds_the_whole_queue_of_a_model_with_levels():
+    core = _core(levels=2, default=2)
+    _request(core, 1)
+    assert [_request(core, p, max_queue=2).state for p in (2, 1)] == [TicketState.QUEUED, TicketState.QUEUED]
+    refused = _request(core, 1, max_queue=2)
+    assert refused.refusal is Refusal.QUEUE_FULL
