@@ -286,3 +286,23 @@ def test_levels_outside_1_to_priority_levels_are_refused_at_load_in_tritons_word
     (log,) = (tmp_path / "triton-run").glob("tritonserver-*.log")
     text = log.read_text(errors="replace")
     assert all(words in text for _, words in BAD_CONFIGS.values()), text[-3000:]
+
+
+@pytest.mark.parametrize(
+    "kind, value, words",
+    [
+        ("int64_param", -1, "invalid value for 'priority', expected value >= 0."),
+        ("string_param", "high", "invalid value type for 'priority' parameter, expected int64_param or uint64_param."),
+        ("bool_param", True, "invalid value type for 'priority' parameter, expected int64_param or uint64_param."),
+    ],
+)
+def test_a_bad_priority_is_invalid_argument_in_the_same_words_on_both(servers, kind, value, words):
+    message = pb.ModelInferRequest(model_name="prio_order")
+    message.inputs.add(name="KEY", datatype="INT32", shape=[1, 1]).contents.int_contents.append(7)
+    setattr(message.parameters["priority"], kind, value)
+    for server in servers:
+        with grpc.insecure_channel(server.address) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(message, timeout=60)
+        assert refused.value.code().name == "INVALID_ARGUMENT", server.name
+        assert words in (refused.value.details() or ""), (server.name, refused.value.details())
