@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -166,9 +166,16 @@ def executed(server: Server) -> list[int]:
     return [int(line) for line in log.read_text().split()] if log.exists() else []
 
 
-def scenario(server: Server, model: str, queued: list[tuple[int, dict]], pause_us: int = 0) -> tuple[list, list]:
+def scenario(
+    server: Server,
+    model: str,
+    queued: list[tuple[int, dict]],
+    pause_us: int = 0,
+    while_held: Callable[[Server, list[Call]], None] | None = None,
+) -> tuple[list, list]:
     """Hold key 1 in execute, queue `queued` ((key, parameters)) one at a time behind it, wait `pause_us` (for
-    timeouts to pass), let key 1 go. Returns (each queued call's outcome, the keys executed in order after key 1)."""
+    timeouts to pass), call `while_held`, let key 1 go. Returns (each queued call's outcome, the keys executed in
+    order after key 1)."""
     (server.gates / "log").unlink(missing_ok=True)
     hold = server.gates / "hold-1"
     hold.touch()
@@ -184,6 +191,8 @@ def scenario(server: Server, model: str, queued: list[tuple[int, dict]], pause_u
         if pause_us:
             passed = time.monotonic() + pause_us / 1e6
             wait_until(lambda: time.monotonic() > passed, "the short timeouts passed")
+        if while_held is not None:
+            while_held(server, calls)
     finally:
         hold.unlink(missing_ok=True)
     assert first.result() == ("OK", "1")
@@ -223,9 +232,18 @@ def test_a_reject_level_fails_a_request_past_its_timeout_and_the_override_only_w
         (31, {"priority": 1}),
         (32, {"priority": 2, "timeout": SHORT_US}),
     ]
-    triton, ours = ask_both(servers, "prio_reject", queued, pause_us=2 * SHORT_US)
+    triton, ours = ask_both(servers, "prio_reject", queued, pause_us=2 * SHORT_US, while_held=_refused_when)
     assert [code for code, _ in ours[0]] == [code for code, _ in triton[0]] == ["UNAVAILABLE", "OK", "OK"]
     assert ours[1] == triton[1] == [31, 32]
+
+
+def _refused_when(server: Server, calls: list[Call]) -> None:
+    """A deliberate difference (docs/migrating-from-triton.md): slotserve refuses the request as its timeout passes,
+    while the slot is still held; Triton only once its scheduler looks at the queue again (the slot freed)."""
+    if server.name == "slotserve":
+        wait_until(lambda: calls[0].outcome is not None, "slotserve refuses key 30 while key 1 still runs")
+    else:
+        assert calls[0].outcome is None, "Triton answered key 30 while key 1 still held its instance"
 
 
 def test_delay_moves_a_timed_out_request_behind_its_level_ahead_of_lower_levels_on_both(servers):
