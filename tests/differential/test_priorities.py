@@ -324,3 +324,61 @@ def test_a_bad_priority_is_invalid_argument_in_the_same_words_on_both(servers, k
                 pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(message, timeout=60)
         assert refused.value.code().name == "INVALID_ARGUMENT", server.name
         assert words in (refused.value.details() or ""), (server.name, refused.value.details())
+
+
+ENSEMBLE = """name: "ens"
+platform: "ensemble"
+max_batch_size: 1
+input [ { name: "KEY" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "prio_order" model_version: -1
+  input_map { key: "KEY" value: "KEY" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="slotserve's ensemble steps run at their model's default level: the ensemble does not pass its request's "
+    "priority on to its steps as Triton does (service/request_path/ensemble.py calls each step without it)",
+)
+def test_an_ensemble_passes_its_requests_priority_to_its_steps(tmp_path):
+    """Asked of Triton: an ensemble request's priority reaches its step's queue."""
+    if INSTALLATION is None:
+        pytest.skip(MISSING_REASON)
+    from service.testing import serve
+
+    orders = {}
+    for name in ("triton", "slotserve"):
+        gates = tmp_path / f"gates-{name}"
+        gates.mkdir()
+        root = write_repository(tmp_path / name, gates)
+        (root / "ens" / "1").mkdir(parents=True)
+        (root / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+        if name == "triton":
+            with run_triton(INSTALLATION, root, tmp_path / "triton-run") as triton:
+                server = Server(name, triton.address, triton.metrics_url, gates)
+                orders[name] = _ensemble_order(server)
+        else:
+            with serve(root, parallel_jobs=1, metrics_port=0) as ours:
+                url = f"http://127.0.0.1:{ours.server.metrics_port}/metrics"
+                orders[name] = _ensemble_order(Server(name, ours.address, url, gates))
+    assert orders["triton"] == [11, 10], orders  # the ensemble's level-1 request went before the older default one
+    assert orders["slotserve"] == orders["triton"], orders
+
+
+def _ensemble_order(server: Server) -> list[int]:
+    """Key 1 held on prio_order; key 10 sent to it at the default level, then key 11 through the ensemble at level
+    1; the order they ran in."""
+    hold = server.gates / "hold-1"
+    hold.touch()
+    first = Call(server, "prio_order", 1)
+    try:
+        wait_until(lambda: executed(server) == [1], f"{server.name}: key 1 in execute")
+        default = Call(server, "prio_order", 10)
+        wait_until(lambda: pending_requests(server.metrics_url, "prio_order") >= 1, f"{server.name}: key 10 queued")
+        ensemble = Call(server, "ens", 11, priority=1)
+        wait_until(lambda: pending_requests(server.metrics_url, "prio_order") >= 2, f"{server.name}: key 11 queued")
+    finally:
+        hold.unlink(missing_ok=True)
+    assert first.result() == ("OK", "1") and default.result() == ("OK", "10") and ensemble.result() == ("OK", "11")
+    return executed(server)[1:]
