@@ -96,6 +96,7 @@ class TicketState(enum.Enum):
 
 class Refusal(enum.Enum):
     QUEUE_FULL = "queue_full"
+    LEVEL_FULL = "level_full"  # the queue of the request's priority level is full (its queue policy's max_queue_size)
     OVERDUE = "overdue"  # every occupied inference slot is past the admission timeout
     CLOSED = "closed"  # the controller was closed (shutdown)
 
@@ -310,7 +311,7 @@ class AdmissionCore:
         if kind is TicketKind.REQUEST and max_queue > 0 and self._queued_requests >= max_queue:
             return self._refuse(ticket, Refusal.QUEUE_FULL)
         if policy is not None and 0 < policy.max_queue_size <= self._level_size(ticket.level):
-            return self._refuse(ticket, Refusal.QUEUE_FULL)  # its level's queue is full (Triton: per level)
+            return self._refuse(ticket, Refusal.LEVEL_FULL)  # Triton bounds each level's queue
         self._enqueue(ticket)
         return ticket
 
@@ -659,6 +660,8 @@ def refusal_error(ticket: Ticket[Any], model: str) -> Exception:
     """The exception a refused ticket's caller raises."""
     if ticket.refusal is Refusal.QUEUE_FULL:
         return QueueFull(f"server_busy: the queue of model '{model}' is full")
+    if ticket.refusal is Refusal.LEVEL_FULL:
+        return QueueFull(f"server_busy: the queue of priority level {ticket.level} of model '{model}' is full")
     if ticket.refusal is Refusal.OVERDUE:
         return OverdueBlockers(f"server_busy: every busy slot of model '{model}' has run past the admission timeout")
     return ShuttingDown(f"model '{model}' is not admitting work: the server is shutting down")

@@ -115,6 +115,7 @@ def test_each_level_has_its_own_queue_limit(batching):
     ops = queue_in_order(env, "p", requests)
     refused = send(env, "p", 5, 6, priority=1).error()  # level 1 holds one already
     assert isinstance(refused, QueueFull) and describe(refused)[2] == "server_busy"
+    assert "the queue of priority level 1 of model 'p' is full" in str(refused)
     assert env.entry("p").admission.queued_per_level() == {1: 1, 2: 3}
     gate.release()
     running.result()

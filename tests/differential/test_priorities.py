@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -166,9 +166,16 @@ def executed(server: Server) -> list[int]:
     return [int(line) for line in log.read_text().split()] if log.exists() else []
 
 
-def scenario(server: Server, model: str, queued: list[tuple[int, dict]], pause_us: int = 0) -> tuple[list, list]:
+def scenario(
+    server: Server,
+    model: str,
+    queued: list[tuple[int, dict]],
+    pause_us: int = 0,
+    while_held: Callable[[Server, list[Call]], None] | None = None,
+) -> tuple[list, list]:
     """Hold key 1 in execute, queue `queued` ((key, parameters)) one at a time behind it, wait `pause_us` (for
-    timeouts to pass), let key 1 go. Returns (each queued call's outcome, the keys executed in order after key 1)."""
+    timeouts to pass), call `while_held`, let key 1 go. Returns (each queued call's outcome, the keys executed in
+    order after key 1)."""
     (server.gates / "log").unlink(missing_ok=True)
     hold = server.gates / "hold-1"
     hold.touch()
@@ -184,6 +191,8 @@ def scenario(server: Server, model: str, queued: list[tuple[int, dict]], pause_u
         if pause_us:
             passed = time.monotonic() + pause_us / 1e6
             wait_until(lambda: time.monotonic() > passed, "the short timeouts passed")
+        if while_held is not None:
+            while_held(server, calls)
     finally:
         hold.unlink(missing_ok=True)
     assert first.result() == ("OK", "1")
@@ -223,9 +232,18 @@ def test_a_reject_level_fails_a_request_past_its_timeout_and_the_override_only_w
         (31, {"priority": 1}),
         (32, {"priority": 2, "timeout": SHORT_US}),
     ]
-    triton, ours = ask_both(servers, "prio_reject", queued, pause_us=2 * SHORT_US)
+    triton, ours = ask_both(servers, "prio_reject", queued, pause_us=2 * SHORT_US, while_held=_refused_when)
     assert [code for code, _ in ours[0]] == [code for code, _ in triton[0]] == ["UNAVAILABLE", "OK", "OK"]
     assert ours[1] == triton[1] == [31, 32]
+
+
+def _refused_when(server: Server, calls: list[Call]) -> None:
+    """A deliberate difference (docs/migrating-from-triton.md): slotserve refuses the request as its timeout passes,
+    while the slot is still held; Triton only once its scheduler looks at the queue again (the slot freed)."""
+    if server.name == "slotserve":
+        wait_until(lambda: calls[0].outcome is not None, "slotserve refuses key 30 while key 1 still runs")
+    else:
+        assert calls[0].outcome is None, "Triton answered key 30 while key 1 still held its instance"
 
 
 def test_delay_moves_a_timed_out_request_behind_its_level_ahead_of_lower_levels_on_both(servers):
@@ -286,3 +304,81 @@ def test_levels_outside_1_to_priority_levels_are_refused_at_load_in_tritons_word
     (log,) = (tmp_path / "triton-run").glob("tritonserver-*.log")
     text = log.read_text(errors="replace")
     assert all(words in text for _, words in BAD_CONFIGS.values()), text[-3000:]
+
+
+@pytest.mark.parametrize(
+    "kind, value, words",
+    [
+        ("int64_param", -1, "invalid value for 'priority', expected value >= 0."),
+        ("string_param", "high", "invalid value type for 'priority' parameter, expected int64_param or uint64_param."),
+        ("bool_param", True, "invalid value type for 'priority' parameter, expected int64_param or uint64_param."),
+    ],
+)
+def test_a_bad_priority_is_invalid_argument_in_the_same_words_on_both(servers, kind, value, words):
+    message = pb.ModelInferRequest(model_name="prio_order")
+    message.inputs.add(name="KEY", datatype="INT32", shape=[1, 1]).contents.int_contents.append(7)
+    setattr(message.parameters["priority"], kind, value)
+    for server in servers:
+        with grpc.insecure_channel(server.address) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(message, timeout=60)
+        assert refused.value.code().name == "INVALID_ARGUMENT", server.name
+        assert words in (refused.value.details() or ""), (server.name, refused.value.details())
+
+
+ENSEMBLE = """name: "ens"
+platform: "ensemble"
+max_batch_size: 1
+input [ { name: "KEY" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "prio_order" model_version: -1
+  input_map { key: "KEY" value: "KEY" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="slotserve's ensemble steps run at their model's default level: the ensemble does not pass its request's "
+    "priority on to its steps as Triton does (service/request_path/ensemble.py calls each step without it)",
+)
+def test_an_ensemble_passes_its_requests_priority_to_its_steps(tmp_path):
+    """Asked of Triton: an ensemble request's priority reaches its step's queue."""
+    if INSTALLATION is None:
+        pytest.skip(MISSING_REASON)
+    from service.testing import serve
+
+    orders = {}
+    for name in ("triton", "slotserve"):
+        gates = tmp_path / f"gates-{name}"
+        gates.mkdir()
+        root = write_repository(tmp_path / name, gates)
+        (root / "ens" / "1").mkdir(parents=True)
+        (root / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+        if name == "triton":
+            with run_triton(INSTALLATION, root, tmp_path / "triton-run") as triton:
+                server = Server(name, triton.address, triton.metrics_url, gates)
+                orders[name] = _ensemble_order(server)
+        else:
+            with serve(root, parallel_jobs=1, metrics_port=0) as ours:
+                url = f"http://127.0.0.1:{ours.server.metrics_port}/metrics"
+                orders[name] = _ensemble_order(Server(name, ours.address, url, gates))
+    assert orders["triton"] == [11, 10], orders  # the ensemble's level-1 request went before the older default one
+    assert orders["slotserve"] == orders["triton"], orders
+
+
+def _ensemble_order(server: Server) -> list[int]:
+    """Key 1 held on prio_order; key 10 sent to it at the default level, then key 11 through the ensemble at level
+    1; the order they ran in."""
+    hold = server.gates / "hold-1"
+    hold.touch()
+    first = Call(server, "prio_order", 1)
+    try:
+        wait_until(lambda: executed(server) == [1], f"{server.name}: key 1 in execute")
+        default = Call(server, "prio_order", 10)
+        wait_until(lambda: pending_requests(server.metrics_url, "prio_order") >= 1, f"{server.name}: key 10 queued")
+        ensemble = Call(server, "ens", 11, priority=1)
+        wait_until(lambda: pending_requests(server.metrics_url, "prio_order") >= 2, f"{server.name}: key 11 queued")
+    finally:
+        hold.unlink(missing_ok=True)
+    assert first.result() == ("OK", "1") and default.result() == ("OK", "10") and ensemble.result() == ("OK", "11")
+    return executed(server)[1:]

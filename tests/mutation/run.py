@@ -84,6 +84,7 @@ SUBSETS: dict[str, list[str]] = {
         "tests/unit/service/core/test_admission.py",
         "tests/unit/service/core/test_admission_controller.py",
         "tests/unit/service/core/test_admission_batching.py",
+        "tests/unit/service/core/test_admission_priority_machine.py",
     ],
     "batching": [
         "tests/contract/test_batch_members.py",

@@ -95,7 +95,7 @@ def test_each_level_has_its_own_queue_limit():
     first = _request(core, 1)
     refused = _request(core, 1)
     assert first.state is TicketState.QUEUED
-    assert refused.state is TicketState.REFUSED and refused.refusal is Refusal.QUEUE_FULL
+    assert refused.state is TicketState.REFUSED and refused.refusal is Refusal.LEVEL_FULL
     # The other level has no limit of its own (the default policy's 0).
     assert all(_request(core, 2).state is TicketState.QUEUED for _ in range(5))
     assert core.queued_per_level() == {1: 1, 2: 5}
@@ -183,7 +183,7 @@ def test_delayed_requests_count_against_their_level_queue_limit():
     _request(core, 1)
     _request(core, 1, now=0.0)
     core.dispatch(5.0)  # moved to the delayed part
-    assert _request(core, 1, now=5.0).refusal is Refusal.QUEUE_FULL
+    assert _request(core, 1, now=5.0).refusal is Refusal.LEVEL_FULL
 
 
 def test_a_queued_manager_waits_for_older_requests_of_every_level_and_stops_newer_ones_of_any_level():
@@ -270,3 +270,66 @@ def test_statistics_count_every_level():
     stats = core.statistics()
     assert (stats.queued, stats.queued_requests, stats.queued_managers) == (5, 4, 1)
     assert core.queued_per_level() == {1: 1, 2: 1, 3: 2}
+
+
+def test_the_smallest_timeouts_count_and_an_override_applies_where_the_level_has_no_timeout():
+    policies = (
+        (1, QueuePolicySpec(default_timeout_us=1)),  # one microsecond is a timeout, not "none"
+        (2, QueuePolicySpec(allow_timeout_override=True)),  # no timeout of its own: the request's own applies
+    )
+    core = _core(levels=2, default=2, policies=policies)
+    _request(core, 1, now=10.0)
+    assert _request(core, 1, now=10.0).deadline == pytest.approx(10.000001)
+    assert _request(core, 2, now=10.0, timeout_us=1).deadline == pytest.approx(10.000001)
+    assert _request(core, 2, now=10.0, timeout_us=5_000_000).deadline == pytest.approx(15.0)
+    assert _request(core, 2, now=10.0).deadline is None
+
+
+def test_a_forming_batch_goes_at_once_when_a_manager_queues_behind_it():
+    # Nobody can join it any more (whoever comes now is behind the manager): waiting out its delay would only delay
+    # the manager.
+    spec = PrioritySpec(levels=2, default_level=2)
+    core = AdmissionCore(1, BatchRule(max_rows=4, delay=10.0, priorities=spec))
+    forming = _request(core, 1, now=0.0)
+    assert forming.state is TicketState.QUEUED  # a free slot waits up to the delay for more members
+    manager = core.arrive(MANAGER, 1.0, None)
+    assert core.dispatch(1.0) == [forming]
+    assert forming.members == [forming] and manager.state is TicketState.QUEUED
+
+
+OWN_DELAY = QueuePolicySpec(allow_timeout_override=True, delay=True)  # DELAY only for requests with a `timeout`
+
+
+@pytest.mark.parametrize("leaves", ["a request without a time", "another one with a time"])
+def test_a_request_leaving_the_queue_does_not_stop_the_others_delay(leaves):
+    core = _core(levels=1, default=1, default_policy=OWN_DELAY)
+    busy = _request(core, 1)
+    timed = _request(core, 1, now=0.0, timeout_us=1_000_000)  # its time comes at 1.0
+    if leaves == "another one with a time":
+        gone = _request(core, 1, now=0.0, timeout_us=1_000_000)
+    patient = _request(core, 1, now=0.0)
+    if leaves == "a request without a time":
+        gone = _request(core, 1, now=0.0)
+    core.withdraw(gone, TicketState.CANCELLED, 0.5)
+    assert core.release(busy, 5.0) == [patient]
+    assert core.queued_tickets() == [timed]
+
+
+def test_a_delay_comes_at_its_time_exactly_and_each_one_in_turn():
+    core = _core(levels=1, default=1, default_policy=OWN_DELAY)
+    busy = _request(core, 1)
+    first = _request(core, 1, now=0.0, timeout_us=1_000_000)  # 1.0
+    second = _request(core, 1, now=0.0, timeout_us=3_000_000)  # 3.0
+    patient = _request(core, 1, now=0.0)
+    assert core.dispatch(1.0) == []  # the slot is busy; `first` moves (its time is now)
+    assert core.queued_tickets() == [second, patient, first]
+    assert core.release(busy, 4.0) == [patient]  # `second` moved too, behind `first`
+    assert core.queued_tickets() == [first, second]
+
+
+def test_the_servers_queue_limit_still_bounds_the_whole_queue_of_a_model_with_levels():
+    core = _core(levels=2, default=2)
+    _request(core, 1)
+    assert [_request(core, p, max_queue=2).state for p in (2, 1)] == [TicketState.QUEUED, TicketState.QUEUED]
+    refused = _request(core, 1, max_queue=2)
+    assert refused.refusal is Refusal.QUEUE_FULL
