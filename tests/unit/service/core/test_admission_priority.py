@@ -333,3 +333,38 @@ def test_the_servers_queue_limit_still_bounds_the_whole_queue_of_a_model_with_le
     assert [_request(core, p, max_queue=2).state for p in (2, 1)] == [TicketState.QUEUED, TicketState.QUEUED]
     refused = _request(core, 1, max_queue=2)
     assert refused.refusal is Refusal.QUEUE_FULL
+
+
+@pytest.mark.parametrize("levels", [None, 3])
+def test_a_queued_request_of_a_model_with_levels_gives_its_runner_back_at_once(monkeypatch, levels):
+    """A waiter in a prioritized queue steps aside from its handler runner at once (not after STEP_ASIDE_SECONDS):
+    otherwise low-priority callers keep the runners and a high-priority call queues behind them in the handler pool,
+    reaching this queue after them (bench/sections/priorities.py measured ~20 ms)."""
+    import threading
+    import time
+
+    from service.core import admission
+    from service.core.blocking import STEP_ASIDE_SECONDS
+
+    steps: list[float] = []
+
+    class Recording(admission.StepAsideLater):
+        def __init__(self, after: float = STEP_ASIDE_SECONDS) -> None:
+            steps.append(after)
+            super().__init__(after)
+
+    monkeypatch.setattr(admission, "StepAsideLater", Recording)
+    spec = None if levels is None else PrioritySpec(levels=levels, default_level=2, default_policy=NO_POLICY)
+    controller = admission.AdmissionController("m", 1, batching=BatchRule(max_rows=1, priorities=spec))
+    holder = controller.acquire(REQUEST, None, key="k")
+    granted: list[Ticket] = []
+    waiter = threading.Thread(target=lambda: granted.append(controller.acquire(REQUEST, None, key="k", priority=1)))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while controller.statistics().queued_requests == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)  # ordering-free: polls the waiter's arrival in the queue until a deadline
+    controller.release(holder)
+    waiter.join(timeout=30)
+    assert granted and granted[0].state is TicketState.GRANTED
+    controller.release(granted[0])
+    assert steps == [0.0 if levels else STEP_ASIDE_SECONDS]
