@@ -211,6 +211,8 @@ class ModelEntry(Reconfigurable):
         """A batching request's ticket: a granted leader's, or a member's its leader released, queued on its
         `priority`'s level on a model with priorities. Blocks and raises as AdmissionController.acquire."""
         settings = self._committed.settings
+        if self._runtime.refuse_predicted_wait:  # raises WaitExceedsDeadline (service/core/service_rate.py)
+            refuse_if_wait_exceeds(self, deadline)
         return self.admission.acquire(
             TicketKind.REQUEST,
             deadline,

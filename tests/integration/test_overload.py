@@ -36,6 +36,7 @@ from service.testing import RunningServer, serve
 from ._support import write_fixture_model
 
 TENSOR = [("INPUT0", "FP32", [-1])]
+BATCHING = "mb"  # a dynamically batching model: its requests queue as batch items (service/core/batching.py)
 WAIT = 30.0  # bounds every wait on the server's state: a broken server fails the test instead of hanging it
 PUSHBACK = "grpc-retry-pushback-ms"
 
@@ -48,6 +49,7 @@ def memory_parameter(size: int) -> str:
 def repository(tmp_path):
     root = tmp_path / "repository"
     write_fixture_model(root, "m", inputs=TENSOR, outputs=TENSOR)
+    write_fixture_model(root, BATCHING, inputs=TENSOR, outputs=TENSOR, max_batch_size=1, extra="dynamic_batching { }\n")
     write_fixture_model(root, "a", inputs=TENSOR, outputs=TENSOR, extra=memory_parameter(1000))
     write_fixture_model(root, "b", inputs=TENSOR, outputs=TENSOR, extra=memory_parameter(1000))
     write_fixture_model(root, "huge", inputs=TENSOR, outputs=TENSOR, extra=memory_parameter(5000))
@@ -56,7 +58,7 @@ def repository(tmp_path):
 
 def request(model: str, count: int = 4, timeout_us: int | None = None) -> pb.ModelInferRequest:
     message = pb.ModelInferRequest(model_name=model)
-    message.inputs.add(name="INPUT0", datatype="FP32", shape=[count])
+    message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, count] if model == BATCHING else [count])
     message.raw_input_contents.append(np.arange(count, dtype=np.float32).tobytes())
     if timeout_us is not None:
         message.parameters["timeout"].int64_param = timeout_us
@@ -298,36 +300,42 @@ def test_requests_cut_short_by_a_shutdown_carry_its_hint(repository, controls):
 # ---- --refuse-predicted-wait --------------------------------------------------------------------------------------
 
 
-def test_the_predicted_wait_option_refuses_a_too_short_deadline_and_admits_one_with_enough(repository, controls):
+@pytest.mark.parametrize("model", ["m", BATCHING])
+def test_the_predicted_wait_option_refuses_a_too_short_deadline_and_admits_one_with_enough(repository, controls, model):
     with serve(
         repository, backends={"fixture": FixtureBackend(controls)}, refuse_predicted_wait=True, metrics_port=0
     ) as running:
-        entry = running.server.registry.get("m")
+        entry = running.server.registry.get(model)
         with channel(running.address) as stub:
-            assert stub.ModelInfer(request("m", timeout_us=1000), timeout=WAIT)  # a free slot: at once, however short
+            assert stub.ModelInfer(request(model, timeout_us=1000), timeout=WAIT)  # a free slot: at once, however short
             # One run that takes at least half a second makes the rate at most 2 requests per second (the wait below
             # sets how long the run lasts, it orders nothing).
-            held = busy_model(running, controls, stub)
+            held = busy_model(running, controls, stub, model)
             threading.Event().wait(0.5)
-            controls.gate("m", "execute").release()
+            controls.gate(model, "execute").release()
             assert held.outcomes() == ["OK"]
 
-            held = busy_model(running, controls, stub, queue=1)  # predicted: (1 + 1) / (1 x rate) >= 1 s
-            too_short = refused(stub, request("m", timeout_us=100_000))
+            held = busy_model(running, controls, stub, model, queue=1)  # predicted: (1 + 1) / (1 x rate) >= 1 s
+            too_short = refused(stub, request(model, timeout_us=100_000))
             assert (too_short.code, too_short.reason, too_short.pushback) == (
                 grpc.StatusCode.UNAVAILABLE,
                 "wait_exceeds_deadline",
                 "-1",
             )
-            assert "model 'm' would take about" in too_short.details
-            admitted = held.send(request("m", timeout_us=60_000_000))
-            wait_until(lambda: queued(running, "m") == 2, "the request with time enough to queue")
-            controls.gate("m", "execute").release()
+            assert f"model '{model}' would take about" in too_short.details
+            admitted = held.send(request(model, timeout_us=60_000_000))
+            wait_until(lambda: queued(running, model) == 2, "the request with time enough to queue")
+            controls.gate(model, "execute").release()
             assert held.outcomes() == ["OK", "OK", "OK"] and admitted.result(timeout=WAIT)
             assert entry.statistics.snapshot().failures == {"wait_exceeds_deadline": 1}
             page = scrape(running)  # counted under its own reason, and as Triton's REJECTED
-            assert sample(page, "slotserve_model_requests_total", '{model="m",outcome="wait_exceeds_deadline"}') == 1
-            assert sample(page, "nv_inference_request_failure", '{model="m",reason="REJECTED",version="1"}') == 1
+            assert (
+                sample(page, "slotserve_model_requests_total", f'{{model="{model}",outcome="wait_exceeds_deadline"}}')
+                == 1
+            )
+            assert (
+                sample(page, "nv_inference_request_failure", f'{{model="{model}",reason="REJECTED",version="1"}}') == 1
+            )
 
 
 def test_without_the_option_a_short_deadline_queues_and_ends_at_its_deadline(repository, controls):
