@@ -46,6 +46,10 @@ talks to 127.0.0.1 only. Sections, in order (all but transport by default):
              configured `direct` and `oldest`, on slotserve and on real Triton 2.51, alternating point by point;
              infer/s, p50 / p99, oldest / direct, requests per execution; a server that refuses the config is
              "skipped: sequence batching not supported by this server" (see bench/sections/sequences.py).
+  priorities a trickle of high-priority requests (one every 20 ms) on a python model with priority levels, alone and
+             under an overload of 16 low-priority clients (and with the trickle at the default level: FIFO), on
+             slotserve and on real Triton 2.51, same run, alternating; p50 / p99 and p99 loaded / unloaded (goal
+             within 2x); a server that refuses the config is "skipped: priorities not supported by this server".
   transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
              server and real Triton's python backend; `--cores N` pins them; see bench/sections/transport.py.
   bytes_memory
@@ -88,6 +92,7 @@ from bench.sections.coldload import section_coldload  # noqa: E402
 from bench.sections.ensemble import section_ensemble  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
+from bench.sections.priorities import section_priorities  # noqa: E402
 from bench.sections.python import section_python  # noqa: E402
 from bench.sections.sequences import section_sequences  # noqa: E402
 from bench.sections.shared_memory import section_shared_memory  # noqa: E402
@@ -110,6 +115,7 @@ SECTIONS = (
     "python",
     "ensemble",
     "sequences",
+    "priorities",
     "transport",
 )
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "transport")  # transport (~10 min, real Triton): on request
@@ -194,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": lambda: section_python(args, launcher, pa, table, raw, Path(scratch)),
             "ensemble": lambda: section_ensemble(args, launcher, table, raw, Path(scratch)),
             "sequences": lambda: section_sequences(args, launcher, pa, table, raw, Path(scratch)),
+            "priorities": lambda: section_priorities(args, launcher, table, raw, Path(scratch)),
             "transport": lambda: section_transport(args, launcher, pa, table, raw),
         }
         for section in args.sections:

@@ -94,21 +94,23 @@ FIELDS: dict[str, FieldRule] = {
     "dynamic_batching.preferred_batch_size": _applied("a delayed batch goes once it reaches one of these sizes"),
     "dynamic_batching.max_queue_delay_microseconds": _applied("how long a free slot waits for its batch to grow"),
     "dynamic_batching.preserve_ordering": _applied("every request gets its own response, in order"),
-    "dynamic_batching.priority_levels": _refused("not supported: requests are served in arrival order, one level"),
-    "dynamic_batching.default_priority_level": _refused(
-        "not supported: requests are served in arrival order, one level"
+    "dynamic_batching.priority_levels": _applied(
+        "a queue per level, level 1 served first, FIFO within a level (docs/lifecycle.md, Priorities)"
     ),
-    "dynamic_batching.priority_queue_policy": _refused(
-        "not supported: requests are served in arrival order, one level"
+    "dynamic_batching.default_priority_level": _applied(
+        "the level of a request whose `priority` is 0 or above priority_levels (1..priority_levels)"
     ),
-    "dynamic_batching.default_queue_policy": _applied("the model's queue limit and admission timeout"),
-    "dynamic_batching.default_queue_policy.max_queue_size": _applied("this model's queue limit"),
-    "dynamic_batching.default_queue_policy.default_timeout_microseconds": _applied("this model's admission timeout"),
+    "dynamic_batching.priority_queue_policy": _applied(
+        "a level's own queue policy (max_queue_size, timeout, override, timeout_action), keyed 1..priority_levels"
+    ),
+    "dynamic_batching.default_queue_policy": _applied("the queue policy of every level without one of its own"),
+    "dynamic_batching.default_queue_policy.max_queue_size": _applied("a level's queue limit (delayed requests count)"),
+    "dynamic_batching.default_queue_policy.default_timeout_microseconds": _applied("a level's queue timeout"),
     "dynamic_batching.default_queue_policy.allow_timeout_override": _applied(
         "whether a request's `timeout` may shorten it"
     ),
-    "dynamic_batching.default_queue_policy.timeout_action": _refused(
-        "not supported: timeout_action DELAY; a request whose admission timeout passes is refused (REJECT)"
+    "dynamic_batching.default_queue_policy.timeout_action": _applied(
+        "REJECT: refused at its queue timeout; DELAY: moved behind its level's requests that have not timed out"
     ),
     "sequence_batching": _applied(
         "stateful sequences: every request of a sequence on one slot, in order (docs/sequences.md)"
@@ -186,7 +188,10 @@ FIELDS: dict[str, FieldRule] = {
     "instance_group.gpus": _ignored(_ROUTING),
     "instance_group.host_policy": _ignored(_ROUTING),
     "instance_group.profile": _ignored("TensorRT profiles come from the trt_* parameters"),
-    "instance_group.rate_limiter": _refused("not supported: slots are not rate limited by resources"),
+    "instance_group.rate_limiter": _applied(
+        "the resources each slot needs to run and its priority among their waiters, with --rate-limit "
+        "execution_count (docs/lifecycle.md); read and ignored with --rate-limit off; a later group's is ignored"
+    ),
     "instance_group.secondary_devices": _refused("not supported: slots use no secondary devices"),
     "instance_group.passive": _refused("not supported: every slot takes requests"),
     "default_model_filename": _applied("the model file's name in the version folder"),
@@ -255,6 +260,9 @@ def classify_fields(config: model_config_pb2.ModelConfig) -> Classified:
                 continue
             if key == "instance_group.count" and not label.startswith("instance_group[0]."):
                 ignored.append((label, "only the first instance group sets the slot count"))
+                continue
+            if key == "instance_group.rate_limiter" and not label.startswith("instance_group[0]."):
+                ignored.append((label, "only the first instance group's rate limiter applies to the slots"))
                 continue
             if rule.treatment is Treatment.REFUSED:
                 refused.append((label, rule.reason))

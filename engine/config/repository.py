@@ -36,8 +36,9 @@ from .files import (
     files_stamp,
     read_regular_text,
 )
+from .rate_limiter import read_rate_limiter
 from .sequence_batching import oldest_batching, read_sequence_spec
-from .specs import BatchingSpec, ModelSpec, TensorSpec, VersionPolicy
+from .specs import BatchingSpec, ModelSpec, PrioritySpec, QueuePolicySpec, TensorSpec, VersionPolicy
 from .warmup import read_warmup_samples
 
 _LOG = logging.getLogger(__name__)
@@ -178,6 +179,14 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
         )
     has_policy = block.HasField("default_queue_policy")
     policy = block.default_queue_policy
+    priorities = _priority_spec(block, config.name, origin)
+    if priorities is not None:  # every limit depends on the request's level: the admission core applies them
+        return BatchingSpec(
+            max_queue_delay_us=int(block.max_queue_delay_microseconds),
+            preferred_batch_sizes=tuple(preferred),
+            preserve_ordering=block.preserve_ordering,
+            priorities=priorities,
+        )
     return BatchingSpec(
         max_queue_delay_us=int(block.max_queue_delay_microseconds),
         preferred_batch_sizes=tuple(preferred),
@@ -186,6 +195,46 @@ def _batching_spec(config: model_config_pb2.ModelConfig, origin: str) -> Batchin
         default_timeout_us=int(policy.default_timeout_microseconds),
         # Without a policy block a request's `timeout` shortens the admission timeout, as on every other model.
         allow_timeout_override=policy.allow_timeout_override if has_policy else True,
+    )
+
+
+def _priority_spec(block: model_config_pb2.ModelDynamicBatching, model: str, origin: str) -> PrioritySpec | None:
+    """The priority levels and queue policies of a dynamic_batching block, or None when it has one level and
+    refuses requests past their timeout (the plain settings of BatchingSpec then say it all). Raises
+    ModelConfigError with Triton's words for a default level or a policy's level outside 1..priority_levels."""
+    levels = int(block.priority_levels)
+    delays = block.default_queue_policy.timeout_action == model_config_pb2.ModelQueuePolicy.DELAY
+    if levels == 0 and not delays:
+        return None
+    policies: tuple[tuple[int, QueuePolicySpec], ...] = ()
+    if levels > 0:
+        if not 1 <= block.default_priority_level <= levels:
+            raise ModelConfigError(f"{origin}: default priority level must be in range [1, {levels}] for {model}")
+        for level in sorted(block.priority_queue_policy):
+            if not 1 <= level <= levels:
+                raise ModelConfigError(
+                    f"{origin}: priority queue policy must have priority level in range [1, {levels}] for {model}"
+                )
+        policies = tuple(
+            (int(level), _queue_policy(block.priority_queue_policy[level], explicit=True))
+            for level in sorted(block.priority_queue_policy)
+        )
+    return PrioritySpec(
+        levels=levels,
+        default_level=int(block.default_priority_level) if levels > 0 else 0,
+        default_policy=_queue_policy(block.default_queue_policy, explicit=block.HasField("default_queue_policy")),
+        policies=policies,
+    )
+
+
+def _queue_policy(policy: model_config_pb2.ModelQueuePolicy, *, explicit: bool) -> QueuePolicySpec:
+    """One ModelQueuePolicy. Without a block (`explicit` False) a request's `timeout` may shorten the wait, as on a
+    model without levels."""
+    return QueuePolicySpec(
+        max_queue_size=int(policy.max_queue_size),
+        default_timeout_us=int(policy.default_timeout_microseconds),
+        allow_timeout_override=policy.allow_timeout_override if explicit else True,
+        delay=policy.timeout_action == model_config_pb2.ModelQueuePolicy.DELAY,
     )
 
 
@@ -416,6 +465,7 @@ def spec_from_config(
         warmup=read_warmup_samples(config, inputs, directory, roots, origin),
         response_cache=config.response_cache.enable,
         sequence=sequence,
+        rate_limiter=read_rate_limiter(config, origin),
         config=final,
         roots=roots,
     )

@@ -4,6 +4,7 @@ no reading and no I/O (engine/config/repository.py and its neighbours make them 
     ModelSpec           everything needed to load one version of one model
     TensorSpec          one declared input or output
     BatchingSpec        dynamic batching (config.pbtxt `dynamic_batching`, or an `oldest` sequence model's)
+    PrioritySpec        its priority levels and queue policies (QueuePolicySpec), when it sets levels or DELAY
     VersionPolicy       which version folders are served (`version_policy`)
     WarmupSample/Input  the warmup requests (`model_warmup`)
     SequenceSpec        sequence batching (`sequence_batching`): its controls (SequenceControl) and implicit state
@@ -21,6 +22,7 @@ import numpy as np
 
 from .. import datatypes
 from .files import ModelRoots
+from .rate_limiter import RateLimiterSpec
 
 # Triton's default for max_sequence_idle_microseconds (1 s).
 DEFAULT_IDLE_US = 1_000_000
@@ -41,6 +43,40 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class QueuePolicySpec:
+    """One priority level's queue policy (config.pbtxt `ModelQueuePolicy`). Times in microseconds; 0: none."""
+
+    max_queue_size: int = 0  # queued requests of this level (delayed ones included); 0: no limit of the level's
+    default_timeout_us: int = 0  # how long a request of this level may wait in the queue
+    allow_timeout_override: bool = False  # whether a request's `timeout` parameter may shorten it
+    delay: bool = False  # timeout_action DELAY: past its timeout a request moves behind its level's others (REJECT:
+    # it is refused)
+
+
+@dataclass(frozen=True)
+class PrioritySpec:
+    """A batching model's priority levels (Triton's: level 1 is served first) and queue policies.
+
+    `levels` 0 means one level (only `default_policy` matters, with DELAY); a request's `priority` 0, or above
+    `levels`, takes `default_level`."""
+
+    levels: int = 0
+    default_level: int = 0
+    default_policy: QueuePolicySpec = QueuePolicySpec()
+    policies: tuple[tuple[int, QueuePolicySpec], ...] = ()  # (level, its own policy), by level
+
+    def level_of(self, priority: int) -> int:
+        """The level a request's `priority` parameter puts it on (Triton's rule)."""
+        if priority == 0 or priority > self.levels:
+            return self.default_level
+        return priority
+
+    def policy_of(self, level: int) -> QueuePolicySpec:
+        """The queue policy of `level`: its own, else the default one."""
+        return next((policy for key, policy in self.policies if key == level), self.default_policy)
+
+
+@dataclass(frozen=True)
 class BatchingSpec:
     """A model's dynamic batching settings (config.pbtxt `dynamic_batching`), as slotserve applies them.
 
@@ -55,6 +91,10 @@ class BatchingSpec:
     max_queue_size: int = 0  # queued requests of this model; 0: the server's --max-queue
     default_timeout_us: int = 0  # admission timeout of this model's requests; 0: the model's admission timeout
     allow_timeout_override: bool = False  # whether a request's `timeout` parameter may shorten it
+    # Priority levels and per-level queue policies (service/core/admission.py applies them per request). When set,
+    # the three fields above are 0/False: they are what applies to a request before its level is known, and every
+    # limit then depends on the level.
+    priorities: PrioritySpec | None = None
 
     @property
     def largest_preferred(self) -> int:
@@ -144,6 +184,7 @@ class ModelSpec:
     warmup: tuple[WarmupSample, ...] = ()  # run on every slot before the pool is published
     response_cache: bool = False  # `response_cache { enable: true }` (service/request_path/response_cache.py)
     sequence: SequenceSpec | None = None  # sequence_batching (engine/config/sequence_batching.py); None: no sequences
+    rate_limiter: RateLimiterSpec | None = None  # instance_group[0].rate_limiter (engine/config/rate_limiter.py)
     config: object = field(default=None, compare=False, repr=False)
     roots: ModelRoots | None = field(default=None, compare=False, repr=False)
 

@@ -78,9 +78,10 @@ class Gate:
 
     def hold_from(self, arrival: int) -> Gate:
         """Let the first `arrival - 1` callers (counting earlier ones) through and hold every later one, until
-        `release`."""
+        `release`. Callers already blocked below `arrival` go on."""
         with self._cond:
             self._hold_from = arrival
+            self._cond.notify_all()
         return self
 
     def release(self) -> None:

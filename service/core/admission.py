@@ -1,4 +1,4 @@
-"""Per-model admission: slots, one strict FIFO queue, and exclusive management leases.
+"""Per-model admission: slots, one strict FIFO queue (a queue per priority level), and exclusive management leases.
 
 Two layers, so the rules can be tested without threads:
 
@@ -34,6 +34,23 @@ free, until it reaches a preferred size (or `max_rows`), can no longer grow (the
 or its oldest member has waited `delay`, and never past the earliest deadline of its members. A running batch
 is, to managers, eviction and shutdown, the leases of all its members: they end together.
 
+Priorities (a batching model whose `BatchRule.priorities` is set: Triton's priority_levels and queue policies;
+contract PRIO.01-):
+
+* A request's `priority` parameter picks its level: 1..levels as sent, 0 or above `levels` the default level.
+  Levels are served from level 1, FIFO within a level; a batch takes the compatible requests in that order (the
+  head, then the rest of its level, then the next level), stopping at the first that does not fit.
+* Each level's queue policy (its own, else the default one) bounds the level's queue (`max_queue_size`, delayed
+  requests included) and sets its queue timeout (`default_timeout_microseconds`, which the request's `timeout`
+  may only shorten, and only with `allow_timeout_override`). REJECT: the timeout is the ticket's deadline (it
+  expires then). DELAY: at its timeout the request moves behind the requests of its level that are still
+  within theirs, ahead of the lower levels (the move is made when the queue is next served, `dispatch`), and
+  it is never refused for it.
+* Managers stay barriers across levels: only requests older than the oldest queued manager go before it (the
+  higher levels first among them), and no request of any level that arrived after it passes it.
+* Strict priority, as Triton: a low level waits as long as higher levels keep the slots busy (it starves under
+  a constant load of them); its level's timeout or the caller's deadline bounds that wait.
+
 Ticket states:
 
     QUEUED  -> GRANTED -> RELEASED
@@ -50,13 +67,14 @@ import enum
 import itertools
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from engine.config.specs import PrioritySpec, QueuePolicySpec
 from engine.interface import CancelToken
 
-from .blocking import StepAsideLater
+from .blocking import STEP_ASIDE_SECONDS, StepAsideLater
 from .errors import AdmissionTimeout, OverdueBlockers, QueueFull, RequestCancelled, ShuttingDown
 
 P = TypeVar("P")  # what a request's ticket carries for its batch's runner (service/core/batching.py BatchItem)
@@ -78,6 +96,7 @@ class TicketState(enum.Enum):
 
 class Refusal(enum.Enum):
     QUEUE_FULL = "queue_full"
+    LEVEL_FULL = "level_full"  # the queue of the request's priority level is full (its queue policy's max_queue_size)
     OVERDUE = "overdue"  # every occupied inference slot is past the admission timeout
     CLOSED = "closed"  # the controller was closed (shutdown)
 
@@ -110,6 +129,8 @@ class Ticket(Generic[P]):
         "members",
         "left",
         "posted",
+        "level",
+        "delay_at",
     )
 
     def __init__(
@@ -140,6 +161,10 @@ class Ticket(Generic[P]):
         self.members: list[Ticket[P]] | None = None  # on a leader: the batch, in arrival order, leader first
         self.left = False  # a member whose caller gave up after the grant
         self.posted = False  # a member whose leader posted its outcome before the batch ended (a stream to read)
+        # Priorities: the request's level (lower is served first; 0 on a model without levels), and when its
+        # level's queue timeout moves it behind the level's others (timeout_action DELAY; None: never, or done).
+        self.level = 0
+        self.delay_at: float | None = None
 
     def __repr__(self) -> str:
         return f"Ticket(#{self.seq} {self.kind.value} {self.state.value})"
@@ -172,6 +197,7 @@ class BatchRule:
     max_rows: int
     delay: float = 0.0
     preferred: frozenset[int] = frozenset()
+    priorities: PrioritySpec | None = None  # levels and per-level queue policies (see "Priorities" above)
 
     @property
     def largest_preferred(self) -> int:
@@ -202,6 +228,20 @@ class AdmissionStatistics:
     oldest_request_arrival: float | None = None
 
 
+class _LevelQueue:
+    """The queued requests of one priority level: those waiting in arrival order, then those its DELAY policy
+    moved behind them, in the order they were moved. Dicts: insertion-ordered sets with O(1) removal."""
+
+    __slots__ = ("waiting", "delayed")
+
+    def __init__(self) -> None:
+        self.waiting: dict[Ticket[Any], None] = {}
+        self.delayed: dict[Ticket[Any], None] = {}
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.delayed)
+
+
 class AdmissionCore:
     """The admission state machine of one model. Not thread-safe: the caller holds the model lock."""
 
@@ -210,8 +250,13 @@ class AdmissionCore:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.batching = batching
-        # A dict is an insertion-ordered set with O(1) removal: the head is the oldest waiter.
-        self._queue: dict[Ticket[Any], None] = {}
+        # The queue: requests by level (`_order`: the levels that have some, served from the first), and the
+        # queued managers in arrival order. A manager is a barrier across levels: only requests older than the
+        # oldest queued manager (a smaller `seq`) may go before it.
+        self._levels: dict[int, _LevelQueue] = {}
+        self._order: list[int] = []
+        self._managers: dict[Ticket[Any], None] = {}
+        self._delaying = 0  # queued requests whose DELAY time is still ahead (none: nothing to move)
         self._slots: dict[Ticket[Any], None] = {}  # granted request tickets, in grant order
         self._manager: Ticket[Any] | None = None
         self._queued_requests = 0
@@ -235,19 +280,24 @@ class AdmissionCore:
         rows: int = 1,
         key: Hashable | None = None,
         payload: Any = None,
+        priority: int = 0,
+        timeout_us: int = 0,
     ) -> Ticket[Any]:
         """Admit, queue or refuse a new caller. Returns its ticket (GRANTED, QUEUED or REFUSED).
 
         `overdue_after` > 0 enables the overdue-blocker rule; `max_queue` > 0 bounds queued requests. `rows`,
         `key` and `payload` describe a request of a batching model. With a batching delay an arrival can
         complete (or stop the growth of) the batch forming at the head of the queue: call `dispatch(now)`
-        after it then (`delays_batches`).
+        after it then (`delays_batches`). On a model with priorities (`BatchRule.priorities`) `priority` (the
+        request's parameter) picks the request's level, whose queue policy bounds its level's queue and sets its
+        queue timeout (`timeout_us`, the request's `timeout` parameter, shortens it where the policy allows).
         """
         self._seq += 1
         ticket: Ticket[Any] = Ticket(kind, now, deadline, self._seq, rows, key, payload)
         if self._closed:
             return self._refuse(ticket, Refusal.CLOSED)
-        if not self._queue and self._can_grant(ticket):
+        policy = self._place(ticket, priority, timeout_us, now) if kind is TicketKind.REQUEST else None
+        if not self.queued_count and self._can_grant(ticket):
             if kind is TicketKind.MANAGER or self.batching is None:
                 self._grant(ticket, now)
                 return ticket
@@ -260,13 +310,56 @@ class AdmissionCore:
             return self._refuse(ticket, Refusal.OVERDUE)
         if kind is TicketKind.REQUEST and max_queue > 0 and self._queued_requests >= max_queue:
             return self._refuse(ticket, Refusal.QUEUE_FULL)
+        if policy is not None and 0 < policy.max_queue_size <= self._level_size(ticket.level):
+            return self._refuse(ticket, Refusal.LEVEL_FULL)  # Triton bounds each level's queue
         self._enqueue(ticket)
         return ticket
 
+    def _place(self, ticket: Ticket[Any], priority: int, timeout_us: int, now: float) -> QueuePolicySpec | None:
+        """Set a request's level and queue timeout from its model's priorities; returns its level's policy (None:
+        the model has no priorities, and its plain settings came with the call)."""
+        rule = self.batching.priorities if self.batching is not None else None
+        if rule is None:
+            return None
+        ticket.level = rule.level_of(priority)
+        policy = rule.policy_of(ticket.level)
+        wait_us = policy.default_timeout_us
+        if policy.allow_timeout_override and timeout_us > 0 and (wait_us == 0 or timeout_us < wait_us):
+            wait_us = timeout_us  # a request's own timeout may only shorten its level's
+        if wait_us > 0:
+            due = now + wait_us / 1e6
+            if policy.delay:
+                ticket.delay_at = due
+            elif ticket.deadline is None or due < ticket.deadline:
+                ticket.deadline = due
+        return policy
+
+    def _level_size(self, level: int) -> int:
+        queue = self._levels.get(level)
+        return len(queue) if queue is not None else 0
+
+    @property
+    def queued_count(self) -> int:
+        """Tickets queued, requests and managers."""
+        return self._queued_requests + len(self._managers)
+
     def _enqueue(self, ticket: Ticket[Any]) -> None:
-        self._queue[ticket] = None
-        if ticket.kind is TicketKind.REQUEST:
-            self._queued_requests += 1
+        if ticket.kind is TicketKind.MANAGER:
+            self._managers[ticket] = None
+            return
+        queue = self._levels.get(ticket.level)
+        if queue is None:
+            queue = self._levels[ticket.level] = _LevelQueue()
+            self._order = sorted(self._levels)
+        queue.waiting[ticket] = None
+        self._queued_requests += 1
+        if ticket.delay_at is not None:
+            self._delaying += 1
+
+    @property
+    def prioritized(self) -> bool:
+        """Whether requests queue by priority level (the model has priority levels)."""
+        return self.batching is not None and self.batching.priorities is not None
 
     @property
     def delays_batches(self) -> bool:
@@ -313,12 +406,37 @@ class AdmissionCore:
         members, rows = [head], head.rows
         if head.key is None:
             return members, False
-        for ticket in itertools.islice(self._queue, 1, None):
-            if ticket.kind is not TicketKind.REQUEST or ticket.key != head.key or rows + ticket.rows > rule.max_rows:
-                return members, False  # the first that does not fit ends the batch: nothing older is skipped
+        for ticket in itertools.islice(self._in_order(), 1, None):
+            if ticket.key != head.key or rows + ticket.rows > rule.max_rows:
+                return members, False  # the first that does not fit ends the batch: nothing before it is skipped
             members.append(ticket)
             rows += ticket.rows
-        return members, rows < rule.max_rows
+        # A queued manager stops the growth: whoever arrives now comes after it.
+        return members, rows < rule.max_rows and not self._managers
+
+    def _barrier(self) -> int | None:
+        """The arrival number of the oldest queued manager: no request that came after it may go before it."""
+        return next(iter(self._managers)).seq if self._managers else None
+
+    def _in_order(self) -> Iterator[Ticket[Any]]:
+        """The queued requests that may go before the oldest queued manager (all of them without one), in the
+        order they are served: level by level from the first; in a level, those waiting in arrival order, then
+        those its DELAY policy moved behind them."""
+        barrier = self._barrier()
+        for level in self._order:
+            queue = self._levels[level]
+            for ticket in queue.waiting:
+                if barrier is not None and ticket.seq > barrier:
+                    break  # (arrival order: the rest came later too)
+                yield ticket
+            for ticket in queue.delayed:
+                if barrier is None or ticket.seq < barrier:
+                    yield ticket
+
+    def head(self) -> Ticket[Any] | None:
+        """The queued ticket served next: the first request in service order that arrived before the oldest
+        queued manager, else that manager; None when nothing is queued."""
+        return next(self._in_order(), None) or next(iter(self._managers), None)
 
     def _batch_due(self, members: list[Ticket[Any]]) -> float:
         """When a forming batch must go: its oldest member's delay, or its earliest deadline if sooner."""
@@ -337,7 +455,7 @@ class AdmissionCore:
     def wake_at(self, ticket: Ticket[Any]) -> float | None:
         """When `ticket`'s waiter must look again although nobody changed it: the due time of the batch it heads,
         when a batch waits for more members on a free slot. None: only its own deadline matters."""
-        if not self.delays_batches or not self._queue or next(iter(self._queue)) is not ticket:
+        if not self.delays_batches or self.head() is not ticket:
             return None
         if ticket.kind is not TicketKind.REQUEST or not self._can_grant(ticket):
             return None
@@ -407,17 +525,43 @@ class AdmissionCore:
         return self.dispatch(now)
 
     def _remove_queued(self, ticket: Ticket[Any]) -> None:
-        del self._queue[ticket]
-        if ticket.kind is TicketKind.REQUEST:
-            self._queued_requests -= 1
+        if ticket.kind is TicketKind.MANAGER:
+            del self._managers[ticket]
+            return
+        queue = self._levels[ticket.level]
+        if ticket in queue.waiting:
+            del queue.waiting[ticket]
+        else:
+            del queue.delayed[ticket]
+        self._queued_requests -= 1
+        if ticket.delay_at is not None:
+            self._delaying -= 1
+        if not queue:
+            del self._levels[ticket.level]
+            self._order.remove(ticket.level)
+
+    def _apply_delays(self, now: float) -> None:
+        """Move every waiting request whose DELAY time has come behind the requests of its level that are still
+        within their time (Triton's timeout_action DELAY), in the order they are found: each level's arrival
+        order."""
+        if not self._delaying:
+            return
+        for level in self._order:
+            queue = self._levels[level]
+            due = [ticket for ticket in queue.waiting if ticket.delay_at is not None and ticket.delay_at <= now]
+            for ticket in due:
+                del queue.waiting[ticket]
+                queue.delayed[ticket] = None
+                ticket.delay_at = None
+                self._delaying -= 1
 
     def dispatch(self, now: float) -> list[Ticket[Any]]:
         """Grant from the head of the queue while the head can be granted: a manager, a request, or (batching)
         the batch the head request leads, once it is ready to go. Returns the granted tickets to wake: batch
         members are not among them (their leader wakes them with their results)."""
+        self._apply_delays(now)
         granted = []
-        while self._queue:
-            head = next(iter(self._queue))
+        while (head := self.head()) is not None:
             if not self._can_grant(head):
                 break
             if head.kind is TicketKind.MANAGER or self.batching is None:
@@ -450,9 +594,12 @@ class AdmissionCore:
     def close(self) -> list[Ticket[Any]]:
         """Refuse every queued ticket and every later arrival (shutdown). Leases already granted stay valid."""
         self._closed = True
-        refused = list(self._queue)
-        self._queue.clear()
+        refused = self.queued_tickets()
+        self._levels.clear()
+        self._order = []
+        self._managers.clear()
         self._queued_requests = 0
+        self._delaying = 0
         for ticket in refused:
             self._refuse(ticket, Refusal.CLOSED)
         return refused
@@ -460,7 +607,24 @@ class AdmissionCore:
     # ---- observation ----------------------------------------------------------------------------------------
 
     def queued_tickets(self) -> list[Ticket[Any]]:
-        return list(self._queue)
+        """Every queued ticket, in the order it would be served: the requests before the oldest manager in
+        service order (see `_in_order`), that manager, the requests between it and the next one, and so on."""
+        served: list[Ticket[Any]] = []
+        after = 0
+        for manager in [*self._managers, None]:
+            for level in self._order:
+                queue = self._levels[level]
+                for ticket in itertools.chain(queue.waiting, queue.delayed):
+                    if ticket.seq > after and (manager is None or ticket.seq < manager.seq):
+                        served.append(ticket)
+            if manager is not None:
+                served.append(manager)
+                after = manager.seq
+        return served
+
+    def queued_per_level(self) -> dict[int, int]:
+        """Queued requests by level (0: a model without levels), delayed ones included."""
+        return {level: len(self._levels[level]) for level in self._order}
 
     def held_request_tickets(self) -> list[Ticket[Any]]:
         """The tickets holding slots (a batch's leader stands for its batch)."""
@@ -473,10 +637,10 @@ class AdmissionCore:
     @property
     def idle(self) -> bool:
         """Nothing held and nothing queued."""
-        return not self._slots and self._manager is None and not self._queue
+        return not self._slots and self._manager is None and not self.queued_count
 
     def statistics(self) -> AdmissionStatistics:
-        queued = len(self._queue)
+        queued = self.queued_count
         return AdmissionStatistics(
             capacity=self.capacity,
             active_slots=len(self._slots),
@@ -501,6 +665,8 @@ def refusal_error(ticket: Ticket[Any], model: str) -> Exception:
     """The exception a refused ticket's caller raises."""
     if ticket.refusal is Refusal.QUEUE_FULL:
         return QueueFull(f"server_busy: the queue of model '{model}' is full")
+    if ticket.refusal is Refusal.LEVEL_FULL:
+        return QueueFull(f"server_busy: the queue of priority level {ticket.level} of model '{model}' is full")
     if ticket.refusal is Refusal.OVERDUE:
         return OverdueBlockers(f"server_busy: every busy slot of model '{model}' has run past the admission timeout")
     return ShuttingDown(f"model '{model}' is not admitting work: the server is shutting down")
@@ -542,8 +708,11 @@ class AdmissionController:
         rows: int = 1,
         key: Hashable | None = None,
         payload: Any = None,
+        priority: int = 0,
+        timeout_us: int = 0,
     ) -> Ticket[Any]:
-        """Wait for a lease of `kind`, in FIFO order, until `deadline` (None: no limit).
+        """Wait for a lease of `kind`, in FIFO order (by level first on a model with priorities: `priority` and
+        `timeout_us` as `AdmissionCore.arrive` takes them), until `deadline` (None: no limit).
 
         Blocks without holding the model lock. Returns the GRANTED ticket; the caller must `release` it. On a
         batching model (`rows`, `key`, `payload`: see the module docstring) it returns either the GRANTED leader
@@ -564,6 +733,8 @@ class AdmissionController:
                 rows=rows,
                 key=key,
                 payload=payload,
+                priority=priority,
+                timeout_us=timeout_us,
             )
             if ticket.state is TicketState.QUEUED:
                 ticket.waker = threading.Lock()
@@ -601,7 +772,12 @@ class AdmissionController:
                 self.cancel_queued(ticket)
 
             cancel.add_callback(on_cancel)
-        aside = StepAsideLater()  # a wait past a millisecond gives its thread's runner to other calls
+        # A wait past a millisecond gives its thread's runner to other calls. On a model with priority levels at
+        # once: a high-priority call must reach this queue while low-priority ones wait in it, not queue for a
+        # runner behind them (16 low-priority callers keeping their runners a millisecond each held a trickle of
+        # high-priority calls ~20 ms in the handler pool's queue, bench/sections/priorities.py). Read without the
+        # lock: only how soon the thread steps aside depends on it.
+        aside = StepAsideLater(0.0 if self._core.prioritized else STEP_ASIDE_SECONDS)
         timeout: float | None = first_wait
         try:
             while True:
@@ -692,9 +868,9 @@ class AdmissionController:
         for waiter in granted:
             waiter.notify()
         if self._core.delays_batches:
-            queued = self._core.queued_tickets()
-            if queued and queued[0].kind is TicketKind.REQUEST:
-                queued[0].nudge()
+            head = self._core.head()
+            if head is not None and head.kind is TicketKind.REQUEST:
+                head.nudge()
 
     def release(self, ticket: Ticket[Any]) -> None:
         """End a granted lease and hand the freed capacity to the oldest waiters. For a batch's leader this
@@ -771,6 +947,11 @@ class AdmissionController:
     def statistics(self) -> AdmissionStatistics:
         with self._lock:
             return self._core.statistics()
+
+    def queued_per_level(self) -> dict[int, int]:
+        """Queued requests by priority level (AdmissionCore.queued_per_level)."""
+        with self._lock:
+            return self._core.queued_per_level()
 
     def statistics_locked(self) -> AdmissionStatistics:
         """As statistics; caller holds the model lock."""

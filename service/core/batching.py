@@ -45,7 +45,10 @@ def batch_rule(spec: BatchingSpec | None, max_batch_size: int) -> BatchRule | No
     if spec is None or max_batch_size <= 0:
         return None
     return BatchRule(
-        max_rows=max_batch_size, delay=spec.max_queue_delay_us / 1e6, preferred=frozenset(spec.preferred_batch_sizes)
+        max_rows=max_batch_size,
+        delay=spec.max_queue_delay_us / 1e6,
+        preferred=frozenset(spec.preferred_batch_sizes),
+        priorities=spec.priorities,
     )
 
 
@@ -87,6 +90,8 @@ class BatchItem:
     # besides `outputs` (or all the declared ones), not checked against the metadata, split like the others.
     kept_outputs: Sequence[str] = ()
     streams: bool = False  # the request takes a stream of answers (ModelStreamInfer): a decoupled model may batch it
+    priority: int = 0  # its `priority` and `timeout` parameters, for a model with priority levels (admission.py)
+    timeout_us: int = 0
     result: Outputs | None = None
     stream: MemberStream | None = None  # a decoupled model's answers to it, posted instead of `result`
     error: BaseException | None = None
@@ -181,7 +186,8 @@ def run_batched(model: BatchingModel, item: BatchItem, deadline: float | None, c
     posted (`item.outcome()` gives the outputs or raises the error).
 
     Blocks while queued (bounded by `deadline`), then: the leader of a batch (its first request) makes sure the pool
-    exists, runs the batch and releases its slot; any other member waits, without a time limit, for the leader.
+    exists, takes the rate limiter's resources (waiting until its own `deadline`: ResourcesBusy fails every member),
+    runs the batch and releases its slot; any other member waits, without a time limit, for the leader.
     Raises the admission errors (ServerBusy subclasses, RequestCancelled when the caller gives up while queued or
     while its batch runs); on every error the caller holds nothing.
     """
@@ -202,6 +208,13 @@ def run_batched(model: BatchingModel, item: BatchItem, deadline: float | None, c
             model.end_lease(ticket)
             raise
         lease = Lease(model, ticket, pool, context, 0)  # its release ends every member's lease
+        try:  # the rate limiter's resources, until the leader's deadline; the slot stays busy meanwhile
+            lease.take_resources(deadline, run_cancel)
+        except BaseException as error:
+            for member in items:  # posted before the release wakes them
+                member.fail(as_request_error(model.name, error))
+            lease.release()
+            raise
         handed_over = False
         try:
             handed_over = run_batch(lease, items, run_cancel, model.statistics)

@@ -73,14 +73,15 @@ blocking_wait = _BlockingWait()
 
 
 class StepAsideLater:
-    """A wait that keeps its thread's runner for STEP_ASIDE_SECONDS (real time: it is about scheduling, not about
-    any deadline of the contract) and then steps aside for the rest of it. The waiter shortens each timed wait
-    with `bound` and calls `end` once the wait is over, on every path. Never blocks, never raises."""
+    """A wait that keeps its thread's runner for `after` seconds (STEP_ASIDE_SECONDS by default; real time: it is
+    about scheduling, not about any deadline of the contract) and then steps aside for the rest of it. The waiter
+    shortens each timed wait with `bound` and calls `end` once the wait is over, on every path. Never blocks, never
+    raises."""
 
     __slots__ = ("_due", "_pending", "_aside")
 
-    def __init__(self) -> None:
-        self._due = time.monotonic() + STEP_ASIDE_SECONDS
+    def __init__(self, after: float = STEP_ASIDE_SECONDS) -> None:
+        self._due = time.monotonic() + after
         # A thread no pool lent has nothing to step aside from, and its wait gets no extra wake-up: a waiter that
         # woke early would read the admission clock once more (a test's fake clock, moved meanwhile).
         self._pending = getattr(_lent, "lender", None) is not None

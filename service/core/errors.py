@@ -8,15 +8,29 @@ Messages are written for the client: they name the model and the problem, never 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 # The CancelToken reason with which the server cancels calls at the end of its shutdown grace: work cut short with
 # it is reported as `shutting_down`, not as the client's cancellation (service/core/outcomes.py seen_by_client).
 SHUTDOWN_CANCEL_REASON = "shutdown"
 
+# An overload refusal's `retry_after` that tells its client not to retry this call at all (the edge sends it as a
+# negative grpc-retry-pushback-ms, gRFC A6's "do not retry"): retrying cannot succeed.
+NO_RETRY = -1.0
+
 
 class ServiceError(Exception):
-    """Base of the server core's errors. One without an `error_reason` of its own or of a base is internal."""
+    """Base of the server core's errors. One without an `error_reason` of its own or of a base is internal.
+
+    `retry_after`, on an overload refusal: seconds after which a retry may be served (service/core/service_rate.py
+    computes it from the model's service rate and queue), NO_RETRY when it cannot be, None when nothing was computed
+    (the edge then sends its reason's default hint; docs/errors.md, "Overload")."""
 
     error_reason: str | None = None
+    retry_after: float | None = None
+
+
+E = TypeVar("E", bound=ServiceError)
 
 
 class ModelNotFound(ServiceError):
@@ -75,6 +89,14 @@ class QueueFull(ServerBusy):
 
 class OverdueBlockers(ServerBusy):
     pass
+
+
+class WaitExceedsDeadline(ServiceError):
+    """Refused at arrival (--refuse-predicted-wait): the model's predicted wait is longer than the time the request
+    has left before its deadline (UNAVAILABLE, reason wait_exceeds_deadline; never retried within the call)."""
+
+    error_reason = "wait_exceeds_deadline"
+    retry_after = NO_RETRY
 
 
 class ResidencyLimit(ServiceError):
@@ -139,6 +161,12 @@ class ModelLoadFailed(ServiceError):
         super().__init__(f"model '{name}' failed to load: {cause}")
         self.model = name
         self.cause = cause
+
+
+def never_retried(error: E) -> E:
+    """`error` marked as an overload refusal that no retry can change (a request larger than a limit allows)."""
+    error.retry_after = NO_RETRY
+    return error
 
 
 def own_copy(error: BaseException) -> BaseException:

@@ -19,6 +19,7 @@ from engine.interface import CancelToken, Context, ModelMetadata, Outputs
 from .admission import AdmissionController, Ticket, TicketState, refusal_error
 from .blocking import blocking_wait
 from .pool import SlotPool
+from .rate_limiter import Grant, ResourcePool, model_key
 
 
 class LeaseOwner(Protocol):
@@ -42,14 +43,21 @@ class LeaseOwner(Protocol):
         """Take `pool` out of service after its device failed under a lease (blocks for the drain)."""
         ...
 
+    @property
+    def resources(self) -> ResourcePool | None:
+        """The server's rate limiter (None: `--rate-limit off`)."""
+        ...
+
 
 class Lease:
     """A granted request slot, bound to the published pool and one context of it.
 
-    Release it exactly once (`release` is idempotent); until then the pool cannot be torn down.
+    Release it exactly once (`release` is idempotent); until then the pool cannot be torn down. With the rate
+    limiter on, its run's resources are taken by `take_resources` once the slot is granted, and given back first
+    when it is released (the slot stays busy while it waits for them, as Triton's instance does).
     """
 
-    __slots__ = ("entry", "ticket", "pool", "context", "queue_ns", "_released", "_device_failure")
+    __slots__ = ("entry", "ticket", "pool", "context", "queue_ns", "_released", "_device_failure", "_grant")
 
     def __init__(self, entry: LeaseOwner, ticket: Ticket[Any], pool: SlotPool, context: Context, queue_ns: int) -> None:
         self.entry = entry
@@ -59,6 +67,17 @@ class Lease:
         self.queue_ns = queue_ns
         self._released = False
         self._device_failure: DeviceFailedError | None = None  # set when the backend's device failed under it
+        self._grant: Grant | None = None  # the run's rate limiter resources, once taken
+
+    def take_resources(self, deadline: float | None, cancel: CancelToken | None) -> None:
+        """Take the resources the model's slots need from the server's rate limiter (nothing when it is off or
+        the model needs none), waiting in the limiter's order until `deadline`. Raises ResourcesBusy (naming the
+        resources) or RequestCancelled, holding no resources then; the caller still holds the lease and
+        releases it."""
+        limiter = getattr(self.entry, "resources", None)
+        if limiter is None or self.pool.spec.rate_limiter is None or self._grant is not None:
+            return  # (a model that names no resources never touches the limiter's lock)
+        self._grant = limiter.acquire(model_key(self.entry.name, self.pool.spec.version), deadline, cancel)
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -113,6 +132,8 @@ class Lease:
         if self._released:
             return
         self._released = True
+        if self._grant is not None:  # first: a run of another model waiting for them may start now
+            self._grant.release()
         self.pool.give_back(self.context)
         self.entry.end_lease(self.ticket)
         if self._device_failure is not None:

@@ -55,10 +55,12 @@ from .model_state import ModelStatus as ModelStatus
 from .model_state import ModelView as ModelView
 from .paths import RequestPath, path_for
 from .pool import SlotPool
+from .rate_limiter import ResourcePool, model_key
 from .reconfiguration import Reconfigurable
 from .request_errors import as_request_error
 from .runtime import ModelSettings as ModelSettings
 from .runtime import SharedRuntime as SharedRuntime
+from .service_rate import refuse_if_wait_exceeds
 
 _LOG = logging.getLogger(__name__)
 
@@ -146,6 +148,8 @@ class ModelEntry(Reconfigurable):
         """
         arrived = time.perf_counter_ns()
         settings = self._committed.settings
+        if self._runtime.refuse_predicted_wait:  # raises WaitExceedsDeadline (service/core/service_rate.py)
+            refuse_if_wait_exceeds(self, deadline)
         ticket = self.admission.acquire(
             TicketKind.REQUEST,
             deadline,
@@ -159,7 +163,19 @@ class ModelEntry(Reconfigurable):
         except BaseException:
             self.end_lease(ticket)
             raise
-        return Lease(self, ticket, pool, context, time.perf_counter_ns() - arrived)
+        lease = Lease(self, ticket, pool, context, 0)
+        try:  # the rate limiter's resources: the slot stays busy while it waits for them (counted as queueing)
+            lease.take_resources(deadline, cancel)
+        except BaseException:
+            lease.release()
+            raise
+        lease.queue_ns = time.perf_counter_ns() - arrived
+        return lease
+
+    @property
+    def resources(self) -> ResourcePool | None:
+        """The server's rate limiter, which a lease takes its run's resources from (None: `--rate-limit off`)."""
+        return self._runtime.rate_limiter
 
     def request_slots(self) -> int:
         """How many of its requests the model runs at once: its published pool's request slots (an instance of a
@@ -192,9 +208,11 @@ class ModelEntry(Reconfigurable):
         return run_batched(self, item, deadline, cancel)
 
     def admit_batch_item(self, item: BatchItem, deadline: float | None, cancel: CancelToken) -> Ticket[BatchItem]:
-        """A batching request's ticket: a granted leader's, or a member's its leader released. Blocks and raises as
-        AdmissionController.acquire."""
+        """A batching request's ticket: a granted leader's, or a member's its leader released, queued on its
+        `priority`'s level on a model with priorities. Blocks and raises as AdmissionController.acquire."""
         settings = self._committed.settings
+        if self._runtime.refuse_predicted_wait:  # raises WaitExceedsDeadline (service/core/service_rate.py)
+            refuse_if_wait_exceeds(self, deadline)
         return self.admission.acquire(
             TicketKind.REQUEST,
             deadline,
@@ -204,6 +222,8 @@ class ModelEntry(Reconfigurable):
             rows=item.rows,
             key=item.key,
             payload=item,
+            priority=item.priority,
+            timeout_us=item.timeout_us,
         )
 
     def lend_context(self, cancel: CancelToken | None) -> tuple[SlotPool, Context]:
@@ -347,6 +367,8 @@ class ModelEntry(Reconfigurable):
             if self._pool is None:
                 return False
             pool = self._retire_locked(ModelState.UNLOADING, f"its model was {_ENDED_BY.get(event, 'unloaded')}")
+        if self._runtime.rate_limiter is not None:  # its needs no longer set a resource's default availability
+            self._runtime.rate_limiter.unregister(model_key(self.name, self._committed.spec.version))
         started = time.perf_counter()
         try:
             pool.close()  # type: ignore[union-attr]

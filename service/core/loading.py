@@ -25,6 +25,7 @@ from .errors import RequestCancelled
 from .load_stops import LoadStops, either
 from .outcomes import outcome_of
 from .pool import LoadTimes, SlotPool, build_contexts, build_pool, close_contexts, close_primary
+from .rate_limiter import ResourcePool, model_key
 from .residency import ColdLoadTurn, ResidentModel
 from .runtime import ModelSettings, SharedRuntime
 from .warmup import warm_up, warm_up_pool
@@ -115,6 +116,7 @@ class ModelLoader:
         events.emit(_LOG, "load_started", self.name, backend=spec.backend, slots=settings.slots, cause=cause)
         started = time.perf_counter()
         try:
+            _register_resources(self._runtime.rate_limiter, spec)  # Triton's load-time errors, before building
             pool = self._build_reserved(spec, settings, primary, cancel, stop)
             pool.times = dataclasses.replace(  # the load's own time, warmup apart
                 pool.times, load_seconds=time.perf_counter() - started - pool.times.warmup_seconds
@@ -259,6 +261,13 @@ class _Sized:
 def _stops_its_loads(backend: Backend) -> bool:
     """Whether `backend` gives a load up when its token fires (it overrides Backend.load_cancellable)."""
     return type(backend).load_cancellable is not Backend.load_cancellable
+
+
+def _register_resources(limiter: ResourcePool | None, spec: ModelSpec) -> None:
+    """Tell the rate limiter what the model's slots need (service/core/rate_limiter.py: ModelLoadError when the
+    server cannot give it); nothing when the limiter is off or the model needs nothing."""
+    if limiter is not None and spec.rate_limiter is not None:
+        limiter.register(model_key(spec.name, spec.version), spec.rate_limiter)
 
 
 def _raise_if_stopped(name: str, stop: CancelToken) -> None:

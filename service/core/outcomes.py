@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from engine.interface import CancelToken
 
-from .errors import SHUTDOWN_CANCEL_REASON, ShuttingDown
+from .errors import SHUTDOWN_CANCEL_REASON, ServiceError, ShuttingDown
+from .service_rate import RATED_REASONS, RatedModel, retry_after
 
 SUCCESS = "success"
 FAILED = "failed"  # the client got INTERNAL: the details are only in the log
@@ -44,6 +45,7 @@ REJECTIONS = frozenset(
         "model_not_found",
         "region_not_found",
         "tensor_memory_limit",
+        "wait_exceeds_deadline",
     }
 )
 
@@ -71,3 +73,11 @@ def outcome_of(error: BaseException, cancel: CancelToken | None = None) -> str:
     """The outcome of a request that raised `error`; `cancel` is the request's token (its reason tells a
     shutdown's cancellation from the client's)."""
     return reason_of(seen_by_client(error, cancel)) or FAILED
+
+
+def add_retry_hint(error: BaseException, model: RatedModel) -> None:
+    """Give a refusal by `model`'s own queue (service_rate.RATED_REASONS: a full queue, a queue timeout) the retry
+    hint its model's service rate and queue predict (service/core/service_rate.py), unless its raiser set one; the
+    edge sends it as grpc-retry-pushback-ms. Other errors are left alone. Never raises."""
+    if isinstance(error, ServiceError) and error.retry_after is None and reason_of(error) in RATED_REASONS:
+        error.retry_after = retry_after(model)

@@ -140,6 +140,8 @@ class BatchedPath:
             cancel,
             before_run=request.before_run,
             streams=request.stream,
+            priority=request.priority,
+            timeout_us=request.timeout_us,
         )
         try:
             if request.trace is None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.interface import ModelMetadata, Outputs
 
+from .errors import InvalidRequest
 from .tracing import RequestTrace
 
 
@@ -44,6 +45,21 @@ class ModelRequest:
     next_deadline: Callable[[], float | None] | None = None
     arrived_ns: int = field(default_factory=time.perf_counter_ns)  # when the call began: its queue time's start
     trace: RequestTrace | None = None  # sampled for tracing (service/core/tracing.py); None: every hook skips
+    # Its `priority` and `timeout` parameters: on a batching model with priority levels or DELAY, the admission core
+    # picks its level and applies that level's queue policy (service/core/admission.py, Priorities).
+    priority: int = 0
+    timeout_us: int = 0
+
+    @staticmethod
+    def priority_of(parameters: Mapping[str, object]) -> int:
+        """A request's `priority` parameter (0 when absent), checked as Triton checks it. Raises InvalidRequest
+        for a negative value or one that is not an integer."""
+        value = parameters.get("priority", 0)
+        if type(value) is not int:  # (a bool is an int to Python, not to the protocol)
+            raise InvalidRequest("invalid value type for 'priority' parameter, expected int64_param or uint64_param.")
+        if value < 0:
+            raise InvalidRequest("invalid value for 'priority', expected value >= 0.")
+        return value
 
     def rows(self) -> int:
         """The first input's first dimension (1 for scalars): the rows the request brings to a batch."""

@@ -43,7 +43,7 @@ from typing import Protocol
 from engine.config.specs import ModelSpec
 from engine.interface import CancelToken
 
-from .errors import MemoryLimit, RequestCancelled, ResidencyLimit
+from .errors import MemoryLimit, RequestCancelled, ResidencyLimit, never_retried
 
 _LOG = logging.getLogger(__name__)
 
@@ -319,9 +319,11 @@ class Residency:
             return
         needed = pool.memory_bytes()
         if needed > self.memory_budget:
-            raise MemoryLimit(
-                f"memory_limit: model '{entry.name}' needs {needed} bytes, more than the whole "
-                f"{self.memory_budget}-byte budget (--memory-budget); no model was evicted for it"
+            raise never_retried(
+                MemoryLimit(
+                    f"memory_limit: model '{entry.name}' needs {needed} bytes, more than the whole "
+                    f"{self.memory_budget}-byte budget (--memory-budget); no model was evicted for it"
+                )
             )
         while True:
             with self._lock:

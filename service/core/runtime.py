@@ -11,6 +11,7 @@ from engine.interface import Backend
 
 from .errors import BackendNotAvailable
 from .events import Events
+from .rate_limiter import ResourcePool
 from .residency import ColdLoadGuard, Residency
 
 
@@ -31,6 +32,9 @@ class SharedRuntime:
 
     backends: Mapping[str, Backend]
     max_queue: int = 0
+    # --refuse-predicted-wait: refuse at arrival a request whose deadline comes before its predicted turn
+    # (service/core/service_rate.py refuse_if_wait_exceeds).
+    refuse_predicted_wait: bool = False
     clock: Callable[[], float] = time.monotonic
     cold_loads: ColdLoadGuard | None = None  # None: loads are not limited
     residency: Residency | None = None  # None: no resident-model limit or budget
@@ -38,6 +42,7 @@ class SharedRuntime:
     # --model-control-mode (service/request_path/model_control.py): "" lets a request load an unloaded model; otherwise
     # requests never load one and are refused with this text (it names the mode and what loads the model).
     lazy_load_refusal: str = ""
+    rate_limiter: ResourcePool | None = None  # --rate-limit execution_count (service/core/rate_limiter.py); None: off
 
     def backend(self, spec: ModelSpec) -> Backend:
         try:

@@ -30,7 +30,8 @@ Exit status: 0 when every model would serve, 1 when any would not, 2 when PATH i
     MODEL = {"name", "serves": bool, "reason": str | null (the server's words, the model's name cut off),
              "backend", "model_file", "version_folders": [int], "versions": [int] (chosen by the policy),
              "slots", "max_batch_size", "batching": {...} | null, "sequence": {"strategy", "max_idle_us",
-             "filled_inputs", "state_outputs"} | null, "warmup": [{"name", "batch_size", "count",
+             "filled_inputs", "state_outputs"} | null, "rate_limiter": {"resources": [{"name", "count",
+             "shared"}], "priority"} | null, "warmup": [{"name", "batch_size", "count",
              "inputs"}], "warmup_runs": str, "startup": str, "not_run": str (what runs only with --load: a python
              model's code, a TensorRT plan; "" otherwise), "refused": [{"field", "reason"}],
              "ignored": [{"field", "reason"}], "files": [{"file", "inputs", "outputs", "problem"}],
@@ -102,6 +103,7 @@ class ModelVerdict:
     max_batch_size: int | None = None
     batching: Json | None = None
     sequence: Json | None = None  # sequence_batching: the strategy and the inputs the server fills
+    rate_limiter: Json | None = None  # instance_group[0].rate_limiter: {"resources": [...], "priority"}
     warmup: list[Json] = field(default_factory=list)
     warmup_runs: str = WARMUP_RUNS
     startup: str = ""
@@ -436,6 +438,7 @@ def describe_spec(verdict: ModelVerdict, spec: ModelSpec, repository: ModelRepos
     verdict.model_file = repository.roots.shown(spec.model_file) if spec.model_file else None
     verdict.max_batch_size = spec.max_batch_size
     verdict.batching = asdict(spec.batching) if spec.batching is not None else None
+    verdict.rate_limiter = asdict(spec.rate_limiter) if spec.rate_limiter is not None else None
     if spec.sequence is not None:
         verdict.sequence = {
             "strategy": spec.sequence.strategy,
@@ -638,6 +641,8 @@ def text_block(v: ModelVerdict) -> list[str]:
         lines.append(f"  batching: {batching_line(v)}")
         if v.sequence is not None:
             lines.append(f"  sequence batching: {sequence_line(v.sequence)}")
+        if v.rate_limiter is not None:
+            lines.append(f"  rate limiter: {rate_limiter_line(v.rate_limiter)}")
         for sample in v.warmup:
             lines.append(
                 f"  warmup '{sample['name']}': batch {sample['batch_size']}, {sample['count']} run(s), "
@@ -662,6 +667,17 @@ def text_block(v: ModelVerdict) -> list[str]:
         refusal = v.refused and v.reason and v.reason.startswith("configuration refused: ")
         lines.append("  reason: configuration refused (the fields above)" if refusal else f"  reason: {v.reason}")
     return lines
+
+
+def rate_limiter_line(block: Json) -> str:
+    """What each slot needs to run (applied with --rate-limit execution_count; docs/lifecycle.md)."""
+    needs = [
+        f"{need['name']} x{need['count']}" + (" (global)" if need["shared"] else "") for need in block["resources"]
+    ]
+    return (
+        f"each slot needs {', '.join(needs) or 'nothing'}, priority {block['priority']} "
+        "(applied with --rate-limit execution_count)"
+    )
 
 
 def batching_line(v: ModelVerdict) -> str:

@@ -108,6 +108,7 @@ def option_fields(args: argparse.Namespace) -> dict[str, Any]:
         allow_management=args.allow_management,
         admission_timeout=args.admission_timeout,
         max_queue=args.max_queue,
+        refuse_predicted_wait=args.refuse_predicted_wait,
         max_concurrent_loads=args.max_concurrent_loads,
         load_at_startup=args.load_at_startup,
         model_control_mode=args.model_control_mode,

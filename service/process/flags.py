@@ -131,6 +131,12 @@ def add_server_flags(parser: argparse.ArgumentParser, only: Collection[str] | No
     )
     add("--max-queue", type=int, default=0, metavar="N", help="queued requests per model, >= 0; 0 = no limit")
     add(
+        "--refuse-predicted-wait",
+        action="store_true",
+        help="refuse at arrival (UNAVAILABLE, reason wait_exceeds_deadline) a request whose deadline comes before "
+        "its model's predicted wait, from the model's recent service rate and queue (docs/errors.md); off by default",
+    )
+    add(
         "--max-concurrent-loads",
         "--model-load-thread-count",
         type=int,

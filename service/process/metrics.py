@@ -166,6 +166,7 @@ TRITON_REASON_OF: dict[str, str] = {
     "tensor_memory_limit": "REJECTED",
     "shared_memory_limit": "REJECTED",
     "shutting_down": "REJECTED",
+    "wait_exceeds_deadline": "REJECTED",  # --refuse-predicted-wait: turned away at arrival
     # refused before running for what the request asked, or the model could not be loaded for it
     "invalid_request_error": "OTHER",
     "region_not_found": "OTHER",
@@ -529,6 +530,22 @@ def _lifecycle_counters(models: Iterable[str], counts: dict[tuple[str, str], int
         for model in models:
             family.add_metric([model], counts.get((event, model), 0))
         yield family
+
+
+class BusyCallsCollector(Collector):
+    """Calls the handler budget refused (service/transport/servicers/common.py CallTracker.refused), server-wide:
+    they are refused before their model is read. Registered beside SlotserveCollector by service/process/server.py."""
+
+    def __init__(self, refused: Callable[[], int]) -> None:
+        self._refused = refused
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "slotserve_busy_calls",
+            "Calls refused at once because every handler thread of their kind was in use (UNAVAILABLE server_busy, "
+            "before any model is named: counted for no model).",
+            value=self._refused(),
+        )
 
 
 class ServerMetrics:

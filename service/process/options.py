@@ -7,6 +7,7 @@ from pathlib import Path
 
 from engine.interface import Backend
 
+from ..core.rate_limiter import RateLimitMode, ResourceFlag
 from ..core.trace_settings import TraceSettings
 from ..request_path.model_control import DEFAULT_POLL_SECONDS, MODES
 from ..request_path.model_files import DEFAULT_MAX_LOAD_FILE_BYTES
@@ -41,6 +42,7 @@ class ServerOptions:
     allow_management: bool = False  # Management mutations and repository load/unload
     admission_timeout: float = 0.0  # server ceiling and default for every model, seconds; 0 = unbounded
     max_queue: int = 0  # per-model limit of queued requests; 0 = none
+    refuse_predicted_wait: bool = False  # refuse at arrival a request whose deadline comes before its predicted turn
     load_at_startup: bool = True  # load every repository model before reporting ready
     max_concurrent_loads: int = 1  # simultaneous cold loads across models
     max_workers: int = 64  # gRPC handler threads kept; the handler budget (inference_handlers) is taken from them
@@ -68,6 +70,9 @@ class ServerOptions:
     # grpcio server arguments from Triton's --grpc-keepalive-* and --grpc-http2-* flags: (argument, value) pairs.
     grpc_arguments: tuple[tuple[str, int], ...] = ()
     reuse_port: bool = False  # SO_REUSEPORT on the gRPC port (Triton's --reuse-grpc-port)
+    # The rate limiter (service/core/rate_limiter.py): Triton's --rate-limit and --rate-limit-resource.
+    rate_limit: RateLimitMode = RateLimitMode.OFF
+    rate_limit_resources: tuple[ResourceFlag, ...] = ()
     log_format: str = "text"
     extra_backends: dict[str, Backend] = field(
         default_factory=dict, compare=False

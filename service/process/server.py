@@ -29,6 +29,7 @@ from generated import grpc_service_pb2, management_pb2
 from ..core.events import Events, log_event
 from ..core.lifecycle import SharedRuntime
 from ..core.log_settings import LogControl
+from ..core.rate_limiter import RateLimitMode, ResourcePool
 from ..core.registry import ModelRegistry, RegistryPolicy
 from ..core.residency import ColdLoadGuard, Residency
 from ..core.trace_settings import TraceSettingsStore
@@ -47,7 +48,7 @@ from ..transport.servicers.management import ManagementServicer, add_management_
 from ..transport.shared_memory import SharedMemoryRegistry
 from ..transport.tensor_memory import TensorMemory
 from .handler_threads import HandlerThreads
-from .metrics import ServerMetrics, SlotserveCollector
+from .metrics import BusyCallsCollector, ServerMetrics, SlotserveCollector
 from .options import ServerOptions
 from .timers import TimerQueue
 from .trace_output import TraceOutput
@@ -124,9 +125,16 @@ class Server:
         self.runtime = SharedRuntime(
             backends=all_backends,
             max_queue=options.max_queue,
+            refuse_predicted_wait=options.refuse_predicted_wait,
             cold_loads=ColdLoadGuard(options.max_concurrent_loads),
             residency=self.residency,
             lazy_load_refusal=lazy_load_refusal(options.model_control_mode),
+            # --rate-limit execution_count: one pool of resources shared by every model's slots; off: none.
+            rate_limiter=(
+                ResourcePool(options.rate_limit_resources)
+                if options.rate_limit is RateLimitMode.EXECUTION_COUNT
+                else None
+            ),
         )
         # Named now (the repository's allowed roots are fixed here), created on the first load with files: nothing is
         # written at startup, so a read-only root filesystem starts (deploy/kubernetes/*.yaml).
@@ -180,6 +188,7 @@ class Server:
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
+        self.metrics.registry.register(BusyCallsCollector(lambda: self.calls.refused))  # slotserve_busy_calls_total
         self.timers = TimerQueue("stream-write-timeouts")
         self._executor: HandlerThreads | None = None
         self._grpc: grpc.Server | None = None

@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.rate_limiter import RateLimitMode, ResourceFlag, parse_resource_flag
+
 
 class Kind(enum.Enum):
     ALIAS = "alias"  # another name of one of our flags
@@ -197,8 +199,18 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--cache-directory", Kind.REFUSED, "slotserve's response cache is built in (--response-cache-bytes)"),
     TritonFlag("--response-cache-byte-size", Kind.ALIAS, "--response-cache-bytes"),
     # -- Rate limiter --
-    TritonFlag("--rate-limit", Kind.ACCEPTED, "off only: slotserve's per-model slots and FIFO queue decide"),
-    TritonFlag("--rate-limit-resource", Kind.REFUSED, "slotserve has no rate limiter resources (slots instead)"),
+    TritonFlag(
+        "--rate-limit",
+        Kind.ACCEPTED,
+        "off (the default) or execution_count: a slot runs only when the resources its instance_group's "
+        "rate_limiter names are free (docs/lifecycle.md)",
+    ),
+    TritonFlag(
+        "--rate-limit-resource",
+        Kind.ACCEPTED,
+        "name:count[:device], repeatable: a resource's count (without any: the most any loaded model needs; with "
+        "one, a resource no flag gives has none, as Triton's); every slot counts as device 0",
+    ),
     # -- Memory and devices --
     TritonFlag("--pinned-memory-pool-byte-size", Kind.REFUSED, _NO_CUDA_POOLS),
     TritonFlag("--cuda-memory-pool-byte-size", Kind.REFUSED, _NO_CUDA_POOLS),
@@ -305,12 +317,18 @@ def _none_only(text: str) -> str:
     return "none"
 
 
-def _off_only(text: str) -> str:
-    if text.strip().lower() != "off":
-        raise argparse.ArgumentTypeError(
-            f"only off is supported here: slotserve's per-model slots and FIFO queue decide what runs, got {text!r}"
-        )
-    return "off"
+def _rate_limit(text: str) -> RateLimitMode:
+    try:
+        return RateLimitMode(text.strip().lower())  # any case, as tritonserver reads it
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected execution_count or off, got {text!r}") from None
+
+
+def _rate_limit_resource(text: str) -> ResourceFlag:
+    try:
+        return parse_resource_flag(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _cache_config(text: str) -> int:
@@ -368,7 +386,20 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     for dest, argument in GRPC_ARGUMENTS.items():
         add(f"--{dest.replace('_', '-')}", type=_grpc_int, metavar="N", help=f"gRPC's {argument}")
     add("--cache-config", type=_cache_config, metavar="local,size=BYTES", help="--response-cache-bytes BYTES")
-    add("--rate-limit", type=_off_only, metavar="off", help="off only")
+    add(
+        "--rate-limit",
+        type=_rate_limit,
+        metavar="MODE",
+        help="execution_count: slots wait for their rate_limiter resources; off: those are ignored (default: off)",
+    )
+    add(
+        "--rate-limit-resource",
+        type=_rate_limit_resource,
+        action="append",
+        metavar="NAME:COUNT[:DEVICE]",
+        help="a rate limiter resource's count, repeatable; once one is given, a resource no flag gives has none "
+        "(default: each has the most any loaded model needs)",
+    )
     add("--model-load-retry-count", type=_zero_only, metavar="0", help="0 only")
     add(
         "--model-namespacing",
@@ -432,6 +463,10 @@ def triton_fields(args: argparse.Namespace, fields: Mapping[str, object]) -> dic
         changed["grpc_arguments"] = arguments
     if args.reuse_grpc_port is not None:
         changed["reuse_port"] = args.reuse_grpc_port
+    if args.rate_limit is not None:
+        changed["rate_limit"] = args.rate_limit
+    if args.rate_limit_resource:
+        changed["rate_limit_resources"] = tuple(args.rate_limit_resource)
     return changed
 
 

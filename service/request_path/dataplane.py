@@ -35,7 +35,7 @@ from engine.tensor_codec import BYTES_ELEMENT_COST
 from ..core.errors import ModelNotFound, RequestCancelled
 from ..core.events import RejectionLog
 from ..core.lifecycle import ModelEntry
-from ..core.outcomes import REJECTIONS, outcome_of
+from ..core.outcomes import REJECTIONS, add_retry_hint, outcome_of
 from ..core.registry import ModelRegistry, ModelVersions
 from ..core.requests import ModelRequest, RunResult, StreamEnd
 from ..core.sequences import ID_MODULUS
@@ -222,6 +222,7 @@ class Dataplane:
         """Count a request that did not succeed under its outcome; a refusal also gets a (rate-limited) log line
         with the message its client got (never internal details: those are logged where they arise)."""
         outcome = outcome_of(error, cancel)
+        add_retry_hint(error, entry)  # a refusal by the model's queue: when to retry (grpc-retry-pushback-ms)
         entry.statistics.record_failure(time.perf_counter_ns() - started, outcome)
         if outcome in REJECTIONS:
             self.rejections.note(entry.name, outcome, str(error))
@@ -413,6 +414,8 @@ class Dataplane:
             ends_in_band=request.respond_end is not None,
             next_deadline=lambda: self.admission_deadline(entry, decoded.timeout_us, request.client_deadline),
             arrived_ns=started,
+            priority=ModelRequest.priority_of(request.parameters),
+            timeout_us=decoded.timeout_us,
         )
 
     def _cached(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from typing import NoReturn
+from typing import NamedTuple, NoReturn, cast
 
 import grpc
 from google.protobuf import any_pb2
@@ -61,6 +61,7 @@ TABLE: dict[str, grpc.StatusCode] = {
     "residency_limit": grpc.StatusCode.UNAVAILABLE,
     "memory_limit": grpc.StatusCode.UNAVAILABLE,
     "shutting_down": grpc.StatusCode.UNAVAILABLE,
+    "wait_exceeds_deadline": grpc.StatusCode.UNAVAILABLE,  # --refuse-predicted-wait (no Triton counterpart)
     "model_not_loaded": grpc.StatusCode.UNAVAILABLE,
     "model_control_disabled": grpc.StatusCode.UNAVAILABLE,  # Triton's code for load/unload in none or poll mode
     "load_files_limit": grpc.StatusCode.RESOURCE_EXHAUSTED,  # --max-load-file-bytes
@@ -80,6 +81,41 @@ TABLE: dict[str, grpc.StatusCode] = {
     "model_error_unsupported": grpc.StatusCode.UNIMPLEMENTED,
     "model_error_already_exists": grpc.StatusCode.ALREADY_EXISTS,
 }
+
+# Overload refusals (docs/errors.md, "Overload"): the reasons whose client gets a retry hint, the trailing metadata
+# `grpc-retry-pushback-ms` of gRFC A6 (client retries), which a gRPC client with a retry policy for the status code
+# honours: it retries after that many milliseconds, or not at all when the value is negative. The hint is the error's
+# `retry_after` when the core computed one (service/core/service_rate.py: the model's predicted wait; NO_RETRY when
+# no retry can succeed), else the reason's default here (seconds).
+PUSHBACK_HEADER = "grpc-retry-pushback-ms"
+DEFAULT_RETRY_AFTER: dict[str, float] = {
+    # A model's queue (service_rate's hint when its model is known); the handler budget frees when any call ends.
+    "server_busy": 0.1,
+    # Another model must go idle (or its load end) before this one fits.
+    "residency_limit": 1.0,
+    "memory_limit": 1.0,
+    # The requests in flight must finish (a request larger than a limit alone is marked NO_RETRY where refused).
+    "tensor_memory_limit": 0.1,
+    # This server stops: a retry that reaches another address of the channel (or this one restarted) may succeed.
+    "shutting_down": 1.0,
+    "wait_exceeds_deadline": errors.NO_RETRY,  # its own deadline ends before its turn: not within this call
+}
+_MAX_PUSHBACK_MS = 2**31 - 1  # the header is a signed 32-bit integer
+
+
+def pushback_ms(error: BaseException) -> int | None:
+    """The `grpc-retry-pushback-ms` value for `error`: milliseconds, -1 for "do not retry", None when it is not an
+    overload refusal (no hint is sent)."""
+    reason = reason_of(error)
+    if reason not in DEFAULT_RETRY_AFTER:
+        return None
+    after = getattr(error, "retry_after", None)
+    if not isinstance(after, (int, float)):
+        after = DEFAULT_RETRY_AFTER[reason]
+    if after < 0:
+        return -1
+    return min(_MAX_PUSHBACK_MS, round(after * 1000))
+
 
 # Where the error classes live: every class under these roots that sets its own `error_reason` is one a client
 # may see (docs/errors.md names each; tests/docs checks it).
@@ -135,16 +171,31 @@ def _shorten_quoted(match: re.Match[str]) -> str:
     return f"{quote}{inner[:keep]}...{inner[-keep:]}{quote} ({len(inner)} characters)"
 
 
-def rich_status(code: grpc.StatusCode, message: str, reason: str | None) -> grpc.Status:
+class _Status(NamedTuple):
+    """A grpc.Status (abort_with_status reads these three attributes) whose trailers may carry a retry hint."""
+
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str | bytes], ...]
+
+
+def rich_status(code: grpc.StatusCode, message: str, reason: str | None, pushback: int | None = None) -> grpc.Status:
+    """The status to end a call with: `code`, `message`, an ErrorInfo naming `reason`, and `pushback` (ms, see
+    pushback_ms) as grpc-retry-pushback-ms when given."""
     status = status_pb2.Status(code=code.value[0], message=message)
     if reason:
         detail = any_pb2.Any()
         detail.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN))
         status.details.append(detail)
-    return rpc_status.to_status(status)
+    converted = rpc_status.to_status(status)
+    if pushback is None:
+        return converted
+    trailers = (*converted.trailing_metadata, (PUSHBACK_HEADER, str(pushback)))
+    return cast(grpc.Status, _Status(converted.code, converted.details, trailers))
 
 
 def abort(context: grpc.ServicerContext, error: BaseException) -> NoReturn:
-    """End the RPC with `error`'s status. Raises (as grpc's abort does)."""
+    """End the RPC with `error`'s status, and a retry hint when it is an overload refusal. Raises (as grpc's abort
+    does)."""
     code, message, reason = describe(error)
-    context.abort_with_status(rich_status(code, message, reason))
+    context.abort_with_status(rich_status(code, message, reason, pushback_ms(error)))

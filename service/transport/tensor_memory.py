@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from ..core.errors import ServiceError
+from ..core.errors import ServiceError, never_retried
 
 # --max-request-tensor-bytes: the default message limit (1 GiB), so every fixed-size tensor a default message
 # can carry is admitted; BYTES inputs of about 4.6 million short elements (some 27 MiB on the wire) are not.
@@ -82,7 +82,9 @@ class TensorMemory:
         if request_limit and nbytes > request_limit:
             with self._lock:
                 self._refused_request += 1
-            raise TensorMemoryLimit(f"{_needs(nbytes)}, more than {REQUEST_FLAG} ({request_limit}) allows one request")
+            raise never_retried(
+                TensorMemoryLimit(f"{_needs(nbytes)}, more than {REQUEST_FLAG} ({request_limit}) allows one request")
+            )
         with self._lock:
             held = self._in_flight
             if not in_flight_limit or held + nbytes <= in_flight_limit:
@@ -93,8 +95,10 @@ class TensorMemory:
                 return Reservation(self, nbytes)
             self._refused_in_flight += 1
         if nbytes > in_flight_limit:
-            raise TensorMemoryLimit(
-                f"{_needs(nbytes)}, more than {IN_FLIGHT_FLAG} ({in_flight_limit}) allows all requests together"
+            raise never_retried(
+                TensorMemoryLimit(
+                    f"{_needs(nbytes)}, more than {IN_FLIGHT_FLAG} ({in_flight_limit}) allows all requests together"
+                )
             )
         raise TensorMemoryLimit(
             f"{_needs(nbytes)}, and the requests in flight hold {held} of the {in_flight_limit} "

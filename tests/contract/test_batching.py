@@ -392,8 +392,12 @@ def test_without_the_block_or_without_a_batch_dimension_each_request_runs_alone(
 @pytest.mark.parametrize(
     "block, field",
     [
-        ("dynamic_batching { priority_levels: 2 }", "dynamic_batching.priority_levels"),
-        ("dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "timeout_action DELAY"),
+        ("dynamic_batching { priority_levels: 2 }", "default priority level must be in range [1, 2] for m"),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 1\n"
+            "priority_queue_policy { key: 3 value { } } }",
+            "priority queue policy must have priority level in range [1, 2] for m",
+        ),
         (
             'dynamic_batching { }\ninput { name: "R" data_type: TYPE_FP32 dims: -1 allow_ragged_batch: true }',
             "allow_ragged_batch",

@@ -144,6 +144,10 @@ GROUPS = {  # id prefix -> (heading, what the cells of that group are about)
         "Sequences (slotserve's own cells)",
         "Stateful sequences: sequence slots as Triton counts them, each sequence's requests in order on one slot.",
     ),
+    "PRIO": (
+        "Priorities (slotserve's own cells)",
+        "Triton's priority levels and per-level queue policies on a batching model (docs/lifecycle.md#priorities).",
+    ),
 }
 
 

@@ -33,9 +33,11 @@ dynamic_batching {
   default_priority_level: 1
 }
 optimization { execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }
+model_repository_agents { agents [ { name: "checksum" } ] }
 """
-# First edit: the priority levels removed (slotserve serves one level, in arrival order).
-CLASSIFIER_EDITED = CLASSIFIER_BEFORE.replace("  priority_levels: 2\n  default_priority_level: 1\n", "")
+# First edit: the repository agent removed (slotserve runs none). The priority levels stay: they are served.
+AGENT_LINE = 'model_repository_agents { agents [ { name: "checksum" } ] }\n'
+CLASSIFIER_EDITED = CLASSIFIER_BEFORE.replace(AGENT_LINE, "")
 # Second edit: the output's datatype as the model file has it.
 CLASSIFIER_AFTER = CLASSIFIER_EDITED.replace("TYPE_FP16", "TYPE_FP32")
 
@@ -115,7 +117,7 @@ def write_before(where: Path) -> Path:
 
 
 def first_edit(where: Path) -> None:
-    """The models slotserve does not serve yet go to a folder of their own; the priority levels go."""
+    """The models slotserve does not serve yet go to a folder of their own; the repository agent goes."""
     (where / SET_ASIDE).mkdir()
     for name in NOT_YET:
         (where / REPOSITORY / name).rename(where / SET_ASIDE / name)
@@ -213,8 +215,8 @@ def parts() -> dict[str, str]:
         "walkthrough-files": files.rstrip("\n") + "\n",
         "walkthrough-before": fenced(found["before"], "console"),
         "walkthrough-first-edit": fenced(f"mkdir {SET_ASIDE}\n{moves}", "bash")
-        + "\nand in `classifier/config.pbtxt`, `dynamic_batching` becomes:\n\n"
-        + fenced("dynamic_batching {\n  max_queue_delay_microseconds: 500\n}\n", "protobuf"),
+        + "\nand in `classifier/config.pbtxt`, this line goes:\n\n"
+        + fenced(AGENT_LINE, "protobuf"),
         "walkthrough-edited": fenced(found["edited"], "console"),
         "walkthrough-after": fenced(found["after"], "console"),
     }

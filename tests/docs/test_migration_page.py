@@ -22,7 +22,8 @@ def test_the_walkthrough_goes_from_refused_to_served():
     assert before.rstrip("`\n").endswith("$ echo $?\n1") and "1 of 4 models would serve" in before  # the python one
     for name in NOT_YET:
         assert f"model '{name}' version 1: does not serve" in before
-    assert "refused: dynamic_batching.priority_levels" in before
+    assert "refused: model_repository_agents" in before
+    assert "priority_levels" not in before  # served (docs/lifecycle.md, Priorities)
     # The ensemble does not serve while its step does not, as the server refuses it (issue 35).
     assert "model 'classifier'" in block(before, "pipeline").split("  reason: ")[1]
     assert "mismatch: output 'scores' is FP32 in the model, FP16 in the config" in edited

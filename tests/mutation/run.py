@@ -66,6 +66,7 @@ LAST_RESULT = HERE / "last-result.txt"
 # here starts a server process or binds a fixed port, so mutants can run side by side.
 _CORE_UNIT = [
     "tests/unit/service/core/test_admission_boundaries.py",
+    "tests/unit/service/core/test_admission_priority.py",
     "tests/unit/service/core/test_batch_delay_wakeups.py",
     "tests/unit/service/core/test_admission_interrupted.py",
 ]
@@ -75,13 +76,15 @@ SUBSETS: dict[str, list[str]] = {
         "tests/contract/test_batching.py",
         "tests/contract/test_batch_members.py",
         "tests/contract/test_order.py",
+        "tests/contract/test_priorities.py",
         "tests/contract/test_time_admission.py",
         "tests/unit/service/core/test_residency_failures_and_batches.py",
         "tests/unit/service/core/test_bulk_unload.py",
-        "tests/unit/service/transport/servicers/test_call_tokens.py",
+        "tests/unit/service/servicers/test_call_tokens.py",
         "tests/unit/service/core/test_admission.py",
         "tests/unit/service/core/test_admission_controller.py",
         "tests/unit/service/core/test_admission_batching.py",
+        "tests/unit/service/core/test_admission_priority_machine.py",
     ],
     "batching": [
         "tests/contract/test_batch_members.py",

@@ -107,10 +107,11 @@ class CallTracker:
     def __init__(self, inference_limit: int, management_limit: int = 4) -> None:
         self.inference_limit = inference_limit
         self.management_limit = management_limit
-        self._cond = threading.Condition(threading.Lock())  # guards: _tokens, _active, _cancelled_reason
+        self._cond = threading.Condition(threading.Lock())  # guards: _tokens, _active, _cancelled_reason, _refused
         self._tokens: set[CancelToken] = set()
         self._active = {CallKind.INFERENCE: 0, CallKind.MANAGEMENT: 0}  # bounded kinds in progress
         self._cancelled_reason: str | None = None  # set by cancel_all: later calls are cancelled as they begin
+        self._refused = 0  # calls refused for a full budget (server_busy), counted for the metrics
 
     def _limit(self, kind: CallKind) -> int:
         return self.inference_limit if kind is CallKind.INFERENCE else self.management_limit
@@ -125,6 +126,7 @@ class CallTracker:
             if kind in self._active:
                 limit = self._limit(kind)
                 if self._active[kind] >= limit:
+                    self._refused += 1
                     raise ServerBusy(f"server_busy: all {limit} {kind.value} handler threads are in use")
                 self._active[kind] += 1
             self._tokens.add(token)
@@ -144,6 +146,12 @@ class CallTracker:
                 self._active[kind] -= 1
             if not self._tokens:
                 self._cond.notify_all()
+
+    @property
+    def refused(self) -> int:
+        """Calls refused since the start because every handler thread of their kind was in use."""
+        with self._cond:
+            return self._refused
 
     @property
     def active(self) -> int:

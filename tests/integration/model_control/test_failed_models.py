@@ -21,7 +21,7 @@ model_warmup [ { name: "zeros" batch_size: 1
 response_cache { enable: true }
 """
 REFUSED = """
-instance_group [ { count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]
+instance_group [ { count: 1 passive: true } ]
 batch_output [ { target_name: "Y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "X" } ]
 """
 
@@ -56,7 +56,7 @@ def serves(running, model: str) -> bool:
 
 EXPECTED_REASONS = {
     "broken": "config.pbtxt: 3:",  # protobuf's line and column
-    "refused": "instance_group[0].rate_limiter: not supported",
+    "refused": "instance_group[0].passive: not supported",
     "versioned": "version_policy: selects none of the version folders [1, 2]",
 }
 
@@ -91,7 +91,7 @@ def test_a_stream_request_for_a_broken_model_gets_the_reason_and_the_stream_goes
         responses = list(call)
     assert [r.infer_response.id for r in responses] == ["first", "after"]
     assert responses[0].error_message.startswith("model 'refused' failed to load: ")
-    assert "rate_limiter" in responses[0].error_message
+    assert "passive" in responses[0].error_message
     assert responses[1].error_message == ""
     assert np.frombuffer(responses[1].infer_response.raw_output_contents[0], dtype="<f4").tolist() == x.tolist()
 
@@ -107,7 +107,7 @@ def test_the_failure_is_visible_to_metadata_and_config_as_unavailable(repository
 def test_fixing_the_config_and_loading_brings_the_model_back(repository):
     with serve(repository, allow_management=True) as running:
         still = client_error(running.client.load, "refused")
-        assert still.code == "INVALID_ARGUMENT" and "rate_limiter" in still.message
+        assert still.code == "INVALID_ARGUMENT" and "passive" in still.message
         (repository / "refused" / "config.pbtxt").write_text(
             'name: "refused"\nbackend: "fixture"\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] '
             'allow_ragged_batch: true } ]\noutput [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
@@ -116,7 +116,7 @@ def test_fixing_the_config_and_loading_brings_the_model_back(repository):
         assert "allow_ragged_batch" in again.message
         state, reason = index(running)["refused"]
         assert state == "UNAVAILABLE" and "input[0].allow_ragged_batch: not supported" in reason, reason
-        assert "rate_limiter" not in reason  # the reason is the latest one
+        assert "passive" not in reason  # the reason is the latest one
         write_fixture_model(repository, "refused", **TENSORS)
         running.client.load("refused")
         assert index(running)["refused"][0] == "READY"

@@ -40,7 +40,7 @@ model_warmup [ { name: "zeros" batch_size: 1
 )
 REFUSED = (
     GOOD_CONFIG
-    + """instance_group [ { count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]
+    + """instance_group [ { count: 1 passive: true } ]
 batch_output [ { target_name: "Y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "X" } ]
 """
 )
@@ -145,7 +145,7 @@ def test_the_check_says_of_each_model_what_a_real_server_does(mixed):
     assert "no numeric version directory" in reasons["no_version"]
     assert "model file no_file/1/model.onnx not found" in reasons["no_file"]
     assert "input 'X' has dims [4] in the model" in reasons["wrong_inputs"]
-    assert "instance_group[0].rate_limiter: not supported" in reasons["refused"]
+    assert "instance_group[0].passive: not supported" in reasons["refused"]
     assert "batch_output: not supported" in reasons["refused"]
     assert "an ensemble needs ensemble_scheduling with at least one step" in reasons["ensemble"]
 
@@ -167,7 +167,7 @@ def test_each_model_block_names_its_refused_and_ignored_fields_and_the_file(mixe
     _, report = check_json(mixed)
     by_name = {m["name"]: m for m in report["models"]}
     refused = {f["field"] for f in by_name["refused"]["refused"]}
-    assert refused == {"instance_group[0].rate_limiter", "batch_output"}
+    assert refused == {"instance_group[0].passive", "batch_output"}
     listed = by_name["listed"]
     assert {f["field"] for f in listed["ignored"]} == {"instance_group[0].kind"}  # model_warmup is applied: it runs
     assert listed["warmup"] == [{"name": "zeros", "batch_size": 1, "count": 1, "inputs": ["X FP32 [4] zero"]}]
@@ -255,7 +255,8 @@ def test_the_slotserve_command_has_the_check_too(tmp_path, capsys):
 
 MODEL_KEYS = {  # the JSON shape docs/migrating-from-triton.md documents (format 1)
     "name", "serves", "reason", "backend", "model_file", "version_folders", "versions", "slots", "max_batch_size",
-    "batching", "sequence", "warmup", "warmup_runs", "startup", "not_run", "refused", "ignored", "files", "load",
+    "batching", "sequence", "rate_limiter", "warmup", "warmup_runs", "startup", "not_run", "refused", "ignored",
+    "files", "load",
 }  # fmt: skip
 
 

@@ -118,7 +118,7 @@ LIST_SYNTAX = {
                  { key: "S" value: { data_type: TYPE_STRING dims: [ 2 ] random_data: true } } ] } ]""",
     "batch_input": """batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: [ "N" ] data_type: TYPE_FP32
         source_input: [ "X" ] } ]""",
-    "instance_group": """instance_group [ { count: 2 kind: KIND_CPU
+    "instance_group": """instance_group [ { count: 2 kind: KIND_CPU passive: true
         rate_limiter { resources [ { name: "R1" count: 4 }, { name: "R2" global: true count: 2 } ] priority: 2 } } ]""",
     "ensemble_scheduling": """ensemble_scheduling { step [
         { model_name: "a" model_version: -1
@@ -138,10 +138,11 @@ def test_list_syntax_parses_with_the_whole_message(block):
 
 def test_the_refusal_names_every_refused_field_with_its_path(tmp_path):
     text = HEAD + TENSORS + "\n".join(LIST_SYNTAX[b] for b in ("batch_input", "instance_group"))
-    text += "\ndynamic_batching { priority_levels: 2 }"
+    text += '\nmodel_repository_agents { agents [ { name: "checksum" } ] }'
     message = refusal(tmp_path, text + '\nmodel_operations { op_library_filename: [ "libop.so" ] }')
-    assert "instance_group[0].rate_limiter: not supported" in message
-    assert "dynamic_batching.priority_levels: not supported" in message
+    assert "instance_group[0].passive: not supported" in message
+    assert "rate_limiter" not in message  # applied (the rate limiter, docs/lifecycle.md)
+    assert "model_repository_agents: not supported" in message
     assert "batch_input: not supported" in message
     assert "model_operations: not supported" in message
 
@@ -268,9 +269,9 @@ def test_applied_fields_raise_no_warning(tmp_path, caplog):
 def test_the_table_judges_a_set_field_by_its_rule():
     config = parse_config_text(HEAD + TENSORS + LIST_SYNTAX["instance_group"], "m")
     judged = classify_fields(config)
-    assert [p for p, _ in judged.refused] == ["instance_group[0].rate_limiter"]
+    assert [p for p, _ in judged.refused] == ["instance_group[0].passive"]
     assert [p for p, _ in judged.ignored] == ["instance_group[0].kind"]
-    assert FIELDS["instance_group.rate_limiter"].treatment is Treatment.REFUSED
+    assert FIELDS["instance_group.rate_limiter"].treatment is Treatment.APPLIED
 
 
 # ---- versions -------------------------------------------------------------------------------------------------
