@@ -101,6 +101,7 @@ class BatchItem:
     input_ns: int = 0
     infer_ns: int = 0
     batch_rows: int = 0  # rows of the batch it ran in
+    batch_members: int = 0  # requests in the batch it ran in (its trace's "batch formed" event says so)
     key: Hashable = field(init=False)
     _abandoned: bool = field(default=False, init=False)  # its thread left: a stream posted later is closed
     _stream_lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # guards: stream, _abandoned
@@ -282,6 +283,7 @@ def run_batch(
     split(outputs, live)
     for item in live:
         item.input_ns, item.infer_ns, item.batch_rows = stacked - started, executed - stacked, rows
+        item.batch_members = len(live)
     statistics.record_execution(
         batch_size=rows,
         input_ns=stacked - started,
@@ -324,7 +326,7 @@ def _run_as_requests(
             item.fail(outcome)
         else:
             item.result = outcome
-        item.infer_ns, item.batch_rows = executed - started, rows
+        item.infer_ns, item.batch_rows, item.batch_members = executed - started, rows, len(live)
     statistics.record_execution(batch_size=rows, input_ns=0, infer_ns=executed - started, output_ns=0)
 
 
@@ -346,7 +348,7 @@ def _run_as_streams(lease: Lease, live: Sequence[BatchItem], statistics: Inferen
     rows = sum(item.rows for item in live)
     held = _HeldByStreams(lease, len(streams), statistics, started, rows)
     for item, stream in zip(live, streams, strict=True):
-        item.batch_rows = rows
+        item.batch_rows, item.batch_members = rows, len(live)
         member = MemberStream(stream, held)
         if not item.post_stream(member):
             member.close()

@@ -249,8 +249,9 @@ def traced_batch(
     model: ServedModel, trace: RequestTrace, item: BatchItem, deadline: float | None, cancel: CancelToken
 ) -> BatchItem:
     """`model.run_batched` for a traced request: QUEUE_START, the admission wait up to its batch's start, the batch
-    it ran in (its rows; its id, `model:start`, the same for every member, which is how a batch's members are found
-    in the traces), and the compute activities from what the batch's leader posted. Raises as run_batched."""
+    it ran in (its rows, its requests; its id, `model:start`, the same for every member, which is how a batch's
+    members are found in the traces), and the compute activities from what the batch's leader posted. Raises as
+    run_batched."""
     ready = model.is_ready()
     queued = trace.queued(model.admission.statistics().queued, ready)
     try:
@@ -264,7 +265,9 @@ def traced_batch(
     started = item.started_ns
     trace.span("admission wait", queued, started, wait_ns=started - queued)
     trace.granted_ns = started
-    trace.event(BATCH_FORMED, started, rows=item.batch_rows, batch_id=f"{model.name}:{started}")
+    trace.event(
+        BATCH_FORMED, started, rows=item.batch_rows, members=item.batch_members, batch_id=f"{model.name}:{started}"
+    )
     input_end = started + item.input_ns
     trace.computed(started, input_end, input_end + item.infer_ns, time.perf_counter_ns(), batched=True)
     return item

@@ -159,6 +159,7 @@ def test_a_batch_is_an_event_naming_its_rows_and_the_batch_every_member_shares(r
     batches = [next(e for e in span.events if e.name == "batch formed") for span in members]
     # preferred_batch_size 3, a 2 s delay: the three requests sent together ran as one batch of 3 rows
     assert {event.attributes["rows"] for event in batches} == {3}
+    assert {event.attributes["members"] for event in batches} == {3}
     assert len({event.attributes["batch_id"] for event in batches}) == 1
     for span in members:
         assert activities(span) == ACTIVITIES
