@@ -22,7 +22,9 @@ talks to 127.0.0.1 only. Sections, in order (all but transport by default):
              with `dynamic_batching { }` against the same weights without it (one server, --parallel-jobs 2)
              and against PyTriton (Triton's dynamic batcher, 2 instances, one onnxruntime session with the same
              settings; bench/pytriton/serve.py in bench/.venv-pytriton); `simple` with the block against the
-             bare server at concurrency 16; the batch sizes slotserve ran (ModelStatistics batch_stats).
+             bare server at concurrency 16; the batch sizes slotserve ran (ModelStatistics batch_stats); each
+             round also the mlp in this process (no server), two threads with 1-row and with 16-row runs: what
+             the memory and the cores give the unbatched and the batched model at that moment.
   slots      matmul_chain on slotserve with --parallel-jobs 1, 2, 4 (three servers, alternating), perf_analyzer at
              a fixed concurrency of 8; scaling = infer/s(N slots) / infer/s(1 slot), median of per-round ratios.
              Each round also runs matmul_chain in this process (no server) on 1 and on 2 threads: the scaling the

@@ -8,6 +8,12 @@ running at once and measured point by point in alternating order. slotserve serv
 what a delay buys under load); PyTriton serves the same ONNX file on one onnxruntime session with the same settings, two
 instances, Triton's dynamic batcher (bench/pytriton/serve.py, its own venv). A second slotserve serves `simple`
 with `dynamic_batching { }` added, against the bare grpcio server.
+
+Each round also runs the `mlp` in this process (no server, no client): two Python threads calling one session with
+slotserve's default settings (one onnxruntime thread a run), first with 1-row inputs, then 16-row ones. That is what
+the two cores give the unbatched and the fully batched model at that moment: a 1-row run reads all 101 MB of weights
+for one row, so its rate follows the memory bandwidth the machine has then (other jobs on the host move it), while a
+16-row run is bound by arithmetic. The served figures are read against these (issue 39: docs/speed.md).
 """
 
 from __future__ import annotations
@@ -16,7 +22,12 @@ import contextlib
 import os
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from generated import grpc_service_pb2 as pb
 from generated import grpc_service_pb2_grpc as pb_grpc
@@ -24,7 +35,7 @@ from generated import grpc_service_pb2_grpc as pb_grpc
 from ..common import BENCH, DEMO_REPOSITORY, RPC_TIMEOUT, channel, log
 from ..perf_analyzer import PerfAnalyzer, describe, measure
 from ..servers import Launcher, ServerProcess
-from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, met_if, paired_ratio
+from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, median, met_if, paired_ratio
 
 PYTRITON_PYTHON = BENCH / ".venv-pytriton" / "bin" / "python"
 MLP_POINTS = (
@@ -37,6 +48,9 @@ MLP_POINTS = (
 DELAYED_BLOCK = "dynamic_batching { max_queue_delay_microseconds: 10000 preferred_batch_size: 8 }\n"
 # The repositories below link to the demo's weights: the server must allow that folder.
 ALLOW_DEMO = ["--allow-model-root", str(DEMO_REPOSITORY)]
+# The in-process reference: rows per run, and how long each is measured (two threads at once).
+IN_PROCESS_ROWS = (1, 16)
+IN_PROCESS_SECONDS = 1.0
 
 
 def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict, scratch: Path) -> None:
@@ -55,8 +69,15 @@ def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, r
             ),
             "bare": stack.enter_context(launcher.bare()),
         }
+        in_process: dict[int, list[float]] = {rows: [] for rows in IN_PROCESS_ROWS}
         for round_index in range(args.rounds):
             flip = round_index % 2 == 1
+            for rows, rate in mlp_in_process().items():
+                in_process[rows].append(rate)
+            log(
+                f"batching round {round_index + 1}/{args.rounds} mlp in-process rows/s, 2 runs at once: "
+                + ", ".join(f"{rows}-row runs {values[-1]:.0f}" for rows, values in in_process.items())
+            )
             for c in (16, 1):
                 for label, server, model in MLP_POINTS[::-1] if flip else MLP_POINTS:
                     point = measure(pa, servers[server], model, c)
@@ -69,7 +90,46 @@ def section_batching(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, r
         batch_sizes = {model: _batch_sizes(servers["slotserve"], model) for model in ("mlp", "mlp_delayed")}
     raw["batching"] = {f"{label} c={c}": runs for (label, c), runs in points.items()}
     raw["batching_batch_sizes"] = batch_sizes
-    _rows(table, points, batch_sizes)
+    raw["batching_in_process_rows_per_s"] = in_process
+    _rows(table, points, batch_sizes, in_process)
+
+
+def mlp_in_process() -> dict[int, float]:
+    """Rows/s of the demo `mlp` in this process for each of IN_PROCESS_ROWS: two Python threads calling one shared
+    session at once, with slotserve's default session settings (one intra-op thread a run, sequential). Blocks
+    about len(IN_PROCESS_ROWS) * IN_PROCESS_SECONDS plus the session's load."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    session = ort.InferenceSession(
+        str(DEMO_REPOSITORY / "mlp" / "1" / "model.onnx"), options, providers=["CPUExecutionProvider"]
+    )
+    return {rows: _rows_per_second(session, rows) for rows in IN_PROCESS_ROWS}
+
+
+def _rows_per_second(session: Any, rows: int) -> float:
+    """Rows/s of `rows`-row runs of `session` (an onnxruntime InferenceSession), two threads calling it at once
+    for IN_PROCESS_SECONDS after one warm-up run."""
+    feed = {"INPUT0": np.random.default_rng(0).standard_normal((rows, 1024), dtype=np.float32)}
+    session.run(None, feed)
+    counts = [0, 0]
+    started = time.perf_counter()
+    deadline = started + IN_PROCESS_SECONDS
+
+    def loop(index: int) -> None:
+        while time.perf_counter() < deadline:
+            session.run(None, feed)
+            counts[index] += 1
+
+    workers = [threading.Thread(target=loop, args=(index,)) for index in range(len(counts))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return rows * sum(counts) / (time.perf_counter() - started)
 
 
 def _repositories(scratch: Path) -> tuple[Path, Path]:
@@ -136,7 +196,9 @@ def _batch_sizes(server: ServerProcess, model: str) -> dict[int, int]:
     return {int(entry.batch_size): int(entry.compute_infer.count) for entry in stats.batch_stats}
 
 
-def _rows(table: Table, points: dict, batch_sizes: dict[str, dict[int, int]]) -> None:
+def _rows(
+    table: Table, points: dict, batch_sizes: dict[str, dict[int, int]], in_process: dict[int, list[float]]
+) -> None:
     def value(label: str, c: int, key: str) -> float:
         return column_median(points[(label, c)], key)
 
@@ -154,6 +216,21 @@ def _rows(table: Table, points: dict, batch_sizes: dict[str, dict[int, int]]) ->
             f"mlp c={c}: p50 / p99 ms, same order",
             ", ".join(f"{fmt_ms(value(label, c, 'p50_ms'))} / {fmt_ms(value(label, c, 'p99_ms'))}" for label in labels),
         )
+    one_row, full = median(in_process[1]), median(in_process[16])
+    table.add(
+        "batching",
+        "mlp in-process, 2 runs at once (no server): rows/s of 1-row runs, of 16-row runs",
+        f"{fmt(one_row)}, {fmt(full)} ({fmt_x(full / one_row)}: the most batching can give on these cores now)",
+        one_row=one_row,
+        sixteen_rows=full,
+    )
+    unbatched = column_median(points[("unbatched", 16)], "infer_per_s")
+    table.add(
+        "batching",
+        "mlp c=16 unbatched infer/s / in-process 1-row rows/s",
+        fmt_x(unbatched / one_row),
+        ratio=unbatched / one_row,
+    )
     speedup = paired_ratio(points[("batched", 16)], points[("unbatched", 16)], "infer_per_s")
     table.add(
         "batching",
