@@ -40,11 +40,16 @@ def _server(root, controls, mode: RateLimitMode = RateLimitMode.EXECUTION_COUNT,
 
 
 def _call(
-    running, model: str, errors: list[BaseException], timeout: float = WAIT, shape: tuple[int, ...] = (4,)
+    running,
+    model: str,
+    errors: list[BaseException],
+    timeout: float = WAIT,
+    shape: tuple[int, ...] = (4,),
+    parameters: dict[str, int] | None = None,
 ) -> threading.Thread:
     def call() -> None:
         try:
-            running.client.infer(model, {"INPUT0": np.ones(shape, "f")}, timeout=timeout)
+            running.client.infer(model, {"INPUT0": np.ones(shape, "f")}, parameters=parameters, timeout=timeout)
         except BaseException as error:  # noqa: BLE001 (reported to the test)
             errors.append(error)
 
@@ -173,7 +178,9 @@ def test_a_wait_for_resources_ends_at_the_deadline_naming_the_resource_and_loses
         holder = _call(running, "a", errors)
         engine.wait_arrivals(1, timeout=WAIT)
         refused: list[BaseException] = []
-        _joined(_call(running, "b", refused, timeout=0.5))
+        # The server's deadline (the request's `timeout` parameter), well before the client's: a client deadline of
+        # the same length raced the server's refusal on a loaded machine and won (DEADLINE_EXCEEDED, no words).
+        _joined(_call(running, "b", refused, parameters={"timeout": 500_000}))
         assert len(refused) == 1
         message = str(refused[0])
         assert "GPU_MEM" in message and "model 'b'" in message, message
