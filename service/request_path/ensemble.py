@@ -557,6 +557,10 @@ class _Run:
         self._parent = cancel
         # The ensemble request's trace (service/core/tracing.py), set on its token by the dataplane; None: not traced.
         self._trace = cancel.trace
+        # Its steps' request parameters: its `priority` (set on its token by the dataplane, RequestInfo), which each
+        # step's request carries into its model's queue, as Triton 2.51's ensemble passes it on; none at level 0.
+        priority = cancel.request.priority if cancel.request is not None else 0
+        self._step_parameters: dict[str, object] = {"priority": priority} if priority else {}
         self._wanted = tuple(dict.fromkeys(wanted))  # the ensemble outputs each answer carries
         self._changed = threading.Condition()  # guards every field below
         self._values: dict[tuple[str, Key], np.ndarray | None] = {}  # None: left out by its producer's response
@@ -831,6 +835,7 @@ class _Run:
                     version=step.version_string,
                     outputs=list(step.outputs),
                     cancel=self._call_token(),
+                    parameters=self._step_parameters,
                 )
                 produced: dict[str, np.ndarray | None] = {}
                 for model_output, tensor in step.outputs.items():
@@ -846,6 +851,7 @@ class _Run:
                     version=step.version_string,
                     outputs=list(step.outputs),
                     cancel=self._call_token(),
+                    parameters=self._step_parameters,
                 )
             outputs = next(call.answers, None)
             if outputs is None:
