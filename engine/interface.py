@@ -226,13 +226,15 @@ class RequestInfo:
     """What a request says about itself, beyond its tensors: its id, the client's request parameters (bool, int,
     float or str values; the protocol's own keys such as `timeout` are left out) and the client's deadline (on
     the monotonic clock; None: none). `correlation_id` and `flags` are Triton's view of the sequence parameters
-    (`sequence_id`; `sequence_start` 1 | `sequence_end` 2)."""
+    (`sequence_id`; `sequence_start` 1 | `sequence_end` 2). `priority` is the request's `priority` parameter (0: the
+    model's default level), which an ensemble passes on to its steps."""
 
     id: str = ""
     parameters: Mapping[str, object] = field(default_factory=dict)
     deadline: float | None = None
     correlation_id: int | str = 0
     flags: int = 0
+    priority: int = 0
 
 
 class ModelCalls(ABC):

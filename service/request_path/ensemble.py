@@ -557,6 +557,10 @@ class _Run:
         self._parent = cancel
         # The ensemble request's trace (service/core/tracing.py), set on its token by the dataplane; None: not traced.
         self._trace = cancel.trace
+        # Its steps' request parameters: its `priority` (set on its token by the dataplane, RequestInfo), which each
+        # step's request carries into its model's queue, as Triton 2.51's ensemble passes it on; none at level 0.
+        priority = cancel.request.priority if cancel.request is not None else 0
+        self._step_parameters: dict[str, object] = {"priority": priority} if priority else {}
         self._wanted = tuple(dict.fromkeys(wanted))  # the ensemble outputs each answer carries
         self._changed = threading.Condition()  # guards every field below
         self._values: dict[tuple[str, Key], np.ndarray | None] = {}  # None: left out by its producer's response
@@ -567,6 +571,8 @@ class _Run:
         self._awaiting_helper = False  # a helper was woken for this run's streams and has not come yet
         self._held_back = 0  # helpers waiting for room before reading their stream on (_wait_for_room)
         self._coordinator_busy = False  # the request's thread is in a turn of its own (takes no answers meanwhile)
+        self._coordinator_blocked = False  # it waits for a step's turn to end before taking that step's next call
+        self._stepping: set[int] = set()  # steps with an ordinary call's turn running (one at a time per step)
         self._answers: collections.deque[Outputs] = collections.deque()  # made, not yielded yet
         self._running = 0  # turns being taken, and streams a helper owns
         self._started: set[int] = set()  # steps with a call taken
@@ -636,10 +642,11 @@ class _Run:
                     self._changed.notify_all()  # room for a helper reading a stream
                 return _Next.ANSWER, (FinalOutputs(answer) if self._over_locked() else answer), None, False
             if not ended:
-                if self._calls:
+                call = self._free_call_locked()
+                if call is not None:
                     if self._held_back:
                         self._changed.notify_all()
-                    return _Next.CALL, None, self._taken_locked(self._calls), bool(self._calls or self._streams)
+                    return _Next.CALL, None, self._taken_locked(self._calls, call), bool(self._calls or self._streams)
                 if self._own is not None:
                     self._running += 1
                     return _Next.PUMP, None, self._own, False
@@ -649,7 +656,13 @@ class _Run:
             if not self._running and (ended or not (self._calls or self._streams or self._own)):
                 self._finish_locked()
                 return _Next.DONE, None, None, False
+            # Calls ready but each behind its step's running turn: a helper held back for room must read on, as
+            # when the coordinator is in a turn itself (that turn may wait for the slot the helper's stream holds).
+            self._coordinator_blocked = bool(self._calls) and not ended
+            if self._coordinator_blocked and self._held_back:
+                self._changed.notify_all()
             self._changed.wait()
+            self._coordinator_blocked = False
 
     def _ask_for_a_helper(self) -> None:
         """Streams are ready: a helper on its way takes them (`help` says it has come); none free, the coordinator
@@ -713,9 +726,13 @@ class _Run:
                 if self._awaiting_helper:  # this helper has come: the coordinator stops waiting for one
                     self._awaiting_helper = False
                     self._changed.notify_all()
-                ready = self._streams or self._calls
-                taking = bool(ready) and self._failure is None and not self._ended_locked()
-                call = self._taken_locked(ready) if taking else None
+                taking = self._failure is None and not self._ended_locked()
+                call = None
+                if taking and self._streams:
+                    call = self._taken_locked(self._streams)
+                elif taking:
+                    free = self._free_call_locked()
+                    call = None if free is None else self._taken_locked(self._calls, free)
                 if call is not None and self._held_back:
                     self._changed.notify_all()  # room for a helper reading a stream
                 more = bool(self._calls or self._streams)
@@ -739,7 +756,11 @@ class _Run:
         with self._changed:
             self._held_back += 1
             try:
-                while len(self._answers) + len(self._calls) >= BACKLOG and not self._coordinator_busy:
+                while (
+                    len(self._answers) + len(self._calls) >= BACKLOG
+                    and not self._coordinator_busy
+                    and not self._coordinator_blocked
+                ):
                     if self._failure is not None or self._ended_locked():
                         return
                     self._changed.wait(RECHECK_SECONDS)
@@ -748,8 +769,26 @@ class _Run:
 
     # ---- turns -------------------------------------------------------------------------------------------------
 
-    def _taken_locked(self, ready: collections.deque[_Call]) -> _Call:
-        call = ready.popleft()
+    def _free_call_locked(self) -> _Call | None:
+        """The first ordinary call ready whose step has no turn running, or None. One turn per step at a time keeps
+        a step's calls entering its model's queue in the order they were made (Triton's: the order of the
+        responses they come from). Two threads racing into the queue let a later call take a one-slot step first:
+        a call that waits (for its request's cancellation, say) then held back the earlier one, and the answer the
+        client was waiting for before it cancels never came (the 1-in-8 hang of a cancelled decoupled ensemble).
+        Nor does the coordinator then sit in a turn while another thread's turn of that step makes an answer."""
+        for call in self._calls:
+            if call.step.index not in self._stepping:
+                return call
+        return None
+
+    def _taken_locked(self, ready: collections.deque[_Call], call: _Call | None = None) -> _Call:
+        """Take `call` (the first one when None) out of `ready` and count its turn running."""
+        if call is None:
+            call = ready.popleft()
+        else:
+            ready.remove(call)
+        if not call.streaming:
+            self._stepping.add(call.step.index)
         self._running += 1
         self._started.add(call.step.index)
         return call
@@ -762,6 +801,8 @@ class _Run:
         turn = self._turn(call)
         close = False
         with self._changed:
+            if not call.streaming:
+                self._stepping.discard(call.step.index)
             if turn.failure is not None:
                 if self._failure is None:
                     self._failure = (call.step, turn.failure)
@@ -794,6 +835,7 @@ class _Run:
                     version=step.version_string,
                     outputs=list(step.outputs),
                     cancel=self._call_token(),
+                    parameters=self._step_parameters,
                 )
                 produced: dict[str, np.ndarray | None] = {}
                 for model_output, tensor in step.outputs.items():
@@ -809,6 +851,7 @@ class _Run:
                     version=step.version_string,
                     outputs=list(step.outputs),
                     cancel=self._call_token(),
+                    parameters=self._step_parameters,
                 )
             outputs = next(call.answers, None)
             if outputs is None:

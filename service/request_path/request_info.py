@@ -1,5 +1,5 @@
 """What an inference request says about itself beyond its tensors, as a model sees it (engine.interface
-RequestInfo): its id, its parameters, its client's deadline, and Triton's correlation id and flags.
+RequestInfo): its id, its parameters, its client's deadline, Triton's correlation id and flags, and its priority.
 
     plain_parameters(message.parameters)    a ModelInferRequest's parameters as plain values
     (service/transport/tensors.py) request_info(request)                   the dataplane's request -> RequestInfo
@@ -59,4 +59,7 @@ def request_info(request: Described) -> RequestInfo:
     flags = (SEQUENCE_START if parameters.get("sequence_start") else 0) | (
         SEQUENCE_END if parameters.get("sequence_end") else 0
     )
-    return RequestInfo(request.id, own, request.client_deadline, correlation, flags)  # type: ignore[arg-type]
+    priority = parameters.get("priority", 0)
+    if type(priority) is not int or priority < 0:  # refused by the dataplane (ModelRequest.priority_of), not here
+        priority = 0
+    return RequestInfo(request.id, own, request.client_deadline, correlation, flags, priority)  # type: ignore[arg-type]

@@ -336,11 +336,6 @@ ensemble_scheduling { step [ { model_name: "prio_order" model_version: -1
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="slotserve's ensemble steps run at their model's default level: the ensemble does not pass its request's "
-    "priority on to its steps as Triton does (service/request_path/ensemble.py calls each step without it)",
-)
 def test_an_ensemble_passes_its_requests_priority_to_its_steps(tmp_path):
     """Asked of Triton: an ensemble request's priority reaches its step's queue."""
     if INSTALLATION is None:

@@ -312,3 +312,42 @@ def test_a_decoupled_ensemble_asking_for_the_response_cache_is_refused_by_name(s
     (refused,) = running.client.stream_infer("chain", [request(1)], timeout=120)
     assert isinstance(refused, ClientError) and "response cache" in refused.message, refused
     assert running.client.infer("plus", {"X": np.array([1], np.int32)}, timeout=120)["Y"].tolist() == [1001]
+
+
+def test_a_steps_calls_enter_its_model_one_at_a_time_in_the_order_made(running, monkeypatch):
+    """The counter sends [0] and [777] (which plus holds until its request is cancelled) at once, so both of plus's
+    calls are ready together. They used to run on two threads at once (the request's and a helper), racing into
+    plus's one-slot queue: when 777's won, or when the request's own thread took it while a helper ran plus(0), the
+    answer of [0] never reached the client, which waits for it before it cancels (the 1-in-8 hang of
+    test_a_cancelled_stream_...[next_step_running]). Here plus(0) is held until plus(777) starts, or a window
+    passes: 777 must not start before 0 has ended."""
+    import threading
+
+    from service.request_path import ensemble
+
+    real = ensemble.call_model
+    seventy_seven_started = threading.Event()
+    zero_ended = threading.Event()
+    started_early: list[bool] = []
+
+    def gated(dataplane, model, inputs, **kwargs):
+        value = int(inputs["X"][0]) if model == "plus" else None
+        if value == 777:
+            started_early.append(not zero_ended.is_set())
+            seventy_seven_started.set()
+        if value == 0:
+            # ordering-free: a window for the wrong order to show itself (the old code's 777 started within it)
+            seventy_seven_started.wait(3.0)
+        try:
+            return real(dataplane, model, inputs, **kwargs)
+        finally:
+            if value == 0:
+                zero_ended.set()
+
+    monkeypatch.setattr(ensemble, "call_model", gated)
+    items = running.client.stream_infer("chain", [request(5, 3)], timeout=30)
+    assert int(next(items)["Y"][0]) == 1000  # the old code: DEADLINE_EXCEEDED here (the answer never came)
+    wait_until(lambda: seventy_seven_started.is_set(), "plus(777) started")
+    assert started_early == [False], "plus(777) started while plus(0) ran"
+    items.close()
+    wait_until(lambda: nothing_leased(running), "every slot of the ensemble and its steps free")
