@@ -58,6 +58,7 @@ EXERCISED = {
     ("README.md", "Calling it"): "test_the_section_has_the_four_examples",
     ("README.md", "Using slotserve in your own tests"): "test_the_in_process_examples_pass_as_a_pytest_session",
     ("docs/command-line.md", TOP): "test_the_make_lines_name_real_targets_and_build_a_valid_server_command",
+    ("docs/errors.md", "Overload"): "test_the_retry_policy_channel_serves_requests",
     ("docs/lifecycle.md", "Management"): "test_the_management_session_resizes_and_unloads",
     ("docs/residency.md", "An example"): "test_the_residency_session_prints_the_table_the_page_shows",
     ("docs/security.md", "Authentication"): "test_the_authentication_session_unloads_with_the_token_and_not_without",
@@ -381,3 +382,21 @@ def test_the_migration_pages_check_commands_parse():
                     build_parser().parse_args(shlex.split(command)[4:])
                     seen += 1
     assert seen >= 4
+
+
+def test_the_retry_policy_channel_serves_requests(address):
+    """docs/errors.md's channel with a retry policy (the service config gRPC reads the pushback with) is accepted by
+    grpcio and carries a ModelInfer of the demo's `simple` to the server as written."""
+    [(language, code)] = section_blocks(DOCS / "errors.md", "Overload")
+    assert language == "python"
+    call = """
+import numpy as np
+from generated import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
+request = pb.ModelInferRequest(model_name="simple")
+for tensor in ("INPUT0", "INPUT1"):
+    request.inputs.add(name=tensor, datatype="INT32", shape=[1, 16])
+    request.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
+answer = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+assert np.frombuffer(answer.raw_output_contents[0], dtype=np.int32).tolist() == [2] * 16, answer
+"""
+    run_python(as_written(code, address) + call)
