@@ -114,7 +114,12 @@ def test_the_workers_of_a_model_share_one_value(slotserve, repository, tmp_path)
         together = list(pool.map(lambda _: run(running, {"arrive": str(folder), "together": 3}), range(3)))
     assert [outcomes for outcomes, _ in together] == [["ok"]] * 3
     assert len({pid for _, pid in together}) == 3
-    outcomes, _ = run(running, {"family": "metrics_ops_workers", "kind": "COUNTER"}, {"metric": "w", "family": "metrics_ops_workers"}, {"do": "value", "metric": "w"})  # fmt: skip
+    outcomes, _ = run(
+        running,
+        {"family": "metrics_ops_workers", "kind": "COUNTER"},
+        {"metric": "w", "family": "metrics_ops_workers"},
+        {"do": "value", "metric": "w"},
+    )
     assert outcomes == ["ok", "ok", 3.0]  # each worker's initialize added one to the same metric
     assert samples(running)[("metrics_ops_workers_total", ())] == 3
 
@@ -129,7 +134,9 @@ def test_a_killed_workers_replacement_sees_the_same_values(slotserve, repository
     assert outcomes == ["ok", "ok", "ok"]
     os.kill(first, signal.SIGKILL)  # idle: no request fails; the slot starts a new worker for the next one
     wait_until_dead(first)  # dead before the next request arrives: it was idle when it died
-    outcomes, second = run(running, *made, {"do": "increment", "metric": "k", "value": 1}, {"do": "value", "metric": "k"})  # fmt: skip
+    outcomes, second = run(
+        running, *made, {"do": "increment", "metric": "k", "value": 1}, {"do": "value", "metric": "k"}
+    )
     assert second != first
     assert outcomes == ["ok", "ok", "ok", 6.0]
     found = samples(running)
@@ -150,7 +157,12 @@ def test_an_unload_takes_the_models_families_and_the_reload_starts_them_afresh(s
     found = samples(running)
     assert not [key for key in found if key[0] in ("app_gone", "metrics_ops_workers_total")]
     assert "app_gone" not in metrics_text(running)
-    outcomes, _ = run(running, {"family": "app_gone", "kind": "GAUGE"}, {"metric": "g", "family": "app_gone"}, {"do": "value", "metric": "g"})  # fmt: skip
+    outcomes, _ = run(
+        running,
+        {"family": "app_gone", "kind": "GAUGE"},
+        {"metric": "g", "family": "app_gone"},
+        {"do": "value", "metric": "g"},
+    )
     assert outcomes == ["ok", "ok", 0.0]  # the reload's: fresh
     assert samples(running)[("metrics_ops_workers_total", ())] == 1
 
@@ -189,7 +201,10 @@ def test_bad_names_and_kinds_are_refused_in_execute_in_tritons_words_and_nothing
         {"do": "increment", "metric": "c", "value": -1},
         {"do": "observe", "metric": "c", "value": 1},
     )
-    prefix = f"TritonModelException: Error when creating MetricFamily: Failed to process the request for model '{MODEL}_0_0', message: "
+    prefix = (
+        "TritonModelException: Error when creating MetricFamily: Failed to process the request for model "
+        f"'{MODEL}_0_0', message: "
+    )
     assert outcomes[0].startswith(prefix + "Invalid metric name 'bad-name'")
     assert outcomes[1].startswith(prefix + "Invalid metric name 'nv_inference_count': names starting with nv_")
     assert outcomes[2].startswith(prefix + "Invalid metric name 'slotserve_mine'")
@@ -212,7 +227,8 @@ def test_bad_names_and_kinds_are_refused_in_execute_in_tritons_words_and_nothing
     found = samples(running)  # still valid, our own families intact, the refused ones absent
     assert found[("app_c_total", ())] == 0
     assert not [key for key in found if key[0].startswith(("bad", "app_h"))]
-    assert before.count("# TYPE nv_inference_count counter") == metrics_text(running).count("# TYPE nv_inference_count counter") == 1  # fmt: skip
+    triton_family = "# TYPE nv_inference_count counter"
+    assert before.count(triton_family) == metrics_text(running).count(triton_family) == 1
 
 
 def test_a_refusal_the_model_does_not_catch_fails_only_its_request(slotserve, repository):
