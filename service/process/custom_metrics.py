@@ -195,6 +195,9 @@ class CustomMetrics:
         if op.buckets is not None and family.kind != MetricKind.HISTOGRAM:
             raise _Refused("Failed to create metric. Unexpected buckets found.")
         labels = _key(op.labels)
+        bounds: tuple[float, ...] = ()
+        if family.kind == MetricKind.HISTOGRAM:  # checked even for labels that exist, as Triton checks them
+            bounds = self._check_buckets(op.buckets or ())
         series = family.series.get(labels)
         if series is not None:  # the same labels: that metric (its first buckets are kept), as on Triton
             if not closed and model not in series.holders:
@@ -202,9 +205,6 @@ class CustomMetrics:
                 self._hold(model, family, series)
             return MetricAnswer()
         self._check_labels(family, labels)
-        bounds: tuple[float, ...] = ()
-        if family.kind == MetricKind.HISTOGRAM:
-            bounds = self._check_buckets(op.buckets or ())
         self._check_room(model, family)
         if not closed:
             series = _Series(set(), bounds=bounds, counts=[0] * (len(bounds) + 1))

@@ -116,10 +116,11 @@ def test_the_same_name_and_kind_is_the_same_family_with_its_first_description():
     assert text.count('f{k="1"}') == 1
 
 
-def test_a_histograms_first_buckets_are_kept_for_its_labels():
+def test_a_histograms_first_buckets_are_kept_for_its_labels_and_bad_ones_refused_even_then():
     registry = CustomMetrics()
     made(registry, "m", "h", HISTOGRAM, ("a", "1"), buckets=(1.0, 2.0))
     assert registry.apply("m", MetricNew("h", (("a", "1"),), (5.0,))) == OK
+    assert "strictly sorted" in registry.apply("m", MetricNew("h", (("a", "1"),), (5.0, 5.0))).error  # as Triton
     assert registry.apply("m", MetricUpdate("h", (("a", "1"),), OBSERVE, 1.0)) == OK
     assert 'h_bucket{a="1",le="2"} 1' in registry.text() and 'le="5"' not in registry.text()
 
