@@ -382,7 +382,6 @@ TRITON_ANSWERS = {
     "family_other_kind": f"TritonModelException: Error when creating MetricFamily: {_MODEL_REFUSED}Family name already exists with different type",
     "family_int_kind": "TypeError: __init__(): incompatible constructor arguments. The following argument types are supported:",
     "family_chained_metric_is_dead": f"TritonModelException: Failed to get metric value: {_DELETED}",
-    "nv_gauge": f"TritonModelException: Error when creating MetricFamily: {_MODEL_REFUSED}Family name already exists with different type",
     "counter_inf": "ok (None, ['q_counter_N{inf=\"1\"} +Inf'])",
     "dup_shared": "ok (None, 4.0)",
 }
@@ -394,6 +393,10 @@ DIFFERENT = {
         "ok 'made'",  # Triton's counter nv_inference_count takes the model's family in
         f"TritonModelException: Error when creating MetricFamily: {_MODEL_REFUSED}Invalid metric name 'nv_inference_count': names starting with nv_",
     ),
+    "nv_gauge": (  # Triton's own counter of that name
+        f"TritonModelException: Error when creating MetricFamily: {_MODEL_REFUSED}Family name already exists with different type",
+        f"TritonModelException: Error when creating MetricFamily: {_MODEL_REFUSED}Invalid metric name 'nv_inference_count': names starting with nv_",
+    ),
     "deleted_family_series": ("ok []", "ok ['q_deleted_N{a=\"1\"} 5']"),  # slotserve keeps them until the unload
 }
 
@@ -403,6 +406,10 @@ def _ask(server, model: str, case: str, step: int = 0) -> str:
     request = build_request(model, {"IN": np.array([1], np.int32)}, parameters=parameters)
     server.metrics()  # Triton's metrics port listens a moment after it is ready
     answer = server.send(request)
+    if server.kind == "triton" and answer.code == "UNAVAILABLE":  # its process is gone: not counted, as triton_fails
+        pytest.skip(
+            "Triton 2.51 aborted (boost::interprocess::lock_exception) on this refusal: see the module's docstring"
+        )
     assert answer.ok, f"{answer.code}: {answer.message}"
     return answer.outputs[next(iter(answer.outputs))][0].decode()
 
