@@ -129,6 +129,9 @@ from .messages import (
     Init,
     LoadFailed,
     Message,
+    MetricAnswer,
+    MetricCall,
+    MetricOp,
     Ready,
     Released,
     Reply,
@@ -333,15 +336,22 @@ class WorkerProcess:
         )
         if cancel is not None:
             cancel.add_callback(self._kill_now)  # ends the wait below: the pipe reports the end of the worker
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             transport.send(self.connection, Init(settings))
-            if not self.connection.poll(timeout):
-                self.kill()
-                raise ModelLoadError(
-                    f"model '{self.model.name}': initialize did not finish within {timeout:g} s "
-                    "(its initialize_timeout_seconds)"
-                )
-            answer = transport.receive(self.connection)
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not self.connection.poll(left):
+                    self.kill()
+                    raise ModelLoadError(
+                        f"model '{self.model.name}': initialize did not finish within {timeout:g} s "
+                        "(its initialize_timeout_seconds)"
+                    )
+                answer = transport.receive(self.connection)
+                if not isinstance(answer, MetricCall):
+                    break
+                # initialize made or updated a custom metric: answered here, the load's only reader of the pipe
+                transport.send(self.connection, Reply(answer.tag, self.model.metric_answer(answer.op)))
         except (EOFError, OSError):
             self.kill()
             self._raise_if_cancelled(cancel)
@@ -635,6 +645,8 @@ class WorkerProcess:
         if not isinstance(message, _INBOUND):  # a question of the worker's, not an answer to a call
             if isinstance(message, BlsCall):
                 self._start_bls(message)
+            elif isinstance(message, MetricCall):
+                self._send(Reply(message.tag, self.model.metric_answer(message.op)))
             elif isinstance(message, Grow):
                 self._send(Reply(message.tag, self._grown(message.run, message.size)))
             else:
@@ -851,8 +863,10 @@ class WorkerProcess:
         ).start()
 
     def wait_or_kill(self, deadline: float) -> None:
-        """Wait for the worker to exit until `deadline` (monotonic), kill it then, and free its resources. Blocks until
-        then; never raises."""
+        """Wait for the worker to exit until `deadline` (monotonic), kill it then, and free its resources. Meanwhile
+        answers the custom-metrics operations its finalize makes (nobody else reads its pipe after Stop). Blocks
+        until then; never raises."""
+        self._answer_metrics_until_closed(deadline)
         try:
             self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -861,6 +875,22 @@ class WorkerProcess:
             )
             self.kill()
         self.close_resources()
+
+    def _answer_metrics_until_closed(self, deadline: float) -> None:
+        """Read the stopping worker's pipe until it closes (the worker exited) or `deadline`: answer its MetricCalls
+        (finalize's), drop the rest (a call's late message: no call is in flight when a worker is stopped). Never
+        raises."""
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.connection.poll(left):
+                    return
+                message = transport.receive(self.connection)
+                if isinstance(message, MetricCall):
+                    with self._send_lock:
+                        transport.send(self.connection, Reply(message.tag, self.model.metric_answer(message.op)))
+        except (EOFError, OSError, ValueError):
+            return  # the worker exited (its end closed), or sent what no record is
 
     def kill(self) -> None:
         """Kill the worker (SIGKILL) if it still runs and reap it. Blocks only for the reaping; never raises."""
@@ -1484,6 +1514,16 @@ class _Single:
         self.inputs, self.outputs, self.cancel = inputs, outputs, cancel
 
 
+class CustomMetricsSink(Protocol):
+    """Where a python model's custom-metrics operations go (pb_utils.MetricFamily, Metric): the server's registry
+    (service/process/custom_metrics.py), bound by `PythonBackend.bind_custom_metrics`; the engine never imports it."""
+
+    def apply(self, model: str, op: MetricOp) -> MetricAnswer:
+        """Apply `op` of `model`'s and answer it: its refusal in `error`, a read's value in `value`. Never blocks
+        (a short lock) and never raises: every refusal is an answer."""
+        ...
+
+
 class PythonModel(LoadedModel):
     """A model.py with its (auto-completed) configuration; workers are started per slot (an instance). A decoupled
     model whose `execute` is `async def` overlaps its calls: each of its contexts takes `requests_per_context`
@@ -1516,6 +1556,7 @@ class PythonModel(LoadedModel):
         self._async_execute = False  # its execute is `async def` (the first worker says)
         self.decoupled = False  # set from the completed configuration at load
         self.calls: ModelCalls | None = None  # the server's, for BLS calls (PythonBackend.bind_model_calls)
+        self.metrics: CustomMetricsSink | None = None  # the server's (PythonBackend.bind_custom_metrics)
         # The threads its workers' BLS calls run on: none until the first call, stopped by `close`.
         self.bls_threads = CallThreads(f"python-bls-{spec.name}")
 
@@ -1659,6 +1700,13 @@ class PythonModel(LoadedModel):
             return SHUTDOWN_KILL_SECONDS
         return self._cancel_kill or None
 
+    def metric_answer(self, op: MetricOp) -> MetricAnswer:
+        """The server's answer to a custom-metrics operation of one of this model's workers. Never blocks, never
+        raises."""
+        if self.metrics is None:
+            return MetricAnswer(error="custom metrics need a server's registry (none was bound to the python backend)")
+        return self.metrics.apply(self.name, op)
+
     def close_deadline(self) -> float:
         """When a worker asked to stop now is killed if it has not ended (finalize's grace)."""
         return time.monotonic() + self._finalize_grace
@@ -1751,6 +1799,7 @@ class PythonBackend(Backend):
 
     def __init__(self, environments_folder: Path | None = None) -> None:
         self._calls: ModelCalls | None = None
+        self._metrics: CustomMetricsSink | None = None
         # Where packed execution environments are extracted (--python-environments-dir): nothing is written there
         # before a model with one loads.
         self._environments = Environments(environments_folder)
@@ -1765,6 +1814,11 @@ class PythonBackend(Backend):
         """The server's calls to its own models, which every python model loaded after this uses for BLS."""
         self._calls = calls
 
+    def bind_custom_metrics(self, metrics: CustomMetricsSink) -> None:
+        """The server's custom-metrics registry, where every python model loaded after this sends its
+        pb_utils.MetricFamily and Metric operations."""
+        self._metrics = metrics
+
     def load(self, spec: ModelSpec) -> LoadedModel:
         """`load_cancellable` without a token: blocks for the first worker's initialize; raises ModelLoadError or
         ModelConfigError."""
@@ -1775,5 +1829,6 @@ class PythonBackend(Backend):
         `cancel` firing kills the worker and raises ModelLoadError at once."""
         model = unstarted_model(spec, self._environments)
         model.calls = self._calls
+        model.metrics = self._metrics
         model.load_first_worker(cancel)
         return model

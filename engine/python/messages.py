@@ -28,6 +28,8 @@ too; those inside BLS messages (a CallRequest, a CallReply) travel as themselves
     RELEASED     worker -> server  Released     a request the model rescheduled: as a Result of a Done, or, for a
                                                 decoupled call, a message of its own (engine/python/rescheduling.py)
     STOP         server -> worker  Stop         run finalize and exit
+    METRIC       worker -> server  MetricCall   a custom-metrics operation of the model (pb_utils.MetricFamily,
+                                                Metric): answered with a Reply carrying a MetricAnswer
 
     results (one per request in a Done; one in a Response; a BLS reply's responses):
     TENSORS      Tensors      the response's tensors (Descriptors into a segment)
@@ -69,6 +71,7 @@ class Kind(enum.IntEnum):
     STOP = 13
     TENSORS = 14
     ERROR = 15
+    METRIC = 16
 
 
 # The kinds as plain ints: what the wire carries (pickle writes an enum member as a call to its class).
@@ -87,6 +90,7 @@ _RELEASED = int(Kind.RELEASED)
 _STOP = int(Kind.STOP)
 _TENSORS = int(Kind.TENSORS)
 _ERROR = int(Kind.ERROR)
+_METRIC = int(Kind.METRIC)
 
 Wire: TypeAlias = tuple[Any, ...]  # a record as the pipe carries it: its kind's number, then its fields
 
@@ -372,7 +376,79 @@ class GrowRefused:
     message: str
 
 
-ReplyPayload: TypeAlias = SegmentName | GrowRefused | None
+# ---- custom metrics (pb_utils.MetricFamily, Metric; the server's registry: service/process/custom_metrics.py) ----
+
+
+class MetricKind(enum.IntEnum):
+    """A family's kind, as Triton numbers them (pb_utils.MetricFamily.COUNTER, GAUGE, HISTOGRAM)."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+
+class MetricAction(enum.Enum):
+    """What a MetricUpdate does to its metric (each kind allows some: the server refuses the others)."""
+
+    INCREMENT = "increment"
+    SET = "set"
+    OBSERVE = "observe"
+
+
+Labels: TypeAlias = tuple[tuple[str, str], ...]  # a metric's labels, (name, value) sorted by name
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyNew:
+    """`pb_utils.MetricFamily(name, description, kind)`: make the family, or take the one of that name (its first
+    description is kept, as on Triton; another kind is refused)."""
+
+    name: str
+    description: str
+    kind: MetricKind
+
+
+@dataclass(frozen=True, slots=True)
+class MetricNew:
+    """`family.Metric(labels, buckets)`: make the metric of these labels in `family`, or take the one that exists
+    (its buckets are kept). `buckets` is None except for a histogram's."""
+
+    family: str
+    labels: Labels
+    buckets: tuple[float, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricUpdate:
+    """`metric.increment(value)`, `set(value)` or `observe(value)` on the metric of `labels` in `family`."""
+
+    family: str
+    labels: Labels
+    action: MetricAction
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRead:
+    """`metric.value()`: the server's value of the metric of `labels` in `family` (every worker's updates)."""
+
+    family: str
+    labels: Labels
+
+
+MetricOp: TypeAlias = FamilyNew | MetricNew | MetricUpdate | MetricRead
+
+
+@dataclass(frozen=True, slots=True)
+class MetricAnswer:
+    """The server's answer to a MetricCall: `error` (empty: done) is the refusal the model's call raises as
+    TritonModelException; `value` is a MetricRead's value."""
+
+    value: float = 0.0
+    error: str = ""
+
+
+ReplyPayload: TypeAlias = SegmentName | GrowRefused | MetricAnswer | None
 
 
 class Reply(NamedTuple):
@@ -388,6 +464,23 @@ class Reply(NamedTuple):
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Reply:
+        """The record its `to_wire` wrote."""
+        return _new(cls, wire[1:])
+
+
+class MetricCall(NamedTuple):
+    """A custom-metrics operation of the model (from initialize, execute, finalize or a thread of its own): the
+    server applies it to its registry and answers a Reply to `tag` whose payload is a MetricAnswer."""
+
+    tag: int
+    op: MetricOp
+
+    def to_wire(self) -> Wire:
+        """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
+        return (_METRIC, *self)
+
+    @classmethod
+    def from_wire(cls, wire: Wire) -> MetricCall:
         """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
 
@@ -468,10 +561,25 @@ class BlsPart(NamedTuple):
 # ---- the wire --------------------------------------------------------------------------------------------------
 
 Message: TypeAlias = (
-    Init | Ready | LoadFailed | Execute | Done | Failed | Response | Grow | Reply | Stop | BlsCall | BlsPart | Released
+    Init
+    | Ready
+    | LoadFailed
+    | Execute
+    | Done
+    | Failed
+    | Response
+    | Grow
+    | Reply
+    | Stop
+    | BlsCall
+    | BlsPart
+    | Released
+    | MetricCall
 )
 ToWorker: TypeAlias = Init | Execute | Reply | BlsPart | Stop  # what the server sends
-ToServer: TypeAlias = Ready | LoadFailed | Done | Failed | Response | Grow | BlsCall | Released  # what the worker sends
+ToServer: TypeAlias = (  # what the worker sends
+    Ready | LoadFailed | Done | Failed | Response | Grow | BlsCall | Released | MetricCall
+)
 
 _MESSAGES: dict[int, Any] = {
     _INIT: Init,
@@ -487,6 +595,7 @@ _MESSAGES: dict[int, Any] = {
     _BLS_CALL: BlsCall,
     _BLS_PART: BlsPart,
     _RELEASED: Released,
+    _METRIC: MetricCall,
 }
 _RESULTS: dict[int, Any] = {_TENSORS: Tensors, _ERROR: ErrorResult, _RELEASED: Released}
 

@@ -3,15 +3,17 @@
 Written from Triton's documented python_backend API (its README). A worker process puts this module into
 `sys.modules` under the name `triton_python_backend_utils` before it imports a model.py, so
 `import triton_python_backend_utils as pb_utils` works without installing anything. It imports only numpy (and
-its siblings dlpack.py, over numpy's DLPack, and error_codes.py, Triton's error codes), so unit tests (and model
+its siblings dlpack.py, over numpy's DLPack, error_codes.py, Triton's error codes, and messages.py, the worker's
+records), so unit tests (and model
 code) can use it outside a worker. Arguments are checked as Triton's binding checks them, and misuse is refused in
 Triton's words where its clients and tests read them.
 
-What Triton has and slotserve does not is refused by name, never missing silently: custom metrics
-(`MetricFamily`, `Metric`) and GPU tensors (see docs/python-models.md). A decoupled model's response
-senders are the worker's (engine/python/worker.py): each `send` reaches the client before it returns. BLS calls
-(`InferenceRequest(...).exec()`, `async_exec`) run through the worker too (`_bls_caller`); outside a worker they
-are refused by name.
+What Triton has and slotserve does not is refused by name, never missing silently: GPU tensors (see
+docs/python-models.md). Custom metrics (`MetricFamily`, `Metric`) go to the server's registry through the worker
+(`_metrics_caller`; service/process/custom_metrics.py), each operation answered before it returns. A decoupled
+model's response senders are the worker's (engine/python/worker.py): each `send` reaches the client before it
+returns. BLS calls (`InferenceRequest(...).exec()`, `async_exec`) run through the worker too (`_bls_caller`);
+outside a worker both are refused by name.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any
 
@@ -31,6 +34,17 @@ import numpy as np
 import numpy.typing as npt
 
 from .error_codes import TritonCode
+from .messages import (
+    FamilyNew,
+    Labels,
+    MetricAction,
+    MetricAnswer,
+    MetricKind,
+    MetricNew,
+    MetricOp,
+    MetricRead,
+    MetricUpdate,
+)
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -551,20 +565,158 @@ def _normalized(value: object) -> object:
     return [int(v) for v in value] if isinstance(value, list | tuple) else value
 
 
+# ---- custom metrics ------------------------------------------------------------------------------------------
+
+# The worker's custom-metrics call (engine/python/worker.py Worker.metric): a messages.MetricOp -> the server's
+# MetricAnswer; None outside a worker. `_instance_name` is the worker's model instance, which Triton's refusals name.
+_metrics_caller: Callable[[MetricOp], MetricAnswer] | None = None
+_instance_name = ""
+
+_FAMILY_DELETED = (  # Triton's words (python_backend's metric.cc)
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' object "
+    "should be deleted AFTER its corresponding 'Metric' objects have been deleted."
+)
+
+
+def _metric_call(op: MetricOp, failing: str) -> MetricAnswer:
+    """Send `op` to the server's registry (blocks for its answer). Raises TritonModelException "`failing`: <the
+    server's refusal>" when the server refuses, or outside a worker."""
+    caller = _metrics_caller
+    if caller is None:
+        raise TritonModelException(f"{failing}: custom metrics need a server (pb_utils runs outside a python worker)")
+    answer = caller(op)
+    if answer.error:
+        raise TritonModelException(f"{failing}: {_refused(answer.error)}")
+    return answer
+
+
+def _refused(reason: str) -> str:
+    """A refusal of the server's registry as Triton's python backend words one."""
+    return f"Failed to process the request for model '{_instance_name}', message: {reason}"
+
+
+def _metric_value(value: object, method: str) -> float:
+    """`value` as a float, as Triton's binding converts it; TypeError (pybind's, in our words) for another type."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(
+            f"{method}(): incompatible function arguments. The following argument types are supported: "
+            f"(self: Metric, arg0: float) -> None; got {type(value).__name__} {value!r:.80}"
+        )
+    return float(value)
+
+
 class MetricFamily:
-    """Custom metrics: refused by name."""
+    """A family of custom metrics (Prometheus): `MetricFamily(name=, description=, kind=MetricFamily.COUNTER)`,
+    served on the server's metrics port beside its own. Made in the server's registry (which refuses a bad or taken
+    name, another kind for a name that exists, and more than its bounds: docs/observability.md); a second family of
+    the same name and kind is the first one (its first description is kept), as on Triton.
 
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
+    Deleting the family (its last reference) makes its Metric objects refuse every operation, as Triton's do; the
+    series stay on /metrics, with their values, until the model unloads (on Triton they go with the family)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise _refuse("custom metrics (MetricFamily)")
+    Kind = MetricKind
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
+        if not isinstance(name, str) or not isinstance(description, str) or not isinstance(kind, MetricKind):
+            raise TypeError(  # pybind's words for its constructor, then what was given
+                "__init__(): incompatible constructor arguments. The following argument types are supported: "
+                "MetricFamily(name: str, description: str, kind: MetricKind); got "
+                f"name={name!r:.80}, description={description!r:.80}, kind={kind!r}"
+            )
+        self._name = name
+        self._kind = kind
+        self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
+        _metric_call(FamilyNew(name, description, kind), "Error when creating MetricFamily")
+
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:  # noqa: N802 - Triton's name
+        """The metric of `labels` in this family (made, or the one that exists: two Metric objects of the same
+        labels share one value). `buckets` (a list of strictly increasing upper bounds) is required for a
+        histogram and refused otherwise. Raises TritonModelException in Triton's words."""
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        pairs = _labels(labels or {})
+        bounds: tuple[float, ...] | None = None
+        if buckets is not None:
+            if not isinstance(buckets, list):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            if self._kind != MetricKind.HISTOGRAM:
+                raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+            bounds = tuple(_bucket(bound) for bound in buckets)
+        elif self._kind == MetricKind.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        _metric_call(MetricNew(self._name, pairs, bounds), "Error when creating Metric")
+        metric = Metric(_made_by_family=(self._name, pairs))
+        self._metrics.add(metric)
+        return metric
+
+    def __del__(self) -> None:
+        # As Triton's family clears its metrics when it goes: they refuse every operation after this.
+        for metric in list(getattr(self, "_metrics", ())):
+            metric._cleared = True
+
+
+def _labels(labels: dict[Any, Any]) -> Labels:
+    """The labels as the record carries them, sorted by name (Prometheus' order). Raises TritonModelException for
+    a value that is not a str, in Triton's words (its JSON reader's), then ours."""
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            what = f"label {key!r:.80}" if not isinstance(key, str) else f"label '{key}' is {type(value).__name__}"
+            raise TritonModelException(
+                "Error when creating Metric: "
+                + _refused(f"attempt to access JSON non-string as string ({what}: label names and values must be str)")
+            )
+    return tuple(sorted(labels.items()))
+
+
+def _bucket(bound: object) -> float:
+    if isinstance(bound, bool) or not isinstance(bound, int | float | np.integer | np.floating):
+        raise RuntimeError(
+            f"Unable to cast Python instance to C++ type (a bucket bound must be a number, got {bound!r:.80})"
+        )
+    return float(bound)
 
 
 class Metric:
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise _refuse("custom metrics (Metric)")
+    """One metric (a labelled series) of a MetricFamily, made by `family.Metric(...)`; every operation goes to the
+    server, so each worker of the model (and a worker that replaced a dead one) sees one value. Raises
+    TritonModelException in Triton's words for what its kind does not support (set or observe on a counter, a
+    negative increment of a counter, increment, set or value on a histogram, observe on a gauge) and after its
+    family was deleted."""
+
+    def __init__(self, *args: object, _made_by_family: tuple[str, Labels] | None = None, **kwargs: object) -> None:
+        if _made_by_family is None:  # Triton's Metric has no constructor of its own either
+            raise TypeError("Metric objects are made by MetricFamily.Metric(labels=..., buckets=...)")
+        self._family, self._labels = _made_by_family
+        self._cleared = False
+
+    def increment(self, value: float) -> None:
+        """Add `value` (a gauge may go down; a counter refuses a negative value). Blocks for the server's answer."""
+        self._update(MetricAction.INCREMENT, _metric_value(value, "increment"), "Failed to increment metric value")
+
+    def set(self, value: float) -> None:
+        """Set a gauge to `value`. Blocks for the server's answer."""
+        self._update(MetricAction.SET, _metric_value(value, "set"), "Failed to set metric value")
+
+    def observe(self, value: float) -> None:
+        """Count `value` in a histogram. Blocks for the server's answer."""
+        self._update(MetricAction.OBSERVE, _metric_value(value, "observe"), "Failed to observe metric value")
+
+    def value(self) -> float:
+        """The counter's or gauge's value, as the server holds it (every worker's updates). Blocks for it."""
+        failing = "Failed to get metric value"
+        self._check_alive(failing)
+        return _metric_call(MetricRead(self._family, self._labels), failing).value
+
+    def _update(self, action: MetricAction, value: float, failing: str) -> None:
+        self._check_alive(failing)
+        _metric_call(MetricUpdate(self._family, self._labels, action, value), failing)
+
+    def _check_alive(self, failing: str) -> None:
+        if self._cleared:
+            raise TritonModelException(f"{failing}: {_FAMILY_DELETED}")
 
 
 class Logger:

@@ -20,6 +20,10 @@ model's coroutine runs in the background and the main thread reads the next Exec
 several calls in flight, each on a lane of its own (the server decides how many: docs/python-models.md); a
 coroutine that raises fails the requests of its own run whose final flag was not sent, nothing else.
 
+Custom metrics (`pb_utils.MetricFamily`, `Metric`) go to the server as MetricCall(tag, op) and wait for its Reply
+(`metric`): the server's registry holds every value, so the model's workers share them and a worker that replaced
+a dead one finds them (service/process/custom_metrics.py).
+
 BLS calls (`pb_utils.InferenceRequest(...).exec()`, from `execute` or from any thread while its run is in flight)
 go to the server as BlsCall(tag, run, CallRequest) with their inputs in a segment of their own
 (engine/python/transport.py): the run is the calling request's (a context variable set for `execute` and the
@@ -76,6 +80,9 @@ from .messages import (
     Init,
     LoadFailed,
     Message,
+    MetricAnswer,
+    MetricCall,
+    MetricOp,
     Ready,
     ReplyPayload,
     Request,
@@ -119,6 +126,7 @@ class Worker:
         the server is gone."""
         self.name = settings["model_name"]
         self.instance_name = settings["model_instance_name"]
+        pb_utils._instance_name = self.instance_name  # Triton's refusals of custom metrics name it
         try:
             board: SegmentName = settings["cancel_board"]
             self.cancel_board = transport.Segment.attach(board.path, board.size)
@@ -169,13 +177,27 @@ class Worker:
         """Write `message` to the server (blocks while the pipe is full). Raises OSError when the server is gone."""
         self.pipe.send(message)
 
-    def ask(self, question: Callable[[int], Grow | Response]) -> ReplyPayload:
+    def ask(self, question: Callable[[int], Grow | Response | MetricCall]) -> ReplyPayload:
         """Send the question `question(tag)` makes with a new tag and wait for the payload of the server's Reply to it
         (blocks, without a timeout: the server answers each at once). Raises EOFError or OSError when the server is
         gone."""
         tag = next(self.tags)
         self.send(question(tag))
         return self.pipe.answer(tag)
+
+    def metric(self, op: MetricOp) -> MetricAnswer:
+        """A custom-metrics operation of the model (pb_utils.MetricFamily, Metric; any thread, any time): sent to the
+        server, whose registry answers it (a refusal in `error`). Blocks for the answer, which the server gives at
+        once while it reads this worker's pipe: during initialize, a call in flight and finalize (an operation of a
+        thread of the model's own while none runs waits for the next). Never raises: a server that is gone is an
+        error answer."""
+        try:
+            payload = self.ask(lambda tag: MetricCall(tag, op))
+        except (EOFError, OSError):
+            return MetricAnswer(error="the server is gone: the metric operation was not applied")
+        if not isinstance(payload, MetricAnswer):
+            return MetricAnswer(error=f"the server answered a metric operation with {type(payload).__name__}")
+        return payload
 
     def event_loop(self) -> EventLoop:
         """The worker's event loop (made, and its thread started, at the first use; only the main thread calls)."""
@@ -819,6 +841,7 @@ def main(argv: list[str]) -> int:
         return 2
     worker = Worker(connection)
     pb_utils._bls_caller = worker.bls
+    pb_utils._metrics_caller = worker.metric
     worker.start(init.settings)
     if worker.model is None:
         return 1

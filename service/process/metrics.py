@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # what the collector reads at each scrape, given by service/p
     from ..core.registry import ModelRegistry
     from ..core.residency import ColdLoadGuard, Residency
     from ..request_path.dataplane import Dataplane
+    from .custom_metrics import CustomMetrics
 
 # Each registered version's name, status and statistics, read once per scrape.
 Observed = list[tuple[str, ModelStatus, StatisticsSnapshot]]
@@ -250,12 +251,14 @@ class SlotserveCollector(Collector):
         events: Events,
         cold_loads: ColdLoadGuard | None = None,
         dataplane: Dataplane | None = None,
+        custom_metrics: CustomMetrics | None = None,  # python models' own families, served after Triton's
     ) -> None:
         self._registry = registry
         self._residency = residency
         self._events = events
         self._cold_loads = cold_loads
         self._dataplane = dataplane
+        self._custom_metrics = custom_metrics
 
     def collect(self) -> Iterator[Metric]:
         entries = self._registry.entries()
@@ -322,7 +325,8 @@ class SlotserveCollector(Collector):
                 ("nv_cache_util", "Response cache utilization [0.0 - 1.0]", stats.bytes / stats.capacity_bytes),
             ):
                 lines.family(name, documentation, "gauge", [(None, {}, figure)])
-        return lines.text()
+        custom = self._custom_metrics.text() if self._custom_metrics is not None else ""
+        return lines.text() + custom
 
     def _server_metrics(self) -> Iterator[Metric]:
         residency = self._residency

@@ -47,6 +47,7 @@ from ..transport.servicers.inference import InferenceServicer, add_inference_ser
 from ..transport.servicers.management import ManagementServicer, add_management_servicer
 from ..transport.shared_memory import SharedMemoryRegistry
 from ..transport.tensor_memory import TensorMemory
+from .custom_metrics import CustomMetrics
 from .handler_threads import HandlerThreads
 from .metrics import BusyCallsCollector, ServerMetrics, SlotserveCollector
 from .options import ServerOptions
@@ -177,11 +178,22 @@ class Server:
         model_calls = DataplaneModelCalls(self.dataplane)  # python models' BLS calls
         for backend in all_backends.values():
             backend.bind_model_calls(model_calls)
+        # Python models' custom metrics (pb_utils.MetricFamily): a model's go when it unloads (its events say when).
+        self.custom_metrics = CustomMetrics()
+        self.runtime.events.subscribe(self.custom_metrics.note_event)
+        for backend in all_backends.values():
+            if isinstance(backend, PythonBackend):
+                backend.bind_custom_metrics(self.custom_metrics)
         # Always collected (a scrape reads live objects; nothing is recorded for it), served only with
         # --metrics-port.
         self.metrics = ServerMetrics(
             SlotserveCollector(
-                self.registry, self.residency, self.runtime.events, self.runtime.cold_loads, self.dataplane
+                self.registry,
+                self.residency,
+                self.runtime.events,
+                self.runtime.cold_loads,
+                self.dataplane,
+                custom_metrics=self.custom_metrics,
             )
         )
         self.log_settings = LogControl()  # the process's logging, as the LogSettings RPC reads and changes it

@@ -151,7 +151,7 @@ def test_bls_outside_a_worker_and_custom_metrics_are_refused_by_name():
         request.exec()
     with pytest.raises(pb_utils.TritonModelException, match="BLS outside a worker"):
         asyncio.run(request.async_exec())
-    with pytest.raises(pb_utils.TritonModelException, match="custom metrics"):
+    with pytest.raises(pb_utils.TritonModelException, match="custom metrics need a server"):
         pb_utils.MetricFamily(name="m", description="d", kind=pb_utils.MetricFamily.COUNTER)
 
 

@@ -22,11 +22,19 @@ from engine.python.messages import (
     ErrorResult,
     Execute,
     Failed,
+    FamilyNew,
     Grow,
     GrowRefused,
     Init,
     Kind,
     LoadFailed,
+    MetricAction,
+    MetricAnswer,
+    MetricCall,
+    MetricKind,
+    MetricNew,
+    MetricRead,
+    MetricUpdate,
     Ready,
     Released,
     Reply,
@@ -62,6 +70,12 @@ MESSAGES = [
         14, CallReply((Tensors((X,)), ErrorResult(TritonCode.CANCELLED, "late")), SegmentName("/dev/shm/p", 64)), True
     ),
     Released(1, 2, 3),
+    MetricCall(15, FamilyNew("requests", "what it counts", MetricKind.COUNTER)),
+    MetricCall(16, MetricNew("latency", (("a", "1"), ("b", "2")), (0.5, 1.0))),
+    MetricCall(17, MetricUpdate("requests", (), MetricAction.INCREMENT, 2.5)),
+    MetricCall(18, MetricRead("requests", (("a", "1"),))),
+    Reply(18, MetricAnswer(3.5)),
+    Reply(15, MetricAnswer(error="Invalid metric name")),
 ]
 
 
