@@ -22,6 +22,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -158,6 +159,15 @@ def _listed(names: Iterable[str]) -> str:
     return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
+class TraceHook(Protocol):
+    """What a backend may tell a traced request's trace (service/core/tracing.py RequestTrace implements it)."""
+
+    def model_ran(self, nanoseconds: int) -> None:
+        """The model's own code ran `nanoseconds` for this request's run (inside the engine call's round trip).
+        Called on the thread that reads the run's answer, before the engine call returns; never blocks."""
+        ...
+
+
 class CancelToken:
     """Set when the caller of a request gave up (client cancel, deadline, disconnect, shutdown).
 
@@ -181,9 +191,10 @@ class CancelToken:
         # What the request being run says about itself (set by the dataplane as it admits the request; each
         # request of a stream has a token of its own). Backends that show it to a model read it here.
         self.request: RequestInfo | None = None
-        # The request's trace when it is traced (service/core/tracing.py RequestTrace; opaque here): a backend copies
-        # it onto the token of a call it makes for the request (a BLS call), whose trace becomes its child.
-        self.trace: object | None = None
+        # The request's trace when it is traced (service/core/tracing.py RequestTrace): a backend copies it onto the
+        # token of a call it makes for the request (a BLS call), whose trace becomes its child, and tells it how
+        # long the model's own code ran where only the backend knows (a python model's worker).
+        self.trace: TraceHook | None = None
 
     @property
     def cancelled(self) -> bool:

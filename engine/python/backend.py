@@ -417,7 +417,7 @@ class WorkerProcess:
             try:
                 self._send(Execute(call.run, lane, requests, self._hand_over(call)))
                 sent = True
-                return self._results(call)
+                return self._results(call, members)
             finally:
                 for member, watcher in zip(members, watchers, strict=True):
                     member.cancel.remove_callback(watcher)
@@ -510,9 +510,10 @@ class WorkerProcess:
         for segment in segments:
             segment.unlink()
 
-    def _results(self, call: _Call) -> list[CallResult]:
-        """The call's Done, its tensors copied out of the lane's response segment (blocks as `_next_message`). Raises
-        the call's refusal (a response segment that could not grow) or ModelError when the call failed."""
+    def _results(self, call: _Call, members: Sequence[Member]) -> list[CallResult]:
+        """The call's Done, its tensors copied out of the lane's response segment (blocks as `_next_message`); a
+        traced member's trace is told how long the model's execute ran. Raises the call's refusal (a response
+        segment that could not grow) or ModelError when the call failed."""
         message = self._next_message(call, call.waiters[0])
         if isinstance(message, Failed):
             if call.refused is not None:  # the worker failed the call for want of room
@@ -520,6 +521,9 @@ class WorkerProcess:
             raise self._execute_failed(message.message)
         if not isinstance(message, Done):
             raise self._confused(message)
+        for member in members:
+            if member.cancel.trace is not None:
+                member.cancel.trace.model_ran(message.model_ns)
         return [call.lane.read_result(result) for result in message.results]
 
     def _confused(self, message: Message) -> ModelError:

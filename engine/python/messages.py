@@ -299,15 +299,16 @@ class Done(NamedTuple):
 
     run: int
     results: list[Result]
+    model_ns: int  # how long the model's execute ran (its coroutine included), for a traced request's execute span
 
     def to_wire(self) -> Wire:
         """The record as the pipe carries it: its kind\'s number, then its fields. Never raises."""
-        return (_DONE, self.run, [result.to_wire() for result in self.results])
+        return (_DONE, self.run, [result.to_wire() for result in self.results], self.model_ns)
 
     @classmethod
     def from_wire(cls, wire: Wire) -> Done:
         """The record its `to_wire` wrote."""
-        return _new(cls, (wire[1], [_RESULTS[result[0]].from_wire(result) for result in wire[2]]))
+        return _new(cls, (wire[1], [_RESULTS[result[0]].from_wire(result) for result in wire[2]], wire[3]))
 
 
 class Failed(NamedTuple):

@@ -331,6 +331,7 @@ class Worker:
         try:
             try:
                 returned = None
+                began = time.perf_counter_ns()
                 try:
                     returned = self.model.execute(built)
                     if inspect.iscoroutine(returned):
@@ -338,6 +339,7 @@ class Worker:
                 except BaseException as error:  # the model's own code
                     _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
                     failure = error
+                model_ns = time.perf_counter_ns() - began
                 results, layout = self._collect(built, requests, returned, failure)
             except BaseException as error:  # nothing fits the requests: every request fails
                 if error is not failure:
@@ -353,7 +355,7 @@ class Worker:
                 self.send(Failed(run.number, str(refused)))
                 return
             layout.write(lane.response_segment)  # type: ignore[arg-type]
-            self.send(Done(run.number, results))
+            self.send(Done(run.number, results, model_ns))
         finally:
             with lane.lock:
                 self._end_run(run)

@@ -209,6 +209,7 @@ class RequestTrace:
         "error_message",
         "finished",
         "granted_ns",
+        "model_ns",
         "_sink",
         "_tree",
     )
@@ -246,6 +247,7 @@ class RequestTrace:
         self.error_message = ""
         self.finished = False
         self.granted_ns = 0  # when its slot (or its batch's run) was granted: the slot held span's start
+        self.model_ns = 0  # how long the model's own code ran, where a backend reports it (`model_ran`)
         self._sink = sink
         self._tree: _Tree = _Tree() if parent is None else parent._tree
 
@@ -334,8 +336,10 @@ class RequestTrace:
         **execute: str | int | float | bool,
     ) -> None:
         """A run's compute: Triton's four compute activities, the execute span (the engine call: for a python model
-        the worker's round trip; the worker does not report the model's own time) and the slot held (from its
-        grant to `compute_end`, when the slot was given back)."""
+        the worker's round trip, with the model's own execute time as its `model_ns` attribute) and the slot held
+        (from its grant to `compute_end`, when the slot was given back)."""
+        if self.model_ns:
+            execute["model_ns"] = self.model_ns
         self.timestamps.extend(
             (
                 (COMPUTE_START, compute_start),
@@ -347,6 +351,11 @@ class RequestTrace:
         self.span(EXECUTE, input_end, output_start, **execute)
         if self.granted_ns:
             self.span(SLOT_HELD, self.granted_ns, compute_end)
+
+    def model_ran(self, nanoseconds: int) -> None:
+        """engine.interface.TraceHook: the backend measured the model's own code (a python model's execute, in its
+        worker); recorded on the execute span."""
+        self.model_ns = nanoseconds
 
     def set_version(self, version: str) -> None:
         self.version = version

@@ -463,17 +463,14 @@ class Dataplane:
         reservation.count_outputs(output_bytes(result.outputs))
         if trace is not None:
             return _traced_respond(request, result, decoded, trace)
-        return request.respond(
-            InferenceResponse(
-                request.model,
-                result.version,
-                request.id,
-                result.outputs,
-                result.metadata,
-                decoded.output_regions,
-                result.final,
-            )
-        )
+        return request.respond(_response(request, result, decoded))
+
+
+def _response(request: InferenceRequest[R], result: RunResult, decoded: DecodedRequest) -> InferenceResponse:
+    """The neutral answer to `request` that its encoder writes."""
+    return InferenceResponse(
+        request.model, result.version, request.id, result.outputs, result.metadata, decoded.output_regions, result.final
+    )
 
 
 def _traced_respond(request: InferenceRequest[R], result: RunResult, decoded: DecodedRequest, trace: RequestTrace) -> R:
@@ -483,17 +480,7 @@ def _traced_respond(request: InferenceRequest[R], result: RunResult, decoded: De
         trace.record_tensors(TENSOR_BACKEND_OUTPUT, result.outputs, datatypes)
     began = time.perf_counter_ns()
     try:
-        return request.respond(
-            InferenceResponse(
-                request.model,
-                result.version,
-                request.id,
-                result.outputs,
-                result.metadata,
-                decoded.output_regions,
-                result.final,
-            )
-        )
+        return request.respond(_response(request, result, decoded))
     finally:
         trace.span(ENCODE, began, time.perf_counter_ns(), outputs=len(result.outputs), final=result.final)
 

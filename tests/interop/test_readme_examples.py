@@ -59,6 +59,7 @@ EXERCISED = {
     ("README.md", "Using slotserve in your own tests"): "test_the_in_process_examples_pass_as_a_pytest_session",
     ("docs/command-line.md", TOP): "test_the_make_lines_name_real_targets_and_build_a_valid_server_command",
     ("docs/errors.md", "Overload"): "test_the_retry_policy_channel_serves_requests",
+    ("docs/observability.md", "Custom metrics from python models"): "test_the_custom_metrics_model_serves_its_metrics",
     ("docs/lifecycle.md", "Management"): "test_the_management_session_resizes_and_unloads",
     ("docs/residency.md", "An example"): "test_the_residency_session_prints_the_table_the_page_shows",
     ("docs/security.md", "Authentication"): "test_the_authentication_session_unloads_with_the_token_and_not_without",
@@ -400,3 +401,34 @@ answer = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=3
 assert np.frombuffer(answer.raw_output_contents[0], dtype=np.int32).tolist() == [2] * 16, answer
 """
     run_python(as_written(code, address) + call)
+
+
+CUSTOM_METRICS_CONFIG = """backend: "python"
+input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_FP64 dims: [ 1 ] } ]
+"""
+
+
+def test_the_custom_metrics_model_serves_its_metrics(tmp_path):
+    """docs/observability.md's model.py, served as written: its counter and histogram are on the metrics page with
+    what its one request did, and `value()` answered what the counter holds."""
+    import urllib.request
+
+    [(language, model), (_, shown)] = section_blocks(DOCS / "observability.md", "Custom metrics from python models")
+    assert language == "python"
+    (tmp_path / "metrics_example" / "1").mkdir(parents=True)
+    (tmp_path / "metrics_example" / "1" / "model.py").write_text(model)
+    (tmp_path / "metrics_example" / "config.pbtxt").write_text(CUSTOM_METRICS_CONFIG)
+    with serve(tmp_path, metrics_port=0) as running:
+        outputs = running.client.infer("metrics_example", {"IMAGE": np.ones(224 * 224, np.float32)})
+        address = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
+        with urllib.request.urlopen(address, timeout=30) as response:
+            page = response.read().decode()
+    counter = re.search(r'^preprocess_latency_ns\{route="/classify"\} (\S+)$', page, re.M)
+    assert counter and float(counter.group(1)) > 0, page
+    assert float(counter.group(1)) == outputs["TOTAL"][0]
+    histogram = [line for line in page.splitlines() if line.startswith("image_pixels")]
+    shown_lines = [line for line in shown.splitlines() if line.startswith("image_pixels")]
+    assert shown_lines[:4] == histogram[:4], page  # the count, the sum and the first buckets as the page shows them
+    for heading in ("# HELP preprocess_latency_ns", "# TYPE preprocess_latency_ns counter", "# TYPE image_pixels"):
+        assert heading in page and heading in shown

@@ -124,6 +124,11 @@ def test_bls_calls_and_an_ensembles_steps_are_child_spans_of_their_caller(receiv
         assert call.attributes["parent_id"] == direct.attributes["triton.trace_id"]
         assert activities(call) == ACTIVITIES
         assert direct.start_ns <= call.start_ns <= call.end_ns <= direct.end_ns
+    # the model's own execute time, measured in its worker: inside the round trip, around its BLS calls
+    (execute,) = [span for span in calls if span.name == "execute"]
+    model_ns = execute.attributes["model_ns"]
+    assert max(call.end_ns - call.start_ns for call in bls) <= model_ns <= execute.end_ns - execute.start_ns
+    assert "model_ns" not in next(span for span in children(spans, bls[0]) if span.name == "execute").attributes
     # the ensemble: its step (the same python model) under it, the step's BLS calls under the step
     (ensemble,) = model_spans(spans, "pipeline")
     (step,) = [span for span in children(spans, ensemble) if span.attributes.get("call") == "ensemble step"]

@@ -55,7 +55,7 @@ MESSAGES = [
     Ready('{"name": "m"}', True),
     LoadFailed("ValueError: no"),
     Execute(3, 1, [REQUEST, Request([], [], "", "seq", 0, {})], {"request": SegmentName("/dev/shm/r", 1 << 16)}),
-    Done(3, [Tensors([X]), ErrorResult(TritonCode.NOT_FOUND, "gone"), Released(2, 2)]),
+    Done(3, [Tensors([X]), ErrorResult(TritonCode.NOT_FOUND, "gone"), Released(2, 2)], 1234),
     Failed(3, "RuntimeError: boom"),
     Response(9, 3, 1, Tensors([Y]), False),
     Response(10, 3, 1, ErrorResult(TritonCode.INTERNAL, "bad"), True),
