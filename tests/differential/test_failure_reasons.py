@@ -81,7 +81,7 @@ BODIES = {
         "        (GATES / self.name).touch()\n"
         "        deadline = time.monotonic() + 120\n"
         "        while not (GATES / 'release').exists() and time.monotonic() < deadline:\n"
-        "            time.sleep(0.01)\n"
+        "            time.sleep(0.01)  # ordering-free: polls the release file until a deadline\n"
         "        return [echo(r) for r in requests]\n"
     ),
 }

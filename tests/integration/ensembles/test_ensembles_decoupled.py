@@ -254,7 +254,7 @@ def test_a_request_whose_answers_are_not_taken_holds_back_the_decoupled_steps_st
     window = time.monotonic() + 1.0
     while time.monotonic() < window:  # ordering-free: watches that a bound holds until a deadline
         most = max(most, int(progress.read_text() or 0) if progress.exists() else 0)
-        time.sleep(0.02)
+        time.sleep(0.02)  # ordering-free: samples the progress file until the window ends
     # what was read: the first response, BACKLOG ones waiting as calls, one in the helper's hands, one in the pipe
     assert 1 < most <= BACKLOG + 3, most
     rest = [int(outputs["Y"][0]) for outputs in answers]

@@ -68,8 +68,7 @@ def admission_until(running, predicate: Callable[[AdmissionStatistics], bool], w
         statistics = admission.statistics()
         if predicate(statistics):
             return statistics
-        # ordering-free: re-checks a state predicate (the controller's queue) until the deadline.
-        time.sleep(0.005)
+        time.sleep(0.005)  # ordering-free: re-checks a state predicate (the controller's queue) until the deadline
     raise AssertionError(f"model m never showed {what} within {WAIT} s")
 
 

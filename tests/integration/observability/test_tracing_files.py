@@ -134,7 +134,7 @@ def test_a_settings_update_writes_what_was_collected(tmp_path):
         running.server.trace_settings.update("", {"trace_rate": ["2"]})  # a replaced setting's traces are written
         deadline = time.monotonic() + BOUND
         while not trace_file.exists() and time.monotonic() < deadline:  # ordering-free (the writer's thread)
-            time.sleep(0.01)
+            time.sleep(0.01)  # ordering-free: polls for the writer thread's file until a deadline
         assert trace_file.exists()
         infer(running)
         infer(running)  # the second at rate 2: traced
