@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -97,6 +98,15 @@ def triton_records(root: RequestTrace) -> list[dict[str, Any]]:
     return records
 
 
+def _open_trace_file(name: str) -> TextIO:
+    """`name` truncated for writing, without blocking: a FIFO nobody reads fails at once (ENXIO) and one whose
+    reader stalls fails its write (EAGAIN), as OSErrors that lose the traces, where a blocking open or write would
+    hold the writer thread and then the server's shutdown (its final write) for ever. A regular file is unchanged
+    by O_NONBLOCK. Raises OSError (a folder: EISDIR)."""
+    descriptor = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o644)
+    return os.fdopen(descriptor, "w", encoding="utf-8")
+
+
 class _TraceFile:
     """One trace file's state (guarded by the writer's lock): the traces collected since the last write, the next
     index, and the unindexed file once opened."""
@@ -112,7 +122,7 @@ class _TraceFile:
             return
         name = f"{self.path}.{self.index}"
         self.index += 1
-        with open(name, "w", encoding="utf-8") as stream:
+        with _open_trace_file(name) as stream:
             stream.write("[" + ",".join(self.buffered) + "]")
         self.buffered = []
 
@@ -120,7 +130,7 @@ class _TraceFile:
         if not self.buffered:
             return
         if self.main is None:
-            self.main = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (open until close(): Triton's one file)
+            self.main = _open_trace_file(self.path)  # open until close(): Triton's one file
             self.main.write("[")
         else:
             self.main.write(",")

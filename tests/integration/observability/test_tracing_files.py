@@ -248,3 +248,26 @@ def test_the_tensors_level_writes_each_input_and_output_as_triton_does_and_its_t
     assert summary.returncode == 0, summary.stderr
     assert "Data Flow:" in summary.stdout and "QUEUE_INPUT:" in summary.stdout
     assert "BACKEND_OUTPUT:" in summary.stdout
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_trace_file_that_cannot_be_written_loses_the_traces_never_a_request(tmp_path, caplog, kind):
+    """An unlucky operator's trace_file: a folder, or a FIFO nobody reads. Requests are answered as without tracing,
+    the writer says why in the log, and the server stops within its bound."""
+    import os
+
+    repo = demo_subset(tmp_path / "repo", "simple")
+    trace_file = tmp_path / "trace.json"
+    if kind == "folder":
+        trace_file.mkdir()
+    else:
+        os.mkfifo(trace_file)
+    started = time.monotonic()
+    with serve(repo, trace_settings=file_settings(trace_file)) as running:
+        for _ in range(3):
+            infer(running)
+        snapshot = running.server.registry.get("simple").statistics.snapshot()
+        assert (snapshot.success.count, snapshot.failures) == (3, {})
+    assert time.monotonic() - started < BOUND
+    assert "cannot write" in caplog.text  # a folder: EISDIR; a FIFO with no reader: ENXIO, at once
+    assert trace_file.is_dir() if kind == "folder" else trace_file.is_fifo()
