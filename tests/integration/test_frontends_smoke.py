@@ -166,7 +166,9 @@ def test_a_queued_request_whose_deadline_passed_in_the_front_end_never_takes_the
         execute.wait_blocked(1)
         with pytest.raises(ClientError) as late:
             running.client.infer("one", INPUT, timeout=0.5)
-        assert late.value.code == "DEADLINE_EXCEEDED"
+        # The client's deadline and the admission's (the same instant, carried across the link) race: either
+        # ends it, and neither lets it run.
+        assert late.value.code == "DEADLINE_EXCEEDED" or late.value.reason == "server_busy"
         _wait(lambda: running.management.get("one").queued_requests == 0, "the timed-out request to leave the queue")
         execute.release()
         holder.join(WAIT)

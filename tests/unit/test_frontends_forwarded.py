@@ -60,7 +60,7 @@ class Echo:
 
 def _table(servicer: Echo) -> HandlerTable:
     table = HandlerTable()
-    handler = grpc.unary_unary_rpc_method_handler(servicer.Echo)
+    handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(servicer.Echo)
     table.add_registered_method_handlers("test.Service", {"Echo": handler})
     return table
 
