@@ -7,7 +7,8 @@ import pickle
 import numpy as np
 
 from client._tensors import build_request
-from engine.interface import ModelMetadata, TensorSpec
+from engine.config.specs import TensorSpec
+from engine.interface import ModelMetadata
 from generated import grpc_service_pb2 as pb
 from service.frontends.infer import ForwardedTensors, answer_bytes, infer_answer, infer_call
 from service.frontends.messages import CallStart
