@@ -59,15 +59,8 @@ def infer_call(start: CallStart, data: bytes) -> InferCall | None:
     except Exception:  # malformed: the generic path refuses it in the admission process, in its words
         return None
     inputs = tuple(
-        Tensor(
-            name,
-            datatype,
-            tuple(shape),
-            array.dtype.str,
-            pickle.PickleBuffer(np.ascontiguousarray(array)),  # type: ignore[arg-type]  # numpy exports buffers
-        )
+        Tensor(name, datatype, tuple(shape), _raw_view(decoded.inputs[name]))
         for name, (datatype, shape) in decoded.signature.items()
-        for array in (decoded.inputs[name],)
     )
     message.ClearField("raw_input_contents")
     return InferCall(
@@ -82,6 +75,12 @@ def infer_call(start: CallStart, data: bytes) -> InferCall | None:
         decoded.sequence_parameters,
         message.SerializeToString(),
     )
+
+
+def _raw_view(array: np.ndarray[Any, Any]) -> pickle.PickleBuffer:
+    """The array's bytes without a copy (as bytes: a dtype numpy cannot export, such as bfloat16, is viewed as
+    uint8 first)."""
+    return pickle.PickleBuffer(np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy exports buffers
 
 
 def _covered(message: pb.ModelInferRequest, raw_count: int) -> bool:
@@ -126,7 +125,7 @@ class ForwardedTensors:
         call = self._call
         return DecodedRequest(
             {
-                tensor.name: np.frombuffer(_data(tensor), dtype=np.dtype(tensor.dtype)).reshape(tensor.shape)
+                tensor.name: np.frombuffer(_data(tensor), dtype=_dtype(tensor.datatype)).reshape(tensor.shape)
                 for tensor in call.inputs
             },
             {tensor.name: (tensor.datatype, tensor.shape) for tensor in call.inputs},
@@ -155,13 +154,13 @@ def infer_answer(response: InferenceResponse) -> InferAnswer:
         if array is None:
             continue
         if declared.datatype == "BYTES":
-            data, dtype = encode_raw(array), "|O"
+            data = encode_raw(array)
         else:
             wanted = _dtype(declared.datatype)
             if array.dtype != wanted:
                 array = array.astype(wanted)
-            data, dtype = np.ascontiguousarray(array).tobytes(), wanted.str
-        outputs.append(Tensor(declared.name, declared.datatype, tuple(array.shape), dtype, data))
+            data = np.ascontiguousarray(array).tobytes()
+        outputs.append(Tensor(declared.name, declared.datatype, tuple(array.shape), data))
     return InferAnswer(response.model, response.version, response.id, tuple(outputs))
 
 
