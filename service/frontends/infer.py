@@ -22,6 +22,7 @@ manage per call); large tensors cost one kernel copy more than a segment would.
 from __future__ import annotations
 
 import functools
+import logging
 import pickle
 from typing import Any
 
@@ -41,6 +42,8 @@ from ..transport.tensors import decode_request
 from ..transport.wire import LARGE_MESSAGE_BYTES, InferResponse, parse_infer_request, serialize_infer_response
 from .messages import CallStart, InferAnswer, InferCall, Tensor
 
+_LOG = logging.getLogger("slotserve.frontend")
+
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 SHARED_MEMORY_REGION = "shared_memory_region"  # the parameter naming a tensor's region (transport/shared_memory.py)
 
@@ -58,6 +61,14 @@ def infer_call(start: CallStart, data: bytes) -> InferCall | None:
         decoded = decode_request(message, parsed.raw_contents, None)
     except Exception:  # malformed: the generic path refuses it in the admission process, in its words
         return None
+    try:
+        return _record(start, message, decoded)
+    except Exception:  # a case this path does not know: the generic path is always right
+        _LOG.exception("front end: a ModelInfer takes the generic path (its record could not be made)")
+        return None
+
+
+def _record(start: CallStart, message: pb.ModelInferRequest, decoded: DecodedRequest) -> InferCall:
     inputs = tuple(
         Tensor(name, datatype, tuple(shape), _raw_view(decoded.inputs[name]))
         for name, (datatype, shape) in decoded.signature.items()
