@@ -234,15 +234,17 @@ def infer_answer(response: InferenceResponse) -> InferAnswer:
             wanted = _dtype(declared.datatype)
             contents.append(np.ascontiguousarray(array if array.dtype == wanted else array.astype(wanted)))
         declared_outputs.append((declared.name, declared.datatype, tuple(array.shape)))
-    views = [pickle.PickleBuffer(_bytes_view(content)) for content in contents]  # type: ignore[arg-type]  # numpy exports buffers
-    placed = _placed(views) if sum(view.raw().nbytes for view in views) >= SEGMENT_BYTES else None
-    if placed is None:  # copied here: the engine may reuse its buffers once the slot is released
-        carried: list[bytes | Placed] = [bytes(view.raw()) for view in views]
-        segment = None
-    else:  # copied into the segment (the front end serializes out of it: one copy more)
-        carried = list(placed[1])
-        segment = SegmentName(placed[0].path, placed[0].size)
-        placed[0].close()
+    carried: list[bytes | Placed] | None = None
+    segment = None
+    if sum(len(content) if isinstance(content, bytes) else content.nbytes for content in contents) >= SEGMENT_BYTES:
+        views = [pickle.PickleBuffer(_bytes_view(content)) for content in contents]  # type: ignore[arg-type]  # numpy exports buffers
+        placed = _placed(views)
+        if placed is not None:  # copied into the segment (the front end serializes out of it: one copy more)
+            carried = list(placed[1])
+            segment = SegmentName(placed[0].path, placed[0].size)
+            placed[0].close()
+    if carried is None:  # copied here: the engine may reuse its buffers once the slot is released
+        carried = [content if isinstance(content, bytes) else content.tobytes() for content in contents]
     outputs = tuple(
         Tensor(name, datatype, shape, data)
         for (name, datatype, shape), data in zip(declared_outputs, carried, strict=True)
