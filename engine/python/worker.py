@@ -108,7 +108,8 @@ class Worker:
         self.board_words = 1  # words of the cancel board per lane: one per request of a call (settings)
         self.lanes: dict[int, _Lane] = {}  # by number; made as the server first names one
         self.decoupled = False
-        self.pipe = WorkerPipe(connection)  # read by the thread waiting for a message (engine/python/pipe.py)
+        # Read by the thread waiting for a message (engine/python/pipe.py); a packed Execute is read out of its lane.
+        self.pipe = WorkerPipe(connection, self._packed_execute)
         self.tags = itertools.count(1)
         self._runs_lock = threading.Lock()  # guards: _runs, each run's `live`
         self._runs: dict[int, _Run] = {}  # the runs in flight (until their answer or last final flag)
@@ -176,6 +177,24 @@ class Worker:
     def send(self, message: Message) -> None:
         """Write `message` to the server (blocks while the pipe is full). Raises OSError when the server is gone."""
         self.pipe.send(message)
+
+    def answer(self, lane: _Lane, done: Done) -> None:
+        """Send a call's Done: packed into the lane's control area (the head of its response segment, written
+        after the tensors) with a doorbell on the pipe, or pickled on the pipe when it is not of the common kind
+        (Done.pack_into). Raises OSError when the server is gone."""
+        segment = lane.response_segment
+        if segment is not None and done.pack_into(transport.control(segment)):
+            self.pipe.ring(lane.number)
+        else:
+            self.send(done)
+
+    def _packed_execute(self, lane: int) -> Execute:
+        """The Execute the server packed into lane `lane`'s control area (the head of its request segment) before
+        it rang (any thread: the one reading the pipe). Raises ValueError when the lane has none."""
+        known = self.lanes.get(lane)
+        if known is None or known.request_segment is None:
+            raise ValueError(f"a doorbell for lane {lane}, which has no request segment")
+        return Execute.unpack_from(transport.control(known.request_segment))
 
     def ask(self, question: Callable[[int], Grow | Response | MetricCall]) -> ReplyPayload:
         """Send the question `question(tag)` makes with a new tag and wait for the payload of the server's Reply to it
@@ -355,7 +374,7 @@ class Worker:
                 self.send(Failed(run.number, str(refused)))
                 return
             layout.write(lane.response_segment)  # type: ignore[arg-type]
-            self.send(Done(run.number, results, model_ns))
+            self.answer(lane, Done(run.number, results, model_ns))
         finally:
             with lane.lock:
                 self._end_run(run)
@@ -445,7 +464,7 @@ class Worker:
         Raises transport.NoRoom when the response segment could not grow, EOFError or OSError when the server is
         gone, TritonModelException for a response that is not an InferenceResponse."""
         lane = run.lane
-        layout = transport.Layout()
+        layout = transport.Layout(transport.CONTROL_BYTES)
         result = None if response is None else self._result(response, requested, layout)
         if layout.size > lane.response_segment.size:  # type: ignore[union-attr]
             self._grow(run, layout.size)  # or NoRoom
@@ -494,7 +513,7 @@ class Worker:
         assert board is not None  # mapped by `start`, before any Execute
         segment = run.lane.request_segment
         inputs = [
-            pb_utils.Tensor(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
+            pb_utils.Tensor._served(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
             for d in request.inputs
         ]
         offset = 8 * (run.lane.number * self.board_words + index)
@@ -503,15 +522,15 @@ class Worker:
         def cancelled() -> bool:
             return bool(struct.unpack_from("<q", board.view, offset)[0] == number)
 
-        return pb_utils.InferenceRequest(
-            model_name=self.name,
-            inputs=inputs,
-            requested_output_names=request.outputs,
-            request_id=request.request_id,
-            correlation_id=request.correlation_id,
-            flags=request.flags,
-            parameters=_parameters_json(request.parameters),
-            _cancelled=cancelled,
+        return pb_utils.InferenceRequest._served(
+            self.name,
+            inputs,
+            list(request.outputs),
+            request.request_id,
+            request.correlation_id,
+            request.flags,
+            _parameters_json(request.parameters),
+            cancelled,
         )
 
     def _collect(
@@ -561,7 +580,7 @@ class Worker:
                 self._wait(lambda: all(_sent(built[index]) is not None for index in pending))
                 for index in pending:
                     responses[index] = _sent(built[index])
-        layout = transport.Layout()
+        layout = transport.Layout(transport.CONTROL_BYTES)
         results: list[Result] = []
         for index, (response, asked) in enumerate(zip(responses, requests, strict=True)):
             if failure is None:
@@ -586,12 +605,13 @@ class Worker:
             error = response.error()
             return ErrorResult(error.code(), error.message())  # type: ignore[union-attr]
         descriptors = []
-        names = [tensor.name() for tensor in response.output_tensors()]
-        twice = sorted({name for name in names if names.count(name) > 1})
-        if twice:  # Triton 2.51 answers a malformed response then (one output's shape twice, the other's none)
+        tensors = response.output_tensors()
+        names = [tensor.name() for tensor in tensors]
+        if len(set(names)) != len(names):  # Triton 2.51 answers a malformed response then (a shape twice, one none)
+            twice = sorted({name for name in names if names.count(name) > 1})
             return ErrorResult(TritonCode.INTERNAL, f"the response has more than one output named {twice}: each "
                                "output may appear once")  # fmt: skip
-        for tensor in response.output_tensors():
+        for tensor in tensors:
             if requested and tensor.name() not in requested:
                 continue
             array = tensor.as_numpy()
