@@ -96,10 +96,10 @@ def _connection_pair():
     return multiprocessing.Pipe()
 
 
-def _connection_parent(state, trips: int) -> list[float]:
+def _connection_parent(state, trips: int) -> list[int]:
     ours, _ = state
     times = []
-    message = (4, 1, 0, [([("INPUT0", "INT32", (1, 16), 0, 64)], (), "", 0, 0, {})], {})
+    message: tuple[object, ...] = (4, 1, 0, [([("INPUT0", "INT32", (1, 16), 0, 64)], (), "", 0, 0, {})], {})
     for _ in range(trips):
         began = time.perf_counter_ns()
         ours.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
@@ -123,7 +123,7 @@ def _fd_pair_socket():
     return a.detach(), b.detach()
 
 
-def _fd_parent(fd: int, peer: int, trips: int, ring: Callable[[int], None], take: Callable[[int], None]) -> list[float]:
+def _fd_parent(fd: int, peer: int, trips: int, ring: Callable[[int], None], take: Callable[[int], None]) -> list[int]:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     times = []
@@ -167,7 +167,7 @@ def _mapping() -> mmap.mmap:
     return mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)
 
 
-def _futex_parent(mapping: mmap.mmap, trips: int, spin_us: float) -> list[float]:
+def _futex_parent(mapping: mmap.mmap, trips: int, spin_us: float) -> list[int]:
     to_child, to_parent = Futex(mapping, 0), Futex(mapping, 64)
     times = []
     seen = 0  # both words start at 0 (a fresh mapping): read after the fork, the other side may have rung already
@@ -187,7 +187,7 @@ def _futex_child(mapping: mmap.mmap, trips: int, spin_us: float) -> None:
         to_parent.ring()
 
 
-def _semaphore_parent(pair, trips: int) -> list[float]:
+def _semaphore_parent(pair, trips: int) -> list[int]:
     to_child, to_parent = pair
     times = []
     for _ in range(trips):
@@ -207,7 +207,7 @@ def _semaphore_child(pair, trips: int) -> None:
         to_parent.release()
 
 
-def _run_forked(parent: Callable[[], list[float]], child: Callable[[], None]) -> list[float]:
+def _run_forked(parent: Callable[[], list[int]], child: Callable[[], None]) -> list[int]:
     """Fork, run `child` in the child, `parent` here; the child's end is awaited."""
     pid = os.fork()
     if pid == 0:
@@ -221,7 +221,7 @@ def _run_forked(parent: Callable[[], list[float]], child: Callable[[], None]) ->
         os.waitpid(pid, 0)
 
 
-def one_repeat(name: str, trips: int) -> list[float]:
+def one_repeat(name: str, trips: int) -> list[int]:
     """The round trips (ns) of one repeat of doorbell `name`."""
     if name == "connection":
         state = _connection_pair()
