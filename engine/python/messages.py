@@ -7,7 +7,10 @@ or by a string tag. On the pipe (engine/python/transport.py `send`, `receive`) a
 its kind's number first and its fields in order: pickle writes a NamedTuple as a reference to its class plus its
 fields, which costs about 6 microseconds a request both ways on the 2-core test machine, where an add_sub round
 trip takes about 150. That tuple is written by the record's own `to_wire` and read by its own `from_wire` (through
-`decode`), the only places where positions are known. Records nested inside a message of a request's path (the
+`decode`), the only places where positions are known. The common Execute and Done do not travel pickled: they are
+packed with `struct` into their lane's control area (`pack_into`, `unpack_from`; the layout is written down above
+`_Packer`) and the pipe carries a doorbell (engine/python/transport.py `ring`); a record that is not of the common
+kind falls back to its tuple. Records nested inside a message of a request's path (the
 requests of an Execute, the results of a Done or a Response, their tensors' Descriptors) travel as plain tuples
 too; those inside BLS messages (a CallRequest, a CallReply) travel as themselves.
 

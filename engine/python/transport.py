@@ -28,6 +28,17 @@ and gives the model views of it (no copy: the mapping lives as long as the array
 The control messages themselves (an Execute and its answer, the worker's Grow and Response questions, BLS calls and
 their parts) are records of engine/python/messages.py; `send` and `receive` carry them.
 
+A request's path crosses without pickling. The first CONTROL_BYTES of each lane's request and response segment are
+its control area (the tensors are laid out after it): the server packs a call's Execute there and the worker its
+Done (messages.py `pack_into`: struct, one format per record), and each rings the other with a doorbell, a 7-byte
+frame on the pipe naming the lane (`ring`); the reader of the pipe reads the record out of the lane's control area
+as it takes the doorbell (`receive`). What is not the common call (a segment handed over, request parameters, a
+string sequence id, a Released result, a record too large for the area) is pickled on the pipe as before. The pipe
+is the doorbell, rather than an eventfd, a futex or a semaphore beside it, so each direction keeps one channel and
+one reader: packed and pickled messages arrive in the order they were sent (a Grow before its Done, BLS calls and
+decoupled Responses between calls), and a waiting reader still wakes when the other process dies (the pipe hangs
+up). bench/python_doorbell.py measures the options; docs/speed.md ("Python models") has the figures.
+
 Files are named `slotserve-py-<pid>-<random>` after the process that made them. Whatever a process could not
 unlink (it was killed) is removed by the next server to start (`remove_leftovers`: files of processes that are
 gone), and a server that exits removes its own and its workers' (`remove_own_at_exit`).
