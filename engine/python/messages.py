@@ -662,6 +662,10 @@ _HEAD = struct.Struct("<BH")
 # What packing a record that is not of the common kind (or does not fit in the control area) raises on its way.
 _NOT_PACKABLE = (struct.error, OverflowError, ValueError, TypeError, UnicodeEncodeError, KeyError)
 _DATATYPE_CODES = {name: code for code, name in enumerate(NAMES)}
+# The tensor names a process packs, with their part of a format, by (name, rank): a model's few names recur in every
+# call. Forgotten all at once past _DESCRIPTORS_KEPT (names that change from call to call cannot grow it).
+_DESCRIPTORS: dict[tuple[str, int], tuple[bytes, str]] = {}
+_DESCRIPTORS_KEPT = 256
 
 
 class _Packer:
@@ -689,10 +693,16 @@ class _Packer:
             self.descriptor(descriptor)
 
     def descriptor(self, descriptor: Descriptor) -> None:
-        name = descriptor.name.encode()
         shape = descriptor.shape
-        self.formats.append(f"{len(name)}sBB{len(shape)}qQQ")
-        self.values.extend((name, _DATATYPE_CODES[descriptor.datatype], len(shape), *shape))
+        key = (descriptor.name, len(shape))
+        spelled = _DESCRIPTORS.get(key)
+        if spelled is None:  # a tensor name and rank not seen lately: its bytes and its part of the format
+            name = descriptor.name.encode()
+            spelled = _DESCRIPTORS[key] = (name, f"{len(name)}sBB{len(shape)}qQQ")
+            if len(_DESCRIPTORS) > _DESCRIPTORS_KEPT:
+                _DESCRIPTORS.clear()
+        self.formats.append(spelled[1])
+        self.values.extend((spelled[0], _DATATYPE_CODES[descriptor.datatype], len(shape), *shape))
         self.values.append(descriptor.offset)
         self.values.append(descriptor.nbytes)
 

@@ -4,8 +4,9 @@
 It imports the model.py, runs `auto_complete_config` and `initialize`, then serves `execute` calls (engine/python/
 messages.py's Execute: a run number, a lane, the requests) until told to stop (then `finalize`). Tensors arrive and
 leave through the server's shared-memory segments, a request and a response segment per lane
-(engine/python/transport.py); the pipe carries only control messages. A worker serves one lane, one call at a time,
-unless its model overlaps its calls (below).
+(engine/python/transport.py); the pipe carries only control messages (the common Execute and its Done not even
+those: they lie packed in the lane's control area, and the pipe carries a doorbell). A worker serves one lane, one
+call at a time, unless its model overlaps its calls (below).
 
 A decoupled model (`model_transaction_policy { decoupled: true }`) answers through its requests' response senders,
 from `execute` or from threads of its own: each `send` lays its tensors into its lane's response segment, tells the
@@ -563,6 +564,8 @@ class Worker:
                 raise pb_utils.TritonModelException(
                     f"execute returned {len(responses)} responses for {len(built)} requests (one each is required)"
                 )
+            if _plainly_returned(built, responses):
+                return self._returned_results(built, requests, responses)
             for index, request in enumerate(built):
                 sender = _sender(request)
                 if sender.response is not None:  # sent already: what execute returned for it goes nowhere
@@ -592,6 +595,18 @@ class Worker:
                 results.append(ErrorResult(TritonCode.INTERNAL, _describe(failure)))
             else:
                 results.append(self._result(response, asked.outputs, layout))
+        return results, layout
+
+    def _returned_results(
+        self, built: list[pb_utils.InferenceRequest], requests: list[Request], responses: list[object]
+    ) -> tuple[list[Result], transport.Layout]:
+        """`_collect` for the common call (`_plainly_returned`): each request is answered by the response execute
+        returned for it, and its sender closes (a later send raises, as on Triton)."""
+        layout = transport.Layout(transport.CONTROL_BYTES)
+        results: list[Result] = []
+        for request, asked, response in zip(built, requests, responses, strict=True):
+            _sender(request).closed = True
+            results.append(self._result(response, asked.outputs, layout))
         return results, layout
 
     def _result(self, response: object, requested: Sequence[str], layout: transport.Layout) -> Tensors | ErrorResult:
@@ -767,6 +782,19 @@ def _sender(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponseSen
     sender = request._sender
     assert sender is not None  # every request of a call gets one before the model sees it
     return sender
+
+
+def _plainly_returned(built: list[pb_utils.InferenceRequest], responses: list[object]) -> bool:
+    """Whether execute answered every request by returning its response: no sender taken, nothing rescheduled, every
+    response an InferenceResponse (what `_collect` then has only to lay out)."""
+    for request, response in zip(built, responses, strict=True):
+        if (
+            request._sender_taken
+            or request._release_flags != rescheduling.RELEASE_ALL
+            or type(response) is not pb_utils.InferenceResponse
+        ):
+            return False
+    return True
 
 
 def _sent(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse | None:
