@@ -4,6 +4,8 @@ way of waking the other side, and the round trip of a real python model's call (
     .venv/bin/python -m bench.python_doorbell                 every doorbell, then the add_sub round trip
     .venv/bin/python -m bench.python_doorbell --doorbell      the doorbells only
     .venv/bin/python -m bench.python_doorbell --roundtrip     the add_sub round trip only
+    .venv/bin/python -m bench.python_doorbell --floor         the least a round trip can cost in Python: add_sub's
+                                                    work alone over a shared mapping and a pipe doorbell
     .venv/bin/python -m bench.python_doorbell --roundtrip --compare DIR
                                                     the round trip of this tree and of the tree at DIR (another
                                                     commit's, e.g. `git archive <commit> engine tests/python_models
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import mmap
 import multiprocessing
 import os
@@ -38,6 +41,7 @@ import pickle
 import select
 import socket
 import statistics
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -300,6 +304,71 @@ def roundtrip(repeats: int, calls: int) -> list[float]:
     return medians
 
 
+def _floor_parent(mapping: mmap.mmap, fd: int, trips: int) -> list[int]:
+    import numpy as np
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    first, second = np.arange(16, dtype=np.int32), np.ones(16, dtype=np.int32)
+    inputs = np.frombuffer(mapping, dtype=np.int32, count=32, offset=4096)
+    outputs = np.frombuffer(mapping, dtype=np.int32, count=32, offset=8192)
+    head = struct.Struct("<qHH")
+    times = []
+    for run in range(trips):
+        began = time.perf_counter_ns()
+        inputs[:16] = first
+        inputs[16:] = second
+        head.pack_into(mapping, 0, run, 0, 2)
+        os.write(fd, b"\x01")
+        while not poller.poll(100):
+            pass
+        os.read(fd, 1)
+        head.unpack_from(mapping, 2048)
+        answer = {"OUTPUT0": outputs[:16].copy(), "OUTPUT1": outputs[16:].copy()}
+        del answer
+        times.append(time.perf_counter_ns() - began)
+    return times
+
+
+def _floor_child(mapping: mmap.mmap, fd: int, trips: int) -> None:
+    import numpy as np
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    inputs = np.frombuffer(mapping, dtype=np.int32, count=32, offset=4096)
+    outputs = np.frombuffer(mapping, dtype=np.int32, count=32, offset=8192)
+    head = struct.Struct("<qHH")
+    for _ in range(trips):
+        while not poller.poll(100):
+            pass
+        os.read(fd, 1)
+        run, _, _ = head.unpack_from(mapping, 0)
+        outputs[:16] = inputs[:16] + inputs[16:]
+        outputs[16:] = inputs[:16] - inputs[16:]
+        head.pack_into(mapping, 2048, run, 0, 2)
+        os.write(fd, b"\x01")
+
+
+def floor(repeats: int, trips: int) -> list[float]:
+    """The per-repeat median (us) of add_sub's work alone between two processes: the inputs copied into a shared
+    mapping, a small struct record, a byte on a socketpair each way, the sums and differences, the outputs copied
+    out; none of the server's or the worker's bookkeeping."""
+    medians = []
+    for _ in range(repeats):
+        mapping = mmap.mmap(-1, 16384, flags=mmap.MAP_SHARED)
+        mine, theirs = _fd_pair_socket()
+        try:
+            times = _run_forked(
+                functools.partial(_floor_parent, mapping, mine, trips),
+                functools.partial(_floor_child, mapping, theirs, trips),
+            )
+        finally:
+            os.close(mine)
+            os.close(theirs)
+        medians.append(statistics.median(times) / 1000)
+    return medians
+
+
 def compare(other: Path, repeats: int) -> dict[str, list[float]]:
     """The round trip of this tree and of the tree at `other`, each repeat a process of its own, in turn."""
     import subprocess
@@ -322,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--doorbell", action="store_true", help="the doorbells only")
     parser.add_argument("--roundtrip", action="store_true", help="the add_sub round trip only")
+    parser.add_argument("--floor", action="store_true", help="add_sub's work alone over shared memory and a doorbell")
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--trips", type=int, default=TRIPS)
     parser.add_argument("--compare", type=Path, help="another tree's round trip beside this one's, in turn")
@@ -333,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare is not None:
         for name, medians in compare(args.compare, args.repeats).items():
             print(f"add_sub round trip, {name:<20} {_summary(medians)}")
+        return 0
+    if args.floor:
+        print(f"add_sub's work alone (floor)  {_summary(floor(args.repeats, args.trips))}")
         return 0
     both = not (args.doorbell or args.roundtrip)
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
