@@ -491,7 +491,9 @@ def _read_frame(descriptor: int) -> bytes:
         first = rest + _read_exactly(descriptor, max(0, 8 - len(rest)))
         (size,) = _LONG_LENGTH.unpack_from(first)
         rest = first[8:]
-    if len(rest) >= size:
+    if len(rest) > size:  # the first read took bytes of the next frame: no sender of ours writes such a frame
+        raise ValueError(f"not a python-worker message: a frame of {size} bytes (at least {_SMALLEST_PAYLOAD})")
+    if len(rest) == size:
         return rest
     return rest + _read_exactly(descriptor, size - len(rest))
 

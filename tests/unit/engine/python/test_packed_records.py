@@ -202,3 +202,16 @@ def test_a_worker_answers_packed_calls_and_pickled_ones_alike(probe, monkeypatch
         context.execute({"MODE": _text("error"), "ARG": _text("NOT_FOUND:short")}, [], CancelToken())
     assert packed_answers == [0, 0, 0]
     assert call("again")["TEXT"][0] == b"again" and pickled == ["Execute"]
+
+
+def test_a_frame_shorter_than_any_message_is_refused_by_name():
+    ours, theirs = socket.socketpair()
+    sender, receiver = Connection(ours.detach()), Connection(theirs.detach())
+    try:
+        sender.send_bytes(b"\x80")  # one byte: no record is that short
+        transport.send(sender, Stop())
+        with pytest.raises(ValueError, match="a frame of 1 bytes"):
+            transport.receive(receiver)
+    finally:
+        sender.close()
+        receiver.close()
