@@ -69,7 +69,9 @@ def test_a_front_end_killed_with_a_call_running_and_one_queued_fails_only_those_
         wait_until(replaced, "front end 0 replaced")
         assert server.ends.pids()[1] == survivor_pid  # the other front end was left alone
         wait_until(lambda: not exists(victim_pid), "the dead front end reaped")
-        assert "frontend_replaced" in caplog.text
+        replacements = [record for record in caplog.records if getattr(record, "event", None) == "frontend_replaced"]
+        assert [(r.event_fields["index"], r.event_fields["old_pid"]) for r in replacements] == [(0, victim_pid)]
+        assert replacements[0].event_fields["new_pid"] == server.ends.pids()[0]
         fresh = FrontEnds(server.lab.address, server.lab.frontend_pids)
         try:
             response = stub(fresh.channel(0)).ModelInfer(request("m", 4.0), timeout=WAIT)  # the new front end

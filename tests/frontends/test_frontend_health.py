@@ -9,7 +9,7 @@ import pytest
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.process.options import ServerOptions
 from service.process.server import INFERENCE_SERVICE, MANAGEMENT_SERVICE, Server
-from tests.shutdown.harness import Background, frontend_options, wait_until, write_fixture_model
+from tests.shutdown.harness import Background, frontend_options, frontend_pids, wait_until, write_fixture_model
 
 from ._support import NOT_SERVING, SERVING, FrontEnds, health, live_call, ready
 
@@ -68,7 +68,7 @@ def test_every_front_end_says_not_serving_until_the_startup_loads_end(tmp_path, 
         wait_until(lambda: server.port is not None, "the server listening")
 
         def pids() -> list[int]:
-            return list(server.frontend_pids()) if frontends > 1 else []
+            return frontend_pids(server)
 
         wait_until(lambda: len(pids()) == (frontends if frontends > 1 else 0), "every front end started")
         ends = FrontEnds(f"127.0.0.1:{server.port}", pids)

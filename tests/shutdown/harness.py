@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -52,10 +53,17 @@ def frontends_built() -> bool:
     return "frontends" in getattr(ServerOptions, "__dataclass_fields__", {})
 
 
-def frontend_options(frontends: int) -> dict[str, int]:
+def frontend_options(frontends: int) -> dict[str, Any]:
     """The server options (service.testing.serve, ServerOptions) for `frontends` front-end processes: none for
     one, today's default, so that N = 1 runs the server exactly as it runs without the flag."""
     return {} if frontends == 1 else {"frontends": frontends}
+
+
+def frontend_pids(server) -> list[int]:
+    """`Server.frontend_pids()`: the front-end processes' ids in index order (empty with one front end, and on a
+    tree without the flag)."""
+    pids: Callable[[], list[int]] = getattr(server, "frontend_pids", list)
+    return list(pids())
 
 
 def frontend_flags(frontends: int) -> list[str]:
@@ -494,7 +502,7 @@ class InProcess:
 
     def frontend_pids(self) -> list[int]:
         """The front-end processes' ids, in index order; empty with one front end (the server itself)."""
-        return list(self.server.frontend_pids()) if self.frontends > 1 else []
+        return frontend_pids(self.server) if self.frontends > 1 else []
 
     def infer(self, model: str, values: np.ndarray | None = None, timeout: float = WAIT) -> grpc.Future:
         """A ModelInfer as a cancellable future (`outcome()` reads it)."""
@@ -548,6 +556,7 @@ __all__ = [
     "frontends_built",
     "frontend_options",
     "frontend_flags",
+    "frontend_pids",
     "write_fixture_model",
     "write_slow_onnx_model",
     "slow_rows",
