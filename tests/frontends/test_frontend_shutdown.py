@@ -84,3 +84,26 @@ def test_sigterm_stops_the_front_ends_drains_and_the_process_exits_in_its_bound_
             wait_until(lambda pid=pid: not exists(pid), f"front end {pid} gone", timeout=REAPED)
     finally:
         server.close()
+
+
+@cell("TIME.09")
+def test_every_call_ended_at_the_grace_gets_shutting_down_through_its_own_front_end(served, frontends):
+    """A call running on m's one slot and eight queued behind it, spread over the front ends; the grace runs out:
+    each client gets UNAVAILABLE `shutting_down` (the admission process's answer, carried back by the front end
+    that took the call), never a front end's own error for a link that closed before the answer crossed it."""
+    server = served({"m": {}}, parallel_jobs=1)
+    channels = server.ends.every()
+    execute = server.lab.gate("m", "execute").hold()
+    running = stub(channels[0]).ModelInfer.future(request("m", 100.0), timeout=WAIT)
+    execute.wait_blocked(1)
+    queued = []
+    for number in range(8):
+        channel = channels[number % len(channels)]
+        queued.append(stub(channel).ModelInfer.future(request("m", float(number)), timeout=WAIT))
+        server.lab.wait_core("m", lambda s, n=number + 1: s.queued_requests == n, f"{number + 1} queued")
+    report = server.lab.shutdown(drain=0.0, grace=0.3, margin=0.5).result()
+    assert report.abandoned_calls == 0, report
+    for call in (running, *queued):
+        code, error = outcome(call)
+        assert (code, error.reason) == ("UNAVAILABLE", "shutting_down"), error
+    assert server.runs("m") == [100.0]
