@@ -93,13 +93,13 @@ def test_a_request_cancelled_in_its_front_end_while_queued_never_takes_a_slot(se
 
 @cell("TIME.04")
 def test_a_client_deadline_crosses_the_process_boundary_and_its_request_leaves_the_queue(served):
-    """A waiter sent through the last front end with a 1 s deadline, the model allowing 30 s of admission wait:
+    """A waiter sent through the last front end with a 2 s deadline, the model allowing 30 s of admission wait:
     the client gets DEADLINE_EXCEEDED (or the server's server_busy, whichever notices first) by its deadline, and
     the admission process's queue place is gone then too, while the slot is still busy; it never runs."""
     server = served({"m": {}}, parallel_jobs=1, admission_timeout=30.0)
     channels = server.ends.every()
     execute, holder = _hold_the_slot(server, channels[0])
-    deadline = 1.0
+    deadline = 2.0  # long enough to reach the admission queue through a front end on a loaded machine
     started = time.monotonic()
     waiter = _queue(server, channels[-1], 1.0, 1, timeout=deadline)
     code, error = outcome(waiter)
