@@ -25,12 +25,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, NoReturn, cast
+from typing import Any, NamedTuple, NoReturn, Protocol, cast
 
 import grpc
 
 from .link import Link, LinkClosed
-from .messages import CallEnd, CallStart, Credit, Metadata, Reply
+from .messages import CallEnd, CallStart, Credit, InferAnswer, InferCall, Metadata, Reply
 
 _LOG = logging.getLogger(__name__)
 
@@ -230,13 +230,13 @@ class ForwardedContext:
                 self._lock.wait(WAIT_SLICE_SECONDS)
             return not self._ended
 
-    def finish(self, reply: bytes | None = None) -> None:
-        """The handler returned: send its status (OK unless it set one) with the unary `reply`, then run the
-        callbacks."""
+    def finish(self, reply: bytes | None = None, answer: InferAnswer | None = None) -> None:
+        """The handler returned: send its status (OK unless it set one) with the unary `reply` (or a forwarded
+        ModelInfer's `answer`), then run the callbacks."""
         with self._lock:
             code = self._code if self._code is not None else grpc.StatusCode.OK
             details, trailing = self._details, self._trailing
-        self._end(code, details, trailing, reply=reply)
+        self._end(code, details, trailing, reply=reply, answer=answer)
 
     def fail(self, code: grpc.StatusCode, details: str) -> None:
         self._end(code, details, ())
@@ -248,6 +248,7 @@ class ForwardedContext:
         trailing: Metadata,
         *,
         reply: bytes | None = None,
+        answer: InferAnswer | None = None,
         cancel: bool = False,
         send: bool = True,
     ) -> None:
@@ -258,7 +259,7 @@ class ForwardedContext:
             callbacks, self._callbacks = self._callbacks, []
             self._lock.notify_all()
         if send:
-            self._send(CallEnd(self.call_id, code.value[0], details, trailing, cancel=cancel, reply=reply))
+            self._send(CallEnd(self.call_id, code.value[0], details, trailing, cancel, reply, answer))
         self._on_end(self.call_id)
         for callback in callbacks:
             try:
@@ -306,6 +307,24 @@ def run_call(context: ForwardedContext, handler: grpc.RpcMethodHandler[Any, Any]
         context.finish()
     except Exception as error:
         _LOG.exception("a forwarded call of %s failed", context.method)
+        context.fail(grpc.StatusCode.UNKNOWN, f"Exception calling application: {error}")
+
+
+class InferRunner(Protocol):
+    """service/frontends/infer.py's ForwardedInfer, as run_infer calls it."""
+
+    def ModelInfer(self, call: InferCall, context: Any) -> InferAnswer: ...
+
+
+def run_infer(context: ForwardedContext, runner: InferRunner, call: InferCall) -> None:
+    """Run a ModelInfer the front end decoded (service/frontends/infer.py) to its end on this thread. Never
+    raises."""
+    try:
+        context.finish(answer=runner.ModelInfer(call, context))
+    except CallAborted:
+        context.finish()
+    except Exception as error:
+        _LOG.exception("a forwarded ModelInfer failed")
         context.fail(grpc.StatusCode.UNKNOWN, f"Exception calling application: {error}")
 
 

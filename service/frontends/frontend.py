@@ -21,6 +21,7 @@ supervisor starts another.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import logging
 import os
@@ -38,6 +39,7 @@ from generated import grpc_service_pb2, management_pb2
 
 from ..process.handler_threads import HandlerThreads
 from .forwarded import CODES, WAIT_SLICE_SECONDS
+from .infer import MODEL_INFER, answer_bytes, infer_call
 from .link import Link, LinkClosed
 from .messages import (
     CallCancel,
@@ -48,6 +50,7 @@ from .messages import (
     Credit,
     Exit,
     FrontendConfig,
+    InferCall,
     Readiness,
     Reply,
     ReplyWritten,
@@ -231,7 +234,7 @@ class Frontend:
         for call in calls:
             call.answers.put(_Ended(link_down))
 
-    def _send(self, record: CallStart | CallMessage | CallHalfClose | CallCancel | ReplyWritten) -> bool:
+    def _send(self, record: CallStart | InferCall | CallMessage | CallHalfClose | CallCancel | ReplyWritten) -> bool:
         try:
             self._link.send(record)
         except LinkClosed:
@@ -239,7 +242,8 @@ class Frontend:
         return True
 
     def _begin(self, path: str, context: grpc.ServicerContext, request: bytes | None) -> _Call:
-        """Open a call and forward its start; the RPC's end (any cause) posts `_Ended` to its queue."""
+        """Open a call and forward its start (a ModelInfer decoded here when infer.py covers it); the RPC's end
+        (any cause) posts `_Ended` to its queue."""
         call = self._open(context)
         if not context.add_callback(lambda: call.answers.put(_Ended(link_down=False))):
             call.answers.put(_Ended(link_down=False))
@@ -252,7 +256,12 @@ class Frontend:
             context.peer(),
             request,
         )
-        if not self._send(start):
+        decoded = (
+            infer_call(dataclasses.replace(start, request=None), request)
+            if path == MODEL_INFER and request is not None
+            else None
+        )
+        if not self._send(decoded if decoded is not None else start):
             call.answers.put(_Ended(link_down=True))
         return call
 
@@ -322,7 +331,7 @@ def _finish(context: grpc.ServicerContext, answer: CallEnd | _Ended | Reply) -> 
     code = CODES.get(answer.code, grpc.StatusCode.UNKNOWN)
     if code is not grpc.StatusCode.OK:
         context.abort(code, answer.details)
-    return answer.reply
+    return answer_bytes(answer.answer) if answer.answer is not None else answer.reply
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,8 @@ Who sends what:
 * admission -> front end: `FrontendConfig` (first, once), `Readiness` (whenever health changes), `Reply` and
   `CallEnd` (a call's answers and its status), `Credit` (a stream's messages were taken), `StopListening`,
   `Exit`;
-* front end -> admission: `Started` or `StartFailed` (once, after the config), `CallStart`, `CallMessage`,
+* front end -> admission: `Started` or `StartFailed` (once, after the config), `CallStart` (or, for a ModelInfer
+  the front end decoded, `InferCall`), `CallMessage`,
   `CallHalfClose`, `CallCancel`, `ReplyWritten`.
 
 A call is named by `call_id`, unique on its link (the front end counts them). Payloads are a message's serialized
@@ -15,6 +16,7 @@ bytes, exactly as gRPC carried them: the admission process (de)serializes them w
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -129,6 +131,46 @@ class ReplyWritten:
 
 
 @dataclass(frozen=True)
+class Tensor:
+    """One tensor's bytes in the raw layout, with what rebuilds it: its name, protocol datatype, shape and numpy
+    dtype string (`np.dtype.str`: byte order included)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    dtype: str
+    data: bytes | pickle.PickleBuffer  # a PickleBuffer is pickled as bytes: one copy, into the frame
+
+
+@dataclass(frozen=True)
+class InferCall:
+    """A ModelInfer the front end decoded (service/frontends/infer.py): `start` as for any call (its request
+    None), then the dataplane's fields. `header` is the request message without its tensor contents, read only
+    for a model with a response cache (its key covers the outputs' and the request's parameters)."""
+
+    start: CallStart
+    model: str
+    version: str
+    id: str
+    parameters: dict[str, object]
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[str, ...]  # requested outputs; empty: every output
+    timeout_us: int
+    sequence_parameters: dict[str, tuple[str, object]]
+    header: bytes
+
+
+@dataclass(frozen=True)
+class InferAnswer:
+    """A ModelInfer's answer for the front end to encode: its outputs in the model's output order."""
+
+    model: str
+    version: str
+    id: str
+    outputs: tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
 class CallEnd:
     """The call's status, with a unary call's response (`reply`; one record per unary call). `cancel`: the handler
     cancelled the RPC (grpc.ServicerContext.cancel: a stream write timeout, the shutdown's end): the front end
@@ -140,6 +182,7 @@ class CallEnd:
     trailing_metadata: Metadata
     cancel: bool = False
     reply: bytes | None = None
+    answer: InferAnswer | None = None  # an InferCall's answer (then `reply` is None)
 
 
 @dataclass(frozen=True)
@@ -157,4 +200,4 @@ class Exit:
 
 
 ToFrontend = FrontendConfig | Readiness | Reply | CallEnd | Credit | StopListening | Exit
-ToAdmission = Started | StartFailed | CallStart | CallMessage | CallHalfClose | CallCancel | ReplyWritten
+ToAdmission = Started | StartFailed | CallStart | InferCall | CallMessage | CallHalfClose | CallCancel | ReplyWritten

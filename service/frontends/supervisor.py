@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.events import log_event
-from .forwarded import ForwardedContext, HandlerTable, run_call
+from .forwarded import ForwardedContext, HandlerTable, InferRunner, run_call, run_infer
 from .link import Link, LinkClosed
 from .messages import (
     CallCancel,
@@ -47,6 +47,7 @@ from .messages import (
     CallStart,
     Exit,
     FrontendConfig,
+    InferCall,
     Readiness,
     ReplyWritten,
     Started,
@@ -86,7 +87,7 @@ class _Running:
         self.started = threading.Event()  # Started or StartFailed came, or the link ended
         self.start_error: str | None = None
         self.reader: threading.Thread | None = None
-        self._calls_lock = threading.Lock()  # guards: _calls (dictionary work only; a leaf)
+        self._calls_lock = threading.Condition()  # guards: _calls (dictionary work only; a leaf); notified when empty
         self._calls: dict[int, ForwardedContext] = {}
 
     def add(self, call: ForwardedContext) -> None:
@@ -94,8 +95,16 @@ class _Running:
             self._calls[call.call_id] = call
 
     def forget(self, call_id: int) -> None:
+        """The call ended: its CallEnd was sent (ForwardedContext._end sends before it forgets)."""
         with self._calls_lock:
             self._calls.pop(call_id, None)
+            if not self._calls:
+                self._calls_lock.notify_all()
+
+    def wait_answered(self, timeout: float) -> bool:
+        """Block until every call of this front end has sent its end, at most `timeout` seconds."""
+        with self._calls_lock:
+            return self._calls_lock.wait_for(lambda: not self._calls, timeout)
 
     def find(self, call_id: int) -> ForwardedContext | None:
         with self._calls_lock:
@@ -117,8 +126,10 @@ class Frontends:
         executor: futures.Executor,
         settings: FrontendSettings,
         serving: Callable[[], bool],
+        infer: InferRunner,
     ) -> None:
         self.count = count
+        self._infer = infer  # runs the ModelInfers the front ends decoded
         self._handlers = handlers
         self._executor = executor
         self._settings = settings
@@ -213,7 +224,11 @@ class Frontends:
             self._replace(running, code)
 
     def _dispatch(self, running: _Running, record: object) -> None:
-        if isinstance(record, CallStart):
+        if isinstance(record, InferCall):
+            call = ForwardedContext(running.link, record.start, running.forget)
+            running.add(call)
+            self._executor.submit(run_infer, call, self._infer, record)
+        elif isinstance(record, CallStart):
             call = ForwardedContext(running.link, record, running.forget)
             running.add(call)
             self._executor.submit(run_call, call, self._handlers.find(record.method))
@@ -280,8 +295,11 @@ class Frontends:
             running = list(self._running.values())
             self._running = {}
         for each in running:
+            # A handler's call has left the call tracker (the shutdown's drain is over) a moment before its end
+            # is sent: Exit must follow every CallEnd on the link, or the front end fails an answered call.
+            each.wait_answered(max(0.0, deadline - time.monotonic()))
             try:
-                each.link.send(Exit(max(0.0, seconds - 0.5)))
+                each.link.send(Exit(max(0.0, deadline - time.monotonic() - 0.5)))
             except LinkClosed:
                 pass
         for each in running:

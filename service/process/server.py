@@ -207,6 +207,9 @@ class Server:
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
         self.metrics.registry.register(BusyCallsCollector(lambda: self.calls.refused))  # slotserve_busy_calls_total
         self.timers = TimerQueue("stream-write-timeouts")
+        self._access = AccessGate(
+            options.allow_management, Authenticator(options.management_token, options.inference_token)
+        )
         self._executor: HandlerThreads | None = None
         self._grpc: grpc.Server | None = None
         self._frontends: Frontends | None = None  # --frontends N > 1: their supervisor
@@ -284,9 +287,7 @@ class Server:
 
     def _add_servicers(self, server: grpc.Server | HandlerTable) -> None:
         """Register both services' servicers on `server` (or, with front ends, in the table their calls run from)."""
-        access = AccessGate(
-            self.options.allow_management, Authenticator(self.options.management_token, self.options.inference_token)
-        )
+        access = self._access
         add_inference_servicer(
             InferenceServicer(
                 self.registry,
@@ -310,6 +311,7 @@ class Server:
         """--frontends N > 1: the servicers in a table, run on this process's handler threads, for N front-end
         processes (service/frontends/supervisor.py). Health and reflection are answered by the front ends."""
         from ..frontends.forwarded import HandlerTable
+        from ..frontends.infer import ForwardedInfer
         from ..frontends.supervisor import Frontends, FrontendSettings, tls_material
 
         self._executor = HandlerThreads(keep=self.options.max_workers, runners=self.options.handler_runners)
@@ -323,7 +325,8 @@ class Server:
             options.reflection,
             tls_material(options.tls_cert, options.tls_key, options.tls_client_ca),
         )
-        return Frontends(options.frontends, table, self._executor, settings, lambda: self._serving)
+        infer = ForwardedInfer(self._access, self.calls, self.dataplane)  # ModelInfers the front ends decoded
+        return Frontends(options.frontends, table, self._executor, settings, lambda: self._serving, infer)
 
     def start(self) -> int:
         """Bind and listen, register (and by default load) the repository's models, then report ready. Returns the
