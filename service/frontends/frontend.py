@@ -256,12 +256,17 @@ class Frontend:
             context.peer(),
             request,
         )
-        decoded = (
-            infer_call(dataclasses.replace(start, request=None), request)
-            if path == MODEL_INFER and request is not None
-            else None
-        )
-        if not self._send(decoded if decoded is not None else start):
+        try:
+            decoded = (
+                infer_call(dataclasses.replace(start, request=None), request)
+                if path == MODEL_INFER and request is not None
+                else None
+            )
+            sent = self._send(decoded if decoded is not None else start)
+        except BaseException:  # (a record over the frame limit): the call must not stay in the table
+            self._close(call)
+            raise
+        if not sent:
             call.answers.put(_Ended(link_down=True))
         return call
 

@@ -22,6 +22,7 @@ manage per call); large tensors cost one kernel copy more than a segment would.
 from __future__ import annotations
 
 import functools
+import logging
 import pickle
 from typing import Any
 
@@ -41,6 +42,8 @@ from ..transport.tensors import decode_request
 from ..transport.wire import LARGE_MESSAGE_BYTES, InferResponse, parse_infer_request, serialize_infer_response
 from .messages import CallStart, InferAnswer, InferCall, Tensor
 
+_LOG = logging.getLogger("slotserve.frontend")
+
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 SHARED_MEMORY_REGION = "shared_memory_region"  # the parameter naming a tensor's region (transport/shared_memory.py)
 
@@ -58,16 +61,17 @@ def infer_call(start: CallStart, data: bytes) -> InferCall | None:
         decoded = decode_request(message, parsed.raw_contents, None)
     except Exception:  # malformed: the generic path refuses it in the admission process, in its words
         return None
+    try:
+        return _record(start, message, decoded)
+    except Exception:  # a case this path does not know: the generic path is always right
+        _LOG.exception("front end: a ModelInfer takes the generic path (its record could not be made)")
+        return None
+
+
+def _record(start: CallStart, message: pb.ModelInferRequest, decoded: DecodedRequest) -> InferCall:
     inputs = tuple(
-        Tensor(
-            name,
-            datatype,
-            tuple(shape),
-            array.dtype.str,
-            pickle.PickleBuffer(np.ascontiguousarray(array)),  # type: ignore[arg-type]  # numpy exports buffers
-        )
+        Tensor(name, datatype, tuple(shape), _raw_view(decoded.inputs[name]))
         for name, (datatype, shape) in decoded.signature.items()
-        for array in (decoded.inputs[name],)
     )
     message.ClearField("raw_input_contents")
     return InferCall(
@@ -82,6 +86,12 @@ def infer_call(start: CallStart, data: bytes) -> InferCall | None:
         decoded.sequence_parameters,
         message.SerializeToString(),
     )
+
+
+def _raw_view(array: np.ndarray[Any, Any]) -> pickle.PickleBuffer:
+    """The array's bytes without a copy (as bytes: a dtype numpy cannot export, such as bfloat16, is viewed as
+    uint8 first)."""
+    return pickle.PickleBuffer(np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy exports buffers
 
 
 def _covered(message: pb.ModelInferRequest, raw_count: int) -> bool:
@@ -126,7 +136,7 @@ class ForwardedTensors:
         call = self._call
         return DecodedRequest(
             {
-                tensor.name: np.frombuffer(_data(tensor), dtype=np.dtype(tensor.dtype)).reshape(tensor.shape)
+                tensor.name: np.frombuffer(_data(tensor), dtype=_dtype(tensor.datatype)).reshape(tensor.shape)
                 for tensor in call.inputs
             },
             {tensor.name: (tensor.datatype, tensor.shape) for tensor in call.inputs},
@@ -155,13 +165,13 @@ def infer_answer(response: InferenceResponse) -> InferAnswer:
         if array is None:
             continue
         if declared.datatype == "BYTES":
-            data, dtype = encode_raw(array), "|O"
+            data = encode_raw(array)
         else:
             wanted = _dtype(declared.datatype)
             if array.dtype != wanted:
                 array = array.astype(wanted)
-            data, dtype = np.ascontiguousarray(array).tobytes(), wanted.str
-        outputs.append(Tensor(declared.name, declared.datatype, tuple(array.shape), dtype, data))
+            data = np.ascontiguousarray(array).tobytes()
+        outputs.append(Tensor(declared.name, declared.datatype, tuple(array.shape), data))
     return InferAnswer(response.model, response.version, response.id, tuple(outputs))
 
 

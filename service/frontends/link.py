@@ -25,6 +25,7 @@ SEND_TIMEOUT_SECONDS = 30.0
 _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = (1 << 32) - 1
 SMALL_FRAME_BYTES = 64 << 10
+RECEIVE_BYTES = 256 << 10
 
 
 class LinkClosed(ConnectionError):
@@ -41,6 +42,8 @@ class Link:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
         self._send_lock = threading.Lock()  # guards: the socket's writes (one frame at a time)
         self._closed = threading.Event()
+        self._buffer = bytearray()  # received, not yet returned (the reader's only)
+        self._start = 0  # where the next record's frame begins in `_buffer`
 
     @classmethod
     def from_fd(cls, fd: int) -> Link:
@@ -72,31 +75,52 @@ class Link:
             raise LinkClosed(f"the link broke: {error}") from None
 
     def receive(self) -> ToFrontend | ToAdmission | None:
-        """The next record, or None at the end of the stream (the link is then closed). Blocks; one reader only."""
-        header = self._read_exactly(_HEADER.size)
-        if header is None:
+        """The next record, or None at the end of the stream (the link is then closed). Blocks; one reader only.
+
+        Reads what the socket has (up to RECEIVE_BYTES at once) and keeps the rest for the next call: under load
+        one system call brings several records, and a record never costs more than one."""
+        while True:
+            record = self._buffered_record()
+            if record is not None:
+                return record
+            if not self._fill():
+                return None
+
+    def _buffered_record(self) -> ToFrontend | ToAdmission | None:
+        buffer, start = self._buffer, self._start
+        if len(buffer) - start < _HEADER.size:
             return None
-        (size,) = _HEADER.unpack(header)
-        frame = self._read_exactly(size)
-        if frame is None:
+        (size,) = _HEADER.unpack_from(buffer, start)
+        end = start + _HEADER.size + size
+        if len(buffer) < end:
             return None
-        record: ToFrontend | ToAdmission = pickle.loads(frame)
+        with memoryview(buffer) as view:
+            record: ToFrontend | ToAdmission = pickle.loads(view[start + _HEADER.size : end])
+        if end == len(buffer):
+            buffer.clear()  # the usual case: everything read was used
+            self._start = 0
+        else:
+            self._start = end
         return record
 
-    def _read_exactly(self, size: int) -> bytearray | None:
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        got = 0
-        while got < size:
-            try:
-                count = self._socket.recv_into(view[got:], size - got)
-            except OSError:
-                count = 0
-            if count == 0:
-                self._release()
-                return None
-            got += count
-        return buffer
+    def _fill(self) -> bool:
+        """Read more of the stream into the buffer (at least the rest of a large record's frame). False at its end."""
+        buffer = self._buffer
+        if self._start:
+            del buffer[: self._start]  # keep only what is not used yet
+            self._start = 0
+        wanted = RECEIVE_BYTES
+        if len(buffer) >= _HEADER.size:
+            wanted = max(wanted, _HEADER.size + _HEADER.unpack_from(buffer, 0)[0] - len(buffer))
+        try:
+            data = self._socket.recv(wanted)
+        except OSError:
+            data = b""
+        if not data:
+            self._release()
+            return False
+        buffer += data
+        return True
 
     def close(self) -> None:
         """Shut both directions (idempotent): a reader blocked in `receive` gets None, a later send LinkClosed. The

@@ -132,13 +132,12 @@ class ReplyWritten:
 
 @dataclass(frozen=True)
 class Tensor:
-    """One tensor's bytes in the raw layout, with what rebuilds it: its name, protocol datatype, shape and numpy
-    dtype string (`np.dtype.str`: byte order included)."""
+    """One tensor's bytes in the raw layout (KServe's: little-endian; BYTES as length-prefixed items), with what
+    rebuilds it: its name, protocol datatype (which gives its numpy dtype) and shape."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
-    dtype: str
     data: bytes | pickle.PickleBuffer  # a PickleBuffer is pickled as bytes: one copy, into the frame
 
 

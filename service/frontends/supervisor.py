@@ -176,8 +176,14 @@ class Frontends:
         reader = threading.Thread(target=self._read, args=(running,), name=f"frontend-{index}-link", daemon=True)
         running.reader = reader
         with self._lock:
-            self._running[index] = running
-            self._readers.append(reader)
+            stopping = self._stopping
+            if not stopping:  # registered, or never: a replacement racing `close` must not outlive the server
+                self._running[index] = running
+                self._readers.append(reader)
+        if stopping:
+            running.link.close()
+            _kill(running.process)
+            raise FrontendStartError(f"front end {index} not started: the server is stopping")
         reader.start()
         try:
             running.link.send(
@@ -255,7 +261,10 @@ class Frontends:
         try:
             new = self._launch(dead.index)
         except FrontendStartError as error:
-            _LOG.error("front end %d died and could not be replaced: %s", dead.index, error)
+            with self._lock:
+                stopping = self._stopping
+            if not stopping:
+                _LOG.error("front end %d died and could not be replaced: %s", dead.index, error)
             return
         log_event(
             _LOG,

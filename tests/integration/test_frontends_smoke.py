@@ -228,3 +228,39 @@ def test_tokens_and_mutual_tls_hold_through_the_front_ends(repository, tmp_path)
             assert no_tls.value.code == "UNAVAILABLE"
         finally:
             plaintext.close()
+
+
+def _frontend_pids_of(pid: int) -> list[int]:
+    """The front-end processes a `python -m service` process started (its children running service.frontends)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        if parent == pid and b"service.frontends" in command:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_no_front_end_outlives_the_server_process(repository, stop):
+    from tests.shutdown.harness import ServerProcess
+
+    server = ServerProcess(repository, "--frontends", "2", "--shutdown-grace", "2")
+    try:
+        assert server.client.infer("busy", INPUT)["OUTPUT0"].tolist() == [1.0] * 4
+        pids = _frontend_pids_of(server.process.pid)
+        assert len(pids) == 2
+        server.signal(stop)
+        code = server.wait_exit()
+        assert code == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
+        # SIGKILL: nobody told them; each sees its link end (or its parent change) and exits.
+        _wait(lambda: not any(_alive(pid) for pid in pids), "the front ends to exit")
+    finally:
+        server.close()

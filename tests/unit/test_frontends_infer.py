@@ -102,3 +102,14 @@ def test_the_answer_is_cast_to_the_declared_datatypes_and_encodes_as_the_service
     ]
     assert np.frombuffer(decoded.raw_output_contents[0], np.float32).tolist() == [1.0, 2.0]
     assert decoded.raw_output_contents[1] == b"\x01\x00\x00\x00x\x02\x00\x00\x00yz"
+
+
+def test_a_bf16_input_crosses_though_numpy_cannot_export_its_buffer():
+    from engine.datatypes import bfloat16
+
+    values = np.array([[1.5, -2.0, 0.25]], dtype=bfloat16())
+    record = _crossed(infer_call(START, _request(X=values)))
+    assert record is not None
+    decoded = ForwardedTensors(record).decode()
+    assert decoded.signature["X"] == ("BF16", (1, 3))
+    assert decoded.inputs["X"].dtype == values.dtype and np.array_equal(decoded.inputs["X"], values)
