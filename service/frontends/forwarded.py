@@ -313,14 +313,22 @@ def run_call(context: ForwardedContext, handler: grpc.RpcMethodHandler[Any, Any]
 class InferRunner(Protocol):
     """service/frontends/infer.py's ForwardedInfer, as run_infer calls it."""
 
-    def ModelInfer(self, call: InferCall, context: Any) -> InferAnswer: ...
+    def take(self, call: InferCall) -> Any: ...
+
+    def ModelInfer(self, taken: Any, context: Any) -> InferAnswer: ...
 
 
 def run_infer(context: ForwardedContext, runner: InferRunner, call: InferCall) -> None:
     """Run a ModelInfer the front end decoded (service/frontends/infer.py) to its end on this thread. Never
-    raises."""
+    raises. Its shared memory, if any, is taken first, whatever becomes of the call (no file is left behind)."""
     try:
-        context.finish(answer=runner.ModelInfer(call, context))
+        taken = runner.take(call)
+    except OSError as error:
+        _LOG.error("a forwarded ModelInfer's shared memory is gone: %s", error)
+        context.fail(grpc.StatusCode.INTERNAL, "the request's tensors were lost between processes; see the log")
+        return
+    try:
+        context.finish(answer=runner.ModelInfer(taken, context))
     except CallAborted:
         context.finish()
     except Exception as error:

@@ -153,20 +153,20 @@ class Frontend:
         """Read the link until Exit or its end; then stop. Returns the exit status."""
         watch = threading.Thread(target=self._watch_parent, name="frontend-parent-watch", daemon=True)
         watch.start()
-        exit_seconds = 0.0
-        while True:
+        ending: Exit | None = None  # None: the link ended (the admission process is gone)
+        while ending is None:
             record = self._link.receive()
             if record is None:
                 break
             if isinstance(record, Exit):
-                exit_seconds = record.seconds
-                break
-            self._dispatch(record)
-        link_down = self._link.closed and exit_seconds == 0.0
+                ending = record
+            else:
+                self._dispatch(record)
         self._set_health(False)
-        self._end_calls(link_down=True)
+        self._end_calls(link_down=True)  # after Exit: only calls the admission process abandoned are left
         if self._server is not None:
-            self._server.stop(0.0 if link_down else exit_seconds).wait(exit_seconds + 1.0)
+            grace = 0.0 if ending is None else ending.seconds
+            self._server.stop(grace).wait(grace + 1.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._link.close()
         return 0

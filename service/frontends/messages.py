@@ -131,6 +131,22 @@ class ReplyWritten:
 
 
 @dataclass(frozen=True)
+class Placed:
+    """Where a tensor's bytes are in its record's shared-memory segment."""
+
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class SegmentName:
+    """A shared-memory segment (engine/python/transport.py's Segment): the receiver maps it, then unlinks it."""
+
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
 class Tensor:
     """One tensor's bytes in the raw layout (KServe's: little-endian; BYTES as length-prefixed items), with what
     rebuilds it: its name, protocol datatype (which gives its numpy dtype) and shape."""
@@ -138,7 +154,8 @@ class Tensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: bytes | pickle.PickleBuffer  # a PickleBuffer is pickled as bytes: one copy, into the frame
+    # In the frame (a PickleBuffer is pickled as bytes: one copy, into the frame), or in the record's segment.
+    data: bytes | pickle.PickleBuffer | Placed
 
 
 @dataclass(frozen=True)
@@ -157,6 +174,7 @@ class InferCall:
     timeout_us: int
     sequence_parameters: dict[str, tuple[str, object]]
     header: bytes
+    segment: SegmentName | None = None  # where the inputs that are Placed are (large requests)
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,7 @@ class InferAnswer:
     version: str
     id: str
     outputs: tuple[Tensor, ...]
+    segment: SegmentName | None = None  # where the outputs that are Placed are (large answers)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
+from engine.python.transport import remove_own_at_exit, segments_of
+
 from ..core.events import log_event
 from .forwarded import ForwardedContext, HandlerTable, InferRunner, run_call, run_infer
 from .link import Link, LinkClosed
@@ -148,6 +150,7 @@ class Frontends:
         FrontendStartError (a RuntimeError) when the port cannot be reserved or a front end cannot start; what was
         started is stopped first."""
         self._reservation, port = _reserve(host, port)
+        remove_own_at_exit()  # large answers' segments a front end died before taking (service/frontends/infer.py)
         self._address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         try:
             for index in range(self.count):
@@ -224,6 +227,7 @@ class Frontends:
         for call in running.take_all():
             call.client_gone()  # their CancelTokens fire: leases and reservations go back
         code = _reap(running.process)
+        _remove_segments(running.process.pid)  # requests it wrote that this process never took
         with self._lock:
             replace = not self._stopping and self._running.get(running.index) is running and running.start_error is None
         if replace:
@@ -352,6 +356,15 @@ def _reserve(host: str, port: int) -> tuple[socket.socket, int]:
         reservation.close()
         raise FrontendStartError(f"cannot listen on {host}:{port}: {error}") from None
     return reservation, int(reservation.getsockname()[1])
+
+
+def _remove_segments(pid: int) -> None:
+    """Unlink the shared-memory files a dead front end made (service/frontends/infer.py: large requests)."""
+    for path in segments_of(pid):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # taken meanwhile
 
 
 def _reap(process: subprocess.Popen[Any]) -> int | None:

@@ -264,3 +264,48 @@ def test_no_front_end_outlives_the_server_process(repository, stop):
         _wait(lambda: not any(_alive(pid) for pid in pids), "the front ends to exit")
     finally:
         server.close()
+
+
+def test_every_front_end_says_not_serving_until_the_startup_loads_end(repository):
+    """The front ends listen before the startup loads (ServerLive answers), and answer health NOT_SERVING and
+    ServerReady false from the admission process's readiness until the loads have ended."""
+    from service.process.options import ServerOptions
+    from service.process.server import Server
+
+    controls = FixtureControls()
+    load = controls.gate("busy", "load").hold()
+    server = Server(
+        ServerOptions(
+            model_repository=repository,
+            port=0,
+            frontends=2,
+            enable_test_backends=True,
+            extra_backends={"fixture": FixtureBackend(controls)},
+        )
+    )
+    starting = threading.Thread(target=server.start, daemon=True)
+    starting.start()
+    try:
+        load.wait_blocked(1, timeout=WAIT)  # the front ends listen by now (they start before the loads)
+        assert server.port is not None and len(server.frontend_pids()) == 2
+        for _ in range(4):  # connections of their own: both front ends are asked
+            client = _own_connection(f"127.0.0.1:{server.port}")
+            try:
+                assert client.live()
+                assert client.health() == "NOT_SERVING" and not client.ready()
+            finally:
+                client.close()
+        load.release()
+        starting.join(WAIT)
+        assert not starting.is_alive()
+        for _ in range(4):
+            client = _own_connection(f"127.0.0.1:{server.port}")
+            try:
+                _wait(lambda client=client: client.health() == "SERVING", "health SERVING from this front end")
+                assert client.ready()
+            finally:
+                client.close()
+    finally:
+        load.release()
+        starting.join(WAIT)
+        server.stop(grace=5.0)

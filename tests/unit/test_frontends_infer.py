@@ -113,3 +113,44 @@ def test_a_bf16_input_crosses_though_numpy_cannot_export_its_buffer():
     decoded = ForwardedTensors(record).decode()
     assert decoded.signature["X"] == ("BF16", (1, 3))
     assert decoded.inputs["X"].dtype == values.dtype and np.array_equal(decoded.inputs["X"], values)
+
+
+def test_a_large_request_crosses_in_shared_memory_whose_file_is_gone_once_the_admission_process_took_it():
+    import os
+
+    big = np.arange(40_000, dtype=np.float32).reshape(200, 200)  # 160 kB: past SEGMENT_BYTES
+    record = _crossed(infer_call(START, _request(A=big, B=np.ones(3, np.int8))))
+    assert record is not None and record.segment is not None
+    assert os.path.exists(record.segment.path)  # named until taken
+    tensors = ForwardedTensors.attach(record)
+    assert not os.path.exists(record.segment.path)
+    decoded = tensors.decode()
+    assert np.array_equal(decoded.inputs["A"], big) and not decoded.inputs["A"].flags.writeable
+    assert decoded.inputs["B"].tolist() == [1, 1, 1]
+    assert tensors.decoded_bytes() == big.nbytes + 3
+
+
+def test_without_room_in_shared_memory_a_large_request_crosses_in_the_frame(monkeypatch):
+    from engine.errors import OutOfSharedMemoryError
+    from engine.python import transport
+
+    def no_room(size):
+        raise OutOfSharedMemoryError("/dev/shm has no room")
+
+    monkeypatch.setattr(transport.Segment, "create", classmethod(lambda cls, size: no_room(size)))
+    big = np.ones(40_000, dtype=np.float32)
+    record = _crossed(infer_call(START, _request(A=big)))
+    assert record is not None and record.segment is None
+    assert np.array_equal(ForwardedTensors.attach(record).decode().inputs["A"], big)
+
+
+def test_a_large_answer_crosses_in_shared_memory_and_encodes_the_same():
+    import os
+
+    metadata = ModelMetadata(inputs=(), outputs=(TensorSpec("OUT", "FP32", (-1,)),))
+    values = np.arange(50_000, dtype=np.float32)
+    answer = _crossed(infer_answer(InferenceResponse("m", "1", "", {"OUT": values}, metadata, {})))
+    assert answer.segment is not None and os.path.exists(answer.segment.path)
+    decoded = pb.ModelInferResponse.FromString(answer_bytes(answer))
+    assert not os.path.exists(answer.segment.path)
+    assert np.array_equal(np.frombuffer(decoded.raw_output_contents[0], np.float32), values)
