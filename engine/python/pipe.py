@@ -43,6 +43,9 @@ class WorkerPipe:
         self._send_lock = threading.Lock()  # guards: writing on the pipe (a message is written whole)
         self._changed = threading.Condition(threading.Lock())  # guards: the fields below; notified on every change
         self._reading = False  # a thread holds the reader's role
+        # Threads in `_changed.wait()`: notified only when there are some (a Condition's notify_all is Python code, on
+        # every message of the common call, whose main thread is the pipe's only reader).
+        self._waiting = 0
         self._closed = False  # the pipe closed: the server is gone
         self._orders: deque[Order] = deque()  # for the main thread
         self._answers: dict[int, ReplyPayload] = {}  # replies to `ask`, by tag
@@ -102,7 +105,11 @@ class WorkerPipe:
                 if not self._reading:
                     self._reading = True
                     break
-                self._changed.wait()
+                self._waiting += 1
+                try:
+                    self._changed.wait()
+                finally:
+                    self._waiting -= 1
             else:
                 return
         try:
@@ -110,7 +117,8 @@ class WorkerPipe:
         finally:
             with self._changed:
                 self._reading = False
-                self._changed.notify_all()  # a thread still waiting takes the role over
+                if self._waiting:
+                    self._changed.notify_all()  # a thread still waiting takes the role over
 
     def _read_until(self, ready: Callable[[], bool]) -> None:
         while True:
@@ -122,7 +130,8 @@ class WorkerPipe:
                 return
             with self._changed:
                 dropped = self._file(message)
-                self._changed.notify_all()
+                if self._waiting:
+                    self._changed.notify_all()
                 done = ready()
             if dropped is not None:
                 unlink_reply(dropped)
