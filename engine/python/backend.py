@@ -416,7 +416,9 @@ class WorkerProcess:
             requests = self._lay_out(call.lane, members)
             watchers = [self._cancel_watcher(call, index, member.cancel) for index, member in enumerate(members)]
             try:
-                self._send_execute(call, Execute(call.run, lane, requests, self._hand_over(call)))
+                self._send_execute(
+                    call, Execute(call.run, lane, requests, self._hand_over(call) if call.lane.new else {})
+                )
                 sent = True
                 return self._results(call, members)
             finally:
@@ -637,6 +639,8 @@ class WorkerProcess:
             if left is not None and left <= 0:
                 self._kill_for(waiter)  # raises
             message = self._receive(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+            if type(message) is Done and message.run == call.run and not call.handed_over:
+                return message  # the call's answer, as `_route` would return it (the common message, routed here)
             if message is not None:
                 mine = self._route(message, call, waiter)
                 if mine is not None:
@@ -999,14 +1003,16 @@ class _Lane:
                 segment.unlink()
                 segment.close()
 
-    def read(self, descriptor: Descriptor) -> np.ndarray:
-        bf16 = datatypes.bfloat16() if descriptor.datatype == "BF16" else None
-        return transport.read(self.responses, descriptor, copy=True, bf16=bf16)
-
     def read_result(self, result: Tensors | ErrorResult | Released) -> CallResult:
         """A response's result with its tensors copied out of the response segment."""
         if isinstance(result, Tensors):
-            return {d.name: self.read(d) for d in result.descriptors}
+            responses = self.responses
+            return {
+                d.name: transport.read(
+                    responses, d, copy=True, bf16=datatypes.bfloat16() if d.datatype == "BF16" else None
+                )
+                for d in result.descriptors
+            }
         return result
 
     def free(self) -> None:

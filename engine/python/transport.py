@@ -403,12 +403,17 @@ class Layout:
 def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16: Any = None) -> np.ndarray:
     """The tensor `descriptor` names: a view of the segment (read-only) or, with `copy`, an array of its own.
     BYTES tensors are always rebuilt (new objects)."""
-    raw = segment.view[descriptor.offset : descriptor.offset + descriptor.nbytes]
-    count = math.prod(descriptor.shape)
-    if descriptor.datatype == "BYTES":
-        return _decode_bytes(raw, count).reshape(descriptor.shape)
-    dtype = bf16 if descriptor.datatype == "BF16" else _NUMPY[descriptor.datatype]
-    array = np.frombuffer(raw, dtype=dtype, count=count).reshape(descriptor.shape)
+    _, datatype, shape, offset, nbytes = descriptor
+    raw = segment.view[offset : offset + nbytes]
+    if datatype == "BYTES":
+        return _decode_bytes(raw, math.prod(shape)).reshape(shape)
+    if copy and datatype != "BF16":  # an array of its own, its bytes copied in (half the cost of a view's copy)
+        array = np.empty(shape, _NUMPY[datatype])
+        if nbytes:
+            array.data.cast("B")[:] = raw
+        return array
+    dtype = bf16 if datatype == "BF16" else _NUMPY[datatype]
+    array = np.frombuffer(raw, dtype=dtype, count=math.prod(shape)).reshape(shape)
     if copy:
         return array.copy()
     array.flags.writeable = False

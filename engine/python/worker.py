@@ -319,7 +319,8 @@ class Worker:
         its requests' senders send them; another model's as a Done (`execute_returning`). Blocks for the model's
         execute (a decoupled `async def` one is left running). Raises OSError when the server is gone."""
         lane = self._lane(message.lane)
-        self._remap(lane, message.segments)
+        if message.segments:
+            self._remap(lane, message.segments)
         run = _Run(message.run, lane)
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(message.requests)]
