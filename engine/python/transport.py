@@ -404,19 +404,18 @@ def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16: Any = No
     """The tensor `descriptor` names: a view of the segment (read-only) or, with `copy`, an array of its own.
     BYTES tensors are always rebuilt (new objects)."""
     _, datatype, shape, offset, nbytes = descriptor
-    raw = segment.view[offset : offset + nbytes]
     if datatype == "BYTES":
-        return _decode_bytes(raw, math.prod(shape)).reshape(shape)
-    if copy and datatype != "BF16":  # an array of its own, its bytes copied in (half the cost of a view's copy)
-        array = np.empty(shape, _NUMPY[datatype])
-        if nbytes:
-            array.data.cast("B")[:] = raw
+        return _decode_bytes(segment.view[offset : offset + nbytes], math.prod(shape)).reshape(shape)
+    if not copy:  # np.frombuffer at an offset, not of a slice: it holds the mapping as well, for less
+        dtype = bf16 if datatype == "BF16" else _NUMPY[datatype]
+        array = np.frombuffer(segment.view, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+        array.flags.writeable = False
         return array
-    dtype = bf16 if datatype == "BF16" else _NUMPY[datatype]
-    array = np.frombuffer(raw, dtype=dtype, count=math.prod(shape)).reshape(shape)
-    if copy:
-        return array.copy()
-    array.flags.writeable = False
+    if datatype == "BF16":  # a buffer cannot carry ml_dtypes' bfloat16: a view's copy
+        return np.frombuffer(segment.view, dtype=bf16, count=math.prod(shape), offset=offset).reshape(shape).copy()
+    array = np.empty(shape, _NUMPY[datatype])  # an array of its own, its bytes copied in (half a view's copy)
+    if nbytes:
+        array.data.cast("B")[:] = segment.view[offset : offset + nbytes]
     return array
 
 
