@@ -996,6 +996,8 @@ class _Lane:
         ends, by the same rule: transport.single_use); one the worker never saw (the call was not sent) goes too.
         Its place holds a released segment until the next call makes a small one (`_lay_out`), so no file is
         named between calls."""
+        if self.requests.size <= transport.KEEP_SEGMENT_BYTES >= self.responses.size:  # the common call: both kept
+            return
         for key, segment in (("request", self.requests), ("response", self.responses)):
             if transport.single_use(segment) and (sent or key in self.new):
                 self.new.pop(key, None)
