@@ -372,8 +372,9 @@ class Done(NamedTuple):
         the server will read, when a result is another (a Released) or the record does not fit (it then travels on
         the pipe, pickled). Never raises."""
         try:  # all but the run and model_ns: a shape the lane's last answers had
-            shape: tuple[Any, ...] | None = tuple(self.results)
-            known = _DONES_WRITTEN.get(shape)
+            results = tuple(self.results)
+            shape: tuple[Any, ...] | None = results
+            known = _DONES_WRITTEN.get(results)
         except TypeError:  # a field that cannot be a key (a list for a tuple): packed the long way
             shape, known = None, None
         if known is None:
