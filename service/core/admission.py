@@ -559,6 +559,8 @@ class AdmissionCore:
         """Grant from the head of the queue while the head can be granted: a manager, a request, or (batching)
         the batch the head request leads, once it is ready to go. Returns the granted tickets to wake: batch
         members are not among them (their leader wakes them with their results)."""
+        if not self._queued_requests and not self._managers:
+            return []  # nothing queued, nothing to grant: a release with an empty queue (the common one) stops here
         self._apply_delays(now)
         granted = []
         while (head := self.head()) is not None:
@@ -744,6 +746,8 @@ class AdmissionController:
             # The first wait is measured from the arrival's own reading of the clock, taken under the lock with
             # it: a clock read again later, once the waiter's thread runs, could have moved (a test's fake clock
             # moved right after it saw the ticket queued) and expire a ticket that never waited.
+            if ticket.state is TicketState.GRANTED and ticket.leader is None:
+                return ticket  # granted at once, alone (is_member's test: no leader): the common case stops here
             due = self._due_locked(ticket)
             first_wait = None if due is None else due - now
         if ticket.state is TicketState.GRANTED and not ticket.is_member:

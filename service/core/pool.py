@@ -57,6 +57,7 @@ class SlotPool:
         # Contexts `remove` took out while lent (by id): how many of their lendings are still out; each is closed when
         # its last one is given back.
         self._leaving: dict[int, int] = {}
+        self._waiting = 0  # threads in `take` waiting on _freed (guarded by it): give_back notifies only then
         self.times = LoadTimes()  # set by the load that built it (service/core/lifecycle.py)
 
     @property
@@ -92,7 +93,11 @@ class SlotPool:
                     for position, context in enumerate(self._free):
                         if context is wanted:
                             return self._free.pop(position)
-                self._freed.wait()
+                self._waiting += 1
+                try:
+                    self._freed.wait()
+                finally:
+                    self._waiting -= 1
 
     def give_back(self, context: Context) -> None:
         """A lease's context comes back; one that `remove` took out meanwhile is closed here, on the lease's
@@ -101,7 +106,8 @@ class SlotPool:
             lent = self._leaving.get(id(context))
             if lent is None:
                 self._free.append(context)
-                self._freed.notify_all()
+                if self._waiting:  # (a Condition's notify_all costs three Python calls even with nobody waiting)
+                    self._freed.notify_all()
                 return
             if lent > 1:  # other leases still hold it: the last one closes it
                 self._leaving[id(context)] = lent - 1
