@@ -296,7 +296,24 @@ class AdmissionCore:
         ticket: Ticket[Any] = Ticket(kind, now, deadline, self._seq, rows, key, payload)
         if self._closed:
             return self._refuse(ticket, Refusal.CLOSED)
-        policy = self._place(ticket, priority, timeout_us, now) if kind is TicketKind.REQUEST else None
+        # (_place has nothing to place without batching; queued_count and _can_grant's request case inline: a
+        # request arriving at an idle model is granted here without a helper call)
+        batching = self.batching
+        policy = (
+            self._place(ticket, priority, timeout_us, now)
+            if kind is TicketKind.REQUEST and batching is not None
+            else None
+        )
+        if (
+            kind is TicketKind.REQUEST
+            and batching is None
+            and not self._queued_requests
+            and not self._managers
+            and self._manager is None
+            and len(self._slots) < self.capacity
+        ):
+            self._grant(ticket, now)
+            return ticket
         if not self.queued_count and self._can_grant(ticket):
             if kind is TicketKind.MANAGER or self.batching is None:
                 self._grant(ticket, now)
