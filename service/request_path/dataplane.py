@@ -194,9 +194,6 @@ class Dataplane:
         self.rejections = RejectionLog(_LOG)
         self._unknown_lock = threading.Lock()  # guards: _unknown_model_requests
         self._unknown_model_requests = 0
-        # Whether the response cache is on at all (its capacity is fixed at startup): read once per request, so a
-        # server without a cache (the default) makes no lookup call.
-        self._cache_on = self.response_cache.enabled
 
     @property
     def tracing_on(self) -> bool:
@@ -336,8 +333,9 @@ class Dataplane:
                 if trace.wants_tensors:
                     datatypes = {name: datatype for name, (datatype, _) in decoded.signature.items()}
                     trace.record_tensors(TENSOR_QUEUE_INPUT, decoded.inputs, datatypes)
-            # (the cache off, as by default: one attribute read, no lookup call)
-            cached = self._cached(entry, request, decoded, stream) if self._cache_on else NOT_CACHEABLE
+            # (the cache off, as by default: two attribute reads, no lookup call)
+            cache_on = self.response_cache.capacity_bytes > 0  # (ResponseCache.enabled, inline)
+            cached = self._cached(entry, request, decoded, stream) if cache_on else NOT_CACHEABLE
             if trace is not None and cached.key is not None:
                 looked = time.perf_counter_ns()
                 trace.span(CACHE_LOOKUP, looked - cached.lookup_ns, looked, hit=cached.answer is not None)
