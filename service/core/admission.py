@@ -296,7 +296,24 @@ class AdmissionCore:
         ticket: Ticket[Any] = Ticket(kind, now, deadline, self._seq, rows, key, payload)
         if self._closed:
             return self._refuse(ticket, Refusal.CLOSED)
-        policy = self._place(ticket, priority, timeout_us, now) if kind is TicketKind.REQUEST else None
+        # (_place has nothing to place without batching; queued_count and _can_grant's request case inline: a
+        # request arriving at an idle model is granted here without a helper call)
+        batching = self.batching
+        policy = (
+            self._place(ticket, priority, timeout_us, now)
+            if kind is TicketKind.REQUEST and batching is not None
+            else None
+        )
+        if (
+            kind is TicketKind.REQUEST
+            and batching is None
+            and not self._queued_requests
+            and not self._managers
+            and self._manager is None
+            and len(self._slots) < self.capacity
+        ):
+            self._grant(ticket, now)
+            return ticket
         if not self.queued_count and self._can_grant(ticket):
             if kind is TicketKind.MANAGER or self.batching is None:
                 self._grant(ticket, now)
@@ -559,6 +576,8 @@ class AdmissionCore:
         """Grant from the head of the queue while the head can be granted: a manager, a request, or (batching)
         the batch the head request leads, once it is ready to go. Returns the granted tickets to wake: batch
         members are not among them (their leader wakes them with their results)."""
+        if not self._queued_requests and not self._managers:
+            return []  # nothing queued, nothing to grant: a release with an empty queue (the common one) stops here
         self._apply_delays(now)
         granted = []
         while (head := self.head()) is not None:
@@ -744,6 +763,8 @@ class AdmissionController:
             # The first wait is measured from the arrival's own reading of the clock, taken under the lock with
             # it: a clock read again later, once the waiter's thread runs, could have moved (a test's fake clock
             # moved right after it saw the ticket queued) and expire a ticket that never waited.
+            if ticket.state is TicketState.GRANTED and ticket.leader is None:
+                return ticket  # granted at once, alone (is_member's test: no leader): the common case stops here
             due = self._due_locked(ticket)
             first_wait = None if due is None else due - now
         if ticket.state is TicketState.GRANTED and not ticket.is_member:

@@ -154,7 +154,7 @@ class ModelEntry(Reconfigurable):
             TicketKind.REQUEST,
             deadline,
             overdue_after=settings.admission_timeout,
-            max_queue=self._max_queue(settings),
+            max_queue=self._runtime.max_queue if settings.max_queue is None else settings.max_queue,
             cancel=cancel,
         )
         try:
@@ -164,11 +164,12 @@ class ModelEntry(Reconfigurable):
             self.end_lease(ticket)
             raise
         lease = Lease(self, ticket, pool, context, 0)
-        try:  # the rate limiter's resources: the slot stays busy while it waits for them (counted as queueing)
-            lease.take_resources(deadline, cancel)
-        except BaseException:
-            lease.release()
-            raise
+        if self._runtime.rate_limiter is not None:  # (without a limiter, take_resources has nothing to take)
+            try:  # the rate limiter's resources: the slot stays busy while it waits for them (counted as queueing)
+                lease.take_resources(deadline, cancel)
+            except BaseException:
+                lease.release()
+                raise
         lease.queue_ns = time.perf_counter_ns() - arrived
         return lease
 

@@ -76,20 +76,21 @@ def _run_alone(lease: Lease, request: ModelRequest, cancel: CancelToken) -> RunR
     """Run a request alone on its leased slot, and free the slot."""
     try:
         request.before_run()  # a region unregistered while the request waited is refused, not used
-        if lease.streaming:
+        pool = lease.pool  # (read once: the lease's metadata, version and streaming are its pool's)
+        if pool.primary.streaming:
             raise ModelErrorUnsupported(DECOUPLED_UNARY)
+        metadata = pool.metadata
         checked = time.perf_counter_ns()
-        lease.metadata.check_request(request.signature, request.outputs)
+        metadata.check_request(request.signature, request.outputs)
         ran = time.perf_counter_ns()
         outputs = lease.execute(request.inputs, request.outputs, cancel)
         executed = time.perf_counter_ns()
     finally:
         lease.release()
     if request.trace is not None:
-        request.trace.computed(checked, ran, executed, time.perf_counter_ns(), backend=lease.pool.spec.backend)
-    metadata = lease.metadata
-    rows = request.batch_size(metadata)
-    return RunResult(metadata, lease.version, outputs, lease.queue_ns, ran - checked, executed - ran, rows)
+        request.trace.computed(checked, ran, executed, time.perf_counter_ns(), backend=pool.spec.backend)
+    rows = request.rows() if metadata.max_batch_size > 0 else 1  # (request.batch_size, inline)
+    return RunResult(metadata, pool.spec.version, outputs, lease.queue_ns, ran - checked, executed - ran, rows)
 
 
 def _streamed(lease: Lease, request: ModelRequest, cancel: CancelToken) -> RunResults:

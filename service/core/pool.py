@@ -52,11 +52,15 @@ class SlotPool:
         self.max_parallel_slots = primary.max_parallel_slots
         self.requests_per_context = max(1, primary.requests_per_context)
         self._contexts = list(contexts)
-        self._freed = threading.Condition(threading.Lock())  # guards: _contexts, _free, _leaving
+        # guards: _contexts, _free, _leaving, _waiting. take and give_back (once each a request) hold the lock itself:
+        # a Condition's own __enter__/__exit__ are two Python calls more; holding its lock is holding it.
+        self._freed_lock = threading.Lock()
+        self._freed = threading.Condition(self._freed_lock)
         self._free: list[Context] = self._lendings(contexts)  # oldest given back first
         # Contexts `remove` took out while lent (by id): how many of their lendings are still out; each is closed when
         # its last one is given back.
         self._leaving: dict[int, int] = {}
+        self._waiting = 0  # threads in `take` waiting on _freed (guarded by it): give_back notifies only then
         self.times = LoadTimes()  # set by the load that built it (service/core/lifecycle.py)
 
     @property
@@ -81,7 +85,7 @@ class SlotPool:
         """A free context, or the one at `index` (a sequence's slot). Blocks only in the transient described in
         the class docstring, or while another lease has context `index`. Raises SlotGone for an index past the
         pool's capacity (a sequence whose slot the pool no longer has)."""
-        with self._freed:
+        with self._freed_lock:
             if index is not None and index >= len(self._contexts):
                 raise SlotGone(f"model '{self.spec.name}' has {len(self._contexts)} slots now; slot {index} is gone")
             while True:
@@ -92,16 +96,21 @@ class SlotPool:
                     for position, context in enumerate(self._free):
                         if context is wanted:
                             return self._free.pop(position)
-                self._freed.wait()
+                self._waiting += 1
+                try:
+                    self._freed.wait()
+                finally:
+                    self._waiting -= 1
 
     def give_back(self, context: Context) -> None:
         """A lease's context comes back; one that `remove` took out meanwhile is closed here, on the lease's
         thread, outside the pool's lock."""
-        with self._freed:
+        with self._freed_lock:
             lent = self._leaving.get(id(context))
             if lent is None:
                 self._free.append(context)
-                self._freed.notify_all()
+                if self._waiting:  # (a Condition's notify_all costs three Python calls even with nobody waiting)
+                    self._freed.notify_all()
                 return
             if lent > 1:  # other leases still hold it: the last one closes it
                 self._leaving[id(context)] = lent - 1

@@ -97,6 +97,8 @@ class ModelVersions:
 
     def default(self) -> ModelEntry:
         """The version a request naming none gets: the highest READY one, else the highest."""
+        if len(self.by_version) == 1:  # (the common model: its one version, READY or not)
+            return next(iter(self.by_version.values()))
         ready = [version for version, entry in self.by_version.items() if entry.is_ready()]
         return self.by_version[max(ready)] if ready else self.highest()
 

@@ -63,7 +63,10 @@ class ModelRequest:
 
     def rows(self) -> int:
         """The first input's first dimension (1 for scalars): the rows the request brings to a batch."""
-        return next((shape[0] for _, shape in self.signature.values() if shape), 1)
+        for _, shape in self.signature.values():  # (a loop, not next() over a generator: one call less a request)
+            if shape:
+                return shape[0]
+        return 1
 
     def batch_size(self, metadata: ModelMetadata) -> int:
         """The batch size the statistics count: its rows for a model that batches, else 1."""

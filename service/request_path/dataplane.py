@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -76,7 +75,10 @@ class DecodedRequest:
 
     def rows(self) -> int:
         """The first input's first dimension (1 for scalars): the rows the request brings to a batch."""
-        return next((shape[0] for _, shape in self.signature.values() if shape), 1)
+        for _, shape in self.signature.values():  # (a loop, not next() over a generator: one call less a request)
+            if shape:
+                return shape[0]
+        return 1
 
     def batch_size(self, metadata: ModelMetadata) -> int:
         """The batch size the statistics count: its rows for a model that batches, else 1."""
@@ -164,11 +166,11 @@ class InferenceRequest(Generic[R]):
 def output_bytes(outputs: Outputs) -> int:
     """About how much memory the run's outputs hold: nbytes, and for BYTES (object arrays) BYTES_ELEMENT_COST per
     element (their contents are not walked for this)."""
-    return sum(
-        array.size * BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
-        for array in outputs.values()
-        if isinstance(array, np.ndarray)
-    )
+    total = 0
+    for array in outputs.values():  # (a loop, not sum() over a generator: no generator frame a request)
+        if isinstance(array, np.ndarray):
+            total += array.size * BYTES_ELEMENT_COST if array.dtype == object else array.nbytes
+    return total
 
 
 class Dataplane:
@@ -314,6 +316,7 @@ class Dataplane:
         started = time.perf_counter_ns()
         versions = self._request_versions(request.model)
         entry = versions.default()  # where a request for a version that is not served is counted
+        asked = request.version  # ("": the default, found already)
         recorded = False
         cancel = cancel or CancelToken()
         cancel.request = request_info(request)  # what a backend may show the model (python models do)
@@ -322,14 +325,17 @@ class Dataplane:
             trace = self._start_trace(request, cancel, started)
         reservation = decoded = None
         try:
-            entry = versions.find(request.version)
+            if asked:
+                entry = versions.find(asked)
             reservation, decoded = self._decode(request.tensors)
             if trace is not None:
                 trace.span(DECODE, started, time.perf_counter_ns(), inputs=len(decoded.inputs))
                 if trace.wants_tensors:
                     datatypes = {name: datatype for name, (datatype, _) in decoded.signature.items()}
                     trace.record_tensors(TENSOR_QUEUE_INPUT, decoded.inputs, datatypes)
-            cached = self._cached(entry, request, decoded, stream)
+            # (the cache off, as by default: two attribute reads, no lookup call)
+            cache_on = self.response_cache.capacity_bytes > 0  # (ResponseCache.enabled, inline)
+            cached = self._cached(entry, request, decoded, stream) if cache_on else NOT_CACHEABLE
             if trace is not None and cached.key is not None:
                 looked = time.perf_counter_ns()
                 trace.span(CACHE_LOOKUP, looked - cached.lookup_ns, looked, hit=cached.answer is not None)
@@ -346,7 +352,7 @@ class Dataplane:
             model_request.trace = trace
             results = entry.path.run(model_request, deadline, cancel)
             counted_last: RunResult | None = None  # a streaming run: counted once it ended
-            with closing(results):
+            try:  # (contextlib.closing's work without its three calls)
                 for result in results:
                     if isinstance(result, StreamEnd):
                         if result.error is not None:  # (only with respond_end: the path raises it otherwise)
@@ -370,11 +376,15 @@ class Dataplane:
                     if result.streamed:
                         counted_last = result
                     else:
-                        self._record_answer(entry, cached, result, started)
+                        if cached.key is not None:
+                            self._record_cache_miss(entry, cached, result)
+                        self._record_success(entry, result, started)
                         recorded = True
                         if trace is not None:
                             _traced_end(trace, entry, result, None)
                     yield answer
+            finally:
+                results.close()
             if counted_last is not None:
                 self._record_success(entry, counted_last, started, counted_output=False)
             recorded = True
@@ -385,7 +395,12 @@ class Dataplane:
                 _traced_end(trace, entry, None, error, cancel)
             raise
         finally:  # also when the caller goes away (the generator is closed at a yield)
-            _finish(reservation, decoded)
+            try:
+                if decoded is not None and decoded.regions:  # (DecodedRequest.release: a no-op without regions)
+                    decoded.release()
+            finally:
+                if reservation is not None:
+                    reservation.release()
             if trace is not None:  # (a streaming run's end, or a caller that went away: idempotent)
                 _traced_end(trace, entry, None, None, cancel)
 
@@ -428,13 +443,12 @@ class Dataplane:
             entry, request.version, lambda version: request.tensors.answer_key(decoded, version)
         )
 
-    def _record_answer(self, entry: ModelEntry, cached: CacheLookup, result: RunResult, started: int) -> None:
-        """Count a run's one answer, and store it in the response cache when the request was cacheable."""
-        if cached.key is not None:
-            entry.statistics.record_cache_miss(
-                self.response_cache.store_answer(cached, result.metadata, result.version, result.outputs)
-            )
-        self._record_success(entry, result, started)
+    def _record_cache_miss(self, entry: ModelEntry, cached: CacheLookup, result: RunResult) -> None:
+        """A cacheable request's run answered: store its answer in the response cache and count the miss (its
+        success is counted by _record_success)."""
+        entry.statistics.record_cache_miss(
+            self.response_cache.store_answer(cached, result.metadata, result.version, result.outputs)
+        )
 
     @staticmethod
     def _record_success(entry: ModelEntry, result: RunResult, started: int, counted_output: bool = True) -> None:
@@ -463,7 +477,17 @@ class Dataplane:
         reservation.count_outputs(output_bytes(result.outputs))
         if trace is not None:
             return _traced_respond(request, result, decoded, trace)
-        return request.respond(_response(request, result, decoded))
+        return request.respond(  # (_response, inline: the untraced request's one call less)
+            InferenceResponse(
+                request.model,
+                result.version,
+                request.id,
+                result.outputs,
+                result.metadata,
+                decoded.output_regions,
+                result.final,
+            )
+        )
 
 
 def _response(request: InferenceRequest[R], result: RunResult, decoded: DecodedRequest) -> InferenceResponse:
@@ -507,16 +531,6 @@ def _traced_end(
 def _hit(answer: CachedAnswer) -> RunResult:
     """A response cache hit, answered like a run that took no slot and no time."""
     return RunResult(answer.metadata, answer.version, answer.outputs)
-
-
-def _finish(reservation: Reservation | None, decoded: DecodedRequest | None) -> None:
-    """The request has ended: let go of its regions and give its tensor memory back."""
-    try:
-        if decoded is not None:
-            decoded.release()
-    finally:
-        if reservation is not None:
-            reservation.release()
 
 
 def _decoupled(spec: ModelSpec) -> bool:

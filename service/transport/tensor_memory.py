@@ -105,20 +105,16 @@ class TensorMemory:
             f"bytes {IN_FLIGHT_FLAG} allows them together; retry when fewer are running"
         )
 
-    def _add(self, nbytes: int, requests: int) -> None:
-        """Called under the lock."""
-        self._in_flight += nbytes
-        self._requests += requests
-        if self._in_flight > self._peak:
-            self._peak = self._in_flight
-
     def _grow(self, nbytes: int) -> None:
-        with self._lock:
-            self._add(nbytes, 0)
+        with self._lock:  # (once per answered request: the arithmetic inline, no helper call)
+            self._in_flight = held = self._in_flight + nbytes
+            if held > self._peak:
+                self._peak = held
 
     def _release(self, nbytes: int) -> None:
-        with self._lock:
-            self._add(-nbytes, -1)
+        with self._lock:  # (once per request, inline; a release never raises the peak)
+            self._in_flight -= nbytes
+            self._requests -= 1
 
     def statistics(self) -> TensorMemoryStatistics:
         with self._lock:
@@ -159,4 +155,4 @@ class Reservation:
         """Give the request's bytes back. Idempotent."""
         if not self._released:
             self._released = True
-            self._account._release(self.nbytes)
+            self._account._release(self._inputs + self._outputs)

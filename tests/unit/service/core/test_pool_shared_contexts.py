@@ -4,6 +4,7 @@ admission grants that many requests per slot; a context taken out while lent is 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -80,3 +81,25 @@ def test_admission_grants_as_many_requests_per_slot_as_the_context_takes(tmp_pat
     for lease in leases:
         lease.release()
     assert entry.status().active_slots == 0
+
+
+def test_a_take_waiting_for_a_context_is_woken_by_the_give_back():
+    # give_back notifies only while a `take` waits (the common give_back has nobody to wake): the waiter must still
+    # get the context given back, and one that came without waiters is simply free for the next take.
+    pool, _ = _pool(1)
+    lent = [pool.take() for _ in range(3)]  # every lending of the one context is out
+    taken: list[object] = []
+    waiter = threading.Thread(target=lambda: taken.append(pool.take()), daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:  # ordering-free: polls until the waiter is parked in take()
+        with pool._freed:
+            if pool._waiting == 1:
+                break
+        time.sleep(0.001)
+    assert pool._waiting == 1
+    pool.give_back(lent[0])
+    waiter.join(timeout=10.0)
+    assert not waiter.is_alive() and taken == [lent[0]] and pool._waiting == 0
+    pool.give_back(lent[1])  # nobody waits now: the context is free for the next take, without a wake-up
+    assert pool.take() is lent[1]
