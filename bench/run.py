@@ -54,7 +54,7 @@ talks to 127.0.0.1 only. Sections, in order (all but transport by default):
              within 2x); a server that refuses the config is "skipped: priorities not supported by this server".
   transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
              server and real Triton's python backend; see bench/sections/transport.py.
-  frontends  (only when named; ~11 min, --quick ~3) issue 39's one-GIL part: slotserve with one front end and with
+  frontends  (only when named; ~8 min, --quick ~1.5) issue 39's one-GIL part: slotserve with one front end and with
              `--frontends N` (when the checkout has it) beside real Triton 2.51, `simple` and add_sub at 1, 4, 16
              clients and the GIL-holding model on 1 and 2 slots: infer/s, p50/p99, the admission process's and
              the whole tree's CPU per request, N / 1, and the PROJECTED ceiling per core count (a projection,
@@ -132,7 +132,7 @@ SECTIONS = (
     "transport",
     "frontends",
 )
-# transport (~10 min, real Triton) and frontends (~11 min, real Triton): on request
+# transport (~10 min, real Triton) and frontends (~8 min, real Triton): on request
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("transport", "frontends"))
 
 

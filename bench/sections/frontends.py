@@ -30,8 +30,8 @@ Printed beside them:
                  grows with cores) and that the clients run elsewhere; it is an upper bound. The goal: the
                  admission process's CPU per small request (`simple`, N front ends) <= 120 us (8,300 requests/s).
 
-Duration: 21 points a round; about 2.5 minutes with --quick (1 round, 1 s windows), 10-11 minutes by default
-(3 rounds, 2 s windows), plus server starts: not in the default set.
+Duration: 21 points a round (15 without --frontends); about 1.5 minutes with --quick (1 round, 1 s windows; 56 s
+with N = 1 only), 7-8 minutes by default (3 rounds, 2 s windows): not in the default set.
 """
 
 from __future__ import annotations
