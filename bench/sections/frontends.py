@@ -49,7 +49,7 @@ from ..common import DEMO_REPOSITORY, log
 from ..cores import frontends_for
 from ..perf_analyzer import PerfAnalyzer, describe, measure
 from ..servers import Launcher
-from ..table import Table, column_median, first_error, fmt, fmt_ms, fmt_x, met_if, ok, paired_ratio
+from ..table import Table, first_error, fmt, fmt_ms, fmt_x, median, met_if, ok, paired_ratio
 from ..transport.accounting import TritonServer, inference_count, tree_cpu_s
 from .python import GIL_CONCURRENCY, write_repositories
 
@@ -99,6 +99,7 @@ def per_request_us(spent: dict, requests: int) -> dict:
         "tree_us": tree_s * 1e6 / requests,
         "front_ends_us": spent["front ends"] * 1e6 / requests,
         "workers_us": spent["python workers"] * 1e6 / requests,
+        "other_us": spent["other"] * 1e6 / requests,
         "front_end_share": spent["front ends"] / tree_s if tree_s > 0 else float("nan"),
     }
 
@@ -215,22 +216,34 @@ def section_frontends(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, 
 # --------------------------------------------------------------------------------------------------- rows
 
 
+def _median(runs: list[dict], key: str) -> float:
+    """The median of `key` over the runs that have it (a point whose statistics could not be read has no CPU
+    figures); NaN when none has."""
+    return median([run[key] for run in runs if ok(run) and key in run])
+
+
 def _range(runs: list[dict], key: str) -> str:
     values = [run[key] for run in runs if ok(run) and key in run]
     if not values:
         return "n/a"
-    return f"{fmt(column_median(runs, key))} ({fmt(min(values))}-{fmt(max(values))})"
+    return f"{fmt(_median(runs, key))} ({fmt(min(values))}-{fmt(max(values))})"
 
 
 def _cpu_text(runs: list[dict], triton: bool) -> str:
-    admission, tree = column_median(runs, "admission_us"), column_median(runs, "tree_us")
-    share = column_median(runs, "front_end_share")
-    workers = column_median(runs, "workers_us")
+    admission, tree = _median(runs, "admission_us"), _median(runs, "tree_us")
+    share = _median(runs, "front_end_share")
+    workers = _median(runs, "workers_us")
     parts = [f"{'server process' if triton else 'admission'} {fmt(admission)} us, tree {fmt(tree)} us"]
     if not triton and share == share and share > 0:
         parts.append(f"front ends {100 * share:.0f} %")
     if workers == workers and workers > 0:
         parts.append(f"{'stubs' if triton else 'workers'} {fmt(workers)} us")
+    other = _median(runs, "other_us")
+    if other == other and other > 0:  # a child neither a front end nor a worker: its command line was not recognised
+        parts.append(f"other processes {fmt(other)} us")
+    processes = _median(runs, "front_end_processes")
+    if not triton and processes == processes and processes > 0:
+        parts.append(f"{processes:.0f} front-end processes")
     return ", ".join(parts)
 
 
@@ -258,12 +271,12 @@ def _rows(table: Table, setup: dict, points: dict[Point, list[dict]], names: lis
                     "frontends",
                     f"frontends {model} c={c} {name}: infer/s (range), p50/p99 ms; CPU per request",
                     f"{_range(runs, 'infer_per_s')}" + (f" {', '.join(ratios)}" if ratios else "")
-                    + f"; {fmt_ms(column_median(runs, 'p50_ms'))}/{fmt_ms(column_median(runs, 'p99_ms'))}; "
+                    + f"; {fmt_ms(_median(runs, 'p50_ms'))}/{fmt_ms(_median(runs, 'p99_ms'))}; "
                     + _cpu_text(runs, name == "triton") + (f" [{error[:100]}]" if error else ""),
-                    infer_per_s=column_median(runs, "infer_per_s"),
-                    admission_us=column_median(runs, "admission_us"),
-                    tree_us=column_median(runs, "tree_us"),
-                    front_end_share=column_median(runs, "front_end_share"),
+                    infer_per_s=_median(runs, "infer_per_s"),
+                    admission_us=_median(runs, "admission_us"),
+                    tree_us=_median(runs, "tree_us"),
+                    front_end_share=_median(runs, "front_end_share"),
                 )  # fmt: skip
     _goal_rows(table, points, names, many)
     _gil_rows(table, points, names, many)
@@ -287,7 +300,7 @@ def _goal_rows(table: Table, points: dict[Point, list[dict]], names: list[str], 
                 ratio=ratio,
             )
     best = many if many in names else "N=1"
-    admission = column_median(points.get(Point("simple", best, 16), []), "admission_us")
+    admission = _median(points.get(Point("simple", best, 16), []), "admission_us")
     table.add(
         "frontends",
         f"frontends simple c=16 {best}: the admission process's CPU per request",
@@ -308,7 +321,7 @@ def _gil_rows(table: Table, points: dict[Point, list[dict]], names: list[str], m
             "frontends",
             f"frontends GIL-holding model.py c={c} {name}: 2 slots / 1 slot"
             + (" (Triton: instances)" if name == "triton" else ""),
-            f"{fmt_x(scaling)} ({fmt(column_median(two, 'infer_per_s'))} / {fmt(column_median(one, 'infer_per_s'))}"
+            f"{fmt_x(scaling)} ({fmt(_median(two, 'infer_per_s'))} / {fmt(_median(one, 'infer_per_s'))}"
             f" infer/s); CPU per request 2 slots: {_cpu_text(two, name == 'triton')}",
             f">= {GIL_SCALING_GOAL}x" if goal else "",
             met_if(scaling, lambda v: v >= GIL_SCALING_GOAL) if goal else None,
@@ -320,7 +333,7 @@ def _projection_rows(table: Table, points: dict[Point, list[dict]], names: list[
     for model in ("simple", "add_sub"):
         for name in [n for n in names if n != "triton"]:
             runs = points[Point(model, name, 16)]
-            admission, tree = column_median(runs, "admission_us"), column_median(runs, "tree_us")
+            admission, tree = _median(runs, "admission_us"), _median(runs, "tree_us")
             ceilings = {cores: projected_ceiling(admission, tree, cores) for cores in PROJECTED_CORES}
             table.add(
                 "frontends",

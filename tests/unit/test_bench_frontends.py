@@ -11,7 +11,8 @@ import os
 import pytest
 
 from bench.cores import first_cpus, frontends_for
-from bench.sections.frontends import cpu_by_role, per_request_us, projected_ceiling, role_of
+from bench.sections.frontends import Point, _points, _rows, cpu_by_role, per_request_us, projected_ceiling, role_of
+from bench.table import Table
 from bench.transport.accounting import process_cpu_s, stat_cpu_ticks, tree_cpu_s
 
 
@@ -80,6 +81,7 @@ def test_per_request_figures_divide_by_the_requests_counted() -> None:
     assert figures["front_ends_us"] == pytest.approx(200.0)
     assert figures["workers_us"] == pytest.approx(100.0)
     assert figures["front_end_share"] == pytest.approx(0.5)
+    assert figures["other_us"] == 0.0
     assert per_request_us(spent, 0) == {}
 
 
@@ -94,3 +96,45 @@ def test_cores_takes_the_first_cpus_or_none_when_the_machine_has_fewer() -> None
 
 def test_front_ends_are_half_the_cores_and_at_least_two() -> None:
     assert [frontends_for(cores) for cores in (1, 2, 4, 8, 16)] == [2, 2, 2, 4, 8]
+
+
+def _fake_points(names: list[str]) -> dict[Point, list[dict]]:
+    """Two rounds of every point the section measures: N=2 serves 1.1x N=1's rate, gil_2 1.6x gil_1's."""
+    points: dict[Point, list[dict]] = {}
+    for point in _points(names):
+        rate = 1000.0 * (1.1 if point.server == "N=2" else 1.0) * (1.6 if point.model == "gil_2" else 1.0)
+        cpu = {"admission_us": 100.0 if point.server == "N=2" else 600.0, "tree_us": 700.0, "front_end_share": 0.5}
+        points[point] = [{"infer_per_s": rate, "p50_ms": 1.0, "p99_ms": 2.0, **cpu} for _ in range(2)]
+    return points
+
+
+def test_the_rows_give_n_over_one_the_gil_scaling_and_the_projection() -> None:
+    names = ["N=1", "N=2", "triton"]
+    table = Table()
+    setup = {"cores": 2, "slotserve_commit": "abc", "slotserve_root": "/x", "load_start": [1.0], "load_end": [2.0]}
+    _rows(table, setup, _fake_points(names), names, "N=2")
+    rows = {row["figure"]: row for row in table.rows}
+    n_over_one = rows["frontends simple c=16: N=2 / N=1 infer/s (median of per-round ratios)"]
+    assert n_over_one["ratio"] == pytest.approx(1.1)
+    assert n_over_one["met"] is True
+    assert n_over_one["value"] == "1.10x (wins by 10 %)"
+    gil = rows["frontends GIL-holding model.py c=4 N=2: 2 slots / 1 slot"]
+    assert gil["ratio"] == pytest.approx(1.6)
+    assert gil["met"] is True
+    admission = rows["frontends simple c=16 N=2: the admission process's CPU per request"]
+    assert admission["met"] is True  # 100 us <= 120
+    projection = rows["frontends PROJECTED ceiling simple N=2 (from c=16: admission 100 us, tree 700 us)"]
+    assert projection["projected"]["4"] == pytest.approx(4e6 / 700)
+    assert projection["projected"]["32"] == pytest.approx(1e6 / 100)
+    assert not any("triton" in figure and "PROJECTED" in figure for figure in rows)
+
+
+def test_without_frontends_the_rows_say_n_was_not_measured() -> None:
+    names = ["N=1", "triton"]
+    table = Table()
+    setup = {"cores": 2, "slotserve_commit": "abc", "slotserve_root": "/x", "load_start": [1.0], "load_end": [2.0]}
+    setup["n_missing"] = "no --frontends"
+    _rows(table, setup, _fake_points(names), names, "N=2")
+    rows = {row["figure"]: row for row in table.rows}
+    assert rows["frontends simple c=16: N=2 / N=1"]["value"] == "not measured (no --frontends)"
+    assert rows["frontends simple c=16 N=1: the admission process's CPU per request"]["met"] is False  # 600 us
