@@ -160,8 +160,12 @@ def _measure(pa: PerfAnalyzer, server, point: Point) -> dict:
 
 
 def _git_commit(root: Path) -> str:
+    """The checkout's short commit, "+dirty" when tracked files differ from it (a worktree being edited)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    return commit.stdout.strip() or "unknown"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+    )
+    return (commit.stdout.strip() or "unknown") + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def section_frontends(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict, scratch: Path) -> None:
