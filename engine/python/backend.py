@@ -415,7 +415,7 @@ class WorkerProcess:
             requests = self._lay_out(call.lane, members)
             watchers = [self._cancel_watcher(call, index, member.cancel) for index, member in enumerate(members)]
             try:
-                self._send(Execute(call.run, lane, requests, self._hand_over(call)))
+                self._send_execute(call, Execute(call.run, lane, requests, self._hand_over(call)))
                 sent = True
                 return self._results(call, members)
             finally:
@@ -439,7 +439,7 @@ class WorkerProcess:
             requests = self._lay_out(call.lane, members)
             for index, member in enumerate(members):
                 call.waiters[index].watcher = self._cancel_watcher(call, index, member.cancel)
-            self._send(Execute(call.run, lane, requests, self._hand_over(call)))
+            self._send_execute(call, Execute(call.run, lane, requests, self._hand_over(call)))
         except BaseException:
             self._end_call(call, sent=False)
             raise
@@ -695,7 +695,7 @@ class WorkerProcess:
         died."""
         try:
             if self._poller.poll(max(1, math.ceil(seconds * 1000))):  # readable, or hung up (recv then raises)
-                return transport.receive(self.connection)
+                return transport.receive(self.connection, self._packed_done)
         except (EOFError, OSError):
             raise self._died() from None
         if self.process.poll() is not None:
@@ -803,7 +803,7 @@ class WorkerProcess:
     def _lay_out(self, lane: _Lane, members: Sequence[Member]) -> list[Request]:
         """Copy the members' inputs into the lane's request segment (grown first when they do not fit); returns each
         member's Request for the Execute message. Raises OutOfSharedMemoryError when the segment cannot grow."""
-        layout = transport.Layout()
+        layout = transport.Layout(transport.CONTROL_BYTES)
         requests = []
         for member in members:
             descriptors = [
@@ -827,6 +827,26 @@ class WorkerProcess:
                 transport.send(self.connection, message)
         except OSError:
             raise self._died() from None
+
+    def _send_execute(self, call: _Call, message: Execute) -> None:
+        """Send a call's Execute: packed into its lane's control area (the head of the request segment, after the
+        tensors were laid out) with a doorbell on the pipe, or pickled on the pipe when it is not of the common
+        kind (Execute.pack_into: a segment handed over, request parameters). Raises as `_send`."""
+        if not message.pack_into(transport.control(call.lane.requests)):
+            self._send(message)
+            return
+        try:
+            with self._send_lock:
+                transport.ring(self.connection, call.lane_number)
+        except OSError:
+            raise self._died() from None
+
+    def _packed_done(self, lane: int) -> Done:
+        """The Done the worker packed into lane `lane`'s control area (the head of its response segment) before it
+        rang. Raises ValueError when the lane has none."""
+        if not 0 <= lane < len(self.lanes):
+            raise ValueError(f"a doorbell for lane {lane}, which this worker does not have")
+        return Done.unpack_from(transport.control(self.lanes[lane].responses))
 
     def _board_offset(self, call: _Call, index: int) -> int:
         return 8 * (call.lane_number * self.board_words + index)
@@ -889,7 +909,7 @@ class WorkerProcess:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self.connection.poll(left):
                     return
-                message = transport.receive(self.connection)
+                message = transport.receive(self.connection, self._packed_done)
                 if isinstance(message, MetricCall):
                     with self._send_lock:
                         transport.send(self.connection, Reply(message.tag, self.model.metric_answer(message.op)))

@@ -7,7 +7,10 @@ or by a string tag. On the pipe (engine/python/transport.py `send`, `receive`) a
 its kind's number first and its fields in order: pickle writes a NamedTuple as a reference to its class plus its
 fields, which costs about 6 microseconds a request both ways on the 2-core test machine, where an add_sub round
 trip takes about 150. That tuple is written by the record's own `to_wire` and read by its own `from_wire` (through
-`decode`), the only places where positions are known. Records nested inside a message of a request's path (the
+`decode`), the only places where positions are known. The common Execute and Done do not travel pickled: they are
+packed with `struct` into their lane's control area (`pack_into`, `unpack_from`; the layout is written down above
+`_Packer`) and the pipe carries a doorbell (engine/python/transport.py `ring`); a record that is not of the common
+kind falls back to its tuple. Records nested inside a message of a request's path (the
 requests of an Execute, the results of a Done or a Response, their tensors' Descriptors) travel as plain tuples
 too; those inside BLS messages (a CallRequest, a CallReply) travel as themselves.
 
@@ -48,9 +51,12 @@ its stdout and stderr, pipes of their own (engine/python/output.py).
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
+
+from ..datatypes import NAMES
 
 
 class Kind(enum.IntEnum):
@@ -292,6 +298,36 @@ class Execute(NamedTuple):
         """The record its `to_wire` wrote."""
         return _new(cls, (wire[1], wire[2], [Request.from_wire(request) for request in wire[3]], wire[4]))
 
+    def pack_into(self, control: memoryview) -> bool:
+        """Write the record into `control` (a lane's control area: the head of its request segment) field by field,
+        for the common call: no segment replaced, no request parameters, integer correlation ids. Returns False,
+        having written nothing the worker will read, when the record is not of that kind or does not fit (it then
+        travels on the pipe, pickled). Never raises."""
+        if self.segments:
+            return False
+        packer = _Packer("qHH", [self.run, self.lane, len(self.requests)])
+        try:
+            for request in self.requests:
+                packer.request(request)
+            return packer.write(control, _EXECUTE)
+        except _NOT_PACKABLE:
+            return False
+
+    @classmethod
+    def unpack_from(cls, control: memoryview) -> Execute:
+        """The record `pack_into` wrote into `control`. Raises ValueError when `control` holds no packed Execute."""
+        values = _unpacked(control, _EXECUTE)
+        try:
+            run, lane, count = values[0], values[1], values[2]
+            at = 3
+            requests = []
+            for _ in range(count):
+                request, at = _request_from(values, at)
+                requests.append(request)
+        except (IndexError, TypeError, UnicodeDecodeError) as error:
+            raise ValueError(f"the control area holds no Execute: {error}") from None
+        return _new(cls, (run, lane, requests, {}))
+
 
 class Done(NamedTuple):
     """A call that is not decoupled answered: one Result per request, in order, the tensors in the lane's response
@@ -309,6 +345,51 @@ class Done(NamedTuple):
     def from_wire(cls, wire: Wire) -> Done:
         """The record its `to_wire` wrote."""
         return _new(cls, (wire[1], [_RESULTS[result[0]].from_wire(result) for result in wire[2]], wire[3]))
+
+    def pack_into(self, control: memoryview) -> bool:
+        """Write the record into `control` (a lane's control area: the head of its response segment) field by
+        field, for the common answer: every result Tensors or an ErrorResult. Returns False, having written nothing
+        the server will read, when a result is another (a Released) or the record does not fit (it then travels on
+        the pipe, pickled). Never raises."""
+        packer = _Packer("qqH", [self.run, self.model_ns, len(self.results)])
+        try:
+            for result in self.results:
+                if isinstance(result, Tensors):
+                    packer.add("BH", _TENSORS, len(result.descriptors))
+                    for descriptor in result.descriptors:
+                        packer.descriptor(descriptor)
+                elif isinstance(result, ErrorResult):
+                    words = result.message.encode()
+                    packer.add(f"Bq{len(words)}s", _ERROR, int(result.code), words)
+                else:
+                    return False
+            return packer.write(control, _DONE)
+        except _NOT_PACKABLE:
+            return False
+
+    @classmethod
+    def unpack_from(cls, control: memoryview) -> Done:
+        """The record `pack_into` wrote into `control`. Raises ValueError when `control` holds no packed Done."""
+        values = _unpacked(control, _DONE)
+        try:
+            run, model_ns, count = values[0], values[1], values[2]
+            at = 3
+            results: list[Result] = []
+            for _ in range(count):
+                if values[at] == _TENSORS:
+                    described = values[at + 1]
+                    at += 2
+                    descriptors = []
+                    for _ in range(described):
+                        descriptor, at = _descriptor_from(values, at)
+                        descriptors.append(descriptor)
+                    results.append(_new(Tensors, (descriptors,)))
+                else:
+                    results.append(_new(ErrorResult, (values[at + 1], values[at + 2].decode())))
+                    at += 3
+        except (IndexError, TypeError, UnicodeDecodeError) as error:
+            raise ValueError(f"the control area holds no Done: {error}") from None
+        return _new(cls, (run, results, model_ns))
 
 
 class Failed(NamedTuple):
@@ -557,6 +638,119 @@ class BlsPart(NamedTuple):
     def from_wire(cls, wire: Wire) -> BlsPart:
         """The record its `to_wire` wrote."""
         return _new(cls, wire[1:])
+
+
+# ---- packed records: an Execute and its Done in a lane's control area (engine/python/transport.py) -----------------
+#
+# The request's path crosses without pickling: the server packs an Execute into the head of the lane's request
+# segment and the worker a Done into the head of its response segment, with `struct`, and the pipe carries only a
+# doorbell frame naming the lane (transport.ring). The area holds a head (the record's kind u8, the length u16 of
+# the body's format), the body's `struct` format (ASCII), then the body packed by it, little-endian, in one call
+# each way: the format spells each string's length and each shape's rank, so reading a record is one unpack and a
+# walk through its values. Only Execute.pack_into / unpack_from, Done.pack_into / unpack_from and the helpers below
+# know the body's order:
+#
+#   Execute     run q, lane H, requests H, then each request:
+#   request     correlation id Q, flags I, id s, outputs H, each output's name s, inputs H, each input's descriptor
+#   descriptor  name s, datatype B (its index in engine/datatypes.py's NAMES), rank B, each dim q, offset Q, nbytes Q
+#   Done        run q, model_ns q, results H, then each result: TENSORS B + descriptors H + each descriptor, or
+#               ERROR B + code q + message s
+#
+# (`s` is a string's UTF-8 bytes, their count written in the format.)
+
+_HEAD = struct.Struct("<BH")
+# What packing a record that is not of the common kind (or does not fit in the control area) raises on its way.
+_NOT_PACKABLE = (struct.error, OverflowError, ValueError, TypeError, UnicodeEncodeError, KeyError)
+_DATATYPE_CODES = {name: code for code, name in enumerate(NAMES)}
+# The tensor names a process packs, with their part of a format, by (name, rank): a model's few names recur in every
+# call. Forgotten all at once past _DESCRIPTORS_KEPT (names that change from call to call cannot grow it).
+_DESCRIPTORS: dict[tuple[str, int], tuple[bytes, str]] = {}
+_DESCRIPTORS_KEPT = 256
+
+
+class _Packer:
+    """A record's body as it is packed: its format's parts and its values, written in one `struct` call."""
+
+    __slots__ = ("formats", "values")
+
+    def __init__(self, head: str, values: list[Any]) -> None:
+        self.formats = ["<", head]
+        self.values = values
+
+    def add(self, fmt: str, *values: Any) -> None:
+        self.formats.append(fmt)
+        self.values.extend(values)
+
+    def request(self, request: Request) -> None:
+        if request.parameters or type(request.correlation_id) is not int:
+            raise ValueError("not the common request: parameters, or a string correlation id")
+        request_id = request.request_id.encode()
+        outputs = [name.encode() for name in request.outputs]
+        self.formats.append(f"QI{len(request_id)}sH" + "".join(f"{len(name)}s" for name in outputs) + "H")
+        self.values.extend((request.correlation_id, request.flags, request_id, len(outputs), *outputs))
+        self.values.append(len(request.inputs))
+        for descriptor in request.inputs:
+            self.descriptor(descriptor)
+
+    def descriptor(self, descriptor: Descriptor) -> None:
+        shape = descriptor.shape
+        key = (descriptor.name, len(shape))
+        spelled = _DESCRIPTORS.get(key)
+        if spelled is None:  # a tensor name and rank not seen lately: its bytes and its part of the format
+            name = descriptor.name.encode()
+            spelled = _DESCRIPTORS[key] = (name, f"{len(name)}sBB{len(shape)}qQQ")
+            if len(_DESCRIPTORS) > _DESCRIPTORS_KEPT:
+                _DESCRIPTORS.clear()
+        self.formats.append(spelled[1])
+        self.values.extend((spelled[0], _DATATYPE_CODES[descriptor.datatype], len(shape), *shape))
+        self.values.append(descriptor.offset)
+        self.values.append(descriptor.nbytes)
+
+    def write(self, control: memoryview, kind: int) -> bool:
+        """Write the head and the body into `control`. Returns False when they do not fit. Raises struct.error
+        for a value its format refuses."""
+        fmt = "".join(self.formats)
+        spelled = fmt.encode()
+        at = _HEAD.size + len(spelled)
+        if at + struct.calcsize(fmt) > len(control):
+            return False
+        struct.pack_into(fmt, control, at, *self.values)
+        control[_HEAD.size : at] = spelled
+        _HEAD.pack_into(control, 0, kind, len(spelled))
+        return True
+
+
+def _unpacked(control: memoryview, kind: int) -> tuple[Any, ...]:
+    """The values of the body of the record of `kind` in `control`. Raises ValueError when it holds none."""
+    try:
+        found, length = _HEAD.unpack_from(control, 0)
+        if found != kind:
+            raise ValueError(f"the control area holds a record of kind {found}, not of kind {kind}")
+        fmt = str(control[_HEAD.size : _HEAD.size + length], "ascii")
+        return struct.unpack_from(fmt, control, _HEAD.size + length)
+    except (struct.error, UnicodeDecodeError) as error:
+        raise ValueError(f"the control area holds no packed record: {error}") from None
+
+
+def _request_from(values: tuple[Any, ...], at: int) -> tuple[Request, int]:
+    correlation_id, flags, request_id, count = values[at : at + 4]
+    at += 4
+    outputs = tuple(name.decode() for name in values[at : at + count])
+    at += count
+    count = values[at]
+    at += 1
+    inputs = []
+    for _ in range(count):
+        descriptor, at = _descriptor_from(values, at)
+        inputs.append(descriptor)
+    return _new(Request, (inputs, outputs, request_id.decode(), correlation_id, flags, {})), at
+
+
+def _descriptor_from(values: tuple[Any, ...], at: int) -> tuple[Descriptor, int]:
+    name, code, rank = values[at : at + 3]
+    end = at + 3 + rank
+    fields = (name.decode(), NAMES[code], values[at + 3 : end], values[end], values[end + 1])
+    return _new(Descriptor, fields), end + 2
 
 
 # ---- the wire --------------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ parts) or an order the main thread reads once it is idle. A BLS part nobody is w
 should the pipe fill, the server's sender blocks until a waiting thread (or the idle main thread) reads on.
 
 Messages are engine/python/messages.py's records: orders (Execute, Stop) for the main thread, Replies for the
-thread that asked (by tag), BlsParts for the thread of their BLS call (by tag).
+thread that asked (by tag), BlsParts for the thread of their BLS call (by tag). The common Execute comes packed in
+its lane's control area behind a doorbell on the pipe (engine/python/transport.py `ring`): the reader reads it out
+there as it takes the doorbell off the pipe, so it is filed in its place among the pickled messages.
 
 Lock: `_changed` guards every field below it; nothing else is taken while it is held, and the pipe is read
 without it (the role, `_reading`, makes the reader the pipe's only reader).
@@ -35,8 +37,9 @@ Order = Execute | Stop  # what the main thread is told to do
 class WorkerPipe:
     """The worker's end of its pipe (see the module's docstring). Every method may be called from any thread."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, packed: Callable[[int], Message] | None = None) -> None:
         self._connection = connection
+        self._packed = packed  # reads the Execute a doorbell announces out of its lane's control area
         self._send_lock = threading.Lock()  # guards: writing on the pipe (a message is written whole)
         self._changed = threading.Condition(threading.Lock())  # guards: the fields below; notified on every change
         self._reading = False  # a thread holds the reader's role
@@ -49,6 +52,12 @@ class WorkerPipe:
         """Write one message (blocks while the pipe is full). Raises OSError when the server is gone."""
         with self._send_lock:
             transport.send(self._connection, message)
+
+    def ring(self, lane: int) -> None:
+        """Tell the server that a message lies packed in `lane`'s control area (transport.ring): in line with every
+        message sent before it. Raises OSError when the server is gone."""
+        with self._send_lock:
+            transport.ring(self._connection, lane)
 
     def next_order(self) -> Order | None:
         """The server's next Execute or Stop (blocks, without a timeout: the server's watchdog ends a worker whose
@@ -106,7 +115,7 @@ class WorkerPipe:
     def _read_until(self, ready: Callable[[], bool]) -> None:
         while True:
             try:
-                message = transport.receive(self._connection)
+                message = transport.receive(self._connection, self._packed)
             except (EOFError, OSError):
                 with self._changed:
                     self._closed = True

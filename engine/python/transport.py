@@ -28,6 +28,17 @@ and gives the model views of it (no copy: the mapping lives as long as the array
 The control messages themselves (an Execute and its answer, the worker's Grow and Response questions, BLS calls and
 their parts) are records of engine/python/messages.py; `send` and `receive` carry them.
 
+A request's path crosses without pickling. The first CONTROL_BYTES of each lane's request and response segment are
+its control area (the tensors are laid out after it): the server packs a call's Execute there and the worker its
+Done (messages.py `pack_into`: struct, one format per record), and each rings the other with a doorbell, a 7-byte
+frame on the pipe naming the lane (`ring`); the reader of the pipe reads the record out of the lane's control area
+as it takes the doorbell (`receive`). What is not the common call (a segment handed over, request parameters, a
+string sequence id, a Released result, a record too large for the area) is pickled on the pipe as before. The pipe
+is the doorbell, rather than an eventfd, a futex or a semaphore beside it, so each direction keeps one channel and
+one reader: packed and pickled messages arrive in the order they were sent (a Grow before its Done, BLS calls and
+decoupled Responses between calls), and a waiting reader still wakes when the other process dies (the pipe hangs
+up). bench/python_doorbell.py measures the options; docs/speed.md ("Python models") has the figures.
+
 Files are named `slotserve-py-<pid>-<random>` after the process that made them. Whatever a process could not
 unlink (it was killed) is removed by the next server to start (`remove_leftovers`: files of processes that are
 gone), and a server that exits removes its own and its workers' (`remove_own_at_exit`).
@@ -42,10 +53,11 @@ import mmap
 import os
 import pickle
 import re
+import struct
 import tempfile
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -68,6 +80,9 @@ from .messages import (
 
 ALIGNMENT = 64
 MIN_SEGMENT = 1 << 16
+# The head of each lane's request and response segment: where an Execute and its Done cross, packed (`control`);
+# the tensors are laid out after it.
+CONTROL_BYTES = 4096
 # Segments up to this size are kept from call to call; a larger one is used for one call only (`single_use`).
 KEEP_SEGMENT_BYTES = 16 << 20
 _LARGE_GRANULE = 1 << 20  # a single-use segment is rounded up to whole MiB only
@@ -348,10 +363,12 @@ _DATATYPE_OF: dict[np.dtype, str | None] = {}
 
 
 class Layout:
-    """Tensors laid out for one segment: call `plan` with every tensor, read `size`, then `write`."""
+    """Tensors laid out for one segment from byte `start` on (CONTROL_BYTES for a lane's segments, whose head is
+    their control area; 0 for a BLS call's): call `plan` with every tensor, read `size` (the end of the last one),
+    then `write`."""
 
-    def __init__(self) -> None:
-        self.size = 0
+    def __init__(self, start: int = 0) -> None:
+        self.size = start
         self._pending: list[tuple[Descriptor, bytes | np.ndarray]] = []
 
     def plan(self, name: str, array: np.ndarray, datatype: str) -> Descriptor:
@@ -421,10 +438,92 @@ def send(connection: Connection, message: Message) -> None:
     connection.send_bytes(pickle.dumps(message.to_wire(), pickle.HIGHEST_PROTOCOL))
 
 
-def receive(connection: Connection) -> Message:
-    """Read one control message (blocks, without a timeout: the caller polls first where it needs one). Raises
-    EOFError or OSError when the peer is gone, ValueError for bytes that are no message."""
-    return decode(pickle.loads(connection.recv_bytes()))
+# A request's path (an Execute, its Done) crosses in the lane's control area, packed (messages.py `pack_into`); the
+# pipe carries only this doorbell: a frame of Connection's (4-byte big-endian length) whose payload is RING and the
+# lane's number. A pickle never starts with RING (its first byte is PROTO, 0x80), so a frame is told apart by its
+# first byte. Ringing on the pipe itself, rather than on an eventfd, a futex or a semaphore beside it, keeps one
+# channel per direction, read by one reader: a packed message and the pickled ones before and after it (a Grow
+# before a Done, BLS calls, a decoupled call's Responses) arrive in the order they were sent, and the reader's wait
+# still ends when the peer dies (the pipe hangs up). The wake-up costs what a pipe message's did
+# (bench/python_doorbell.py measured the others; docs/speed.md, "Python models").
+RING = 0xFE
+_RING_PAYLOAD = struct.Struct("<BH")  # RING, the lane
+_RING_LENGTH = struct.pack("!i", _RING_PAYLOAD.size)  # Connection's framing: the payload's length
+
+
+def ring(connection: Connection, lane: int) -> None:
+    """Tell the peer that the message of `lane` lies packed in that lane's control area (written before this). One
+    write of 7 bytes; the caller holds its send lock, as for `send`. Raises OSError when the peer is gone."""
+    os.write(connection.fileno(), _RING_LENGTH + _RING_PAYLOAD.pack(RING, lane))  # 7 bytes: written whole
+
+
+def receive(connection: Connection, packed: Callable[[int], Message] | None = None) -> Message:
+    """Read one control message (blocks, without a timeout: the caller polls first where it needs one): a pickled
+    record, or for a doorbell (`ring`) the record `packed(lane)` reads out of the lane's control area. Raises
+    EOFError or OSError when the peer is gone, ValueError for bytes that are no message (a doorbell where no
+    `packed` reader is given, or a control area that holds no packed record)."""
+    data = _read_frame(connection.fileno())
+    if data[:1] == _RING_BYTE:
+        if packed is None or len(data) != _RING_PAYLOAD.size:
+            raise ValueError(f"not a python-worker message: an unexpected doorbell {bytes(data[:8])!r}")
+        return packed(_RING_PAYLOAD.unpack(data)[1])
+    return decode(pickle.loads(data))
+
+
+_RING_BYTE = bytes([RING])
+
+
+def _read_frame(descriptor: int) -> bytes:
+    """One frame of Connection's framing (a 4-byte big-endian length, -1 then an 8-byte one for 2 GiB and more,
+    then the payload), read straight from the descriptor: Connection.recv_bytes gathers each part in a BytesIO and
+    reads the length and the payload apart, which costs more than a small message's read. The first read takes
+    _FIRST_READ bytes, a doorbell's whole frame, and never more than one frame holds: every payload sent here (a
+    doorbell, a pickle) is at least _SMALLEST_PAYLOAD bytes. Raises EOFError when the peer closed, OSError when it
+    is gone."""
+    first = os.read(descriptor, _FIRST_READ)
+    if len(first) < 4:
+        if not first:
+            raise EOFError("the peer closed the pipe")
+        first += _read_exactly(descriptor, 4 - len(first))
+    (size,) = _LENGTH.unpack_from(first)
+    rest = first[4:]
+    if size == -1:
+        first = rest + _read_exactly(descriptor, max(0, 8 - len(rest)))
+        (size,) = _LONG_LENGTH.unpack_from(first)
+        rest = first[8:]
+    if len(rest) > size:  # the first read took bytes of the next frame: no sender of ours writes such a frame
+        raise ValueError(f"not a python-worker message: a frame of {size} bytes (at least {_SMALLEST_PAYLOAD})")
+    if len(rest) == size:
+        return rest
+    return rest + _read_exactly(descriptor, size - len(rest))
+
+
+def _read_exactly(descriptor: int, size: int) -> bytes:
+    data = os.read(descriptor, size) if size else b""
+    if len(data) == size:
+        return data
+    if not data:
+        raise EOFError("the peer closed the pipe")
+    parts = [data]
+    left = size - len(data)
+    while left:
+        chunk = os.read(descriptor, left)
+        if not chunk:
+            raise EOFError("the peer closed the pipe")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+_LENGTH = struct.Struct("!i")
+_LONG_LENGTH = struct.Struct("!Q")
+_SMALLEST_PAYLOAD = _RING_PAYLOAD.size  # a pickle is longer (its protocol, its value, its STOP)
+_FIRST_READ = _LENGTH.size + _SMALLEST_PAYLOAD
+
+
+def control(segment: Segment) -> memoryview:
+    """The control area of a lane's segment (its first CONTROL_BYTES), where a packed Execute or Done lies."""
+    return segment.view[:CONTROL_BYTES]
 
 
 # ---- BLS calls ------------------------------------------------------------------------------------------------

@@ -132,6 +132,15 @@ class Tensor:
         self._name = name
         self._array = array
 
+    @classmethod
+    def _served(cls, name: str, array: np.ndarray) -> Tensor:
+        """A request's input as the worker hands it to `execute`: its name and array are the server's, checked
+        already, so the constructor's checks are skipped (every request's every input passes here)."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        return tensor
+
     def name(self) -> str:
         """The tensor's name."""
         return self._name
@@ -337,6 +346,36 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         self._sender_taken = False
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL  # set_release_flags (engine/python/rescheduling.py)
+
+    @classmethod
+    def _served(
+        cls,
+        model_name: str,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
+        request_id: str,
+        correlation_id: int | str,
+        flags: int,
+        parameters: str,
+        cancelled: Callable[[], bool],
+    ) -> InferenceRequest:
+        """A request as the worker hands it to `execute`: every field comes from the server, checked and typed
+        already, so the constructor's checks (a model's BLS request's) are skipped; the fields are the same."""
+        request = cls.__new__(cls)
+        request._model_name = model_name
+        request._inputs = inputs
+        request._requested = requested_output_names
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._flags = flags
+        request._parameters = parameters
+        request._timeout = 0
+        request._model_version = -1
+        request._cancelled = cancelled
+        request._sender = None
+        request._sender_taken = False
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        return request
 
     def inputs(self) -> list[Tensor]:
         """The request's input tensors (a copy of the list)."""

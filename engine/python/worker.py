@@ -4,8 +4,9 @@
 It imports the model.py, runs `auto_complete_config` and `initialize`, then serves `execute` calls (engine/python/
 messages.py's Execute: a run number, a lane, the requests) until told to stop (then `finalize`). Tensors arrive and
 leave through the server's shared-memory segments, a request and a response segment per lane
-(engine/python/transport.py); the pipe carries only control messages. A worker serves one lane, one call at a time,
-unless its model overlaps its calls (below).
+(engine/python/transport.py); the pipe carries only control messages (the common Execute and its Done not even
+those: they lie packed in the lane's control area, and the pipe carries a doorbell). A worker serves one lane, one
+call at a time, unless its model overlaps its calls (below).
 
 A decoupled model (`model_transaction_policy { decoupled: true }`) answers through its requests' response senders,
 from `execute` or from threads of its own: each `send` lays its tensors into its lane's response segment, tells the
@@ -108,7 +109,8 @@ class Worker:
         self.board_words = 1  # words of the cancel board per lane: one per request of a call (settings)
         self.lanes: dict[int, _Lane] = {}  # by number; made as the server first names one
         self.decoupled = False
-        self.pipe = WorkerPipe(connection)  # read by the thread waiting for a message (engine/python/pipe.py)
+        # Read by the thread waiting for a message (engine/python/pipe.py); a packed Execute is read out of its lane.
+        self.pipe = WorkerPipe(connection, self._packed_execute)
         self.tags = itertools.count(1)
         self._runs_lock = threading.Lock()  # guards: _runs, each run's `live`
         self._runs: dict[int, _Run] = {}  # the runs in flight (until their answer or last final flag)
@@ -176,6 +178,24 @@ class Worker:
     def send(self, message: Message) -> None:
         """Write `message` to the server (blocks while the pipe is full). Raises OSError when the server is gone."""
         self.pipe.send(message)
+
+    def answer(self, lane: _Lane, done: Done) -> None:
+        """Send a call's Done: packed into the lane's control area (the head of its response segment, written
+        after the tensors) with a doorbell on the pipe, or pickled on the pipe when it is not of the common kind
+        (Done.pack_into). Raises OSError when the server is gone."""
+        segment = lane.response_segment
+        if segment is not None and done.pack_into(transport.control(segment)):
+            self.pipe.ring(lane.number)
+        else:
+            self.send(done)
+
+    def _packed_execute(self, lane: int) -> Execute:
+        """The Execute the server packed into lane `lane`'s control area (the head of its request segment) before
+        it rang (any thread: the one reading the pipe). Raises ValueError when the lane has none."""
+        known = self.lanes.get(lane)
+        if known is None or known.request_segment is None:
+            raise ValueError(f"a doorbell for lane {lane}, which has no request segment")
+        return Execute.unpack_from(transport.control(known.request_segment))
 
     def ask(self, question: Callable[[int], Grow | Response | MetricCall]) -> ReplyPayload:
         """Send the question `question(tag)` makes with a new tag and wait for the payload of the server's Reply to it
@@ -355,7 +375,7 @@ class Worker:
                 self.send(Failed(run.number, str(refused)))
                 return
             layout.write(lane.response_segment)  # type: ignore[arg-type]
-            self.send(Done(run.number, results, model_ns))
+            self.answer(lane, Done(run.number, results, model_ns))
         finally:
             with lane.lock:
                 self._end_run(run)
@@ -445,7 +465,7 @@ class Worker:
         Raises transport.NoRoom when the response segment could not grow, EOFError or OSError when the server is
         gone, TritonModelException for a response that is not an InferenceResponse."""
         lane = run.lane
-        layout = transport.Layout()
+        layout = transport.Layout(transport.CONTROL_BYTES)
         result = None if response is None else self._result(response, requested, layout)
         if layout.size > lane.response_segment.size:  # type: ignore[union-attr]
             self._grow(run, layout.size)  # or NoRoom
@@ -494,7 +514,7 @@ class Worker:
         assert board is not None  # mapped by `start`, before any Execute
         segment = run.lane.request_segment
         inputs = [
-            pb_utils.Tensor(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
+            pb_utils.Tensor._served(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
             for d in request.inputs
         ]
         offset = 8 * (run.lane.number * self.board_words + index)
@@ -503,15 +523,15 @@ class Worker:
         def cancelled() -> bool:
             return bool(struct.unpack_from("<q", board.view, offset)[0] == number)
 
-        return pb_utils.InferenceRequest(
-            model_name=self.name,
-            inputs=inputs,
-            requested_output_names=request.outputs,
-            request_id=request.request_id,
-            correlation_id=request.correlation_id,
-            flags=request.flags,
-            parameters=_parameters_json(request.parameters),
-            _cancelled=cancelled,
+        return pb_utils.InferenceRequest._served(
+            self.name,
+            inputs,
+            list(request.outputs),
+            request.request_id,
+            request.correlation_id,
+            request.flags,
+            _parameters_json(request.parameters),
+            cancelled,
         )
 
     def _collect(
@@ -544,6 +564,8 @@ class Worker:
                 raise pb_utils.TritonModelException(
                     f"execute returned {len(responses)} responses for {len(built)} requests (one each is required)"
                 )
+            if _plainly_returned(built, responses):
+                return self._returned_results(built, requests, responses)
             for index, request in enumerate(built):
                 sender = _sender(request)
                 if sender.response is not None:  # sent already: what execute returned for it goes nowhere
@@ -561,7 +583,7 @@ class Worker:
                 self._wait(lambda: all(_sent(built[index]) is not None for index in pending))
                 for index in pending:
                     responses[index] = _sent(built[index])
-        layout = transport.Layout()
+        layout = transport.Layout(transport.CONTROL_BYTES)
         results: list[Result] = []
         for index, (response, asked) in enumerate(zip(responses, requests, strict=True)):
             if failure is None:
@@ -575,6 +597,18 @@ class Worker:
                 results.append(self._result(response, asked.outputs, layout))
         return results, layout
 
+    def _returned_results(
+        self, built: list[pb_utils.InferenceRequest], requests: list[Request], responses: list[object]
+    ) -> tuple[list[Result], transport.Layout]:
+        """`_collect` for the common call (`_plainly_returned`): each request is answered by the response execute
+        returned for it, and its sender closes (a later send raises, as on Triton)."""
+        layout = transport.Layout(transport.CONTROL_BYTES)
+        results: list[Result] = []
+        for request, asked, response in zip(built, requests, responses, strict=True):
+            _sender(request).closed = True
+            results.append(self._result(response, asked.outputs, layout))
+        return results, layout
+
     def _result(self, response: object, requested: Sequence[str], layout: transport.Layout) -> Tensors | ErrorResult:
         """A response laid out for the response segment (its requested outputs), or the error it carries or earns.
         Raises TritonModelException when it is not an InferenceResponse."""
@@ -586,12 +620,13 @@ class Worker:
             error = response.error()
             return ErrorResult(error.code(), error.message())  # type: ignore[union-attr]
         descriptors = []
-        names = [tensor.name() for tensor in response.output_tensors()]
-        twice = sorted({name for name in names if names.count(name) > 1})
-        if twice:  # Triton 2.51 answers a malformed response then (one output's shape twice, the other's none)
+        tensors = response.output_tensors()
+        names = [tensor.name() for tensor in tensors]
+        if len(set(names)) != len(names):  # Triton 2.51 answers a malformed response then (a shape twice, one none)
+            twice = sorted({name for name in names if names.count(name) > 1})
             return ErrorResult(TritonCode.INTERNAL, f"the response has more than one output named {twice}: each "
                                "output may appear once")  # fmt: skip
-        for tensor in response.output_tensors():
+        for tensor in tensors:
             if requested and tensor.name() not in requested:
                 continue
             array = tensor.as_numpy()
@@ -747,6 +782,19 @@ def _sender(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponseSen
     sender = request._sender
     assert sender is not None  # every request of a call gets one before the model sees it
     return sender
+
+
+def _plainly_returned(built: list[pb_utils.InferenceRequest], responses: list[object]) -> bool:
+    """Whether execute answered every request by returning its response: no sender taken, nothing rescheduled, every
+    response an InferenceResponse (what `_collect` then has only to lay out)."""
+    for request, response in zip(built, responses, strict=True):
+        if (
+            request._sender_taken
+            or request._release_flags != rescheduling.RELEASE_ALL
+            or type(response) is not pb_utils.InferenceResponse
+        ):
+            return False
+    return True
 
 
 def _sent(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse | None:

@@ -109,6 +109,15 @@ EVENTS: dict[str, EventSpec] = {
     "rejected": EventSpec(_INFO, ("reason", "error", "count"), _rejected_text),
     # -- the server --
     "serving": EventSpec(_INFO, ("version", "repository", "address", "metrics_address"), _serving_text),
+    "frontend_replaced": EventSpec(
+        _WARNING,
+        ("index", "old_pid", "new_pid", "exit_code", "signal"),
+        lambda f: (
+            f"front end {f['index']} (pid {f['old_pid']}) ended "
+            + (f"by {f['signal']}" if f.get("signal") else f"with exit code {f['exit_code']}")
+            + f"; its calls in flight failed; replaced by pid {f['new_pid']}"
+        ),
+    ),
     "shutdown_signal": EventSpec(_INFO, ("signal",), "received {signal}: shutting down"),
     "shutdown_signal_repeated": EventSpec(
         _INFO, ("signal",), "received {signal} again: already shutting down, the shutdown goes on"

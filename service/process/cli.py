@@ -123,6 +123,7 @@ def option_fields(args: argparse.Namespace) -> dict[str, Any]:
         max_workers=args.max_workers,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         handler_runners=args.handler_runners,
+        frontends=args.frontends,
         max_message_bytes=args.max_message_bytes,
         enable_test_backends=args.enable_test_backends,
         max_request_tensor_bytes=args.max_request_tensor_bytes,

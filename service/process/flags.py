@@ -252,6 +252,15 @@ def add_server_flags(parser: argparse.ArgumentParser, only: Collection[str] | No
         "once, 0..4096 (default: %(default)s)",
     )
     add(
+        "--frontends",
+        type=int,
+        default=ServerOptions.frontends,
+        metavar="N",
+        help="front-end processes sharing the gRPC port (SO_REUSEPORT), each doing HTTP/2, TLS, decoding and "
+        "encoding; admission, models and management stay in this process; 1 serves the port from this process, "
+        "1..64 (default: %(default)s)",
+    )
+    add(
         "--max-message-bytes",
         type=int,
         default=ServerOptions.max_message_bytes,

@@ -28,6 +28,7 @@ MAX_MESSAGE_BYTES = (1 << 31) - 1
 MAX_SECONDS = 365 * 24 * 3600
 MAX_WORKERS = 4096  # gRPC handler threads: each is an OS thread
 MAX_PORT = 65535
+MAX_FRONTENDS = 64  # front-end processes (--frontends)
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,14 @@ class ServerOptions:
     # grpcio server arguments from Triton's --grpc-keepalive-* and --grpc-http2-* flags: (argument, value) pairs.
     grpc_arguments: tuple[tuple[str, int], ...] = ()
     reuse_port: bool = False  # SO_REUSEPORT on the gRPC port (Triton's --reuse-grpc-port)
+    # Front-end processes sharing the gRPC port (service/frontends/); 1: this process serves it, as always.
+    frontends: int = 1
     # The rate limiter (service/core/rate_limiter.py): Triton's --rate-limit and --rate-limit-resource.
     rate_limit: RateLimitMode = RateLimitMode.OFF
     rate_limit_resources: tuple[ResourceFlag, ...] = ()
     log_format: str = "text"
+    # tritonserver's --log-verbose N, as LogSettings reads it back (slotserve logs one DEBUG level: 1 or more is DEBUG).
+    log_verbose_level: int = 0
     extra_backends: dict[str, Backend] = field(
         default_factory=dict, compare=False
     )  # name -> Backend, for tests and plugins
@@ -259,6 +264,7 @@ RANGES: dict[str, tuple[str, float, float | None, str]] = {
     "max_workers": ("--max-workers", 2, MAX_WORKERS, "int"),
     "max_concurrent_rpcs": ("--max-concurrent-rpcs", 1, MAX_CONCURRENT_RPCS, "int"),
     "handler_runners": ("--handler-runners", 0, MAX_WORKERS, "int"),
+    "frontends": ("--frontends", 1, MAX_FRONTENDS, "int"),
     "control_threads": ("control_threads", 1, MAX_WORKERS - 1, "int"),
     "max_message_bytes": ("--max-message-bytes", MIN_MESSAGE_BYTES, MAX_MESSAGE_BYTES, "int"),
     "max_resident_models": ("--max-resident-models", 0, None, "int"),

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -53,6 +54,10 @@ from .metrics import BusyCallsCollector, ServerMetrics, SlotserveCollector
 from .options import ServerOptions
 from .timers import TimerQueue
 from .trace_output import TraceOutput
+
+if TYPE_CHECKING:  # the front ends' modules load only with --frontends N > 1
+    from ..frontends.forwarded import HandlerTable
+    from ..frontends.supervisor import Frontends
 
 _LOG = logging.getLogger(__name__)
 
@@ -196,14 +201,20 @@ class Server:
                 custom_metrics=self.custom_metrics,
             )
         )
-        self.log_settings = LogControl()  # the process's logging, as the LogSettings RPC reads and changes it
+        # The process's logging, as the LogSettings RPC reads and changes it (--log-verbose N read back as N).
+        self.log_settings = LogControl(verbose_level=options.log_verbose_level)
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)
         self.metrics.registry.register(BusyCallsCollector(lambda: self.calls.refused))  # slotserve_busy_calls_total
         self.timers = TimerQueue("stream-write-timeouts")
+        self._access = AccessGate(
+            options.allow_management, Authenticator(options.management_token, options.inference_token)
+        )
         self._executor: HandlerThreads | None = None
         self._grpc: grpc.Server | None = None
+        self._frontends: Frontends | None = None  # --frontends N > 1: their supervisor
+        self._serving = False  # the health, as the front ends answer it
         self.port: int | None = None
         self._shutdown_lock = threading.Lock()  # guards: _shutdown_claimed
         self._shutdown_claimed = False
@@ -247,21 +258,37 @@ class Server:
         it takes a thread). No per-connection stream limit: HTTP/2 refuses a stream beyond it, and a client's next call
         racing the close of its last one then fails with UNAVAILABLE (the fuzz tests saw it). docs/operations.md
         ("Probes and stalled calls") has the figures."""
-        limit = self.options.max_message_bytes
         self._executor = HandlerThreads(keep=self.options.max_workers, runners=self.options.handler_runners)
         server = grpc.server(
             self._executor,  # type: ignore[arg-type]  # grpcio only calls submit; its stubs ask for a ThreadPoolExecutor
             options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
+                ("grpc.max_receive_message_length", self.options.max_message_bytes),
+                ("grpc.max_send_message_length", self.options.max_message_bytes),
                 ("grpc.so_reuseport", 1 if self.options.reuse_port else 0),
                 *self.options.grpc_arguments,
             ],
             maximum_concurrent_rpcs=self.options.concurrent_rpcs,
         )
-        access = AccessGate(
-            self.options.allow_management, Authenticator(self.options.management_token, self.options.inference_token)
-        )
+        self._add_servicers(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        if self.options.reflection:
+            reflection.enable_server_reflection(
+                (INFERENCE_SERVICE, MANAGEMENT_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            )
+        return server
+
+    def _grpc_arguments(self) -> list[tuple[str, int]]:
+        """The front ends' gRPC arguments (each adds grpc.so_reuseport itself)."""
+        limit = self.options.max_message_bytes
+        return [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            *self.options.grpc_arguments,
+        ]
+
+    def _add_servicers(self, server: grpc.Server | HandlerTable) -> None:
+        """Register both services' servicers on `server` (or, with front ends, in the table their calls run from)."""
+        access = self._access
         add_inference_servicer(
             InferenceServicer(
                 self.registry,
@@ -277,15 +304,30 @@ class Server:
                 trace_settings=self.trace_settings,
                 log_control=self.log_settings,
             ),
-            server,
+            server,  # type: ignore[arg-type]  # a HandlerTable takes what a grpc.Server takes
         )
-        add_management_servicer(ManagementServicer(self.registry, access, self.calls), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        if self.options.reflection:
-            reflection.enable_server_reflection(
-                (INFERENCE_SERVICE, MANAGEMENT_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-            )
-        return server
+        add_management_servicer(ManagementServicer(self.registry, access, self.calls), server)  # type: ignore[arg-type]
+
+    def _build_frontends(self) -> Frontends:
+        """--frontends N > 1: the servicers in a table, run on this process's handler threads, for N front-end
+        processes (service/frontends/supervisor.py). Health and reflection are answered by the front ends."""
+        from ..frontends.forwarded import HandlerTable
+        from ..frontends.infer import ForwardedInfer
+        from ..frontends.supervisor import Frontends, FrontendSettings, tls_material
+
+        self._executor = HandlerThreads(keep=self.options.max_workers, runners=self.options.handler_runners)
+        table = HandlerTable()
+        self._add_servicers(table)
+        options = self.options
+        settings = FrontendSettings(
+            tuple(self._grpc_arguments()),
+            options.concurrent_rpcs,
+            options.max_workers,
+            options.reflection,
+            tls_material(options.tls_cert, options.tls_key, options.tls_client_ca),
+        )
+        infer = ForwardedInfer(self._access, self.calls, self.dataplane)  # ModelInfers the front ends decoded
+        return Frontends(options.frontends, table, self._executor, settings, lambda: self._serving, infer)
 
     def start(self) -> int:
         """Bind and listen, register (and by default load) the repository's models, then report ready. Returns the
@@ -307,22 +349,26 @@ class Server:
             raise
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.residency.start()
-        self._grpc = self._build_grpc()
-        try:
-            address = f"{self._bind_host()}:{self.options.port}"
-            # With TLS the port speaks only TLS: a plaintext client cannot complete a handshake.
-            self.port = (
-                self._grpc.add_insecure_port(address)
-                if credentials is None
-                else self._grpc.add_secure_port(address, credentials)
-            )
-        except RuntimeError as error:
-            self._release_unserved()
-            raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from None
-        # Listening before the startup loads: ServerLive answers, ServerReady and health say not ready until they
-        # have ended (each within its own bound: a hung python initialize fails at its initialize timeout), and
-        # the models loaded already serve meanwhile (docs/lifecycle.md, "Startup").
-        self._grpc.start()
+        if self.options.frontends > 1:
+            self._start_frontends()
+        else:
+            self._grpc = self._build_grpc()
+            try:
+                address = f"{self._bind_host()}:{self.options.port}"
+                # With TLS the port speaks only TLS: a plaintext client cannot complete a handshake.
+                self.port = (
+                    self._grpc.add_insecure_port(address)
+                    if credentials is None
+                    else self._grpc.add_secure_port(address, credentials)
+                )
+            except RuntimeError as error:
+                self._release_unserved()
+                raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from None
+            # Listening before the startup loads: ServerLive answers, ServerReady and health say not ready until
+            # they have ended (each within its own bound: a hung python initialize fails at its initialize
+            # timeout), and the models loaded already serve meanwhile (docs/lifecycle.md, "Startup").
+            self._grpc.start()
+        assert self.port is not None  # set by either branch
         failures = StartupFailures(self.runtime.events) if self.options.exit_on_error else None
         try:
             self.control.start()  # registers the repository's models and loads what --model-control-mode says
@@ -355,6 +401,23 @@ class Server:
         )
         return self.port
 
+    def _start_frontends(self) -> None:
+        """Start the front ends on the (reserved) port; the port is set once every one of them listens. Raises
+        RuntimeError when one cannot start, after releasing what startup built."""
+        self._frontends = self._build_frontends()
+        try:
+            self.port = self._frontends.start(self.options.host, self.options.port)
+        except RuntimeError:
+            self._frontends.close(0.0)
+            self._release_unserved()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            raise
+
+    def frontend_pids(self) -> list[int]:
+        """The live front-end processes' ids in index order (empty with --frontends 1)."""
+        return self._frontends.pids() if self._frontends is not None else []
+
     def _release_unserved(self) -> None:
         """Nothing serves: release what startup built (threads, loaded engines) before raising."""
         self.residency.stop()
@@ -370,6 +433,9 @@ class Server:
     def _set_health(self, status: int) -> None:  # a HealthCheckResponse.ServingStatus
         for service in ("", INFERENCE_SERVICE, MANAGEMENT_SERVICE):
             self.health.set(service, status)
+        self._serving = status == health_pb2.HealthCheckResponse.SERVING
+        if self._frontends is not None:
+            self._frontends.set_serving(self._serving)  # each front end answers health from it
 
     def shutdown(
         self, *, drain_seconds: float | None = None, grace: float | None = None, margin: float = SHUTDOWN_MARGIN
@@ -415,6 +481,8 @@ class Server:
         # the last wait below (until the bound) sees it done; ending both at the bound raced, and a hung call let
         # go just after the shutdown returned could still answer its client OK.
         stopped = self._grpc.stop(max(0.0, left() - finish / 2)) if self._grpc is not None else None
+        if self._frontends is not None:  # their listeners close first; their calls in progress go on here
+            self._frontends.stop_listening(max(0.0, left() - finish / 2))
         log_event(_LOG, "shutdown_closed_to_new_calls", calls=self.calls.active, grace_seconds=grace)
         # The reaper retires nothing more; a retirement it is in the middle of finishes on its own (its teardown
         # can be slow), and must not hold up the steps below: it is not waited for here.
@@ -439,6 +507,8 @@ class Server:
             log_event(_LOG, "shutdown_engines_left_open", models=abandoned_models)
         if stopped is not None:
             stopped.wait(left(margin))
+        if self._frontends is not None:  # every call has ended (or was abandoned): the front ends exit
+            self._frontends.close(left(margin))
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self.timers.close()
@@ -456,6 +526,8 @@ class Server:
     def wait(self) -> None:
         if self._grpc is not None:
             self._grpc.wait_for_termination()
+        elif self._frontends is not None:
+            self._shutdown_done.wait()
 
 
 class StartupFailures:
