@@ -61,6 +61,7 @@ Parameters read from config.pbtxt (all optional):
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -415,7 +416,9 @@ class WorkerProcess:
             requests = self._lay_out(call.lane, members)
             watchers = [self._cancel_watcher(call, index, member.cancel) for index, member in enumerate(members)]
             try:
-                self._send_execute(call, Execute(call.run, lane, requests, self._hand_over(call)))
+                self._send_execute(
+                    call, Execute(call.run, lane, requests, self._hand_over(call) if call.lane.new else {})
+                )
                 sent = True
                 return self._results(call, members)
             finally:
@@ -636,6 +639,8 @@ class WorkerProcess:
             if left is not None and left <= 0:
                 self._kill_for(waiter)  # raises
             message = self._receive(POLL_SECONDS if left is None else min(POLL_SECONDS, left))
+            if type(message) is Done and message.run == call.run and not call.handed_over:
+                return message  # the call's answer, as `_route` would return it (the common message, routed here)
             if message is not None:
                 mine = self._route(message, call, waiter)
                 if mine is not None:
@@ -854,11 +859,9 @@ class WorkerProcess:
     def _cancel_watcher(self, call: _Call, index: int, cancel: CancelToken) -> Callable[[], None]:
         """Have `cancel` firing mark the `index`-th request of `call` cancelled on the board (the model's
         `is_cancelled()` reads it); returns the callback, for the caller to remove when the call ends."""
-        board, offset, run = self.board.view, self._board_offset(call, index), call.run
-
-        def cancelled() -> None:  # writes only this run's number: a late callback of an older run is harmless
-            struct.pack_into("<q", board, offset, run)
-
+        # Writes only this run's number: a late callback of an older run is harmless. A partial, not a closure: made
+        # for every request, it costs less to make and to call.
+        cancelled = functools.partial(_BOARD_WORD.pack_into, self.board.view, self._board_offset(call, index), call.run)
         cancel.add_callback(cancelled)
         return cancelled
 
@@ -993,6 +996,8 @@ class _Lane:
         ends, by the same rule: transport.single_use); one the worker never saw (the call was not sent) goes too.
         Its place holds a released segment until the next call makes a small one (`_lay_out`), so no file is
         named between calls."""
+        if self.requests.size <= transport.KEEP_SEGMENT_BYTES >= self.responses.size:  # the common call: both kept
+            return
         for key, segment in (("request", self.requests), ("response", self.responses)):
             if transport.single_use(segment) and (sent or key in self.new):
                 self.new.pop(key, None)
@@ -1000,14 +1005,16 @@ class _Lane:
                 segment.unlink()
                 segment.close()
 
-    def read(self, descriptor: Descriptor) -> np.ndarray:
-        bf16 = datatypes.bfloat16() if descriptor.datatype == "BF16" else None
-        return transport.read(self.responses, descriptor, copy=True, bf16=bf16)
-
     def read_result(self, result: Tensors | ErrorResult | Released) -> CallResult:
         """A response's result with its tensors copied out of the response segment."""
         if isinstance(result, Tensors):
-            return {d.name: self.read(d) for d in result.descriptors}
+            responses = self.responses
+            return {
+                d.name: transport.read(
+                    responses, d, copy=True, bf16=datatypes.bfloat16() if d.datatype == "BF16" else None
+                )
+                for d in result.descriptors
+            }
         return result
 
     def free(self) -> None:
@@ -1404,10 +1411,13 @@ def _request(descriptors: list[Descriptor], member: Member) -> Request:
 
 
 _NO_INFO = RequestInfo()
+_BOARD_WORD = struct.Struct("<q")  # a request's word of the cancel board: its run's number once it was cancelled
 
 
 def _caller_deadline(members: Sequence[Member]) -> float | None:
     """The deadline a call's BLS calls carry: the latest of its requests' (None when one of them has none)."""
+    if len(members) == 1:  # the common call
+        return (members[0].cancel.request or _NO_INFO).deadline
     deadlines = [(member.cancel.request or _NO_INFO).deadline for member in members]
     if any(deadline is None for deadline in deadlines):
         return None

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
@@ -305,11 +306,26 @@ class Execute(NamedTuple):
         travels on the pipe, pickled). Never raises."""
         if self.segments:
             return False
-        packer = _Packer("qHH", [self.run, self.lane, len(self.requests)])
+        for request in self.requests:
+            if request.parameters:
+                return False
+        try:  # all but the run, and each request less its parameters (none): a shape the lane's last calls had
+            shape = (self.lane, *[request[:5] for request in self.requests])
+            known = _EXECUTES_WRITTEN.get(shape)
+        except TypeError:  # a field that cannot be a key (a list for a tuple): packed the long way
+            shape, known = None, None
+        if known is None:
+            packer = _Packer("qHH", [self.run, self.lane, len(self.requests)], varying=1)
+            try:
+                for request in self.requests:
+                    packer.request(request)
+                known = packer.compiled()
+            except _NOT_PACKABLE:
+                return False
+            if shape is not None:
+                _remember(_EXECUTES_WRITTEN, shape, known)
         try:
-            for request in self.requests:
-                packer.request(request)
-            return packer.write(control, _EXECUTE)
+            return _write(control, _EXECUTE, known, (self.run,))
         except _NOT_PACKABLE:
             return False
 
@@ -317,6 +333,9 @@ class Execute(NamedTuple):
     def unpack_from(cls, control: memoryview) -> Execute:
         """The record `pack_into` wrote into `control`. Raises ValueError when `control` holds no packed Execute."""
         values = _unpacked(control, _EXECUTE)
+        known = _EXECUTES_READ.get(values[1:])  # all but the run: the lane's last calls were of this shape
+        if known is not None:
+            return _new(cls, (values[0], known[0], list(known[1]), {}))
         try:
             run, lane, count = values[0], values[1], values[2]
             at = 3
@@ -326,6 +345,7 @@ class Execute(NamedTuple):
                 requests.append(request)
         except (IndexError, TypeError, UnicodeDecodeError) as error:
             raise ValueError(f"the control area holds no Execute: {error}") from None
+        _remember(_EXECUTES_READ, values[1:], (lane, tuple(requests)))
         return _new(cls, (run, lane, requests, {}))
 
 
@@ -351,19 +371,32 @@ class Done(NamedTuple):
         field, for the common answer: every result Tensors or an ErrorResult. Returns False, having written nothing
         the server will read, when a result is another (a Released) or the record does not fit (it then travels on
         the pipe, pickled). Never raises."""
-        packer = _Packer("qqH", [self.run, self.model_ns, len(self.results)])
+        try:  # all but the run and model_ns: a shape the lane's last answers had
+            results = tuple(self.results)
+            shape: tuple[Any, ...] | None = results
+            known = _DONES_WRITTEN.get(results)
+        except TypeError:  # a field that cannot be a key (a list for a tuple): packed the long way
+            shape, known = None, None
+        if known is None:
+            packer = _Packer("qqH", [self.run, self.model_ns, len(self.results)], varying=2)
+            try:
+                for result in self.results:
+                    if isinstance(result, Tensors):
+                        packer.add("BH", _TENSORS, len(result.descriptors))
+                        for descriptor in result.descriptors:
+                            packer.descriptor(descriptor)
+                    elif isinstance(result, ErrorResult):
+                        words = result.message.encode()
+                        packer.add(f"Bq{len(words)}s", _ERROR, int(result.code), words)
+                    else:
+                        return False
+                known = packer.compiled()
+            except _NOT_PACKABLE:
+                return False
+            if shape is not None:
+                _remember(_DONES_WRITTEN, shape, known)
         try:
-            for result in self.results:
-                if isinstance(result, Tensors):
-                    packer.add("BH", _TENSORS, len(result.descriptors))
-                    for descriptor in result.descriptors:
-                        packer.descriptor(descriptor)
-                elif isinstance(result, ErrorResult):
-                    words = result.message.encode()
-                    packer.add(f"Bq{len(words)}s", _ERROR, int(result.code), words)
-                else:
-                    return False
-            return packer.write(control, _DONE)
+            return _write(control, _DONE, known, (self.run, self.model_ns))
         except _NOT_PACKABLE:
             return False
 
@@ -371,6 +404,9 @@ class Done(NamedTuple):
     def unpack_from(cls, control: memoryview) -> Done:
         """The record `pack_into` wrote into `control`. Raises ValueError when `control` holds no packed Done."""
         values = _unpacked(control, _DONE)
+        known = _DONES_READ.get(values[2:])  # all but the run and model_ns: the lane's last answers were of this shape
+        if known is not None:
+            return _new(cls, (values[0], list(known), values[1]))
         try:
             run, model_ns, count = values[0], values[1], values[2]
             at = 3
@@ -383,12 +419,13 @@ class Done(NamedTuple):
                     for _ in range(described):
                         descriptor, at = _descriptor_from(values, at)
                         descriptors.append(descriptor)
-                    results.append(_new(Tensors, (descriptors,)))
+                    results.append(_new(Tensors, (tuple(descriptors),)))
                 else:
                     results.append(_new(ErrorResult, (values[at + 1], values[at + 2].decode())))
                     at += 3
         except (IndexError, TypeError, UnicodeDecodeError) as error:
             raise ValueError(f"the control area holds no Done: {error}") from None
+        _remember(_DONES_READ, values[2:], tuple(results))
         return _new(cls, (run, results, model_ns))
 
 
@@ -666,16 +703,40 @@ _DATATYPE_CODES = {name: code for code, name in enumerate(NAMES)}
 # call. Forgotten all at once past _DESCRIPTORS_KEPT (names that change from call to call cannot grow it).
 _DESCRIPTORS: dict[tuple[str, int], tuple[bytes, str]] = {}
 _DESCRIPTORS_KEPT = 256
+# What a call's records cost to write and read is mostly Python's walk through their fields, and a model's calls
+# come in a few shapes (the same inputs, shapes and outputs): each process remembers, per shape, the compiled
+# `struct` of a body's format (by its text: _WRITE_FORMATS, _READ_FORMATS) and what a body read back made (by its
+# values less those that change every call, the run and model_ns: _EXECUTES_READ, _DONES_READ; the records made
+# are shared, so they hold tuples, never lists a reader could change). Each is forgotten all at once past
+# _SHAPES_KEPT entries, so shapes that change from call to call cannot grow it.
+_WRITE_FORMATS: dict[str, tuple[struct.Struct, bytes]] = {}
+_READ_FORMATS: dict[bytes, struct.Struct] = {}
+_EXECUTES_READ: dict[tuple[Any, ...], tuple[int, tuple[Request, ...]]] = {}
+_DONES_READ: dict[tuple[Any, ...], tuple[Result, ...]] = {}
+_EXECUTES_WRITTEN: dict[tuple[Any, ...], _Compiled] = {}
+_DONES_WRITTEN: dict[tuple[Any, ...], _Compiled] = {}
+_SHAPES_KEPT = 64
+_Remembered = TypeVar("_Remembered")
+_NO_PARAMETERS: Mapping[str, object] = types.MappingProxyType({})  # a request read back has none: never changed
+
+
+def _remember(memo: dict[Any, _Remembered], key: Any, value: _Remembered) -> _Remembered:
+    """Keep `value` under `key` in `memo` (emptied first when it is full); returns `value`."""
+    if len(memo) >= _SHAPES_KEPT:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 class _Packer:
     """A record's body as it is packed: its format's parts and its values, written in one `struct` call."""
 
-    __slots__ = ("formats", "values")
+    __slots__ = ("formats", "values", "varying")
 
-    def __init__(self, head: str, values: list[Any]) -> None:
+    def __init__(self, head: str, values: list[Any], varying: int) -> None:
         self.formats = ["<", head]
         self.values = values
+        self.varying = varying  # how many of the first values change with every record (`compiled`)
 
     def add(self, fmt: str, *values: Any) -> None:
         self.formats.append(fmt)
@@ -706,18 +767,34 @@ class _Packer:
         self.values.append(descriptor.offset)
         self.values.append(descriptor.nbytes)
 
-    def write(self, control: memoryview, kind: int) -> bool:
-        """Write the head and the body into `control`. Returns False when they do not fit. Raises struct.error
-        for a value its format refuses."""
+    def compiled(self) -> _Compiled:
+        """The body's compiled format, its text, and its values less the `varying` first ones (the run; a Done's
+        model_ns too), which `_write` is given apart. Raises struct.error for a value its format refuses (checked
+        here, by packing it once, so what is remembered always packs)."""
         fmt = "".join(self.formats)
-        spelled = fmt.encode()
-        at = _HEAD.size + len(spelled)
-        if at + struct.calcsize(fmt) > len(control):
-            return False
-        struct.pack_into(fmt, control, at, *self.values)
-        control[_HEAD.size : at] = spelled
-        _HEAD.pack_into(control, 0, kind, len(spelled))
-        return True
+        compiled = _WRITE_FORMATS.get(fmt)
+        if compiled is None:
+            compiled = _remember(_WRITE_FORMATS, fmt, (struct.Struct(fmt), fmt.encode()))
+        body, spelled = compiled
+        body.pack(*self.values)
+        return body, spelled, tuple(self.values[self.varying :])
+
+
+# A record's body ready to write: its compiled format, the format's text, its values less the varying first ones.
+_Compiled: TypeAlias = tuple[struct.Struct, bytes, tuple[Any, ...]]
+
+
+def _write(control: memoryview, kind: int, compiled: _Compiled, varying: tuple[Any, ...]) -> bool:
+    """Write a record of `kind` into `control`: the head, the body's format and its values, `varying` first.
+    Returns False when they do not fit. Raises struct.error for a varying value its format refuses."""
+    body, spelled, rest = compiled
+    at = _HEAD.size + len(spelled)
+    if at + body.size > len(control):
+        return False
+    body.pack_into(control, at, *varying, *rest)
+    control[_HEAD.size : at] = spelled
+    _HEAD.pack_into(control, 0, kind, len(spelled))
+    return True
 
 
 def _unpacked(control: memoryview, kind: int) -> tuple[Any, ...]:
@@ -726,8 +803,11 @@ def _unpacked(control: memoryview, kind: int) -> tuple[Any, ...]:
         found, length = _HEAD.unpack_from(control, 0)
         if found != kind:
             raise ValueError(f"the control area holds a record of kind {found}, not of kind {kind}")
-        fmt = str(control[_HEAD.size : _HEAD.size + length], "ascii")
-        return struct.unpack_from(fmt, control, _HEAD.size + length)
+        spelled = bytes(control[_HEAD.size : _HEAD.size + length])
+        body = _READ_FORMATS.get(spelled)
+        if body is None:
+            body = _remember(_READ_FORMATS, spelled, struct.Struct(str(spelled, "ascii")))
+        return body.unpack_from(control, _HEAD.size + length)
     except (struct.error, UnicodeDecodeError) as error:
         raise ValueError(f"the control area holds no packed record: {error}") from None
 
@@ -743,7 +823,7 @@ def _request_from(values: tuple[Any, ...], at: int) -> tuple[Request, int]:
     for _ in range(count):
         descriptor, at = _descriptor_from(values, at)
         inputs.append(descriptor)
-    return _new(Request, (inputs, outputs, request_id.decode(), correlation_id, flags, {})), at
+    return _new(Request, (tuple(inputs), outputs, request_id.decode(), correlation_id, flags, _NO_PARAMETERS)), at
 
 
 def _descriptor_from(values: tuple[Any, ...], at: int) -> tuple[Descriptor, int]:

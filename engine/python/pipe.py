@@ -43,6 +43,9 @@ class WorkerPipe:
         self._send_lock = threading.Lock()  # guards: writing on the pipe (a message is written whole)
         self._changed = threading.Condition(threading.Lock())  # guards: the fields below; notified on every change
         self._reading = False  # a thread holds the reader's role
+        # Threads in `_changed.wait()`: notified only when there are some (a Condition's notify_all is Python code, on
+        # every message of the common call, whose main thread is the pipe's only reader).
+        self._waiting = 0
         self._closed = False  # the pipe closed: the server is gone
         self._orders: deque[Order] = deque()  # for the main thread
         self._answers: dict[int, ReplyPayload] = {}  # replies to `ask`, by tag
@@ -62,9 +65,43 @@ class WorkerPipe:
     def next_order(self) -> Order | None:
         """The server's next Execute or Stop (blocks, without a timeout: the server's watchdog ends a worker whose
         server is gone; reads the pipe meanwhile); None once the server is gone."""
+        with self._changed:
+            if self._orders:
+                return self._orders.popleft()
+            mine = not self._reading and not self._closed
+            if mine:
+                self._reading = True
+        if mine:  # the common case: the idle main thread reads the pipe, and its next order is the next it files
+            return self._read_order()
         self._wait(lambda: bool(self._orders))
         with self._changed:
             return self._orders.popleft() if self._orders else None
+
+    def _read_order(self) -> Order | None:
+        """`next_order` for the thread that took the reader's role with no order filed: the first order it reads is
+        the next (no other thread files orders while it reads), returned without filing it; what comes before it is
+        filed for its threads."""
+        try:
+            while True:
+                try:
+                    message = transport.receive(self._connection, self._packed)
+                except (EOFError, OSError):
+                    with self._changed:
+                        self._closed = True
+                    return None
+                if type(message) is Execute or type(message) is Stop:
+                    return message
+                with self._changed:
+                    dropped = self._file(message)
+                    if self._waiting:
+                        self._changed.notify_all()
+                if dropped is not None:
+                    unlink_reply(dropped)
+        finally:
+            with self._changed:
+                self._reading = False
+                if self._waiting:
+                    self._changed.notify_all()  # a thread still waiting takes the role over
 
     def answer(self, tag: int) -> ReplyPayload:
         """The payload of the Reply to the question sent with `tag` (blocks, without a timeout). Raises EOFError
@@ -102,7 +139,11 @@ class WorkerPipe:
                 if not self._reading:
                     self._reading = True
                     break
-                self._changed.wait()
+                self._waiting += 1
+                try:
+                    self._changed.wait()
+                finally:
+                    self._waiting -= 1
             else:
                 return
         try:
@@ -110,7 +151,8 @@ class WorkerPipe:
         finally:
             with self._changed:
                 self._reading = False
-                self._changed.notify_all()  # a thread still waiting takes the role over
+                if self._waiting:
+                    self._changed.notify_all()  # a thread still waiting takes the role over
 
     def _read_until(self, ready: Callable[[], bool]) -> None:
         while True:
@@ -122,7 +164,8 @@ class WorkerPipe:
                 return
             with self._changed:
                 dropped = self._file(message)
-                self._changed.notify_all()
+                if self._waiting:
+                    self._changed.notify_all()
                 done = ready()
             if dropped is not None:
                 unlink_reply(dropped)

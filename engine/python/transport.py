@@ -403,15 +403,19 @@ class Layout:
 def read(segment: Segment, descriptor: Descriptor, *, copy: bool, bf16: Any = None) -> np.ndarray:
     """The tensor `descriptor` names: a view of the segment (read-only) or, with `copy`, an array of its own.
     BYTES tensors are always rebuilt (new objects)."""
-    raw = segment.view[descriptor.offset : descriptor.offset + descriptor.nbytes]
-    count = math.prod(descriptor.shape)
-    if descriptor.datatype == "BYTES":
-        return _decode_bytes(raw, count).reshape(descriptor.shape)
-    dtype = bf16 if descriptor.datatype == "BF16" else _NUMPY[descriptor.datatype]
-    array = np.frombuffer(raw, dtype=dtype, count=count).reshape(descriptor.shape)
-    if copy:
-        return array.copy()
-    array.flags.writeable = False
+    _, datatype, shape, offset, nbytes = descriptor
+    if datatype == "BYTES":
+        return _decode_bytes(segment.view[offset : offset + nbytes], math.prod(shape)).reshape(shape)
+    if not copy:  # np.frombuffer at an offset, not of a slice: it holds the mapping as well, for less
+        dtype = bf16 if datatype == "BF16" else _NUMPY[datatype]
+        array = np.frombuffer(segment.view, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+        array.flags.writeable = False
+        return array
+    if datatype == "BF16":  # a buffer cannot carry ml_dtypes' bfloat16: a view's copy
+        return np.frombuffer(segment.view, dtype=bf16, count=math.prod(shape), offset=offset).reshape(shape).copy()
+    array = np.empty(shape, _NUMPY[datatype])  # an array of its own, its bytes copied in (half a view's copy)
+    if nbytes:
+        array.data.cast("B")[:] = segment.view[offset : offset + nbytes]
     return array
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import importlib.machinery
 import importlib.util
 import inspect
@@ -72,7 +73,6 @@ from .messages import (
     BlsCall,
     CallReply,
     CallRequest,
-    Descriptor,
     Done,
     ErrorResult,
     Execute,
@@ -319,7 +319,8 @@ class Worker:
         its requests' senders send them; another model's as a Done (`execute_returning`). Blocks for the model's
         execute (a decoupled `async def` one is left running). Raises OSError when the server is gone."""
         lane = self._lane(message.lane)
-        self._remap(lane, message.segments)
+        if message.segments:
+            self._remap(lane, message.segments)
         run = _Run(message.run, lane)
         board = self.cancel_board
         built = [self._request(run, index, request, board) for index, request in enumerate(message.requests)]
@@ -354,7 +355,7 @@ class Worker:
                 began = time.perf_counter_ns()
                 try:
                     returned = self.model.execute(built)
-                    if inspect.iscoroutine(returned):
+                    if type(returned) is not list and inspect.iscoroutine(returned):
                         returned = self.event_loop().run(returned)
                 except BaseException as error:  # the model's own code
                     _LOG.error("model '%s': execute raised:\n%s", self.name, traceback.format_exc())
@@ -513,16 +514,12 @@ class Worker:
         segment, and `is_cancelled()` reads its word of the cancel board."""
         assert board is not None  # mapped by `start`, before any Execute
         segment = run.lane.request_segment
+        served = pb_utils.Tensor._served
         inputs = [
-            pb_utils.Tensor._served(d.name, transport.read(segment, d, copy=False, bf16=_bf16(d)))  # type: ignore[arg-type]
+            served(d.name, transport.read(segment, d, copy=False, bf16=_bfloat16() if d.datatype == "BF16" else None))  # type: ignore[arg-type]
             for d in request.inputs
         ]
         offset = 8 * (run.lane.number * self.board_words + index)
-        number = run.number
-
-        def cancelled() -> bool:
-            return bool(struct.unpack_from("<q", board.view, offset)[0] == number)
-
         return pb_utils.InferenceRequest._served(
             self.name,
             inputs,
@@ -531,7 +528,8 @@ class Worker:
             request.correlation_id,
             request.flags,
             _parameters_json(request.parameters),
-            cancelled,
+            # A partial, not a closure (one per request): is_cancelled() is whether the board holds this run's number.
+            functools.partial(_cancelled_on, board.view, offset, run.number),
         )
 
     def _collect(
@@ -620,16 +618,16 @@ class Worker:
             error = response.error()
             return ErrorResult(error.code(), error.message())  # type: ignore[union-attr]
         descriptors = []
-        tensors = response.output_tensors()
-        names = [tensor.name() for tensor in tensors]
+        tensors = response._tensors  # read only (output_tensors() copies the list for a model)
+        names = [tensor._name for tensor in tensors]
         if len(set(names)) != len(names):  # Triton 2.51 answers a malformed response then (a shape twice, one none)
             twice = sorted({name for name in names if names.count(name) > 1})
             return ErrorResult(TritonCode.INTERNAL, f"the response has more than one output named {twice}: each "
                                "output may appear once")  # fmt: skip
         for tensor in tensors:
-            if requested and tensor.name() not in requested:
+            if requested and tensor._name not in requested:
                 continue
-            array = tensor.as_numpy()
+            array = tensor._array
             datatype = transport.datatype_of(array)
             if datatype is None:
                 return ErrorResult(TritonCode.INTERNAL, f"output '{tensor.name()}' has numpy dtype {array.dtype}, "
@@ -802,6 +800,14 @@ def _sent(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse | No
     return _sender(request).response
 
 
+def _cancelled_on(board: memoryview, offset: int, run: int) -> bool:
+    """Whether the server marked run `run`'s request at `offset` of the cancel board cancelled."""
+    return bool(_BOARD_WORD.unpack_from(board, offset)[0] == run)
+
+
+_BOARD_WORD = struct.Struct("<q")
+
+
 def _parameters_json(parameters: Mapping[str, object] | None) -> str:
     # Most requests carry none: "{}" without the encoder saves a few microseconds of every small request.
     return json.dumps(parameters, separators=(",", ":")) if parameters else "{}"
@@ -817,11 +823,6 @@ def _bf16_type(reply: CallReply) -> Any:
     """The numpy type of bfloat16 when a tensor of `reply` is BF16, else None (ml_dtypes is imported only then)."""
     wanted = any(isinstance(r, Tensors) and any(d.datatype == "BF16" for d in r.descriptors) for r in reply.responses)
     return _bfloat16() if wanted else None
-
-
-def _bf16(descriptor: Descriptor) -> Any:
-    """The numpy type of a BF16 tensor (ml_dtypes' bfloat16, imported on first use); None for another datatype."""
-    return _bfloat16() if descriptor.datatype == "BF16" else None
 
 
 def _bfloat16() -> Any:

@@ -104,6 +104,39 @@ def test_what_is_not_the_common_kind_is_not_packed_and_travels_pickled(control, 
         receiver.close()
 
 
+def test_records_of_a_shape_already_packed_come_back_each_with_its_own_fields(control):
+    """Each process remembers what a shape of record packed and read back (messages.py, _EXECUTES_WRITTEN and the
+    others): a later record of the same shape carries its own run, model_ns, offsets and dims, never the first's."""
+    first = Execute(1, 0, [Request((X,), (), "", 0, 0, {})], {})
+    later = [
+        first._replace(run=2),
+        first._replace(run=3, requests=[Request((X._replace(offset=X.offset + 64),), (), "", 0, 0, {})]),
+        first._replace(run=4, requests=[Request((X._replace(shape=(2, 8)),), (), "", 0, 0, {})]),
+        first._replace(run=5, lane=1),
+    ]
+    for execute in [first, *later, first._replace(run=6)]:
+        assert execute.pack_into(control)
+        assert _as_plain(Execute.unpack_from(control)) == _as_plain(execute)
+    done = Done(1, [Tensors((X,))], 10)
+    for answer in [done, done._replace(run=2, model_ns=20), Done(3, [Tensors((X._replace(nbytes=32),))], 30), done]:
+        assert answer.pack_into(control)
+        assert _as_plain(Done.unpack_from(control)) == _as_plain(answer)
+
+
+def test_a_request_with_parameters_is_not_packed_after_one_of_its_shape_without(control):
+    assert Execute(1, 0, [Request((X,), (), "", 0, 0, {})], {}).pack_into(control)
+    assert not Execute(2, 0, [Request((X,), (), "", 0, 0, {"key": "value"})], {}).pack_into(control)
+
+
+def test_records_read_back_share_nothing_a_reader_could_change(control):
+    execute = Execute(1, 0, [Request((X,), (), "", 0, 0, {})], {})
+    assert execute.pack_into(control)
+    first = Execute.unpack_from(control)
+    first.requests.append(Request((Y,), (), "", 0, 0, {}))  # the reader's list is its own
+    assert execute._replace(run=2).pack_into(control)
+    assert _as_plain(Execute.unpack_from(control)) == _as_plain(execute._replace(run=2))
+
+
 def test_a_control_area_without_the_record_is_refused_by_name(control):
     with pytest.raises(ValueError, match="control area"):
         Execute.unpack_from(control)  # all zeroes: no record
