@@ -53,10 +53,19 @@ talks to 127.0.0.1 only. Sections, in order (all but transport by default):
              slotserve and on real Triton 2.51, same run, alternating; p50 / p99 and p99 loaded / unloaded (goal
              within 2x); a server that refuses the config is "skipped: priorities not supported by this server".
   transport  (only when named) issue 24's front-end designs on `simple` at 1, 4, 16 clients beside the bare
-             server and real Triton's python backend; `--cores N` pins them; see bench/sections/transport.py.
+             server and real Triton's python backend; see bench/sections/transport.py.
+  frontends  (only when named; ~8 min, --quick ~1.5) issue 39's one-GIL part: slotserve with one front end and with
+             `--frontends N` (when the checkout has it) beside real Triton 2.51, `simple` and add_sub at 1, 4, 16
+             clients and the GIL-holding model on 1 and 2 slots: infer/s, p50/p99, the admission process's and
+             the whole tree's CPU per request, N / 1, and the PROJECTED ceiling per core count (a projection,
+             not a measurement: its formula is in bench/sections/frontends.py).
   bytes_memory
              the peak RSS (VmHWM) rise of a fresh slotserve for one BYTES request to `simple_identity` of 2-byte
              elements, about 11 and 34 MiB on the wire, and one past --max-request-tensor-bytes (refused).
+
+`--cores N` pins the transport, python and frontends sections (this process, so every server, worker and
+perf_analyzer they start) to the first N CPUs the bench may use and sizes their front ends from N; a machine with
+fewer CPUs skips those sections and says so in the table.
 
 Output: one table (figure, value, target, met?) on stdout, the same as JSON in bench/results/latest.json, server
 logs in bench/results/logs/. Benchmarks print figures; nothing here fails a test. `--profile` also records
@@ -84,6 +93,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _H
 sys.path.insert(0, str(_HERE.parent))
 
 from bench.common import DEMO_REPOSITORY, RESULTS, ROOT, log  # noqa: E402
+from bench.cores import CORE_SECTIONS, first_cpus, pinned  # noqa: E402
 from bench.machine import machine_info  # noqa: E402
 from bench.perf_analyzer import PERF_ANALYZER, PerfAnalyzer  # noqa: E402
 from bench.profiling import render_profile  # noqa: E402
@@ -92,6 +102,7 @@ from bench.sections.batching import section_batching  # noqa: E402
 from bench.sections.bytes_memory import section_bytes_memory  # noqa: E402
 from bench.sections.coldload import section_coldload  # noqa: E402
 from bench.sections.ensemble import section_ensemble  # noqa: E402
+from bench.sections.frontends import section_frontends  # noqa: E402
 from bench.sections.identity import section_identity  # noqa: E402
 from bench.sections.memory import section_memory  # noqa: E402
 from bench.sections.priorities import section_priorities  # noqa: E402
@@ -119,8 +130,10 @@ SECTIONS = (
     "sequences",
     "priorities",
     "transport",
+    "frontends",
 )
-DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "transport")  # transport (~10 min, real Triton): on request
+# transport (~10 min, real Triton) and frontends (~8 min, real Triton): on request
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("transport", "frontends"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -132,7 +145,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sections",
         default=",".join(DEFAULT_SECTIONS),
-        help=f"comma-separated subset of {SECTIONS} (default: all but transport)",
+        help=f"comma-separated subset of {SECTIONS} (default: all but transport and frontends)",
     )
     parser.add_argument(
         "--slotserve-args",
@@ -149,7 +162,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="py-spy both servers during a c=16 simple run")
     parser.add_argument("--py-spy", help="path of the py-spy executable (default: bench/.venv-pa/bin, then PATH)")
     parser.add_argument(
-        "--cores", type=int, help="transport: pin servers and clients to the first N CPUs, size prototypes by N"
+        "--cores",
+        type=int,
+        help="transport, python, frontends: pin servers and clients to the first N CPUs, size front ends by N "
+        "(a machine with fewer CPUs skips those sections)",
     )
     parser.add_argument("--json", type=Path, default=RESULTS / "latest.json")
     args = parser.parse_args(argv)
@@ -164,15 +180,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    if args.cores is not None and args.cores < 1:
+        parser.error(f"--cores must be at least 1, not {args.cores}")
     args.slotserve_root = args.slotserve_root.resolve()
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    needs_pa = {"simple", "identity", "shared_memory", "batching", "slots", "python", "sequences", "transport"} & set(
-        args.sections
-    )
+    needs_pa = {
+        "simple", "identity", "shared_memory", "batching", "slots", "python", "sequences", "transport", "frontends"
+    } & set(args.sections)  # fmt: skip
     if needs_pa and not os.access(PERF_ANALYZER, os.X_OK):
         print(f"bench: {PERF_ANALYZER} is missing: run bench/setup.sh first", file=sys.stderr)
         return 2
@@ -204,12 +222,24 @@ def main(argv: list[str] | None = None) -> int:
             "sequences": lambda: section_sequences(args, launcher, pa, table, raw, Path(scratch)),
             "priorities": lambda: section_priorities(args, launcher, table, raw, Path(scratch)),
             "transport": lambda: section_transport(args, launcher, pa, table, raw),
+            "frontends": lambda: section_frontends(args, launcher, pa, table, raw, Path(scratch)),
         }
         for section in args.sections:
             raw.setdefault("loadavg_1min", {})[section] = os.getloadavg()[0]
-            log(f"section {section} (load average {os.getloadavg()[0]:.2f})")
+            cpus = first_cpus(os.sched_getaffinity(0), args.cores if section in CORE_SECTIONS else None)
+            if cpus is None:
+                skipped = (
+                    f"skipped: --cores {args.cores} asked, this machine lets the bench use "
+                    f"{len(os.sched_getaffinity(0))} CPU(s)"
+                )
+                log(f"section {section} {skipped}")
+                raw.setdefault("skipped", {})[section] = skipped
+                table.add(section, f"{section} section", skipped)
+                continue
+            log(f"section {section} on CPUs {cpus} (load average {os.getloadavg()[0]:.2f})")
             try:
-                runners[section]()
+                with pinned(cpus):
+                    runners[section]()
             except Exception as error:  # a failed section is reported, the others still run
                 errors[section] = f"{type(error).__name__}: {error}"
                 log(f"section {section} failed: {errors[section]}")
@@ -223,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "slotserve_args": args.slotserve_args,
         "slotserve_root": str(args.slotserve_root),
+        "cores": args.cores,
         "runtime_s": round(runtime, 1),
     }
     header = (

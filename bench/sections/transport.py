@@ -15,9 +15,10 @@ Designs (bench/transport/ has the prototypes, bench/README.md the details):
   bare        bench/bare_server.py (no admission, statistics or checks: the ceiling of a thread-pooled server)
   triton      tritonserver 2.51 (PyTriton's wheel), the same add/sub as a python-backend model
 
-`--cores N` pins this process, so every server and perf_analyzer it starts, to the first N CPUs it may use, and
-sizes the prototypes' process and thread counts from N. Each point also records the server tree's CPU time and
-thread switches per request (over the whole perf_analyzer run, divided by the model's ModelStatistics count).
+`--cores N` (bench/cores.py; run.py pins this process, so every server and perf_analyzer it starts, to the first
+N CPUs it may use) sizes the prototypes' process and thread counts from N. Each point also records the server
+tree's CPU time and thread switches per request (over the whole perf_analyzer run, divided by the model's
+ModelStatistics count).
 """
 
 from __future__ import annotations
@@ -51,16 +52,9 @@ INLINE_THRESHOLD_US = 200  # aio-inline / multiproc: mean run time under which a
 
 
 def section_transport(args, launcher: Launcher, pa: PerfAnalyzer, table: Table, raw: dict) -> None:
-    allowed = sorted(os.sched_getaffinity(0))
-    cores = min(args.cores or len(allowed), len(allowed))
-    pinned = set(allowed[:cores])
-    previous = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, pinned)  # inherited by every server and perf_analyzer started below
-    try:
-        with tempfile.TemporaryDirectory(prefix="slotserve-transport-") as scratch:
-            _run(args, launcher, pa, table, raw, cores, sorted(pinned), Path(scratch))
-    finally:
-        os.sched_setaffinity(0, previous)
+    cpus = sorted(os.sched_getaffinity(0))  # run.py pinned this process (so every server started here) for --cores
+    with tempfile.TemporaryDirectory(prefix="slotserve-transport-") as scratch:
+        _run(args, launcher, pa, table, raw, len(cpus), cpus, Path(scratch))
 
 
 def _servers(launcher: Launcher, cores: int, repository: Path, scratch: Path) -> dict:

@@ -41,6 +41,36 @@ class Counters:
         return Counters(self.cpu_s - other.cpu_s, self.switches - other.switches)
 
 
+def stat_cpu_ticks(stat: str) -> int:
+    """utime + stime (fields 14 and 15) of a /proc/PID/stat line, in clock ticks: the process's threads, those
+    that ended included. The command name (field 2, in parentheses) may itself hold spaces and parentheses, so
+    the fields are counted from its last closing parenthesis."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def process_cpu_s(pid: int) -> float:
+    """The process's user + system CPU seconds so far. Raises OSError when it is gone."""
+    return stat_cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) * _TICK_S
+
+
+def command_line(pid: int) -> str:
+    """The process's argv joined by spaces ("" when it is gone or a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def tree_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live process of `pid`'s tree: (its command line, its CPU seconds so far)."""
+    found = {}
+    for process in tree(pid):
+        with contextlib.suppress(OSError):
+            found[process] = (command_line(process), process_cpu_s(process))
+    return found
+
+
 def counters(pid: int) -> Counters:
     """The tree's CPU time and thread switches now (threads that ended are not counted: the servers measured keep
     their threads; the sync server's thread per call retires idle threads only after 5 s)."""
@@ -48,8 +78,7 @@ def counters(pid: int) -> Counters:
     switches = 0
     for process in tree(pid):
         with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
-            cpu += (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
+            cpu += process_cpu_s(process)
         for status in Path(f"/proc/{process}/task").glob("*/status"):
             with contextlib.suppress(OSError):
                 for line in status.read_text().splitlines():
@@ -105,12 +134,15 @@ def ipc_round_trip_us(payload_bytes: int = 200, repeats: int = 5000) -> dict:
 
 
 class TritonServer:
-    """Real tritonserver 2.51 (tests/differential/reference.py starts it) on a python-backend `simple`, shaped as
+    """Real tritonserver 2.51 (tests/differential/reference.py starts it) on a python-backend `simple`, or on
+    `repository` when given (`model`: the one whose instance groups it reports), shaped as
     bench.servers.ServerProcess is for the section (label, address, pid, explain)."""
 
-    def __init__(self, label: str, folder: Path) -> None:
+    def __init__(self, label: str, folder: Path, repository: Path | None = None, model: str = "simple") -> None:
         self.label = label
         self.folder = folder
+        self.repository = repository
+        self.model = model
         self.address = ""
         self.pid = -1
         self._stack = contextlib.ExitStack()
@@ -123,10 +155,13 @@ class TritonServer:
         installation, reason = find_installation()
         if installation is None:
             raise RuntimeError(reason)
-        repositories = write_add_sub_repositories(self.folder / "repositories", ("simple",))
-        running = self._stack.enter_context(run_triton(installation, repositories.triton, self.folder))
+        repository = self.repository
+        if repository is None:
+            repository = write_add_sub_repositories(self.folder / "repositories", ("simple",)).triton
+        self.folder.mkdir(parents=True, exist_ok=True)
+        running = self._stack.enter_context(run_triton(installation, repository, self.folder))
         self.address, self.pid = running.address, running.process.pid
-        config = running.stub.ModelConfig(pb.ModelConfigRequest(name="simple"), timeout=30).config
+        config = running.stub.ModelConfig(pb.ModelConfigRequest(name=self.model), timeout=30).config
         kinds = model_config_pb2.ModelInstanceGroup.Kind
         self.instances = ", ".join(f"{g.count} x {kinds.Name(g.kind)}" for g in config.instance_group) or "default"
         return self
