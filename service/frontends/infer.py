@@ -24,6 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 import pickle
+import time
+import weakref
 from typing import Any, NamedTuple
 
 import grpc
@@ -36,6 +38,7 @@ from engine.python.transport import ALIGNMENT, Segment
 from engine.tensor_codec import encode_raw
 from generated import grpc_service_pb2 as pb
 
+from ..core.lifecycle import ModelEntry
 from ..request_path.dataplane import Dataplane, DecodedRequest, InferenceRequest, InferenceResponse
 from ..request_path.request_info import plain_parameters
 from ..transport.servicers.common import AccessGate, CallTracker, client_deadline, rpc
@@ -48,6 +51,9 @@ _LOG = logging.getLogger("slotserve.frontend")
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 SEGMENT_BYTES = LARGE_MESSAGE_BYTES  # a record whose tensors add up to this or more carries them in shared memory
+QUICK_RUN_SECONDS = 0.001  # a model whose mean run takes less may have its ModelInfers run on a link's reader
+QUICK_RUNS_SEEN = 8  # ...once it ran this many times
+QUICK_CHECK_SECONDS = 0.5  # how long a model's verdict is kept before its statistics are read again
 SHARED_MEMORY_REGION = "shared_memory_region"  # the parameter naming a tensor's region (transport/shared_memory.py)
 
 # ---- front end ---------------------------------------------------------------------------------------------
@@ -275,6 +281,35 @@ class ForwardedInfer:
         self.access = access  # read by `rpc`, as `calls`
         self.calls = calls
         self._dataplane = dataplane
+        # ModelEntry -> (its runs are quick, until when that holds): admits_now's cache
+        self._quick_models: weakref.WeakKeyDictionary[ModelEntry, tuple[bool, float]] = weakref.WeakKeyDictionary()
+
+    def admits_now(self, call: InferCall) -> bool:
+        """Whether `call` would take a slot at once (a peek, without the model's lock: an answer may be stale by
+        the time the call arrives, which then only queues as any call does): its model is READY, not batching,
+        and idle (no slot held, nothing queued), and the call is not part of a sequence. Never raises."""
+        if call.sequence_parameters:
+            return False
+        try:
+            entry = self._dataplane.resolve(call.model, call.version)
+        except Exception:  # unknown model, no ready version: the handed-off run refuses it in its words
+            return False
+        return entry.is_ready() and not entry.batches and entry.admission.core.idle and self._quick(entry)
+
+    def _quick(self, entry: ModelEntry) -> bool:
+        """Whether `entry`'s runs have been quick (mean compute time under QUICK_RUN_SECONDS over at least
+        QUICK_RUNS_SEEN runs: a model never seen run is not); read from its statistics at most every
+        QUICK_CHECK_SECONDS. Called by the links' readers (a race between two only reads twice)."""
+        now = time.monotonic()
+        known = self._quick_models.get(entry)
+        if known is not None and now < known[1]:
+            return known[0]
+        snapshot = entry.statistics.snapshot()
+        ran = snapshot.compute_infer.count
+        spent = snapshot.compute_input.ns + snapshot.compute_infer.ns + snapshot.compute_output.ns
+        quick = ran >= QUICK_RUNS_SEEN and spent < ran * QUICK_RUN_SECONDS * 1e9
+        self._quick_models[entry] = (quick, now + QUICK_CHECK_SECONDS)
+        return quick
 
     def take(self, call: InferCall) -> Taken:
         """The call with its tensors (its segment mapped and unlinked). Raises OSError when the segment is gone."""
