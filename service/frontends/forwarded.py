@@ -338,8 +338,8 @@ def run_infer(context: ForwardedContext, runner: InferRunner, call: InferCall) -
         context.fail(grpc.StatusCode.UNKNOWN, f"Exception calling application: {error}")
 
 
-INLINE_BUDGET_SECONDS = 0.002  # an inline ModelInfer that took longer than this hands its model's calls off...
-SLOW_RETRY_SECONDS = 30.0  # ...for this long, then tries inline again
+INLINE_BUDGET_SECONDS = 0.25  # an inline ModelInfer that took longer (wall time) hands its model off...
+SLOW_RETRY_SECONDS = 1.0  # ...for this long, then tries inline again
 
 
 class InlineGate:
