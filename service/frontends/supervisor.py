@@ -238,11 +238,14 @@ class Frontends:
     def _read(self, running: _Running) -> None:
         """A front end's link, until it ends: then its calls end and, unless the server stops, it is replaced."""
         link = running.link
+        link.hold()  # the answers of the calls run here from one read go in one write
         while (record := link.receive()) is not None:
             try:
                 self._dispatch(running, record)
             except Exception:  # a defect in one record must not end every call of the front end
                 _LOG.exception("front end %d: a link record failed", running.index)
+            if not link.has_record():
+                link.flush()  # before the reader waits for the next read
         if not running.started.is_set():
             running.start_error = running.start_error or "it exited before listening"
             running.started.set()

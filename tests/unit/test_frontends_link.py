@@ -65,3 +65,49 @@ def test_a_send_on_a_closed_link_raises_link_closed(pair):
     left.close()
     with pytest.raises(LinkClosed):
         left.send(Readiness(True))
+
+
+def test_a_holding_threads_records_wait_for_its_flush_and_go_in_order_others_go_at_once(pair):
+    left, right = pair
+    left.hold()
+    left.send(Reply(1, b"first"))
+    left.send(CallEnd(1, 0, "", ()))
+    other = threading.Thread(target=lambda: left.send(Readiness(True)))  # not the holder: written at once
+    other.start()
+    other.join(10)
+    assert right.receive() == Readiness(True)
+    assert not right.has_record()
+    left.flush()
+    assert right.receive() == Reply(1, b"first")
+    assert right.has_record()  # one write brought both
+    assert right.receive() == CallEnd(1, 0, "", ())
+
+
+def test_another_threads_large_record_goes_at_once_the_holders_wait(pair):
+    left, right = pair
+    big = b"x" * (1 << 20)
+    left.hold()
+    left.send(Reply(1, b"small"))
+    writer = threading.Thread(target=lambda: left.send(Reply(1, big)))  # too large to hold: flushes first
+    received: list[object] = []
+    left.send(Readiness(False))  # held
+    writer.start()
+    received.append(right.receive())
+    writer.join(10)
+    left.flush()
+    received += [right.receive(), right.receive()]
+    assert received[0] == Reply(1, big)  # another thread's: at once
+    assert received[1:] == [Reply(1, b"small"), Readiness(False)]
+
+
+def test_the_holder_flushes_by_itself_before_a_large_record(pair):
+    left, right = pair
+    big = b"y" * (1 << 20)
+    left.hold()
+    left.send(Reply(1, b"small"))
+    reader_got: list[object] = []
+    reader = threading.Thread(target=lambda: reader_got.extend(right.receive() for _ in range(2)))
+    reader.start()
+    left.send(Reply(1, big))  # not held: what was held goes first, so the call's records keep their order
+    reader.join(10)
+    assert reader_got == [Reply(1, b"small"), Reply(1, big)]
