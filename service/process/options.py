@@ -77,6 +77,8 @@ class ServerOptions:
     rate_limit: RateLimitMode = RateLimitMode.OFF
     rate_limit_resources: tuple[ResourceFlag, ...] = ()
     log_format: str = "text"
+    # tritonserver's --log-verbose N, as LogSettings reads it back (slotserve logs one DEBUG level: 1 or more is DEBUG).
+    log_verbose_level: int = 0
     extra_backends: dict[str, Backend] = field(
         default_factory=dict, compare=False
     )  # name -> Backend, for tests and plugins

@@ -201,7 +201,8 @@ class Server:
                 custom_metrics=self.custom_metrics,
             )
         )
-        self.log_settings = LogControl()  # the process's logging, as the LogSettings RPC reads and changes it
+        # The process's logging, as the LogSettings RPC reads and changes it (--log-verbose N read back as N).
+        self.log_settings = LogControl(verbose_level=options.log_verbose_level)
         self.state = ServerState(self.registry.not_ready_models if options.strict_readiness else None)
         self.health = health.HealthServicer()
         self.calls = CallTracker(options.inference_handlers, options.management_handlers)

@@ -467,6 +467,8 @@ def triton_fields(args: argparse.Namespace, fields: Mapping[str, object]) -> dic
         changed["rate_limit"] = args.rate_limit
     if args.rate_limit_resource:
         changed["rate_limit_resources"] = tuple(args.rate_limit_resource)
+    if args.log_verbose:
+        changed["log_verbose_level"] = args.log_verbose
     return changed
 
 

@@ -20,13 +20,18 @@ def lab_factory(tmp_path):
 
 
 @pytest.fixture
-def inproc(tmp_path):
+def inproc(tmp_path, frontends):
     """`inproc(models, **server options) -> InProcess` (a real in-process server); gates released and servers
-    stopped at the end."""
+    stopped at the end. Every test that takes it runs twice: against one front end (today's server) and against
+    two front-end processes (`frontends`, tests/conftest.py; issue 39: every contract cell holds with N > 1).
+
+    Tests on the no-gRPC `Lab` (lab_factory, harness.py) are not parametrized: they drive the admission core
+    directly, and that core is the same object in the one admission process whatever N is; the front ends only
+    carry calls to it (their own cells: tests/frontends/)."""
     labs: list[InProcess] = []
 
     def start(models: dict[str, dict], **options) -> InProcess:
-        lab = InProcess(tmp_path / f"repository{len(labs)}", models, **options)
+        lab = InProcess(tmp_path / f"repository{len(labs)}", models, frontends=frontends, **options)
         labs.append(lab)
         return lab
 

@@ -15,9 +15,10 @@ cell = pytest.mark.cell
 
 
 @pytest.fixture
-def served(tmp_path):
+def served(tmp_path, frontends):
+    """The batching model `m` served by one front end and by two (`frontends`, tests/conftest.py)."""
     write_batching_model(tmp_path, "m")
-    running = InProcess(tmp_path, {}, parallel_jobs=1)
+    running = InProcess(tmp_path, {}, parallel_jobs=1, frontends=frontends)
     yield running
     running.close()
 
@@ -95,7 +96,7 @@ def test_a_stream_request_batches_with_unary_ones_and_gets_its_answer_on_its_str
     assert {(b.batch_size, b.compute_infer.count) for b in statistics.batch_stats} == {(1, 1), (2, 1)}
 
 
-def test_requests_with_tensors_in_shared_memory_batch_and_each_writes_its_own_rows(tmp_path):
+def test_requests_with_tensors_in_shared_memory_batch_and_each_writes_its_own_rows(tmp_path, frontends):
     """Three queued requests of one batch read their inputs from, and write their outputs to, their own parts
     of one shared-memory region; a fourth, whose input region was unregistered while it waited, is refused alone
     (INVALID_ARGUMENT) and writes nothing."""
@@ -103,7 +104,7 @@ def test_requests_with_tensors_in_shared_memory_batch_and_each_writes_its_own_ro
     from tests.integration._shm import ShmObject, in_region, register
 
     write_batching_model(tmp_path, "m")
-    served = InProcess(tmp_path, {}, parallel_jobs=1, shared_memory="system")
+    served = InProcess(tmp_path, {}, parallel_jobs=1, shared_memory="system", frontends=frontends)
     region = ShmObject(4096)
     gone = ShmObject(64)
     try:

@@ -22,14 +22,15 @@ CHAIN = [("first", {"INPUT0": "X"}, {"OUTPUT0": "a"}), ("second", {"INPUT0": "a"
 
 
 @pytest.fixture
-def chain(tmp_path):
-    """`chain(extra_models=(), **server options) -> InProcess` serving `chain` and its steps."""
+def chain(tmp_path, frontends):
+    """`chain(extra_models=(), **server options) -> InProcess` serving `chain` and its steps, through one front
+    end and through two (`frontends`, tests/conftest.py)."""
     labs: list[InProcess] = []
 
     def start(extra_models=(), **options) -> InProcess:
         root = tmp_path / f"repository{len(labs)}"
         write_ensemble(root, "chain", [("X", F, [-1])], [("Y", F, [-1])], CHAIN)
-        lab = InProcess(root, dict.fromkeys(("first", "second", *extra_models), {}), **options)
+        lab = InProcess(root, dict.fromkeys(("first", "second", *extra_models), {}), frontends=frontends, **options)
         labs.append(lab)
         return lab
 

@@ -31,11 +31,11 @@ def test_server_shutdown_with_a_hung_call_returns_within_drain_grace_and_two_mar
     assert outcome(hung)[0] == "UNAVAILABLE"
 
 
-def test_the_process_with_a_hung_backend_call_exits_within_the_documented_bound(tmp_path):
+def test_the_process_with_a_hung_backend_call_exits_within_the_documented_bound(tmp_path, frontends):
     grace = 1.0
     repository = tmp_path / "repository"
     write_fixture_model(repository, "h", {"hang": "execute"})
-    server = ServerProcess(repository, "--parallel-jobs", "1", "--shutdown-grace", str(grace))
+    server = ServerProcess(repository, "--parallel-jobs", "1", "--shutdown-grace", str(grace), frontends=frontends)
     try:
         hung = server.infer_async("h")
         server.wait_status("h", lambda s: s.active_slots == 1, "the hung call admitted")

@@ -32,6 +32,7 @@ from tests.shutdown.harness import (
     InProcess,
     assert_ok,
     assert_shutting_down,
+    frontend_options,
     outcome,
     refuses_new_connections,
     wait_stopped_accepting,
@@ -458,7 +459,7 @@ def test_at_the_grace_a_request_waiting_for_a_cold_load_is_refused_and_a_hung_lo
 
 
 @cell("TIME.08")
-def test_embedding_program_shutdown_stops_its_callers_and_joins_its_workers_before_returning(tmp_path):
+def test_embedding_program_shutdown_stops_its_callers_and_joins_its_workers_before_returning(tmp_path, frontends):
     """A program that builds `Server` itself (as service.testing and the CLI do): its `shutdown()` stops the
     callers (in-flight ones get UNAVAILABLE shutting_down at the grace, new connections are refused) and returns
     only after every handler returned, the timer and reaper threads stopped and every engine closed; it reports
@@ -477,6 +478,7 @@ def test_embedding_program_shutdown_stops_its_callers_and_joins_its_workers_befo
         parallel_jobs=1,
         idle_unload=3600.0,
         extra_backends={"fixture": FixtureBackend(controls)},
+        **frontend_options(frontends),
     )
     server = Server(options)
     server.start()

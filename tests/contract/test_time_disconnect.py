@@ -35,6 +35,7 @@ from tests.shutdown.harness import (
     WAIT,
     InProcess,
     assert_ok,
+    frontend_options,
     infer_request,
     outcome,
     slow_rows,
@@ -245,7 +246,7 @@ class _WatchedOnnxRuntime(OnnxRuntimeBackend):
 
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
 @cell("TIME.05")
-def test_onnx_run_given_up_by_its_client_is_terminated_and_the_slot_comes_back_at_once(tmp_path, how):
+def test_onnx_run_given_up_by_its_client_is_terminated_and_the_slot_comes_back_at_once(tmp_path, how, frontends):
     """A real ONNX Runtime run of several seconds (a 1000-node MatMul+Tanh chain, one thread). The client
     cancels it, or its deadline passes, while ONNX Runtime is running it: the run is terminated through
     RunOptions.terminate, the slot comes back (active_slots 0, through GetModel) long before the run could
@@ -256,7 +257,8 @@ def test_onnx_run_given_up_by_its_client_is_terminated_and_the_slot_comes_back_a
     repository = tmp_path / "repository"
     write_slow_onnx_model(repository, "slow")
     watch = _RunWatch()
-    with serve(repository, backends={"onnxruntime": _WatchedOnnxRuntime(watch)}, parallel_jobs=1) as running:
+    backends = {"onnxruntime": _WatchedOnnxRuntime(watch)}
+    with serve(repository, backends=backends, parallel_jobs=1, **frontend_options(frontends)) as running:
         small = slow_rows(64)
         reference = running.client.infer("slow", {"INPUT0": small})["OUTPUT0"]
         small_seconds, _ = watch.wait_ended(64)
@@ -341,7 +343,9 @@ class _Uninterruptible(Backend):
 
 
 @cell("TIME.05")
-def test_engine_that_cannot_be_interrupted_drops_the_result_and_returns_the_slot_once_the_work_drains(tmp_path):
+def test_engine_that_cannot_be_interrupted_drops_the_result_and_returns_the_slot_once_the_work_drains(
+    tmp_path, frontends
+):
     """For engines that cannot stop a started run (TensorRT after enqueue): the client gets CANCELLED at once,
     the slot stays held while the work drains, then comes back and the model serves again."""
     from service.testing import serve
@@ -349,7 +353,7 @@ def test_engine_that_cannot_be_interrupted_drops_the_result_and_returns_the_slot
 
     write_fixture_model(tmp_path, "u")
     backend = _Uninterruptible()
-    with serve(tmp_path, backends={"fixture": backend}, parallel_jobs=1) as running:
+    with serve(tmp_path, backends={"fixture": backend}, parallel_jobs=1, **frontend_options(frontends)) as running:
         stub = pb_grpc.GRPCInferenceServiceStub(running.client.channel)
         call = stub.ModelInfer.future(infer_request("u", VALUES), timeout=WAIT)
         assert backend.running.wait(WAIT)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -43,6 +44,31 @@ MARGIN = 2.0  # service.process.server.SHUTDOWN_MARGIN: handlers get this long p
 # interpreter teardown. Measured exits stay well inside it (see the report printed by the tests).
 EXIT_SLACK = 3.0
 _LISTENING = re.compile(r"slotserve listening on (\S+)")
+
+
+def frontends_built() -> bool:
+    """Whether this tree's server has `--frontends` (issue 39): ServerOptions names the field."""
+    from service.process.options import ServerOptions
+
+    return "frontends" in getattr(ServerOptions, "__dataclass_fields__", {})
+
+
+def frontend_options(frontends: int) -> dict[str, Any]:
+    """The server options (service.testing.serve, ServerOptions) for `frontends` front-end processes: none for
+    one, today's default, so that N = 1 runs the server exactly as it runs without the flag."""
+    return {} if frontends == 1 else {"frontends": frontends}
+
+
+def frontend_pids(server) -> list[int]:
+    """`Server.frontend_pids()`: the front-end processes' ids in index order (empty with one front end, and on a
+    tree without the flag)."""
+    pids: Callable[[], list[int]] = getattr(server, "frontend_pids", list)
+    return list(pids())
+
+
+def frontend_flags(frontends: int) -> list[str]:
+    """The same as command-line flags of `python -m service`."""
+    return [] if frontends == 1 else ["--frontends", str(frontends)]
 
 
 def exit_bound(drain: float, grace: float) -> float:
@@ -148,7 +174,14 @@ def outcome(future: futures.Future | grpc.Future, timeout: float = WAIT):
 class ServerProcess:
     """One `python -m service` process on 127.0.0.1:<free port>."""
 
-    def __init__(self, repository: Path, *flags: str, log_level: str = "INFO", test_backends: bool = True) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        *flags: str,
+        log_level: str = "INFO",
+        test_backends: bool = True,
+        frontends: int = 1,
+    ) -> None:
         # Shutdown tests hold fixture models' file gates, so the fixture backend is on unless a test says not.
         command = [
             sys.executable,
@@ -163,6 +196,7 @@ class ServerProcess:
             "--log-level",
             log_level,
             *(["--enable-test-backends"] if test_backends else []),
+            *frontend_flags(frontends),
             *flags,
         ]
         self.process = subprocess.Popen(
@@ -424,18 +458,37 @@ class InProcess:
     `client`/`management` go through gRPC (status as clients see it); `core_status` reads the registry directly,
     which keeps working while the server shuts down and after. `close()` releases every gate first, so no
     handler is left blocked, then stops the server.
+
+    `frontends=N` (issue 39) serves the port from N front-end processes: this process stays the admission
+    process (registry, admission, engines, the fixture's in-process gates), the front ends are its children.
+    `controls` shares the test's FixtureControls with a fixture backend of its own passed in `backends`.
     """
 
-    def __init__(self, root: Path, models: dict[str, dict], backends: dict | None = None, **options) -> None:
+    def __init__(
+        self,
+        root: Path,
+        models: dict[str, dict],
+        backends: dict | None = None,
+        *,
+        frontends: int = 1,
+        controls=None,
+        **options,
+    ) -> None:
         from engine.testing.fixture import FixtureBackend, FixtureControls
         from service.testing import serve
 
         for name, parameters in models.items():
             write_fixture_model(root, name, parameters)
-        self.controls = FixtureControls()
+        self.controls = controls if controls is not None else FixtureControls()
+        self.frontends = frontends
         self._stack = contextlib.ExitStack()
         self.running = self._stack.enter_context(
-            serve(root, backends={"fixture": FixtureBackend(self.controls), **(backends or {})}, **options)
+            serve(
+                root,
+                backends={"fixture": FixtureBackend(self.controls), **(backends or {})},
+                **frontend_options(frontends),
+                **options,
+            )
         )
         self.server = self.running.server
         self.address = self.running.address
@@ -446,6 +499,10 @@ class InProcess:
 
     def gate(self, model: str, point: str):
         return self.controls.gate(model, point)
+
+    def frontend_pids(self) -> list[int]:
+        """The front-end processes' ids, in index order; empty with one front end (the server itself)."""
+        return frontend_pids(self.server) if self.frontends > 1 else []
 
     def infer(self, model: str, values: np.ndarray | None = None, timeout: float = WAIT) -> grpc.Future:
         """A ModelInfer as a cancellable future (`outcome()` reads it)."""
@@ -496,6 +553,10 @@ __all__ = [
     "wait_until",
     "outcome",
     "exit_bound",
+    "frontends_built",
+    "frontend_options",
+    "frontend_flags",
+    "frontend_pids",
     "write_fixture_model",
     "write_slow_onnx_model",
     "slow_rows",

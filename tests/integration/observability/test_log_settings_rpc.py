@@ -82,3 +82,14 @@ def test_a_refused_update_changes_nothing_in_the_output(server) -> None:
     server.wait_log("refused ServerMetadata")  # log_info stayed on: the line is written, as text
     line = next(line for line in server.log.splitlines() if "refused ServerMetadata" in line)
     assert not line.startswith("{")
+
+
+@pytest.mark.parametrize("level", [1, 3])
+def test_log_verbose_reads_back_the_level_the_flag_gave(tmp_path, level) -> None:
+    """tritonserver's --log-verbose N: LogSettings answers log_verbose_level N (it read back 1 for any N)."""
+    flags = ("--allow-management", "--management-token", MANAGEMENT_TOKEN, "--log-verbose", str(level))
+    with ServerProcess(tmp_path, *flags, test_backends=False) as running:
+        stub = pb_grpc.GRPCInferenceServiceStub(running.channel())
+        settings = _update(stub)
+        assert settings["log_verbose_level"] == level
+        assert settings["log_info"] is True
