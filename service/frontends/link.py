@@ -47,7 +47,7 @@ class Link:
         self._buffer = bytearray()  # received, not yet returned (the reader's only)
         self._start = 0  # where the next record's frame begins in `_buffer`
         self._holder: int | None = None  # the thread whose small records wait in `_held` for `flush` (`hold`)
-        self._held: list[bytes] = []  # the holder's own: written by `flush`, or before a record too large to hold
+        self._held: list[bytes] = []  # guarded by the send lock: written by `flush`, or before any other record
 
     @classmethod
     def from_fd(cls, fd: int) -> Link:
@@ -69,38 +69,42 @@ class Link:
         if self._closed.is_set():
             raise LinkClosed("the link is closed")
         small = len(frame) < SMALL_FRAME_BYTES
-        if self._holder == threading.get_ident():
-            if small and len(self._held) < HELD_RECORDS:
-                self._held.append(_HEADER.pack(len(frame)) + frame)
-                return
-            self.flush()  # what it held goes first: the records of one call keep their order
+        header = _HEADER.pack(len(frame))
         try:
             with self._send_lock:
+                if small and self._holder == threading.get_ident() and len(self._held) < HELD_RECORDS:
+                    self._held.append(header + frame)
+                    return
+                # What the holder held goes first, whoever sends now: a record sent (or held) earlier is never
+                # overtaken (a held CallEnd by the supervisor's Exit, a call's records by each other).
+                held = b"".join(self._held)
+                self._held.clear()
                 if small:  # one write (a small record is copied once more, cheaply)
-                    self._socket.sendall(_HEADER.pack(len(frame)) + frame)
+                    self._socket.sendall(held + header + frame)
                 else:  # a large payload is not copied again
-                    self._socket.sendall(_HEADER.pack(len(frame)))
+                    self._socket.sendall(held + header)
                     self._socket.sendall(frame)
         except OSError as error:
             self.close()
             raise LinkClosed(f"the link broke: {error}") from None
 
     def hold(self) -> None:
-        """From now on this thread's small records wait until it calls `flush` (at most HELD_RECORDS of them):
-        the reader answering several calls from one read sends their answers in one write. The holder must
-        flush before it blocks (its records would wait for the next one to come)."""
+        """From now on this thread's small records wait until it calls `flush` (at most HELD_RECORDS of them), or
+        until any thread sends a record that is not held (they go first): the reader answering several calls from
+        one read sends their answers in one write. The holder must flush before it blocks (its records would wait
+        for the next one to come)."""
         self._holder = threading.get_ident()
 
     def flush(self) -> None:
         """Write what the holding thread held, in one write. Never raises: a link that broke is closed (its calls
         end as the link's end ends them)."""
-        if not self._held:
-            return
-        data = b"".join(self._held)
-        self._held.clear()
         try:
             with self._send_lock:
-                self._socket.sendall(data)
+                if not self._held:
+                    return
+                held = b"".join(self._held)
+                self._held.clear()
+                self._socket.sendall(held)
         except OSError:
             self.close()
 
