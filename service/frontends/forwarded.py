@@ -97,7 +97,8 @@ class ForwardedContext:
         self.pending_request = start.request  # a unary call's request; None for a client stream
         self._deadline = None if start.time_remaining is None else time.monotonic() + start.time_remaining
         self._on_end = on_end  # the link's call table forgets the call
-        self._lock = threading.Condition()  # guards: every field below; a leaf
+        # guards: every field below; a leaf (a plain lock: never taken twice by one thread, cheaper than an RLock)
+        self._lock = threading.Condition(threading.Lock())
         self._ended = False
         self._callbacks: list[Callable[[], None]] = []
         self._code: grpc.StatusCode | None = None
@@ -311,7 +312,9 @@ def run_call(context: ForwardedContext, handler: grpc.RpcMethodHandler[Any, Any]
 
 
 class InferRunner(Protocol):
-    """service/frontends/infer.py's ForwardedInfer, as run_infer calls it."""
+    """service/frontends/infer.py's ForwardedInfer, as run_infer and InlineGate call it."""
+
+    def admits_now(self, call: InferCall) -> bool: ...
 
     def take(self, call: InferCall) -> Any: ...
 
@@ -334,6 +337,97 @@ def run_infer(context: ForwardedContext, runner: InferRunner, call: InferCall) -
     except Exception as error:
         _LOG.exception("a forwarded ModelInfer failed")
         context.fail(grpc.StatusCode.UNKNOWN, f"Exception calling application: {error}")
+
+
+INLINE_BUDGET_SECONDS = 0.25  # an inline ModelInfer that took longer (wall time) hands its model off...
+SLOW_RETRY_SECONDS = 1.0  # ...for this long, then tries inline again
+
+
+class InlineGate:
+    """Which forwarded ModelInfers a link's reader runs itself (inline: no hand-off to a handler thread and back,
+    about 40 us of CPU a call saved) and which it hands off.
+
+    A call runs inline only when it would not wait, and never before a call that reached this process first:
+    * its model admits it at once (`InferRunner.admits_now`: READY, idle, no batching, no sequence);
+    * no ModelInfer of that model was handed off and is still running (a handed-off call may not have reached
+      the model's queue yet: an inline run must not overtake it; FIFO per model is the order calls reach this
+      process's admission), and no generic-path ModelInfer is (its model is not known before it is decoded);
+    * its link has no stream call open (a stream's handler may wait for that reader's ReplyWritten while it
+      holds a slot: the reader must never wait behind it);
+    * the model is quick: an inline call that took INLINE_BUDGET_SECONDS or more hands its model's calls off for
+      SLOW_RETRY_SECONDS (a slow model must not hold up the reader, hence the other calls of its front end and
+      their cancellations, more than once in that time).
+    A peek can be stale (another reader's call took the slot meanwhile): the inline call then queues as any call
+    does, its wait bounded by a quick model's run. Thread-safe: `_lock` is a leaf, held for counting only.
+    """
+
+    def __init__(self, runner: InferRunner) -> None:
+        self._runner = runner
+        self._lock = threading.Lock()  # guards: the three fields below; a leaf
+        self._handed_off: collections.Counter[str] = collections.Counter()  # model -> handed-off calls running
+        self._generic = 0  # generic-path ModelInfers handed off and running
+        self._slow: dict[str, float] = {}  # model -> until when its calls are handed off (an inline run was slow)
+
+    def inline(self, call: InferCall, streams_open: int) -> bool:
+        """Whether the reader runs `call` now (see the class docstring). When false, the caller hands it off and
+        must call `handed_off` first."""
+        if streams_open:
+            return False
+        with self._lock:
+            if self._generic or self._handed_off.get(call.model):
+                return False
+            if call.model in self._slow:
+                if time.monotonic() < self._slow[call.model]:
+                    return False
+                del self._slow[call.model]  # try it inline again: a run that is quick now clears it
+        return self._runner.admits_now(call)
+
+    def handed_off(self, model: str | None) -> None:
+        """A ModelInfer of `model` (None: a generic-path one) is handed to a handler thread: until `ended`, no
+        inline run of that model (of any model, for None)."""
+        with self._lock:
+            if model is None:
+                self._generic += 1
+            else:
+                self._handed_off[model] += 1
+
+    def ran_inline(self, model: str, seconds: float) -> None:
+        """An inline call of `model` took `seconds` (wall time on the reader: it had the slot at once, so this is
+        about its run): over the budget, the model's calls are handed off for SLOW_RETRY_SECONDS."""
+        if seconds >= INLINE_BUDGET_SECONDS:
+            with self._lock:
+                self._slow[model] = time.monotonic() + SLOW_RETRY_SECONDS
+
+    def released(self, model: str | None) -> None:
+        """A call counted by `handed_off` ended."""
+        with self._lock:
+            if model is None:
+                self._generic -= 1
+            else:
+                self._handed_off[model] -= 1
+                if not self._handed_off[model]:
+                    del self._handed_off[model]
+
+
+def run_inline(gate: InlineGate, context: ForwardedContext, runner: InferRunner, call: InferCall) -> None:
+    """A forwarded ModelInfer run on the link's reader (run_infer), its time told to `gate`."""
+    started = time.monotonic()
+    run_infer(context, runner, call)
+    gate.ran_inline(call.model, time.monotonic() - started)
+
+
+def run_handed_off(
+    gate: InlineGate, context: ForwardedContext, runner: InferRunner, call: InferCall | None, handler: Any = None
+) -> None:
+    """A ModelInfer on a handler thread (run_infer, or run_call for a generic-path one: `call` None), its end
+    told to `gate` (counted by `handed_off` before it was submitted)."""
+    try:
+        if call is not None:
+            run_infer(context, runner, call)
+        else:
+            run_call(context, handler)
+    finally:
+        gate.released(call.model if call is not None else None)
 
 
 def _request(context: ForwardedContext, handler: grpc.RpcMethodHandler[Any, Any]) -> Any:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import pickle
+import time
 from typing import Any, NamedTuple
 
 import grpc
@@ -36,6 +37,7 @@ from engine.python.transport import ALIGNMENT, Segment
 from engine.tensor_codec import encode_raw
 from generated import grpc_service_pb2 as pb
 
+from ..core.lifecycle import ModelEntry
 from ..request_path.dataplane import Dataplane, DecodedRequest, InferenceRequest, InferenceResponse
 from ..request_path.request_info import plain_parameters
 from ..transport.servicers.common import AccessGate, CallTracker, client_deadline, rpc
@@ -48,6 +50,10 @@ _LOG = logging.getLogger("slotserve.frontend")
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 SEGMENT_BYTES = LARGE_MESSAGE_BYTES  # a record whose tensors add up to this or more carries them in shared memory
+QUICK_RUN_SECONDS = 0.001  # a model whose mean run takes less may have its ModelInfers run on a link's reader
+QUICK_RUNS_SEEN = 8  # ...once it ran this many times
+QUICK_CHECK_SECONDS = 0.5  # how long a model's entry and verdict are kept before they are looked up again
+MAX_PEEKS = 256  # cached looks at models, at most
 SHARED_MEMORY_REGION = "shared_memory_region"  # the parameter naming a tensor's region (transport/shared_memory.py)
 
 # ---- front end ---------------------------------------------------------------------------------------------
@@ -261,6 +267,14 @@ def _dtype(datatype: str) -> np.dtype[Any]:
     return numpy_dtype(datatype)
 
 
+class _Peek(NamedTuple):
+    """ForwardedInfer's cached look at a model (see `_peek`)."""
+
+    entry: ModelEntry
+    quick: bool
+    until: float  # monotonic
+
+
 class Taken(NamedTuple):
     """An InferCall taken by the admission process: the record, and its tensors (their segment mapped)."""
 
@@ -275,6 +289,45 @@ class ForwardedInfer:
         self.access = access  # read by `rpc`, as `calls`
         self.calls = calls
         self._dataplane = dataplane
+        # (model, version) as a call names them -> its entry, whether its runs are quick, until when both hold:
+        # admits_now's cache (a stale entry is not READY, or not the one the call reaches: the call then queues)
+        self._peeks: dict[tuple[str, str], _Peek] = {}
+
+    def admits_now(self, call: InferCall) -> bool:
+        """Whether `call` would take a slot at once (a peek, without the model's lock: an answer may be stale by
+        the time the call arrives, which then only queues as any call does): its model is READY, not batching,
+        quick (`_peek`) and idle (no slot held, nothing queued), and the call is not part of a sequence. Called
+        by the links' readers. Never raises."""
+        if call.sequence_parameters:
+            return False
+        peek = self._peek(call.model, call.version)
+        if peek is None or not peek.quick:
+            return False
+        entry = peek.entry
+        return entry.is_ready() and not entry.batches and entry.admission.core.idle
+
+    def _peek(self, model: str, version: str) -> _Peek | None:
+        """The entry a call of `model` and `version` reaches and whether its runs have been quick (mean compute
+        time under QUICK_RUN_SECONDS over at least QUICK_RUNS_SEEN runs: a model never seen run is not), looked
+        up at most every QUICK_CHECK_SECONDS; None for a name the registry does not serve. Two readers racing
+        here only look up twice."""
+        now = time.monotonic()
+        key = (model, version)
+        known = self._peeks.get(key)
+        if known is not None and now < known.until:
+            return known
+        try:
+            entry = self._dataplane.resolve(model, version)
+        except Exception:  # unknown model, no ready version: the handed-off run refuses it in its words
+            return None
+        snapshot = entry.statistics.snapshot()
+        ran = snapshot.compute_infer.count
+        spent = snapshot.compute_input.ns + snapshot.compute_infer.ns + snapshot.compute_output.ns
+        peek = _Peek(entry, ran >= QUICK_RUNS_SEEN and spent < ran * QUICK_RUN_SECONDS * 1e9, now + QUICK_CHECK_SECONDS)
+        if len(self._peeks) >= MAX_PEEKS:  # names and version spellings clients send: bounded
+            self._peeks.clear()
+        self._peeks[key] = peek
+        return peek
 
     def take(self, call: InferCall) -> Taken:
         """The call with its tensors (its segment mapped and unlinked). Raises OSError when the segment is gone."""

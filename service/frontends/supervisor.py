@@ -40,7 +40,16 @@ from typing import Any
 from engine.python.transport import remove_own_at_exit, segments_of
 
 from ..core.events import log_event
-from .forwarded import ForwardedContext, HandlerTable, InferRunner, run_call, run_infer
+from .forwarded import (
+    ForwardedContext,
+    HandlerTable,
+    InferRunner,
+    InlineGate,
+    run_call,
+    run_handed_off,
+    run_inline,
+)
+from .infer import MODEL_INFER
 from .link import Link, LinkClosed
 from .messages import (
     CallCancel,
@@ -89,17 +98,28 @@ class _Running:
         self.started = threading.Event()  # Started or StartFailed came, or the link ended
         self.start_error: str | None = None
         self.reader: threading.Thread | None = None
-        self._calls_lock = threading.Condition()  # guards: _calls (dictionary work only; a leaf); notified when empty
+        # guards: _calls, _streams (dictionary work only; a leaf); notified when _calls is empty
+        self._calls_lock = threading.Condition()
         self._calls: dict[int, ForwardedContext] = {}
+        self._streams: set[int] = set()  # the calls of `_calls` that are client streams
 
-    def add(self, call: ForwardedContext) -> None:
+    def add(self, call: ForwardedContext, *, stream: bool = False) -> None:
         with self._calls_lock:
             self._calls[call.call_id] = call
+            if stream:
+                self._streams.add(call.call_id)
+
+    @property
+    def streams_open(self) -> int:
+        """The client-stream calls of this front end that have not ended."""
+        with self._calls_lock:
+            return len(self._streams)
 
     def forget(self, call_id: int) -> None:
         """The call ended: its CallEnd was sent (ForwardedContext._end sends before it forgets)."""
         with self._calls_lock:
             self._calls.pop(call_id, None)
+            self._streams.discard(call_id)
             if not self._calls:
                 self._calls_lock.notify_all()
 
@@ -115,6 +135,7 @@ class _Running:
     def take_all(self) -> list[ForwardedContext]:
         with self._calls_lock:
             calls, self._calls = list(self._calls.values()), {}
+            self._streams.clear()
         return calls
 
 
@@ -132,6 +153,7 @@ class Frontends:
     ) -> None:
         self.count = count
         self._infer = infer  # runs the ModelInfers the front ends decoded
+        self._gate = InlineGate(infer)  # which of them a link's reader runs itself
         self._handlers = handlers
         self._executor = executor
         self._settings = settings
@@ -216,11 +238,14 @@ class Frontends:
     def _read(self, running: _Running) -> None:
         """A front end's link, until it ends: then its calls end and, unless the server stops, it is replaced."""
         link = running.link
+        link.hold()  # the answers of the calls run here from one read go in one write
         while (record := link.receive()) is not None:
             try:
                 self._dispatch(running, record)
             except Exception:  # a defect in one record must not end every call of the front end
                 _LOG.exception("front end %d: a link record failed", running.index)
+            if not link.has_record():
+                link.flush()  # before the reader waits for the next read
         if not running.started.is_set():
             running.start_error = running.start_error or "it exited before listening"
             running.started.set()
@@ -237,11 +262,17 @@ class Frontends:
         if isinstance(record, InferCall):
             call = ForwardedContext(running.link, record.start, running.forget)
             running.add(call)
-            self._executor.submit(run_infer, call, self._infer, record)
+            if self._gate.inline(record, running.streams_open):
+                run_inline(self._gate, call, self._infer, record)  # on this thread: it takes a slot at once
+            else:
+                self._hand_off(call, record, None)
         elif isinstance(record, CallStart):
             call = ForwardedContext(running.link, record, running.forget)
-            running.add(call)
-            self._executor.submit(run_call, call, self._handlers.find(record.method))
+            running.add(call, stream=record.request is None)
+            if record.method == MODEL_INFER:  # the generic path's: its model is unknown until it is decoded
+                self._hand_off(call, None, self._handlers.find(record.method))
+            else:
+                self._executor.submit(run_call, call, self._handlers.find(record.method))
         elif isinstance(record, (CallMessage, CallHalfClose, CallCancel, ReplyWritten)):
             found = running.find(record.call_id)
             if found is None:
@@ -259,6 +290,17 @@ class Frontends:
         elif isinstance(record, StartFailed):
             running.start_error = record.error
             running.started.set()
+
+    def _hand_off(self, call: ForwardedContext, record: InferCall | None, handler: Any) -> None:
+        """Run a ModelInfer on a handler thread (`record` None: a generic-path one, run by `handler`), counted by
+        the inline gate until it ends."""
+        model = record.model if record is not None else None
+        self._gate.handed_off(model)
+        try:
+            self._executor.submit(run_handed_off, self._gate, call, self._infer, record, handler)
+        except BaseException:
+            self._gate.released(model)
+            raise
 
     def _replace(self, dead: _Running, code: int | None) -> None:
         """Start a front end at `dead`'s index (on its finished reader's thread) and log it."""

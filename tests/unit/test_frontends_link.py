@@ -65,3 +65,47 @@ def test_a_send_on_a_closed_link_raises_link_closed(pair):
     left.close()
     with pytest.raises(LinkClosed):
         left.send(Readiness(True))
+
+
+def test_a_holding_threads_records_wait_for_its_flush_and_arrive_in_one_read(pair):
+    left, right = pair
+    left.hold()
+    left.send(Reply(1, b"first"))
+    left.send(CallEnd(1, 0, "", ()))
+    assert not _readable(right)  # nothing written yet
+    left.flush()
+    assert right.receive() == Reply(1, b"first")
+    assert right.has_record()  # one write brought both
+    assert right.receive() == CallEnd(1, 0, "", ())
+
+
+def test_another_threads_record_goes_at_once_after_what_the_holder_held(pair):
+    left, right = pair
+    left.hold()
+    left.send(CallEnd(1, 0, "", ()))  # held
+    other = threading.Thread(target=lambda: left.send(Readiness(False)))  # as the supervisor's Exit is sent
+    other.start()
+    other.join(10)
+    assert right.receive() == CallEnd(1, 0, "", ())  # never overtaken by a later record
+    assert right.receive() == Readiness(False)
+
+
+def _readable(link: Link) -> bool:
+    """Whether the link's socket has bytes to read now (without taking them)."""
+    try:
+        return bool(link._socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return False
+
+
+def test_the_holder_flushes_by_itself_before_a_large_record(pair):
+    left, right = pair
+    big = b"y" * (1 << 20)
+    left.hold()
+    left.send(Reply(1, b"small"))
+    reader_got: list[object] = []
+    reader = threading.Thread(target=lambda: reader_got.extend(right.receive() for _ in range(2)))
+    reader.start()
+    left.send(Reply(1, big))  # not held: what was held goes first, so the call's records keep their order
+    reader.join(10)
+    assert reader_got == [Reply(1, b"small"), Reply(1, big)]
