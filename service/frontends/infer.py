@@ -54,6 +54,10 @@ QUICK_RUN_SECONDS = 0.001  # a model whose mean run takes less may have its Mode
 QUICK_RUNS_SEEN = 8  # ...once it ran this many times
 QUICK_CHECK_SECONDS = 0.5  # how long a model's entry and verdict are kept before they are looked up again
 MAX_PEEKS = 256  # cached looks at models, at most
+# Engines whose run only computes: a link's reader may run their quick models' calls. A python model's execute (or
+# a fixture held by a gate) may block on anything, and a reader blocked in a run leaves its link unread (the
+# call's own cancel, other calls' cancels, the front end's death) until the run returns.
+INLINE_BACKENDS = frozenset({"onnxruntime", "tensorrt"})
 SHARED_MEMORY_REGION = "shared_memory_region"  # the parameter naming a tensor's region (transport/shared_memory.py)
 
 # ---- front end ---------------------------------------------------------------------------------------------
@@ -307,8 +311,9 @@ class ForwardedInfer:
         return entry.is_ready() and not entry.batches and entry.admission.core.idle
 
     def _peek(self, model: str, version: str) -> _Peek | None:
-        """The entry a call of `model` and `version` reaches and whether its runs have been quick (mean compute
-        time under QUICK_RUN_SECONDS over at least QUICK_RUNS_SEEN runs: a model never seen run is not), looked
+        """The entry a call of `model` and `version` reaches and whether its runs have been quick (an engine of
+        INLINE_BACKENDS, mean compute time under QUICK_RUN_SECONDS over at least QUICK_RUNS_SEEN runs: a model never
+        seen run is not), looked
         up at most every QUICK_CHECK_SECONDS; None for a name the registry does not serve. Two readers racing
         here only look up twice."""
         now = time.monotonic()
@@ -323,7 +328,10 @@ class ForwardedInfer:
         snapshot = entry.statistics.snapshot()
         ran = snapshot.compute_infer.count
         spent = snapshot.compute_input.ns + snapshot.compute_infer.ns + snapshot.compute_output.ns
-        peek = _Peek(entry, ran >= QUICK_RUNS_SEEN and spent < ran * QUICK_RUN_SECONDS * 1e9, now + QUICK_CHECK_SECONDS)
+        quick = (
+            entry.spec.backend in INLINE_BACKENDS and ran >= QUICK_RUNS_SEEN and spent < ran * QUICK_RUN_SECONDS * 1e9
+        )
+        peek = _Peek(entry, quick, now + QUICK_CHECK_SECONDS)
         if len(self._peeks) >= MAX_PEEKS:  # names and version spellings clients send: bounded
             self._peeks.clear()
         self._peeks[key] = peek

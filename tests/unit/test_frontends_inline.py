@@ -141,3 +141,45 @@ def test_a_slow_inline_call_hands_its_models_calls_off_for_a_while(setup, monkey
     frontends._dispatch(running, _infer(3, "other"))  # another model: inline, then marked slow for 0 s
     frontends._dispatch(running, _infer(4, "other"))  # its while is over: inline again
     assert [call_id for call_id, _ in runner.ran] == [1, 3, 4]
+
+
+class _Statistics:
+    def __init__(self, runs: int, ns_each: int) -> None:
+        timing = type("Timing", (), {"count": runs, "ns": runs * ns_each})
+        empty = type("Timing", (), {"count": 0, "ns": 0})
+        self._snapshot = type(
+            "Snapshot", (), {"compute_infer": timing, "compute_input": empty, "compute_output": empty}
+        )
+
+    def snapshot(self):
+        return self._snapshot
+
+
+class _Entry:
+    """What ForwardedInfer.admits_now reads of a ModelEntry: an idle, READY, quick model of `backend`."""
+
+    def __init__(self, backend: str) -> None:
+        self.spec = type("Spec", (), {"backend": backend})
+        self.statistics = _Statistics(runs=100, ns_each=50_000)  # 50 us a run: quick
+        self.batches = False
+        self.admission = type("Admission", (), {"core": type("Core", (), {"idle": True})})
+
+    def is_ready(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("backend", "inline"), [("onnxruntime", True), ("tensorrt", True), ("python", False), ("fixture", False)]
+)
+def test_only_engines_that_run_no_model_code_run_on_the_reader(backend, inline):
+    """A python model's execute (or a fixture held by a gate) can block on anything: run on the link's reader, it
+    would leave the link unread (its cancels, the front end's death) until it returned. ONNX Runtime and TensorRT
+    only compute, and only a quick model's runs are taken there."""
+    from service.frontends.infer import ForwardedInfer
+
+    class Dataplane:
+        def resolve(self, model: str, version: str) -> _Entry:
+            return _Entry(backend)
+
+    runner = ForwardedInfer(None, None, Dataplane())  # type: ignore[arg-type]
+    assert runner.admits_now(_infer(1)) is inline
