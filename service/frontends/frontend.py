@@ -28,6 +28,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -103,7 +104,10 @@ class Frontend:
         self._link = link
         self._config = config
         self._calls: dict[int, _Call] = {}
-        self._calls_lock = threading.Lock()  # guards: _calls (dictionary work only)
+        # Guards _calls and _exiting (dictionary work only); notified by a call's close only while exiting, when
+        # run() waits for the calls whose end came to finish their write.
+        self._calls_lock = threading.Condition(threading.Lock())
+        self._exiting = False
         self._numbers = itertools.count(1)
         self._health = health.HealthServicer()
         self._executor = HandlerThreads(keep=config.max_workers, runners=0, name="frontend-handler")
@@ -163,9 +167,14 @@ class Frontend:
             else:
                 self._dispatch(record)
         self._set_health(False)
-        self._end_calls(link_down=True)  # after Exit: only calls the admission process abandoned are left
+        deadline = time.monotonic() + (0.0 if ending is None else ending.seconds)
+        # A call whose end came just before the Exit may not have been written to its client yet: its handler
+        # returns (and gRPC sends) in a moment. Ending it now, or stopping gRPC with no grace, failed an answered
+        # call with UNAVAILABLE (tests/frontends/test_frontend_shutdown.py, 1 run in 10).
+        self._wait_answered_closed(deadline)
+        self._end_calls(link_down=True)  # only calls the admission process abandoned are left
         if self._server is not None:
-            grace = 0.0 if ending is None else ending.seconds
+            grace = max(0.0, deadline - time.monotonic())
             self._server.stop(grace).wait(grace + 1.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._link.close()
@@ -225,8 +234,20 @@ class Frontend:
         call.credit.release()  # a pump waiting for credit sees `over`
         with self._calls_lock:
             self._calls.pop(call.call_id, None)
+            if self._exiting:
+                self._calls_lock.notify_all()
         if not call.status_received.is_set():
             self._send(CallCancel(call.call_id))
+
+    def _wait_answered_closed(self, deadline: float) -> None:
+        """Block until every call whose end the admission process sent has been closed by its handler (its answer
+        handed to gRPC), at most until `deadline` (monotonic)."""
+        with self._calls_lock:
+            self._exiting = True
+            self._calls_lock.wait_for(
+                lambda: not any(call.status_received.is_set() for call in self._calls.values()),
+                max(0.0, deadline - time.monotonic()),
+            )
 
     def _end_calls(self, *, link_down: bool) -> None:
         with self._calls_lock:
