@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import shutil
 import struct
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -178,3 +180,26 @@ def check_simple_response(response: pb.ModelInferResponse, first: np.ndarray, se
     assert len(response.raw_output_contents) == len(response.outputs) == 2
     np.testing.assert_array_equal(outputs["OUTPUT0"], first + second)
     np.testing.assert_array_equal(outputs["OUTPUT1"], first - second)
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0, poll: float = 0.001) -> None:
+    """Poll `predicate` until it holds; fails the test naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)  # ordering-free: re-checks a state predicate
+
+
+def in_background(target: Callable[[], object]) -> tuple[threading.Thread, list]:
+    """Run `target` on a daemon thread; the list gets its value or the exception it raised."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(target())
+        except BaseException as error:  # inspected by the test
+            box.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box

@@ -20,30 +20,14 @@ from client import ClientError, InferenceClient
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.testing import serve
 from tests.contract.harness import write_fixture_model
+from tests.integration._support import in_background, wait_for
 
 INPUT = {"INPUT0": np.ones(4, np.float32)}
 WAIT = 20.0
 
 
 def _wait(predicate, what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)  # ordering-free: re-checks a state predicate
-
-
-def _background(target) -> tuple[threading.Thread, list]:
-    box: list = []
-
-    def run():
-        try:
-            box.append(target())
-        except BaseException as error:  # inspected by the test
-            box.append(error)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
+    wait_for(predicate, what, timeout, poll=0.005)
 
 
 def _alive(pid: int) -> bool:
@@ -122,7 +106,7 @@ def test_a_killed_front_end_fails_only_its_own_call_and_is_replaced(repository, 
             assert time.monotonic() < deadline, "the kernel never spread the connections over both front ends"
             client = _own_connection(running.address)
             before = sum(_calls_per_frontend(server).values())
-            thread, box = _background(lambda client=client: client.infer("busy", INPUT, timeout=60))
+            thread, box = in_background(lambda client=client: client.infer("busy", INPUT, timeout=60))
             calls.append((client, thread, box))
             _wait(lambda before=before: sum(_calls_per_frontend(server).values()) > before, "the call to arrive")
             if len(calls) == 2 and sum(1 for count in _calls_per_frontend(server).values() if count) < 2:
@@ -162,7 +146,7 @@ def test_a_queued_request_whose_deadline_passed_in_the_front_end_never_takes_the
     controls = FixtureControls()
     execute = controls.gate("one", "execute").hold()
     with serve(repository, backends={"fixture": FixtureBackend(controls)}, frontends=2, parallel_jobs=1) as running:
-        holder, box = _background(lambda: running.client.infer("one", INPUT, timeout=60))
+        holder, box = in_background(lambda: running.client.infer("one", INPUT, timeout=60))
         execute.wait_blocked(1)
         with pytest.raises(ClientError) as late:
             running.client.infer("one", INPUT, timeout=0.5)
@@ -183,7 +167,7 @@ def test_health_says_not_serving_from_the_front_ends_once_the_shutdown_begins(re
         channel = grpc.insecure_channel(running.address)
         stub = health_pb2_grpc.HealthStub(channel)
         assert stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
-        in_flight, box = _background(lambda: running.client.infer("busy", INPUT, timeout=60))
+        in_flight, box = in_background(lambda: running.client.infer("busy", INPUT, timeout=60))
         execute.wait_blocked(1)
         pids = running.server.frontend_pids()
         stopping = threading.Thread(target=running.server.stop, kwargs={"grace": 30.0}, daemon=True)

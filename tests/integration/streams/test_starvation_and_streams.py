@@ -15,29 +15,13 @@ from client import ClientError
 from engine.testing.fixture import FixtureBackend, FixtureControls
 from service.testing import serve
 from tests.contract.harness import write_fixture_model
+from tests.integration._support import in_background, wait_for
 
 INPUT = {"INPUT0": np.ones(4, np.float32)}
 
 
 def _wait(predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)  # ordering-free: re-checks a state predicate
-
-
-def _background(target) -> tuple[threading.Thread, list]:
-    box: list = []
-
-    def run():
-        try:
-            box.append(target())
-        except BaseException as error:  # inspected by the test
-            box.append(error)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
+    wait_for(predicate, what, timeout, poll=0.001)
 
 
 def _control_calls_complete_within_a_second(running) -> None:
@@ -71,7 +55,7 @@ def test_control_calls_complete_while_a_model_is_busy_and_its_queue_full(fixture
         allow_management=True,
     ) as running:
         client = running.client
-        threads = [_background(lambda: client.infer("busy", INPUT, timeout=30)) for _ in range(3)]
+        threads = [in_background(lambda: client.infer("busy", INPUT, timeout=30)) for _ in range(3)]
         execute.wait_blocked(1)
         _wait(lambda: running.management.get("busy").queued_requests == 2, "a full queue")
         with pytest.raises(ClientError) as refused:
@@ -98,7 +82,7 @@ def test_control_calls_complete_when_every_inference_handler_thread_is_taken(fix
         client = running.client
         limit = running.server.calls.inference_limit
         assert limit == 4
-        threads = [_background(lambda: client.infer("busy", INPUT, timeout=30)) for _ in range(limit)]
+        threads = [in_background(lambda: client.infer("busy", INPUT, timeout=30)) for _ in range(limit)]
         execute.wait_blocked(1)
         _wait(lambda: running.server.calls.inference_active == limit, "every inference handler in use")
         with pytest.raises(ClientError) as refused:
@@ -128,12 +112,12 @@ def test_streaming_response_holds_its_lease_until_its_last_message_and_a_later_m
                 first_written.set()
             return len(received)
 
-        stream_thread, stream_box = _background(consume)
+        stream_thread, stream_box = in_background(consume)
         assert first_written.wait(10)  # the first message reached the client
         stream_gate.wait_blocked(1)  # the second is being produced
         status = running.management.get("streamer")
         assert status.active_slots == 1  # the lease is still held between messages
-        unload_thread, unload_box = _background(lambda: running.management.unload("streamer", timeout=30))
+        unload_thread, unload_box = in_background(lambda: running.management.unload("streamer", timeout=30))
         _wait(lambda: running.management.get("streamer").queued_requests == 1, "the unload queued")
         assert unload_box == []  # it waits for the stream
         stream_gate.release()
@@ -162,9 +146,9 @@ def test_health_is_answered_with_inference_saturated_and_more_management_calls_w
     ) as running:
         calls = running.server.calls
         assert (calls.inference_limit, calls.management_limit) == (8, 4)
-        requests = [_background(lambda: running.client.infer("busy", INPUT, timeout=30)) for _ in range(8)]
+        requests = [in_background(lambda: running.client.infer("busy", INPUT, timeout=30)) for _ in range(8)]
         execute.wait_blocked(8)
-        unloads = [_background(lambda: running.management.unload("busy", timeout=30)) for _ in range(10)]
+        unloads = [in_background(lambda: running.management.unload("busy", timeout=30)) for _ in range(10)]
         _wait(
             lambda: calls.management_active == 4 and sum(bool(box) for _, box in unloads) == 6,
             "four unloads waiting and six refused",
