@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sysconfig
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,21 @@ def _wait_ready(stub: pb_grpc.GRPCInferenceServiceStub, process: subprocess.Pope
     raise RuntimeError(f"tritonserver not ready within {READY_SECONDS}s:\n{_tail(log)}")
 
 
+def _wait_metrics(url: str, process: subprocess.Popen, log: Path) -> None:
+    """Block until Triton's metrics endpoint answers: tritonserver opens it after its gRPC port is ready, and a
+    test that scraped it at once was refused the connection on a loaded machine (test_priorities' ensemble case).
+    Raises RuntimeError with the log's tail after READY_SECONDS or when the process ends."""
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)  # ordering-free: polls an observable state until a deadline
+    raise RuntimeError(f"tritonserver's metrics at {url} not answering within {READY_SECONDS}s:\n{_tail(log)}")
+
+
 def _tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
@@ -176,6 +192,8 @@ def run_triton(installation: Installation, repository: Path, folder: Path, *args
                     raise
                 continue
             metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+            if not any(arg.replace(" ", "=") == "--allow-metrics=false" for arg in args):
+                _wait_metrics(metrics_url, process, log)
             yield RunningTriton(f"127.0.0.1:{grpc_port}", metrics_url, channel, stub, process, log)
             return
         finally:
