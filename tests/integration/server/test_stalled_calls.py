@@ -31,6 +31,7 @@ from generated import grpc_service_pb2_grpc as pb_grpc
 from service.process.handler_threads import LINGER_SECONDS
 from service.testing import serve
 from tests.integration._support import ROOT, from_raw, write_fixture_model
+from tests.thread_frames import current_frames
 
 WAIT = 60.0  # generous bound for "eventually" on a loaded machine
 PROBE_BOUND = 1.0  # the issue's requirement: each probe answers within 1 s
@@ -67,7 +68,7 @@ def waiting_for_a_request() -> int:
     """Threads of this process blocked in grpcio's server-side read of a unary request message."""
     count = 0
     frame: FrameType | None
-    for frame in sys._current_frames().values():
+    for frame in current_frames().values():
         while frame is not None:
             code = frame.f_code
             if code.co_name == "unary_request" and code.co_filename.endswith(os.path.join("grpc", "_server.py")):

@@ -39,7 +39,7 @@ def test_every_waiter_of_a_failed_cold_load_raises_its_own_exception(tmp_path):
 
 
 def _stacks(ops):
-    import sys
+    from tests.thread_frames import current_frames
 
-    frames = sys._current_frames()
+    frames = current_frames()
     return [frames[op.thread.ident] for op in ops if op.thread.ident in frames]
