@@ -96,7 +96,7 @@ def test_a_take_waiting_for_a_context_is_woken_by_the_give_back():
         with pool._freed:
             if pool._waiting == 1:
                 break
-        time.sleep(0.001)
+        time.sleep(0.001)  # ordering-free: re-checks that the waiter is parked
     assert pool._waiting == 1
     pool.give_back(lent[0])
     waiter.join(timeout=10.0)
